@@ -1,7 +1,20 @@
 //! hspack: store and move LLM hidden states.
+//!
+//! A dataset is a folder: a `manifest.json` (the root of trust), shard files of checksummed
+//! chunks with an index at the end, and a `samples.parquet` table. [`write::DatasetWriter`]
+//! writes one, [`read::Dataset`] reads it, [`verify`] checks every byte.
 #![deny(missing_docs)]
 
 #[cfg(target_endian = "big")]
 compile_error!("hspack maps little-endian structures directly; big-endian hosts are not supported");
 
+pub mod error;
 pub mod format;
+pub mod read;
+pub mod verify;
+pub mod write;
+
+pub use error::{Error, Result};
+pub use format::{CaptureInfo, CapturePoint, Codec, DType, Field, Role, Schema};
+pub use read::{CheckPolicy, Dataset, ReadOptions, Sample, Tensor};
+pub use write::{DatasetWriter, WriteOptions};

@@ -1,5 +1,19 @@
-//! Bytes ↔ structs for every structure of the format. No I/O here.
+//! Bytes ↔ structs for every structure of the format. No I/O here: decoders take `&[u8]`.
+//!
+//! `format-spec/FORMAT.md` is the normative description; this module is its code.
 
+pub mod codec;
 pub mod dtype;
+pub mod error;
+pub mod index;
+pub mod layout;
+pub mod manifest;
+pub mod schema;
 
+pub use codec::Codec;
 pub use dtype::DType;
+pub use error::FormatError;
+pub use index::{Index, IndexBuilder};
+pub use layout::*;
+pub use manifest::{Manifest, ShardRecord, TableRecord};
+pub use schema::{CaptureInfo, CapturePoint, Field, Role, Schema};

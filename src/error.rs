@@ -1,0 +1,242 @@
+//! Errors of the reading, writing and verifying layers: each names the file, and where one is
+//! concerned the sample, field and rows, and says what to do next.
+
+use std::ops::Range;
+use std::path::PathBuf;
+
+use crate::format::FormatError;
+
+/// Where a damaged chunk lies and what it holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChunkSite {
+    /// Shard file.
+    pub shard: PathBuf,
+    /// Chunk number in the shard.
+    pub chunk: u64,
+    /// Key of the (first) sample that uses the chunk.
+    pub key: String,
+    /// Ordinal of that sample.
+    pub ordinal: u64,
+    /// Field name.
+    pub field: String,
+    /// Rows of the sample held by the chunk.
+    pub rows: Range<u64>,
+}
+
+impl std::fmt::Display for ChunkSite {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}: chunk {} (sample {} `{}`, field `{}`, rows {}..{})",
+            self.shard.display(),
+            self.chunk,
+            self.ordinal,
+            self.key,
+            self.field,
+            self.rows.start,
+            self.rows.end
+        )
+    }
+}
+
+/// An error of hspack's dataset layers.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The operating system refused an operation.
+    #[error("cannot {op} {}: {source}", path.display())]
+    Io {
+        /// File or folder.
+        path: PathBuf,
+        /// What was being done.
+        op: &'static str,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// A structure of a file does not decode.
+    #[error("{}: {source}", path.display())]
+    Format {
+        /// File.
+        path: PathBuf,
+        /// Cause.
+        source: FormatError,
+    },
+    /// The folder has no manifest.
+    #[error("{} is not an hspack dataset: it has no manifest.json (write one with hspack's writer, or run `hspack demo`)", path.display())]
+    NotADataset {
+        /// Folder.
+        path: PathBuf,
+    },
+    /// A dataset exists where a new one was to be created.
+    #[error("{} already holds a dataset: open it to append, or choose another folder", path.display())]
+    AlreadyExists {
+        /// Folder.
+        path: PathBuf,
+    },
+    /// A shard file does not match what the manifest records.
+    #[error("{}: the manifest records {what} {expected}, the file has {found}: the shard was replaced or the manifest is stale; copy the dataset again from its source", shard.display())]
+    ShardMismatch {
+        /// Shard file.
+        shard: PathBuf,
+        /// What differs.
+        what: &'static str,
+        /// Value in the manifest.
+        expected: String,
+        /// Value in the file.
+        found: String,
+    },
+    /// A shard belongs to another dataset.
+    #[error("{}: the shard belongs to dataset {found}, this dataset is {expected}: a file from another dataset was copied in; copy the right shard from the source", shard.display())]
+    ForeignShard {
+        /// Shard file.
+        shard: PathBuf,
+        /// Id in the manifest.
+        expected: String,
+        /// Id in the shard.
+        found: String,
+    },
+    /// A shard file in the folder is not in the manifest.
+    #[error("{}: the shard is not in the manifest: the manifest is stale, or a writer was interrupted (reopen it to resume; the file is then replaced)", shard.display())]
+    UnlistedShard {
+        /// Shard file.
+        shard: PathBuf,
+    },
+    /// A chunk's bytes do not hash to the value in the index.
+    #[error("{site}: stored bytes hash to {found}, the index records {expected}: the data is damaged; copy this shard again from the source")]
+    ChecksumMismatch {
+        /// Where.
+        site: ChunkSite,
+        /// Hash in the index, hex.
+        expected: String,
+        /// Hash of the bytes, hex.
+        found: String,
+    },
+    /// A chunk header does not describe the chunk the index expects there.
+    #[error("{site}: the chunk header holds {what} {found}, the index expects {expected}: chunks were shifted or swapped by a bad copy; copy this shard again")]
+    ChunkMisplaced {
+        /// Where.
+        site: ChunkSite,
+        /// Which header value differs.
+        what: &'static str,
+        /// Value the index expects.
+        expected: u64,
+        /// Value in the header.
+        found: u64,
+    },
+    /// A chunk header or payload does not decode.
+    #[error("{site}: {source}")]
+    BadChunk {
+        /// Where.
+        site: ChunkSite,
+        /// Cause.
+        source: FormatError,
+    },
+    /// Bytes that must be zero (alignment padding) are not.
+    #[error("{}: padding at byte {offset} is not zero: the file is damaged; copy it again", shard.display())]
+    DirtyPadding {
+        /// Shard file.
+        shard: PathBuf,
+        /// Offset of the first non-zero byte.
+        offset: u64,
+    },
+    /// The samples table does not match the manifest.
+    #[error("{}: {detail}: rewrite it with `hspack reindex` or copy it again", path.display())]
+    SamplesTable {
+        /// Table file.
+        path: PathBuf,
+        /// What is wrong.
+        detail: String,
+    },
+    /// An ordinal past the end.
+    #[error("sample {ordinal} does not exist: the dataset has {len} samples (0..{len})")]
+    NoSuchSample {
+        /// Ordinal asked for.
+        ordinal: u64,
+        /// Samples in the dataset.
+        len: u64,
+    },
+    /// A key that no sample has.
+    #[error("no sample has key `{key}`: list the keys with `hspack ls`")]
+    NoSuchKey {
+        /// Key asked for.
+        key: String,
+    },
+    /// A field the schema does not have.
+    #[error("the schema has no field `{name}`; it has: {available}")]
+    NoSuchField {
+        /// Name asked for.
+        name: String,
+        /// Names the schema has.
+        available: String,
+    },
+    /// Rows outside a sample.
+    #[error("rows {start}..{end} are outside sample `{key}`, which has {rows} rows")]
+    RowsOutOfRange {
+        /// Sample key.
+        key: String,
+        /// Start asked for.
+        start: u64,
+        /// End asked for.
+        end: u64,
+        /// Rows in the sample.
+        rows: u64,
+    },
+    /// A sample to append does not fit the schema.
+    #[error("sample `{key}`, field `{field}`: {detail}")]
+    BadSample {
+        /// Sample key.
+        key: String,
+        /// Field name.
+        field: String,
+        /// What is wrong and what was expected.
+        detail: String,
+    },
+    /// A key already in the dataset.
+    #[error("sample key `{key}` is already in the dataset: keys are unique (skip it with `contains_key` to resume)")]
+    DuplicateKey {
+        /// Key.
+        key: String,
+    },
+    /// Appending with a schema other than the dataset's.
+    #[error("{}: the dataset's schema differs from the one given ({detail}); write to a new folder", path.display())]
+    SchemaMismatch {
+        /// Folder.
+        path: PathBuf,
+        /// What differs.
+        detail: String,
+    },
+    /// Another writer holds the dataset.
+    #[error("{}: another writer holds this dataset (lock file {}); wait for it, or delete the lock if no writer runs", path.display(), lock.display())]
+    Locked {
+        /// Folder.
+        path: PathBuf,
+        /// Lock file.
+        lock: PathBuf,
+    },
+    /// A bad option value.
+    #[error("option {option}: {detail}")]
+    BadOption {
+        /// Option name.
+        option: &'static str,
+        /// What is wrong.
+        detail: String,
+    },
+}
+
+/// Result of the dataset layers.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Adds a path to an I/O error.
+pub(crate) fn io(
+    path: impl Into<PathBuf>,
+    op: &'static str,
+) -> impl FnOnce(std::io::Error) -> Error {
+    let path = path.into();
+    move |source| Error::Io { path, op, source }
+}
+
+/// Adds a path to a format error.
+pub(crate) fn format(path: impl Into<PathBuf>) -> impl FnOnce(FormatError) -> Error {
+    let path = path.into();
+    move |source| Error::Format { path, source }
+}

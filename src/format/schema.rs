@@ -1,0 +1,254 @@
+//! The schema: which fields every sample holds, and how the hidden states were captured.
+
+use serde::{Deserialize, Serialize};
+
+use super::{DType, FormatError};
+
+/// Most fields a schema may declare.
+pub const MAX_FIELDS: usize = 4096;
+/// Longest field name, in bytes.
+pub const MAX_FIELD_NAME: usize = 256;
+/// Most dimensions of a row.
+pub const MAX_ROW_DIMS: usize = 8;
+/// Largest row, in bytes (256 MiB).
+pub const MAX_ROW_BYTES: u64 = 256 << 20;
+
+/// Where in the model a hidden state was taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum CapturePoint {
+    /// The input of decoder layer `layer`: HF `hidden_states[layer]`, SGLang
+    /// `layers_to_capture` entry `layer` (there computed as `hidden_states + residual`).
+    /// Layer 0's input is the embedding output.
+    LayerInput,
+    /// The output of decoder layer `layer`, before the next layer: HF `hidden_states[layer + 1]`
+    /// for every layer but the last.
+    LayerOutput,
+    /// The state after the model's final norm: HF `hidden_states[-1]`, what the LM head reads.
+    FinalNorm,
+}
+
+/// What a field means to a trainer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Role {
+    /// Token ids, one per row.
+    TokenIds,
+    /// Loss mask, one per row; non-zero where the loss counts.
+    LossMask,
+    /// A hidden state of the captured model.
+    HiddenState {
+        /// Decoder layer number, counted from 0.
+        layer: u32,
+        /// Which side of the layer.
+        point: CapturePoint,
+    },
+    /// Anything else.
+    Other,
+}
+
+/// One field of every sample: rows of `shape`-shaped elements of `dtype`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Field {
+    /// Unique name, e.g. `input_ids` or `hidden.30`.
+    pub name: String,
+    /// Element type.
+    pub dtype: DType,
+    /// Shape of one row; `[]` for one element per row.
+    pub shape: Vec<u64>,
+    /// Meaning.
+    pub role: Role,
+}
+
+impl Field {
+    /// A field.
+    pub fn new(name: impl Into<String>, dtype: DType, shape: &[u64], role: Role) -> Self {
+        Field {
+            name: name.into(),
+            dtype,
+            shape: shape.to_vec(),
+            role,
+        }
+    }
+
+    /// Elements per row.
+    pub fn row_elems(&self) -> u64 {
+        self.shape.iter().product()
+    }
+
+    /// Bytes per row.
+    pub fn row_bytes(&self) -> u64 {
+        self.row_elems() * self.dtype.size() as u64
+    }
+}
+
+/// How the hidden states were captured: enough to know what the numbers mean.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct CaptureInfo {
+    /// Model name or path, e.g. `moonshotai/Kimi-K2.5`.
+    pub model: String,
+    /// Model revision (commit), where known.
+    #[serde(default)]
+    pub revision: Option<String>,
+    /// BLAKE3 of the model's config.json, where known.
+    #[serde(default)]
+    pub config_hash: Option<String>,
+    /// Decoder layers of the model.
+    pub num_layers: u32,
+    /// Hidden size.
+    pub hidden_size: u64,
+    /// DType the model ran in.
+    pub dtype: DType,
+    /// Tensor-parallel size of the run that captured.
+    #[serde(default = "one")]
+    pub tp_size: u32,
+    /// Tool that captured, e.g. `hspack.capture.sglang` or `hspack convert --layout specforge`.
+    pub tool: String,
+    /// Version of that tool.
+    pub tool_version: String,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// The fields of every sample and the capture that produced them.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Schema {
+    /// Fields, in storage order; a field's number is its position.
+    pub fields: Vec<Field>,
+    /// Capture metadata.
+    #[serde(default)]
+    pub capture: Option<CaptureInfo>,
+}
+
+impl Schema {
+    /// A schema without capture metadata.
+    pub fn new(fields: Vec<Field>) -> Self {
+        Schema {
+            fields,
+            capture: None,
+        }
+    }
+
+    /// The number of the field named `name`.
+    pub fn field_index(&self, name: &str) -> Option<usize> {
+        self.fields.iter().position(|f| f.name == name)
+    }
+
+    /// The field with number `index`.
+    pub fn field(&self, index: usize) -> Option<&Field> {
+        self.fields.get(index)
+    }
+
+    /// The field holding the loss mask, if any.
+    pub fn loss_mask_field(&self) -> Option<usize> {
+        self.fields.iter().position(|f| f.role == Role::LossMask)
+    }
+
+    /// Checks the rules of the format: 1..=4096 fields, unique non-empty names, rows of
+    /// 1 byte ..= 256 MiB, at most 8 row dimensions.
+    pub fn validate(&self) -> Result<(), FormatError> {
+        const S: &str = "schema";
+        let invalid = |what, value: u64, rule: &str| FormatError::Invalid {
+            structure: S,
+            what,
+            value,
+            rule: rule.to_string(),
+        };
+        if self.fields.is_empty() || self.fields.len() > MAX_FIELDS {
+            return Err(invalid(
+                "field count",
+                self.fields.len() as u64,
+                "in 1..=4096",
+            ));
+        }
+        for (i, f) in self.fields.iter().enumerate() {
+            if f.name.is_empty() || f.name.len() > MAX_FIELD_NAME {
+                return Err(invalid(
+                    "field name length",
+                    f.name.len() as u64,
+                    "in 1..=256",
+                ));
+            }
+            if self.fields[..i].iter().any(|g| g.name == f.name) {
+                return Err(FormatError::Json {
+                    structure: S,
+                    detail: format!(
+                        "field name `{}` appears twice; names must be unique",
+                        f.name
+                    ),
+                });
+            }
+            if f.shape.len() > MAX_ROW_DIMS {
+                return Err(invalid("row dimensions", f.shape.len() as u64, "at most 8"));
+            }
+            let bytes = f
+                .shape
+                .iter()
+                .try_fold(f.dtype.size() as u64, |acc, &d| acc.checked_mul(d))
+                .unwrap_or(u64::MAX);
+            if bytes == 0 || bytes > MAX_ROW_BYTES {
+                return Err(invalid(
+                    "row bytes",
+                    bytes,
+                    "in 1..=256 MiB (no zero dimensions)",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The canonical JSON of the schema: what [`Schema::hash`] covers.
+    pub fn canonical_json(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("a schema always serializes")
+    }
+
+    /// BLAKE3 of the canonical JSON; shard headers carry it.
+    pub fn hash(&self) -> [u8; 32] {
+        *blake3::hash(&self.canonical_json()).as_bytes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validate_rejects_bad_schemas() {
+        let ok = Field::new("x", DType::BF16, &[4], Role::Other);
+        assert!(Schema::new(vec![ok.clone()]).validate().is_ok());
+        assert!(Schema::new(vec![]).validate().is_err());
+        assert!(Schema::new(vec![ok.clone(), ok.clone()])
+            .validate()
+            .is_err());
+        assert!(
+            Schema::new(vec![Field::new("", DType::U8, &[], Role::Other)])
+                .validate()
+                .is_err()
+        );
+        assert!(
+            Schema::new(vec![Field::new("z", DType::U8, &[0], Role::Other)])
+                .validate()
+                .is_err()
+        );
+        assert!(Schema::new(vec![Field::new(
+            "h",
+            DType::F64,
+            &[u64::MAX, 2],
+            Role::Other
+        )])
+        .validate()
+        .is_err());
+    }
+
+    #[test]
+    fn hash_changes_with_any_field() {
+        let a = Schema::new(vec![Field::new("x", DType::BF16, &[4], Role::Other)]);
+        let mut b = a.clone();
+        b.fields[0].dtype = DType::F16;
+        assert_ne!(a.hash(), b.hash());
+    }
+}

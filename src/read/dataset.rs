@@ -1,0 +1,321 @@
+//! Opening a dataset and reading samples by ordinal or key.
+
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+use crate::error::{format, io, Error, Result};
+use crate::format::manifest::MANIFEST_FILE;
+use crate::format::{ExtentEntry, Manifest, SampleEntry, Schema};
+
+use super::shard::{CheckPolicy, Shard};
+use super::tensor::{AlignedBytes, Buffer, Tensor};
+
+/// Options for reading.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ReadOptions {
+    /// When chunk payloads are hashed.
+    pub check: CheckPolicy,
+}
+
+/// An open dataset. Opening reads the manifest only; shards are mapped and checked on first
+/// use. Share it between threads by reference or `Arc`.
+#[derive(Debug)]
+pub struct Dataset {
+    dir: PathBuf,
+    manifest: Manifest,
+    manifest_bytes: Vec<u8>,
+    dataset_id: [u8; 16],
+    shards: Vec<OnceLock<Arc<Shard>>>,
+    options: ReadOptions,
+}
+
+impl Dataset {
+    /// Opens the dataset in folder `dir`.
+    pub fn open(dir: impl AsRef<Path>) -> Result<Dataset> {
+        Self::open_with(dir, ReadOptions::default())
+    }
+
+    /// Opens the dataset in folder `dir` with `options`.
+    pub fn open_with(dir: impl AsRef<Path>, options: ReadOptions) -> Result<Dataset> {
+        let dir = dir.as_ref().to_path_buf();
+        let path = dir.join(MANIFEST_FILE);
+        let manifest_bytes = match std::fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(Error::NotADataset { path: dir })
+            }
+            Err(e) => return Err(io(&path, "read")(e)),
+        };
+        let manifest = Manifest::decode(&manifest_bytes).map_err(format(&path))?;
+        let shards = manifest.shards.iter().map(|_| OnceLock::new()).collect();
+        Ok(Dataset {
+            dataset_id: manifest.dataset_id_bytes(),
+            dir,
+            manifest,
+            manifest_bytes,
+            shards,
+            options,
+        })
+    }
+
+    /// The folder.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The manifest.
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    /// The manifest's bytes, as read.
+    pub fn manifest_bytes(&self) -> &[u8] {
+        &self.manifest_bytes
+    }
+
+    /// The schema.
+    pub fn schema(&self) -> &Schema {
+        &self.manifest.schema
+    }
+
+    /// Samples in the dataset.
+    pub fn len(&self) -> u64 {
+        self.manifest.samples
+    }
+
+    /// True when the dataset has no samples.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The read options.
+    pub fn options(&self) -> ReadOptions {
+        self.options
+    }
+
+    /// Shard `seq`, mapped and checked on first use.
+    pub fn shard(&self, seq: usize) -> Result<&Arc<Shard>> {
+        let cell = &self.shards[seq];
+        if let Some(s) = cell.get() {
+            return Ok(s);
+        }
+        let record = &self.manifest.shards[seq];
+        let shard = Shard::open(
+            &self.dir.join(&record.file),
+            record,
+            self.dataset_id,
+            self.schema(),
+        )?;
+        Ok(cell.get_or_init(|| Arc::new(shard)))
+    }
+
+    /// The shard number and shard-local position of `ordinal`.
+    pub fn locate(&self, ordinal: u64) -> Result<(usize, u64)> {
+        if ordinal >= self.len() {
+            return Err(Error::NoSuchSample {
+                ordinal,
+                len: self.len(),
+            });
+        }
+        let shards = &self.manifest.shards;
+        let seq = shards.partition_point(|s| s.first_ordinal + s.samples <= ordinal);
+        Ok((seq, ordinal - shards[seq].first_ordinal))
+    }
+
+    /// Sample `ordinal`.
+    pub fn sample(&self, ordinal: u64) -> Result<Sample<'_>> {
+        let (seq, local) = self.locate(ordinal)?;
+        self.sample_in(seq, local)
+    }
+
+    fn sample_in(&self, seq: usize, local: u64) -> Result<Sample<'_>> {
+        let shard = self.shard(seq)?.clone();
+        let entry = shard
+            .index()
+            .sample(local)
+            .expect("locate keeps local below the shard's count");
+        Ok(Sample {
+            ds: self,
+            shard,
+            entry,
+        })
+    }
+
+    /// The sample with `key`, or `None`.
+    pub fn find(&self, key: &str) -> Result<Option<Sample<'_>>> {
+        for seq in 0..self.shards.len() {
+            if let Some(local) = self.shard(seq)?.index().find_key(key) {
+                return self.sample_in(seq, local).map(Some);
+            }
+        }
+        Ok(None)
+    }
+
+    /// The sample with `key`; an error names the key when there is none.
+    pub fn get_by_key(&self, key: &str) -> Result<Sample<'_>> {
+        self.find(key)?.ok_or_else(|| Error::NoSuchKey {
+            key: key.to_string(),
+        })
+    }
+
+    /// The number of the field named `name`.
+    pub fn field_index(&self, name: &str) -> Result<usize> {
+        self.schema()
+            .field_index(name)
+            .ok_or_else(|| Error::NoSuchField {
+                name: name.to_string(),
+                available: self
+                    .schema()
+                    .fields
+                    .iter()
+                    .map(|f| f.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            })
+    }
+}
+
+/// One sample of an open dataset.
+#[derive(Debug, Clone)]
+pub struct Sample<'d> {
+    ds: &'d Dataset,
+    shard: Arc<Shard>,
+    entry: SampleEntry,
+}
+
+impl<'d> Sample<'d> {
+    /// Ordinal in the dataset.
+    pub fn ordinal(&self) -> u64 {
+        self.entry.ordinal
+    }
+
+    /// Rows (tokens).
+    pub fn rows(&self) -> u64 {
+        self.entry.rows
+    }
+
+    /// Rows whose loss mask is set, when the schema has a loss mask.
+    pub fn loss_rows(&self) -> Option<u64> {
+        (self.entry.loss_rows != u64::MAX).then_some(self.entry.loss_rows)
+    }
+
+    /// Decoded bytes of all fields.
+    pub fn raw_bytes(&self) -> u64 {
+        self.entry.raw_bytes
+    }
+
+    /// The key.
+    pub fn key(&self) -> &str {
+        // Validated when the shard was opened.
+        self.shard.index().key_of(&self.entry).unwrap_or("")
+    }
+
+    /// The shard holding the sample.
+    pub fn shard(&self) -> &Arc<Shard> {
+        &self.shard
+    }
+
+    /// The extents of field number `field`.
+    pub fn extents(&self, field: usize) -> Vec<ExtentEntry> {
+        self.shard
+            .index()
+            .extents_of(&self.entry)
+            .filter(|x| x.field as usize == field)
+            .collect()
+    }
+
+    fn check_rows(&self, rows: &Range<u64>) -> Result<()> {
+        if rows.start > rows.end || rows.end > self.rows() {
+            return Err(Error::RowsOutOfRange {
+                key: self.key().to_string(),
+                start: rows.start,
+                end: rows.end,
+                rows: self.rows(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Rows `rows` (all rows when `None`) of the field named `name`. Zero-copy when they lie in
+    /// one uncompressed chunk; otherwise decoded and gathered into one buffer.
+    pub fn read(&self, name: &str, rows: Option<Range<u64>>) -> Result<Tensor> {
+        let f = self.ds.field_index(name)?;
+        self.read_field(f, rows)
+    }
+
+    /// Like [`Sample::read`], by field number.
+    pub fn read_field(&self, f: usize, rows: Option<Range<u64>>) -> Result<Tensor> {
+        let schema = self.ds.schema();
+        let field = &schema.fields[f];
+        let rows = rows.unwrap_or(0..self.rows());
+        self.check_rows(&rows)?;
+        let row_bytes = field.row_bytes() as usize;
+        let mut shape = vec![rows.end - rows.start];
+        shape.extend_from_slice(&field.shape);
+        let extents = self.extents(f);
+        let touching: Vec<&ExtentEntry> = extents
+            .iter()
+            .filter(|x| x.row_start < rows.end && rows.start < x.row_start + x.row_count)
+            .collect();
+        if let [x] = touching.as_slice() {
+            let (e, stored) = self
+                .shard
+                .chunk(x.chunk.into(), schema, self.ds.options().check)?;
+            if e.codec == crate::format::Codec::None.code() {
+                let base = e.offset as usize + crate::format::ChunkHeader::SIZE;
+                let first = (x.chunk_row + rows.start - x.row_start) as usize;
+                let start = base + first * row_bytes;
+                let end = start + (rows.end - rows.start) as usize * row_bytes;
+                debug_assert!(end <= base + stored.len());
+                return Ok(Tensor {
+                    dtype: field.dtype,
+                    shape,
+                    data: Buffer::Mapped {
+                        map: self.shard.map().clone(),
+                        range: start..end,
+                    },
+                });
+            }
+        }
+        let mut out = AlignedBytes::zeroed((rows.end - rows.start) as usize * row_bytes);
+        self.read_into(f, rows, out.as_bytes_mut())?;
+        Ok(Tensor {
+            dtype: field.dtype,
+            shape,
+            data: Buffer::Owned(out),
+        })
+    }
+
+    /// Copies rows `rows` of field number `f` into `out`, which must hold exactly those rows.
+    pub fn read_into(&self, f: usize, rows: Range<u64>, out: &mut [u8]) -> Result<()> {
+        let schema = self.ds.schema();
+        let row_bytes = schema.fields[f].row_bytes() as usize;
+        self.check_rows(&rows)?;
+        let want = (rows.end - rows.start) as usize * row_bytes;
+        if out.len() != want {
+            return Err(Error::BadOption {
+                option: "out",
+                detail: format!("buffer holds {} bytes, the rows need {want}", out.len()),
+            });
+        }
+        for x in self.extents(f) {
+            let lo = x.row_start.max(rows.start);
+            let hi = (x.row_start + x.row_count).min(rows.end);
+            if lo >= hi {
+                continue;
+            }
+            let (e, stored) = self
+                .shard
+                .chunk(x.chunk.into(), schema, self.ds.options().check)?;
+            let raw = self
+                .shard
+                .decode_chunk(x.chunk.into(), &e, stored, schema)?;
+            let src = (x.chunk_row + lo - x.row_start) as usize * row_bytes;
+            let dst = (lo - rows.start) as usize * row_bytes;
+            let n = (hi - lo) as usize * row_bytes;
+            out[dst..dst + n].copy_from_slice(&raw[src..src + n]);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,11 @@
+//! Reading datasets: open in O(1) in the number of samples (the manifest only), map shards on
+//! first use, read samples by ordinal or key, fields by name, rows by range.
+
+pub mod dataset;
+pub mod mmap;
+pub mod shard;
+pub mod tensor;
+
+pub use dataset::{Dataset, ReadOptions, Sample};
+pub use shard::{CheckPolicy, Shard};
+pub use tensor::{AlignedBytes, Buffer, Tensor};

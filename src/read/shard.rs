@@ -1,0 +1,349 @@
+//! One mapped shard: opened against its manifest record, read chunk by chunk.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use memmap2::Mmap;
+
+use crate::error::{format, ChunkSite, Error, Result};
+use crate::format::manifest::hex;
+use crate::format::{
+    ChunkEntry, ChunkHeader, Codec, Footer, Index, SampleEntry, Schema, ShardHeader, ShardRecord,
+};
+
+use super::mmap::map_file;
+
+/// When chunk payloads are hashed on read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CheckPolicy {
+    /// The first read of each chunk in this process hashes it (default).
+    #[default]
+    Once,
+    /// Every read hashes the chunk.
+    Always,
+    /// Reads trust the bytes (headers are still checked); run `verify` separately.
+    Never,
+}
+
+/// A shard whose footer, header and index were checked against the manifest.
+pub struct Shard {
+    path: PathBuf,
+    map: Arc<Mmap>,
+    header: ShardHeader,
+    footer: Footer,
+    checked: Vec<AtomicBool>,
+}
+
+impl std::fmt::Debug for Shard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shard").field("path", &self.path).finish()
+    }
+}
+
+fn mismatch(
+    path: &Path,
+    what: &'static str,
+    expected: impl ToString,
+    found: impl ToString,
+) -> Error {
+    Error::ShardMismatch {
+        shard: path.to_path_buf(),
+        what,
+        expected: expected.to_string(),
+        found: found.to_string(),
+    }
+}
+
+impl Shard {
+    /// Maps `path` and checks footer, header and index against `record`, the dataset id and
+    /// the schema. Costs one hash of the index, not of the data.
+    pub fn open(
+        path: &Path,
+        record: &ShardRecord,
+        dataset_id: [u8; 16],
+        schema: &Schema,
+    ) -> Result<Shard> {
+        let map = map_file(path)?;
+        let len = map.len() as u64;
+        if len != record.bytes {
+            return Err(mismatch(path, "size", record.bytes, len));
+        }
+        let footer = Footer::decode(&map, len).map_err(format(path))?;
+        if footer.dataset_id != dataset_id {
+            return Err(Error::ForeignShard {
+                shard: path.to_path_buf(),
+                expected: hex(&dataset_id),
+                found: hex(&footer.dataset_id),
+            });
+        }
+        if footer.shard_seq != record.seq {
+            return Err(mismatch(
+                path,
+                "shard sequence number",
+                record.seq,
+                footer.shard_seq,
+            ));
+        }
+        let index_bytes =
+            &map[footer.index_offset as usize..(footer.index_offset + footer.index_len) as usize];
+        let index_hash = *blake3::hash(index_bytes).as_bytes();
+        if hex(&index_hash) != record.index_blake3 {
+            return Err(mismatch(
+                path,
+                "index blake3",
+                &record.index_blake3,
+                hex(&index_hash),
+            ));
+        }
+        if index_hash != footer.index_hash {
+            return Err(mismatch(
+                path,
+                "footer's index blake3",
+                hex(&footer.index_hash),
+                hex(&index_hash),
+            ));
+        }
+        let header = ShardHeader::decode(&map).map_err(format(path))?;
+        if header.dataset_id != dataset_id {
+            return Err(Error::ForeignShard {
+                shard: path.to_path_buf(),
+                expected: hex(&dataset_id),
+                found: hex(&header.dataset_id),
+            });
+        }
+        if header.shard_seq != record.seq {
+            return Err(mismatch(
+                path,
+                "header's shard sequence number",
+                record.seq,
+                header.shard_seq,
+            ));
+        }
+        if header.schema_hash != schema.hash() {
+            return Err(mismatch(
+                path,
+                "schema blake3",
+                hex(&schema.hash()),
+                hex(&header.schema_hash),
+            ));
+        }
+        let index = Index::parse(index_bytes).map_err(format(path))?;
+        let counts = (
+            index.sample_count(),
+            index.chunk_count(),
+            index.header().first_ordinal,
+        );
+        if counts
+            != (
+                footer.sample_count,
+                footer.chunk_count,
+                footer.first_ordinal,
+            )
+            || counts != (record.samples, record.chunks, record.first_ordinal)
+        {
+            return Err(mismatch(
+                path,
+                "(samples, chunks, first ordinal)",
+                format!(
+                    "{:?}",
+                    (record.samples, record.chunks, record.first_ordinal)
+                ),
+                format!("{counts:?}"),
+            ));
+        }
+        let data = ShardHeader::SIZE as u64..footer.index_offset;
+        index
+            .validate(schema, data, 1 << header.align_log2)
+            .map_err(format(path))?;
+        let checked = (0..footer.chunk_count)
+            .map(|_| AtomicBool::new(false))
+            .collect();
+        Ok(Shard {
+            path: path.to_path_buf(),
+            map,
+            header,
+            footer,
+            checked,
+        })
+    }
+
+    /// The shard file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The mapping.
+    pub fn map(&self) -> &Arc<Mmap> {
+        &self.map
+    }
+
+    /// The header.
+    pub fn header(&self) -> &ShardHeader {
+        &self.header
+    }
+
+    /// The footer.
+    pub fn footer(&self) -> &Footer {
+        &self.footer
+    }
+
+    /// The index (validated at open).
+    pub fn index(&self) -> Index<'_> {
+        let start = self.footer.index_offset as usize;
+        let end = start + self.footer.index_len as usize;
+        Index::parse(&self.map[start..end]).expect("validated when the shard was opened")
+    }
+
+    /// Where chunk `c` lies, for error messages.
+    pub fn site(&self, c: u64, schema: &Schema) -> ChunkSite {
+        let index = self.index();
+        let e = index
+            .chunk(c)
+            .unwrap_or_else(|| bytemuck::Zeroable::zeroed());
+        let local = e.sample.checked_sub(index.header().first_ordinal);
+        let key = local
+            .and_then(|l| index.sample(l))
+            .and_then(|s: SampleEntry| index.key_of(&s))
+            .unwrap_or("?")
+            .to_string();
+        ChunkSite {
+            shard: self.path.clone(),
+            chunk: c,
+            key,
+            ordinal: e.sample,
+            field: schema
+                .field(e.field.into())
+                .map(|f| f.name.clone())
+                .unwrap_or_else(|| format!("#{}", e.field)),
+            rows: e.row_start..e.row_start + e.row_count,
+        }
+    }
+
+    /// The header check: the chunk header at the offset the index gives must describe the
+    /// chunk the index describes, so shifted or swapped chunks are caught.
+    pub fn check_chunk_header(&self, c: u64, e: &ChunkEntry, schema: &Schema) -> Result<()> {
+        let at = e.offset as usize;
+        let header =
+            ChunkHeader::decode(&self.map[at..at + ChunkHeader::SIZE]).map_err(|source| {
+                Error::BadChunk {
+                    site: self.site(c, schema),
+                    source,
+                }
+            })?;
+        let pairs: [(&'static str, u64, u64); 10] = [
+            ("chunk id", c, header.chunk_id.into()),
+            (
+                "shard sequence number",
+                self.header.shard_seq.into(),
+                header.shard_seq.into(),
+            ),
+            ("field", e.field.into(), header.field.into()),
+            ("codec", e.codec.into(), header.codec.into()),
+            ("dtype", e.dtype.into(), header.dtype.into()),
+            ("sample ordinal", e.sample, header.sample),
+            ("first row", e.row_start, header.row_start),
+            ("row count", e.row_count, header.row_count),
+            ("raw length", e.raw_len, header.raw_len),
+            ("stored length", e.stored_len, header.stored_len),
+        ];
+        for (what, expected, found) in pairs {
+            if expected != found {
+                return Err(Error::ChunkMisplaced {
+                    site: self.site(c, schema),
+                    what,
+                    expected,
+                    found,
+                });
+            }
+        }
+        if header.hash != e.hash {
+            return Err(Error::ChecksumMismatch {
+                site: self.site(c, schema),
+                expected: hex(&e.hash),
+                found: format!("{} (in the chunk header)", hex(&header.hash)),
+            });
+        }
+        Ok(())
+    }
+
+    /// Hashes chunk `c`'s stored bytes against the index.
+    pub fn check_chunk_hash(&self, c: u64, e: &ChunkEntry, schema: &Schema) -> Result<()> {
+        let hash = blake3::hash(self.stored(e));
+        if hash.as_bytes() != &e.hash {
+            return Err(Error::ChecksumMismatch {
+                site: self.site(c, schema),
+                expected: hex(&e.hash),
+                found: hash.to_hex().to_string(),
+            });
+        }
+        if let Some(flag) = self.checked.get(c as usize) {
+            flag.store(true, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    fn stored(&self, e: &ChunkEntry) -> &[u8] {
+        let start = e.offset as usize + ChunkHeader::SIZE;
+        &self.map[start..start + e.stored_len as usize]
+    }
+
+    /// The stored bytes of chunk `c`, checked per `policy`, with its index entry.
+    pub fn chunk(
+        &self,
+        c: u64,
+        schema: &Schema,
+        policy: CheckPolicy,
+    ) -> Result<(ChunkEntry, &[u8])> {
+        let e = self.index().chunk(c).ok_or_else(|| Error::BadChunk {
+            site: self.site(c, schema),
+            source: crate::format::FormatError::Invalid {
+                structure: "shard index",
+                what: "chunk",
+                value: c,
+                rule: "a chunk of this shard".into(),
+            },
+        })?;
+        let seen = self
+            .checked
+            .get(c as usize)
+            .is_some_and(|f| f.load(Ordering::Relaxed));
+        let check = match policy {
+            CheckPolicy::Always => true,
+            CheckPolicy::Once => !seen,
+            CheckPolicy::Never => false,
+        };
+        if check || !seen {
+            self.check_chunk_header(c, &e, schema)?;
+        }
+        if check {
+            self.check_chunk_hash(c, &e, schema)?;
+        }
+        Ok((e, self.stored(&e)))
+    }
+
+    /// Decodes chunk `c` (zero-copy for codec none).
+    pub fn decode_chunk<'a>(
+        &'a self,
+        c: u64,
+        e: &ChunkEntry,
+        stored: &'a [u8],
+        schema: &Schema,
+    ) -> Result<std::borrow::Cow<'a, [u8]>> {
+        let codec = Codec::from_code(e.codec).unwrap_or(Codec::None);
+        if codec == Codec::None {
+            return Ok(std::borrow::Cow::Borrowed(stored));
+        }
+        let elem = schema
+            .field(e.field.into())
+            .map(|f| f.dtype.size())
+            .unwrap_or(1);
+        codec
+            .decode(stored, e.raw_len, elem)
+            .map(std::borrow::Cow::Owned)
+            .map_err(|source| Error::BadChunk {
+                site: self.site(c, schema),
+                source,
+            })
+    }
+}

@@ -1,0 +1,48 @@
+//! Publishing files so that a crash never leaves half of one: write a temp file in the same
+//! folder, fsync it, rename it over the target, fsync the folder.
+
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use crate::error::{io, Result};
+
+/// Suffix of files being written; a writer that opens a dataset deletes leftovers.
+pub const TEMP_SUFFIX: &str = ".tmp";
+
+/// The temp name used while writing `target`.
+pub fn temp_path(target: &Path) -> PathBuf {
+    let mut name = target.file_name().unwrap_or_default().to_os_string();
+    name.push(TEMP_SUFFIX);
+    target.with_file_name(name)
+}
+
+/// Flushes a folder's entries (renames, creations) to disk.
+pub fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io(dir, "fsync folder"))
+}
+
+/// Renames a finished, synced temp file over `target` and syncs the folder.
+pub fn publish(temp: &Path, target: &Path, durable: bool) -> Result<()> {
+    std::fs::rename(temp, target).map_err(io(target, "rename into place"))?;
+    if durable {
+        if let Some(dir) = target.parent() {
+            sync_dir(dir)?;
+        }
+    }
+    Ok(())
+}
+
+/// Writes `bytes` to `target` atomically.
+pub fn write_atomic(target: &Path, bytes: &[u8], durable: bool) -> Result<()> {
+    let temp = temp_path(target);
+    let mut f = File::create(&temp).map_err(io(&temp, "create"))?;
+    f.write_all(bytes).map_err(io(&temp, "write"))?;
+    if durable {
+        f.sync_all().map_err(io(&temp, "fsync"))?;
+    }
+    drop(f);
+    publish(&temp, target, durable)
+}

@@ -1,0 +1,525 @@
+//! Writing a dataset: rolling shards, commits through the manifest, resume on reopen.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+
+use crate::error::{format, io, Error, Result};
+use crate::format::manifest::{
+    hex, shard_file_name, TableRecord, MANIFEST_FILE, SAMPLES_TABLE_FILE,
+};
+use crate::format::{
+    Codec, ExtentEntry, Manifest, Role, Schema, DEFAULT_ALIGN_LOG2, MAX_ALIGN_LOG2, MIN_ALIGN_LOG2,
+};
+use crate::read::Dataset;
+
+use super::atomic::{sync_dir, write_atomic, TEMP_SUFFIX};
+use super::encode::encode_sample;
+use super::samples_table::{self, SampleRow};
+use super::shard_writer::ShardWriter;
+
+/// Name of the lock file a writer holds in the dataset folder.
+pub const LOCK_FILE: &str = ".hspack-writer.lock";
+
+/// Options for writing.
+#[derive(Debug, Clone)]
+pub struct WriteOptions {
+    /// Target bytes of a chunk (a row block); rows are never split. Default 2 MiB.
+    pub chunk_bytes: u64,
+    /// A shard is committed once it holds this many bytes. Default 2 GiB.
+    pub shard_bytes: u64,
+    /// A shard is committed once it holds this many samples. Default 65 536.
+    pub shard_samples: u64,
+    /// Codec of new chunks. Default none (zero-copy reads).
+    pub codec: Codec,
+    /// zstd level for the zstd codecs. Default 3.
+    pub zstd_level: i32,
+    /// log2 of the payload alignment of uncompressed chunks. Default 12 (4 KiB).
+    pub align_log2: u8,
+    /// fsync files and folders at commits. Default true; turn off only for scratch data.
+    pub durable: bool,
+    /// Dataset id of a new dataset; random when `None` (set it only for reproducible files).
+    pub dataset_id: Option<[u8; 16]>,
+}
+
+impl Default for WriteOptions {
+    fn default() -> Self {
+        WriteOptions {
+            chunk_bytes: 2 << 20,
+            shard_bytes: 2 << 30,
+            shard_samples: 65_536,
+            codec: Codec::None,
+            zstd_level: 3,
+            align_log2: DEFAULT_ALIGN_LOG2,
+            durable: true,
+            dataset_id: None,
+        }
+    }
+}
+
+impl WriteOptions {
+    fn validate(&self) -> Result<()> {
+        let bad = |option, detail: &str| {
+            Err(Error::BadOption {
+                option,
+                detail: detail.to_string(),
+            })
+        };
+        if self.chunk_bytes == 0 {
+            return bad("chunk_bytes", "must be at least 1");
+        }
+        if self.shard_samples == 0 || self.shard_samples > u32::MAX.into() {
+            return bad("shard_samples", "must be in 1..=4294967295");
+        }
+        if !(MIN_ALIGN_LOG2..=MAX_ALIGN_LOG2).contains(&self.align_log2) {
+            return bad("align_log2", "must be in 6..=20");
+        }
+        Ok(())
+    }
+}
+
+/// What a commit or finish leaves behind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WriteStats {
+    /// Samples committed.
+    pub samples: u64,
+    /// Shards committed.
+    pub shards: u64,
+    /// Bytes of committed shard files.
+    pub bytes: u64,
+    /// Decoded bytes of committed samples.
+    pub raw_bytes: u64,
+}
+
+/// Writes samples into a dataset folder.
+///
+/// Samples become visible to readers when their shard is committed: when it fills, at
+/// [`DatasetWriter::commit`] and at [`DatasetWriter::finish`]. Dropping a writer without
+/// finishing leaves the dataset as of its last commit. Reopening a dataset resumes it.
+pub struct DatasetWriter {
+    dir: PathBuf,
+    manifest: Manifest,
+    options: WriteOptions,
+    current: Option<ShardWriter>,
+    keys: HashSet<String>,
+    schema: std::sync::Arc<Schema>,
+    loss_field: Option<usize>,
+}
+
+impl std::fmt::Debug for DatasetWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DatasetWriter")
+            .field("dir", &self.dir)
+            .finish()
+    }
+}
+
+fn random_id(dir: &Path) -> [u8; 16] {
+    let mut h = blake3::Hasher::new();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    h.update(&now.as_nanos().to_le_bytes());
+    h.update(&std::process::id().to_le_bytes());
+    h.update(dir.as_os_str().as_encoded_bytes());
+    h.update(&(&h as *const _ as usize).to_le_bytes());
+    let mut id = [0u8; 16];
+    id.copy_from_slice(&h.finalize().as_bytes()[..16]);
+    id
+}
+
+fn pid_alive(pid: u32) -> bool {
+    Path::new("/proc").join(pid.to_string()).exists() || !Path::new("/proc/self").exists()
+}
+
+fn take_lock(dir: &Path) -> Result<()> {
+    let lock = dir.join(LOCK_FILE);
+    for _ in 0..2 {
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&lock)
+        {
+            Ok(mut f) => {
+                use std::io::Write;
+                let _ = write!(f, "{}", std::process::id());
+                return Ok(());
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                let holder = std::fs::read_to_string(&lock)
+                    .ok()
+                    .and_then(|s| s.trim().parse::<u32>().ok());
+                match holder {
+                    Some(pid) if pid != std::process::id() && pid_alive(pid) => {
+                        return Err(Error::Locked {
+                            path: dir.to_path_buf(),
+                            lock,
+                        })
+                    }
+                    // The holder died (or is us, reopening): take the lock over.
+                    _ => std::fs::remove_file(&lock).map_err(io(&lock, "remove stale lock"))?,
+                }
+            }
+            Err(e) => return Err(io(&lock, "create")(e)),
+        }
+    }
+    Err(Error::Locked {
+        path: dir.to_path_buf(),
+        lock,
+    })
+}
+
+impl DatasetWriter {
+    /// Creates a dataset in `dir` (which may exist but must hold no dataset).
+    pub fn create(dir: impl AsRef<Path>, schema: Schema, options: WriteOptions) -> Result<Self> {
+        let dir = dir.as_ref();
+        if dir.join(MANIFEST_FILE).exists() {
+            return Err(Error::AlreadyExists {
+                path: dir.to_path_buf(),
+            });
+        }
+        Self::open(dir, schema, options)
+    }
+
+    /// Opens the dataset in `dir` for appending, creating it when there is none. An existing
+    /// dataset must have the same schema (capture metadata included); appending resumes after
+    /// its last committed sample, and files an interrupted writer left are removed.
+    pub fn open(dir: impl AsRef<Path>, schema: Schema, options: WriteOptions) -> Result<Self> {
+        options.validate()?;
+        schema
+            .validate()
+            .map_err(format(dir.as_ref().join(MANIFEST_FILE)))?;
+        let dir = dir.as_ref().to_path_buf();
+        std::fs::create_dir_all(&dir).map_err(io(&dir, "create folder"))?;
+        take_lock(&dir)?;
+        let result = Self::open_locked(dir.clone(), schema, options);
+        if result.is_err() {
+            let _ = std::fs::remove_file(dir.join(LOCK_FILE));
+        }
+        result
+    }
+
+    fn open_locked(dir: PathBuf, schema: Schema, options: WriteOptions) -> Result<Self> {
+        let manifest_path = dir.join(MANIFEST_FILE);
+        let mut keys = HashSet::new();
+        let manifest = if manifest_path.exists() {
+            let ds = Dataset::open(&dir)?;
+            if ds.schema() != &schema {
+                return Err(Error::SchemaMismatch {
+                    path: dir,
+                    detail: describe_difference(ds.schema(), &schema),
+                });
+            }
+            for seq in 0..ds.manifest().shards.len() {
+                let shard = ds.shard(seq)?;
+                let index = shard.index();
+                for i in 0..index.sample_count() {
+                    if let Some(key) = index.sample(i).and_then(|s| index.key_of(&s)) {
+                        keys.insert(key.to_string());
+                    }
+                }
+            }
+            ds.manifest().clone()
+        } else {
+            let id = options.dataset_id.unwrap_or_else(|| random_id(&dir));
+            let m = Manifest::new(id, schema.clone());
+            write_atomic(&manifest_path, &m.encode(), options.durable)?;
+            m
+        };
+        remove_leftovers(&dir, manifest.shards.len() as u32)?;
+        Ok(DatasetWriter {
+            loss_field: schema.fields.iter().position(|f| f.role == Role::LossMask),
+            schema: std::sync::Arc::new(schema),
+            dir,
+            manifest,
+            options,
+            current: None,
+            keys,
+        })
+    }
+
+    /// The folder.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The schema.
+    pub fn schema(&self) -> &Schema {
+        &self.manifest.schema
+    }
+
+    /// True when a sample with `key` was appended (committed or not): skip it to resume.
+    pub fn contains_key(&self, key: &str) -> bool {
+        self.keys.contains(key)
+    }
+
+    /// Samples appended, committed or not.
+    pub fn len(&self) -> u64 {
+        self.manifest.samples + self.current.as_ref().map_or(0, |s| s.sample_count())
+    }
+
+    /// True when no sample was appended.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Appends a sample: `fields` gives bytes (little-endian, C order) for every field of the
+    /// schema, by name; every field must hold the same number of rows. Returns the ordinal.
+    pub fn append(&mut self, key: &str, fields: &[(&str, &[u8])]) -> Result<u64> {
+        let schema = std::sync::Arc::clone(&self.schema);
+        let schema = schema.as_ref();
+        let bad = |field: &str, detail: String| Error::BadSample {
+            key: key.to_string(),
+            field: field.to_string(),
+            detail,
+        };
+        if self.keys.contains(key) {
+            return Err(Error::DuplicateKey {
+                key: key.to_string(),
+            });
+        }
+        if key.len() > u32::MAX as usize {
+            return Err(bad("", "the key is longer than 4 GiB".into()));
+        }
+        for (name, _) in fields {
+            if schema.field_index(name).is_none() {
+                return Err(bad(
+                    name,
+                    format!(
+                        "the schema has no such field; it has {}",
+                        field_names(schema)
+                    ),
+                ));
+            }
+        }
+        let mut ordered = Vec::with_capacity(schema.fields.len());
+        let mut rows = None;
+        for f in &schema.fields {
+            let mut given = fields.iter().filter(|(n, _)| *n == f.name);
+            let data = given
+                .next()
+                .ok_or_else(|| {
+                    bad(
+                        &f.name,
+                        "missing: every field of the schema is required".into(),
+                    )
+                })?
+                .1;
+            if given.next().is_some() {
+                return Err(bad(&f.name, "given twice".into()));
+            }
+            let row_bytes = f.row_bytes();
+            if data.len() as u64 % row_bytes != 0 {
+                return Err(bad(
+                    &f.name,
+                    format!(
+                        "{} bytes is not a whole number of rows of {row_bytes} bytes ({} {:?})",
+                        data.len(),
+                        f.dtype,
+                        f.shape
+                    ),
+                ));
+            }
+            let r = data.len() as u64 / row_bytes;
+            match rows {
+                None => rows = Some(r),
+                Some(prev) if prev != r => {
+                    return Err(bad(&f.name, format!("has {r} rows, other fields have {prev}: all fields share the token dimension")))
+                }
+                _ => {}
+            }
+            ordered.push(data);
+        }
+        let rows = rows.unwrap_or(0);
+        let raw: u64 = ordered.iter().map(|d| d.len() as u64).sum();
+        self.roll_if_full(raw)?;
+        let loss_rows = match self.loss_field {
+            Some(i) => {
+                let rb = schema.fields[i].row_bytes() as usize;
+                ordered[i]
+                    .chunks_exact(rb)
+                    .filter(|r| r.iter().any(|&b| b != 0))
+                    .count() as u64
+            }
+            None => u64::MAX,
+        };
+        let chunks = encode_sample(
+            schema,
+            &ordered,
+            rows,
+            self.options.chunk_bytes,
+            self.options.codec,
+            self.options.zstd_level,
+        );
+        let ordinal = self.len();
+        let shard = self.current_shard()?;
+        let mut extents = Vec::with_capacity(chunks.len());
+        for c in &chunks {
+            let dtype = schema.fields[c.field as usize].dtype.code();
+            let id = shard.write_chunk(c, ordinal, dtype)?;
+            extents.push(ExtentEntry {
+                row_start: c.row_start,
+                row_count: c.row_count,
+                chunk_row: 0,
+                chunk: id,
+                field: c.field,
+                reserved: 0,
+            });
+        }
+        shard.push_sample(key, rows, loss_rows, raw, &extents);
+        self.keys.insert(key.to_string());
+        Ok(ordinal)
+    }
+
+    fn roll_if_full(&mut self, incoming: u64) -> Result<()> {
+        if let Some(s) = &self.current {
+            let full_bytes = s.len().saturating_add(incoming) > self.options.shard_bytes;
+            let full_samples = s.sample_count() >= self.options.shard_samples;
+            if s.sample_count() > 0 && (full_bytes || full_samples) {
+                self.commit()?;
+            }
+        }
+        Ok(())
+    }
+
+    fn current_shard(&mut self) -> Result<&mut ShardWriter> {
+        if self.current.is_none() {
+            let seq = self.manifest.shards.len() as u32;
+            let w = ShardWriter::create(
+                &self.dir.join(shard_file_name(seq)),
+                seq,
+                self.manifest.dataset_id_bytes(),
+                self.manifest.schema.hash(),
+                self.options.align_log2,
+                self.manifest.samples,
+            )?;
+            self.current = Some(w);
+        }
+        Ok(self.current.as_mut().expect("just set"))
+    }
+
+    /// Commits the open shard: after this, its samples survive a crash and readers see them.
+    pub fn commit(&mut self) -> Result<WriteStats> {
+        if let Some(shard) = self.current.take() {
+            if shard.sample_count() == 0 {
+                shard.abandon();
+            } else {
+                let record = shard.finish(self.options.durable)?;
+                self.manifest.samples += record.samples;
+                self.manifest.shards.push(record);
+                self.manifest.samples_table = None;
+                self.write_manifest()?;
+            }
+        }
+        Ok(self.stats())
+    }
+
+    fn write_manifest(&self) -> Result<()> {
+        write_atomic(
+            &self.dir.join(MANIFEST_FILE),
+            &self.manifest.encode(),
+            self.options.durable,
+        )
+    }
+
+    /// What is committed.
+    pub fn stats(&self) -> WriteStats {
+        WriteStats {
+            samples: self.manifest.samples,
+            shards: self.manifest.shards.len() as u64,
+            bytes: self.manifest.shards.iter().map(|s| s.bytes).sum(),
+            raw_bytes: self.manifest.shards.iter().map(|s| s.raw_bytes).sum(),
+        }
+    }
+
+    /// Commits, writes `samples.parquet`, and releases the dataset.
+    pub fn finish(mut self) -> Result<WriteStats> {
+        self.commit()?;
+        let rows = sample_rows(&self.dir)?;
+        let path = self.dir.join(SAMPLES_TABLE_FILE);
+        let bytes = samples_table::encode(&rows, &path)?;
+        write_atomic(&path, &bytes, self.options.durable)?;
+        self.manifest.samples_table = Some(TableRecord {
+            file: SAMPLES_TABLE_FILE.into(),
+            bytes: bytes.len() as u64,
+            blake3: hex(blake3::hash(&bytes).as_bytes()),
+            samples: rows.len() as u64,
+        });
+        self.write_manifest()?;
+        Ok(self.stats())
+    }
+}
+
+impl Drop for DatasetWriter {
+    fn drop(&mut self) {
+        if let Some(shard) = self.current.take() {
+            shard.abandon();
+        }
+        let _ = std::fs::remove_file(self.dir.join(LOCK_FILE));
+    }
+}
+
+/// One table row per committed sample of the dataset in `dir`.
+pub fn sample_rows(dir: &Path) -> Result<Vec<SampleRow>> {
+    let ds = Dataset::open(dir)?;
+    let mut rows = Vec::with_capacity(ds.len() as usize);
+    for (seq, record) in ds.manifest().shards.iter().enumerate() {
+        let shard = ds.shard(seq)?;
+        let index = shard.index();
+        for i in 0..index.sample_count() {
+            let Some(s) = index.sample(i) else { continue };
+            rows.push(SampleRow {
+                key: index.key_of(&s).unwrap_or_default().to_string(),
+                ordinal: s.ordinal,
+                shard: record.file.clone(),
+                shard_seq: record.seq,
+                tokens: s.rows,
+                loss_tokens: (s.loss_rows != u64::MAX).then_some(s.loss_rows),
+                bytes: s.raw_bytes,
+            });
+        }
+    }
+    Ok(rows)
+}
+
+fn field_names(schema: &Schema) -> String {
+    schema
+        .fields
+        .iter()
+        .map(|f| f.name.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn describe_difference(have: &Schema, given: &Schema) -> String {
+    if have.fields != given.fields {
+        format!(
+            "dataset fields: {}; given: {}",
+            field_names(have),
+            field_names(given)
+        )
+    } else {
+        "the capture metadata differs".into()
+    }
+}
+
+/// Removes temp files and shard files past the committed ones: what a crash left.
+fn remove_leftovers(dir: &Path, committed: u32) -> Result<()> {
+    let mut removed = false;
+    for entry in std::fs::read_dir(dir).map_err(io(dir, "list"))? {
+        let entry = entry.map_err(io(dir, "list"))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let orphan = name
+            .strip_prefix("shard-")
+            .and_then(|n| n.strip_suffix(".hsp"))
+            .and_then(|n| n.parse::<u32>().ok())
+            .is_some_and(|seq| seq >= committed);
+        if name.ends_with(TEMP_SUFFIX) || orphan {
+            std::fs::remove_file(entry.path()).map_err(io(entry.path(), "remove leftover"))?;
+            removed = true;
+        }
+    }
+    if removed {
+        sync_dir(dir)?;
+    }
+    Ok(())
+}

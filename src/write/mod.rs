@@ -1,0 +1,10 @@
+//! Writing datasets: row blocks encoded and hashed on a worker pool, shards published
+//! atomically, commits through the manifest, resume on reopen.
+
+pub mod atomic;
+pub mod dataset_writer;
+pub mod encode;
+pub mod samples_table;
+pub mod shard_writer;
+
+pub use dataset_writer::{DatasetWriter, WriteOptions, WriteStats};

@@ -1,0 +1,76 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code)]
+
+use hspack::{CapturePoint, DType, Field, Role, Schema, WriteOptions};
+
+/// A schema like a capture's: token ids, loss mask, two hidden-state layers of width `hidden`.
+pub fn capture_schema(hidden: u64) -> Schema {
+    Schema::new(vec![
+        Field::new("input_ids", DType::I32, &[], Role::TokenIds),
+        Field::new("loss_mask", DType::U8, &[], Role::LossMask),
+        Field::new(
+            "hidden.2",
+            DType::BF16,
+            &[hidden],
+            Role::HiddenState {
+                layer: 2,
+                point: CapturePoint::LayerInput,
+            },
+        ),
+        Field::new(
+            "hidden.30",
+            DType::BF16,
+            &[hidden],
+            Role::HiddenState {
+                layer: 30,
+                point: CapturePoint::LayerInput,
+            },
+        ),
+    ])
+}
+
+/// Deterministic bytes: a simple generator so tests need no randomness crate.
+pub fn bytes(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+/// One sample's fields for [`capture_schema`].
+pub fn capture_sample(seed: u64, rows: usize, hidden: usize) -> Vec<(String, Vec<u8>)> {
+    vec![
+        ("input_ids".into(), bytes(seed, rows * 4)),
+        (
+            "loss_mask".into(),
+            bytes(seed + 1, rows).iter().map(|b| b & 1).collect(),
+        ),
+        ("hidden.2".into(), bytes(seed + 2, rows * hidden * 2)),
+        ("hidden.30".into(), bytes(seed + 3, rows * hidden * 2)),
+    ]
+}
+
+/// Borrowed view for `DatasetWriter::append`.
+pub fn as_fields(sample: &[(String, Vec<u8>)]) -> Vec<(&str, &[u8])> {
+    sample
+        .iter()
+        .map(|(n, b)| (n.as_str(), b.as_slice()))
+        .collect()
+}
+
+/// Small chunks and shards so tests cross every boundary; no fsync.
+pub fn small_options() -> WriteOptions {
+    WriteOptions {
+        chunk_bytes: 1024,
+        shard_bytes: 64 << 10,
+        shard_samples: 5,
+        durable: false,
+        dataset_id: Some([9; 16]),
+        ..WriteOptions::default()
+    }
+}
