@@ -11,6 +11,7 @@ compile_error!("hspack maps little-endian structures directly; big-endian hosts 
 pub mod error;
 pub mod format;
 pub mod read;
+pub mod synth;
 pub mod verify;
 pub mod write;
 

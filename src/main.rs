@@ -1,1 +1,7 @@
-fn main() {}
+//! The `hspack` command.
+
+mod cli;
+
+fn main() -> std::process::ExitCode {
+    cli::main()
+}

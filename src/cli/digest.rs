@@ -1,0 +1,35 @@
+//! `hspack digest`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use hspack::verify::{verify, VerifyOptions};
+
+use super::EXIT_DAMAGED;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Dataset folders.
+    #[arg(required = true)]
+    dirs: Vec<PathBuf>,
+}
+
+pub fn run(a: Args) -> anyhow::Result<ExitCode> {
+    let mut code = ExitCode::SUCCESS;
+    for dir in a.dirs {
+        let report = verify(&dir, VerifyOptions::default(), &|_| {})?;
+        if report.is_ok() {
+            println!("{}  {}", report.digest, dir.display());
+        } else {
+            for p in &report.problems {
+                eprintln!("DAMAGED {p}");
+            }
+            eprintln!(
+                "{}: damaged, no digest (run `hspack verify` for the full list)",
+                dir.display()
+            );
+            code = ExitCode::from(EXIT_DAMAGED);
+        }
+    }
+    Ok(code)
+}

@@ -1,0 +1,157 @@
+//! `hspack export`.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use hspack::{DType, Dataset, Tensor};
+use safetensors::{Dtype, View};
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum To {
+    /// One .safetensors file holding every field.
+    Safetensors,
+    /// A folder with one .npy file per field.
+    Npy,
+}
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Dataset folder.
+    dir: PathBuf,
+    /// Sample key (or `#ORDINAL`).
+    key: String,
+    /// Output format.
+    #[arg(long)]
+    to: To,
+    /// Output file (safetensors) or folder (npy).
+    #[arg(long, short)]
+    out: PathBuf,
+    /// Export only these fields (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    fields: Vec<String>,
+}
+
+struct StView<'a>(&'a Tensor, Vec<usize>);
+
+impl View for &StView<'_> {
+    fn dtype(&self) -> Dtype {
+        match self.0.dtype {
+            DType::Bool => Dtype::BOOL,
+            DType::U8 => Dtype::U8,
+            DType::I8 => Dtype::I8,
+            DType::I16 => Dtype::I16,
+            DType::I32 => Dtype::I32,
+            DType::I64 => Dtype::I64,
+            DType::F16 => Dtype::F16,
+            DType::BF16 => Dtype::BF16,
+            DType::F32 => Dtype::F32,
+            DType::F64 => Dtype::F64,
+            DType::F8E4M3FN => Dtype::F8_E4M3,
+            _ => Dtype::F8_E5M2,
+        }
+    }
+    fn shape(&self) -> &[usize] {
+        &self.1
+    }
+    fn data(&self) -> Cow<'_, [u8]> {
+        Cow::Borrowed(self.0.bytes())
+    }
+    fn data_len(&self) -> usize {
+        self.0.bytes().len()
+    }
+}
+
+/// The numpy dtype string of a dtype, where numpy has one.
+fn npy_descr(d: DType) -> Option<&'static str> {
+    Some(match d {
+        DType::Bool => "|b1",
+        DType::U8 => "|u1",
+        DType::I8 => "|i1",
+        DType::I16 => "<i2",
+        DType::I32 => "<i4",
+        DType::I64 => "<i8",
+        DType::F16 => "<f2",
+        DType::F32 => "<f4",
+        DType::F64 => "<f8",
+        // numpy has no bf16 or fp8: store the raw bits as unsigned integers.
+        DType::BF16 => "<u2",
+        DType::F8E4M3FN | DType::F8E5M2 => "|u1",
+        _ => return None,
+    })
+}
+
+fn write_npy(path: &std::path::Path, t: &Tensor) -> anyhow::Result<()> {
+    let descr = npy_descr(t.dtype).context("no numpy dtype")?;
+    let shape: Vec<String> = t.shape.iter().map(|d| d.to_string()).collect();
+    let shape = if shape.len() == 1 {
+        format!("({},)", shape[0])
+    } else {
+        format!("({})", shape.join(", "))
+    };
+    let mut header = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
+    let unpadded = 10 + header.len() + 1;
+    header.push_str(&" ".repeat(unpadded.next_multiple_of(64) - unpadded));
+    header.push('\n');
+    let mut out = Vec::with_capacity(10 + header.len() + t.bytes().len());
+    out.extend_from_slice(b"\x93NUMPY\x01\x00");
+    out.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    out.extend_from_slice(header.as_bytes());
+    out.extend_from_slice(t.bytes());
+    std::fs::write(path, out).with_context(|| format!("cannot write {}", path.display()))
+}
+
+pub fn run(a: Args) -> anyhow::Result<ExitCode> {
+    let ds = Dataset::open(&a.dir)?;
+    let s = match a.key.strip_prefix('#').and_then(|n| n.parse::<u64>().ok()) {
+        Some(ordinal) => ds.sample(ordinal)?,
+        None => ds.get_by_key(&a.key)?,
+    };
+    let names: Vec<String> = if a.fields.is_empty() {
+        ds.schema().fields.iter().map(|f| f.name.clone()).collect()
+    } else {
+        a.fields.clone()
+    };
+    let mut tensors = Vec::new();
+    for n in &names {
+        tensors.push((n.clone(), s.read(n, None)?));
+    }
+    match a.to {
+        To::Safetensors => {
+            let views: Vec<(String, StView)> = tensors
+                .iter()
+                .map(|(n, t)| {
+                    (
+                        n.clone(),
+                        StView(t, t.shape.iter().map(|&d| d as usize).collect()),
+                    )
+                })
+                .collect();
+            let mut info = HashMap::new();
+            info.insert("hspack_key".to_string(), s.key().to_string());
+            info.insert("hspack_ordinal".to_string(), s.ordinal().to_string());
+            safetensors::serialize_to_file(
+                views.iter().map(|(n, v)| (n.clone(), v)),
+                Some(info),
+                &a.out,
+            )
+            .with_context(|| format!("cannot write {}", a.out.display()))?;
+        }
+        To::Npy => {
+            std::fs::create_dir_all(&a.out)
+                .with_context(|| format!("cannot create {}", a.out.display()))?;
+            for (n, t) in &tensors {
+                write_npy(&a.out.join(format!("{n}.npy")), t)?;
+            }
+        }
+    }
+    eprintln!(
+        "exported {} fields of `{}` to {}",
+        tensors.len(),
+        s.key(),
+        a.out.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,68 @@
+//! `hspack info`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use hspack::Dataset;
+
+use super::human_bytes;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Dataset folder.
+    dir: PathBuf,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(a: Args) -> anyhow::Result<ExitCode> {
+    let ds = Dataset::open(&a.dir)?;
+    let m = ds.manifest();
+    let bytes: u64 = m.shards.iter().map(|s| s.bytes).sum();
+    let raw: u64 = m.shards.iter().map(|s| s.raw_bytes).sum();
+    let manifest_hash = blake3::hash(ds.manifest_bytes()).to_hex().to_string();
+    if a.json {
+        let v = serde_json::json!({
+            "path": a.dir,
+            "dataset_id": m.dataset_id,
+            "format_version": m.version,
+            "samples": m.samples,
+            "shards": m.shards.len(),
+            "bytes": bytes,
+            "raw_bytes": raw,
+            "schema": m.schema,
+            "samples_table": m.samples_table,
+            "manifest_blake3": manifest_hash,
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("dataset   {}", a.dir.display());
+    println!("id        {}  (format v{})", m.dataset_id, m.version);
+    println!("samples   {}", m.samples);
+    println!(
+        "shards    {}  ({} on disk, {} decoded)",
+        m.shards.len(),
+        human_bytes(bytes),
+        human_bytes(raw)
+    );
+    if let Some(c) = &m.schema.capture {
+        println!(
+            "capture   {} ({} layers, hidden {}, {}, tp {}) by {} {}",
+            c.model, c.num_layers, c.hidden_size, c.dtype, c.tp_size, c.tool, c.tool_version
+        );
+    }
+    println!("fields");
+    for f in &m.schema.fields {
+        println!(
+            "  {:<20} {:<8} {:?} {:?}",
+            f.name,
+            f.dtype.name(),
+            f.shape,
+            f.role
+        );
+    }
+    println!("manifest  blake3 {manifest_hash} (run `hspack digest` to check the data behind it)");
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,86 @@
+//! Subcommands, one file each, each with a `run()`.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod demo;
+mod digest;
+mod export;
+mod info;
+mod ls;
+mod progress;
+mod show;
+mod verify;
+
+/// Store and move LLM hidden states: checksummed, indexed, zero-copy.
+#[derive(Parser)]
+#[command(name = "hspack", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Write a realistic synthetic capture, verify it and read it back, timing each step.
+    Demo(demo::Args),
+    /// Summarize a dataset: schema, capture metadata, sizes.
+    Info(info::Args),
+    /// List samples: ordinal, key, tokens, loss tokens, bytes, shard.
+    Ls(ls::Args),
+    /// Show one sample's fields, shapes and value statistics.
+    Show(show::Args),
+    /// Check every byte (or, with --quick, footers and indexes) and name what is damaged.
+    Verify(verify::Args),
+    /// Verify, then print the dataset digest: one line that two intact copies share.
+    Digest(digest::Args),
+    /// Write one sample's fields to a .safetensors file or .npy files.
+    Export(export::Args),
+}
+
+/// Exit code when a check found damage.
+pub const EXIT_DAMAGED: u8 = 1;
+/// Exit code for errors: bad arguments, unreadable input.
+pub const EXIT_ERROR: u8 = 2;
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Demo(a) => demo::run(a),
+        Command::Info(a) => info::run(a),
+        Command::Ls(a) => ls::run(a),
+        Command::Show(a) => show::run(a),
+        Command::Verify(a) => verify::run(a),
+        Command::Digest(a) => digest::run(a),
+        Command::Export(a) => export::run(a),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("hspack: error: {e:#}");
+            ExitCode::from(EXIT_ERROR)
+        }
+    }
+}
+
+/// Human-readable bytes.
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.2} {}", UNITS[u])
+    }
+}
+
+/// GB/s (10^9 bytes per second).
+pub fn gbps(bytes: u64, secs: f64) -> f64 {
+    bytes as f64 / secs.max(1e-9) / 1e9
+}

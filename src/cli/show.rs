@@ -1,0 +1,105 @@
+//! `hspack show`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use hspack::{DType, Dataset, Tensor};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Dataset folder.
+    dir: PathBuf,
+    /// Sample key (or `#ORDINAL`).
+    key: String,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Values as f64, for the dtypes where that is exact enough to summarize.
+pub fn values(t: &Tensor) -> Option<Vec<f64>> {
+    let b = t.bytes();
+    let v = match t.dtype {
+        DType::Bool | DType::U8 => b.iter().map(|&x| x as f64).collect(),
+        DType::I8 => b.iter().map(|&x| x as i8 as f64).collect(),
+        DType::I16 => b
+            .chunks_exact(2)
+            .map(|c| i16::from_le_bytes([c[0], c[1]]) as f64)
+            .collect(),
+        DType::I32 => b
+            .chunks_exact(4)
+            .map(|c| i32::from_le_bytes(c.try_into().unwrap()) as f64)
+            .collect(),
+        DType::I64 => b
+            .chunks_exact(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as f64)
+            .collect(),
+        DType::F16 => b
+            .chunks_exact(2)
+            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f64())
+            .collect(),
+        DType::BF16 => b
+            .chunks_exact(2)
+            .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f64())
+            .collect(),
+        DType::F32 => b
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64)
+            .collect(),
+        DType::F64 => b
+            .chunks_exact(8)
+            .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
+            .collect(),
+        _ => return None,
+    };
+    Some(v)
+}
+
+pub fn run(a: Args) -> anyhow::Result<ExitCode> {
+    let ds = Dataset::open(&a.dir)?;
+    let s = match a.key.strip_prefix('#').and_then(|n| n.parse::<u64>().ok()) {
+        Some(ordinal) => ds.sample(ordinal)?,
+        None => ds.get_by_key(&a.key)?,
+    };
+    let mut fields = Vec::new();
+    for f in &ds.schema().fields {
+        let t = s.read(&f.name, None)?;
+        let stats = values(&t).filter(|v| !v.is_empty()).map(|v| {
+            let min = v.iter().cloned().fold(f64::INFINITY, f64::min);
+            let max = v.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let mean = v.iter().sum::<f64>() / v.len() as f64;
+            let head: Vec<f64> = v.iter().take(6).cloned().collect();
+            (min, max, mean, head)
+        });
+        fields.push((f.name.clone(), f.dtype, t.shape.clone(), stats));
+    }
+    if a.json {
+        let v = serde_json::json!({
+            "key": s.key(), "ordinal": s.ordinal(), "tokens": s.rows(), "loss_tokens": s.loss_rows(),
+            "fields": fields.iter().map(|(n, d, shape, st)| serde_json::json!({
+                "name": n, "dtype": d.name(), "shape": shape,
+                "min": st.as_ref().map(|s| s.0), "max": st.as_ref().map(|s| s.1),
+                "mean": st.as_ref().map(|s| s.2), "head": st.as_ref().map(|s| s.3.clone()),
+            })).collect::<Vec<_>>(),
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "sample {} `{}`: {} tokens, {:?} loss tokens",
+        s.ordinal(),
+        s.key(),
+        s.rows(),
+        s.loss_rows()
+    );
+    for (n, d, shape, st) in fields {
+        match st {
+            Some((min, max, mean, head)) => println!(
+                "  {n:<20} {:<8} {shape:?}  min {min:.4} max {max:.4} mean {mean:.4}  head {head:?}",
+                d.name()
+            ),
+            None => println!("  {n:<20} {:<8} {shape:?}", d.name()),
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
