@@ -1,1 +1,93 @@
-fn main() {}
+//! Writes the golden test vectors: `hspack-golden [OUT]` (default `format-spec/golden/v1`).
+//!
+//! Three small datasets, one per codec, each with a field of every dtype and samples whose
+//! lengths sit at row-block boundaries ±1, over two shards. Deterministic: a fixed dataset id
+//! and generated data, so the bytes only change when the format does.
+
+use std::path::{Path, PathBuf};
+
+use hspack::format::DType;
+use hspack::synth::Rng;
+use hspack::{Codec, DatasetWriter, Field, Role, Schema, WriteOptions};
+
+/// Row lengths: 0, 1, and around the 4-row blocks of the 24-byte f64 rows and the 16-row
+/// blocks of the 6-byte 16-bit rows.
+pub const LENGTHS: [usize; 9] = [0, 1, 3, 4, 5, 15, 16, 17, 2];
+
+/// The golden schema: one `[3]`-shaped field per dtype.
+pub fn schema() -> Schema {
+    let fields = DType::ALL
+        .iter()
+        .map(|&d| {
+            let role = match d {
+                DType::I32 => Role::TokenIds,
+                DType::U8 => Role::LossMask,
+                _ => Role::Other,
+            };
+            Field::new(d.name(), d, &[3], role)
+        })
+        .collect();
+    Schema::new(fields)
+}
+
+/// Writes the three datasets into `out/{codec}`.
+pub fn write_all(out: &Path) -> hspack::Result<()> {
+    for codec in Codec::ALL {
+        let dir = out.join(codec.name());
+        let _ = std::fs::remove_dir_all(&dir);
+        let options = WriteOptions {
+            chunk_bytes: 96,
+            shard_samples: 5,
+            codec,
+            align_log2: 6,
+            durable: false,
+            dataset_id: Some(*b"hspack-golden-v1"),
+            ..WriteOptions::default()
+        };
+        let schema = schema();
+        let mut w = DatasetWriter::create(&dir, schema.clone(), options)?;
+        let mut rng = Rng::new(1);
+        for (i, &rows) in LENGTHS.iter().enumerate() {
+            let data: Vec<Vec<u8>> = schema
+                .fields
+                .iter()
+                .map(|f| {
+                    let n = rows * f.row_bytes() as usize;
+                    match f.dtype {
+                        DType::Bool | DType::U8 => {
+                            (0..n).map(|_| (rng.next_u64() & 1) as u8).collect()
+                        }
+                        _ => (0..n).map(|_| rng.next_u64() as u8).collect(),
+                    }
+                })
+                .collect();
+            let fields: Vec<(&str, &[u8])> = schema
+                .fields
+                .iter()
+                .zip(&data)
+                .map(|(f, d)| (f.name.as_str(), d.as_slice()))
+                .collect();
+            w.append(&format!("golden-{i}"), &fields)?;
+        }
+        w.finish()?;
+    }
+    Ok(())
+}
+
+#[allow(dead_code)]
+fn main() -> std::process::ExitCode {
+    let out = std::env::args()
+        .nth(1)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("format-spec/golden/v1"));
+    match write_all(&out) {
+        Ok(()) => {
+            println!("wrote golden vectors to {}", out.display());
+            std::process::ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("hspack-golden: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -3,5 +3,18 @@
 mod cli;
 
 fn main() -> std::process::ExitCode {
+    // `hspack ls | head` closes stdout early; end quietly, as other Unix tools do.
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let msg = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .unwrap_or("");
+        if msg.starts_with("failed printing to stdout") && msg.contains("Broken pipe") {
+            std::process::exit(0);
+        }
+        default(info);
+    }));
     cli::main()
 }

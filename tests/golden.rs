@@ -1,0 +1,80 @@
+//! The golden vectors in `format-spec/golden/v1` must match what this code writes, and must
+//! read back. When the format changes on purpose: bump the version, update FORMAT.md, and run
+//! `cargo run --bin hspack-golden`.
+
+#[path = "../format-spec/golden.rs"]
+mod golden;
+
+use std::path::{Path, PathBuf};
+
+use hspack::verify::{verify, VerifyOptions};
+use hspack::{Codec, Dataset};
+
+fn committed() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("format-spec/golden/v1")
+}
+
+fn files(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn golden_vectors_are_current() {
+    let fresh = tempfile::tempdir().unwrap();
+    golden::write_all(fresh.path()).unwrap();
+    for codec in Codec::ALL {
+        let (a, b) = (
+            committed().join(codec.name()),
+            fresh.path().join(codec.name()),
+        );
+        assert_eq!(files(&a), files(&b), "{codec:?}: file lists differ");
+        for name in files(&a) {
+            let (x, y) = (
+                std::fs::read(a.join(&name)).unwrap(),
+                std::fs::read(b.join(&name)).unwrap(),
+            );
+            assert!(
+                x == y,
+                "{}/{name} is stale: the writer's bytes changed. If on purpose, bump the format version, update format-spec/FORMAT.md and run `cargo run --bin hspack-golden`",
+                codec.name()
+            );
+        }
+    }
+}
+
+#[test]
+fn golden_vectors_read_back_and_verify() {
+    for codec in Codec::ALL {
+        let dir = committed().join(codec.name());
+        let report = verify(&dir, VerifyOptions::default(), &|_| {}).unwrap();
+        assert!(report.is_ok(), "{:?}", report.problems);
+        assert_eq!(report.shards, 2);
+        let ds = Dataset::open(&dir).unwrap();
+        assert_eq!(ds.len(), golden::LENGTHS.len() as u64);
+        for (i, &rows) in golden::LENGTHS.iter().enumerate() {
+            let s = ds.get_by_key(&format!("golden-{i}")).unwrap();
+            assert_eq!(s.rows(), rows as u64);
+            for f in &ds.schema().fields {
+                let t = s.read(&f.name, None).unwrap();
+                assert_eq!(t.bytes().len() as u64, rows as u64 * f.row_bytes());
+            }
+        }
+    }
+    // The same data under every codec.
+    let a = Dataset::open(committed().join("none")).unwrap();
+    for codec in [Codec::Zstd, Codec::ZstdByteGroup] {
+        let b = Dataset::open(committed().join(codec.name())).unwrap();
+        for i in 0..a.len() {
+            for f in &a.schema().fields {
+                let x = a.sample(i).unwrap().read(&f.name, None).unwrap();
+                let y = b.sample(i).unwrap().read(&f.name, None).unwrap();
+                assert_eq!(x.bytes(), y.bytes());
+            }
+        }
+    }
+}
