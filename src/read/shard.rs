@@ -66,16 +66,20 @@ impl Shard {
     ) -> Result<Shard> {
         let map = map_file(path)?;
         let len = map.len() as u64;
-        if len != record.bytes {
-            return Err(mismatch(path, "size", record.bytes, len));
-        }
-        let footer = Footer::decode(&map, len).map_err(format(path))?;
+        let footer = Footer::decode(&map, len).map_err(|e| match len == record.bytes {
+            true => format(path)(e),
+            // A short or long file explains a bad footer best.
+            false => mismatch(path, "size", record.bytes, len),
+        })?;
         if footer.dataset_id != dataset_id {
             return Err(Error::ForeignShard {
                 shard: path.to_path_buf(),
                 expected: hex(&dataset_id),
                 found: hex(&footer.dataset_id),
             });
+        }
+        if len != record.bytes {
+            return Err(mismatch(path, "size", record.bytes, len));
         }
         if footer.shard_seq != record.seq {
             return Err(mismatch(

@@ -1,0 +1,474 @@
+//! Every corruption is caught and named; readers return an error, never wrong data.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::*;
+use hspack::format::Footer;
+use hspack::verify::{verify, VerifyOptions};
+use hspack::{Codec, Dataset, DatasetWriter, Error, WriteOptions};
+
+const HIDDEN: usize = 64;
+
+/// A dataset of 8 samples in 2 shards of 4 (chunks of 4 rows of hidden state).
+fn dataset(codec: Codec) -> (tempfile::TempDir, Vec<Vec<(String, Vec<u8>)>>) {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = WriteOptions {
+        chunk_bytes: 4 * HIDDEN as u64 * 2,
+        shard_samples: 4,
+        shard_bytes: u64::MAX,
+        codec,
+        ..small_options()
+    };
+    let mut w = DatasetWriter::create(dir.path(), capture_schema(HIDDEN as u64), opts).unwrap();
+    let samples: Vec<_> = (0..8)
+        .map(|i| capture_sample(i * 7, 6 + i as usize, HIDDEN))
+        .collect();
+    for (i, s) in samples.iter().enumerate() {
+        w.append(&format!("req-{i}"), &as_fields(s)).unwrap();
+    }
+    w.finish().unwrap();
+    (dir, samples)
+}
+
+fn shard_path(dir: &Path, seq: u32) -> PathBuf {
+    dir.join(format!("shard-{seq:06}.hsp"))
+}
+
+fn flip(path: &Path, offset: u64) {
+    let mut b = std::fs::read(path).unwrap();
+    b[offset as usize] ^= 0x10;
+    std::fs::write(path, b).unwrap();
+}
+
+/// Offset of the payload of chunk `c` of shard `seq`.
+fn chunk_entry(dir: &Path, seq: usize, c: u64) -> hspack::format::ChunkEntry {
+    let ds = Dataset::open(dir).unwrap();
+    let shard = ds.shard(seq).unwrap();
+    shard.index().chunk(c).unwrap()
+}
+
+fn problems(dir: &Path) -> Vec<Error> {
+    verify(dir, VerifyOptions::default(), &|_| {})
+        .unwrap()
+        .problems
+}
+
+#[test]
+fn intact_dataset_verifies() {
+    for codec in Codec::ALL {
+        let (dir, _) = dataset(codec);
+        assert!(problems(dir.path()).is_empty());
+    }
+}
+
+#[test]
+fn bit_flip_in_a_payload_is_named_by_read_and_verify() {
+    for codec in Codec::ALL {
+        let (dir, samples) = dataset(codec);
+        // Chunk 2 of shard 1: sample 4 (`req-4`, 10 rows): ids, mask, hidden.2 rows 0..4.
+        let e = chunk_entry(dir.path(), 1, 2);
+        flip(
+            &shard_path(dir.path(), 1),
+            e.offset + 128 + e.stored_len / 2,
+        );
+        let ds = Dataset::open(dir.path()).unwrap();
+        let s = ds.get_by_key("req-4").unwrap();
+        let err = s.read("hidden.2", None).unwrap_err();
+        match &err {
+            Error::ChecksumMismatch { site, .. } => {
+                assert_eq!(site.key, "req-4");
+                assert_eq!(site.field, "hidden.2");
+                assert_eq!(site.rows, 0..4);
+                assert!(site.shard.ends_with("shard-000001.hsp"));
+            }
+            other => panic!("{codec:?}: {other}"),
+        }
+        let msg = err.to_string();
+        assert!(
+            msg.contains("req-4") && msg.contains("hidden.2") && msg.contains("rows 0..4"),
+            "{msg}"
+        );
+        // Rows in other chunks and other samples are still served, and are right.
+        let t = s.read("hidden.2", Some(4..10)).unwrap();
+        assert_eq!(t.bytes(), &samples[4][2].1[4 * HIDDEN * 2..]);
+        assert_eq!(
+            ds.get_by_key("req-5")
+                .unwrap()
+                .read("hidden.2", None)
+                .unwrap()
+                .bytes(),
+            samples[5][2].1.as_slice()
+        );
+        // A second read still refuses: a failed check is not remembered as passed.
+        assert!(s.read("hidden.2", Some(0..1)).is_err());
+        let p = problems(dir.path());
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert!(
+            matches!(&p[0], Error::ChecksumMismatch { site, .. } if site.key == "req-4" && site.chunk == 2)
+        );
+    }
+}
+
+#[test]
+fn bit_flip_in_an_index_fails_the_shard() {
+    let (dir, _) = dataset(Codec::None);
+    let path = shard_path(dir.path(), 0);
+    let len = std::fs::metadata(&path).unwrap().len();
+    flip(&path, len - Footer::SIZE as u64 - 20);
+    let ds = Dataset::open(dir.path()).unwrap();
+    assert!(matches!(
+        ds.sample(0),
+        Err(Error::ShardMismatch {
+            what: "index blake3",
+            ..
+        })
+    ));
+    // Shard 1 is unaffected.
+    assert!(ds.sample(4).is_ok());
+    let p = problems(dir.path());
+    assert_eq!(p.len(), 1);
+    assert!(p[0].to_string().contains("shard-000000.hsp"), "{}", p[0]);
+}
+
+#[test]
+fn bit_flip_in_a_footer_fails_the_shard() {
+    let (dir, _) = dataset(Codec::None);
+    let path = shard_path(dir.path(), 1);
+    let len = std::fs::metadata(&path).unwrap().len();
+    for at in [len - 1, len - 30, len - 100, len - 128] {
+        let (dir, _) = dataset(Codec::None);
+        let path = shard_path(dir.path(), 1);
+        flip(&path, at);
+        let ds = Dataset::open(dir.path()).unwrap();
+        let err = ds.sample(5).unwrap_err();
+        assert!(matches!(err, Error::Format { .. }), "flip at {at}: {err}");
+        assert!(err.to_string().contains("shard-000001.hsp"));
+        assert_eq!(problems(dir.path()).len(), 1);
+    }
+}
+
+#[test]
+fn bit_flips_in_the_manifest_are_refused() {
+    let (dir, _) = dataset(Codec::None);
+    let path = dir.path().join("manifest.json");
+    let text = std::fs::read_to_string(&path).unwrap();
+    // A changed index hash: the shard no longer matches.
+    let m: hspack::format::Manifest = serde_json::from_str(&text).unwrap();
+    let h = &m.shards[0].index_blake3;
+    let bad = format!("{}{}", if h.starts_with('0') { "1" } else { "0" }, &h[1..]);
+    std::fs::write(&path, text.replace(h.as_str(), &bad)).unwrap();
+    let ds = Dataset::open(dir.path()).unwrap();
+    assert!(matches!(
+        ds.sample(0),
+        Err(Error::ShardMismatch {
+            what: "index blake3",
+            ..
+        })
+    ));
+    // A changed sample count: the manifest contradicts itself.
+    std::fs::write(&path, text.replace("\"samples\": 8", "\"samples\": 9")).unwrap();
+    assert!(matches!(
+        Dataset::open(dir.path()),
+        Err(Error::Format { .. })
+    ));
+    // A changed schema: the schema hash disagrees.
+    std::fs::write(&path, text.replace("\"bf16\"", "\"f16\"")).unwrap();
+    assert!(matches!(
+        Dataset::open(dir.path()),
+        Err(Error::Format { .. })
+    ));
+    // Broken JSON.
+    std::fs::write(&path, &text[..text.len() / 2]).unwrap();
+    let err = Dataset::open(dir.path()).unwrap_err();
+    assert!(err.to_string().contains("manifest.json"), "{err}");
+}
+
+#[test]
+fn a_truncated_shard_is_named() {
+    let (dir, _) = dataset(Codec::None);
+    let path = shard_path(dir.path(), 0);
+    let len = std::fs::metadata(&path).unwrap().len();
+    for cut in [0, 1, 127, 128, 4096, len / 2, len - 129, len - 1] {
+        let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        f.set_len(cut).unwrap();
+        let ds = Dataset::open(dir.path()).unwrap();
+        let err = ds.sample(1).unwrap_err();
+        assert!(
+            matches!(err, Error::ShardMismatch { what: "size", .. }),
+            "cut {cut}: {err}"
+        );
+    }
+}
+
+#[test]
+fn swapped_chunks_are_caught_by_their_headers() {
+    let (dir, samples) = dataset(Codec::None);
+    let path = shard_path(dir.path(), 0);
+    // Chunks 2 and 3: rows 0..4 and 4..6 of hidden.2 of sample 0 — swap two equal-sized
+    // chunks instead: hidden.2 rows 0..4 (chunk 2) and hidden.30 rows 0..4 (chunk 4).
+    let (a, b) = (chunk_entry(dir.path(), 0, 2), chunk_entry(dir.path(), 0, 4));
+    assert_eq!(a.stored_len, b.stored_len);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let n = 128 + a.stored_len as usize;
+    let (x, y) = (a.offset as usize, b.offset as usize);
+    let chunk_a = bytes[x..x + n].to_vec();
+    let chunk_b = bytes[y..y + n].to_vec();
+    bytes[x..x + n].copy_from_slice(&chunk_b);
+    bytes[y..y + n].copy_from_slice(&chunk_a);
+    std::fs::write(&path, bytes).unwrap();
+    let ds = Dataset::open(dir.path()).unwrap();
+    let s = ds.sample(0).unwrap();
+    let err = s.read("hidden.2", None).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::ChunkMisplaced {
+                what: "chunk id",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(s.read("hidden.30", None).is_err());
+    assert_eq!(
+        s.read("input_ids", None).unwrap().bytes(),
+        samples[0][0].1.as_slice()
+    );
+    let p = problems(dir.path());
+    assert_eq!(
+        p.iter()
+            .filter(|e| matches!(e, Error::ChunkMisplaced { .. }))
+            .count(),
+        2,
+        "{p:?}"
+    );
+}
+
+#[test]
+fn a_shifted_chunk_is_caught() {
+    let (dir, _) = dataset(Codec::Zstd);
+    let path = shard_path(dir.path(), 0);
+    let e = chunk_entry(dir.path(), 0, 3);
+    let mut bytes = std::fs::read(&path).unwrap();
+    // A copy bug that drops one byte before the chunk and pads after it.
+    let at = e.offset as usize - 1;
+    bytes.remove(at);
+    bytes.insert(e.offset as usize + 100, 0);
+    std::fs::write(&path, bytes).unwrap();
+    let ds = Dataset::open(dir.path()).unwrap();
+    let err = ds.sample(0).unwrap().read("hidden.2", None).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::BadChunk { .. } | Error::ChunkMisplaced { .. } | Error::ChecksumMismatch { .. }
+        ),
+        "{err}"
+    );
+    assert!(!problems(dir.path()).is_empty());
+}
+
+#[test]
+fn a_shard_from_another_dataset_is_named() {
+    let (dir, _) = dataset(Codec::None);
+    let other = tempfile::tempdir().unwrap();
+    let opts = WriteOptions {
+        dataset_id: Some([1; 16]),
+        chunk_bytes: 4 * HIDDEN as u64 * 2,
+        shard_samples: 4,
+        shard_bytes: u64::MAX,
+        ..small_options()
+    };
+    let mut w = DatasetWriter::create(other.path(), capture_schema(HIDDEN as u64), opts).unwrap();
+    for i in 0..8 {
+        w.append(
+            &format!("req-{i}"),
+            &as_fields(&capture_sample(i * 7, 6 + i as usize, HIDDEN)),
+        )
+        .unwrap();
+    }
+    w.finish().unwrap();
+    std::fs::copy(shard_path(other.path(), 1), shard_path(dir.path(), 1)).unwrap();
+    let ds = Dataset::open(dir.path()).unwrap();
+    let err = ds.sample(6).unwrap_err();
+    assert!(matches!(err, Error::ForeignShard { .. }), "{err}");
+    assert!(err.to_string().contains("01010101"), "{err}");
+    assert!(ds.sample(0).is_ok());
+}
+
+#[test]
+fn a_stale_manifest_and_a_stale_samples_table_are_reported() {
+    let (dir, _) = dataset(Codec::None);
+    let old_manifest = std::fs::read(dir.path().join("manifest.json")).unwrap();
+    let old_table = std::fs::read(dir.path().join("samples.parquet")).unwrap();
+    let mut w = DatasetWriter::open(
+        dir.path(),
+        capture_schema(HIDDEN as u64),
+        WriteOptions {
+            shard_samples: 4,
+            ..small_options()
+        },
+    )
+    .unwrap();
+    for i in 8..12 {
+        w.append(
+            &format!("req-{i}"),
+            &as_fields(&capture_sample(i, 3, HIDDEN)),
+        )
+        .unwrap();
+    }
+    w.finish().unwrap();
+    assert!(problems(dir.path()).is_empty());
+    // An old manifest copied over the new one: the new shard is not listed.
+    let new_manifest = std::fs::read(dir.path().join("manifest.json")).unwrap();
+    std::fs::write(dir.path().join("manifest.json"), &old_manifest).unwrap();
+    std::fs::write(dir.path().join("samples.parquet"), &old_table).unwrap();
+    let p = problems(dir.path());
+    assert!(
+        matches!(&p[..], [Error::UnlistedShard { shard }] if shard.ends_with("shard-000002.hsp")),
+        "{p:?}"
+    );
+    // An old samples table beside the new manifest.
+    std::fs::write(dir.path().join("manifest.json"), &new_manifest).unwrap();
+    let p = problems(dir.path());
+    assert!(matches!(&p[..], [Error::SamplesTable { .. }]), "{p:?}");
+}
+
+#[test]
+fn damaged_chunk_headers_shard_headers_and_padding_are_reported() {
+    let (dir, _) = dataset(Codec::None);
+    let path = shard_path(dir.path(), 0);
+    let e = chunk_entry(dir.path(), 0, 1);
+    flip(&path, e.offset + 40);
+    let ds = Dataset::open(dir.path()).unwrap();
+    assert!(matches!(
+        ds.sample(0).unwrap().read("loss_mask", None),
+        Err(Error::BadChunk { .. })
+    ));
+    let p = problems(dir.path());
+    assert!(matches!(&p[..], [Error::BadChunk { .. }]), "{p:?}");
+
+    let (dir, _) = dataset(Codec::None);
+    let path = shard_path(dir.path(), 0);
+    let e = chunk_entry(dir.path(), 0, 1);
+    flip(&path, e.offset - 5);
+    let p = problems(dir.path());
+    assert!(matches!(&p[..], [Error::DirtyPadding { .. }]), "{p:?}");
+
+    let (dir, _) = dataset(Codec::None);
+    flip(&shard_path(dir.path(), 0), 20);
+    let ds = Dataset::open(dir.path()).unwrap();
+    assert!(matches!(ds.sample(0), Err(Error::Format { .. })));
+}
+
+#[test]
+fn quick_verify_reads_no_payloads_but_checks_indexes() {
+    let (dir, _) = dataset(Codec::None);
+    let e = chunk_entry(dir.path(), 0, 2);
+    flip(&shard_path(dir.path(), 0), e.offset + 128);
+    let quick = verify(dir.path(), VerifyOptions { quick: true }, &|_| {}).unwrap();
+    assert!(quick.is_ok() && quick.bytes_hashed == 0);
+    assert_eq!(problems(dir.path()).len(), 1);
+    let len = std::fs::metadata(shard_path(dir.path(), 1)).unwrap().len();
+    flip(&shard_path(dir.path(), 1), len - 200);
+    assert_eq!(
+        verify(dir.path(), VerifyOptions { quick: true }, &|_| {})
+            .unwrap()
+            .problems
+            .len(),
+        1
+    );
+}
+
+#[test]
+fn check_policy_never_trusts_bytes_and_always_rechecks() {
+    use hspack::{CheckPolicy, ReadOptions};
+    let (dir, samples) = dataset(Codec::None);
+    let e = chunk_entry(dir.path(), 0, 2);
+    let ds = Dataset::open_with(
+        dir.path(),
+        ReadOptions {
+            check: CheckPolicy::Always,
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        ds.sample(0)
+            .unwrap()
+            .read("hidden.2", None)
+            .unwrap()
+            .bytes(),
+        samples[0][2].1.as_slice()
+    );
+    flip(&shard_path(dir.path(), 0), e.offset + 128);
+    // Always: the flip after the first read is still caught on the mapping.
+    assert!(ds.sample(0).unwrap().read("hidden.2", None).is_err());
+    let never = Dataset::open_with(
+        dir.path(),
+        ReadOptions {
+            check: CheckPolicy::Never,
+        },
+    )
+    .unwrap();
+    assert!(never.sample(0).unwrap().read("hidden.2", None).is_ok());
+}
+
+#[test]
+fn every_user_error_names_what_to_fix() {
+    let (dir, _) = dataset(Codec::None);
+    let ds = Dataset::open(dir.path()).unwrap();
+    assert!(matches!(
+        ds.sample(8),
+        Err(Error::NoSuchSample { ordinal: 8, len: 8 })
+    ));
+    assert!(matches!(ds.get_by_key("x"), Err(Error::NoSuchKey { .. })));
+    let s = ds.sample(0).unwrap();
+    let e = s.read("hidden.3", None).unwrap_err();
+    assert!(matches!(&e, Error::NoSuchField { available, .. } if available.contains("hidden.30")));
+    assert!(matches!(
+        s.read("hidden.2", Some(2..99)),
+        Err(Error::RowsOutOfRange { rows: 6, .. })
+    ));
+    let empty = tempfile::tempdir().unwrap();
+    assert!(matches!(
+        Dataset::open(empty.path()),
+        Err(Error::NotADataset { .. })
+    ));
+    assert!(matches!(
+        DatasetWriter::create(dir.path(), capture_schema(HIDDEN as u64), small_options()),
+        Err(Error::AlreadyExists { .. })
+    ));
+    assert!(matches!(
+        DatasetWriter::open(dir.path(), capture_schema(32), small_options()),
+        Err(Error::SchemaMismatch { .. })
+    ));
+    assert!(matches!(
+        DatasetWriter::open(
+            empty.path(),
+            capture_schema(8),
+            WriteOptions {
+                chunk_bytes: 0,
+                ..small_options()
+            }
+        ),
+        Err(Error::BadOption {
+            option: "chunk_bytes",
+            ..
+        })
+    ));
+    let _w =
+        DatasetWriter::open(dir.path(), capture_schema(HIDDEN as u64), small_options()).unwrap();
+    // A live writer in this process holds the lock; one from a live process refuses.
+    std::fs::write(dir.path().join(".hspack-writer.lock"), "1").unwrap();
+    assert!(matches!(
+        DatasetWriter::open(dir.path(), capture_schema(HIDDEN as u64), small_options()),
+        Err(Error::Locked { .. })
+    ));
+    let missing = dir.path().join("nope");
+    std::fs::write(&missing, "").unwrap();
+    assert!(matches!(
+        Dataset::open(missing.join("x")),
+        Err(Error::Io { .. })
+    ));
+}
