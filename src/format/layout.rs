@@ -160,8 +160,8 @@ impl ShardHeader {
         const S: &str = "shard header";
         let h: ShardHeader = read_pod(bytes, S)?;
         expect_magic(h.magic, &SHARD_MAGIC, S)?;
-        expect_check(&bytemuck::bytes_of(&h)[..120], h.check, S)?;
         expect_version(h.version, S)?;
+        expect_check(&bytemuck::bytes_of(&h)[..120], h.check, S)?;
         expect_zero(&[h.reserved0], 11, S)?;
         expect_zero(&h.reserved1, 64, S)?;
         if !(MIN_ALIGN_LOG2..=MAX_ALIGN_LOG2).contains(&h.align_log2) {
@@ -298,8 +298,8 @@ impl Footer {
         let f: Footer = read_pod(&tail[tail.len() - Self::SIZE..], S)?;
         expect_magic(f.end_magic, &FOOTER_MAGIC, S)?;
         expect_magic(f.magic, &FOOTER_MAGIC, S)?;
-        expect_check(&bytemuck::bytes_of(&f)[..112], f.check, S)?;
         expect_version(f.version, S)?;
+        expect_check(&bytemuck::bytes_of(&f)[..112], f.check, S)?;
         expect_zero(&f.reserved0.to_le_bytes(), 10, S)?;
         if f.file_len != file_len {
             return Err(FormatError::Invalid {
