@@ -1,0 +1,167 @@
+//! The built `hspack` binary, run in temp folders.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn hspack(args: &[&str], cwd: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_hspack"))
+        .args(args)
+        .current_dir(cwd)
+        .output()
+        .unwrap()
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn demo(cwd: &Path) -> Output {
+    hspack(
+        &[
+            "demo",
+            "--out",
+            "ds",
+            "--samples",
+            "5",
+            "--min-tokens",
+            "1",
+            "--max-tokens",
+            "40",
+            "--hidden",
+            "256",
+        ],
+        cwd,
+    )
+}
+
+#[test]
+fn demo_writes_verifies_and_reads_back() {
+    let t = tempfile::tempdir().unwrap();
+    let o = demo(t.path());
+    assert!(o.status.success(), "{}", text(&o));
+    let out = text(&o);
+    for step in [
+        "write :",
+        "verify:",
+        "read  : every sample read back bit-identical",
+        "random:",
+    ] {
+        assert!(out.contains(step), "missing {step}: {out}");
+    }
+    // Running it again replaces the earlier demo.
+    assert!(demo(t.path()).status.success());
+}
+
+#[test]
+fn info_ls_show_and_export() {
+    let t = tempfile::tempdir().unwrap();
+    assert!(demo(t.path()).status.success());
+    let o = hspack(&["info", "ds", "--json"], t.path());
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["samples"], 5);
+    assert_eq!(v["schema"]["fields"][2]["role"]["point"], "layer_input");
+    let o = hspack(&["ls", "ds", "--json"], t.path());
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 5);
+    assert_eq!(lines[3]["key"], "demo-00003");
+    let o = hspack(&["show", "ds", "demo-00001", "--json"], t.path());
+    assert!(o.status.success(), "{}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["fields"][2]["name"], "hidden.2");
+    let o = hspack(
+        &[
+            "export",
+            "ds",
+            "demo-00001",
+            "--to",
+            "safetensors",
+            "--out",
+            "s.safetensors",
+        ],
+        t.path(),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let st = std::fs::read(t.path().join("s.safetensors")).unwrap();
+    let n = u64::from_le_bytes(st[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&st[8..8 + n]).unwrap();
+    assert_eq!(header["hidden.58"]["dtype"], "BF16");
+    let o = hspack(
+        &[
+            "export",
+            "ds",
+            "#2",
+            "--to",
+            "npy",
+            "--out",
+            "npy",
+            "--fields",
+            "input_ids,hidden.2",
+        ],
+        t.path(),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let npy = std::fs::read(t.path().join("npy/hidden.2.npy")).unwrap();
+    assert!(npy.starts_with(b"\x93NUMPY"));
+    assert!(String::from_utf8_lossy(&npy[..128]).contains("'descr': '<u2'"));
+    assert!(!t.path().join("npy/loss_mask.npy").exists());
+    let o = hspack(&["show", "ds", "no-such-key"], t.path());
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o).contains("no sample has key `no-such-key`"));
+}
+
+#[test]
+fn verify_and_digest_exit_codes_name_the_damage() {
+    let t = tempfile::tempdir().unwrap();
+    assert!(demo(t.path()).status.success());
+    let o = hspack(&["verify", "ds"], t.path());
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    // A copy has the same digest.
+    std::fs::create_dir(t.path().join("copy")).unwrap();
+    for e in std::fs::read_dir(t.path().join("ds")).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), t.path().join("copy").join(e.file_name())).unwrap();
+    }
+    let a = hspack(&["digest", "ds"], t.path());
+    let b = hspack(&["digest", "copy"], t.path());
+    let first = |o: &Output| {
+        String::from_utf8_lossy(&o.stdout)
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(first(&a), first(&b));
+    assert_eq!(first(&a).len(), 64);
+    // Damage the copy: verify exits 1 naming the sample, digest refuses.
+    let shard = t.path().join("copy/shard-000000.hsp");
+    let mut bytes = std::fs::read(&shard).unwrap();
+    bytes[4096 + 1] ^= 1; // the first payload: input_ids of sample 0
+    std::fs::write(&shard, bytes).unwrap();
+    let o = hspack(&["verify", "copy", "--json"], t.path());
+    assert_eq!(o.status.code(), Some(1));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["ok"], false);
+    assert!(
+        v["problems"][0].as_str().unwrap().contains("demo-00000"),
+        "{v}"
+    );
+    assert_eq!(hspack(&["digest", "copy"], t.path()).status.code(), Some(1));
+    // Quick verify does not read payloads.
+    assert_eq!(
+        hspack(&["verify", "copy", "--quick"], t.path())
+            .status
+            .code(),
+        Some(0)
+    );
+    // Not a dataset: exit 2 with a hint.
+    let o = hspack(&["verify", "nowhere"], t.path());
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o).contains("not an hspack dataset"), "{}", text(&o));
+}
