@@ -12,6 +12,9 @@ use bytemuck::Pod;
 use super::layout::{ChunkEntry, ExtentEntry, IndexHeader, KeyEntry, SampleEntry, INDEX_MAGIC};
 use super::{key_hash, Codec, FormatError, Schema};
 
+/// Largest decoded chunk (256 MiB): a declared size above it is refused before allocating.
+pub const MAX_CHUNK_BYTES: u64 = 256 << 20;
+
 const S: &str = "shard index";
 
 fn invalid(what: &'static str, value: u64, rule: impl Into<String>) -> FormatError {
@@ -206,8 +209,11 @@ impl<'a> Index<'a> {
                     format!("{} as the schema says", field.dtype.code()),
                 ));
             }
-            if e.row_count.checked_mul(field.row_bytes()) != Some(e.raw_len) {
-                return Err(invalid("chunk raw_len", e.raw_len, "rows × row bytes"));
+            if e.row_count.checked_mul(field.row_bytes()) != Some(e.raw_len) || e.row_count == 0 {
+                return Err(invalid("chunk raw_len", e.raw_len, "rows × row bytes, rows ≥ 1"));
+            }
+            if e.raw_len > MAX_CHUNK_BYTES {
+                return Err(invalid("chunk raw_len", e.raw_len, format!("at most {MAX_CHUNK_BYTES}")));
             }
             let payload = e
                 .payload_offset()
@@ -314,7 +320,7 @@ impl<'a> Index<'a> {
                     .checked_add(x.row_count)
                     .filter(|&r| r <= s.rows)
                     .ok_or_else(|| invalid("extent rows", x.row_count, "within the sample"))?;
-                raw += x.row_count * schema.fields[field].row_bytes();
+                raw = raw.saturating_add(x.row_count * schema.fields[field].row_bytes());
             }
             while row == s.rows && field + 1 < nfields {
                 field += 1;

@@ -64,8 +64,8 @@ impl WriteOptions {
                 detail: detail.to_string(),
             })
         };
-        if self.chunk_bytes == 0 {
-            return bad("chunk_bytes", "must be at least 1");
+        if self.chunk_bytes == 0 || self.chunk_bytes > crate::format::index::MAX_CHUNK_BYTES {
+            return bad("chunk_bytes", "must be in 1..=268435456 (256 MiB)");
         }
         if self.shard_samples == 0 || self.shard_samples > u32::MAX.into() {
             return bad("shard_samples", "must be in 1..=4294967295");

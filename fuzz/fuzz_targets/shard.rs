@@ -1,0 +1,51 @@
+#![no_main]
+//! Any bytes as a whole shard file, read the way the reader does: footer, header, index
+//! (structure checks against a fixed schema), then every chunk header and payload decode.
+//! Nothing may panic or read out of bounds, whatever the bytes claim.
+
+use hspack::format::{ChunkHeader, Codec, DType, Field, Footer, Index, Role, Schema, ShardHeader};
+use libfuzzer_sys::fuzz_target;
+
+fn schema() -> Schema {
+    Schema::new(vec![
+        Field::new("ids", DType::I32, &[], Role::TokenIds),
+        Field::new("h", DType::BF16, &[3], Role::Other),
+    ])
+}
+
+fuzz_target!(|data: &[u8]| {
+    let len = data.len() as u64;
+    let Ok(footer) = Footer::decode(data, len) else { return };
+    let Ok(header) = ShardHeader::decode(data) else { return };
+    let start = footer.index_offset as usize;
+    let Some(index_bytes) = data.get(start..start + footer.index_len as usize) else {
+        panic!("a decoded footer points inside the file");
+    };
+    let Ok(index) = Index::parse(index_bytes) else { return };
+    let schema = schema();
+    if index
+        .validate(&schema, ShardHeader::SIZE as u64..footer.index_offset, 1 << header.align_log2)
+        .is_err()
+    {
+        return;
+    }
+    for c in 0..index.chunk_count() {
+        let e = index.chunk(c).expect("validated");
+        let at = e.offset as usize;
+        let _ = ChunkHeader::decode(&data[at..at + ChunkHeader::SIZE]);
+        let stored = &data[at + ChunkHeader::SIZE..at + ChunkHeader::SIZE + e.stored_len as usize];
+        let codec = Codec::from_code(e.codec).expect("validated");
+        let elem = schema.fields[e.field as usize].dtype.size();
+        if let Ok(raw) = codec.decode(stored, e.raw_len, elem) {
+            assert_eq!(raw.len() as u64, e.raw_len);
+        }
+    }
+    for i in 0..index.sample_count() {
+        let s = index.sample(i).expect("validated");
+        let key = index.key_of(&s).expect("validated");
+        assert_eq!(index.find_key(key), Some(i));
+        for x in index.extents_of(&s) {
+            assert!(index.chunk(x.chunk.into()).is_some());
+        }
+    }
+});
