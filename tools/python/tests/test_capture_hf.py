@@ -207,6 +207,9 @@ def test_extract_driver_resumes_with_a_sink(tmp_path, causal_lm):
     n = extract(str(tmp_path / "model"), str(data), LAYERS, str(tmp_path / "out"), batch_size=2, sink=sink)
     assert n == 3 and sorted(sink) == ["3", "a", "b"]
     assert sink["b"]["loss_mask"].tolist() == [0, 0, 0, 0, 1, 1]  # [U] hi [E] [A] fine [E]
-    ref = alone(lm, sink["3"]["input_ids"].tolist())
+    from transformers import AutoModelForCausalLM
+
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "model", dtype=torch.bfloat16).eval()
+    ref = alone(loaded, sink["3"]["input_ids"].tolist())
     assert torch.equal(sink["3"]["hidden.58"], ref[58][0])
     assert extract(str(tmp_path / "model"), str(data), LAYERS, str(tmp_path / "out"), sink=sink) == 0
