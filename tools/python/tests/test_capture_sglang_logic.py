@@ -268,12 +268,12 @@ def test_hooks_capture_layer_inputs_and_final_norm_through_a_wrapper():
     run_pass(model, [("r0", 0, 1)], mode=ForwardMode.DECODE)
     run_pass(model, [("r0", 4, 3), ("r2", 0, 9)])
     assert sorted(sink) == ["r0", "r1", "r2"]
+    cap.remove()
+    assert not model.language_model.model.layers[2]._forward_pre_hooks
     for rid in PROMPTS:
         ref = reference(model, rid)
         for i in POINTS.ids:
             assert torch.equal(sink[rid][f"hidden.{i}"], ref[i]), (rid, i)
-    cap.remove()
-    assert not model.language_model.model.layers[2]._forward_pre_hooks
 
 
 def test_hooks_forward_to_an_existing_collector():
