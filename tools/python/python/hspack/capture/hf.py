@@ -1,0 +1,293 @@
+"""Capturing hidden states from a Hugging Face transformers model.
+
+Hooks sit on the core decoder found by walking the module tree (see
+``decoder.find_decoder``), so causal LMs and multimodal wrappers holding a
+``language_model`` work alike:
+
+* a forward pre-hook on decoder layer ``i`` records its input: the
+  ``hidden_states[i]`` of ``output_hidden_states=True`` (id 0 = embeddings);
+* a forward hook on the final norm records its output: ``hidden_states[-1]``,
+  stored under id ``num_layers`` with point ``final_norm``.
+
+Batches are padded (left or right); the attention mask removes the padding per
+sample and position ids are derived from it, so a padded row sees the same
+positions as the sample run alone. Every captured tensor is checked against the
+batch shape and every sample against its token count; nothing is dropped or
+re-assigned silently.
+
+Command line::
+
+    python -m hspack.capture.hf extract --model PATH --data prompts.jsonl \\
+        --layers 2,30,58,60 --out DS [--batch-size N --max-len N --dtype bf16 --device cpu]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Dict, Iterable, List, Optional, Sequence
+
+import torch
+from torch import nn
+
+from .decoder import Decoder, find_decoder
+from .errors import RowMismatch
+from .points import CapturePoints, capture_metadata, config_hash, model_shape, parse_layers
+from .prompts import Sample, read_samples
+from .sink import Sink
+from .split import real_token_index
+
+__all__ = ["HFCapture", "capture_samples", "extract", "main"]
+
+_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32, "float32": torch.float32,
+           "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _hidden_arg(args: tuple, kwargs: dict) -> torch.Tensor:
+    if args:
+        return args[0]
+    if "hidden_states" in kwargs:
+        return kwargs["hidden_states"]
+    raise RowMismatch("a decoder layer was called without hidden_states; cannot record its input")
+
+
+class HFCapture:
+    """Hooks that record the selected hidden states of one forward pass.
+
+    Use as a context manager (hooks are removed on exit)::
+
+        with HFCapture(model, [2, 30]) as cap:
+            rows = cap.run(input_ids, attention_mask)   # one {id: [tokens, H]} per sample
+    """
+
+    def __init__(self, model: nn.Module, layers: Iterable[int], final_norm: bool = True) -> None:
+        self.model = model
+        config = getattr(model, "config", None)
+        expected = model_shape(config)[0] if config is not None else None
+        self.decoder: Decoder = find_decoder(model, num_layers=expected)
+        self.points = CapturePoints.select(self.decoder.num_layers, layers, final_norm)
+        self._handles: list = []
+        self._seen: Dict[int, torch.Tensor] = {}
+
+    def __enter__(self) -> "HFCapture":
+        for i in self.points.layer_inputs:
+            self._handles.append(
+                self.decoder.layers[i].register_forward_pre_hook(self._layer_hook(i), with_kwargs=True)
+            )
+        if self.points.final_norm:
+            self._handles.append(self.decoder.norm.register_forward_hook(self._norm_hook))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+    def _record(self, layer_id: int, value: torch.Tensor) -> None:
+        if layer_id in self._seen:
+            raise RowMismatch(
+                f"layer id {layer_id} was reached twice in one forward pass; "
+                "the model reuses the module, so its rows cannot be attributed"
+            )
+        self._seen[layer_id] = value.detach()
+
+    def _layer_hook(self, layer_id: int):
+        def hook(module, args, kwargs):
+            self._record(layer_id, _hidden_arg(args, kwargs))
+            return None
+
+        return hook
+
+    def _norm_hook(self, module, args, output):
+        value = output[0] if isinstance(output, (tuple, list)) else output
+        self._record(self.points.num_layers, value)
+
+    def run(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> List[Dict[int, torch.Tensor]]:
+        """Run the decoder on a padded batch; return each sample's rows on CPU, padding removed."""
+        if not self._handles:
+            raise RuntimeError("HFCapture.run must be called inside its 'with' block")
+        if input_ids.shape != attention_mask.shape or input_ids.dim() != 2:
+            raise RowMismatch(
+                f"input_ids {tuple(input_ids.shape)} and attention_mask "
+                f"{tuple(attention_mask.shape)} must both be [batch, seq]"
+            )
+        index = real_token_index(attention_mask)
+        position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        self._seen = {}
+        try:
+            with torch.inference_mode():
+                self.decoder.module(
+                    input_ids=input_ids,
+                    attention_mask=attention_mask,
+                    position_ids=position_ids,
+                    use_cache=False,
+                )
+            seen, self._seen = self._seen, {}
+        finally:
+            self._seen = {}
+        missing = [i for i in self.points.ids if i not in seen]
+        if missing:
+            raise RowMismatch(f"the forward pass never reached layer ids {missing}")
+        batch, seq = input_ids.shape
+        for i, t in seen.items():
+            if t.dim() != 3 or t.shape[0] != batch or t.shape[1] != seq:
+                raise RowMismatch(
+                    f"layer id {i}: captured {tuple(t.shape)}, expected ({batch}, {seq}, hidden); "
+                    "the model reshapes or packs tokens, which this capture does not support"
+                )
+        out = []
+        for b, idx in enumerate(index):
+            idx = idx.to(input_ids.device)
+            out.append({i: t[b, idx].to("cpu", copy=True) for i, t in seen.items()})
+        return out
+
+
+def _pad(samples: Sequence[Sample], pad_id: int, left: bool, device) -> tuple:
+    width = max(len(s.input_ids) for s in samples)
+    ids = torch.full((len(samples), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(samples), width), dtype=torch.long)
+    for b, s in enumerate(samples):
+        n = len(s.input_ids)
+        sl = slice(width - n, width) if left else slice(0, n)
+        ids[b, sl] = torch.tensor(s.input_ids, dtype=torch.long)
+        mask[b, sl] = 1
+    return ids.to(device), mask.to(device)
+
+
+def capture_samples(
+    model: nn.Module,
+    samples: Sequence[Sample],
+    layers: Iterable[int],
+    sink: Sink,
+    *,
+    batch_size: int = 8,
+    pad_id: int = 0,
+    padding_side: str = "right",
+    final_norm: bool = True,
+    progress: bool = False,
+) -> int:
+    """Capture ``samples`` in padded batches into ``sink``; return how many were written.
+
+    Samples whose key the sink already contains are skipped, so a rerun resumes.
+    """
+    if padding_side not in ("left", "right"):
+        raise ValueError("padding_side must be 'left' or 'right'")
+    keys = [s.key for s in samples]
+    if len(set(keys)) != len(keys):
+        dup = sorted({k for k in keys if keys.count(k) > 1})[:5]
+        raise ValueError(f"sample keys must be unique; repeated: {dup}")
+    todo = [s for s in samples if not sink.contains(s.key)]
+    device = next(model.parameters()).device
+    written = 0
+    with HFCapture(model, layers, final_norm=final_norm) as cap:
+        bar = None
+        if progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(samples), initial=len(samples) - len(todo), unit="sample")
+        for start in range(0, len(todo), batch_size):
+            chunk = todo[start : start + batch_size]
+            ids, mask = _pad(chunk, pad_id, padding_side == "left", device)
+            rows = cap.run(ids, mask)
+            for s, hidden in zip(chunk, rows):
+                tensors = cap.points.sample(
+                    torch.tensor(s.input_ids), torch.tensor(s.loss_mask), hidden
+                )
+                sink.append(s.key, **tensors)
+                written += 1
+            if bar is not None:
+                bar.update(len(chunk))
+        if bar is not None:
+            bar.close()
+    return written
+
+
+def _tool_version() -> str:
+    import transformers
+
+    return f"transformers {transformers.__version__}"
+
+
+def extract(
+    model: str,
+    data: str,
+    layers: Sequence[int],
+    out: str,
+    *,
+    batch_size: int = 8,
+    max_len: Optional[int] = None,
+    dtype: str = "bf16",
+    device: str = "cpu",
+    padding_side: str = "right",
+    revision: Optional[str] = None,
+    trust_remote_code: bool = False,
+    sink: Optional[Sink] = None,
+) -> int:
+    """Load ``model``, read ``data`` and write the captured states to ``out`` (or ``sink``)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    torch_dtype = _DTYPES[dtype]
+    config = AutoConfig.from_pretrained(model, revision=revision, trust_remote_code=trust_remote_code)
+    tokenizer = AutoTokenizer.from_pretrained(model, revision=revision, trust_remote_code=trust_remote_code)
+    kwargs = dict(revision=revision, trust_remote_code=trust_remote_code, dtype=torch_dtype)
+    try:
+        net = AutoModelForCausalLM.from_pretrained(model, **kwargs)
+    except ValueError:
+        from transformers import AutoModel
+
+        net = AutoModel.from_pretrained(model, **kwargs)
+    net.to(device).eval()
+    num_layers, hidden_size = model_shape(config)
+    points = CapturePoints.select(num_layers, layers)
+    samples = list(read_samples(data, tokenizer, max_len))
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    if sink is None:
+        import hspack
+
+        schema = points.schema(hidden_size, torch_dtype)
+        meta = capture_metadata(
+            model=model,
+            revision=revision,
+            config_hash=config_hash(config.to_dict()),
+            num_layers=num_layers,
+            hidden_size=hidden_size,
+            dtype=torch_dtype,
+            tp_size=1,
+            tool="hspack.capture.hf",
+            tool_version=_tool_version(),
+        )
+        with hspack.Writer(out, schema, capture=meta) as writer:
+            return capture_samples(net, samples, points.ids, writer, batch_size=batch_size,
+                                   pad_id=pad_id, padding_side=padding_side, progress=True)
+    return capture_samples(net, samples, points.ids, sink, batch_size=batch_size,
+                           pad_id=pad_id, padding_side=padding_side, progress=True)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Entry point of ``python -m hspack.capture.hf``."""
+    parser = argparse.ArgumentParser(prog="python -m hspack.capture.hf", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    ex = sub.add_parser("extract", help="capture hidden states of a prompt file into a dataset")
+    ex.add_argument("--model", required=True, help="model path or hub id")
+    ex.add_argument("--data", required=True, help="JSONL prompts (input_ids or conversations/messages)")
+    ex.add_argument("--layers", required=True, help="comma-separated ids: i = input of layer i, num_layers = final norm")
+    ex.add_argument("--out", required=True, help="dataset folder to write (resumed if it exists)")
+    ex.add_argument("--batch-size", type=int, default=8)
+    ex.add_argument("--max-len", type=int, default=None, help="truncate samples to this many tokens")
+    ex.add_argument("--dtype", default="bf16", choices=sorted(_DTYPES))
+    ex.add_argument("--device", default="cpu")
+    ex.add_argument("--padding-side", default="right", choices=["left", "right"])
+    ex.add_argument("--revision", default=None)
+    ex.add_argument("--trust-remote-code", action="store_true")
+    args = parser.parse_args(argv)
+    n = extract(
+        args.model, args.data, parse_layers(args.layers), args.out,
+        batch_size=args.batch_size, max_len=args.max_len, dtype=args.dtype, device=args.device,
+        padding_side=args.padding_side, revision=args.revision, trust_remote_code=args.trust_remote_code,
+    )
+    print(f"wrote {n} samples to {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

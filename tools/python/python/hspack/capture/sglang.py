@@ -1,0 +1,559 @@
+"""Capturing hidden states from SGLang prefill passes.
+
+Convention: SGLang's ``layers_to_capture`` entry ``i`` stores the INPUT to
+decoder layer ``i``, i.e. ``hidden_states + residual`` at the top of layer
+``i``'s iteration, which equals Hugging Face ``hidden_states[i]`` (id 0 =
+embedding output). The final state is the output of the model's final norm
+(Hugging Face ``hidden_states[-1]``), stored under id ``num_layers`` with point
+``final_norm``. Every id and its point are recorded in the schema roles.
+
+Three parts:
+
+* ``PrefillStitcher``: the per-forward-pass logic, free of SGLang. It takes a
+  pass's forward mode, ``extend_seq_lens``, ``extend_prefix_lens``, request ids
+  and the captured states packed along tokens; it captures plain ``EXTEND``
+  passes only, splits the packed rows per request, stitches chunked-prefill
+  pieces in order, writes complete requests from TP rank 0, and refuses what it
+  cannot capture faithfully (prefix-cache hits, unknown modes, rows that do not
+  line up).
+* ``SGLangCapture``: installs hooks on the core ``DeepseekV2Model``-style
+  decoder (found through wrappers such as ``KimiK25ForConditionalGeneration``'s
+  ``language_model``). For each selected layer a forward pre-hook passes a
+  collector as the layer's ``captured_last_layer_outputs`` argument, the same
+  path SGLang's ``layers_to_capture`` uses, so the recorded value is SGLang's own
+  ``hidden_states + residual``; a forward hook on the decoder reads the
+  final-norm output and hands the pass to the stitcher.
+* ``extract``: an offline driver running ``sglang.Engine`` over a prompt file
+  with the radix cache and prefill CUDA graphs off and ``max_new_tokens=1``;
+  the engine loads the hooks in its scheduler processes through its
+  ``forward_hooks`` server argument (``hook_factory``).
+
+Refused setups raise ``UnsupportedSetup`` naming the flag to change: the radix
+(prefix) cache, two-batch overlap, prefill CUDA graphs (piecewise/breakable or
+full: replays never run Python hooks), DP attention, mixed chunks, pipeline
+parallelism and speculative decoding.
+
+Command line::
+
+    python -m hspack.capture.sglang extract --model PATH --data prompts.jsonl \\
+        --layers 2,30,58,60 --out DS [--tp-size N --max-len N --batch-size N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+
+from . import sglang_names as names
+from .decoder import Decoder, find_decoder
+from .errors import RowMismatch, UnsupportedSetup
+from .points import CapturePoints, capture_metadata, config_hash, model_shape, parse_layers
+from .prompts import read_samples
+from .sink import Sink
+from .split import split_packed
+
+__all__ = [
+    "PrefillStitcher",
+    "SGLangCapture",
+    "check_engine_args",
+    "engine_args",
+    "extract",
+    "hook_factory",
+    "main",
+]
+
+
+def mode_name(mode) -> str:
+    """The member name of a ``ForwardMode`` (or a plain string)."""
+    return mode if isinstance(mode, str) else getattr(mode, "name", str(mode))
+
+
+@dataclass
+class _Pending:
+    pieces: Dict[int, List[torch.Tensor]] = field(default_factory=dict)
+    length: int = 0
+
+
+class PrefillStitcher:
+    """Turns a stream of forward passes into complete samples in a sink.
+
+    ``requests`` maps each request id (the sample key) to its ``(input_ids,
+    loss_mask)``; a request is complete when that many rows were captured.
+    Rows of request ids not in ``requests`` are not ours (for example a health
+    check) and are counted in ``foreign_rows``. On TP ranks other than 0 nothing
+    is kept or written.
+
+    Chunked prefill shows up as passes whose ``extend_prefix_lens`` entry is
+    non-zero: when it equals the rows already held for that request, the piece
+    continues it; when nothing is held, the prefix came from the cache and the
+    pass is refused. A zero prefix for a request with held pieces means SGLang
+    retracted and restarted it: the held pieces are dropped and it starts over.
+    """
+
+    def __init__(
+        self,
+        points: CapturePoints,
+        requests: Mapping[str, Tuple[Sequence[int], Sequence[int]]],
+        sink: Optional[Sink],
+        tp_rank: int = 0,
+    ) -> None:
+        self.points = points
+        self.requests = {
+            str(k): (torch.as_tensor(ids, dtype=torch.long), torch.as_tensor(mask, dtype=torch.long))
+            for k, (ids, mask) in requests.items()
+        }
+        self.sink = sink
+        self.tp_rank = int(tp_rank)
+        if self.tp_rank == 0 and sink is None:
+            raise ValueError("TP rank 0 writes the samples and needs a sink")
+        self.pending: Dict[str, _Pending] = {}
+        self.done: set = set()
+        self.foreign_rows = 0
+        self.ignored_passes = 0
+        self.restarts = 0
+
+    @property
+    def complete(self) -> bool:
+        """Whether every planned request was written."""
+        return len(self.done) == len(self.requests)
+
+    def on_forward(
+        self,
+        forward_mode,
+        extend_seq_lens: Sequence[int],
+        extend_prefix_lens: Sequence[int],
+        rids: Sequence[str],
+        hidden: Mapping[int, torch.Tensor],
+        *,
+        input_ids: Optional[torch.Tensor] = None,
+        positions: Optional[torch.Tensor] = None,
+    ) -> List[str]:
+        """Take one forward pass; return the keys written by it."""
+        name = mode_name(forward_mode)
+        if name in names.MODES_IGNORED:
+            self.ignored_passes += 1
+            return []
+        if name in names.MODES_REFUSED:
+            raise UnsupportedSetup(f"forward mode {name}: {names.MODES_REFUSED[name]}")
+        if name not in names.MODES_CAPTURED:
+            raise UnsupportedSetup(
+                f"unknown forward mode {name!r}; this adapter was checked against SGLang "
+                f"{names.SGLANG_VERSION}; classify the mode in hspack.capture.sglang_names"
+            )
+        if self.tp_rank != 0:
+            return []
+        return self._extend(extend_seq_lens, extend_prefix_lens, rids, hidden, input_ids, positions)
+
+    def _extend(self, seq_lens, prefix_lens, rids, hidden, input_ids, positions) -> List[str]:
+        seq_lens = [int(n) for n in seq_lens]
+        prefix_lens = [int(n) for n in prefix_lens]
+        rids = [str(r) for r in rids]
+        if not (len(seq_lens) == len(prefix_lens) == len(rids)):
+            raise RowMismatch(
+                f"{len(rids)} request ids, {len(seq_lens)} extend lengths and "
+                f"{len(prefix_lens)} prefix lengths in one pass"
+            )
+        if len(set(rids)) != len(rids):
+            raise RowMismatch(f"a request id occurs twice in one pass: {rids}")
+        missing = [i for i in self.points.ids if i not in hidden]
+        if missing:
+            raise RowMismatch(f"the pass carries no rows for layer ids {missing}")
+        total = sum(seq_lens)
+        # One device-to-host copy per layer, then views per request.
+        packed = {i: hidden[i].detach().to("cpu") for i in self.points.ids}
+        pieces = {i: split_packed(t, seq_lens) for i, t in packed.items()}
+        for i, t in packed.items():
+            if t.dim() != 2:
+                raise RowMismatch(f"layer id {i}: expected [tokens, hidden], got {tuple(t.shape)}")
+        ids_pieces = None
+        if input_ids is not None:
+            ids_pieces = split_packed(input_ids.detach().to("cpu").long().flatten(), seq_lens)
+        if positions is not None and positions.dim() == 1:
+            want = torch.cat(
+                [torch.arange(p, p + n, dtype=torch.long) for p, n in zip(prefix_lens, seq_lens)]
+            ) if total else torch.zeros(0, dtype=torch.long)
+            if not torch.equal(positions.detach().to("cpu").long(), want):
+                raise RowMismatch("positions do not match extend_prefix_lens/extend_seq_lens")
+        written = []
+        for j, (rid, n, prefix) in enumerate(zip(rids, seq_lens, prefix_lens)):
+            if rid not in self.requests:
+                self.foreign_rows += n
+                continue
+            if rid in self.done:
+                raise RowMismatch(f"request {rid!r} was prefilled again after its sample was written")
+            ids, mask = self.requests[rid]
+            state = self.pending.get(rid)
+            held = state.length if state else 0
+            if prefix == 0 and held:
+                self.restarts += 1
+                state, held = None, 0
+            if prefix and not held:
+                raise UnsupportedSetup(
+                    f"request {rid!r} starts at prefix {prefix} that this capture never saw: "
+                    "a prefix-cache hit; launch with --disable-radix-cache (and no hierarchical cache)"
+                )
+            if prefix != held:
+                raise RowMismatch(f"request {rid!r}: piece starts at {prefix}, {held} rows are held")
+            if prefix + n > ids.numel():
+                raise RowMismatch(
+                    f"request {rid!r}: rows up to {prefix + n} exceed its {ids.numel()} prompt tokens"
+                )
+            if ids_pieces is not None and not torch.equal(ids_pieces[j], ids[prefix : prefix + n]):
+                raise RowMismatch(f"request {rid!r}: the pass's token ids differ from the prompt's")
+            state = state or _Pending()
+            for i in self.points.ids:
+                state.pieces.setdefault(i, []).append(pieces[i][j])
+            state.length = prefix + n
+            self.pending[rid] = state
+            if state.length == ids.numel():
+                hidden_rows = {i: torch.cat(p, 0) for i, p in state.pieces.items()}
+                self.sink.append(rid, **self.points.sample(ids, mask, hidden_rows))
+                del self.pending[rid]
+                self.done.add(rid)
+                written.append(rid)
+        return written
+
+
+class _Collector:
+    """Stands in for SGLang's aux-hidden collector; keeps a copy and forwards to the original."""
+
+    def __init__(self, store: Dict[int, torch.Tensor], layer_id: int, inner) -> None:
+        self.store, self.layer_id, self.inner = store, layer_id, inner
+
+    def capture(self, hidden: torch.Tensor, *, owned: bool = False) -> None:
+        if self.layer_id in self.store:
+            raise RowMismatch(f"layer {self.layer_id} captured twice in one pass")
+        self.store[self.layer_id] = hidden if owned and self.inner is None else hidden.clone()
+        if self.inner is not None:
+            self.inner.capture(hidden, **{names.COLLECTOR_OWNED_ARG: owned})
+
+    def append(self, hidden: torch.Tensor) -> None:
+        self.capture(hidden, owned=False)
+
+
+def _is_sglang_decoder(module: nn.Module) -> bool:
+    return (
+        isinstance(getattr(module, names.MODEL_LAYERS, None), nn.ModuleList)
+        and isinstance(getattr(module, names.MODEL_NORM, None), nn.Module)
+        and hasattr(module, names.MODEL_CAPTURE_LIST)
+    )
+
+
+def _arg(args: tuple, kwargs: dict, name: str):
+    if name in kwargs:
+        return kwargs[name]
+    idx = names.MODEL_FORWARD_ARGS.index(name)
+    if idx < len(args):
+        return args[idx]
+    raise UnsupportedSetup(f"{names.MODEL_CLASS}.forward was called without {name!r}")
+
+
+class SGLangCapture:
+    """Hooks on an SGLang model that feed each forward pass to a ``PrefillStitcher``."""
+
+    def __init__(self, root: nn.Module, stitcher: PrefillStitcher) -> None:
+        self.stitcher = stitcher
+        self.decoder: Decoder = find_decoder(root, accept=_is_sglang_decoder)
+        if self.decoder.num_layers != stitcher.points.num_layers:
+            raise UnsupportedSetup(
+                f"decoder {self.decoder.path!r} has {self.decoder.num_layers} layers, "
+                f"the capture was planned for {stitcher.points.num_layers}"
+            )
+        self._rows: Dict[int, torch.Tensor] = {}
+        self._batch = None
+        self._handles: list = []
+
+    @classmethod
+    def on_decoder(cls, decoder: nn.Module, stitcher: PrefillStitcher) -> "SGLangCapture":
+        """Install on an already located decoder module."""
+        return cls(decoder, stitcher).install()
+
+    def install(self) -> "SGLangCapture":
+        if self._handles:
+            return self
+        if self.stitcher.tp_rank != 0:
+            return self  # other ranks compute the same rows; rank 0 writes them
+        m = self.decoder.module
+        self._handles.append(m.register_forward_pre_hook(self.begin, with_kwargs=True))
+        self._handles.append(m.register_forward_hook(self.end, with_kwargs=True))
+        for i in self.stitcher.points.layer_inputs:
+            self._handles.append(
+                self.decoder.layers[i].register_forward_pre_hook(self._layer_hook(i), with_kwargs=True)
+            )
+        return self
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+    def begin(self, module, args, kwargs):
+        """Pre-hook on the decoder: decide whether this pass is captured."""
+        batch = _arg(args, kwargs, "forward_batch")
+        self._rows = {}
+        self._batch = None
+        mode = getattr(batch, "forward_mode")
+        if mode_name(mode) in names.MODES_CAPTURED:
+            if getattr(batch, "can_run_tbo", False):
+                raise UnsupportedSetup("two-batch overlap splits prefill passes; drop --enable-two-batch-overlap")
+            self._batch = batch
+        return None
+
+    def _layer_hook(self, layer_id: int):
+        def hook(module, args, kwargs):
+            if self._batch is None:
+                return None
+            # The loop passes six arguments positionally and the collector by keyword.
+            if len(args) > 7:
+                raise UnsupportedSetup(
+                    f"{names.LAYER_CLASS} received {names.LAYER_CAPTURE_ARG} positionally; "
+                    "this SGLang version is not supported"
+                )
+            inner = kwargs.get(names.LAYER_CAPTURE_ARG)
+            kwargs = dict(kwargs)
+            kwargs[names.LAYER_CAPTURE_ARG] = _Collector(self._rows, layer_id, inner)
+            return args, kwargs
+
+        return hook
+
+    def end(self, module, args, kwargs, output):
+        """Hook on the decoder's output: take the final-norm rows and hand the pass on."""
+        batch, self._batch = self._batch, None
+        if batch is None:
+            return None
+        final = output[0] if isinstance(output, (tuple, list)) else output
+        if not isinstance(final, torch.Tensor):
+            raise UnsupportedSetup("the decoder returned no tensor; pipeline parallelism is not supported")
+        rows, self._rows = self._rows, {}
+        if self.stitcher.points.final_norm:
+            rows[self.stitcher.points.num_layers] = final
+        positions = _arg(args, kwargs, "positions")
+        input_ids = _arg(args, kwargs, "input_ids")
+        self.stitcher.on_forward(
+            batch.forward_mode,
+            batch.extend_seq_lens_cpu,
+            batch.extend_prefix_lens_cpu,
+            batch.rids,
+            rows,
+            input_ids=input_ids,
+            positions=positions if isinstance(positions, torch.Tensor) else None,
+        )
+        return None
+
+
+# ---------------------------------------------------------------- engine side
+
+_REQUIRED_ARGS = {
+    "disable_radix_cache": (True, "--disable-radix-cache: a prefix-cache hit skips the prefix's rows"),
+    "enable_two_batch_overlap": (False, "drop --enable-two-batch-overlap: it splits prefill passes"),
+    "cuda_graph_backend_prefill": (
+        "disabled",
+        "--cuda-graph-backend-prefill disabled: prefill CUDA graphs (piecewise/breakable or full) "
+        "replay without running Python hooks",
+    ),
+    "enable_mixed_chunk": (False, "drop --enable-mixed-chunk: mixed passes are not captured"),
+    "enable_dp_attention": (False, "drop --enable-dp-attention: DP attention scatters rows across ranks"),
+    "attn_dp_size": (1, "drop --attn-dp-size: DP attention scatters rows across ranks"),
+    "pp_size": (1, "use --pp-size 1: the final norm runs on the last stage only"),
+    "speculative_algorithm": (None, "drop --speculative-algorithm: draft passes share the hooks"),
+}
+
+
+def check_engine_args(kwargs: Mapping) -> None:
+    """Refuse engine arguments under which the capture would be wrong."""
+    for key, (want, why) in _REQUIRED_ARGS.items():
+        if key in kwargs and kwargs[key] != want:
+            raise UnsupportedSetup(f"{key}={kwargs[key]!r} cannot be captured: {why}")
+    cfg = kwargs.get("cuda_graph_config")
+    if cfg:
+        prefill = (json.loads(cfg) if isinstance(cfg, str) else cfg).get("prefill", {})
+        if prefill.get("backend", "disabled") != "disabled":
+            raise UnsupportedSetup(f"cuda_graph_config prefill={prefill}: {_REQUIRED_ARGS['cuda_graph_backend_prefill'][1]}")
+
+
+def engine_args(model: str, hook_config: dict, tp_size: int = 1, **extra) -> dict:
+    """Keyword arguments for ``sglang.Engine`` that make prefill capturable and load the hooks."""
+    kwargs = {
+        "model_path": model,
+        "tp_size": tp_size,
+        "disable_radix_cache": True,
+        "enable_two_batch_overlap": False,
+        "cuda_graph_backend_prefill": "disabled",
+        "enable_mixed_chunk": False,
+        "skip_tokenizer_init": True,
+        "forward_hooks": [
+            {
+                "name": "hspack-capture",
+                "target_modules": [""],
+                "hook_factory": "hspack.capture.sglang:hook_factory",
+                "config": hook_config,
+            }
+        ],
+    }
+    kwargs.update(extra)
+    check_engine_args(kwargs)
+    return kwargs
+
+
+class _EngineHook:
+    """Built in each scheduler process by ``hook_factory``; installs itself on the first decoder call."""
+
+    def __init__(self, config: dict) -> None:
+        from sglang.srt.distributed.parallel_state import get_tensor_model_parallel_rank
+        from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, check_cuda_graph_backend
+
+        if not check_cuda_graph_backend(Phase.PREFILL, Backend.DISABLED):
+            raise UnsupportedSetup(_REQUIRED_ARGS["cuda_graph_backend_prefill"][1])
+        self.config = config
+        self.rank = int(get_tensor_model_parallel_rank())
+        self.capture: Optional[SGLangCapture] = None
+        self.sink = None
+        self._global = None
+        if self.rank == 0:
+            self._global = nn.modules.module.register_module_forward_pre_hook(self._find)
+
+    def _open_sink(self):
+        import atexit
+
+        import hspack
+
+        c = self.config
+        self.sink = hspack.Writer(c["out"], c["schema"], capture=c["capture"]).__enter__()
+        atexit.register(self._close)
+        return self.sink
+
+    def _close(self) -> None:
+        if self.sink is not None:
+            sink, self.sink = self.sink, None
+            sink.__exit__(None, None, None)
+
+    def _find(self, module, args):
+        if not _is_sglang_decoder(module):
+            return None
+        self._global.remove()
+        c = self.config
+        plan = torch.load(c["plan"], weights_only=True)
+        points = CapturePoints.select(c["num_layers"], c["layers"])
+        stitcher = _ClosingStitcher(points, plan, self._open_sink(), on_complete=self._close)
+        self.capture = SGLangCapture.on_decoder(module, stitcher)
+        # This call's own pre-hooks were already collected; run ours by hand.
+        self.capture.begin(module, args, {})
+        return None
+
+    def __call__(self, module, args, output):
+        return None
+
+
+class _ClosingStitcher(PrefillStitcher):
+    def __init__(self, points, requests, sink, on_complete) -> None:
+        super().__init__(points, requests, sink, tp_rank=0)
+        self._on_complete = on_complete
+
+    def on_forward(self, *a, **k):
+        written = super().on_forward(*a, **k)
+        if written and self.complete:
+            self._on_complete()
+        return written
+
+
+def hook_factory(config: dict):
+    """The ``hook_factory`` named in the engine's ``forward_hooks`` server argument."""
+    return _EngineHook(config)
+
+
+def extract(
+    model: str,
+    data: str,
+    layers: Sequence[int],
+    out: str,
+    *,
+    tp_size: int = 1,
+    batch_size: int = 64,
+    max_len: Optional[int] = None,
+    trust_remote_code: bool = False,
+    engine_extra: Optional[dict] = None,
+) -> int:
+    """Run ``sglang.Engine`` over ``data`` and write the captured states to ``out``; return samples written."""
+    import tempfile
+
+    import hspack
+    import sglang
+    from tqdm import tqdm
+    from transformers import AutoConfig, AutoTokenizer
+
+    config = AutoConfig.from_pretrained(model, trust_remote_code=trust_remote_code)
+    tokenizer = AutoTokenizer.from_pretrained(model, trust_remote_code=trust_remote_code)
+    num_layers, hidden_size = model_shape(config)
+    points = CapturePoints.select(num_layers, layers)
+    dtype = getattr(config, "torch_dtype", None) or getattr(config, "dtype", None) or torch.bfloat16
+    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    schema = points.schema(hidden_size, dtype)
+    meta = capture_metadata(
+        model=model, revision=None, config_hash=config_hash(config.to_dict()), num_layers=num_layers,
+        hidden_size=hidden_size, dtype=dtype, tp_size=tp_size, tool="hspack.capture.sglang",
+        tool_version=f"sglang {sglang.__version__}",
+    )
+    samples = list(read_samples(data, tokenizer, max_len))
+    keys = [s.key for s in samples]
+    if len(set(keys)) != len(keys):
+        raise ValueError("sample keys must be unique")
+    with hspack.Writer(out, schema, capture=meta) as writer:
+        todo = [s for s in samples if not writer.contains(s.key)]
+    if not todo:
+        return 0
+    with tempfile.TemporaryDirectory(prefix="hspack-capture-") as tmp:
+        plan = os.path.join(tmp, "plan.pt")
+        torch.save({s.key: (s.input_ids, s.loss_mask) for s in todo}, plan)
+        hook_config = {"out": out, "schema": schema, "capture": meta, "plan": plan,
+                       "num_layers": num_layers, "layers": list(points.ids)}
+        engine = sglang.Engine(**engine_args(model, hook_config, tp_size, **(engine_extra or {})))
+        try:
+            bar = tqdm(total=len(samples), initial=len(samples) - len(todo), unit="sample")
+            for start in range(0, len(todo), batch_size):
+                chunk = todo[start : start + batch_size]
+                engine.generate(
+                    input_ids=[s.input_ids for s in chunk],
+                    sampling_params={"max_new_tokens": 1, "temperature": 0.0},
+                    rid=[s.key for s in chunk],
+                )
+                bar.update(len(chunk))
+            bar.close()
+        finally:
+            engine.shutdown()
+    return len(todo)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Entry point of ``python -m hspack.capture.sglang``."""
+    parser = argparse.ArgumentParser(prog="python -m hspack.capture.sglang", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    ex = sub.add_parser("extract", help="capture prefill hidden states of a prompt file with sglang.Engine")
+    ex.add_argument("--model", required=True)
+    ex.add_argument("--data", required=True, help="JSONL prompts (input_ids or conversations/messages)")
+    ex.add_argument("--layers", required=True, help="comma-separated ids: i = input of layer i, num_layers = final norm")
+    ex.add_argument("--out", required=True, help="dataset folder to write (resumed if it exists)")
+    ex.add_argument("--tp-size", type=int, default=1)
+    ex.add_argument("--batch-size", type=int, default=64, help="prompts per generate call")
+    ex.add_argument("--max-len", type=int, default=None)
+    ex.add_argument("--trust-remote-code", action="store_true")
+    ex.add_argument("--engine-args", default=None, help="JSON object of extra sglang.Engine arguments")
+    args = parser.parse_args(argv)
+    extra = json.loads(args.engine_args) if args.engine_args else {}
+    if args.trust_remote_code:
+        extra.setdefault("trust_remote_code", True)
+    n = extract(args.model, args.data, parse_layers(args.layers), args.out, tp_size=args.tp_size,
+                batch_size=args.batch_size, max_len=args.max_len,
+                trust_remote_code=args.trust_remote_code, engine_extra=extra)
+    print(f"wrote {n} samples to {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,215 @@
+"""hspack.capture.hf against real transformers on CPU.
+
+A tiny random DeepSeek-V3 (61 layers, hidden 64, small MoE) sits inside a
+multimodal-style wrapper that holds it as ``language_model``. Observed:
+
+* bf16: every captured row is bitwise equal to the sample run alone
+  (``model(ids, output_hidden_states=True).hidden_states[i]``), left or right padded.
+* f32: batched CPU kernels round differently from single-sample ones (~1e-7), so
+  rows are bitwise equal to the batched reference row by row, and close to the
+  sample run alone.
+"""
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from hspack.capture import MemorySink, RowMismatch, UnsupportedSetup
+from hspack.capture.hf import HFCapture, capture_samples, extract
+from hspack.capture.prompts import Sample, tokenize_chat
+
+LAYERS = [2, 30, 58, 60]
+NUM_LAYERS = 61
+
+
+def tiny_config():
+    from transformers import DeepseekV3Config
+
+    return DeepseekV3Config(
+        vocab_size=128, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+        num_hidden_layers=NUM_LAYERS, num_attention_heads=4, num_key_value_heads=4,
+        n_shared_experts=1, n_routed_experts=8, num_experts_per_tok=2, n_group=2, topk_group=1,
+        first_k_dense_replace=3, kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=8,
+        qk_nope_head_dim=8, v_head_dim=16, max_position_embeddings=256,
+    )
+
+
+class VisionLanguageWrapper(nn.Module):
+    """Stands in for a ``...ForConditionalGeneration`` holding ``language_model``."""
+
+    def __init__(self, lm):
+        super().__init__()
+        self.config = lm.config
+        self.vision_tower = nn.Sequential(nn.Linear(8, 8))
+        self.language_model = lm
+
+
+@pytest.fixture(scope="module")
+def causal_lm():
+    from transformers import DeepseekV3ForCausalLM
+
+    torch.manual_seed(0)
+    return DeepseekV3ForCausalLM(tiny_config()).eval()
+
+
+def make_samples(lengths, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for n, length in enumerate(lengths):
+        ids = torch.randint(0, 128, (length,), generator=g).tolist()
+        mask = [int(i % 3 != 0) for i in range(length)]
+        out.append(Sample(key=f"s{n}", input_ids=ids, loss_mask=mask))
+    return out
+
+
+def alone(lm, ids):
+    with torch.inference_mode():
+        return lm(torch.tensor([ids]), output_hidden_states=True).hidden_states
+
+
+@pytest.mark.parametrize("padding_side", ["right", "left"])
+def test_bf16_rows_equal_each_sample_alone(causal_lm, padding_side):
+    lm = causal_lm.to(torch.bfloat16)
+    samples = make_samples([5, 11, 8, 3])
+    sink = MemorySink()
+    n = capture_samples(VisionLanguageWrapper(lm), samples, LAYERS, sink,
+                        batch_size=3, padding_side=padding_side)
+    assert n == 4 and sorted(sink) == ["s0", "s1", "s2", "s3"]
+    for s in samples:
+        got = sink[s.key]
+        ref = alone(lm, s.input_ids)
+        assert len(ref) == NUM_LAYERS + 1
+        assert got["input_ids"].tolist() == s.input_ids and got["input_ids"].dtype == torch.int32
+        assert got["loss_mask"].tolist() == s.loss_mask
+        for i in LAYERS:
+            assert got[f"hidden.{i}"].dtype == torch.bfloat16
+            assert torch.equal(got[f"hidden.{i}"], ref[i][0]), (s.key, i)
+        assert torch.equal(got[f"hidden.{NUM_LAYERS}"], ref[-1][0]), s.key
+        assert set(got) == {"input_ids", "loss_mask", *(f"hidden.{i}" for i in LAYERS + [NUM_LAYERS])}
+
+
+@pytest.mark.parametrize("padding_side", ["right", "left"])
+def test_f32_rows_equal_batched_reference_row_by_row(causal_lm, padding_side):
+    lm = causal_lm.to(torch.float32)
+    samples = make_samples([6, 9, 4], seed=2)
+    sink = MemorySink()
+    capture_samples(VisionLanguageWrapper(lm), samples, LAYERS, sink,
+                    batch_size=3, padding_side=padding_side)
+    width = 9
+    ids = torch.zeros(3, width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for b, s in enumerate(samples):
+        sl = slice(width - len(s.input_ids), width) if padding_side == "left" else slice(0, len(s.input_ids))
+        ids[b, sl] = torch.tensor(s.input_ids)
+        mask[b, sl] = 1
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.inference_mode():
+        ref = lm(ids, attention_mask=mask, position_ids=pos, output_hidden_states=True).hidden_states
+    for b, s in enumerate(samples):
+        idx = mask[b].nonzero().flatten()
+        got = sink[s.key]
+        single = alone(lm, s.input_ids)
+        for i in LAYERS + [NUM_LAYERS]:
+            assert got[f"hidden.{i}"].dtype == torch.float32
+            assert torch.equal(got[f"hidden.{i}"], ref[i][b, idx]), (s.key, i)
+            torch.testing.assert_close(got[f"hidden.{i}"], single[i][0], rtol=1e-5, atol=1e-5)
+
+
+def test_single_sample_f32_is_exact(causal_lm):
+    lm = causal_lm.to(torch.float32)
+    ids = make_samples([7], seed=3)[0].input_ids
+    with HFCapture(VisionLanguageWrapper(lm), [0, 60]) as cap:
+        rows = cap.run(torch.tensor([ids]), torch.ones(1, 7, dtype=torch.long))
+    ref = alone(lm, ids)
+    assert sorted(rows[0]) == [0, 60, 61]
+    assert torch.equal(rows[0][0], ref[0][0])  # id 0: embedding output
+    assert torch.equal(rows[0][60], ref[60][0])
+    assert torch.equal(rows[0][61], ref[61][0])
+
+
+def test_resume_skips_stored_keys_and_schema_is_enforced(causal_lm):
+    lm = causal_lm.to(torch.bfloat16)
+    wrapper = VisionLanguageWrapper(lm)
+    cap = HFCapture(wrapper, LAYERS)
+    assert cap.decoder.path == "language_model.model"
+    schema = cap.points.schema(64, torch.bfloat16)
+    roles = {f["name"]: f["role"] for f in schema}
+    assert roles["hidden.2"] == {"kind": "hidden_state", "layer": 2, "point": "layer_input"}
+    assert roles["hidden.61"] == {"kind": "hidden_state", "layer": 61, "point": "final_norm"}
+    sink = MemorySink(schema)
+    samples = make_samples([4, 6, 5], seed=4)
+    assert capture_samples(wrapper, samples[:1], LAYERS, sink) == 1
+    first = sink["s0"]["hidden.30"].clone()
+    assert capture_samples(wrapper, samples, LAYERS, sink, batch_size=2) == 2
+    assert sorted(sink) == ["s0", "s1", "s2"]
+    assert torch.equal(sink["s0"]["hidden.30"], first)
+
+
+def test_refusals(causal_lm):
+    wrapper = VisionLanguageWrapper(causal_lm.to(torch.bfloat16))
+    with pytest.raises(ValueError, match="outside 0..61"):
+        HFCapture(wrapper, [62])
+    with HFCapture(wrapper, [2]) as cap:
+        with pytest.raises(RowMismatch, match="contiguous"):
+            cap.run(torch.ones(1, 4, dtype=torch.long), torch.tensor([[1, 0, 1, 1]]))
+    with pytest.raises(UnsupportedSetup, match="no decoder"):
+        HFCapture(nn.Sequential(nn.Linear(2, 2)), [0])
+    with pytest.raises(ValueError, match="unique"):
+        capture_samples(wrapper, make_samples([3, 3])[:1] * 2, [2], MemorySink())
+
+
+def chat_tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["<s>", "<pad>", "[U]", "[A]", "[S]", "[E]", "hi", "there", "how", "are", "you", "fine", "ok", "sys"]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>")
+    fast.chat_template = (
+        "{% for m in messages %}{% if m.role == 'user' %}[U] {% elif m.role == 'system' %}[S] "
+        "{% else %}[A] {% endif %}{{ m.content }} [E] {% endfor %}"
+        "{% if add_generation_prompt %}[A] {% endif %}"
+    )
+    return fast
+
+
+def test_chat_loss_mask_covers_assistant_turns_only():
+    tok = chat_tokenizer()
+    turns = [
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": "hi there"},
+        {"role": "assistant", "content": "fine ok"},
+        {"role": "user", "content": "how are you"},
+        {"role": "assistant", "content": "ok"},
+    ]
+    ids, mask = tokenize_chat(tok, turns)
+    words = tok.convert_ids_to_tokens(ids)
+    assert words == ["[S]", "sys", "[E]", "[U]", "hi", "there", "[E]", "[A]", "fine", "ok", "[E]",
+                     "[U]", "how", "are", "you", "[E]", "[A]", "ok", "[E]"]
+    assert [w for w, m in zip(words, mask) if m] == ["fine", "ok", "[E]", "ok", "[E]"]
+
+
+def test_extract_driver_resumes_with_a_sink(tmp_path, causal_lm):
+    lm = causal_lm.to(torch.bfloat16)
+    lm.save_pretrained(tmp_path / "model")
+    chat_tokenizer().save_pretrained(tmp_path / "model")
+    data = tmp_path / "prompts.jsonl"
+    lines = [
+        {"id": "a", "input_ids": [5, 6, 7, 8], "loss_mask": [0, 0, 1, 1]},
+        {"id": "b", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "fine"}]},
+        {"id": 3, "conversations": [{"from": "human", "value": "how are you"}, {"from": "gpt", "value": "ok ok"}]},
+    ]
+    data.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    sink = MemorySink()
+    n = extract(str(tmp_path / "model"), str(data), LAYERS, str(tmp_path / "out"), batch_size=2, sink=sink)
+    assert n == 3 and sorted(sink) == ["3", "a", "b"]
+    assert sink["b"]["loss_mask"].tolist() == [0, 0, 0, 0, 1, 1]  # [U] hi [E] [A] fine [E]
+    from transformers import AutoModelForCausalLM
+
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "model", dtype=torch.bfloat16).eval()
+    ref = alone(loaded, sink["3"]["input_ids"].tolist())
+    assert torch.equal(sink["3"]["hidden.58"], ref[58][0])
+    assert extract(str(tmp_path / "model"), str(data), LAYERS, str(tmp_path / "out"), sink=sink) == 0
