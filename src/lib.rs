@@ -19,3 +19,8 @@ pub use error::{Error, Result};
 pub use format::{CaptureInfo, CapturePoint, Codec, DType, Field, Role, Schema};
 pub use read::{CheckPolicy, Dataset, ReadOptions, Sample, Tensor};
 pub use write::{DatasetWriter, WriteOptions};
+
+/// The README's Rust examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
