@@ -4,4 +4,5 @@
 #[cfg(target_endian = "big")]
 compile_error!("hspack maps little-endian structures directly; big-endian hosts are not supported");
 
+pub mod convert;
 pub mod format;

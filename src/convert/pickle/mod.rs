@@ -1,0 +1,38 @@
+//! A pickle reader that never executes code.
+//!
+//! Every opcode of protocols 0 to 5 is understood. Globals are checked against an
+//! allowlist modelled on `torch.load(weights_only=True)` at the opcode that names them,
+//! before anything is built; calls of allowed globals (`REDUCE`, `NEWOBJ`, `BUILD`, ...)
+//! produce inert [`Value`]s such as [`TensorRef`] instead of running anything.
+//! Opcodes that need state hspack does not have (`EXT*`, `NEXT_BUFFER`, text `PERSID`)
+//! are refused with an error.
+
+use std::path::Path;
+
+use super::ConvertError;
+
+mod calls;
+mod globals;
+mod text;
+mod value;
+mod vm;
+
+pub(crate) use globals::numpy_descr;
+pub use value::{NdArray, StorageKind, StorageRef, TensorLike, TensorRef, Value};
+
+/// Decodes one pickle from the start of `bytes`; bytes after its `STOP` are ignored.
+/// `file` names the source in errors.
+pub fn parse(bytes: &[u8], file: &Path) -> Result<Value, ConvertError> {
+    parse_prefix(bytes, file).map(|(v, _)| v)
+}
+
+/// Decodes one pickle from the start of `bytes` and returns it with the number of bytes
+/// it occupied (through its `STOP` opcode), for streams of consecutive pickles.
+pub fn parse_prefix(bytes: &[u8], file: &Path) -> Result<(Value, usize), ConvertError> {
+    let mut machine = vm::Machine::new(bytes, file);
+    let value = machine.run()?;
+    Ok((value, machine.pos))
+}
+
+#[cfg(test)]
+mod tests;
