@@ -34,7 +34,9 @@ impl<'a> Cursor<'a> {
             .pos
             .checked_add(n)
             .and_then(|end| self.data.get(self.pos..end))
-            .ok_or_else(|| ConvertError::truncated(self.file, what, self.pos, n, self.data.len()))?;
+            .ok_or_else(|| {
+                ConvertError::truncated(self.file, what, self.pos, n, self.data.len())
+            })?;
         self.pos += n;
         Ok(slice)
     }

@@ -25,9 +25,11 @@ pub mod torch_legacy;
 pub mod torch_zip;
 
 pub use error::ConvertError;
+pub use limits::Limits;
 pub use npy::NpyFile;
 pub use pickle::{TensorRef, Value};
 pub use safetensors_file::SafetensorsFile;
-pub use limits::Limits;
-pub use source::{open_source, open_source_with, SourceFile, SourceFormat, SourceTensor, TensorInfo};
+pub use source::{
+    open_source, open_source_with, SourceFile, SourceFormat, SourceTensor, TensorInfo,
+};
 pub use torch_file::{load_torch, load_torch_with, TorchFile, TorchFormat};

@@ -75,11 +75,12 @@ pub fn parse(bytes: &[u8], file: &Path) -> Result<NpyHeader, ConvertError> {
     let (Some(descr), Some(fortran_order), Some(shape)) = (descr, fortran, shape) else {
         return Err(bad("needs descr, fortran_order and shape"));
     };
-    let (dtype, big) = super::pickle::numpy_descr(&descr).ok_or_else(|| ConvertError::UnsupportedDType {
-        file: file.to_path_buf(),
-        tensor: String::new(),
-        dtype: descr.clone(),
-    })?;
+    let (dtype, big) =
+        super::pickle::numpy_descr(&descr).ok_or_else(|| ConvertError::UnsupportedDType {
+            file: file.to_path_buf(),
+            tensor: String::new(),
+            dtype: descr.clone(),
+        })?;
     let data_start = cur.pos();
     let nbytes = shape
         .iter()
@@ -171,7 +172,11 @@ impl NpyFile {
         NpyFile::from_backing(path, map_file(path)?, Limits::default())
     }
 
-    pub(crate) fn from_backing(path: &Path, backing: Backing, limits: Limits) -> Result<NpyFile, ConvertError> {
+    pub(crate) fn from_backing(
+        path: &Path,
+        backing: Backing,
+        limits: Limits,
+    ) -> Result<NpyFile, ConvertError> {
         let header = parse(&backing, path)?;
         Ok(NpyFile {
             path: path.to_path_buf(),

@@ -67,7 +67,9 @@ pub fn parse(bytes: &[u8], file: &Path) -> Result<Header, ConvertError> {
     let len_bytes: [u8; 8] = bytes
         .get(..8)
         .and_then(|b| b.try_into().ok())
-        .ok_or_else(|| ConvertError::truncated(file, "safetensors header length", 0, 8, bytes.len()))?;
+        .ok_or_else(|| {
+            ConvertError::truncated(file, "safetensors header length", 0, 8, bytes.len())
+        })?;
     let n = u64::from_le_bytes(len_bytes);
     let available = bytes.len() as u64 - 8;
     if n > MAX_HEADER_BYTES || n > available {
@@ -92,8 +94,14 @@ pub fn parse(bytes: &[u8], file: &Path) -> Result<Header, ConvertError> {
             })?;
             continue;
         }
-        let info: RawInfo = serde_json::from_value(v)
-            .map_err(|e| ConvertError::malformed(file, "safetensors header", 8, format!("tensor {name:?}: {e}")))?;
+        let info: RawInfo = serde_json::from_value(v).map_err(|e| {
+            ConvertError::malformed(
+                file,
+                "safetensors header",
+                8,
+                format!("tensor {name:?}: {e}"),
+            )
+        })?;
         let dtype = dtype_from_name(&info.dtype).ok_or_else(|| ConvertError::UnsupportedDType {
             file: file.to_path_buf(),
             tensor: name.clone(),
@@ -110,7 +118,9 @@ pub fn parse(bytes: &[u8], file: &Path) -> Result<Header, ConvertError> {
             reason,
         };
         if b > e || e > data_len as u64 {
-            return Err(oob(format!("data_offsets [{b}, {e}] outside the {data_len} data bytes")));
+            return Err(oob(format!(
+                "data_offsets [{b}, {e}] outside the {data_len} data bytes"
+            )));
         }
         if expected != Some(e - b) {
             return Err(oob(format!(
@@ -163,7 +173,11 @@ impl SafetensorsFile {
         SafetensorsFile::from_backing(path, map_file(path)?, Limits::default())
     }
 
-    pub(crate) fn from_backing(path: &Path, backing: Backing, _limits: Limits) -> Result<SafetensorsFile, ConvertError> {
+    pub(crate) fn from_backing(
+        path: &Path,
+        backing: Backing,
+        _limits: Limits,
+    ) -> Result<SafetensorsFile, ConvertError> {
         let header = parse(&backing, path)?;
         Ok(SafetensorsFile {
             path: path.to_path_buf(),
@@ -194,11 +208,14 @@ impl SafetensorsFile {
                 what: "tensor",
                 key: name.to_string(),
             })?;
-        let bytes = self.backing.get(info.data.clone()).ok_or_else(|| ConvertError::TensorOutOfBounds {
-            file: self.path.clone(),
-            tensor: name.to_string(),
-            reason: "data range outside the file".into(),
-        })?;
+        let bytes =
+            self.backing
+                .get(info.data.clone())
+                .ok_or_else(|| ConvertError::TensorOutOfBounds {
+                    file: self.path.clone(),
+                    tensor: name.to_string(),
+                    reason: "data range outside the file".into(),
+                })?;
         Ok((info, bytes))
     }
 }

@@ -68,7 +68,12 @@ pub(crate) fn materialize<'d>(
         last = (d - 1)
             .checked_mul(s)
             .and_then(|x| x.checked_add(last))
-            .ok_or_else(|| format!("shape {:?} with strides {:?} overflows", view.shape, view.strides))?;
+            .ok_or_else(|| {
+                format!(
+                    "shape {:?} with strides {:?} overflows",
+                    view.shape, view.strides
+                )
+            })?;
     }
     let end = last
         .checked_add(1)
@@ -176,7 +181,13 @@ mod tests {
     use super::*;
 
     fn view<'a>(shape: &'a [u64], strides: &'a [i64], offset: u64) -> View<'a> {
-        View { elem: 1, shape, strides, offset, swap: false }
+        View {
+            elem: 1,
+            shape,
+            strides,
+            offset,
+            swap: false,
+        }
     }
 
     #[test]
@@ -203,13 +214,22 @@ mod tests {
         assert!(materialize(&data, &view(&[u64::MAX, 2], &[0, 0], 0), u64::MAX).is_err());
         assert!(materialize(&data, &view(&[2], &[-1], 1), u64::MAX).is_err());
         assert!(materialize(&data, &view(&[4], &[0], 0), 3).is_err());
-        assert_eq!(&*materialize(&data, &view(&[0, 5], &[5, 1], 100), u64::MAX).unwrap(), &[] as &[u8]);
+        assert_eq!(
+            &*materialize(&data, &view(&[0, 5], &[5, 1], 100), u64::MAX).unwrap(),
+            &[] as &[u8]
+        );
     }
 
     #[test]
     fn swaps_elements() {
         let data = [1u8, 2, 3, 4];
-        let v = View { elem: 2, shape: &[2], strides: &[1], offset: 0, swap: true };
+        let v = View {
+            elem: 2,
+            shape: &[2],
+            strides: &[1],
+            offset: 0,
+            swap: true,
+        };
         assert_eq!(&*materialize(&data, &v, u64::MAX).unwrap(), &[2, 1, 4, 3]);
     }
 }

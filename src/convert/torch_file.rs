@@ -121,15 +121,28 @@ pub(crate) fn gunzip(bytes: &[u8], file: &Path, limit: u64) -> Result<Vec<u8>, C
 impl TorchFile {
     /// Reads a torch file from bytes already in memory (zip, legacy or gzip of either).
     /// `file` names it in errors.
-    pub fn from_bytes(bytes: Vec<u8>, file: &Path, limits: Limits) -> Result<TorchFile, ConvertError> {
+    pub fn from_bytes(
+        bytes: Vec<u8>,
+        file: &Path,
+        limits: Limits,
+    ) -> Result<TorchFile, ConvertError> {
         TorchFile::from_backing(file, Backing::Owned(bytes), limits)
     }
 
-    pub(crate) fn from_backing(path: &Path, backing: Backing, limits: Limits) -> Result<TorchFile, ConvertError> {
+    pub(crate) fn from_backing(
+        path: &Path,
+        backing: Backing,
+        limits: Limits,
+    ) -> Result<TorchFile, ConvertError> {
         if is_gzip(&backing) {
             let inner = gunzip(&backing, path, limits.max_decompressed_bytes)?;
             if is_gzip(&inner) {
-                return Err(ConvertError::malformed(path, "gzip stream", 0, "nested gzip"));
+                return Err(ConvertError::malformed(
+                    path,
+                    "gzip stream",
+                    0,
+                    "nested gzip",
+                ));
             }
             let mut t = TorchFile::from_backing(path, Backing::Owned(inner), limits)?;
             t.gzipped = true;
@@ -144,7 +157,12 @@ impl TorchFile {
             let storages = archive
                 .entries
                 .iter()
-                .filter_map(|e| Some((e.name.strip_prefix(&data_prefix)?.to_string(), e.data.clone())))
+                .filter_map(|e| {
+                    Some((
+                        e.name.strip_prefix(&data_prefix)?.to_string(),
+                        e.data.clone(),
+                    ))
+                })
                 .collect();
             let format = TorchFormat::Zip {
                 prefix: archive.prefix.clone(),
@@ -159,7 +177,12 @@ impl TorchFile {
             });
         } else if torch_legacy::has_magic(bytes) {
             let legacy = LegacyFile::parse(bytes, path)?;
-            (legacy.value, legacy.storages, ByteOrder::Little, TorchFormat::Legacy)
+            (
+                legacy.value,
+                legacy.storages,
+                ByteOrder::Little,
+                TorchFormat::Legacy,
+            )
         } else {
             return Err(ConvertError::UnknownFormat {
                 file: path.to_path_buf(),
@@ -214,7 +237,11 @@ impl TorchFile {
     }
 
     /// Like [`TorchFile::tensor_bytes`], naming the tensor `name` in errors.
-    pub fn tensor_bytes_named(&self, name: &str, t: &TensorRef) -> Result<Cow<'_, [u8]>, ConvertError> {
+    pub fn tensor_bytes_named(
+        &self,
+        name: &str,
+        t: &TensorRef,
+    ) -> Result<Cow<'_, [u8]>, ConvertError> {
         let oob = |reason: String| ConvertError::TensorOutOfBounds {
             file: self.path.clone(),
             tensor: name.to_string(),
@@ -224,11 +251,14 @@ impl TorchFile {
             return Ok(Cow::Borrowed(&[]));
         }
         let s = &t.storage;
-        let range = self.storages.get(&s.key).ok_or_else(|| ConvertError::Missing {
-            file: self.path.clone(),
-            what: "storage",
-            key: s.key.clone(),
-        })?;
+        let range = self
+            .storages
+            .get(&s.key)
+            .ok_or_else(|| ConvertError::Missing {
+                file: self.path.clone(),
+                what: "storage",
+                key: s.key.clone(),
+            })?;
         let entry = self.backing.get(range.clone()).unwrap_or(&[]);
         let nbytes = s.numel.checked_mul(s.kind.element_size);
         let storage = nbytes
@@ -249,8 +279,15 @@ impl TorchFile {
                 let e = s.kind.element_size;
                 off.checked_mul(e)
                     .zip(off.checked_add(len).and_then(|end| end.checked_mul(e)))
-                    .and_then(|(a, b)| storage.get(usize::try_from(a).ok()?..usize::try_from(b).ok()?))
-                    .ok_or_else(|| oob(format!("storage view ({off}, {len}) exceeds storage {:?}", s.key)))?
+                    .and_then(|(a, b)| {
+                        storage.get(usize::try_from(a).ok()?..usize::try_from(b).ok()?)
+                    })
+                    .ok_or_else(|| {
+                        oob(format!(
+                            "storage view ({off}, {len}) exceeds storage {:?}",
+                            s.key
+                        ))
+                    })?
             }
         };
         let elem = t.dtype.size();
@@ -276,7 +313,11 @@ impl TorchFile {
     }
 
     /// A numpy array's elements as C-contiguous little-endian bytes.
-    pub fn ndarray_bytes<'a>(&self, name: &str, a: &'a NdArray) -> Result<Cow<'a, [u8]>, ConvertError> {
+    pub fn ndarray_bytes<'a>(
+        &self,
+        name: &str,
+        a: &'a NdArray,
+    ) -> Result<Cow<'a, [u8]>, ConvertError> {
         array_bytes(&self.path, name, a, self.limits.max_tensor_bytes)
     }
 }

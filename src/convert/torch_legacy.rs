@@ -35,9 +35,17 @@ pub fn is_tar(bytes: &[u8]) -> bool {
     bytes.get(257..262) == Some(b"ustar")
 }
 
-/// Whether `bytes` starts with the pickled legacy magic number (protocol 2, as torch writes it).
+/// Whether `bytes` starts with a pickled legacy magic number, in binary (`LONG1`, any
+/// protocol >= 2) or text (`LONG`, protocols 0 and 1) form. [`LegacyFile::parse`] checks
+/// it properly.
 pub fn has_magic(bytes: &[u8]) -> bool {
-    bytes.get(..4) == Some(&[0x80, 0x02, 0x8a, 0x0a][..]) && bytes.get(4..14) == Some(&MAGIC[..])
+    let head = bytes.get(..bytes.len().min(48)).unwrap_or(&[]);
+    let mut binary = [0u8; 12];
+    binary[0] = 0x8a;
+    binary[1] = 0x0a;
+    binary[2..].copy_from_slice(&MAGIC);
+    head.windows(binary.len()).any(|w| w == binary)
+        || head.windows(24).any(|w| w == b"119547037146038801333356")
 }
 
 impl LegacyFile {
@@ -51,8 +59,7 @@ impl LegacyFile {
         let mut pos = 0;
         let mut next = |what: &'static str| -> Result<(Value, usize), ConvertError> {
             let rest = bytes.get(pos..).unwrap_or(&[]);
-            let (v, used) = pickle::parse_prefix(rest, file)
-                .map_err(|e| with_context(e, what))?;
+            let (v, used) = pickle::parse_prefix(rest, file).map_err(|e| with_context(e, what))?;
             let at = pos;
             pos += used;
             Ok((v, at))
@@ -77,8 +84,20 @@ impl LegacyFile {
         let (keys, at) = next("storage keys")?;
         let keys: Vec<String> = keys
             .items()
-            .and_then(|items| items.iter().map(|k| k.as_str().map(str::to_string)).collect())
-            .ok_or_else(|| ConvertError::malformed(file, "torch legacy storage keys", at, "not a list of strings"))?;
+            .and_then(|items| {
+                items
+                    .iter()
+                    .map(|k| k.as_str().map(str::to_string))
+                    .collect()
+            })
+            .ok_or_else(|| {
+                ConvertError::malformed(
+                    file,
+                    "torch legacy storage keys",
+                    at,
+                    "not a list of strings",
+                )
+            })?;
 
         let mut sizes: HashMap<&str, u64> = HashMap::new();
         for s in value.storages() {
@@ -87,11 +106,13 @@ impl LegacyFile {
         let mut cur = Cursor::new(bytes, pos, file);
         let mut storages = HashMap::with_capacity(keys.len().min(bytes.len()));
         for key in keys {
-            let elem = *sizes.get(key.as_str()).ok_or_else(|| ConvertError::Missing {
-                file: file.to_path_buf(),
-                what: "storage",
-                key: key.clone(),
-            })?;
+            let elem = *sizes
+                .get(key.as_str())
+                .ok_or_else(|| ConvertError::Missing {
+                    file: file.to_path_buf(),
+                    what: "storage",
+                    key: key.clone(),
+                })?;
             let start = cur.pos();
             let what = format!("storage {key:?}");
             let numel = cur.u64(&what)?;

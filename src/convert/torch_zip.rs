@@ -94,7 +94,10 @@ impl Archive {
         let mut spans: Vec<(usize, usize, usize)> = Vec::with_capacity(count as usize);
         for _ in 0..count {
             let entry = read_central_entry(&mut cur, bytes, file)?;
-            if by_name.insert(entry.0.name.clone(), entries.len()).is_some() {
+            if by_name
+                .insert(entry.0.name.clone(), entries.len())
+                .is_some()
+            {
                 return Err(ConvertError::UnsafeEntryName {
                     file: file.to_path_buf(),
                     entry: entry.0.name,
@@ -178,7 +181,13 @@ fn find_central_directory(bytes: &[u8], file: &Path) -> Result<(usize, usize, u6
         reason: reason.to_string(),
     };
     if bytes.len() < EOCD_LEN {
-        return Err(ConvertError::truncated(file, "zip end record", 0, EOCD_LEN, bytes.len()));
+        return Err(ConvertError::truncated(
+            file,
+            "zip end record",
+            0,
+            EOCD_LEN,
+            bytes.len(),
+        ));
     }
     // The record is the last 22 bytes plus a comment of at most 65535 bytes.
     let lowest = bytes.len().saturating_sub(EOCD_LEN + 0xffff);
@@ -210,11 +219,18 @@ fn find_central_directory(bytes: &[u8], file: &Path) -> Result<(usize, usize, u6
         let rec = usize::try_from(rec)
             .ok()
             .filter(|&r| r < l)
-            .ok_or_else(|| ConvertError::malformed(file, "zip64 locator", l, "record offset past the locator"))?;
+            .ok_or_else(|| {
+                ConvertError::malformed(file, "zip64 locator", l, "record offset past the locator")
+            })?;
         let mut c = Cursor::new(bytes, rec, file);
         let what = "zip64 end record";
         if c.u32(what)? != EOCD64_SIG {
-            return Err(ConvertError::malformed(file, "zip64 end record", rec, "bad signature"));
+            return Err(ConvertError::malformed(
+                file,
+                "zip64 end record",
+                rec,
+                "bad signature",
+            ));
         }
         let _size = c.u64(what)?;
         let _made = c.u16(what)?;
@@ -241,7 +257,11 @@ fn find_central_directory(bytes: &[u8], file: &Path) -> Result<(usize, usize, u6
 
 /// Reads one central-directory record and its local header; returns the entry and the
 /// offset of its local header.
-fn read_central_entry(cur: &mut Cursor<'_>, bytes: &[u8], file: &Path) -> Result<(Entry, usize), ConvertError> {
+fn read_central_entry(
+    cur: &mut Cursor<'_>,
+    bytes: &[u8],
+    file: &Path,
+) -> Result<(Entry, usize), ConvertError> {
     let at = cur.pos();
     let what = "zip central directory record";
     if cur.u32(what)? != CENTRAL_SIG {
@@ -276,7 +296,12 @@ fn read_central_entry(cur: &mut Cursor<'_>, bytes: &[u8], file: &Path) -> Result
         });
     }
     if flags & 0x1 != 0 {
-        return Err(ConvertError::malformed(file, what, at, format!("entry {name:?} is encrypted")));
+        return Err(ConvertError::malformed(
+            file,
+            what,
+            at,
+            format!("entry {name:?} is encrypted"),
+        ));
     }
     // ZIP64 extended information: present values replace the 0xffffffff placeholders, in order.
     let mut ex = Cursor::new(extra, 0, file);
@@ -318,7 +343,12 @@ fn read_central_entry(cur: &mut Cursor<'_>, bytes: &[u8], file: &Path) -> Result
     let mut lc = Cursor::new(bytes, local_at, file);
     let lwhat = "zip local header";
     if lc.u32(lwhat)? != LOCAL_SIG {
-        return Err(ConvertError::malformed(file, lwhat, local_at, format!("bad signature for {name:?}")));
+        return Err(ConvertError::malformed(
+            file,
+            lwhat,
+            local_at,
+            format!("bad signature for {name:?}"),
+        ));
     }
     lc.take(LOCAL_LEN - 4 - 4, lwhat)?;
     let lname_len = usize::from(lc.u16(lwhat)?);
@@ -339,7 +369,13 @@ fn read_central_entry(cur: &mut Cursor<'_>, bytes: &[u8], file: &Path) -> Result
         .and_then(|s| start.checked_add(s))
         .filter(|&e| e <= bytes.len())
         .ok_or_else(|| too_large("size", size))?;
-    Ok((Entry { name, data: start..end }, local_at))
+    Ok((
+        Entry {
+            name,
+            data: start..end,
+        },
+        local_at,
+    ))
 }
 
 /// Rejects names that could escape a folder when extracted, or that are not UTF-8.

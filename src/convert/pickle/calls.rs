@@ -45,7 +45,14 @@ pub(super) fn persistent_load(
     let (tag, class, key, location, numel, view) = match items.as_slice() {
         [t, c, k, l, n] => (t, c, k, l, n, None),
         [t, c, k, l, n, v] => (t, c, k, l, n, Some(v)),
-        _ => return Err(bad_call(m, what, at, "persistent id must have 5 or 6 items")),
+        _ => {
+            return Err(bad_call(
+                m,
+                what,
+                at,
+                "persistent id must have 5 or 6 items",
+            ))
+        }
     };
     let tag_ok = match tag {
         Value::Str(s) => s == "storage",
@@ -53,12 +60,24 @@ pub(super) fn persistent_load(
         _ => false,
     };
     if !tag_ok {
-        return Err(bad_call(m, what, at, "only 'storage' persistent ids are known"));
+        return Err(bad_call(
+            m,
+            what,
+            at,
+            "only 'storage' persistent ids are known",
+        ));
     }
     let kind = match class {
         Value::Global { module, name } => match globals::lookup(module, name) {
             Some(Allowed::Storage(kind)) => kind,
-            _ => return Err(bad_call(m, what, at, format!("{module}.{name} is not a storage class"))),
+            _ => {
+                return Err(bad_call(
+                    m,
+                    what,
+                    at,
+                    format!("{module}.{name} is not a storage class"),
+                ))
+            }
         },
         _ => return Err(bad_call(m, what, at, "storage type is not a class")),
     };
@@ -72,7 +91,8 @@ pub(super) fn persistent_load(
         Value::Bytes(b) => String::from_utf8_lossy(b).into_owned(),
         _ => String::new(),
     };
-    let numel = as_u64(numel).ok_or_else(|| bad_call(m, what, at, "storage size is not a non-negative int"))?;
+    let numel = as_u64(numel)
+        .ok_or_else(|| bad_call(m, what, at, "storage size is not a non-negative int"))?;
     let view = match view {
         None | Some(Value::None) => None,
         Some(Value::Tuple(v)) => match v.as_slice() {
@@ -110,13 +130,29 @@ pub(super) fn call(
                 // OrderedDict(iterable of pairs)
                 let pairs = match m.nodes.get(first) {
                     Some(Node::List(items) | Node::Tuple(items)) => items.clone(),
-                    _ => return Err(bad_call(m, "collections.OrderedDict", at, "argument is not a list of pairs")),
+                    _ => {
+                        return Err(bad_call(
+                            m,
+                            "collections.OrderedDict",
+                            at,
+                            "argument is not a list of pairs",
+                        ))
+                    }
                 };
                 let mut flat = Vec::new();
                 for p in pairs {
                     match m.nodes.get(p) {
-                        Some(Node::Tuple(kv) | Node::List(kv)) if kv.len() == 2 => flat.extend(kv.iter().copied()),
-                        _ => return Err(bad_call(m, "collections.OrderedDict", at, "item is not a pair")),
+                        Some(Node::Tuple(kv) | Node::List(kv)) if kv.len() == 2 => {
+                            flat.extend(kv.iter().copied())
+                        }
+                        _ => {
+                            return Err(bad_call(
+                                m,
+                                "collections.OrderedDict",
+                                at,
+                                "item is not a pair",
+                            ))
+                        }
                     }
                 }
                 m.set_items(id, flat, at)?;
@@ -130,8 +166,17 @@ pub(super) fn call(
         },
         Allowed::Set | Allowed::FrozenSet => match args.first().map(|&a| m.nodes.get(a)) {
             None => Node::Set(Vec::new()),
-            Some(Some(Node::Tuple(items) | Node::List(items) | Node::Set(items))) => Node::Set(items.clone()),
-            _ => return Err(bad_call(m, "builtins.set", at, "argument is not a sequence")),
+            Some(Some(Node::Tuple(items) | Node::List(items) | Node::Set(items))) => {
+                Node::Set(items.clone())
+            }
+            _ => {
+                return Err(bad_call(
+                    m,
+                    "builtins.set",
+                    at,
+                    "argument is not a sequence",
+                ))
+            }
         },
         _ => {
             let values = expand_all(m, &args)?;
@@ -148,7 +193,9 @@ fn call_on_values(
     at: usize,
 ) -> Result<Value, ConvertError> {
     match allowed {
-        Allowed::RebuildTensorV2 | Allowed::RebuildTensorV3 => rebuild_tensor(m, allowed, values, at),
+        Allowed::RebuildTensorV2 | Allowed::RebuildTensorV3 => {
+            rebuild_tensor(m, allowed, values, at)
+        }
         Allowed::RebuildParameter | Allowed::RebuildParameterWithState => {
             let name = "torch._utils._rebuild_parameter";
             let mut it = values.into_iter();
@@ -158,32 +205,57 @@ fn call_on_values(
                     Ok(Value::Tensor(t))
                 }
                 (Some(Value::NdArray(a)), _) => Ok(Value::NdArray(a)),
-                _ => Err(bad_call(m, name, at, "expected (tensor, requires_grad, hooks)")),
+                _ => Err(bad_call(
+                    m,
+                    name,
+                    at,
+                    "expected (tensor, requires_grad, hooks)",
+                )),
             }
         }
         Allowed::RebuildFromTypeV2 => {
             let name = "torch._tensor._rebuild_from_type_v2";
             let mut it = values.into_iter();
-            let (Some(Value::Global { module, name: fname }), Some(new_type), Some(Value::Tuple(args))) =
-                (it.next(), it.next(), it.next())
+            let (
+                Some(Value::Global {
+                    module,
+                    name: fname,
+                }),
+                Some(new_type),
+                Some(Value::Tuple(args)),
+            ) = (it.next(), it.next(), it.next())
             else {
                 return Err(bad_call(m, name, at, "expected (func, type, args, state)"));
             };
             match &new_type {
-                Value::Global { module, name } if globals::lookup(module, name) == Some(Allowed::TensorClass) => {}
-                _ => return Err(bad_call(m, name, at, "only torch.Tensor and torch.nn.Parameter types are allowed")),
+                Value::Global { module, name }
+                    if globals::lookup(module, name) == Some(Allowed::TensorClass) => {}
+                _ => {
+                    return Err(bad_call(
+                        m,
+                        name,
+                        at,
+                        "only torch.Tensor and torch.nn.Parameter types are allowed",
+                    ))
+                }
             }
-            let inner = globals::lookup(&module, &fname).ok_or_else(|| ConvertError::RefusedGlobal {
-                file: m.file.to_path_buf(),
-                module: module.clone(),
-                name: fname.clone(),
-            })?;
+            let inner =
+                globals::lookup(&module, &fname).ok_or_else(|| ConvertError::RefusedGlobal {
+                    file: m.file.to_path_buf(),
+                    module: module.clone(),
+                    name: fname.clone(),
+                })?;
             match inner {
                 Allowed::RebuildTensorV2
                 | Allowed::RebuildTensorV3
                 | Allowed::RebuildParameter
                 | Allowed::RebuildParameterWithState => call_on_values(m, inner, args, at),
-                _ => Err(bad_call(m, name, at, "the inner function is not a tensor rebuild")),
+                _ => Err(bad_call(
+                    m,
+                    name,
+                    at,
+                    "the inner function is not a tensor rebuild",
+                )),
             }
         }
         Allowed::TorchDevice => match values.first() {
@@ -203,17 +275,29 @@ fn call_on_values(
             (Some(Value::Str(s)), Some(Value::Str(enc))) if enc == "latin1" || enc == "latin-1" => {
                 latin1(m, s, at).map(Value::Bytes)
             }
-            _ => Err(bad_call(m, "_codecs.encode", at, "only encode(str, 'latin1') is allowed")),
+            _ => Err(bad_call(
+                m,
+                "_codecs.encode",
+                at,
+                "only encode(str, 'latin1') is allowed",
+            )),
         },
         Allowed::NpFromBuffer => {
             let name = "numpy.core.numeric._frombuffer";
             let mut it = values.into_iter();
-            let (Some(Value::Bytes(data)), Some(dtype), Some(shape), order) = (it.next(), it.next(), it.next(), it.next())
+            let (Some(Value::Bytes(data)), Some(dtype), Some(shape), order) =
+                (it.next(), it.next(), it.next(), it.next())
             else {
-                return Err(bad_call(m, name, at, "expected (buffer, dtype, shape, order)"));
+                return Err(bad_call(
+                    m,
+                    name,
+                    at,
+                    "expected (buffer, dtype, shape, order)",
+                ));
             };
             let (dtype, big_endian) = np_dtype(m, &dtype, at)?;
-            let shape = int_list::<u64>(&shape).ok_or_else(|| bad_call(m, name, at, "bad shape"))?;
+            let shape =
+                int_list::<u64>(&shape).ok_or_else(|| bad_call(m, name, at, "bad shape"))?;
             let fortran_order = matches!(order, Some(Value::Str(ref s)) if s == "F");
             ndarray(m, dtype, big_endian, shape, fortran_order, data, at)
         }
@@ -226,7 +310,12 @@ fn call_on_values(
         | Allowed::OrderedDict
         | Allowed::TorchSize
         | Allowed::Set
-        | Allowed::FrozenSet => Err(bad_call(m, "global", at, "this global cannot be called here")),
+        | Allowed::FrozenSet => Err(bad_call(
+            m,
+            "global",
+            at,
+            "this global cannot be called here",
+        )),
     }
 }
 
@@ -234,7 +323,14 @@ fn latin1(m: &Machine<'_>, s: &str, at: usize) -> Result<Vec<u8>, ConvertError> 
     s.chars()
         .map(|c| u8::try_from(u32::from(c)).ok())
         .collect::<Option<Vec<u8>>>()
-        .ok_or_else(|| bad_call(m, "_codecs.encode", at, "string has characters above U+00FF"))
+        .ok_or_else(|| {
+            bad_call(
+                m,
+                "_codecs.encode",
+                at,
+                "string has characters above U+00FF",
+            )
+        })
 }
 
 fn rebuild_tensor(
@@ -249,20 +345,51 @@ fn rebuild_tensor(
         "torch._utils._rebuild_tensor_v2"
     };
     let mut it = values.into_iter();
-    let (Some(Value::Storage(storage)), Some(offset), Some(size), Some(stride), requires_grad, _hooks, dtype_arg) =
-        (it.next(), it.next(), it.next(), it.next(), it.next(), it.next(), it.next())
+    let (
+        Some(Value::Storage(storage)),
+        Some(offset),
+        Some(size),
+        Some(stride),
+        requires_grad,
+        _hooks,
+        dtype_arg,
+    ) = (
+        it.next(),
+        it.next(),
+        it.next(),
+        it.next(),
+        it.next(),
+        it.next(),
+        it.next(),
+    )
     else {
-        return Err(bad_call(m, name, at, "expected (storage, offset, size, stride, requires_grad, hooks, ...)"));
+        return Err(bad_call(
+            m,
+            name,
+            at,
+            "expected (storage, offset, size, stride, requires_grad, hooks, ...)",
+        ));
     };
-    let storage_offset = as_u64(&offset).ok_or_else(|| bad_call(m, name, at, "storage offset is not a non-negative int"))?;
-    let shape = int_list::<u64>(&size).ok_or_else(|| bad_call(m, name, at, "size is not a tuple of non-negative ints"))?;
-    let strides = int_list::<i64>(&stride).ok_or_else(|| bad_call(m, name, at, "stride is not a tuple of ints"))?;
+    let storage_offset = as_u64(&offset)
+        .ok_or_else(|| bad_call(m, name, at, "storage offset is not a non-negative int"))?;
+    let shape = int_list::<u64>(&size)
+        .ok_or_else(|| bad_call(m, name, at, "size is not a tuple of non-negative ints"))?;
+    let strides = int_list::<i64>(&stride)
+        .ok_or_else(|| bad_call(m, name, at, "stride is not a tuple of ints"))?;
     if shape.len() != strides.len() {
-        return Err(bad_call(m, name, at, "size and stride have different lengths"));
+        return Err(bad_call(
+            m,
+            name,
+            at,
+            "size and stride have different lengths",
+        ));
     }
     let dtype = if allowed == Allowed::RebuildTensorV3 {
         match dtype_arg {
-            Some(Value::Global { module, name: dname }) => match globals::lookup(&module, &dname) {
+            Some(Value::Global {
+                module,
+                name: dname,
+            }) => match globals::lookup(&module, &dname) {
                 Some(Allowed::TorchDType(Some(d))) => d,
                 Some(Allowed::TorchDType(None)) => return Err(unsupported(m, &dname, at)),
                 _ => return Err(bad_call(m, name, at, "dtype argument is not a torch dtype")),
@@ -306,17 +433,18 @@ fn unsupported(m: &Machine<'_>, dtype: &str, at: usize) -> ConvertError {
 fn np_dtype(m: &Machine<'_>, v: &Value, at: usize) -> Result<(DType, bool), ConvertError> {
     // Expanded numpy dtypes are carried as `Global { module: "numpy", name: "dtype(<descr>)" }`.
     let descr = match v {
-        Value::Global { module, name } if module == "numpy" => {
-            name.strip_prefix("dtype(").and_then(|s| s.strip_suffix(')'))
-        }
+        Value::Global { module, name } if module == "numpy" => name
+            .strip_prefix("dtype(")
+            .and_then(|s| s.strip_suffix(')')),
         _ => None,
     }
     .ok_or_else(|| bad_call(m, "numpy.dtype", at, "expected a numpy dtype"))?;
-    let (dtype, big) = globals::numpy_descr(descr).ok_or_else(|| ConvertError::UnsupportedDType {
-        file: m.file.to_path_buf(),
-        tensor: format!("numpy array at pickle offset {at}"),
-        dtype: descr.to_string(),
-    })?;
+    let (dtype, big) =
+        globals::numpy_descr(descr).ok_or_else(|| ConvertError::UnsupportedDType {
+            file: m.file.to_path_buf(),
+            tensor: format!("numpy array at pickle offset {at}"),
+            dtype: descr.to_string(),
+        })?;
     Ok((dtype, big.unwrap_or(false)))
 }
 
@@ -337,7 +465,10 @@ fn ndarray(
             m,
             "numpy array",
             at,
-            format!("{} data bytes do not match shape {shape:?} of {dtype}", data.len()),
+            format!(
+                "{} data bytes do not match shape {shape:?} of {dtype}",
+                data.len()
+            ),
         ));
     }
     Ok(Value::NdArray(NdArray {
@@ -350,7 +481,12 @@ fn ndarray(
 }
 
 /// `BUILD`: applies a state to the object on top of the stack.
-pub(super) fn build(m: &mut Machine<'_>, target: Id, state: Id, at: usize) -> Result<(), ConvertError> {
+pub(super) fn build(
+    m: &mut Machine<'_>,
+    target: Id,
+    state: Id,
+    at: usize,
+) -> Result<(), ConvertError> {
     match m.nodes.get(target) {
         Some(Node::NpDType { descr, .. }) => {
             let descr = descr.clone();
@@ -363,15 +499,15 @@ pub(super) fn build(m: &mut Machine<'_>, target: Id, state: Id, at: usize) -> Re
                 _ => None,
             };
             let full = match (big_endian, globals::numpy_descr(&descr)) {
-                (Some(true), Some(_)) => format!(">{}", descr.trim_start_matches(['<', '>', '|', '='])),
-                (Some(false), Some(_)) => format!("<{}", descr.trim_start_matches(['<', '>', '|', '='])),
+                (Some(true), Some(_)) => {
+                    format!(">{}", descr.trim_start_matches(['<', '>', '|', '=']))
+                }
+                (Some(false), Some(_)) => {
+                    format!("<{}", descr.trim_start_matches(['<', '>', '|', '=']))
+                }
                 _ => descr,
             };
-            m.replace(
-                target,
-                Node::NpDType { descr: full },
-                at,
-            )
+            m.replace(target, Node::NpDType { descr: full }, at)
         }
         Some(Node::NpPending) => {
             let name = "numpy.ndarray.__setstate__";
@@ -384,21 +520,44 @@ pub(super) fn build(m: &mut Machine<'_>, target: Id, state: Id, at: usize) -> Re
             let (Some(_version), Some(shape), Some(dtype), Some(fortran), Some(raw)) =
                 (it.next(), it.next(), it.next(), it.next(), it.next())
             else {
-                return Err(bad_call(m, name, at, "expected (version, shape, dtype, is_fortran, data)"));
+                return Err(bad_call(
+                    m,
+                    name,
+                    at,
+                    "expected (version, shape, dtype, is_fortran, data)",
+                ));
             };
             let (dtype, big_endian) = np_dtype(m, &dtype, at)?;
-            let shape = int_list::<u64>(&shape).ok_or_else(|| bad_call(m, name, at, "bad shape"))?;
+            let shape =
+                int_list::<u64>(&shape).ok_or_else(|| bad_call(m, name, at, "bad shape"))?;
             let data = match raw {
                 Value::Bytes(b) => b,
                 Value::Str(s) => latin1(m, &s, at)?,
-                _ => return Err(bad_call(m, name, at, "array data is not bytes (object arrays are refused)")),
+                _ => {
+                    return Err(bad_call(
+                        m,
+                        name,
+                        at,
+                        "array data is not bytes (object arrays are refused)",
+                    ))
+                }
             };
-            let value = ndarray(m, dtype, big_endian, shape, matches!(fortran, Value::Bool(true)), data, at)?;
+            let value = ndarray(
+                m,
+                dtype,
+                big_endian,
+                shape,
+                matches!(fortran, Value::Bool(true)),
+                data,
+                at,
+            )?;
             m.replace(target, Node::Leaf(value), at)
         }
         Some(Node::Dict(..)) => {
             let items = match m.nodes.get(state) {
-                Some(Node::Dict(items, _)) => items.iter().flat_map(|(k, v)| [*k, *v]).collect::<Vec<_>>(),
+                Some(Node::Dict(items, _)) => {
+                    items.iter().flat_map(|(k, v)| [*k, *v]).collect::<Vec<_>>()
+                }
                 Some(Node::Leaf(Value::None)) => return Ok(()),
                 _ => return Err(bad_call(m, "BUILD", at, "dict state is not a dict")),
             };
@@ -407,7 +566,12 @@ pub(super) fn build(m: &mut Machine<'_>, target: Id, state: Id, at: usize) -> Re
         _ => match m.nodes.get(state) {
             Some(Node::Leaf(Value::None)) => Ok(()),
             Some(Node::Dict(items, _)) if items.is_empty() => Ok(()),
-            _ => Err(bad_call(m, "BUILD", at, "state can only be applied to numpy arrays, numpy dtypes and dicts")),
+            _ => Err(bad_call(
+                m,
+                "BUILD",
+                at,
+                "state can only be applied to numpy arrays, numpy dtypes and dicts",
+            )),
         },
     }
 }

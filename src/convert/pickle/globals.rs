@@ -123,10 +123,7 @@ const TORCH_DTYPES: &[(&str, Option<DType>)] = &[
 
 /// Looks up a global; `None` means it is refused.
 pub(crate) fn lookup(module: &str, name: &str) -> Option<Allowed> {
-    let numpy_multiarray = matches!(
-        module,
-        "numpy.core.multiarray" | "numpy._core.multiarray"
-    );
+    let numpy_multiarray = matches!(module, "numpy.core.multiarray" | "numpy._core.multiarray");
     let found = match (module, name) {
         ("torch._utils", "_rebuild_tensor_v2") => Allowed::RebuildTensorV2,
         ("torch._utils", "_rebuild_tensor_v3") => Allowed::RebuildTensorV3,

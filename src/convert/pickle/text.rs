@@ -15,7 +15,8 @@ pub(super) fn parse_int(s: &str) -> Option<Value> {
         Some(rest) => (true, rest),
         None => (false, s.strip_prefix('+').unwrap_or(s)),
     };
-    if digits.is_empty() || digits.len() > MAX_DIGITS || !digits.bytes().all(|b| b.is_ascii_digit()) {
+    if digits.is_empty() || digits.len() > MAX_DIGITS || !digits.bytes().all(|b| b.is_ascii_digit())
+    {
         return None;
     }
     // Little-endian magnitude, base 256.
@@ -182,12 +183,23 @@ mod tests {
         assert_eq!(long_from_le(&[]), Value::Int(0));
         assert_eq!(long_from_le(&[0xff]), Value::Int(-1));
         assert_eq!(long_from_le(&[0x00, 0x80, 0x00]), Value::Int(0x8000));
-        assert_eq!(long_from_le(&[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff]), Value::Int(-1));
+        assert_eq!(
+            long_from_le(&[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff]),
+            Value::Int(-1)
+        );
         let magic = [0x6c, 0xfc, 0x9c, 0x46, 0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19];
         assert_eq!(long_from_le(&magic), Value::BigInt(magic.to_vec()));
-        assert_eq!(parse_int("119547037146038801333356"), Some(Value::BigInt(magic.to_vec())));
+        assert_eq!(
+            parse_int("119547037146038801333356"),
+            Some(Value::BigInt(magic.to_vec()))
+        );
         assert_eq!(parse_int("-5"), Some(Value::Int(-5)));
-        assert_eq!(parse_int("-9223372036854775809"), Some(Value::BigInt(vec![0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f, 0xff])));
+        assert_eq!(
+            parse_int("-9223372036854775809"),
+            Some(Value::BigInt(vec![
+                0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f, 0xff
+            ]))
+        );
         assert_eq!(parse_int("12a"), None);
     }
 
@@ -195,7 +207,10 @@ mod tests {
     fn text_literals() {
         assert_eq!(unquote(b"'a\\n\\x41\\101\\''"), Some(b"a\nAA'".to_vec()));
         assert_eq!(unquote(b"'open"), None);
-        assert_eq!(raw_unicode_escape(b"caf\\u00e9 \\U0001F600"), Some("café 😀".into()));
+        assert_eq!(
+            raw_unicode_escape(b"caf\\u00e9 \\U0001F600"),
+            Some("café 😀".into())
+        );
         assert_eq!(raw_unicode_escape(b"\\u12"), None);
     }
 }

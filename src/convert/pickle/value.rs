@@ -94,7 +94,9 @@ pub struct TensorRef {
 impl TensorRef {
     /// Number of elements, or `None` if it overflows `u64`.
     pub fn numel(&self) -> Option<u64> {
-        self.shape.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d))
+        self.shape
+            .iter()
+            .try_fold(1u64, |acc, &d| acc.checked_mul(d))
     }
 }
 

@@ -93,7 +93,13 @@ impl<'a> Machine<'a> {
             .checked_add(n)
             .and_then(|end| data.get(self.pos..end))
             .ok_or_else(|| {
-                ConvertError::truncated(self.file, format!("pickle {what}"), self.pos, n, data.len())
+                ConvertError::truncated(
+                    self.file,
+                    format!("pickle {what}"),
+                    self.pos,
+                    n,
+                    data.len(),
+                )
             })?;
         self.pos += n;
         Ok(slice)
@@ -130,7 +136,13 @@ impl<'a> Machine<'a> {
         let data = self.data;
         let rest = data.get(self.pos..).unwrap_or(&[]);
         let n = rest.iter().position(|&b| b == b'\n').ok_or_else(|| {
-            ConvertError::truncated(self.file, format!("pickle {what} line"), self.pos, rest.len() + 1, data.len())
+            ConvertError::truncated(
+                self.file,
+                format!("pickle {what} line"),
+                self.pos,
+                rest.len() + 1,
+                data.len(),
+            )
         })?;
         let line = rest.get(..n).unwrap_or(&[]);
         self.pos += n + 1;
@@ -161,18 +173,26 @@ impl<'a> Machine<'a> {
         if self.stack.len() <= self.floor() {
             return Err(self.malformed(at, "stack underflow"));
         }
-        self.stack.pop().ok_or_else(|| self.malformed(at, "stack underflow"))
+        self.stack
+            .pop()
+            .ok_or_else(|| self.malformed(at, "stack underflow"))
     }
 
     fn top(&self, at: usize) -> Result<Id, ConvertError> {
         if self.stack.len() <= self.floor() {
             return Err(self.malformed(at, "stack underflow"));
         }
-        self.stack.last().copied().ok_or_else(|| self.malformed(at, "stack underflow"))
+        self.stack
+            .last()
+            .copied()
+            .ok_or_else(|| self.malformed(at, "stack underflow"))
     }
 
     fn pop_mark(&mut self, at: usize) -> Result<Vec<Id>, ConvertError> {
-        let mark = self.marks.pop().ok_or_else(|| self.malformed(at, "no MARK on the stack"))?;
+        let mark = self
+            .marks
+            .pop()
+            .ok_or_else(|| self.malformed(at, "no MARK on the stack"))?;
         if mark > self.stack.len() {
             return Err(self.malformed(at, "MARK above the stack"));
         }
@@ -237,7 +257,12 @@ impl<'a> Machine<'a> {
         }
     }
 
-    pub(super) fn set_items(&mut self, target: Id, items: Vec<Id>, at: usize) -> Result<(), ConvertError> {
+    pub(super) fn set_items(
+        &mut self,
+        target: Id,
+        items: Vec<Id>,
+        at: usize,
+    ) -> Result<(), ConvertError> {
         if items.len() % 2 != 0 {
             return Err(self.malformed(at, "SETITEMS with an odd number of items"));
         }
@@ -292,11 +317,14 @@ impl<'a> Machine<'a> {
     }
 
     fn charge(&mut self, cost: u64) -> Result<(), ConvertError> {
-        self.budget = self.budget.checked_sub(cost).ok_or(ConvertError::PickleTooComplex {
-            file: self.file.to_path_buf(),
-            what: "expanded size in bytes",
-            limit: self.budget_limit,
-        })?;
+        self.budget = self
+            .budget
+            .checked_sub(cost)
+            .ok_or(ConvertError::PickleTooComplex {
+                file: self.file.to_path_buf(),
+                what: "expanded size in bytes",
+                limit: self.budget_limit,
+            })?;
         Ok(())
     }
 
@@ -311,7 +339,10 @@ impl<'a> Machine<'a> {
             });
         }
         self.charge(16)?;
-        let node = self.nodes.get(id).ok_or_else(|| self.malformed(self.pos, "dangling reference"))?;
+        let node = self
+            .nodes
+            .get(id)
+            .ok_or_else(|| self.malformed(self.pos, "dangling reference"))?;
         enum Shape {
             List(Vec<Id>),
             Tuple(Vec<Id>),
@@ -331,7 +362,9 @@ impl<'a> Machine<'a> {
                     name: format!("dtype({descr})"),
                 })
             }
-            Node::NpPending => return Err(self.malformed(self.pos, "numpy array without BUILD state")),
+            Node::NpPending => {
+                return Err(self.malformed(self.pos, "numpy array without BUILD state"))
+            }
             Node::List(items) => Shape::List(items.clone()),
             Node::Tuple(items) => Shape::Tuple(items.clone()),
             Node::Set(items) => Shape::Set(items.clone()),
@@ -370,7 +403,9 @@ impl<'a> Machine<'a> {
                 0x80 => {
                     let v = self.arr::<1>("protocol")?[0];
                     if v > 5 {
-                        return Err(self.malformed(at, format!("pickle protocol {v} is newer than 5")));
+                        return Err(
+                            self.malformed(at, format!("pickle protocol {v} is newer than 5"))
+                        );
                     }
                 }
                 // FRAME: frames only group opcodes; the content follows inline.
@@ -434,7 +469,10 @@ impl<'a> Machine<'a> {
                 }
                 b'F' => {
                     let s = self.line_str("FLOAT")?;
-                    let v: f64 = s.trim().parse().map_err(|_| self.malformed(at, "bad FLOAT"))?;
+                    let v: f64 = s
+                        .trim()
+                        .parse()
+                        .map_err(|_| self.malformed(at, "bad FLOAT"))?;
                     self.push(Node::Leaf(Value::Float(v)));
                 }
                 b'G' => {
@@ -443,7 +481,8 @@ impl<'a> Machine<'a> {
                 }
                 b'S' => {
                     let line = self.line("STRING")?;
-                    let bytes = text::unquote(line).ok_or_else(|| self.malformed(at, "bad STRING literal"))?;
+                    let bytes = text::unquote(line)
+                        .ok_or_else(|| self.malformed(at, "bad STRING literal"))?;
                     self.push(Node::Leaf(text::str_or_bytes(bytes)));
                 }
                 b'T' | b'U' => {
@@ -457,7 +496,8 @@ impl<'a> Machine<'a> {
                 }
                 b'V' => {
                     let line = self.line("UNICODE")?;
-                    let s = text::raw_unicode_escape(line).ok_or_else(|| self.malformed(at, "bad UNICODE literal"))?;
+                    let s = text::raw_unicode_escape(line)
+                        .ok_or_else(|| self.malformed(at, "bad UNICODE literal"))?;
                     self.push(Node::Leaf(Value::Str(s)));
                 }
                 b'X' | 0x8c | 0x8d => {
@@ -467,7 +507,8 @@ impl<'a> Machine<'a> {
                         _ => self.len_prefix::<8>("BINUNICODE8")?,
                     };
                     let bytes = self.take(n, "unicode")?;
-                    let s = std::str::from_utf8(bytes).map_err(|_| self.malformed(at, "string is not UTF-8"))?;
+                    let s = std::str::from_utf8(bytes)
+                        .map_err(|_| self.malformed(at, "string is not UTF-8"))?;
                     self.push(Node::Leaf(Value::Str(s.to_string())));
                 }
                 b'B' | b'C' | 0x8e | 0x96 => {
@@ -479,7 +520,13 @@ impl<'a> Machine<'a> {
                     let bytes = self.take(n, "bytes")?.to_vec();
                     self.push(Node::Leaf(Value::Bytes(bytes)));
                 }
-                0x97 => return Err(self.refuse("NEXT_BUFFER", at, "out-of-band buffers are not available")),
+                0x97 => {
+                    return Err(self.refuse(
+                        "NEXT_BUFFER",
+                        at,
+                        "out-of-band buffers are not available",
+                    ))
+                }
                 0x98 => {
                     self.top(at)?;
                 }
@@ -540,12 +587,19 @@ impl<'a> Machine<'a> {
                     let set = self.top(at)?;
                     match self.node_mut(set, at)? {
                         Node::Set(s) => s.extend(items),
-                        _ => return Err(self.malformed(at, "ADDITEMS to something that is not a set")),
+                        _ => {
+                            return Err(
+                                self.malformed(at, "ADDITEMS to something that is not a set")
+                            )
+                        }
                     }
                 }
                 b'g' => {
                     let s = self.line_str("GET")?;
-                    let idx = s.trim().parse().map_err(|_| self.malformed(at, "bad GET index"))?;
+                    let idx = s
+                        .trim()
+                        .parse()
+                        .map_err(|_| self.malformed(at, "bad GET index"))?;
                     self.memo_get(idx, at)?;
                 }
                 b'h' => {
@@ -558,7 +612,10 @@ impl<'a> Machine<'a> {
                 }
                 b'p' => {
                     let s = self.line_str("PUT")?;
-                    let idx = s.trim().parse().map_err(|_| self.malformed(at, "bad PUT index"))?;
+                    let idx = s
+                        .trim()
+                        .parse()
+                        .map_err(|_| self.malformed(at, "bad PUT index"))?;
                     self.memo_put(idx, at)?;
                 }
                 b'q' => {
@@ -570,7 +627,8 @@ impl<'a> Machine<'a> {
                     self.memo_put(idx, at)?;
                 }
                 0x94 => {
-                    let idx = u32::try_from(self.memo.len()).map_err(|_| self.malformed(at, "memo overflow"))?;
+                    let idx = u32::try_from(self.memo.len())
+                        .map_err(|_| self.malformed(at, "memo overflow"))?;
                     self.memo_put(idx, at)?;
                 }
                 b'c' => {
@@ -593,7 +651,11 @@ impl<'a> Machine<'a> {
                     return Err(self.refuse("EXT", at, "the extension registry is empty in hspack"))
                 }
                 b'P' => {
-                    return Err(self.refuse("PERSID", at, "torch writes binary persistent ids only"))
+                    return Err(self.refuse(
+                        "PERSID",
+                        at,
+                        "torch writes binary persistent ids only",
+                    ))
                 }
                 b'Q' => {
                     let pid = self.pop(at)?;
