@@ -50,7 +50,7 @@ pub enum SourceFormat {
 }
 
 enum Inner {
-    Torch(TorchFile),
+    Torch(Box<TorchFile>),
     Safetensors(SafetensorsFile),
     Npy(NpyFile),
 }
@@ -99,7 +99,7 @@ pub fn open_source_with(path: &Path, limits: Limits) -> Result<SourceFile, Conve
 fn from_backing(path: &Path, backing: Backing, limits: Limits) -> Result<Inner, ConvertError> {
     let bytes: &[u8] = &backing;
     if is_zip(bytes) || torch_legacy::has_magic(bytes) || torch_legacy::is_tar(bytes) {
-        return TorchFile::from_backing(path, backing, limits).map(Inner::Torch);
+        return TorchFile::from_backing(path, backing, limits).map(|t| Inner::Torch(Box::new(t)));
     }
     if bytes.starts_with(npy::MAGIC) {
         return NpyFile::from_backing(path, backing, limits).map(Inner::Npy);

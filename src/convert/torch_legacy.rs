@@ -116,7 +116,7 @@ impl LegacyFile {
             let start = cur.pos();
             let what = format!("storage {key:?}");
             let numel = cur.u64(&what)?;
-            let nbytes = numel.checked_mul(elem).unwrap_or(u64::MAX);
+            let nbytes = numel.saturating_mul(elem);
             let n = cur.bounded_len(nbytes, start, &what)?;
             let data_start = cur.pos();
             cur.take(n, &what)?;
