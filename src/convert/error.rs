@@ -66,7 +66,7 @@ pub enum ConvertError {
     },
 
     /// A size declared in the file exceeds what the file can hold or a fixed limit.
-    #[error("{}: {what} declares {declared} bytes but at most {limit} are allowed; the file is corrupt or hostile", file.display())]
+    #[error("{}: {what} is declared as {declared} but at most {limit} is possible here; the file is corrupt or hostile", file.display())]
     DeclaredSizeTooLarge {
         /// The file being read.
         file: PathBuf,

@@ -122,12 +122,21 @@ pub fn parse(bytes: &[u8], file: &Path) -> Result<Header, ConvertError> {
                 "data_offsets [{b}, {e}] outside the {data_len} data bytes"
             )));
         }
-        if expected != Some(e - b) {
-            return Err(oob(format!(
-                "shape {:?} of {dtype} needs {expected:?} bytes but data_offsets span {}",
-                info.shape,
-                e - b
-            )));
+        match expected {
+            Some(n) if n == e - b => {}
+            Some(n) => {
+                return Err(oob(format!(
+                    "shape {:?} of {dtype} needs {n} bytes but data_offsets span {}",
+                    info.shape,
+                    e - b
+                )))
+            }
+            None => {
+                return Err(oob(format!(
+                    "the byte size of shape {:?} overflows",
+                    info.shape
+                )))
+            }
         }
         tensors.push(SafeTensorInfo {
             name,

@@ -112,13 +112,9 @@ fn from_backing(path: &Path, backing: Backing, limits: Limits) -> Result<Inner, 
     })
 }
 
-/// A plausible header length followed by `{`.
+/// A header length followed by `{` (the length itself is checked by the parser).
 fn looks_like_safetensors(bytes: &[u8]) -> bool {
-    let Some(len) = bytes.get(..8).and_then(|b| <[u8; 8]>::try_from(b).ok()) else {
-        return false;
-    };
-    let n = u64::from_le_bytes(len);
-    n >= 2 && n <= bytes.len() as u64 - 8 && bytes.get(8) == Some(&b'{')
+    bytes.get(8) == Some(&b'{')
 }
 
 impl SourceFile {
