@@ -233,3 +233,55 @@ mod tests {
         assert_eq!(&*materialize(&data, &v, u64::MAX).unwrap(), &[2, 1, 4, 3]);
     }
 }
+
+#[cfg(test)]
+mod prop {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Any permutation of any strided slice reads the same elements as naive indexing.
+        #[test]
+        fn matches_naive_indexing(
+            base in proptest::collection::vec(1u64..5, 1..4),
+            steps in proptest::collection::vec(1u64..3, 3),
+            perm_seed in any::<u64>(),
+            offset in 0u64..3,
+            elem in proptest::sample::select(vec![1usize, 2, 4]),
+            swap in any::<bool>(),
+        ) {
+            let rank = base.len();
+            let storage_strides = contiguous_strides(&base).unwrap();
+            let numel_base: u64 = base.iter().product();
+            let data: Vec<u8> = (0..(numel_base + offset) * elem as u64).map(|i| i as u8).collect();
+            // View: take every step-th element along each dim, then permute dims.
+            let mut shape: Vec<u64> = base.iter().zip(&steps).map(|(d, s)| d.div_ceil(*s)).collect();
+            let mut strides: Vec<i64> = storage_strides.iter().zip(&steps).map(|(st, s)| st * *s as i64).collect();
+            let mut perm: Vec<usize> = (0..rank).collect();
+            let mut seed = perm_seed;
+            for i in (1..rank).rev() {
+                perm.swap(i, (seed % (i as u64 + 1)) as usize);
+                seed /= 7;
+            }
+            shape = perm.iter().map(|&p| shape[p]).collect();
+            strides = perm.iter().map(|&p| strides[p]).collect();
+            let view = View { elem, shape: &shape, strides: &strides, offset, swap };
+            let got = materialize(&data, &view, u64::MAX).unwrap();
+            let mut want = Vec::new();
+            let numel: u64 = shape.iter().product();
+            for flat in 0..numel {
+                let mut rem = flat;
+                let mut pos = offset as i64;
+                for (d, s) in shape.iter().zip(&strides).rev() {
+                    pos += (rem % d) as i64 * s;
+                    rem /= d;
+                }
+                let start = pos as usize * elem;
+                let mut e = data[start..start + elem].to_vec();
+                if swap { e.reverse(); }
+                want.extend(e);
+            }
+            prop_assert_eq!(&got[..], &want[..]);
+        }
+    }
+}
