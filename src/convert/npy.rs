@@ -60,6 +60,13 @@ pub fn parse(bytes: &[u8], file: &Path) -> Result<NpyHeader, ConvertError> {
     let text = std::str::from_utf8(text_bytes)
         .map_err(|_| ConvertError::malformed(file, "npy header", start, "not UTF-8"))?;
     let bad = |reason: &str| ConvertError::malformed(file, "npy header", start, reason.to_string());
+    if text.contains("'descr': [") || text.contains("\"descr\": [") {
+        return Err(ConvertError::UnsupportedArray {
+            file: file.to_path_buf(),
+            tensor: String::new(),
+            reason: "structured (record) dtypes have no tensor equivalent".into(),
+        });
+    }
     let dict = parse_dict(text).ok_or_else(|| bad("not a Python dict literal"))?;
     let mut descr = None;
     let mut fortran = None;

@@ -155,6 +155,15 @@ fn cycles_and_expansion_bombs_are_bounded() {
         bomb.extend_from_slice(&[b'h', i, b'h', i, 0x86, b'q', i + 1]);
     }
     bomb.push(b'.');
+    // The same tuple DAG used as a dict key must not be walked exponentially either.
+    let mut key_bomb = b"\x80\x02}q\x00)q\x01".to_vec();
+    for i in 1..61u8 {
+        key_bomb.extend_from_slice(&[b'h', i, b'h', i, 0x86, b'q', i + 1]);
+    }
+    key_bomb.extend_from_slice(b"Ns0h\x00.");
+    let started = std::time::Instant::now();
+    let _ = parse(&key_bomb, file());
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
     assert!(matches!(
         parse(&bomb, file()),
         Err(ConvertError::PickleTooComplex {

@@ -266,11 +266,13 @@ impl<'a> Machine<'a> {
         if items.len() % 2 != 0 {
             return Err(self.malformed(at, "SETITEMS with an odd number of items"));
         }
-        let keys: Vec<Option<HashKey>> = items
-            .iter()
-            .step_by(2)
-            .map(|&k| self.hash_key(k, 0))
-            .collect();
+        let mut keys: Vec<Option<HashKey>> = Vec::with_capacity(items.len() / 2);
+        for &k in items.iter().step_by(2) {
+            let mut cost = 0u64;
+            let key = self.hash_key(k, 0, &mut cost);
+            self.charge(cost)?;
+            keys.push(key);
+        }
         let Node::Dict(entries, index) = self.node_mut(target, at)? else {
             return Err(self.malformed(at, "SETITEM on something that is not a dict"));
         };
@@ -297,8 +299,23 @@ impl<'a> Machine<'a> {
         Ok(())
     }
 
-    fn hash_key(&self, id: Id, depth: u32) -> Option<HashKey> {
-        if depth > MAX_DEPTH {
+    /// The hashable image of a key, or `None` for keys Python could not hash or that are
+    /// too large to compare (these are appended without replacing earlier equal keys).
+    /// `cost` accumulates the bytes copied, which the caller charges to the budget.
+    fn hash_key(&self, id: Id, depth: u32, cost: &mut u64) -> Option<HashKey> {
+        /// Bytes of one key image beyond which keys are not compared.
+        const MAX_KEY_COST: u64 = 1 << 16;
+        *cost += 16;
+        if depth > MAX_DEPTH || *cost > MAX_KEY_COST {
+            return None;
+        }
+        if let Some(Node::Leaf(Value::Str(s))) = self.nodes.get(id) {
+            *cost += s.len() as u64;
+        }
+        if let Some(Node::Leaf(Value::Bytes(b))) = self.nodes.get(id) {
+            *cost += b.len() as u64;
+        }
+        if *cost > MAX_KEY_COST {
             return None;
         }
         match self.nodes.get(id)? {
@@ -309,7 +326,7 @@ impl<'a> Machine<'a> {
             Node::Leaf(Value::Bytes(b)) => Some(HashKey::Bytes(b.clone())),
             Node::Tuple(items) => items
                 .iter()
-                .map(|&i| self.hash_key(i, depth + 1))
+                .map(|&i| self.hash_key(i, depth + 1, cost))
                 .collect::<Option<Vec<_>>>()
                 .map(HashKey::Tuple),
             _ => None,
