@@ -139,6 +139,7 @@ pub(super) fn call(
                         ))
                     }
                 };
+                m.charge(pairs.len() as u64 * 16)?;
                 let mut flat = Vec::new();
                 for p in pairs {
                     match m.nodes.get(p) {
@@ -161,13 +162,19 @@ pub(super) fn call(
         }
         Allowed::TorchSize => match args.first().map(|&a| m.nodes.get(a)) {
             None => Node::Tuple(Vec::new()),
-            Some(Some(Node::Tuple(items) | Node::List(items))) => Node::Tuple(items.clone()),
+            Some(Some(Node::Tuple(items) | Node::List(items))) => {
+                let items = items.clone();
+                m.charge(items.len() as u64 * 8)?;
+                Node::Tuple(items)
+            }
             _ => return Err(bad_call(m, "torch.Size", at, "argument is not a tuple")),
         },
         Allowed::Set | Allowed::FrozenSet => match args.first().map(|&a| m.nodes.get(a)) {
             None => Node::Set(Vec::new()),
             Some(Some(Node::Tuple(items) | Node::List(items) | Node::Set(items))) => {
-                Node::Set(items.clone())
+                let items = items.clone();
+                m.charge(items.len() as u64 * 8)?;
+                Node::Set(items)
             }
             _ => {
                 return Err(bad_call(
@@ -561,6 +568,7 @@ pub(super) fn build(
                 Some(Node::Leaf(Value::None)) => return Ok(()),
                 _ => return Err(bad_call(m, "BUILD", at, "dict state is not a dict")),
             };
+            m.charge(items.len() as u64 * 8)?;
             m.set_items(target, items, at)
         }
         _ => match m.nodes.get(state) {

@@ -6,6 +6,12 @@
 //! produce inert [`Value`]s such as [`TensorRef`] instead of running anything.
 //! Opcodes that need state hspack does not have (`EXT*`, `NEXT_BUFFER`, text `PERSID`)
 //! are refused with an error.
+//!
+//! Resources are bounded by the input: every length is checked against the bytes that
+//! remain before anything is copied, the stack and memo grow by at most one entry per
+//! opcode byte, nesting is limited to a fixed depth (which also rejects cycles), and the
+//! bytes produced by expanding shared references into the owned [`Value`] tree are
+//! metered against a budget proportional to the input size.
 
 use std::path::Path;
 

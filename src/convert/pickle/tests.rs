@@ -155,6 +155,20 @@ fn cycles_and_expansion_bombs_are_bounded() {
         bomb.extend_from_slice(&[b'h', i, b'h', i, 0x86, b'q', i + 1]);
     }
     bomb.push(b'.');
+    // A memoised 100k-item tuple passed as arguments over and over.
+    let mut repeat = b"\x80\x02cbuiltins\nset\nq\x00(".to_vec();
+    repeat.extend(std::iter::repeat_n(b'N', 100_000));
+    repeat.extend_from_slice(b"tq\x01\x85q\x02");
+    for _ in 0..200_000 {
+        repeat.extend_from_slice(b"h\x00h\x02R0");
+    }
+    repeat.extend_from_slice(b"N.");
+    let started = std::time::Instant::now();
+    assert!(matches!(
+        parse(&repeat, file()),
+        Err(ConvertError::PickleTooComplex { .. })
+    ));
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
     // The same tuple DAG used as a dict key must not be walked exponentially either.
     let mut key_bomb = b"\x80\x02}q\x00)q\x01".to_vec();
     for i in 1..61u8 {

@@ -333,7 +333,7 @@ impl<'a> Machine<'a> {
         }
     }
 
-    fn charge(&mut self, cost: u64) -> Result<(), ConvertError> {
+    pub(super) fn charge(&mut self, cost: u64) -> Result<(), ConvertError> {
         self.budget = self
             .budget
             .checked_sub(cost)
@@ -712,6 +712,9 @@ impl<'a> Machine<'a> {
                         Some(Node::Tuple(items)) => items.clone(),
                         _ => return Err(self.malformed(at, "call arguments are not a tuple")),
                     };
+                    // Arguments are copied per call; a memoised tuple reused as arguments
+                    // must not make the work quadratic in the input.
+                    self.charge(args.len() as u64 * 8)?;
                     let allowed = self.callable(callable, at)?;
                     let id = calls::call(self, allowed, args, at)?;
                     self.stack.push(id);
