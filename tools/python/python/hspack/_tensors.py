@@ -9,14 +9,23 @@ import numpy as np
 
 from ._dtypes import torch_dtypes
 
-# Tensors over a mapped shard are read-only; torch has no read-only tensors and warns when
-# it wraps a read-only array. The contract is documented instead: do not write to them.
-warnings.filterwarnings(
-    "ignore",
-    message="The given NumPy array is not writable",
-    category=UserWarning,
-    module=r"hspack\._tensors",
-)
+# Tensors over a mapped shard are read-only; torch has no read-only tensors and warns (once
+# per process) when it wraps a read-only array. The contract is documented instead (do not
+# write to views; ask for `copy=True`), so the one warning is spent here, silenced.
+_SPENT = False
+
+
+def _spend_torch_readonly_warning() -> None:
+    global _SPENT
+    import torch
+
+    _SPENT = True
+    a = np.zeros(1)
+    a.flags.writeable = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.from_numpy(a)
+
 
 FORMATS = ("torch", "numpy")
 
@@ -30,6 +39,8 @@ def to_torch(buf: Any) -> Any:
     """A torch tensor over the buffer, with its true dtype (bf16 and fp8 included)."""
     import torch
 
+    if not _SPENT:
+        _spend_torch_readonly_warning()
     t = torch.from_numpy(np.asarray(buf))
     dtype = torch_dtypes()[buf.dtype]
     if t.dtype != dtype:
