@@ -53,14 +53,14 @@ class TokenBudgetBatchSampler(tud.Sampler):
         self.shuffle, self.seed, self.bucket_size = shuffle, seed, bucket_size
         self.block_size, self.window_blocks = block_size, window_blocks
         self.even_batches = even_batches
+        if rank is None or world_size is None:
+            rank, world_size = _order.world()
         self.rank, self.world_size = rank, world_size
         self.epoch = 0
         self.consumed = 0
 
     def _world(self) -> tuple[int, int]:
-        if self.rank is not None and self.world_size is not None:
-            return self.rank, self.world_size
-        return _order.world()
+        return self.rank, self.world_size
 
     def _rank_batches(self, full: np.ndarray, rank: int, world: int) -> list[list[int]]:
         part = _order.partition(full, world, rank)

@@ -1,6 +1,8 @@
 """Torch datasets over an hspack dataset: map-style with a resumable sampler, and iterable
 for streaming. Both pickle as path and options and reopen the mapping lazily in each
-DataLoader worker (fork or spawn)."""
+DataLoader worker (fork or spawn). The rank and world size come from `torch.distributed`
+when the sampler or iterable dataset is built (build it after `init_process_group`), or are
+given explicitly."""
 
 from __future__ import annotations
 
@@ -33,14 +35,15 @@ class _Epoch:
         self.shuffle, self.seed = shuffle, seed
         self.block_size, self.window_blocks = block_size, window_blocks
         self.drop_last, self.pad = drop_last, pad
+        # Resolved here, in the main process: DataLoader workers have no process group.
+        if rank is None or world_size is None:
+            rank, world_size = _order.world()
         self.rank, self.world_size = rank, world_size
         self.epoch = 0
         self.consumed = 0
 
     def _world(self) -> tuple[int, int]:
-        if self.rank is not None and self.world_size is not None:
-            return self.rank, self.world_size
-        return _order.world()
+        return self.rank, self.world_size
 
     def rank_order(self, shard_ranges: Sequence[tuple[int, int]]) -> np.ndarray:
         """This rank's samples for the epoch, in order (all of them, consumed included)."""
