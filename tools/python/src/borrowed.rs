@@ -22,10 +22,14 @@ impl ByteView {
         let iface = obj
             .getattr("__array_interface__")
             .map_err(|_| bad("expected a numpy array or a CPU torch tensor"))?;
-        let iface = iface.downcast::<PyDict>().map_err(|_| bad("bad __array_interface__"))?;
+        let iface = iface
+            .downcast::<PyDict>()
+            .map_err(|_| bad("bad __array_interface__"))?;
         let strides = iface.get_item("strides")?;
         if strides.is_some_and(|s| !s.is_none()) {
-            return Err(bad("the array is not C-contiguous; pass a contiguous array"));
+            return Err(bad(
+                "the array is not C-contiguous; pass a contiguous array",
+            ));
         }
         if iface.get_item("mask")?.is_some_and(|m| !m.is_none()) {
             return Err(bad("masked arrays are not supported"));
@@ -75,7 +79,10 @@ impl ByteView {
     /// The bytes, writable; an error when the array is read-only.
     pub fn as_mut_slice(&mut self, what: &str) -> PyResult<&mut [u8]> {
         if self.readonly {
-            return Err(bad_option(what, "the array is read-only; pass a writable array"));
+            return Err(bad_option(
+                what,
+                "the array is read-only; pass a writable array",
+            ));
         }
         if self.len == 0 || self.addr == 0 {
             return Ok(&mut []);

@@ -17,7 +17,29 @@ pub fn check_policy(name: &str) -> PyResult<CheckPolicy> {
         "once" => Ok(CheckPolicy::Once),
         "always" => Ok(CheckPolicy::Always),
         "never" => Ok(CheckPolicy::Never),
-        _ => Err(bad_option("check", "must be \"once\", \"always\" or \"never\"")),
+        _ => Err(bad_option(
+            "check",
+            "must be \"once\", \"always\" or \"never\"",
+        )),
+    }
+}
+
+/// Asks the kernel to read ahead every chunk of `fields` of the sample. Shards are mapped for
+/// random access (no readahead), so a cold sample would otherwise fault in page by page.
+fn will_need(s: &Sample<'_>, fields: &[usize]) {
+    let shard = s.shard();
+    let index = shard.index();
+    for &f in fields {
+        for x in s.extents(f) {
+            if let Some(e) = index.chunk(x.chunk.into()) {
+                let len = hspack::format::ChunkHeader::SIZE as u64 + e.stored_len;
+                let _ = shard.map().advise_range(
+                    memmap2::Advice::WillNeed,
+                    e.offset as usize,
+                    len as usize,
+                );
+            }
+        }
     }
 }
 
@@ -144,6 +166,7 @@ impl Dataset {
         let tensors = py
             .allow_threads(|| {
                 let s = self.inner.sample(ordinal)?;
+                will_need(&s, &numbers);
                 numbers
                     .iter()
                     .map(|&f| s.read_field(f, row_range(rows)))
@@ -188,6 +211,7 @@ impl Dataset {
         }
         py.allow_threads(|| {
             let s = self.inner.sample(ordinal)?;
+            will_need(&s, &numbers);
             let mut column = 0;
             for (&f, &width) in numbers.iter().zip(&widths) {
                 copy_column(&s, f, rows.0..rows.1, out, stride, column, width)?;

@@ -59,15 +59,40 @@ impl Context {
         match err {
             Error::Io { path, op, .. } => (
                 "Io",
-                Context { path: text(path), detail: Some(op.to_string()), ..c },
+                Context {
+                    path: text(path),
+                    detail: Some(op.to_string()),
+                    ..c
+                },
             ),
             Error::Format { path, source } => (
                 "Format",
-                Context { path: text(path), detail: Some(source.to_string()), ..c },
+                Context {
+                    path: text(path),
+                    detail: Some(source.to_string()),
+                    ..c
+                },
             ),
-            Error::NotADataset { path } => ("NotADataset", Context { path: text(path), ..c }),
-            Error::AlreadyExists { path } => ("AlreadyExists", Context { path: text(path), ..c }),
-            Error::ShardMismatch { shard, what, expected, found } => (
+            Error::NotADataset { path } => (
+                "NotADataset",
+                Context {
+                    path: text(path),
+                    ..c
+                },
+            ),
+            Error::AlreadyExists { path } => (
+                "AlreadyExists",
+                Context {
+                    path: text(path),
+                    ..c
+                },
+            ),
+            Error::ShardMismatch {
+                shard,
+                what,
+                expected,
+                found,
+            } => (
                 "ShardMismatch",
                 Context {
                     shard: text(shard),
@@ -77,7 +102,11 @@ impl Context {
                     ..c
                 },
             ),
-            Error::ForeignShard { shard, expected, found } => (
+            Error::ForeignShard {
+                shard,
+                expected,
+                found,
+            } => (
                 "ForeignShard",
                 Context {
                     shard: text(shard),
@@ -86,8 +115,18 @@ impl Context {
                     ..c
                 },
             ),
-            Error::UnlistedShard { shard } => ("UnlistedShard", Context { shard: text(shard), ..c }),
-            Error::ChecksumMismatch { site, expected, found } => (
+            Error::UnlistedShard { shard } => (
+                "UnlistedShard",
+                Context {
+                    shard: text(shard),
+                    ..c
+                },
+            ),
+            Error::ChecksumMismatch {
+                site,
+                expected,
+                found,
+            } => (
                 "ChecksumMismatch",
                 Context {
                     expected: Some(expected.clone()),
@@ -95,7 +134,12 @@ impl Context {
                     ..Context::site(site)
                 },
             ),
-            Error::ChunkMisplaced { site, what, expected, found } => (
+            Error::ChunkMisplaced {
+                site,
+                what,
+                expected,
+                found,
+            } => (
                 "ChunkMisplaced",
                 Context {
                     detail: Some(what.to_string()),
@@ -106,27 +150,58 @@ impl Context {
             ),
             Error::BadChunk { site, source } => (
                 "BadChunk",
-                Context { detail: Some(source.to_string()), ..Context::site(site) },
+                Context {
+                    detail: Some(source.to_string()),
+                    ..Context::site(site)
+                },
             ),
             Error::DirtyPadding { shard, offset } => (
                 "DirtyPadding",
-                Context { shard: text(shard), detail: Some(format!("offset {offset}")), ..c },
+                Context {
+                    shard: text(shard),
+                    detail: Some(format!("offset {offset}")),
+                    ..c
+                },
             ),
             Error::SamplesTable { path, detail } => (
                 "SamplesTable",
-                Context { path: text(path), detail: Some(detail.clone()), ..c },
+                Context {
+                    path: text(path),
+                    detail: Some(detail.clone()),
+                    ..c
+                },
             ),
-            Error::NoSuchSample { ordinal, .. } => {
-                ("NoSuchSample", Context { ordinal: Some(*ordinal), ..c })
-            }
-            Error::NoSuchKey { key } => ("NoSuchKey", Context { key: Some(key.clone()), ..c }),
+            Error::NoSuchSample { ordinal, .. } => (
+                "NoSuchSample",
+                Context {
+                    ordinal: Some(*ordinal),
+                    ..c
+                },
+            ),
+            Error::NoSuchKey { key } => (
+                "NoSuchKey",
+                Context {
+                    key: Some(key.clone()),
+                    ..c
+                },
+            ),
             Error::NoSuchField { name, available } => (
                 "NoSuchField",
-                Context { field: Some(name.clone()), detail: Some(available.clone()), ..c },
+                Context {
+                    field: Some(name.clone()),
+                    detail: Some(available.clone()),
+                    ..c
+                },
             ),
-            Error::RowsOutOfRange { key, start, end, .. } => (
+            Error::RowsOutOfRange {
+                key, start, end, ..
+            } => (
                 "RowsOutOfRange",
-                Context { key: Some(key.clone()), rows: Some((*start, *end)), ..c },
+                Context {
+                    key: Some(key.clone()),
+                    rows: Some((*start, *end)),
+                    ..c
+                },
             ),
             Error::BadSample { key, field, detail } => (
                 "BadSample",
@@ -137,18 +212,36 @@ impl Context {
                     ..c
                 },
             ),
-            Error::DuplicateKey { key } => ("DuplicateKey", Context { key: Some(key.clone()), ..c }),
+            Error::DuplicateKey { key } => (
+                "DuplicateKey",
+                Context {
+                    key: Some(key.clone()),
+                    ..c
+                },
+            ),
             Error::SchemaMismatch { path, detail } => (
                 "SchemaMismatch",
-                Context { path: text(path), detail: Some(detail.clone()), ..c },
+                Context {
+                    path: text(path),
+                    detail: Some(detail.clone()),
+                    ..c
+                },
             ),
             Error::Locked { path, lock } => (
                 "Locked",
-                Context { path: text(path), detail: text(lock), ..c },
+                Context {
+                    path: text(path),
+                    detail: text(lock),
+                    ..c
+                },
             ),
             Error::BadOption { option, detail } => (
                 "BadOption",
-                Context { option: Some(option.to_string()), detail: Some(detail.clone()), ..c },
+                Context {
+                    option: Some(option.to_string()),
+                    detail: Some(detail.clone()),
+                    ..c
+                },
             ),
             _ => ("Other", c),
         }

@@ -1,6 +1,9 @@
 //! The native module `hspack._hspack`: thin bindings of the hspack library. The Python package
 //! `hspack` builds its API on top of it.
 
+// `hspack::Error` is the library's (large, context-rich) error; results carry it by value.
+#![allow(clippy::result_large_err)]
+
 mod borrowed;
 mod dataset;
 mod errors;

@@ -82,8 +82,8 @@ impl Writer {
         create: bool,
         options: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
-        let schema: Schema = serde_json::from_str(schema_json)
-            .map_err(|e| bad_option("schema", &e.to_string()))?;
+        let schema: Schema =
+            serde_json::from_str(schema_json).map_err(|e| bad_option("schema", &e.to_string()))?;
         let options = write_options(options)?;
         let w = py
             .allow_threads(|| {
