@@ -105,7 +105,7 @@ pub enum Error {
     #[error("{site}: stored bytes hash to {found}, the index records {expected}: the data is damaged; copy this shard again from the source")]
     ChecksumMismatch {
         /// Where.
-        site: ChunkSite,
+        site: Box<ChunkSite>,
         /// Hash in the index, hex.
         expected: String,
         /// Hash of the bytes, hex.
@@ -115,7 +115,7 @@ pub enum Error {
     #[error("{site}: the chunk header holds {what} {found}, the index expects {expected}: chunks were shifted or swapped by a bad copy; copy this shard again")]
     ChunkMisplaced {
         /// Where.
-        site: ChunkSite,
+        site: Box<ChunkSite>,
         /// Which header value differs.
         what: &'static str,
         /// Value the index expects.
@@ -127,7 +127,7 @@ pub enum Error {
     #[error("{site}: {source}")]
     BadChunk {
         /// Where.
-        site: ChunkSite,
+        site: Box<ChunkSite>,
         /// Cause.
         source: FormatError,
     },

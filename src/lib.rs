@@ -9,6 +9,7 @@
 compile_error!("hspack maps little-endian structures directly; big-endian hosts are not supported");
 
 pub mod capture;
+pub mod convert;
 pub mod error;
 pub mod format;
 pub mod read;
@@ -20,3 +21,8 @@ pub use error::{Error, Result};
 pub use format::{CaptureInfo, CapturePoint, Codec, DType, Field, Role, Schema};
 pub use read::{CheckPolicy, Dataset, ReadOptions, Sample, Tensor};
 pub use write::{DatasetWriter, WriteOptions};
+
+/// The README's Rust examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -156,7 +156,7 @@ fn unlisted_shards(ds: &Dataset) -> Result<Vec<Error>> {
             });
         }
     }
-    out.sort_by(|a, b| a.to_string().cmp(&b.to_string()));
+    out.sort_by_key(|a| a.to_string());
     Ok(out)
 }
 

@@ -12,7 +12,7 @@ use hspack::{Codec, Dataset, DatasetWriter, Error, WriteOptions};
 const HIDDEN: usize = 64;
 
 /// A dataset of 8 samples in 2 shards of 4 (chunks of 4 rows of hidden state).
-fn dataset(codec: Codec) -> (tempfile::TempDir, Vec<Vec<(String, Vec<u8>)>>) {
+fn dataset(codec: Codec) -> (tempfile::TempDir, Vec<SampleBytes>) {
     let dir = tempfile::tempdir().unwrap();
     let opts = WriteOptions {
         chunk_bytes: 4 * HIDDEN as u64 * 2,

@@ -210,10 +210,18 @@ impl<'a> Index<'a> {
                 ));
             }
             if e.row_count.checked_mul(field.row_bytes()) != Some(e.raw_len) || e.row_count == 0 {
-                return Err(invalid("chunk raw_len", e.raw_len, "rows × row bytes, rows ≥ 1"));
+                return Err(invalid(
+                    "chunk raw_len",
+                    e.raw_len,
+                    "rows × row bytes, rows ≥ 1",
+                ));
             }
             if e.raw_len > MAX_CHUNK_BYTES {
-                return Err(invalid("chunk raw_len", e.raw_len, format!("at most {MAX_CHUNK_BYTES}")));
+                return Err(invalid(
+                    "chunk raw_len",
+                    e.raw_len,
+                    format!("at most {MAX_CHUNK_BYTES}"),
+                ));
             }
             let payload = e
                 .payload_offset()

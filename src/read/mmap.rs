@@ -4,7 +4,7 @@ use std::fs::File;
 use std::path::Path;
 use std::sync::Arc;
 
-use memmap2::{Advice, Mmap};
+use memmap2::Mmap;
 
 use crate::error::{io, Result};
 
@@ -17,6 +17,5 @@ pub fn map_file(path: &Path) -> Result<Arc<Mmap>> {
     // truncating a shard under a live mapping would make reads fault (SIGBUS); that is the
     // documented hazard of reading datasets others are editing in place.
     let map = unsafe { Mmap::map(&file) }.map_err(io(path, "map"))?;
-    let _ = map.advise(Advice::Random);
     Ok(Arc::new(map))
 }

@@ -200,18 +200,16 @@ impl Shard {
     }
 
     /// Where chunk `c` lies, for error messages.
-    pub fn site(&self, c: u64, schema: &Schema) -> ChunkSite {
+    pub fn site(&self, c: u64, schema: &Schema) -> Box<ChunkSite> {
         let index = self.index();
-        let e = index
-            .chunk(c)
-            .unwrap_or_else(|| bytemuck::Zeroable::zeroed());
+        let e = index.chunk(c).unwrap_or_else(bytemuck::Zeroable::zeroed);
         let local = e.sample.checked_sub(index.header().first_ordinal);
         let key = local
             .and_then(|l| index.sample(l))
             .and_then(|s: SampleEntry| index.key_of(&s))
             .unwrap_or("?")
             .to_string();
-        ChunkSite {
+        Box::new(ChunkSite {
             shard: self.path.clone(),
             chunk: c,
             key,
@@ -221,7 +219,7 @@ impl Shard {
                 .map(|f| f.name.clone())
                 .unwrap_or_else(|| format!("#{}", e.field)),
             rows: e.row_start..e.row_start + e.row_count,
-        }
+        })
     }
 
     /// The header check: the chunk header at the offset the index gives must describe the

@@ -42,8 +42,11 @@ pub fn bytes(seed: u64, len: usize) -> Vec<u8> {
         .collect()
 }
 
+/// Field names and bytes of one sample.
+pub type SampleBytes = Vec<(String, Vec<u8>)>;
+
 /// One sample's fields for [`capture_schema`].
-pub fn capture_sample(seed: u64, rows: usize, hidden: usize) -> Vec<(String, Vec<u8>)> {
+pub fn capture_sample(seed: u64, rows: usize, hidden: usize) -> SampleBytes {
     vec![
         ("input_ids".into(), bytes(seed, rows * 4)),
         (

@@ -1,14 +1,49 @@
-"""Make ``hspack.capture`` importable from the source tree.
+"""Small datasets written with the public writer for the tests."""
 
-When the package's ``hspack/__init__.py`` (which loads the compiled extension)
-is absent, ``tools/python/python`` is put on ``sys.path`` so that
-``hspack.capture`` imports as a namespace package.
-"""
+from __future__ import annotations
 
-import os
-import sys
+import pytest
+import torch
 
-_ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python")
+import hspack
 
-if not os.path.exists(os.path.join(_ROOT, "hspack", "__init__.py")):
-    sys.path.insert(0, _ROOT)
+H = 16
+LAYERS = [1, 3, 5]
+
+
+def eagle_schema() -> list:
+    return [
+        hspack.token_ids(),
+        hspack.loss_mask(),
+        *[hspack.hidden_state(layer, H) for layer in LAYERS],
+        hspack.hidden_state(7, H, point="final_norm"),
+    ]
+
+
+def eagle_sample(i: int) -> dict:
+    g = torch.Generator().manual_seed(i)
+    t = 3 + (i * 7) % 29
+    out = {
+        "input_ids": torch.randint(0, 1000, (t,), generator=g, dtype=torch.int32),
+        "loss_mask": (torch.rand(t, generator=g) > 0.3).to(torch.uint8),
+    }
+    for layer in LAYERS:
+        out[f"hidden.{layer}"] = torch.randn(t, H, generator=g).to(torch.bfloat16)
+    out["hidden.final"] = torch.randn(t, H, generator=g).to(torch.bfloat16)
+    return out
+
+
+def write_eagle(path, n: int, **options) -> None:
+    options.setdefault("durable", False)
+    capture = {"model": "test/model", "num_layers": 8, "hidden_size": H, "dtype": "bf16"}
+    with hspack.Writer(path, eagle_schema(), capture, **options) as w:
+        for i in range(n):
+            w.append(f"s{i:04d}", **eagle_sample(i))
+
+
+@pytest.fixture(scope="session")
+def eagle_path(tmp_path_factory):
+    """37 samples in 3 shards (13 samples a shard)."""
+    path = tmp_path_factory.mktemp("eagle") / "ds"
+    write_eagle(path, 37, shard_samples=13)
+    return str(path)

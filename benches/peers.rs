@@ -1,0 +1,333 @@
+//! hspack against the tools users already trust, on the same bytes in the same run.
+//!
+//! `cargo bench --bench peers` (env `HSPACK_BENCH_GB`, default 1, sets the dataset size;
+//! `HSPACK_BENCH_DIR` the folder, default the system temp dir). Prints a markdown table of
+//! ratios, hspack / peer, and writes it to `target/bench-peers.md`. Peers: `cp`, `cat`,
+//! `b3sum --num-threads 2` (install with `cargo install b3sum`), `sha256sum`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use hspack::synth::{capture_schema, channel_scales, named_capture_sample, Rng};
+use hspack::verify::{verify, VerifyOptions};
+use hspack::{Codec, DType, Dataset, DatasetWriter, Field, Role, Schema, WriteOptions};
+
+struct Row {
+    what: String,
+    ours: f64,
+    peer: Option<(String, f64)>,
+    unit: &'static str,
+    higher_is_better: bool,
+}
+
+fn secs(f: impl FnOnce()) -> f64 {
+    let t = Instant::now();
+    f();
+    t.elapsed().as_secs_f64()
+}
+
+fn run(cmd: &str, args: &[&str]) -> Option<f64> {
+    let t = Instant::now();
+    let ok = Command::new(cmd).args(args).output().ok()?.status.success();
+    ok.then(|| t.elapsed().as_secs_f64())
+}
+
+fn shards(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| {
+            let p = e.ok()?.path();
+            p.extension()
+                .is_some_and(|x| x == "hsp")
+                .then(|| p.to_string_lossy().into_owned())
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))?
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0)
+}
+
+/// A dataset of `n` tiny samples, for open time, lookup latency and memory.
+fn tiny_dataset(dir: &Path, n: u64) {
+    let schema = Schema::new(vec![Field::new(
+        "input_ids",
+        DType::I32,
+        &[],
+        Role::TokenIds,
+    )]);
+    let opts = WriteOptions {
+        align_log2: 6,
+        durable: false,
+        ..WriteOptions::default()
+    };
+    let mut w = DatasetWriter::create(dir, schema, opts).unwrap();
+    for i in 0..n {
+        w.append(
+            &format!("k{i}"),
+            &[("input_ids", &(i as i32).to_le_bytes())],
+        )
+        .unwrap();
+    }
+    w.finish().unwrap();
+}
+
+fn latency(dir: &Path, n: u64, rows: &mut Vec<Row>) {
+    let before = rss_kib();
+    let t = Instant::now();
+    let ds = Dataset::open(dir).unwrap();
+    let open_us = t.elapsed().as_secs_f64() * 1e6;
+    let mut rng = Rng::new(7);
+    // Touch every shard once, then time random gets.
+    for seq in 0..ds.manifest().shards.len() {
+        ds.shard(seq).unwrap();
+    }
+    let mut lat: Vec<f64> = (0..20_000)
+        .map(|_| {
+            let i = rng.range(0, n - 1);
+            let t = Instant::now();
+            let s = ds.sample(i).unwrap();
+            let v = s.read_field(0, None).unwrap();
+            assert_eq!(v.bytes(), (i as i32).to_le_bytes());
+            t.elapsed().as_secs_f64() * 1e6
+        })
+        .collect();
+    lat.sort_by(f64::total_cmp);
+    let mut key_lat: Vec<f64> = (0..2_000)
+        .map(|_| {
+            let i = rng.range(0, n - 1);
+            let t = Instant::now();
+            let s = ds.get_by_key(&format!("k{i}")).unwrap();
+            assert_eq!(s.ordinal(), i);
+            t.elapsed().as_secs_f64() * 1e6
+        })
+        .collect();
+    key_lat.sort_by(f64::total_cmp);
+    let grown = rss_kib().saturating_sub(before);
+    for (what, v) in [
+        (format!("open, {n} samples (µs)"), open_us),
+        (
+            format!("get(ordinal) p50, {n} samples (µs)"),
+            lat[lat.len() / 2],
+        ),
+        (
+            format!("get(ordinal) p99, {n} samples (µs)"),
+            lat[lat.len() * 99 / 100],
+        ),
+        (
+            format!("get_by_key p50, {n} samples (µs)"),
+            key_lat[key_lat.len() / 2],
+        ),
+        (
+            format!("RSS growth after open + 22K gets, {n} samples (MiB)"),
+            grown as f64 / 1024.0,
+        ),
+    ] {
+        rows.push(Row {
+            what,
+            ours: v,
+            peer: None,
+            unit: "",
+            higher_is_better: false,
+        });
+    }
+}
+
+fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    let gb: f64 = std::env::var("HSPACK_BENCH_GB")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1.0);
+    let base = std::env::var("HSPACK_BENCH_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| std::env::temp_dir());
+    let work = tempfile::tempdir_in(&base).unwrap();
+    let dir = work.path().join("ds");
+    let hidden = 7168u64;
+    let layers = [2u32, 30, 58, 60];
+    let schema = capture_schema("bench", 61, hidden, &layers);
+    let per_token: u64 = schema.fields.iter().map(|f| f.row_bytes()).sum();
+    let mut rng = Rng::new(3);
+    let scales: Vec<Vec<f32>> = layers
+        .iter()
+        .map(|_| channel_scales(&mut rng, hidden as usize))
+        .collect();
+    let target = (gb * 1e9) as u64;
+    let mut samples = Vec::new();
+    let mut total = 0;
+    while total < target {
+        let n = rng.range(128, 4096) as usize;
+        let s = named_capture_sample(&mut rng, n, &layers, &scales);
+        total += n as u64 * per_token;
+        samples.push(s);
+    }
+    eprintln!(
+        "bench: {} samples, {:.2} GB, in {}",
+        samples.len(),
+        total as f64 / 1e9,
+        work.path().display()
+    );
+    let mut rows = Vec::new();
+
+    // Write (fsync'd) vs cp of the same bytes (+ sync).
+    let t_write = secs(|| {
+        let mut w = DatasetWriter::create(
+            &dir,
+            schema.clone(),
+            WriteOptions {
+                codec: Codec::None,
+                ..WriteOptions::default()
+            },
+        )
+        .unwrap();
+        for (i, s) in samples.iter().enumerate() {
+            let f: Vec<(&str, &[u8])> = s.iter().map(|(k, v)| (k.as_str(), v.as_slice())).collect();
+            w.append(&format!("s{i}"), &f).unwrap();
+        }
+        w.finish().unwrap();
+    });
+    drop(samples);
+    let files = shards(&dir);
+    let shard_bytes: u64 = files
+        .iter()
+        .map(|f| std::fs::metadata(f).unwrap().len())
+        .sum();
+    let copy = work.path().join("copy.hsp");
+    let t_cp = run(
+        "sh",
+        &[
+            "-c",
+            &format!(
+                "cp {} {} && sync {}",
+                files[0],
+                copy.display(),
+                copy.display()
+            ),
+        ],
+    );
+    rows.push(Row {
+        what: "write (GB/s), fsync'd".into(),
+        ours: total as f64 / t_write / 1e9,
+        peer: t_cp.map(|t| ("cp + sync".into(), shard_bytes as f64 / t / 1e9)),
+        unit: "GB/s",
+        higher_is_better: true,
+    });
+    let _ = std::fs::remove_file(&copy);
+
+    // Warm the cache, then verify vs b3sum and sha256sum.
+    let _ = run(
+        "cat",
+        &files
+            .iter()
+            .map(String::as_str)
+            .chain(["/dev/null"])
+            .collect::<Vec<_>>()[..files.len()],
+    );
+    let mut best = f64::MAX;
+    for _ in 0..3 {
+        best = best.min(secs(|| {
+            assert!(verify(&dir, VerifyOptions::default(), &|_| {})
+                .unwrap()
+                .is_ok())
+        }));
+    }
+    let ours = shard_bytes as f64 / best / 1e9;
+    let mut args = vec!["--num-threads", "2"];
+    args.extend(files.iter().map(String::as_str));
+    let b3 = (0..3)
+        .filter_map(|_| run("b3sum", &args))
+        .fold(None, |m: Option<f64>, t| Some(m.map_or(t, |m| m.min(t))));
+    rows.push(Row {
+        what: "verify (GB/s), warm cache".into(),
+        ours,
+        peer: Some((
+            "b3sum --num-threads 2".into(),
+            b3.map_or(f64::NAN, |t| shard_bytes as f64 / t / 1e9),
+        )),
+        unit: "GB/s",
+        higher_is_better: true,
+    });
+    let sha = run(
+        "sha256sum",
+        &files.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    rows.push(Row {
+        what: "verify (GB/s), warm cache".into(),
+        ours,
+        peer: sha.map(|t| ("sha256sum".into(), shard_bytes as f64 / t / 1e9)),
+        unit: "GB/s",
+        higher_is_better: true,
+    });
+
+    // Sequential read of every field of every sample vs cat > /dev/null.
+    let ds = Dataset::open(&dir).unwrap();
+    let mut read = 0u64;
+    let t_read = secs(|| {
+        for i in 0..ds.len() {
+            let s = ds.sample(i).unwrap();
+            for f in 0..ds.schema().fields.len() {
+                let t = s.read_field(f, None).unwrap();
+                read += t.bytes().len() as u64;
+                std::hint::black_box(t.bytes().last());
+            }
+        }
+    });
+    let t_cat = run(
+        "sh",
+        &["-c", &format!("cat {} > /dev/null", files.join(" "))],
+    );
+    rows.push(Row {
+        what: "sequential read (GB/s), warm cache, chunks hashed once".into(),
+        ours: read as f64 / t_read / 1e9,
+        peer: t_cat.map(|t| ("cat > /dev/null".into(), shard_bytes as f64 / t / 1e9)),
+        unit: "GB/s",
+        higher_is_better: true,
+    });
+    drop(ds);
+
+    for n in [10_000u64, 1_000_000] {
+        let d = work.path().join(format!("tiny{n}"));
+        tiny_dataset(&d, n);
+        latency(&d, n, &mut rows);
+    }
+
+    let mut table = String::from(
+        "| measure | hspack | peer | peer value | ratio (hspack / peer) |\n|---|---|---|---|---|\n",
+    );
+    for r in &rows {
+        match &r.peer {
+            Some((name, v)) => {
+                let ratio = if r.higher_is_better {
+                    r.ours / v
+                } else {
+                    v / r.ours
+                };
+                table += &format!(
+                    "| {} | {:.3} {} | {name} | {v:.3} | {ratio:.2}× |\n",
+                    r.what, r.ours, r.unit
+                );
+            }
+            None => table += &format!("| {} | {:.2} | | | |\n", r.what, r.ours),
+        }
+    }
+    println!("{table}");
+    let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench-peers.md");
+    let _ = std::fs::write(&out, &table);
+    eprintln!("wrote {}", out.display());
+}

@@ -1,0 +1,160 @@
+"""Loader throughput: hspack's EAGLE-3 view against per-sample files, same data, same run.
+
+Peers: (b) SpecForge-style `.ckpt` files read with `torch.load`, (c) the same files with
+`torch.load(mmap=True)`, (d) per-sample safetensors read with `safetensors.torch.load_file`.
+Every loader returns the same tensors (`input_ids`, `loss_mask`, `aux_hidden_state [T, 3H]`,
+`hidden_state [T, H]`) through the same DataLoader settings; the table gives samples/s, GB/s
+of hidden-state bytes, and hspack / peer ratios (hspack with its default `check="once"`,
+which hashes each chunk on a worker's first read), with a warm and a cold page cache.
+
+    python benches/python/bench_loader.py --out bench.md                  # ~1 GB a format
+    python benches/python/bench_loader.py --gb 20 --workers 8 --out bench.md  # bigger runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+import time
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+import hspack
+from hspack.torch import HspackDataset
+
+
+def make_samples(args):
+    rng = np.random.default_rng(0)
+    per_token = 2 * args.hidden * len(args.layers)
+    budget = int(args.gb * 1e9)
+    total, lengths = 0, []
+    while total < budget:
+        t = int(rng.integers(args.min_tokens, args.max_tokens + 1))
+        lengths.append(t)
+        total += t * per_token
+    return lengths
+
+
+def sample(i, t, hidden, layers):
+    g = torch.Generator().manual_seed(i)
+    base = torch.randn(t, hidden, generator=g).to(torch.bfloat16)
+    hs = [base.roll(k, dims=1) for k in range(len(layers))]  # distinct, cheap to make
+    ids = torch.randint(0, 150_000, (t,), generator=g, dtype=torch.int64)
+    return ids, torch.ones(t, dtype=torch.int64), hs
+
+
+def write_all(root, lengths, args):
+    schema = [hspack.token_ids(dtype="i64"), hspack.loss_mask(dtype="i64")]
+    schema += [hspack.hidden_state(layer, args.hidden) for layer in args.layers]
+    os.makedirs(f"{root}/ckpt"), os.makedirs(f"{root}/st")
+    with hspack.Writer(f"{root}/hspack", schema, durable=False) as w:
+        for i, t in enumerate(lengths):
+            ids, mask, hs = sample(i, t, args.hidden, args.layers)
+            w.append(f"{i:06d}", input_ids=ids, loss_mask=mask, **{f"hidden.{l}": h for l, h in zip(args.layers, hs)})
+            d = {"input_ids": ids, "loss_mask": mask, "hidden_state": hs[-1][None], "aux_hidden_state": torch.cat(hs[:-1], -1)[None]}
+            torch.save(d, f"{root}/ckpt/{i:06d}.ckpt")
+            save_file(d, f"{root}/st/{i:06d}.safetensors")
+
+
+class Files(torch.utils.data.Dataset):
+    def __init__(self, files, how):
+        self.files, self.how = files, how
+
+    def __len__(self):
+        return len(self.files)
+
+    def __getitem__(self, i):
+        f = self.files[i]
+        if self.how == "safetensors":
+            d = load_file(f)
+        else:
+            d = torch.load(f, weights_only=True, mmap=self.how == "mmap")
+        return {"input_ids": d["input_ids"], "loss_mask": d["loss_mask"], "aux_hidden_state": d["aux_hidden_state"][0], "hidden_state": d["hidden_state"][0]}
+
+
+def run(ds, workers):
+    loader = torch.utils.data.DataLoader(ds, batch_size=None, shuffle=False, num_workers=workers, prefetch_factor=4 if workers else None)
+    n, nbytes, t0 = 0, 0, time.perf_counter()
+    for s in loader:
+        n += 1
+        nbytes += s["aux_hidden_state"].nbytes + s["hidden_state"].nbytes
+    return n, nbytes, time.perf_counter() - t0
+
+
+def drop_cache(files):
+    try:
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return "drop_caches"
+    except OSError:
+        for p in files:
+            fd = os.open(p, os.O_RDONLY)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            os.close(fd)
+        return "posix_fadvise(DONTNEED)"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gb", type=float, default=1.0, help="hidden-state GB of each format")
+    ap.add_argument("--hidden", type=int, default=7168)
+    ap.add_argument("--layers", type=lambda s: [int(x) for x in s.split(",")], default=[2, 30, 58, 60])
+    ap.add_argument("--min-tokens", type=int, default=128)
+    ap.add_argument("--max-tokens", type=int, default=4096)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--dir", default=None, help="scratch folder (default: a temp folder)")
+    ap.add_argument("--out", required=True, help="markdown file for the table")
+    args = ap.parse_args()
+    root = tempfile.mkdtemp(prefix="hspack-bench-", dir=args.dir)
+    try:
+        lengths = make_samples(args)
+        t0 = time.perf_counter()
+        write_all(root, lengths, args)
+        print(f"wrote {len(lengths)} samples, {sum(lengths)} tokens, in {time.perf_counter() - t0:.0f}s")
+        ck = sorted(f"{root}/ckpt/{f}" for f in os.listdir(f"{root}/ckpt"))
+        st = sorted(f"{root}/st/{f}" for f in os.listdir(f"{root}/st"))
+        hs_files = [f"{root}/hspack/{f}" for f in os.listdir(f"{root}/hspack")]
+        loaders = {
+            "hspack eagle3 view": (HspackDataset(f"{root}/hspack", view="eagle3"), hs_files),
+            "hspack eagle3 view, check=never": (HspackDataset(f"{root}/hspack", view="eagle3", check="never"), hs_files),
+            "torch.load .ckpt": (Files(ck, "load"), ck),
+            "torch.load(mmap=True)": (Files(ck, "mmap"), ck),
+            "safetensors load_file": (Files(st, "safetensors"), st),
+        }
+        rows, how = [], ""
+        for cache in ("warm", "cold"):
+            for name, (ds, files) in loaders.items():
+                if cache == "warm":
+                    run(ds, args.workers)  # fill the page cache
+                else:
+                    how = drop_cache(files)
+                n, nbytes, secs = run(ds, args.workers)
+                rows.append((cache, name, n / secs, nbytes / secs / 1e9))
+                print(rows[-1])
+        ours = {c: next(r for r in rows if r[0] == c and r[1] == "hspack eagle3 view") for c in ("warm", "cold")}
+        lines = [
+            f"hidden {args.hidden}, layers {args.layers}, {len(lengths)} samples of {args.min_tokens}-{args.max_tokens} tokens, "
+            f"{sum(lengths) * 2 * args.hidden * len(args.layers) / 1e9:.2f} GB of hidden states a format; DataLoader batch_size=None, "
+            f"num_workers={args.workers}, prefetch_factor=4; cold cache via {how}; {os.cpu_count()} CPUs.",
+            "",
+            "| cache | loader | samples/s | GB/s | hspack / peer |",
+            "|---|---|---:|---:|---:|",
+        ]
+        for cache, name, sps, gbs in rows:
+            ratio = ours[cache][2] / sps
+            lines.append(f"| {cache} | {name} | {sps:.1f} | {gbs:.2f} | {ratio:.2f}x |")
+        text = "\n".join(lines) + "\n"
+        print(text)
+        with open(args.out, "w") as f:
+            f.write(text)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

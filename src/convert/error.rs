@@ -1,0 +1,264 @@
+//! Errors raised while reading foreign hidden-state dumps.
+
+use std::path::PathBuf;
+
+/// Why a source file could not be read.
+///
+/// Every variant names the file, and where it applies the entry, key or tensor
+/// that was being read, so the message alone is enough to find the problem.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConvertError {
+    /// The file could not be opened, mapped or read.
+    #[error("{}: cannot read the file: {source}; check the path and its permissions", file.display())]
+    Io {
+        /// The file being read.
+        file: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// The content matches none of the formats this reader knows.
+    #[error(
+        "{}: not a recognised hidden-state dump (expected a torch.save file, .safetensors, .npy \
+         or a gzip of one of these); re-save the tensors with safetensors",
+        file.display()
+    )]
+    UnknownFormat {
+        /// The file being read.
+        file: PathBuf,
+    },
+
+    /// A zip archive that is not a `torch.save` archive.
+    #[error("{}: zip archive has no `<folder>/data.pkl` entry ({reason}); this is not a torch.save file", file.display())]
+    NotATorchFile {
+        /// The file being read.
+        file: PathBuf,
+        /// What was missing or wrong.
+        reason: String,
+    },
+
+    /// The tar container used by torch before 0.4.
+    #[error(
+        "{}: this is the tar-based torch format from before torch 0.4, which hspack does not read; \
+         load it with torch and re-save it with torch>=1.6 (the default zip format) or safetensors",
+        file.display()
+    )]
+    LegacyTarFormat {
+        /// The file being read.
+        file: PathBuf,
+    },
+
+    /// The input ended before a structure was complete.
+    #[error("{}: truncated while reading {what}: needed {needed} bytes at offset {offset}, the input has {len}; the file is incomplete, copy it again", file.display())]
+    Truncated {
+        /// The file being read.
+        file: PathBuf,
+        /// The structure being read.
+        what: String,
+        /// Byte offset where the structure starts.
+        offset: u64,
+        /// Bytes the structure needs.
+        needed: u64,
+        /// Bytes available in the input.
+        len: u64,
+    },
+
+    /// A size declared in the file exceeds what the file can hold or a fixed limit.
+    #[error("{}: {what} is declared as {declared} but at most {limit} is possible here; the file is corrupt or hostile", file.display())]
+    DeclaredSizeTooLarge {
+        /// The file being read.
+        file: PathBuf,
+        /// The structure that declared the size.
+        what: String,
+        /// The declared size.
+        declared: u64,
+        /// The largest size accepted here.
+        limit: u64,
+    },
+
+    /// The bytes break the structure of the format in a way not covered by a more precise variant.
+    #[error("{}: malformed {what} at offset {offset}: {reason}; the file is corrupt", file.display())]
+    Malformed {
+        /// The file being read.
+        file: PathBuf,
+        /// The structure being read.
+        what: &'static str,
+        /// Byte offset of the problem (within the structure being parsed).
+        offset: u64,
+        /// What is wrong.
+        reason: String,
+    },
+
+    /// A pickle asks for a Python global outside the allowlist.
+    #[error(
+        "{}: the pickle refuses to call `{module}.{name}`: hspack never executes pickle code; \
+         if this file should be trusted, load it with torch and re-save the tensors with safetensors",
+        file.display()
+    )]
+    RefusedGlobal {
+        /// The file being read.
+        file: PathBuf,
+        /// Python module of the global.
+        module: String,
+        /// Name of the global within its module.
+        name: String,
+    },
+
+    /// A pickle opcode that this reader refuses (extension registry, out-of-band buffers, ...).
+    #[error(
+        "{}: pickle opcode {opcode} at offset {offset} is not supported ({reason}); \
+         load the file with torch and re-save the tensors with safetensors",
+        file.display()
+    )]
+    UnsupportedOpcode {
+        /// The file being read.
+        file: PathBuf,
+        /// Opcode name.
+        opcode: &'static str,
+        /// Byte offset of the opcode in the pickle.
+        offset: u64,
+        /// Why it is refused.
+        reason: &'static str,
+    },
+
+    /// An allowed global was called with arguments it does not accept.
+    #[error("{}: pickle calls `{callable}` with unexpected arguments at offset {offset}: {reason}; the file is corrupt or not from torch", file.display())]
+    BadCall {
+        /// The file being read.
+        file: PathBuf,
+        /// `module.name` of the callable.
+        callable: String,
+        /// Byte offset of the calling opcode.
+        offset: u64,
+        /// What was expected.
+        reason: String,
+    },
+
+    /// The pickle value tree is nested too deeply or expands too far.
+    #[error("{}: pickle value {what} exceeds the limit of {limit}; the file is corrupt or hostile", file.display())]
+    PickleTooComplex {
+        /// The file being read.
+        file: PathBuf,
+        /// Which bound was hit.
+        what: &'static str,
+        /// The bound.
+        limit: u64,
+    },
+
+    /// A zip entry name that could escape a folder or is otherwise unsafe.
+    #[error("{}: zip entry name {entry:?} is unsafe ({reason}); the archive is hostile or corrupt", file.display())]
+    UnsafeEntryName {
+        /// The file being read.
+        file: PathBuf,
+        /// The offending name (lossily decoded).
+        entry: String,
+        /// What makes it unsafe.
+        reason: &'static str,
+    },
+
+    /// A zip entry is compressed; torch writes stored entries only.
+    #[error(
+        "{}: zip entry {entry:?} is compressed with method {method}; torch.save writes uncompressed \
+         entries: re-save the file with torch.save instead of re-zipping it",
+        file.display()
+    )]
+    CompressedEntry {
+        /// The file being read.
+        file: PathBuf,
+        /// The entry name.
+        entry: String,
+        /// The zip compression method code.
+        method: u16,
+    },
+
+    /// Two zip entries claim the same bytes, or an entry runs past its bounds.
+    #[error("{}: zip entry {entry:?} overlaps {other:?}; the archive is corrupt or hostile", file.display())]
+    OverlappingEntries {
+        /// The file being read.
+        file: PathBuf,
+        /// One entry.
+        entry: String,
+        /// The entry it overlaps.
+        other: String,
+    },
+
+    /// A storage or entry the pickle refers to does not exist.
+    #[error("{}: missing {what} {key:?}; the file is incomplete", file.display())]
+    Missing {
+        /// The file being read.
+        file: PathBuf,
+        /// What kind of thing is missing (`storage`, `entry`, `tensor`).
+        what: &'static str,
+        /// Its key or name.
+        key: String,
+    },
+
+    /// A tensor's dtype is not one hspack stores.
+    #[error("{}: tensor {tensor:?} has dtype {dtype}, which hspack does not store; cast it (e.g. to float32) and re-save", file.display())]
+    UnsupportedDType {
+        /// The file being read.
+        file: PathBuf,
+        /// The tensor (path in the value tree, or name).
+        tensor: String,
+        /// The foreign dtype name.
+        dtype: String,
+    },
+
+    /// A tensor's view reaches outside its storage, or its shape overflows.
+    #[error("{}: tensor {tensor:?} is out of bounds: {reason}; the file is corrupt", file.display())]
+    TensorOutOfBounds {
+        /// The file being read.
+        file: PathBuf,
+        /// The tensor.
+        tensor: String,
+        /// What does not fit.
+        reason: String,
+    },
+
+    /// A numpy array layout this reader does not handle.
+    #[error("{}: array {tensor:?} is not supported: {reason}; re-save it with numpy.save of a C-ordered array", file.display())]
+    UnsupportedArray {
+        /// The file being read.
+        file: PathBuf,
+        /// The array.
+        tensor: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+impl ConvertError {
+    /// Shorthand for [`ConvertError::Truncated`].
+    pub(crate) fn truncated(
+        file: &std::path::Path,
+        what: impl Into<String>,
+        offset: usize,
+        needed: usize,
+        len: usize,
+    ) -> Self {
+        ConvertError::Truncated {
+            file: file.to_path_buf(),
+            what: what.into(),
+            offset: offset as u64,
+            needed: needed as u64,
+            len: len as u64,
+        }
+    }
+
+    /// Shorthand for [`ConvertError::Malformed`].
+    pub(crate) fn malformed(
+        file: &std::path::Path,
+        what: &'static str,
+        offset: usize,
+        reason: impl Into<String>,
+    ) -> Self {
+        ConvertError::Malformed {
+            file: file.to_path_buf(),
+            what,
+            offset: offset as u64,
+            reason: reason.into(),
+        }
+    }
+}

@@ -1,0 +1,35 @@
+//! Reading hidden-state dumps written by other tools, without executing pickle code.
+//!
+//! [`open_source`] recognises a file by its content and lists its tensors by name:
+//!
+//! - `torch.save` files, both the zip format (torch >= 1.6) and the legacy pickle stream,
+//!   optionally gzip-compressed (`.pt.gz`, `.ckpt.gz`); see [`load_torch`];
+//! - `.safetensors` files; see [`SafetensorsFile`];
+//! - `.npy` arrays; see [`NpyFile`].
+//!
+//! Pickles are decoded by [`pickle`], a machine that refuses every Python global outside a
+//! small allowlist of tensor constructors and never calls anything. Tensor bytes are
+//! borrowed from a memory map where the layout allows, and bounds-checked everywhere.
+
+mod bytes;
+mod error;
+mod limits;
+mod mapped;
+pub mod npy;
+pub mod pickle;
+pub mod safetensors_file;
+mod source;
+mod strided;
+pub mod torch_file;
+pub mod torch_legacy;
+pub mod torch_zip;
+
+pub use error::ConvertError;
+pub use limits::Limits;
+pub use npy::NpyFile;
+pub use pickle::{TensorRef, Value};
+pub use safetensors_file::SafetensorsFile;
+pub use source::{
+    open_source, open_source_with, SourceFile, SourceFormat, SourceTensor, TensorInfo,
+};
+pub use torch_file::{load_torch, load_torch_with, TorchFile, TorchFormat};

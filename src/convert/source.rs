@@ -1,0 +1,230 @@
+//! One entry point for every supported source format, chosen by content.
+
+use std::borrow::Cow;
+use std::path::{Path, PathBuf};
+
+use super::limits::Limits;
+use super::mapped::{map_file, Backing};
+use super::npy::{self, NpyFile};
+use super::pickle::TensorLike;
+use super::safetensors_file::SafetensorsFile;
+use super::torch_file::{array_bytes, gunzip, is_gzip, is_zip, TorchFile};
+use super::{torch_legacy, ConvertError};
+use crate::format::DType;
+
+/// Name and layout of a tensor in a source file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorInfo {
+    /// Flattened path (`hidden_states`, `aux_hidden_states.0`, ...); empty for a file that
+    /// holds a single bare tensor or array.
+    pub name: String,
+    /// Element type.
+    pub dtype: DType,
+    /// Size of each dimension.
+    pub shape: Vec<u64>,
+}
+
+/// A tensor's data: C-contiguous, little-endian, borrowed from the file when possible.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceTensor<'a> {
+    /// Flattened path, as in [`TensorInfo::name`].
+    pub name: String,
+    /// Element type.
+    pub dtype: DType,
+    /// Size of each dimension.
+    pub shape: Vec<u64>,
+    /// The elements in C order, little-endian.
+    pub bytes: Cow<'a, [u8]>,
+}
+
+/// The format a source file was recognised as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SourceFormat {
+    /// `torch.save` output (zip or legacy; see [`TorchFile::format`]).
+    Torch,
+    /// `.safetensors`.
+    Safetensors,
+    /// `.npy`.
+    Npy,
+}
+
+enum Inner {
+    Torch(Box<TorchFile>),
+    Safetensors(SafetensorsFile),
+    Npy(NpyFile),
+}
+
+/// An open source file of any supported format.
+pub struct SourceFile {
+    path: PathBuf,
+    gzipped: bool,
+    inner: Inner,
+}
+
+impl std::fmt::Debug for SourceFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SourceFile")
+            .field("path", &self.path)
+            .field("format", &self.format())
+            .field("gzipped", &self.gzipped)
+            .finish()
+    }
+}
+
+/// Opens a hidden-state dump, recognising the format by its content: zip or legacy
+/// `torch.save` files, `.safetensors`, `.npy`, and gzip-compressed versions of these.
+/// No pickle code is executed. The file must not be modified while it is open.
+pub fn open_source(path: &Path) -> Result<SourceFile, ConvertError> {
+    open_source_with(path, Limits::default())
+}
+
+/// [`open_source`] with explicit [`Limits`].
+pub fn open_source_with(path: &Path, limits: Limits) -> Result<SourceFile, ConvertError> {
+    let backing = map_file(path)?;
+    let (backing, gzipped) = if is_gzip(&backing) {
+        let inner = gunzip(&backing, path, limits.max_decompressed_bytes)?;
+        (Backing::Owned(inner), true)
+    } else {
+        (backing, false)
+    };
+    let inner = from_backing(path, backing, limits)?;
+    Ok(SourceFile {
+        path: path.to_path_buf(),
+        gzipped,
+        inner,
+    })
+}
+
+fn from_backing(path: &Path, backing: Backing, limits: Limits) -> Result<Inner, ConvertError> {
+    let bytes: &[u8] = &backing;
+    if is_zip(bytes) || torch_legacy::has_magic(bytes) || torch_legacy::is_tar(bytes) {
+        return TorchFile::from_backing(path, backing, limits).map(|t| Inner::Torch(Box::new(t)));
+    }
+    if bytes.starts_with(npy::MAGIC) {
+        return NpyFile::from_backing(path, backing, limits).map(Inner::Npy);
+    }
+    if looks_like_safetensors(bytes) {
+        return SafetensorsFile::from_backing(path, backing, limits).map(Inner::Safetensors);
+    }
+    Err(ConvertError::UnknownFormat {
+        file: path.to_path_buf(),
+    })
+}
+
+/// A header length followed by `{` (the length itself is checked by the parser).
+fn looks_like_safetensors(bytes: &[u8]) -> bool {
+    bytes.get(8) == Some(&b'{')
+}
+
+impl SourceFile {
+    /// The file this was read from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The recognised format.
+    pub fn format(&self) -> SourceFormat {
+        match self.inner {
+            Inner::Torch(_) => SourceFormat::Torch,
+            Inner::Safetensors(_) => SourceFormat::Safetensors,
+            Inner::Npy(_) => SourceFormat::Npy,
+        }
+    }
+
+    /// Whether the file was gzip-compressed.
+    pub fn gzipped(&self) -> bool {
+        self.gzipped
+    }
+
+    /// The torch file, when the source is one (for walking its full value tree).
+    pub fn as_torch(&self) -> Option<&TorchFile> {
+        match &self.inner {
+            Inner::Torch(t) => Some(t),
+            _ => None,
+        }
+    }
+
+    /// Every tensor in the file. For torch files, tensors and numpy arrays anywhere in the
+    /// value tree are listed under their flattened path; when two paths flatten to the same
+    /// name the first is kept.
+    pub fn tensors(&self) -> Vec<TensorInfo> {
+        match &self.inner {
+            Inner::Torch(t) => {
+                let mut seen = std::collections::HashSet::new();
+                t.tensors()
+                    .into_iter()
+                    .filter(|(name, _)| seen.insert(name.clone()))
+                    .map(|(name, like)| TensorInfo {
+                        name,
+                        dtype: like.dtype(),
+                        shape: like.shape().to_vec(),
+                    })
+                    .collect()
+            }
+            Inner::Safetensors(s) => s
+                .header()
+                .tensors
+                .iter()
+                .map(|t| TensorInfo {
+                    name: t.name.clone(),
+                    dtype: t.dtype,
+                    shape: t.shape.clone(),
+                })
+                .collect(),
+            Inner::Npy(n) => vec![TensorInfo {
+                name: String::new(),
+                dtype: n.header().dtype,
+                shape: n.header().shape.clone(),
+            }],
+        }
+    }
+
+    /// The tensor called `name` (as listed by [`SourceFile::tensors`]) with its bytes.
+    pub fn tensor(&self, name: &str) -> Result<SourceTensor<'_>, ConvertError> {
+        let missing = || ConvertError::Missing {
+            file: self.path.clone(),
+            what: "tensor",
+            key: name.to_string(),
+        };
+        match &self.inner {
+            Inner::Torch(t) => {
+                let (_, like) = t
+                    .tensors()
+                    .into_iter()
+                    .find(|(n, _)| n == name)
+                    .ok_or_else(missing)?;
+                let bytes = match like {
+                    TensorLike::Tensor(r) => t.tensor_bytes_named(name, r)?,
+                    TensorLike::NdArray(a) => array_bytes(&self.path, name, a, u64::MAX)?,
+                };
+                Ok(SourceTensor {
+                    name: name.to_string(),
+                    dtype: like.dtype(),
+                    shape: like.shape().to_vec(),
+                    bytes,
+                })
+            }
+            Inner::Safetensors(s) => {
+                let (info, bytes) = s.tensor_bytes(name)?;
+                Ok(SourceTensor {
+                    name: name.to_string(),
+                    dtype: info.dtype,
+                    shape: info.shape.clone(),
+                    bytes: Cow::Borrowed(bytes),
+                })
+            }
+            Inner::Npy(n) => {
+                if !name.is_empty() {
+                    return Err(missing());
+                }
+                Ok(SourceTensor {
+                    name: String::new(),
+                    dtype: n.header().dtype,
+                    shape: n.header().shape.clone(),
+                    bytes: n.bytes()?,
+                })
+            }
+        }
+    }
+}

@@ -1,0 +1,351 @@
+//! `torch.save` files of either format, optionally gzip-compressed.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::io::Read;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use super::limits::Limits;
+use super::mapped::{map_file, Backing};
+use super::pickle::{self, NdArray, TensorLike, TensorRef, Value};
+use super::strided::{contiguous_strides, fortran_strides, materialize, View};
+use super::torch_legacy::{self, LegacyFile};
+use super::torch_zip::{Archive, ByteOrder};
+use super::ConvertError;
+
+/// Which container a torch file used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TorchFormat {
+    /// The zip format of torch >= 1.6.
+    Zip {
+        /// Folder name inside the archive.
+        prefix: String,
+        /// The `version` record.
+        version: Option<String>,
+        /// The `.format_version` record.
+        format_version: Option<String>,
+        /// The `.storage_alignment` record.
+        storage_alignment: Option<String>,
+    },
+    /// The legacy pickle stream.
+    Legacy,
+}
+
+/// A loaded `torch.save` file: its decoded value tree and access to tensor bytes.
+pub struct TorchFile {
+    path: PathBuf,
+    backing: Backing,
+    value: Value,
+    storages: HashMap<String, Range<usize>>,
+    byte_order: ByteOrder,
+    format: TorchFormat,
+    gzipped: bool,
+    limits: Limits,
+}
+
+impl std::fmt::Debug for TorchFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TorchFile")
+            .field("path", &self.path)
+            .field("format", &self.format)
+            .field("byte_order", &self.byte_order)
+            .field("gzipped", &self.gzipped)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Loads a `torch.save` file (zip or legacy format, plain or gzip-compressed) without
+/// executing any pickle code.
+pub fn load_torch(path: &Path) -> Result<TorchFile, ConvertError> {
+    load_torch_with(path, Limits::default())
+}
+
+/// [`load_torch`] with explicit [`Limits`].
+pub fn load_torch_with(path: &Path, limits: Limits) -> Result<TorchFile, ConvertError> {
+    let backing = map_file(path)?;
+    TorchFile::from_backing(path, backing, limits)
+}
+
+/// Whether `bytes` starts like a gzip stream.
+pub(crate) fn is_gzip(bytes: &[u8]) -> bool {
+    bytes.starts_with(&[0x1f, 0x8b])
+}
+
+/// Whether `bytes` starts like a zip archive.
+pub(crate) fn is_zip(bytes: &[u8]) -> bool {
+    bytes.starts_with(b"PK\x03\x04") || bytes.starts_with(b"PK\x05\x06")
+}
+
+/// Decompresses a gzip stream into memory, refusing to produce more than `limit` bytes.
+pub(crate) fn gunzip(bytes: &[u8], file: &Path, limit: u64) -> Result<Vec<u8>, ConvertError> {
+    // The trailer's ISIZE (size mod 2^32) is only a capacity hint, capped by what deflate
+    // can expand the input to and by the limit.
+    let hint = bytes
+        .len()
+        .checked_sub(4)
+        .and_then(|i| bytes.get(i..))
+        .and_then(|t| <[u8; 4]>::try_from(t).ok())
+        .map(u32::from_le_bytes)
+        .unwrap_or(0) as u64;
+    let cap = hint
+        .min((bytes.len() as u64).saturating_mul(1032))
+        .min(limit);
+    let mut out = Vec::new();
+    out.try_reserve_exact(usize::try_from(cap).unwrap_or(0))
+        .map_err(|_| ConvertError::DeclaredSizeTooLarge {
+            file: file.to_path_buf(),
+            what: "gzip decompressed size".into(),
+            declared: cap,
+            limit,
+        })?;
+    let mut decoder = flate2::read::MultiGzDecoder::new(bytes).take(limit.saturating_add(1));
+    decoder.read_to_end(&mut out).map_err(|e| match e.kind() {
+        std::io::ErrorKind::UnexpectedEof => {
+            ConvertError::truncated(file, "gzip stream", 0, bytes.len() + 1, bytes.len())
+        }
+        _ => ConvertError::malformed(file, "gzip stream", 0, e.to_string()),
+    })?;
+    if out.len() as u64 > limit {
+        return Err(ConvertError::DeclaredSizeTooLarge {
+            file: file.to_path_buf(),
+            what: "gzip decompressed size".into(),
+            declared: out.len() as u64,
+            limit,
+        });
+    }
+    Ok(out)
+}
+
+impl TorchFile {
+    /// Reads a torch file from bytes already in memory (zip, legacy or gzip of either).
+    /// `file` names it in errors.
+    pub fn from_bytes(
+        bytes: Vec<u8>,
+        file: &Path,
+        limits: Limits,
+    ) -> Result<TorchFile, ConvertError> {
+        TorchFile::from_backing(file, Backing::Owned(bytes), limits)
+    }
+
+    pub(crate) fn from_backing(
+        path: &Path,
+        backing: Backing,
+        limits: Limits,
+    ) -> Result<TorchFile, ConvertError> {
+        if is_gzip(&backing) {
+            let inner = gunzip(&backing, path, limits.max_decompressed_bytes)?;
+            if is_gzip(&inner) {
+                return Err(ConvertError::malformed(
+                    path,
+                    "gzip stream",
+                    0,
+                    "nested gzip",
+                ));
+            }
+            let mut t = TorchFile::from_backing(path, Backing::Owned(inner), limits)?;
+            t.gzipped = true;
+            return Ok(t);
+        }
+        let bytes: &[u8] = &backing;
+        let (value, storages, byte_order, format) = if is_zip(bytes) {
+            let archive = Archive::parse(bytes, path)?;
+            let pkl = bytes.get(archive.pickle.clone()).unwrap_or(&[]);
+            let value = pickle::parse(pkl, path)?;
+            let data_prefix = format!("{}/data/", archive.prefix);
+            let storages = archive
+                .entries
+                .iter()
+                .filter_map(|e| {
+                    Some((
+                        e.name.strip_prefix(&data_prefix)?.to_string(),
+                        e.data.clone(),
+                    ))
+                })
+                .collect();
+            let format = TorchFormat::Zip {
+                prefix: archive.prefix.clone(),
+                version: archive.version.clone(),
+                format_version: archive.format_version.clone(),
+                storage_alignment: archive.storage_alignment.clone(),
+            };
+            (value, storages, archive.byte_order, format)
+        } else if torch_legacy::is_tar(bytes) {
+            return Err(ConvertError::LegacyTarFormat {
+                file: path.to_path_buf(),
+            });
+        } else if torch_legacy::has_magic(bytes) {
+            let legacy = LegacyFile::parse(bytes, path)?;
+            (
+                legacy.value,
+                legacy.storages,
+                ByteOrder::Little,
+                TorchFormat::Legacy,
+            )
+        } else {
+            return Err(ConvertError::UnknownFormat {
+                file: path.to_path_buf(),
+            });
+        };
+        Ok(TorchFile {
+            path: path.to_path_buf(),
+            backing,
+            value,
+            storages,
+            byte_order,
+            format,
+            gzipped: false,
+            limits,
+        })
+    }
+
+    /// The file this was read from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The decoded top-level object.
+    pub fn value(&self) -> &Value {
+        &self.value
+    }
+
+    /// The container format.
+    pub fn format(&self) -> &TorchFormat {
+        &self.format
+    }
+
+    /// The byte order of the storages.
+    pub fn byte_order(&self) -> ByteOrder {
+        self.byte_order
+    }
+
+    /// Whether the file was gzip-compressed.
+    pub fn gzipped(&self) -> bool {
+        self.gzipped
+    }
+
+    /// Every tensor and numpy array with its path (see [`Value::tensors`]).
+    pub fn tensors(&self) -> Vec<(String, TensorLike<'_>)> {
+        self.value.tensors()
+    }
+
+    /// The tensor's elements as C-contiguous little-endian bytes: borrowed from the file
+    /// when the view is contiguous and little-endian, else gathered and byte-swapped.
+    pub fn tensor_bytes(&self, t: &TensorRef) -> Result<Cow<'_, [u8]>, ConvertError> {
+        self.tensor_bytes_named(&format!("<tensor on storage {}>", t.storage.key), t)
+    }
+
+    /// Like [`TorchFile::tensor_bytes`], naming the tensor `name` in errors.
+    pub fn tensor_bytes_named(
+        &self,
+        name: &str,
+        t: &TensorRef,
+    ) -> Result<Cow<'_, [u8]>, ConvertError> {
+        let oob = |reason: String| ConvertError::TensorOutOfBounds {
+            file: self.path.clone(),
+            tensor: name.to_string(),
+            reason,
+        };
+        if t.numel() == Some(0) {
+            return Ok(Cow::Borrowed(&[]));
+        }
+        let s = &t.storage;
+        let range = self
+            .storages
+            .get(&s.key)
+            .ok_or_else(|| ConvertError::Missing {
+                file: self.path.clone(),
+                what: "storage",
+                key: s.key.clone(),
+            })?;
+        let entry = self.backing.get(range.clone()).unwrap_or(&[]);
+        let nbytes = s.numel.checked_mul(s.kind.element_size);
+        let storage = nbytes
+            .and_then(|n| usize::try_from(n).ok())
+            .and_then(|n| entry.get(..n))
+            .ok_or_else(|| {
+                oob(format!(
+                    "storage {:?} declares {} elements of {} bytes but its data holds {} bytes",
+                    s.key,
+                    s.numel,
+                    s.kind.element_size,
+                    entry.len()
+                ))
+            })?;
+        let storage = match s.view {
+            None => storage,
+            Some((off, len)) => {
+                let e = s.kind.element_size;
+                off.checked_mul(e)
+                    .zip(off.checked_add(len).and_then(|end| end.checked_mul(e)))
+                    .and_then(|(a, b)| {
+                        storage.get(usize::try_from(a).ok()?..usize::try_from(b).ok()?)
+                    })
+                    .ok_or_else(|| {
+                        oob(format!(
+                            "storage view ({off}, {len}) exceeds storage {:?}",
+                            s.key
+                        ))
+                    })?
+            }
+        };
+        let elem = t.dtype.size();
+        let swap = match self.byte_order {
+            ByteOrder::Little => false,
+            ByteOrder::Big if s.kind.element_size <= 1 => false,
+            ByteOrder::Big if s.kind.element_size == elem as u64 => true,
+            ByteOrder::Big => {
+                return Err(oob(format!(
+                    "big-endian storage of {}-byte elements viewed as {}",
+                    s.kind.element_size, t.dtype
+                )))
+            }
+        };
+        let view = View {
+            elem,
+            shape: &t.shape,
+            strides: &t.strides,
+            offset: t.storage_offset,
+            swap,
+        };
+        materialize(storage, &view, self.limits.max_tensor_bytes).map_err(oob)
+    }
+
+    /// A numpy array's elements as C-contiguous little-endian bytes.
+    pub fn ndarray_bytes<'a>(
+        &self,
+        name: &str,
+        a: &'a NdArray,
+    ) -> Result<Cow<'a, [u8]>, ConvertError> {
+        array_bytes(&self.path, name, a, self.limits.max_tensor_bytes)
+    }
+}
+
+/// C-contiguous little-endian bytes of an inline numpy array.
+pub(crate) fn array_bytes<'a>(
+    file: &Path,
+    name: &str,
+    a: &'a NdArray,
+    limit: u64,
+) -> Result<Cow<'a, [u8]>, ConvertError> {
+    let oob = |reason: String| ConvertError::TensorOutOfBounds {
+        file: file.to_path_buf(),
+        tensor: name.to_string(),
+        reason,
+    };
+    let strides = if a.fortran_order {
+        fortran_strides(&a.shape)
+    } else {
+        contiguous_strides(&a.shape)
+    }
+    .ok_or_else(|| oob(format!("shape {:?} overflows", a.shape)))?;
+    let view = View {
+        elem: a.dtype.size(),
+        shape: &a.shape,
+        strides: &strides,
+        offset: 0,
+        swap: a.big_endian,
+    };
+    materialize(&a.data, &view, limit).map_err(oob)
+}

@@ -1,0 +1,241 @@
+//! Every file in `tests/bad_files/convert/` (written by `make_bad_files.py` there) is read
+//! and must fail with the right error, without panicking and without running anything.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use hspack::convert::{open_source, open_source_with, ConvertError, Limits};
+
+const MARKER: &str = "/tmp/hspack-convert-test-pwned";
+
+fn dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/bad_files/convert")
+}
+
+/// Opens the file and materialises every tensor, returning the first error.
+fn read_all(path: &Path) -> Result<usize, ConvertError> {
+    let src = open_source(path)?;
+    let mut n = 0;
+    for t in src.tensors() {
+        n += src.tensor(&t.name)?.bytes.len();
+    }
+    Ok(n)
+}
+
+type Check = fn(&ConvertError) -> bool;
+
+fn table() -> Vec<(&'static str, Check)> {
+    use ConvertError as E;
+    vec![
+        (
+            "os_system.pt",
+            |e| matches!(e, E::RefusedGlobal { module, name, .. } if module == "os" && name == "system"),
+        ),
+        (
+            "builtins_eval.pt",
+            |e| matches!(e, E::RefusedGlobal { module, name, .. } if module == "builtins" && name == "eval"),
+        ),
+        (
+            "subprocess_popen.pt",
+            |e| matches!(e, E::RefusedGlobal { module, name, .. } if module == "subprocess" && name == "Popen"),
+        ),
+        (
+            "storage_too_short.pt",
+            |e| matches!(e, E::TensorOutOfBounds { tensor, .. } if tensor == "t"),
+        ),
+        (
+            "storage_entry_short.pt",
+            |e| matches!(e, E::TensorOutOfBounds { tensor, .. } if tensor == "t"),
+        ),
+        (
+            "shape_overflow.pt",
+            |e| matches!(e, E::TensorOutOfBounds { reason, .. } if reason.contains("overflow")),
+        ),
+        ("stride_overflow.pt", |e| {
+            matches!(e, E::TensorOutOfBounds { .. })
+        }),
+        (
+            "negative_stride.pt",
+            |e| matches!(e, E::TensorOutOfBounds { reason, .. } if reason.contains("negative")),
+        ),
+        (
+            "missing_storage.pt",
+            |e| matches!(e, E::Missing { what: "storage", key, .. } if key == "0"),
+        ),
+        (
+            "path_dotdot.pt",
+            |e| matches!(e, E::UnsafeEntryName { reason, .. } if reason.contains("..")),
+        ),
+        ("path_absolute.pt", |e| {
+            matches!(
+                e,
+                E::UnsafeEntryName {
+                    reason: "absolute path",
+                    ..
+                }
+            )
+        }),
+        ("path_backslash.pt", |e| {
+            matches!(
+                e,
+                E::UnsafeEntryName {
+                    reason: "contains a backslash",
+                    ..
+                }
+            )
+        }),
+        ("deflated.pt", |e| {
+            matches!(e, E::CompressedEntry { method: 8, .. })
+        }),
+        ("no_data_pkl.pt", |e| matches!(e, E::NotATorchFile { .. })),
+        ("declared_size_huge.pt", |e| {
+            matches!(e, E::DeclaredSizeTooLarge { .. })
+        }),
+        (
+            "entry_count_huge.pt",
+            |e| matches!(e, E::DeclaredSizeTooLarge { what, .. } if what == "zip entry count"),
+        ),
+        (
+            "overlapping_entries.pt",
+            |e| matches!(e, E::OverlappingEntries { entry, other, .. } if entry == "archive/byteorder" && other == "archive/data.pkl"),
+        ),
+        ("legacy_tar.pt", |e| matches!(e, E::LegacyTarFormat { .. })),
+        ("legacy_storage_short.pt", |e| {
+            matches!(e, E::Truncated { .. })
+        }),
+        (
+            "st_overlap.safetensors",
+            |e| matches!(e, E::TensorOutOfBounds { tensor, reason, .. } if tensor == "b" && reason.contains("overlaps")),
+        ),
+        (
+            "st_past_end.safetensors",
+            |e| matches!(e, E::TensorOutOfBounds { tensor, .. } if tensor == "a"),
+        ),
+        (
+            "st_bad_dtype.safetensors",
+            |e| matches!(e, E::UnsupportedDType { dtype, .. } if dtype == "C64"),
+        ),
+        ("st_size_mismatch.safetensors", |e| {
+            matches!(e, E::TensorOutOfBounds { .. })
+        }),
+        (
+            "st_header_huge.safetensors",
+            |e| matches!(e, E::DeclaredSizeTooLarge { declared, .. } if *declared == 1 << 40),
+        ),
+        ("npy_bad_version.npy", |e| matches!(e, E::Malformed { .. })),
+        ("npy_data_short.npy", |e| matches!(e, E::Truncated { .. })),
+        ("npy_structured.npy", |e| {
+            matches!(e, E::UnsupportedArray { .. })
+        }),
+    ]
+}
+
+#[test]
+fn every_bad_file_fails_with_its_error() {
+    let _ = std::fs::remove_file(MARKER);
+    let table = table();
+    let mut on_disk: Vec<String> = std::fs::read_dir(dir())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| !n.ends_with(".py") && n != "valid_small.pt")
+        .collect();
+    on_disk.sort();
+    let mut covered: Vec<String> = table.iter().map(|(n, _)| n.to_string()).collect();
+    covered.sort();
+    assert_eq!(on_disk, covered, "every bad file needs a check");
+    for (name, check) in table {
+        let err = read_all(&dir().join(name)).expect_err(name);
+        assert!(check(&err), "{name}: wrong error: {err:?}");
+        let msg = err.to_string();
+        assert!(
+            msg.contains(name),
+            "{name}: the message names the file: {msg}"
+        );
+    }
+    assert!(!Path::new(MARKER).exists(), "a pickle ran code");
+}
+
+#[test]
+fn the_uncorrupted_original_reads() {
+    assert_eq!(read_all(&dir().join("valid_small.pt")).unwrap(), 16);
+}
+
+#[test]
+fn refusal_message_says_what_to_do() {
+    let msg = read_all(&dir().join("os_system.pt"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("`os.system`") && msg.contains("never executes pickle code"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("re-save the tensors with safetensors"),
+        "{msg}"
+    );
+    let msg = read_all(&dir().join("legacy_tar.pt"))
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("torch>=1.6"), "{msg}");
+}
+
+#[test]
+fn gzip_bomb_is_bounded() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("bomb.pt.gz");
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    enc.write_all(&vec![0u8; 8 << 20]).unwrap();
+    std::fs::write(&path, enc.finish().unwrap()).unwrap();
+    let limits = Limits {
+        max_decompressed_bytes: 1 << 20,
+        ..Limits::default()
+    };
+    let err = open_source_with(&path, limits).unwrap_err();
+    assert!(
+        matches!(err, ConvertError::DeclaredSizeTooLarge { limit, .. } if limit == 1 << 20),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn broadcast_views_are_bounded_by_the_tensor_limit() {
+    // A stride-0 view can describe far more bytes than the file holds.
+    let src =
+        open_source(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pt/views.pt"))
+            .unwrap();
+    let torch = src.as_torch().unwrap();
+    let t = torch
+        .value()
+        .get("expanded")
+        .and_then(|v| v.as_tensor())
+        .unwrap()
+        .clone();
+    let mut wide = t.clone();
+    wide.shape = vec![1 << 40, 1 << 20];
+    wide.strides = vec![0, 0];
+    let err = torch.tensor_bytes(&wide).unwrap_err();
+    assert!(
+        matches!(err, ConvertError::TensorOutOfBounds { .. }),
+        "{err:?}"
+    );
+    assert_eq!(torch.tensor_bytes(&t).unwrap().len(), 12 * 4);
+}
+
+#[test]
+fn garbage_is_an_unknown_format() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (i, bytes) in [
+        &b""[..],
+        b"hello world",
+        b"PK\x03\x04",
+        b"\x93NUMPY",
+        b"\x1f\x8b\x08\x00",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let path = tmp.path().join(format!("g{i}"));
+        std::fs::write(&path, bytes).unwrap();
+        assert!(open_source(&path).is_err(), "{bytes:?}");
+    }
+}

@@ -1,0 +1,214 @@
+"""`hspack.Dataset`: reading samples as dicts of torch tensors or numpy arrays."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from . import _hspack
+from ._errors import make_error
+from ._tensors import FORMATS, convert
+
+CHECKS = ("once", "always", "never")
+
+
+@dataclass
+class Sample:
+    """One sample: its identity and its tensors (`{field name: tensor}`)."""
+
+    key: str
+    ordinal: int
+    rows: int
+    loss_rows: int | None
+    tensors: dict
+
+    def __getitem__(self, name: str) -> Any:
+        return self.tensors[name]
+
+
+class Dataset:
+    """An open hspack dataset.
+
+    `ds[i]` is `{field name: tensor}` for sample `i` (negative counts from the end);
+    `ds.sample(i)` adds the key, ordinal and row count. Tensors are views of the mapped
+    shard when a field's rows lie in one uncompressed chunk, else freshly decoded. Views are
+    read-only (writing to one faults): pass `copy=True` for writable tensors. A view keeps its
+    shard mapped after the dataset is closed or deleted.
+
+    The dataset pickles as its path and options; the mapping is reopened lazily in the
+    process that unpickles it (DataLoader workers, fork or spawn).
+    """
+
+    def __init__(self, path: str | os.PathLike, check: str = "once", format: str = "torch"):
+        if check not in CHECKS:
+            raise make_error("BadOption", "option check: must be \"once\", \"always\" or \"never\"", option="check")
+        if format not in FORMATS:
+            raise make_error("BadOption", "option format: must be \"torch\" or \"numpy\"", option="format")
+        self.path = os.fspath(path)
+        self.check = check
+        self.format = format
+        self._native: _hspack.Dataset | None = None
+        self._schema: dict | None = None
+        self._lengths: tuple | None = None
+        self.native  # open now, so a missing dataset fails here
+
+    # -- lifecycle -----------------------------------------------------------------------
+    @property
+    def native(self) -> _hspack.Dataset:
+        """The native dataset, opened on first use."""
+        if self._native is None:
+            self._native = _hspack.Dataset(self.path, self.check)
+        return self._native
+
+    def close(self) -> None:
+        """Drops this object's handle on the mapping (views already made stay valid)."""
+        self._native = None
+
+    def __getstate__(self) -> dict:
+        return {"path": self.path, "check": self.check, "format": self.format}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._native = None
+        self._schema = None
+        self._lengths = None
+
+    def __enter__(self) -> "Dataset":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"hspack.Dataset({self.path!r}, samples={len(self)}, check={self.check!r})"
+
+    # -- metadata ------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.native)
+
+    def _schema_dict(self) -> dict:
+        if self._schema is None:
+            self._schema = json.loads(self.native.schema_json())
+        return self._schema
+
+    @property
+    def schema(self) -> list[dict]:
+        """The fields: dicts with `name`, `dtype`, `shape` (of one row) and `role`."""
+        return self._schema_dict()["fields"]
+
+    @property
+    def capture(self) -> dict | None:
+        """How the hidden states were captured (model, layers, hidden size, ...), or None."""
+        return self._schema_dict().get("capture")
+
+    @property
+    def fields(self) -> list[str]:
+        """Field names in storage order."""
+        return [f["name"] for f in self.schema]
+
+    @property
+    def manifest(self) -> dict:
+        """The manifest: shards, sample count, schema, writer."""
+        return json.loads(self.native.manifest_json())
+
+    @property
+    def shard_ranges(self) -> list[tuple[int, int]]:
+        """`(first ordinal, samples)` of every shard, in order."""
+        return [(s["first_ordinal"], s["samples"]) for s in self.manifest["shards"]]
+
+    def _length_arrays(self) -> tuple:
+        if self._lengths is None:
+            raw = np.frombuffer(self.native.lengths(), dtype="<u8")
+            n = raw.size // 2
+            rows = raw[:n].astype(np.int64)
+            loss = raw[n:]
+            loss = np.where(loss == np.iinfo(np.uint64).max, -1, loss).astype(np.int64)
+            self._lengths = (rows, loss)
+        return self._lengths
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Rows (tokens) of every sample, from the shard indexes (no data is read)."""
+        return self._length_arrays()[0]
+
+    @property
+    def loss_lengths(self) -> np.ndarray:
+        """Rows with the loss mask set, per sample; -1 where the schema has no loss mask."""
+        return self._length_arrays()[1]
+
+    def keys(self) -> list[str]:
+        """Sample keys in ordinal order."""
+        return self.native.keys()
+
+    def ordinal(self, key: str) -> int | None:
+        """The ordinal of the sample with `key`, or None."""
+        return self.native.find(key)
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and self.native.find(key) is not None
+
+    # -- reading -------------------------------------------------------------------------
+    def _index(self, i: int) -> int:
+        n = len(self)
+        if not isinstance(i, (int, np.integer)):
+            raise TypeError(f"sample index must be an int, not {type(i).__name__}")
+        i = int(i)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"sample {i} is out of range: the dataset has {n} samples")
+        return i
+
+    def read(
+        self,
+        i: int,
+        fields: Sequence[str] | None = None,
+        rows: tuple[int, int] | None = None,
+        copy: bool = False,
+    ) -> dict:
+        """`{field: tensor}` of sample `i`: only `fields` (all when None), only token rows
+        `rows = (start, stop)` (all when None)."""
+        i = self._index(i)
+        parts = self.native.read(i, list(fields) if fields is not None else None, tuple(rows) if rows is not None else None)
+        return {name: convert(buf, self.format, copy) for name, buf in parts}
+
+    def __getitem__(self, i: int) -> dict:
+        return self.read(i)
+
+    def __iter__(self) -> Iterator[dict]:
+        for i in range(len(self)):
+            yield self.read(i)
+
+    def sample(self, i: int, fields: Sequence[str] | None = None, rows: tuple[int, int] | None = None, copy: bool = False) -> Sample:
+        """Sample `i` with its key, ordinal and rows."""
+        i = self._index(i)
+        key, n, loss = self.native.info(i)
+        return Sample(key=key, ordinal=i, rows=n, loss_rows=loss, tensors=self.read(i, fields, rows, copy))
+
+    def get(self, key: str, fields: Sequence[str] | None = None, rows: tuple[int, int] | None = None, copy: bool = False) -> dict:
+        """`{field: tensor}` of the sample with `key`; `HspackError` (kind `NoSuchKey`) when
+        there is none."""
+        i = self.native.find(key)
+        if i is None:
+            raise make_error("NoSuchKey", f"no sample has key `{key}`: list the keys with `hspack ls`", key=key)
+        return self.read(i, fields, rows, copy)
+
+    def _mapping_range(self, shard: int) -> tuple[int, int]:
+        """`(address, length)` of shard `shard`'s mapping in this process."""
+        return self.native.mapping_range(shard)
+
+
+def open(path: str | os.PathLike, check: str = "once", format: str = "torch") -> Dataset:
+    """Opens the dataset in folder `path`. Reads only the manifest; shards are mapped and
+    checked on first use.
+
+    `check`: `"once"` hashes each chunk the first time this process reads it (default),
+    `"always"` on every read, `"never"` trusts the bytes (chunk headers are still checked;
+    a damaged payload is then returned as is: run `hspack.verify` separately).
+    `format`: `"torch"` or `"numpy"` (bf16 / fp8 arrays hold the raw bits as uint16 / uint8).
+    """
+    return Dataset(path, check=check, format=format)

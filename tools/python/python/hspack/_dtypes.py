@@ -1,0 +1,96 @@
+"""The dtype table: hspack names, numpy and torch types, and bytes in and out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ._errors import make_error
+
+#: hspack dtype name -> numpy dtype used for its bytes. bf16 and the fp8 types have no numpy
+#: type: their arrays hold the raw bits (uint16 / uint8).
+NUMPY = {
+    "bool": np.dtype(np.bool_),
+    "u8": np.dtype(np.uint8),
+    "i8": np.dtype(np.int8),
+    "i16": np.dtype("<i2"),
+    "i32": np.dtype("<i4"),
+    "i64": np.dtype("<i8"),
+    "f16": np.dtype("<f2"),
+    "bf16": np.dtype("<u2"),
+    "f32": np.dtype("<f4"),
+    "f64": np.dtype("<f8"),
+    "f8e4m3fn": np.dtype(np.uint8),
+    "f8e5m2": np.dtype(np.uint8),
+}
+
+_TORCH: dict[str, Any] | None = None
+
+
+def torch_dtypes() -> dict[str, Any]:
+    """hspack dtype name -> torch dtype (torch is imported on first use)."""
+    global _TORCH
+    if _TORCH is None:
+        import torch
+
+        _TORCH = {
+            "bool": torch.bool,
+            "u8": torch.uint8,
+            "i8": torch.int8,
+            "i16": torch.int16,
+            "i32": torch.int32,
+            "i64": torch.int64,
+            "f16": torch.float16,
+            "bf16": torch.bfloat16,
+            "f32": torch.float32,
+            "f64": torch.float64,
+            "f8e4m3fn": torch.float8_e4m3fn,
+            "f8e5m2": torch.float8_e5m2,
+        }
+    return _TORCH
+
+
+def hspack_name_of(array: Any) -> str | None:
+    """The hspack dtype name of a torch tensor or numpy array, or None."""
+    if isinstance(array, np.ndarray):
+        for name, dt in NUMPY.items():
+            if array.dtype == dt and name not in ("bf16", "f8e4m3fn", "f8e5m2"):
+                return name
+        return None
+    for name, dt in torch_dtypes().items():
+        if array.dtype == dt:
+            return name
+    return None
+
+
+def input_bytes(key: str, name: str, field: dict, value: Any) -> np.ndarray:
+    """The bytes of one field of a sample to append, as a flat uint8 numpy array that shares
+    memory with `value` when it is contiguous. Checks dtype and row shape against `field`."""
+    want = field["dtype"]
+    row_shape = tuple(field["shape"])
+    if isinstance(value, np.ndarray):
+        got = hspack_name_of(value)
+        raw_ok = want in ("bf16", "f8e4m3fn", "f8e5m2") and value.dtype == NUMPY[want]
+        if got != want and not raw_ok:
+            raise make_error("BadSample", f"sample `{key}`, field `{name}`: dtype {value.dtype}, the schema says {want}", key=key, field=name)
+        shape = value.shape
+        flat = np.ascontiguousarray(value).reshape(-1).view(np.uint8)
+    else:
+        if getattr(value, "device", None) is not None and value.device.type != "cpu":
+            raise make_error("BadSample", f"sample `{key}`, field `{name}`: the tensor is on {value.device}; move it to the CPU", key=key, field=name)
+        got = hspack_name_of(value)
+        if got != want:
+            raise make_error("BadSample", f"sample `{key}`, field `{name}`: dtype {value.dtype}, the schema says {want}", key=key, field=name)
+        shape = tuple(value.shape)
+        import torch
+
+        flat = value.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
+    if len(shape) != 1 + len(row_shape) or tuple(shape[1:]) != row_shape:
+        raise make_error(
+            "BadSample",
+            f"sample `{key}`, field `{name}`: shape {tuple(shape)}, the schema needs [rows, {', '.join(map(str, row_shape))}]".replace(", ]", "]"),
+            key=key,
+            field=name,
+        )
+    return flat

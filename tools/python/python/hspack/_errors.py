@@ -1,0 +1,19 @@
+"""`HspackError`, the one exception class of hspack, and a constructor for Python-side errors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._hspack import ERROR_CONTEXT, HspackError
+
+
+def make_error(kind: str, message: str, **context: Any) -> HspackError:
+    """An `HspackError` of `kind` with the same attributes the native errors carry."""
+    err = HspackError(message)
+    err.kind = kind
+    for name in ERROR_CONTEXT:
+        setattr(err, name, context.get(name))
+    return err
+
+
+__all__ = ["HspackError", "make_error"]

@@ -1,0 +1,54 @@
+"""Schema helpers: fields as plain dicts, the same JSON the Rust schema uses."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from ._errors import make_error
+
+POINTS = ("layer_input", "layer_output", "final_norm")
+
+
+def _role(role: Any) -> dict:
+    if isinstance(role, dict):
+        return dict(role)
+    if role in ("token_ids", "loss_mask", "other"):
+        return {"kind": role}
+    raise make_error("BadOption", f"option role: {role!r} is not a role; use \"token_ids\", \"loss_mask\", \"other\" or hidden_state(...)", option="role")
+
+
+def field(name: str, dtype: str, shape: Sequence[int] = (), role: Any = "other") -> dict:
+    """A field: rows of `shape`-shaped elements of `dtype` (`"bf16"`, `"i32"`, ...)."""
+    return {"name": name, "dtype": dtype, "shape": [int(d) for d in shape], "role": _role(role)}
+
+
+def hidden_state(layer: int, width: int, point: str = "layer_input", dtype: str = "bf16", name: str | None = None) -> dict:
+    """A hidden-state field of decoder layer `layer`, `width` wide, taken at `point`
+    (`"layer_input"`, `"layer_output"` or `"final_norm"`). Named `hidden.<layer>` (or
+    `hidden.final`) unless `name` is given."""
+    if point not in POINTS:
+        raise make_error("BadOption", f"option point: must be one of {', '.join(POINTS)}", option="point")
+    if name is None:
+        name = "hidden.final" if point == "final_norm" else f"hidden.{layer}"
+    return field(name, dtype, [width], {"kind": "hidden_state", "layer": int(layer), "point": point})
+
+
+def token_ids(name: str = "input_ids", dtype: str = "i32") -> dict:
+    """The token-id field: one id per row."""
+    return field(name, dtype, [], "token_ids")
+
+
+def loss_mask(name: str = "loss_mask", dtype: str = "u8") -> dict:
+    """The loss-mask field: one value per row, non-zero where the loss counts."""
+    return field(name, dtype, [], "loss_mask")
+
+
+def normalize(fields: Sequence[Any]) -> list[dict]:
+    """Fields as the dicts the native writer takes (roles given as strings become dicts)."""
+    out = []
+    for f in fields:
+        f = dict(f)
+        f["shape"] = [int(d) for d in f.get("shape", ())]
+        f["role"] = _role(f.get("role", "other"))
+        out.append(f)
+    return out

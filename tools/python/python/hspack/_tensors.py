@@ -1,0 +1,57 @@
+"""Turning native tensor buffers into torch tensors or numpy arrays without copying."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import numpy as np
+
+from ._dtypes import torch_dtypes
+
+# Tensors over a mapped shard are read-only; torch has no read-only tensors and warns (once
+# per process) when it wraps a read-only array. The contract is documented instead (do not
+# write to views; ask for `copy=True`), so the one warning is spent here, silenced.
+_SPENT = False
+
+
+def _spend_torch_readonly_warning() -> None:
+    global _SPENT
+    import torch
+
+    _SPENT = True
+    a = np.zeros(1)
+    a.flags.writeable = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.from_numpy(a)
+
+
+FORMATS = ("torch", "numpy")
+
+
+def to_numpy(buf: Any) -> np.ndarray:
+    """A read-only numpy array over the buffer (bf16 and fp8 as raw uint16 / uint8 bits)."""
+    return np.asarray(buf)
+
+
+def to_torch(buf: Any) -> Any:
+    """A torch tensor over the buffer, with its true dtype (bf16 and fp8 included)."""
+    import torch
+
+    if not _SPENT:
+        _spend_torch_readonly_warning()
+    t = torch.from_numpy(np.asarray(buf))
+    dtype = torch_dtypes()[buf.dtype]
+    if t.dtype != dtype:
+        t = t.view(dtype)
+    return t
+
+
+def convert(buf: Any, format: str, copy: bool) -> Any:
+    """The buffer as `format`; a private writable copy when `copy`."""
+    if format == "torch":
+        t = to_torch(buf)
+        return t.clone() if copy else t
+    a = to_numpy(buf)
+    return a.copy() if copy else a

@@ -1,0 +1,31 @@
+"""PyTorch integration: datasets, samplers, batching and the EAGLE-3 view.
+
+    from hspack.torch import HspackIterableDataset, HspackLoader, PadCollate
+    ds = HspackIterableDataset("data/", view="eagle3", seed=0)
+    loader = HspackLoader(ds, batch_size=4, num_workers=2, collate_fn=PadCollate(max_len=4096))
+    for epoch in range(epochs):
+        loader.set_epoch(epoch)
+        for batch in loader: ...
+        # checkpoint: loader.state_dict(); resume: loader.load_state_dict(state)
+"""
+
+from .batching import PadCollate, TokenBudgetBatchSampler, pad_collate
+from .datasets import HspackDataset, HspackIterableDataset, HspackSampler
+from .loader import HspackLoader
+from .order import epoch_order, partition
+from .views import Eagle3View, FieldsView, eagle3_fields
+
+__all__ = [
+    "Eagle3View",
+    "FieldsView",
+    "HspackDataset",
+    "HspackIterableDataset",
+    "HspackLoader",
+    "HspackSampler",
+    "PadCollate",
+    "TokenBudgetBatchSampler",
+    "eagle3_fields",
+    "epoch_order",
+    "pad_collate",
+    "partition",
+]

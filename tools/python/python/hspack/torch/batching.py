@@ -1,0 +1,155 @@
+"""Batching: a token-budget batch sampler (lengths from the index, no data reads) and a
+padding collate."""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import torch
+import torch.utils.data as tud
+
+from . import order as _order
+from .views import shared_empty
+
+
+def pack(ordinals: np.ndarray, lengths: np.ndarray, max_tokens: int) -> list[list[int]]:
+    """Greedy batches of `ordinals` (taken in the given order) whose padded size
+    `len(batch) * max(length)` stays within `max_tokens`; a longer sample is a batch alone."""
+    batches: list[list[int]] = []
+    cur: list[int] = []
+    longest = 0
+    for o in ordinals.tolist():
+        n = int(lengths[o])
+        if cur and max(longest, n) * (len(cur) + 1) > max_tokens:
+            batches.append(cur)
+            cur, longest = [], 0
+        cur.append(o)
+        longest = max(longest, n)
+    if cur:
+        batches.append(cur)
+    return batches
+
+
+class TokenBudgetBatchSampler(tud.Sampler):
+    """Batches of at most `max_tokens` padded tokens, bucketed by length.
+
+    Each epoch takes this rank's share of the shuffled order (as `HspackSampler`), sorts
+    each window of `bucket_size` samples by length, packs them greedily, and shuffles the
+    batches by `(seed, epoch, rank)`. Lengths come from the shard indexes, clipped to
+    `max_len`. Every sample of the rank lies in exactly one batch. With `even_batches`, every
+    rank yields the same number of batches (the smallest over ranks; the extra batches of
+    other ranks are skipped this epoch), which DDP needs to stay in step.
+
+    Resume: `state_dict()` holds the batches consumed (advanced by `HspackLoader`, or by you
+    with `advance(1)` per batch)."""
+
+    def __init__(self, dataset: Any, max_tokens: int, *, max_len: int | None = None, shuffle: bool = True, seed: int = 0, bucket_size: int = 1024, block_size: int = 64, window_blocks: int = 16, even_batches: bool = False, rank: int | None = None, world_size: int | None = None):
+        ds = dataset.hspack if hasattr(dataset, "hspack") else dataset
+        self.shard_ranges = ds.shard_ranges
+        lengths = ds.lengths
+        self.lengths = lengths if max_len is None else np.minimum(lengths, max_len)
+        self.max_tokens = max_tokens
+        self.shuffle, self.seed, self.bucket_size = shuffle, seed, bucket_size
+        self.block_size, self.window_blocks = block_size, window_blocks
+        self.even_batches = even_batches
+        if rank is None or world_size is None:
+            rank, world_size = _order.world()
+        self.rank, self.world_size = rank, world_size
+        self.epoch = 0
+        self.consumed = 0
+
+    def _world(self) -> tuple[int, int]:
+        return self.rank, self.world_size
+
+    def _rank_batches(self, full: np.ndarray, rank: int, world: int) -> list[list[int]]:
+        part = _order.partition(full, world, rank)
+        batches: list[list[int]] = []
+        for i in range(0, len(part), self.bucket_size):
+            window = part[i : i + self.bucket_size]
+            window = window[np.argsort(self.lengths[window], kind="stable")]
+            batches.extend(pack(window, self.lengths, self.max_tokens))
+        if self.shuffle:
+            perm = _order.rng(self.seed, self.epoch, 1 + rank).permutation(len(batches))
+            batches = [batches[j] for j in perm]
+        return batches
+
+    def batches(self) -> list[list[int]]:
+        """This rank's batches for the epoch, consumed ones included."""
+        rank, world = self._world()
+        full = _order.epoch_order(self.shard_ranges, self.seed, self.epoch, self.shuffle, self.block_size, self.window_blocks)
+        mine = self._rank_batches(full, rank, world)
+        if self.even_batches and world > 1:
+            fewest = min(len(self._rank_batches(full, r, world)) for r in range(world))
+            mine = mine[:fewest]
+        return mine
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return iter(self.batches()[self.consumed :])
+
+    def __len__(self) -> int:
+        return len(self.batches()) - self.consumed
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch, self.consumed = int(epoch), 0
+
+    def advance(self, batches: int) -> None:
+        self.consumed += int(batches)
+
+    def state_dict(self) -> dict:
+        return {"seed": self.seed, "epoch": self.epoch, "consumed": self.consumed}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state["seed"] != self.seed:
+            raise ValueError("the state was saved with another seed; the epoch order would differ")
+        self.epoch, self.consumed = int(state["epoch"]), int(state["consumed"])
+
+
+class PadCollate:
+    """Collates `[T, ...]` samples into `[B, T_max, ...]` batches, padding at the end.
+
+    Per-token tensors (first dim equals the sample's length, taken from `length_key`) are
+    cut to `max_len` and padded: `pad_ids` for `input_ids`, 0 elsewhere (so `loss_mask`
+    is 0 on padding). Adds `attention_mask` (`[B, T_max]` int64, 1 on real tokens) and
+    `lengths`. Ints (`ordinal`) become a tensor; other values are listed. In DataLoader
+    workers the batch tensors are allocated in shared memory."""
+
+    def __init__(self, max_len: int | None = None, pad_id: int = 0, length_key: str = "input_ids", pad_to_multiple_of: int | None = None):
+        self.max_len, self.pad_id, self.length_key = max_len, pad_id, length_key
+        self.multiple = pad_to_multiple_of
+
+    def __call__(self, samples: Sequence[dict]) -> dict:
+        first = samples[0]
+        key = self.length_key if self.length_key in first else next(k for k, v in first.items() if torch.is_tensor(v))
+        lengths = [int(s[key].shape[0]) for s in samples]
+        if self.max_len is not None:
+            lengths = [min(n, self.max_len) for n in lengths]
+        t_max = max(lengths) if lengths else 0
+        if self.multiple:
+            t_max = -(-t_max // self.multiple) * self.multiple
+        out: dict = {}
+        for name, v in first.items():
+            if torch.is_tensor(v) and v.dim() >= 1 and v.shape[0] == first[key].shape[0]:
+                batch = shared_empty((len(samples), t_max, *v.shape[1:]), v.dtype)
+                fill = self.pad_id if name == "input_ids" else 0
+                for b, (s, n) in enumerate(zip(samples, lengths)):
+                    batch[b, :n] = s[name][:n]
+                    if n < t_max:
+                        batch[b, n:] = fill
+                out[name] = batch
+            elif isinstance(v, int):
+                out[name] = torch.tensor([s[name] for s in samples], dtype=torch.int64)
+            else:
+                out[name] = [s[name] for s in samples]
+        mask = shared_empty((len(samples), t_max), torch.int64)
+        for b, n in enumerate(lengths):
+            mask[b, :n] = 1
+            mask[b, n:] = 0
+        out["attention_mask"] = mask
+        out["lengths"] = torch.tensor(lengths, dtype=torch.int64)
+        return out
+
+
+def pad_collate(samples: Sequence[dict]) -> dict:
+    """`PadCollate()` with default settings."""
+    return PadCollate()(samples)

@@ -1,0 +1,187 @@
+"""Torch datasets over an hspack dataset: map-style with a resumable sampler, and iterable
+for streaming. Both pickle as path and options and reopen the mapping lazily in each
+DataLoader worker (fork or spawn). The rank and world size come from `torch.distributed`
+when the sampler or iterable dataset is built (build it after `init_process_group`), or are
+given explicitly."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+import torch.utils.data as tud
+
+from .._dataset import Dataset
+from . import order as _order
+from .views import Eagle3View, FieldsView
+
+
+def make_view(view: Any, fields: Sequence[str] | None, max_len: int | None) -> Callable:
+    if view is None:
+        return FieldsView(fields, max_len)
+    if view == "eagle3":
+        return Eagle3View(max_len=max_len)
+    if view == "eagle3-specforge":
+        return Eagle3View(max_len=max_len, layout="specforge")
+    return view
+
+
+class _Epoch:
+    """The (seed, epoch, consumed) state shared by the sampler and the iterable dataset:
+    this rank's order for the epoch, and how much of it the training loop has consumed."""
+
+    def __init__(self, shuffle: bool, seed: int, block_size: int, window_blocks: int, drop_last: bool, pad: bool, rank: int | None, world_size: int | None):
+        self.shuffle, self.seed = shuffle, seed
+        self.block_size, self.window_blocks = block_size, window_blocks
+        self.drop_last, self.pad = drop_last, pad
+        # Resolved here, in the main process: DataLoader workers have no process group.
+        if rank is None or world_size is None:
+            rank, world_size = _order.world()
+        self.rank, self.world_size = rank, world_size
+        self.epoch = 0
+        self.consumed = 0
+
+    def _world(self) -> tuple[int, int]:
+        return self.rank, self.world_size
+
+    def rank_order(self, shard_ranges: Sequence[tuple[int, int]]) -> np.ndarray:
+        """This rank's samples for the epoch, in order (all of them, consumed included)."""
+        rank, world = self._world()
+        full = _order.epoch_order(shard_ranges, self.seed, self.epoch, self.shuffle, self.block_size, self.window_blocks)
+        return _order.partition(full, world, rank, self.drop_last, self.pad)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Starts epoch `epoch` from its beginning."""
+        self.epoch, self.consumed = int(epoch), 0
+
+    def advance(self, samples: int) -> None:
+        """Records that the training loop consumed `samples` more samples."""
+        self.consumed += int(samples)
+
+    def state_dict(self) -> dict:
+        rank, world = self._world()
+        return {"seed": self.seed, "epoch": self.epoch, "consumed": self.consumed, "rank": rank, "world_size": world}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resumes: the next iteration yields exactly the samples of the epoch not consumed.
+        The seed and world size must match the run that saved the state."""
+        if state["seed"] != self.seed or state.get("world_size", self._world()[1]) != self._world()[1]:
+            raise ValueError("the state was saved with another seed or world size; the epoch order would differ")
+        self.epoch, self.consumed = int(state["epoch"]), int(state["consumed"])
+
+
+class HspackDataset(tud.Dataset):
+    """Map-style dataset: `ds[i]` is the view of sample `i` (`{field: tensor, "ordinal": i}`
+    by default; `view="eagle3"` / `"eagle3-specforge"` for the EAGLE-3 view; or any callable
+    `view(hspack_dataset, ordinal)`). Pair it with `HspackSampler` (shuffled, partitioned,
+    resumable) or `TokenBudgetBatchSampler`."""
+
+    def __init__(self, path: str | os.PathLike, fields: Sequence[str] | None = None, *, view: Any = None, max_len: int | None = None, check: str = "once"):
+        self.path, self.check = os.fspath(path), check
+        self.view = make_view(view, fields, max_len)
+        self._ds: Dataset | None = None
+        self.hspack  # fail early on a bad path
+
+    @property
+    def hspack(self) -> Dataset:
+        """The underlying `hspack.Dataset`, opened on first use in each process."""
+        if self._ds is None:
+            self._ds = Dataset(self.path, check=self.check)
+        return self._ds
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_ds": None}
+
+    def __len__(self) -> int:
+        return len(self.hspack)
+
+    def __getitem__(self, i: int) -> Any:
+        return self.view(self.hspack, int(i))
+
+
+class HspackSampler(tud.Sampler):
+    """Yields this rank's ordinals for the epoch: shuffled by `(seed, epoch)` in shard-local
+    blocks (see `hspack.torch.order`), partitioned across `torch.distributed` ranks.
+
+    Partition policy: by default every sample exactly once per epoch, ranks differing by at
+    most one sample (with DDP, uneven ranks run different step counts: use `drop_last` or
+    `pad`, see `order.partition`). Call `set_epoch(e)` before each epoch. Resume mid-epoch
+    with `state_dict()` / `load_state_dict()`: the consumed count is advanced by
+    `HspackLoader` (or by you, with `advance(n)`), and iteration resumes after it."""
+
+    def __init__(self, dataset: Any, *, shuffle: bool = True, seed: int = 0, block_size: int = 64, window_blocks: int = 16, drop_last: bool = False, pad: bool = False, rank: int | None = None, world_size: int | None = None):
+        ds = dataset.hspack if hasattr(dataset, "hspack") else dataset
+        self.shard_ranges = ds.shard_ranges
+        self.state = _Epoch(shuffle, seed, block_size, window_blocks, drop_last, pad, rank, world_size)
+
+    def __iter__(self) -> Iterator[int]:
+        seq = self.state.rank_order(self.shard_ranges)[self.state.consumed :]
+        return iter(seq.tolist())
+
+    def __len__(self) -> int:
+        return len(self.state.rank_order(self.shard_ranges)) - self.state.consumed
+
+    def set_epoch(self, epoch: int) -> None:
+        self.state.set_epoch(epoch)
+
+    def advance(self, samples: int) -> None:
+        self.state.advance(samples)
+
+    def state_dict(self) -> dict:
+        return self.state.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.state.load_state_dict(state)
+
+
+class HspackIterableDataset(tud.IterableDataset):
+    """Streaming dataset: yields this rank's samples for the epoch (same order, partition
+    and views as `HspackDataset` + `HspackSampler`), split across DataLoader workers so that
+    the loader yields them in the rank's order (batch k comes from worker k % workers).
+
+    Set `batch_size` to the DataLoader's (`HspackLoader` does it). Call `set_epoch(e)` before
+    each epoch; `state_dict()` / `load_state_dict()` resume mid-epoch with exactly the samples
+    not yet consumed. Persistent workers keep the state they started with: do not combine
+    them with `load_state_dict` or `set_epoch`."""
+
+    def __init__(self, path: str | os.PathLike, fields: Sequence[str] | None = None, *, view: Any = None, max_len: int | None = None, check: str = "once", shuffle: bool = True, seed: int = 0, batch_size: int = 1, block_size: int = 64, window_blocks: int = 16, drop_last: bool = False, pad: bool = False, rank: int | None = None, world_size: int | None = None):
+        self.path, self.check = os.fspath(path), check
+        self.view = make_view(view, fields, max_len)
+        self.batch_size = batch_size
+        self.state = _Epoch(shuffle, seed, block_size, window_blocks, drop_last, pad, rank, world_size)
+        self._ds: Dataset | None = None
+        self.hspack
+
+    @property
+    def hspack(self) -> Dataset:
+        if self._ds is None:
+            self._ds = Dataset(self.path, check=self.check)
+        return self._ds
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_ds": None}
+
+    def __len__(self) -> int:
+        return len(self.state.rank_order(self.hspack.shard_ranges)) - self.state.consumed
+
+    def __iter__(self) -> Iterator[Any]:
+        ds = self.hspack
+        seq = self.state.rank_order(ds.shard_ranges)[self.state.consumed :]
+        info = tud.get_worker_info()
+        if info is not None:
+            seq = _order.interleave_batches(seq, info.num_workers, info.id, self.batch_size)
+        for i in seq.tolist():
+            yield self.view(ds, i)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.state.set_epoch(epoch)
+
+    def advance(self, samples: int) -> None:
+        self.state.advance(samples)
+
+    def state_dict(self) -> dict:
+        return self.state.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.state.load_state_dict(state)

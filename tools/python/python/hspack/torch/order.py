@@ -1,0 +1,96 @@
+"""Epoch orders: deterministic shuffles that read shard-local runs, and partitions of an
+order across ranks and DataLoader workers.
+
+The shuffle for `(seed, epoch)`: every shard's ordinals are cut into blocks of
+`block_size` consecutive samples; the blocks are shuffled; then each window of
+`window_blocks` consecutive (shuffled) blocks is shuffled sample by sample. A reader thus
+touches about `window_blocks` runs of neighbouring samples at a time, while any sample can
+land anywhere in the epoch.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+
+def rng(seed: int, epoch: int, *extra: int) -> np.random.Generator:
+    """The generator of `(seed, epoch, *extra)`: the same on every rank and worker."""
+    return np.random.Generator(np.random.PCG64([int(seed), int(epoch), *map(int, extra)]))
+
+
+def blocks(shard_ranges: Sequence[tuple[int, int]], block_size: int) -> list[tuple[int, int]]:
+    """`(start, stop)` runs of at most `block_size` ordinals that never cross a shard."""
+    out = []
+    for first, count in shard_ranges:
+        for start in range(first, first + count, block_size):
+            out.append((start, min(start + block_size, first + count)))
+    return out
+
+
+def epoch_order(
+    shard_ranges: Sequence[tuple[int, int]],
+    seed: int = 0,
+    epoch: int = 0,
+    shuffle: bool = True,
+    block_size: int = 64,
+    window_blocks: int = 16,
+) -> np.ndarray:
+    """Every ordinal exactly once, in the order of `(seed, epoch)`; in ordinal order when
+    `shuffle` is false."""
+    runs = blocks(shard_ranges, max(1, block_size))
+    if not shuffle:
+        return np.concatenate([np.arange(a, b) for a, b in runs]) if runs else np.zeros(0, np.int64)
+    g = rng(seed, epoch)
+    perm = g.permutation(len(runs))
+    out = []
+    w = max(1, window_blocks)
+    for i in range(0, len(perm), w):
+        window = np.concatenate([np.arange(*runs[j]) for j in perm[i : i + w]])
+        g.shuffle(window)
+        out.append(window)
+    return np.concatenate(out).astype(np.int64) if out else np.zeros(0, np.int64)
+
+
+def partition(order: np.ndarray, parts: int, part: int, drop_last: bool = False, pad: bool = False) -> np.ndarray:
+    """Part `part` of `parts` contiguous slices of `order`.
+
+    Default: every sample exactly once; when `len(order)` does not divide evenly the first
+    `len(order) % parts` parts hold one sample more. `drop_last`: every part holds
+    `len // parts`; the last `len % parts` samples of this epoch's order are skipped (other
+    samples are skipped in other epochs). `pad`: every part holds `ceil(len / parts)`, the
+    shortfall filled by repeating the order from its start (those samples are seen twice).
+    """
+    n = len(order)
+    if drop_last:
+        per = n // parts
+        return order[part * per : (part + 1) * per]
+    if pad and n:
+        per = -(-n // parts)
+        total = per * parts
+        padded = np.concatenate([order] * (-(-total // n)))[:total]
+        return padded[part * per : (part + 1) * per]
+    base, extra = divmod(n, parts)
+    start = part * base + min(part, extra)
+    return order[start : start + base + (1 if part < extra else 0)]
+
+
+def interleave_batches(seq: np.ndarray, workers: int, worker: int, batch_size: int) -> np.ndarray:
+    """The share of DataLoader worker `worker` of `seq` such that, with the DataLoader's
+    round-robin over workers and batches of `batch_size`, the loader yields `seq` in order:
+    batch k of `seq` goes to worker `k % workers`."""
+    if workers <= 1:
+        return seq
+    b = max(1, batch_size)
+    idx = [seq[k * b : (k + 1) * b] for k in range(worker, -(-len(seq) // b), workers)]
+    return np.concatenate(idx) if idx else seq[:0]
+
+
+def world() -> tuple[int, int]:
+    """`(rank, world size)` of the default torch.distributed group, `(0, 1)` without one."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1

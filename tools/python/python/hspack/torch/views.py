@@ -1,0 +1,141 @@
+"""Views: what a torch dataset returns for one sample.
+
+`FieldsView` returns `{field: tensor}` (plus `ordinal`); `Eagle3View` returns the keys an
+EAGLE-3 trainer consumes. Views are small picklable objects applied to an open
+`hspack.Dataset`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from .._errors import make_error
+from .._dtypes import torch_dtypes
+
+
+def shared_empty(shape: Sequence[int], dtype: Any) -> Any:
+    """An uninitialized tensor; in a DataLoader worker it is allocated in shared memory, so
+    sending it to the main process copies nothing."""
+    import torch
+    from torch.utils.data import get_worker_info
+
+    if get_worker_info() is None:
+        return torch.empty(tuple(shape), dtype=dtype)
+    numel = 1
+    for d in shape:
+        numel *= int(d)
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    storage = torch.UntypedStorage._new_shared(numel * itemsize)
+    return torch.empty(0, dtype=dtype).set_(storage, 0, tuple(shape))
+
+
+def clip(rows: int, max_len: int | None) -> int:
+    return rows if max_len is None else min(rows, max_len)
+
+
+class FieldsView:
+    """`{field: tensor}` of the chosen `fields` (all when None), the first `max_len` rows
+    (all when None), plus `ordinal` (int)."""
+
+    def __init__(self, fields: Sequence[str] | None = None, max_len: int | None = None):
+        self.fields = list(fields) if fields is not None else None
+        self.max_len = max_len
+
+    def __call__(self, ds: Any, ordinal: int) -> dict:
+        rows = None
+        if self.max_len is not None:
+            n = int(ds.lengths[ordinal])
+            rows = (0, clip(n, self.max_len))
+        out = ds.read(ordinal, self.fields, rows)
+        out["ordinal"] = ordinal
+        return out
+
+
+def _point_rank(role: dict) -> tuple:
+    order = {"layer_input": 0, "layer_output": 1, "final_norm": 2}
+    return (role["layer"] + (1 if role["point"] != "layer_input" else 0), order[role["point"]])
+
+
+def eagle3_fields(schema: list[dict]) -> tuple[list[str], str]:
+    """`(auxiliary fields, target field)` of a schema: the target is the final-norm state
+    when there is one, else the deepest captured layer; the auxiliary fields are the other
+    hidden states, shallowest first."""
+    hidden = [f for f in schema if f["role"].get("kind") == "hidden_state"]
+    if len(hidden) < 2:
+        raise make_error("BadOption", "option view: the EAGLE-3 view needs at least two hidden-state fields (auxiliary layers and a target)", option="view")
+    hidden.sort(key=lambda f: _point_rank(f["role"]))
+    return [f["name"] for f in hidden[:-1]], hidden[-1]["name"]
+
+
+def _role_field(schema: list[dict], kind: str) -> str | None:
+    return next((f["name"] for f in schema if f["role"].get("kind") == kind), None)
+
+
+class Eagle3View:
+    """The EAGLE-3 training view of a sample.
+
+    `layout="hspack"` (default) returns `[T, ...]` tensors:
+    `input_ids [T]`, `loss_mask [T]`, `aux_hidden_state [T, sum of aux widths]` (the
+    auxiliary layers concatenated on the last dim, shallowest first, e.g. `[T, 3H]`),
+    `hidden_state [T, H]` (the target: final-norm state, else the deepest layer), and
+    `ordinal`.
+
+    `layout="specforge"` returns exactly what SpecForge's offline EAGLE-3 dataset item holds,
+    ready for its padding collator and training loop: `input_ids [1, T]`,
+    `loss_mask [1, T]` (last position zeroed, as SpecForge does), `attention_mask [1, T]`
+    (ones, int64), `hidden_state [1, T, 3H]` (the auxiliary concatenation) and
+    `target [1, T, H]`.
+
+    `aux_hidden_state` is built with one copy from the mapping into a tensor allocated up
+    front (in shared memory inside DataLoader workers), with the GIL released.
+    """
+
+    def __init__(
+        self,
+        aux_fields: Sequence[str] | None = None,
+        target_field: str | None = None,
+        max_len: int | None = None,
+        layout: str = "hspack",
+    ):
+        if layout not in ("hspack", "specforge"):
+            raise make_error("BadOption", "option layout: must be \"hspack\" or \"specforge\"", option="layout")
+        self.aux_fields = list(aux_fields) if aux_fields is not None else None
+        self.target_field = target_field
+        self.max_len = max_len
+        self.layout = layout
+
+    def _resolve(self, ds: Any) -> tuple[list[str], str, str | None, str | None]:
+        aux, target = self.aux_fields, self.target_field
+        if aux is None or target is None:
+            a, t = eagle3_fields(ds.schema)
+            aux = aux if aux is not None else a
+            target = target if target is not None else t
+        return aux, target, _role_field(ds.schema, "token_ids"), _role_field(ds.schema, "loss_mask")
+
+    def __call__(self, ds: Any, ordinal: int) -> dict:
+        import torch
+
+        aux, target, ids_field, mask_field = self._resolve(ds)
+        by_name = {f["name"]: f for f in ds.schema}
+        n = clip(int(ds.lengths[ordinal]), self.max_len)
+        first = by_name[aux[0]]
+        width = sum(by_name[a]["shape"][-1] for a in aux)
+        out = shared_empty((n, width), torch_dtypes()[first["dtype"]])
+        flat = out.view(-1).view(torch.uint8).numpy()
+        ds.native.read_concat_into(ordinal, aux, (0, n), flat)
+        small = [f for f in (ids_field, mask_field) if f is not None]
+        parts = ds.read(ordinal, small + [target], (0, n))
+        ids = parts[ids_field] if ids_field else None
+        mask = parts[mask_field] if mask_field else torch.ones(n, dtype=torch.int64)
+        if self.layout == "hspack":
+            return {"input_ids": ids, "loss_mask": mask, "aux_hidden_state": out, "hidden_state": parts[target], "ordinal": ordinal}
+        mask = mask.clone()
+        if n:
+            mask[-1] = 0
+        return {
+            "input_ids": ids[None],
+            "loss_mask": mask[None],
+            "attention_mask": torch.ones((1, n), dtype=torch.int64),
+            "hidden_state": out[None],
+            "target": parts[target][None],
+        }

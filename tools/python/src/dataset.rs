@@ -1,0 +1,269 @@
+//! `Dataset`: an open dataset. Every read releases the GIL.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use hspack::{CheckPolicy, ReadOptions, Sample};
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+use crate::borrowed::ByteView;
+use crate::errors::{bad_option, IntoPy};
+use crate::tensor_buffer::TensorBuffer;
+
+/// Parses a check policy name.
+pub fn check_policy(name: &str) -> PyResult<CheckPolicy> {
+    match name {
+        "once" => Ok(CheckPolicy::Once),
+        "always" => Ok(CheckPolicy::Always),
+        "never" => Ok(CheckPolicy::Never),
+        _ => Err(bad_option(
+            "check",
+            "must be \"once\", \"always\" or \"never\"",
+        )),
+    }
+}
+
+/// Asks the kernel to read ahead every chunk of `fields` of the sample. Shards are mapped for
+/// random access (no readahead), so a cold sample would otherwise fault in page by page.
+fn will_need(s: &Sample<'_>, fields: &[usize]) {
+    let shard = s.shard();
+    let index = shard.index();
+    for &f in fields {
+        for x in s.extents(f) {
+            if let Some(e) = index.chunk(x.chunk.into()) {
+                let len = hspack::format::ChunkHeader::SIZE as u64 + e.stored_len;
+                let _ = shard.map().advise_range(
+                    memmap2::Advice::WillNeed,
+                    e.offset as usize,
+                    len as usize,
+                );
+            }
+        }
+    }
+}
+
+fn row_range(rows: Option<(u64, u64)>) -> Option<Range<u64>> {
+    rows.map(|(a, b)| a..b)
+}
+
+/// An open dataset (the native half of `hspack.Dataset`).
+#[pyclass(module = "hspack._hspack", frozen)]
+pub struct Dataset {
+    inner: Arc<hspack::Dataset>,
+}
+
+impl Dataset {
+    fn field_numbers(&self, fields: Option<Vec<String>>) -> PyResult<Vec<usize>> {
+        match fields {
+            None => Ok((0..self.inner.schema().fields.len()).collect()),
+            Some(names) => names
+                .iter()
+                .map(|n| self.inner.field_index(n).py_err())
+                .collect(),
+        }
+    }
+}
+
+#[pymethods]
+impl Dataset {
+    /// Opens the dataset in folder `path`; reads the manifest only.
+    #[new]
+    #[pyo3(signature = (path, check = "once"))]
+    fn new(py: Python<'_>, path: std::path::PathBuf, check: &str) -> PyResult<Self> {
+        let options = ReadOptions {
+            check: check_policy(check)?,
+        };
+        let inner = py
+            .allow_threads(|| hspack::Dataset::open_with(&path, options))
+            .py_err()?;
+        Ok(Dataset {
+            inner: Arc::new(inner),
+        })
+    }
+
+    fn __len__(&self) -> usize {
+        self.inner.len() as usize
+    }
+
+    /// The schema (fields and capture) as JSON.
+    fn schema_json(&self) -> String {
+        String::from_utf8_lossy(&self.inner.schema().canonical_json()).into_owned()
+    }
+
+    /// The manifest as JSON.
+    fn manifest_json(&self) -> String {
+        String::from_utf8_lossy(self.inner.manifest_bytes()).into_owned()
+    }
+
+    /// `(key, rows, loss_rows or None)` of sample `ordinal`.
+    fn info(&self, py: Python<'_>, ordinal: u64) -> PyResult<(String, u64, Option<u64>)> {
+        py.allow_threads(|| {
+            let s = self.inner.sample(ordinal)?;
+            Ok((s.key().to_string(), s.rows(), s.loss_rows()))
+        })
+        .py_err()
+    }
+
+    /// The ordinal of the sample with `key`, or None.
+    fn find(&self, py: Python<'_>, key: &str) -> PyResult<Option<u64>> {
+        py.allow_threads(|| Ok(self.inner.find(key)?.map(|s| s.ordinal())))
+            .py_err()
+    }
+
+    /// Keys in ordinal order.
+    fn keys(&self, py: Python<'_>) -> PyResult<Vec<String>> {
+        py.allow_threads(|| {
+            let mut keys = Vec::with_capacity(self.inner.len() as usize);
+            for seq in 0..self.inner.manifest().shards.len() {
+                let index = self.inner.shard(seq)?.index();
+                for i in 0..index.sample_count() {
+                    let key = index.sample(i).and_then(|s| index.key_of(&s));
+                    keys.push(key.unwrap_or("").to_string());
+                }
+            }
+            Ok(keys)
+        })
+        .py_err()
+    }
+
+    /// Rows and loss rows (u64::MAX when unknown) of every sample, from the shard indexes,
+    /// as little-endian u64 bytes: `2 * len` values, rows first.
+    fn lengths<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        let bytes = py
+            .allow_threads(|| {
+                let n = self.inner.len() as usize;
+                let mut rows = Vec::with_capacity(16 * n);
+                let mut loss = Vec::with_capacity(8 * n);
+                for seq in 0..self.inner.manifest().shards.len() {
+                    let index = self.inner.shard(seq)?.index();
+                    for i in 0..index.sample_count() {
+                        let s = index.sample(i);
+                        let r = s.as_ref().map_or(0, |s| s.rows);
+                        let l = s.as_ref().map_or(u64::MAX, |s| s.loss_rows);
+                        rows.extend_from_slice(&r.to_le_bytes());
+                        loss.extend_from_slice(&l.to_le_bytes());
+                    }
+                }
+                rows.extend_from_slice(&loss);
+                Ok(rows)
+            })
+            .py_err()?;
+        Ok(PyBytes::new(py, &bytes))
+    }
+
+    /// Reads `fields` (all when None) of sample `ordinal`, rows `rows` (all when None):
+    /// `[(name, TensorBuffer)]`, zero-copy where a field's rows lie in one uncompressed chunk.
+    #[pyo3(signature = (ordinal, fields = None, rows = None))]
+    fn read(
+        &self,
+        py: Python<'_>,
+        ordinal: u64,
+        fields: Option<Vec<String>>,
+        rows: Option<(u64, u64)>,
+    ) -> PyResult<Vec<(String, TensorBuffer)>> {
+        let numbers = self.field_numbers(fields)?;
+        let tensors = py
+            .allow_threads(|| {
+                let s = self.inner.sample(ordinal)?;
+                will_need(&s, &numbers);
+                numbers
+                    .iter()
+                    .map(|&f| s.read_field(f, row_range(rows)))
+                    .collect::<hspack::Result<Vec<_>>>()
+            })
+            .py_err()?;
+        let schema = self.inner.schema();
+        Ok(numbers
+            .iter()
+            .zip(tensors)
+            .map(|(&f, t)| (schema.fields[f].name.clone(), TensorBuffer::new(t)))
+            .collect())
+    }
+
+    /// Copies rows `rows` of `fields` of sample `ordinal` into `out`, concatenated along the
+    /// last dimension: row r of `out` is row r of every field, in the order given. `out` must
+    /// be a writable C-contiguous byte buffer of exactly `rows * sum(row bytes)` bytes. One
+    /// copy from the mapping for uncompressed chunks; the GIL is released.
+    fn read_concat_into(
+        &self,
+        py: Python<'_>,
+        ordinal: u64,
+        fields: Vec<String>,
+        rows: (u64, u64),
+        out: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let numbers = self.field_numbers(Some(fields))?;
+        let mut view = ByteView::new(out, "out")?;
+        let out = view.as_mut_slice("out")?;
+        let schema = self.inner.schema();
+        let widths: Vec<usize> = numbers
+            .iter()
+            .map(|&f| schema.fields[f].row_bytes() as usize)
+            .collect();
+        let stride: usize = widths.iter().sum();
+        let n = rows.1.saturating_sub(rows.0) as usize;
+        if out.len() != n * stride {
+            return Err(bad_option(
+                "out",
+                &format!("holds {} bytes, the rows need {}", out.len(), n * stride),
+            ));
+        }
+        py.allow_threads(|| {
+            let s = self.inner.sample(ordinal)?;
+            will_need(&s, &numbers);
+            let mut column = 0;
+            for (&f, &width) in numbers.iter().zip(&widths) {
+                copy_column(&s, f, rows.0..rows.1, out, stride, column, width)?;
+                column += width;
+            }
+            Ok(())
+        })
+        .py_err()
+    }
+
+    /// `(address, length)` of shard `seq`'s mapping, mapping it if needed: lets tests check
+    /// that a tensor's data lies inside the mapped file.
+    fn mapping_range(&self, py: Python<'_>, seq: usize) -> PyResult<(usize, usize)> {
+        if seq >= self.inner.manifest().shards.len() {
+            return Err(bad_option("seq", "no such shard"));
+        }
+        py.allow_threads(|| {
+            let map = self.inner.shard(seq)?.map();
+            Ok((map.as_ptr() as usize, map.len()))
+        })
+        .py_err()
+    }
+}
+
+/// Copies rows `rows` of field `f` into column bytes `column..column + width` of every
+/// `stride`-byte row of `out`, one chunk at a time, so uncompressed chunks are copied once,
+/// straight from the mapping.
+fn copy_column(
+    s: &Sample<'_>,
+    f: usize,
+    rows: Range<u64>,
+    out: &mut [u8],
+    stride: usize,
+    column: usize,
+    width: usize,
+) -> hspack::Result<()> {
+    if rows.start > rows.end || rows.end > s.rows() {
+        // Let the library name the problem.
+        s.read_field(f, Some(rows.clone()))?;
+    }
+    for x in s.extents(f) {
+        let lo = x.row_start.max(rows.start);
+        let hi = (x.row_start + x.row_count).min(rows.end);
+        if lo >= hi {
+            continue;
+        }
+        let t = s.read_field(f, Some(lo..hi))?;
+        let src = t.bytes();
+        for (i, row) in src.chunks_exact(width).enumerate() {
+            let at = (lo - rows.start) as usize + i;
+            out[at * stride + column..at * stride + column + width].copy_from_slice(row);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,27 @@
+//! The native module `hspack._hspack`: thin bindings of the hspack library. The Python package
+//! `hspack` builds its API on top of it.
+
+// `hspack::Error` is the library's (large, context-rich) error; results carry it by value.
+#![allow(clippy::result_large_err)]
+
+mod borrowed;
+mod dataset;
+mod errors;
+mod tensor_buffer;
+mod verify;
+mod writer;
+
+use pyo3::prelude::*;
+
+#[pymodule]
+fn _hspack(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add("HspackError", py.get_type::<errors::HspackError>())?;
+    m.add("ERROR_CONTEXT", errors::CONTEXT.to_vec())?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_class::<dataset::Dataset>()?;
+    m.add_class::<writer::Writer>()?;
+    m.add_class::<tensor_buffer::TensorBuffer>()?;
+    m.add_function(wrap_pyfunction!(verify::verify, m)?)?;
+    Ok(())
+}

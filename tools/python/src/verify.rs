@@ -1,0 +1,37 @@
+//! `verify`: the full (or quick) check of a dataset, as a dict.
+
+use hspack::verify::{verify as verify_dataset, VerifyOptions};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::errors::{to_py, IntoPy};
+
+/// Verifies the dataset in `path`. Returns a dict: `ok`, `shards`, `samples`, `chunks`,
+/// `bytes_hashed`, `shard_bytes`, `digest`, and `problems`, a list of `HspackError` objects
+/// (not raised) naming each problem. Raises only when the manifest cannot be read.
+#[pyfunction]
+#[pyo3(signature = (path, quick = false))]
+pub fn verify<'py>(
+    py: Python<'py>,
+    path: std::path::PathBuf,
+    quick: bool,
+) -> PyResult<Bound<'py, PyDict>> {
+    let report = py
+        .allow_threads(|| verify_dataset(path, VerifyOptions { quick }, &|_| {}))
+        .py_err()?;
+    let d = PyDict::new(py);
+    d.set_item("ok", report.is_ok())?;
+    d.set_item("shards", report.shards)?;
+    d.set_item("samples", report.samples)?;
+    d.set_item("chunks", report.chunks)?;
+    d.set_item("bytes_hashed", report.bytes_hashed)?;
+    d.set_item("shard_bytes", report.shard_bytes)?;
+    d.set_item("digest", report.digest)?;
+    let problems: Vec<PyObject> = report
+        .problems
+        .into_iter()
+        .map(|e| to_py(e).into_value(py).into_any())
+        .collect();
+    d.set_item("problems", problems)?;
+    Ok(d)
+}

@@ -1,0 +1,66 @@
+"""A damaged payload raises an error naming shard, key and field; it is never replaced."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+import hspack
+from conftest import eagle_sample
+
+
+@pytest.fixture()
+def damaged(eagle_path, tmp_path):
+    """A copy of the dataset with one byte flipped inside sample 15's `hidden.3` payload."""
+    path = tmp_path / "ds"
+    shutil.copytree(eagle_path, path)
+    ds = hspack.open(path)
+    t = ds[15]["hidden.3"]
+    seq = next(i for i, (first, n) in enumerate(ds.shard_ranges) if first <= 15 < first + n)
+    start, _ = ds._mapping_range(seq)
+    offset = t.data_ptr() - start + 5
+    shard = os.path.join(path, ds.manifest["shards"][seq]["file"])
+    del t, ds
+    with open(shard, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ 0x40]))
+    return str(path), shard
+
+
+def test_damaged_chunk_raises_with_context(damaged):
+    path, shard = damaged
+    ds = hspack.open(path)
+    with pytest.raises(hspack.HspackError) as e:
+        ds[15]
+    err = e.value
+    assert err.kind == "ChecksumMismatch"
+    assert err.shard == shard
+    assert (err.key, err.ordinal, err.field) == ("s0015", 15, "hidden.3")
+    assert err.rows[0] == 0
+    assert "s0015" in str(err) and "hidden.3" in str(err)
+    # Other samples still read.
+    assert ds[14]["input_ids"].shape[0] == eagle_sample(14)["input_ids"].shape[0]
+    # And the damaged one keeps failing under check="always".
+    always = hspack.open(path, check="always")
+    for _ in range(2):
+        with pytest.raises(hspack.HspackError):
+            always[15]
+
+
+def test_check_never_returns_the_bytes_as_stored(damaged):
+    path, _ = damaged
+    got = hspack.open(path, check="never")[15]["hidden.3"]
+    assert not got.equal(eagle_sample(15)["hidden.3"])  # damaged bytes, documented
+
+
+def test_verify_names_the_damage(damaged):
+    path, shard = damaged
+    r = hspack.verify(path)
+    assert not r["ok"]
+    [p] = r["problems"]
+    assert isinstance(p, hspack.HspackError)
+    assert (p.kind, p.shard, p.key, p.field) == ("ChecksumMismatch", shard, "s0015", "hidden.3")

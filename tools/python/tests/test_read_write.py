@@ -1,0 +1,189 @@
+"""Writing and reading from Python: every dtype bitwise, zero-copy views, projections."""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+import torch
+
+import hspack
+from conftest import eagle_sample
+
+DTYPES = {
+    "bool": torch.bool,
+    "u8": torch.uint8,
+    "i8": torch.int8,
+    "i16": torch.int16,
+    "i32": torch.int32,
+    "i64": torch.int64,
+    "f16": torch.float16,
+    "bf16": torch.bfloat16,
+    "f32": torch.float32,
+    "f64": torch.float64,
+    "f8e4m3fn": torch.float8_e4m3fn,
+    "f8e5m2": torch.float8_e5m2,
+}
+
+
+def random_bits(dtype: torch.dtype, shape: tuple, seed: int) -> torch.Tensor:
+    """A tensor of `dtype` with arbitrary bit patterns (NaNs included for floats)."""
+    g = torch.Generator().manual_seed(seed)
+    size = torch.empty(0, dtype=dtype).element_size()
+    raw = torch.randint(0, 256, (int(np.prod(shape)) * size,), generator=g, dtype=torch.uint8)
+    if dtype == torch.bool:
+        raw = raw % 2
+    return raw.view(dtype).reshape(shape)
+
+
+def bits(t: torch.Tensor) -> bytes:
+    return t.contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+
+
+@pytest.mark.parametrize("codec", ["none", "zstd-bytegroup"])
+def test_every_dtype_round_trips_bitwise(tmp_path, codec):
+    schema = [hspack.field(name, name, [3, 2]) for name in DTYPES]
+    written = []
+    with hspack.Writer(tmp_path / "ds", schema, codec=codec, durable=False) as w:
+        for i in range(4):
+            sample = {name: random_bits(dt, (2 + i, 3, 2), 10 * i + k) for k, (name, dt) in enumerate(DTYPES.items())}
+            w.append(f"k{i}", **sample)
+            written.append(sample)
+    ds = hspack.open(tmp_path / "ds")
+    nds = hspack.open(tmp_path / "ds", format="numpy")
+    for i, sample in enumerate(written):
+        got = ds[i]
+        arrays = nds[i]
+        for name, want in sample.items():
+            assert got[name].dtype == DTYPES[name]
+            assert got[name].shape == want.shape
+            assert bits(got[name]) == bits(want), name
+            assert arrays[name].tobytes() == bits(want), name
+
+
+def test_numpy_input_round_trips(tmp_path):
+    schema = [hspack.field("x", "f32", [4]), hspack.field("b", "bf16", [2])]
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    b = np.arange(6, dtype=np.uint16).reshape(3, 2)  # bf16 as raw bits
+    with hspack.Writer(tmp_path / "ds", schema, durable=False) as w:
+        w.append("a", x=x, b=b)
+    got = hspack.open(tmp_path / "ds", format="numpy")[0]
+    assert np.array_equal(got["x"], x)
+    assert np.array_equal(got["b"], b)
+
+
+def test_zero_copy_view_lies_in_the_mapping(eagle_path):
+    ds = hspack.open(eagle_path)
+    t = ds[0]["hidden.3"]
+    start, length = ds._mapping_range(0)
+    ptr = t.data_ptr()
+    assert start <= ptr and ptr + t.numel() * t.element_size() <= start + length
+    # A copy does not.
+    c = ds.read(0, copy=True)["hidden.3"]
+    assert not start <= c.data_ptr() < start + length
+    assert torch.equal(c, t)
+
+
+def test_view_outlives_the_dataset(eagle_path):
+    ds = hspack.open(eagle_path)
+    t = ds[5]["hidden.5"]
+    n = ds.read(5, copy=True)["hidden.5"]
+    del ds
+    gc.collect()
+    assert torch.equal(t, n)
+    assert torch.equal(t, eagle_sample(5)["hidden.5"])
+
+
+def test_indexing_keys_projection_and_metadata(eagle_path):
+    ds = hspack.open(eagle_path)
+    assert len(ds) == 37
+    assert torch.equal(ds[-1]["input_ids"], eagle_sample(36)["input_ids"])
+    with pytest.raises(IndexError):
+        ds[37]
+    with pytest.raises(IndexError):
+        ds[-38]
+    assert ds.keys()[:2] == ["s0000", "s0001"]
+    assert "s0010" in ds and "nope" not in ds
+    got = ds.get("s0010", fields=["hidden.1"], rows=(2, 5))
+    assert list(got) == ["hidden.1"]
+    assert torch.equal(got["hidden.1"], eagle_sample(10)["hidden.1"][2:5])
+    s = ds.sample(10)
+    assert (s.key, s.ordinal, s.rows) == ("s0010", 10, eagle_sample(10)["input_ids"].shape[0])
+    assert s.loss_rows == int(eagle_sample(10)["loss_mask"].sum())
+    assert ds.schema[2] == {"name": "hidden.1", "dtype": "bf16", "shape": [16], "role": {"kind": "hidden_state", "layer": 1, "point": "layer_input"}}
+    assert ds.capture["model"] == "test/model" and ds.capture["hidden_size"] == 16
+    assert ds.manifest["samples"] == 37
+    assert [c for _, c in ds.shard_ranges] == [13, 13, 11]
+    assert ds.lengths.tolist() == [eagle_sample(i)["input_ids"].shape[0] for i in range(37)]
+
+
+def test_errors_carry_context(eagle_path):
+    ds = hspack.open(eagle_path)
+    with pytest.raises(hspack.HspackError) as e:
+        ds.get("missing")
+    assert (e.value.kind, e.value.key) == ("NoSuchKey", "missing")
+    with pytest.raises(hspack.HspackError) as e:
+        ds.read(3, fields=["nope"])
+    assert (e.value.kind, e.value.field) == ("NoSuchField", "nope")
+    with pytest.raises(hspack.HspackError) as e:
+        ds.read(3, rows=(0, 10_000))
+    assert (e.value.kind, e.value.key, e.value.rows) == ("RowsOutOfRange", "s0003", (0, 10_000))
+    with pytest.raises(hspack.HspackError) as e:
+        hspack.open(eagle_path + "-missing")
+    assert e.value.kind == "NotADataset"
+
+
+def test_writer_rejects_wrong_dtype_and_shape(tmp_path):
+    schema = [hspack.field("x", "bf16", [4])]
+    with hspack.Writer(tmp_path / "ds", schema, durable=False) as w:
+        with pytest.raises(hspack.HspackError) as e:
+            w.append("a", x=torch.zeros(2, 4, dtype=torch.float16))
+        assert (e.value.kind, e.value.key, e.value.field) == ("BadSample", "a", "x")
+        with pytest.raises(hspack.HspackError):
+            w.append("a", x=torch.zeros(2, 5, dtype=torch.bfloat16))
+        w.append("a", x=torch.zeros(2, 8, dtype=torch.bfloat16)[:, ::2])  # strided input
+        with pytest.raises(hspack.HspackError) as e:
+            w.append("a", x=torch.zeros(2, 4, dtype=torch.bfloat16))
+        assert e.value.kind == "DuplicateKey"
+    assert len(hspack.open(tmp_path / "ds")) == 1
+
+
+def test_writer_resumes(tmp_path):
+    from conftest import eagle_schema
+
+    path = tmp_path / "ds"
+    w = hspack.Writer(path, eagle_schema(), durable=False)
+    for i in range(3):
+        w.append(f"s{i}", **eagle_sample(i))
+    w.commit()
+    w.append("s3", **eagle_sample(3))
+    w._native.abort()  # a crash after the commit: s3 is lost
+    assert len(hspack.open(path)) == 3
+    with hspack.Writer(path, eagle_schema(), durable=False) as w:
+        assert w.contains("s2") and not w.contains("s3")
+        for i in range(6):
+            if not w.contains(f"s{i}"):
+                w.append(f"s{i}", **eagle_sample(i))
+    ds = hspack.open(path)
+    assert ds.keys() == [f"s{i}" for i in range(6)]
+    assert torch.equal(ds[4]["hidden.3"], eagle_sample(4)["hidden.3"])
+    with pytest.raises(hspack.HspackError) as e:
+        hspack.Writer(path, [hspack.token_ids()], durable=False)
+    assert e.value.kind == "SchemaMismatch"
+
+
+def test_context_manager_does_not_commit_on_error(tmp_path):
+    from conftest import eagle_schema
+
+    with pytest.raises(RuntimeError):
+        with hspack.Writer(tmp_path / "ds", eagle_schema(), durable=False) as w:
+            w.append("s0", **eagle_sample(0))
+            raise RuntimeError("boom")
+    assert len(hspack.open(tmp_path / "ds")) == 0
+
+
+def test_verify_reports_intact(eagle_path):
+    r = hspack.verify(eagle_path)
+    assert r["ok"] and r["samples"] == 37 and r["shards"] == 3 and r["problems"] == []
+    assert hspack.verify(eagle_path, quick=True)["bytes_hashed"] == 0

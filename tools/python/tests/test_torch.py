@@ -1,0 +1,165 @@
+"""hspack.torch: orders, partitions, DataLoader workers, resume, batching, EAGLE-3 view."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import LAYERS, eagle_sample
+from hspack.torch import (
+    Eagle3View,
+    HspackDataset,
+    HspackIterableDataset,
+    HspackLoader,
+    HspackSampler,
+    PadCollate,
+    TokenBudgetBatchSampler,
+    epoch_order,
+    partition,
+)
+
+SHARDS = [(0, 13), (13, 13), (26, 11)]
+
+
+def test_epoch_order_is_a_deterministic_mixing_permutation():
+    a = epoch_order(SHARDS, seed=1, epoch=0, block_size=4, window_blocks=2)
+    assert sorted(a.tolist()) == list(range(37))
+    assert np.array_equal(a, epoch_order(SHARDS, seed=1, epoch=0, block_size=4, window_blocks=2))
+    assert not np.array_equal(a, epoch_order(SHARDS, seed=1, epoch=1, block_size=4, window_blocks=2))
+    assert not np.array_equal(a, np.arange(37))
+    big = epoch_order([(0, 100_000)], seed=3, epoch=0)
+    # Shard-local runs: each window of 16 blocks of 64 spans at most 16 blocks...
+    assert len(np.unique(big[:1024] // 64)) <= 16
+    # ...yet the epoch mixes: the first tenth of the order comes from all over the dataset.
+    assert np.histogram(big[:10_000], bins=10, range=(0, 100_000))[0].min() > 300
+
+
+@pytest.mark.parametrize("parts", [1, 2, 3, 5])
+def test_partition_policies(parts):
+    order = np.arange(37)
+    every = np.concatenate([partition(order, parts, p) for p in range(parts)])
+    assert np.array_equal(every, order)
+    dropped = [partition(order, parts, p, drop_last=True) for p in range(parts)]
+    assert {len(d) for d in dropped} == {37 // parts}
+    padded = [partition(order, parts, p, pad=True) for p in range(parts)]
+    assert {len(d) for d in padded} == {-(-37 // parts)}
+    assert set(np.concatenate(padded).tolist()) == set(range(37))
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_dataloader_with_two_workers(eagle_path, context):
+    ds = HspackIterableDataset(eagle_path, ["input_ids", "hidden.5"], seed=4)
+    loader = HspackLoader(ds, batch_size=3, num_workers=2, multiprocessing_context=context, collate_fn=PadCollate())
+    seen = []
+    for batch in loader:
+        for b, o in enumerate(batch["ordinal"].tolist()):
+            n = int(batch["lengths"][b])
+            assert torch.equal(batch["hidden.5"][b, :n], eagle_sample(o)["hidden.5"])
+            seen.append(o)
+    # Every sample once, in the rank's epoch order.
+    assert seen == ds.state.rank_order(ds.hspack.shard_ranges).tolist()
+    assert sorted(seen) == list(range(37))
+
+    mapped = HspackDataset(eagle_path, view="eagle3")
+    loader = torch.utils.data.DataLoader(mapped, batch_size=None, num_workers=2, multiprocessing_context=context)
+    ords = [s["ordinal"] for s in loader]
+    assert ords == list(range(37))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_iterable_resume_gives_exactly_the_rest(eagle_path, workers):
+    def loader_of(ds):
+        return HspackLoader(ds, batch_size=4, num_workers=workers, collate_fn=PadCollate())
+
+    ds = HspackIterableDataset(eagle_path, ["input_ids"], seed=7)
+    loader = loader_of(ds)
+    loader.set_epoch(2)
+    full = [o for b in loader for o in b["ordinal"].tolist()]
+    loader.set_epoch(2)
+    first = []
+    for k, batch in enumerate(loader):
+        first += batch["ordinal"].tolist()
+        if k == 4:
+            break
+    state = loader.state_dict()
+    assert state["consumed"] == 20 and state["epoch"] == 2
+    fresh = HspackIterableDataset(eagle_path, ["input_ids"], seed=7)
+    loader2 = loader_of(fresh)
+    loader2.load_state_dict(state)
+    rest = [o for b in loader2 for o in b["ordinal"].tolist()]
+    assert first + rest == full
+    assert sorted(full) == list(range(37))
+
+
+def test_sampler_resume(eagle_path):
+    ds = HspackDataset(eagle_path, ["input_ids"])
+    sampler = HspackSampler(ds, seed=3)
+    loader = HspackLoader(ds, batch_size=5, sampler=sampler, num_workers=2, collate_fn=PadCollate())
+    full = [o for b in loader for o in b["ordinal"].tolist()]
+    sampler.set_epoch(0)
+    it = iter(loader)
+    first = next(it)["ordinal"].tolist() + next(it)["ordinal"].tolist()
+    del it
+    s2 = HspackSampler(ds, seed=3)
+    s2.load_state_dict(sampler.state_dict())
+    rest = [o for b in HspackLoader(ds, batch_size=5, sampler=s2, collate_fn=PadCollate()) for o in b["ordinal"].tolist()]
+    assert first + rest == full and sorted(full) == list(range(37))
+
+
+def test_token_budget_batches(eagle_path):
+    ds = HspackDataset(eagle_path, ["input_ids", "loss_mask"])
+    lengths = ds.hspack.lengths
+    sampler = TokenBudgetBatchSampler(ds, max_tokens=64, bucket_size=16, seed=1)
+    batches = list(sampler)
+    assert sorted(o for b in batches for o in b) == list(range(37))
+    for b in batches:
+        assert len(b) == 1 or len(b) * max(lengths[b]) <= 64
+    # Ranks split the samples; even_batches equalizes the counts.
+    per_rank = [TokenBudgetBatchSampler(ds, 64, bucket_size=16, rank=r, world_size=2, even_batches=True).batches() for r in range(2)]
+    assert len(per_rank[0]) == len(per_rank[1])
+    loader = HspackLoader(ds, batch_sampler=sampler, collate_fn=PadCollate(max_len=20), num_workers=0)
+    seen = []
+    for k, batch in enumerate(loader):
+        assert batch["input_ids"].shape[1] <= 20
+        seen.append(batch["ordinal"].tolist())
+        if k == 2:
+            break
+    assert seen == batches[:3] and loader.state_dict()["consumed"] == 3
+    s2 = TokenBudgetBatchSampler(ds, max_tokens=64, bucket_size=16, seed=1)
+    s2.load_state_dict(loader.state_dict())
+    assert list(s2) == batches[3:]
+
+
+def test_pad_collate_masks(eagle_path):
+    ds = HspackDataset(eagle_path, ["input_ids", "loss_mask"])
+    batch = PadCollate(max_len=10, pad_id=-1)([ds[0], ds[1]])
+    n0, n1 = (min(10, int(ds.hspack.lengths[i])) for i in (0, 1))
+    assert batch["input_ids"].shape == (2, max(n0, n1))
+    assert batch["attention_mask"][0].sum() == n0 and batch["attention_mask"][1].sum() == n1
+    short = 0 if n0 < n1 else 1
+    n = min(n0, n1)
+    assert (batch["input_ids"][short, n:] == -1).all()
+    assert (batch["loss_mask"][short, n:] == 0).all()
+    assert torch.equal(batch["loss_mask"][0, :n0], eagle_sample(0)["loss_mask"][:n0])
+
+
+def test_eagle3_view_matches_the_written_tensors(eagle_path):
+    ds = HspackDataset(eagle_path, view="eagle3")
+    for i in (0, 9, 36):
+        s, w = ds[i], eagle_sample(i)
+        t = w["input_ids"].shape[0]
+        assert s["aux_hidden_state"].shape == (t, 3 * 16)
+        assert s["hidden_state"].shape == (t, 16)
+        want = torch.cat([w[f"hidden.{layer}"] for layer in LAYERS], dim=-1)
+        assert torch.equal(s["aux_hidden_state"], want)
+        assert torch.equal(s["hidden_state"], w["hidden.final"])
+        assert torch.equal(s["input_ids"], w["input_ids"])
+        assert torch.equal(s["loss_mask"], w["loss_mask"])
+    sf = HspackDataset(eagle_path, view=Eagle3View(layout="specforge", max_len=8))[9]
+    w = eagle_sample(9)
+    assert set(sf) == {"input_ids", "loss_mask", "attention_mask", "hidden_state", "target"}
+    assert sf["hidden_state"].shape == (1, 8, 48) and sf["target"].shape == (1, 8, 16)
+    assert sf["loss_mask"][0, -1] == 0 and torch.equal(sf["loss_mask"][0, :-1], w["loss_mask"][:7])
+    assert torch.equal(sf["input_ids"][0], w["input_ids"][:8])
+    assert sf["attention_mask"].dtype == torch.int64 and sf["attention_mask"].sum() == 8
