@@ -72,12 +72,33 @@ def cuda_writer(samples, n, path, slots, slot_bytes, discard):
     per = sum(t.numel() * t.element_size() for t in samples[0])
     torch.cuda.synchronize()
     t0 = time.perf_counter()
+    in_append = 0.0
     for i in range(n):
+        a = time.perf_counter()
         w.append(f"s{i}", **dict(zip(fields, samples[i % len(samples)])))
+        in_append += time.perf_counter() - a
+    t_queued = time.perf_counter() - t0
     stats = w.finish()
     dt = time.perf_counter() - t0
     assert stats["samples_written"] == n and stats["unwritten"] == 0, stats
+    stats["python_append_seconds"] = in_append
+    stats["queued_seconds"] = t_queued
+    stats["total_seconds"] = dt
     return per * n / dt / 1e9, dt, stats
+
+
+def append_overhead(n=200):
+    """Seconds per append of a 1-row sample: the fixed cost of one call."""
+    fields = names()
+    one = [torch.zeros(1, HIDDEN, dtype=torch.bfloat16, device="cuda") for _ in fields]
+    w = CudaWriter(None, schema(), slots=8, slot_bytes=1 << 20, discard=True)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for i in range(n):
+        w.append(f"o{i}", **dict(zip(fields, one)))
+    dt = time.perf_counter() - t0
+    st = w.finish()
+    return {"python_us_per_append": dt / n * 1e6, "native_us_per_append": st["append_seconds"] / n * 1e6}
 
 
 def forward_loop(steps, rows, writer, weights, x0):
@@ -122,19 +143,25 @@ def main():
     cuda_writer(samples, 4, None, args.slots, args.slot_bytes, True)
 
     d2h = {}
+    res["append_overhead"] = append_overhead()
     for rep in range(2):
         d2h.setdefault("torch_pinned_non_blocking", []).append(torch_pinned(samples, args.samples, args.slots)[0])
-        d2h.setdefault("cudawriter_discard", []).append(cuda_writer(samples, args.samples, None, args.slots, args.slot_bytes, True)[0])
+        gbs, _, st = cuda_writer(samples, args.samples, None, args.slots, args.slot_bytes, True)
+        d2h.setdefault("cudawriter_discard", []).append(gbs)
+        res.setdefault("discard_stats", []).append(st)
+    for slots, slot_bytes in ((16, 32 << 20), (4, 256 << 20)):
+        gbs, _, st = cuda_writer(samples, args.samples, None, slots, slot_bytes, True)
+        d2h[f"cudawriter_discard_{slots}x{slot_bytes >> 20}MiB"] = [gbs]
     if shm:
         p = tempfile.mkdtemp(dir=shm)
         gbs, _, st = cuda_writer(samples, args.samples, os.path.join(p, "ds"), args.slots, args.slot_bytes, False)
         d2h["cudawriter_dev_shm"] = [gbs]
-        res["dev_shm_waits"] = st["waits"]
+        res["dev_shm_stats"] = st
         shutil.rmtree(p)
     p = tempfile.mkdtemp(dir=disk)
     gbs, _, st = cuda_writer(samples, args.samples, os.path.join(p, "ds"), args.slots, args.slot_bytes, False)
     d2h["cudawriter_disk"] = [gbs]
-    res["disk_waits"] = st["waits"]
+    res["disk_stats"] = st
     res["disk_folder"] = disk
     shutil.rmtree(p)
     res["d2h_gb_per_s"] = {k: max(v) for k, v in d2h.items()}
@@ -159,7 +186,7 @@ def main():
         key = "on_dev_shm" if shm else "on_disk"
         modes.setdefault(key, []).append(forward_loop(args.steps, args.rows, w, weights, x0))
         st = w.finish()
-        res.setdefault("forward_waits", []).append(st["waits"])
+        res.setdefault("forward_store_stats", []).append(st)
         shutil.rmtree(p)
     ms = {k: min(v) * 1e3 for k, v in modes.items()}
     res["forward_ms_per_step"] = ms

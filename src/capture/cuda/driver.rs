@@ -53,7 +53,8 @@ pub(crate) struct Driver {
     mem_host_alloc: unsafe extern "C" fn(*mut *mut c_void, usize, c_uint) -> Res,
     mem_free_host: unsafe extern "C" fn(*mut c_void) -> Res,
     memcpy_dtoh_async: unsafe extern "C" fn(*mut c_void, CUdeviceptr, usize, CUstream) -> Res,
-    pointer_get_attribute: unsafe extern "C" fn(*mut c_void, c_int, CUdeviceptr) -> Res,
+    pointer_get_attributes:
+        unsafe extern "C" fn(c_uint, *mut c_int, *mut *mut c_void, CUdeviceptr) -> Res,
     get_error_name: unsafe extern "C" fn(Res, *mut *const c_char) -> Res,
     get_error_string: unsafe extern "C" fn(Res, *mut *const c_char) -> Res,
 }
@@ -167,7 +168,7 @@ impl Driver {
             mem_host_alloc: load!(lib, "cuMemHostAlloc"),
             mem_free_host: load!(lib, "cuMemFreeHost"),
             memcpy_dtoh_async: load!(lib, "cuMemcpyDtoHAsync_v2"),
-            pointer_get_attribute: load!(lib, "cuPointerGetAttribute"),
+            pointer_get_attributes: load!(lib, "cuPointerGetAttributes"),
             get_error_name: load!(lib, "cuGetErrorName"),
             get_error_string: load!(lib, "cuGetErrorString"),
             _lib: lib,
@@ -278,42 +279,32 @@ impl Context {
         self.drv
     }
 
-    /// The device ordinal holding `ptr` and the allocation `[start, start + size)` around it.
-    pub(crate) fn allocation_of(&self, ptr: u64) -> Result<(i32, u64, u64), CaptureError> {
+    /// The device ordinal holding `ptr` and the allocation `[start, start + size)` around it;
+    /// `None` when `ptr` is not CUDA memory. One driver call.
+    pub(crate) fn allocation_of(&self, ptr: u64) -> Result<Option<(i32, u64, u64)>, CaptureError> {
         let d = self.drv;
         let mut ordinal: c_int = -1;
         let mut start: CUdeviceptr = 0;
         let mut size: usize = 0;
-        // SAFETY: each call writes one value of the attribute's documented type (int,
-        // CUdeviceptr, size_t) through a valid pointer to a local of that type; the driver
-        // only looks `ptr` up, it does not dereference it.
-        unsafe {
-            d.check(
-                "cuPointerGetAttribute(DEVICE_ORDINAL)",
-                (d.pointer_get_attribute)(
-                    (&mut ordinal as *mut c_int).cast(),
-                    POINTER_DEVICE_ORDINAL,
-                    ptr,
-                ),
-            )?;
-            d.check(
-                "cuPointerGetAttribute(RANGE_START_ADDR)",
-                (d.pointer_get_attribute)(
-                    (&mut start as *mut CUdeviceptr).cast(),
-                    POINTER_RANGE_START,
-                    ptr,
-                ),
-            )?;
-            d.check(
-                "cuPointerGetAttribute(RANGE_SIZE)",
-                (d.pointer_get_attribute)(
-                    (&mut size as *mut usize).cast(),
-                    POINTER_RANGE_SIZE,
-                    ptr,
-                ),
-            )?;
-        }
-        Ok((ordinal, start, size as u64))
+        let mut attrs = [
+            POINTER_DEVICE_ORDINAL,
+            POINTER_RANGE_START,
+            POINTER_RANGE_SIZE,
+        ];
+        let mut data: [*mut c_void; 3] = [
+            (&mut ordinal as *mut c_int).cast(),
+            (&mut start as *mut CUdeviceptr).cast(),
+            (&mut size as *mut usize).cast(),
+        ];
+        // SAFETY: the hazard is the driver writing through `data`. Each entry points to a live
+        // local of the type the matching attribute is documented to write (int, CUdeviceptr,
+        // size_t), and both arrays hold exactly the 3 entries the count says. The driver only
+        // looks `ptr` up, it does not dereference it.
+        d.check("cuPointerGetAttributes", unsafe {
+            (d.pointer_get_attributes)(3, attrs.as_mut_ptr(), data.as_mut_ptr(), ptr)
+        })?;
+        // For an address the driver does not know, it reports success and ordinal -2.
+        Ok((ordinal >= 0).then_some((ordinal, start, size as u64)))
     }
 }
 

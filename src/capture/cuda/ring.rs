@@ -27,6 +27,7 @@ struct State {
 pub(crate) struct Counters {
     pub(crate) waits: AtomicU64,
     pub(crate) wait_ns: AtomicU64,
+    pub(crate) append_ns: AtomicU64,
     pub(crate) bytes_copied: AtomicU64,
     pub(crate) samples_given: AtomicU64,
     pub(crate) samples_written: AtomicU64,

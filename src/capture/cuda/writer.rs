@@ -16,8 +16,8 @@ use super::ring::{Ring, Slot};
 
 /// Where finished samples go: a [`DatasetWriter`], or [`Discard`] to measure the copy path.
 pub trait SampleSink: Send {
-    /// True when the sink already holds a sample with `key`.
-    fn contains_key(&self, key: &str) -> bool;
+    /// Keys of the samples the sink already holds (read once, when the writer opens).
+    fn existing_keys(&self) -> crate::Result<Vec<String>>;
     /// Takes one sample; `fields` are host bytes by field name, in the sample's order.
     fn append(&mut self, key: &str, fields: &[(&str, &[u8])]) -> crate::Result<()>;
     /// Makes what was appended durable and visible.
@@ -27,8 +27,9 @@ pub trait SampleSink: Send {
 }
 
 impl SampleSink for DatasetWriter {
-    fn contains_key(&self, key: &str) -> bool {
-        DatasetWriter::contains_key(self, key)
+    fn existing_keys(&self) -> crate::Result<Vec<String>> {
+        let rows = crate::write::dataset_writer::sample_rows(self.dir())?;
+        Ok(rows.into_iter().map(|r| r.key).collect())
     }
     fn append(&mut self, key: &str, fields: &[(&str, &[u8])]) -> crate::Result<()> {
         DatasetWriter::append(self, key, fields).map(drop)
@@ -46,8 +47,8 @@ impl SampleSink for DatasetWriter {
 pub struct Discard;
 
 impl SampleSink for Discard {
-    fn contains_key(&self, _key: &str) -> bool {
-        false
+    fn existing_keys(&self) -> crate::Result<Vec<String>> {
+        Ok(Vec::new())
     }
     fn append(&mut self, _key: &str, _fields: &[(&str, &[u8])]) -> crate::Result<()> {
         Ok(())
@@ -122,6 +123,8 @@ pub struct CaptureStats {
     pub waits: u64,
     /// Seconds `append` spent blocked.
     pub wait_seconds: f64,
+    /// Seconds spent in `append` in all (checks, queueing copies, and the blocked time).
+    pub append_seconds: f64,
     /// Bytes copied from the device and confirmed complete.
     pub bytes_copied: u64,
     /// Samples given to `append` and accepted.
@@ -233,6 +236,8 @@ pub struct CudaWriter {
     sink: SharedSink,
     failure: Arc<Mutex<Failure>>,
     schema: Schema,
+    /// Keys in the sink at open, and keys given since: duplicates are refused up front,
+    /// without taking the sink (the writer thread holds it while it writes).
     keys: std::collections::HashSet<String>,
     device: i32,
     ready: Event,
@@ -292,6 +297,7 @@ impl CudaWriter {
         let ring = Arc::new(Ring::new(drv, options.slots, options.slot_bytes)?);
         let copy_stream = Stream::new(drv)?;
         let ready = Event::new(drv)?;
+        let keys = sink.existing_keys()?.into_iter().collect();
         let sink: SharedSink = Arc::new(Mutex::new(Some(sink)));
         let failure = Arc::new(Mutex::new(Failure::default()));
 
@@ -324,7 +330,7 @@ impl CudaWriter {
             sink,
             failure,
             schema,
-            keys: Default::default(),
+            keys,
             device: options.device,
             ready,
             copy_stream,
@@ -343,12 +349,10 @@ impl CudaWriter {
         self.device
     }
 
-    /// True when a sample with `key` was given to this writer or is in the dataset.
+    /// True when a sample with `key` was given to this writer or was in the dataset when it
+    /// opened. Never waits for the writer thread.
     pub fn contains_key(&self, key: &str) -> bool {
         self.keys.contains(key)
-            || lock(&self.sink)
-                .as_ref()
-                .is_some_and(|s| s.contains_key(key))
     }
 
     /// Counters.
@@ -360,6 +364,7 @@ impl CudaWriter {
             busy: self.ring.busy(),
             waits: c.waits.load(Ordering::Relaxed),
             wait_seconds: c.wait_ns.load(Ordering::Relaxed) as f64 * 1e-9,
+            append_seconds: c.append_ns.load(Ordering::Relaxed) as f64 * 1e-9,
             bytes_copied: c.bytes_copied.load(Ordering::Relaxed),
             samples_given: c.samples_given.load(Ordering::Relaxed),
             samples_written: c.samples_written.load(Ordering::Relaxed),
@@ -391,6 +396,22 @@ impl CudaWriter {
     /// dropped on the writer's thread once the copies are complete, so the producer's
     /// allocator cannot hand the memory out again before. Blocks while every slot is busy.
     pub fn append(
+        &mut self,
+        key: &str,
+        fields: &[DeviceField<'_>],
+        producer: Producer,
+        keepalive: Box<dyn Any + Send>,
+    ) -> Result<(), CaptureError> {
+        let started = std::time::Instant::now();
+        let result = self.append_inner(key, fields, producer, keepalive);
+        self.ring
+            .counters
+            .append_ns
+            .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        result
+    }
+
+    fn append_inner(
         &mut self,
         key: &str,
         fields: &[DeviceField<'_>],
@@ -535,9 +556,9 @@ impl CudaWriter {
             field: f.name.to_string(),
             detail,
         };
-        let (ordinal, start, size) = self.ctx.allocation_of(f.ptr).map_err(|e| {
+        let (ordinal, start, size) = self.ctx.allocation_of(f.ptr)?.ok_or_else(|| {
             bad(format!(
-                "address {:#x} is not CUDA memory ({e}): pass a tensor on the GPU",
+                "address {:#x} is not CUDA memory: pass a tensor on the GPU",
                 f.ptr
             ))
         })?;

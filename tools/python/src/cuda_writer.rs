@@ -17,7 +17,7 @@ use pyo3::types::PyDict;
 use crate::errors::{bad_option, other, to_py};
 use crate::writer::write_options;
 
-type Stats = (usize, usize, usize, u64, f64, u64, u64, u64, u64, u64);
+type Stats = (usize, usize, usize, u64, f64, f64, u64, u64, u64, u64, u64);
 
 fn stats(s: CaptureStats) -> Stats {
     (
@@ -26,6 +26,7 @@ fn stats(s: CaptureStats) -> Stats {
         s.busy,
         s.waits,
         s.wait_seconds,
+        s.append_seconds,
         s.bytes_copied,
         s.samples_given,
         s.samples_written,
@@ -39,8 +40,12 @@ fn capture_err(err: CaptureError) -> PyErr {
     let message = err.to_string();
     match err {
         CaptureError::Dataset(e) => to_py(*e),
-        CaptureError::NoDriver { detail, .. } => other("NoDriver", message, None, None, Some(detail)),
-        CaptureError::OldDriver { detail, .. } => other("OldDriver", message, None, None, Some(detail)),
+        CaptureError::NoDriver { detail, .. } => {
+            other("NoDriver", message, None, None, Some(detail))
+        }
+        CaptureError::OldDriver { detail, .. } => {
+            other("OldDriver", message, None, None, Some(detail))
+        }
         CaptureError::Driver { name, .. } => other("Driver", message, None, None, Some(name)),
         CaptureError::NoDevice { .. } => other("NoDevice", message, None, None, None),
         CaptureError::BadTensor { key, field, detail } => {

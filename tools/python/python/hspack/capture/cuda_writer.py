@@ -18,7 +18,7 @@ import json
 import os
 from typing import Any, Sequence
 
-STATS = ("slots", "slot_bytes", "busy", "waits", "wait_seconds", "bytes_copied", "samples_given", "samples_written", "oversize", "unwritten")
+STATS = ("slots", "slot_bytes", "busy", "waits", "wait_seconds", "append_seconds", "bytes_copied", "samples_given", "samples_written", "oversize", "unwritten")
 
 #: `__cuda_array_interface__` typestr -> hspack dtype names it may hold (bf16 and fp8 travel
 #: as raw unsigned integers of their width).
@@ -204,7 +204,7 @@ class CudaWriter:
 
     def stats(self) -> dict:
         """Counters: `slots`, `slot_bytes`, `busy`, `waits` (appends that blocked),
-        `wait_seconds`, `bytes_copied`, `samples_given`, `samples_written`, `oversize`,
+        `wait_seconds`, `append_seconds` (all time in append), `bytes_copied`, `samples_given`, `samples_written`, `oversize`,
         `unwritten` (samples lost to an error, which the next call raised)."""
         return dict(zip(STATS, self._native.stats()))
 
