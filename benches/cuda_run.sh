@@ -16,7 +16,8 @@ export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=fal
   df -h /dev/shm /tmp | cat
 } 2>&1 | tee "$OUT/env.txt"
 cd tools/python
+# Without pytest there, carry its wheels in .whl-hspack/deps (pytest, pluggy, iniconfig, packaging).
 python3 -c 'import pytest' 2>/dev/null || python3 -m pip install -q --no-deps --no-index --no-compile --target /tmp/site ../../.whl-hspack/deps/*.whl
-python3 -m pytest -q -rs -p no:cacheprovider tests/test_cuda_writer.py 2>&1 | tee "$OUT/pytest.txt"
+timeout 240 python3 -m pytest -q -rs -p no:cacheprovider tests/test_cuda_writer.py 2>&1 | tee "$OUT/pytest.txt"
 cd ../..
-python3 benches/cuda_capture.py --out "$OUT/cuda_capture.json" 2>&1 | tee "$OUT/bench.txt"
+timeout 280 python3 benches/cuda_capture.py --out "$OUT/cuda_capture.json" 2>&1 | tee "$OUT/bench.txt"

@@ -18,13 +18,14 @@
 mod driver;
 mod error;
 mod ring;
+mod sink;
 mod writer;
 
 pub use driver::LIBCUDA_ENV;
 pub use error::CaptureError;
+pub use sink::{Discard, SampleSink};
 pub use writer::{
-    driver_version, CaptureStats, CudaWriter, CudaWriterOptions, DeviceField, Discard, Producer,
-    SampleSink,
+    driver_version, CaptureStats, CudaWriter, CudaWriterOptions, DeviceField, Producer,
 };
 
 #[cfg(test)]

@@ -95,6 +95,32 @@ fn plan_splits_a_field_across_slots() {
 }
 
 #[test]
+fn plan_moves_a_field_that_fits_a_slot_to_the_next_one() {
+    let (pieces, used) = plan(&[600, 600, 100], 1024);
+    assert_eq!(used, 2);
+    assert_eq!(
+        pieces,
+        vec![
+            vec![Piece {
+                slot: 0,
+                offset: 0,
+                len: 600
+            }],
+            vec![Piece {
+                slot: 1,
+                offset: 0,
+                len: 600
+            }],
+            vec![Piece {
+                slot: 1,
+                offset: 768,
+                len: 100
+            }],
+        ]
+    );
+}
+
+#[test]
 fn plan_of_empty_fields_uses_no_slot() {
     let (pieces, used) = plan(&[0, 0], 1024);
     assert_eq!(used, 0);
@@ -118,6 +144,9 @@ proptest! {
             }
             if let Some(first) = ps.first() {
                 prop_assert_eq!(first.offset % 256, 0);
+            }
+            if *len <= slot_bytes {
+                prop_assert!(ps.len() <= 1, "a field that fits a slot is not split");
             }
         }
         for ranges in &mut taken {

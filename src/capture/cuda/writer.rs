@@ -13,53 +13,7 @@ use crate::{Error, Schema};
 use super::driver::{driver, Context, Event, Pinned, Stream};
 use super::error::CaptureError;
 use super::ring::{Ring, Slot};
-
-/// Where finished samples go: a [`DatasetWriter`], or [`Discard`] to measure the copy path.
-pub trait SampleSink: Send {
-    /// Keys of the samples the sink already holds (read once, when the writer opens).
-    fn existing_keys(&self) -> crate::Result<Vec<String>>;
-    /// Takes one sample; `fields` are host bytes by field name, in the sample's order.
-    fn append(&mut self, key: &str, fields: &[(&str, &[u8])]) -> crate::Result<()>;
-    /// Makes what was appended durable and visible.
-    fn commit(&mut self) -> crate::Result<()>;
-    /// Commits and closes.
-    fn finish(self: Box<Self>) -> crate::Result<()>;
-}
-
-impl SampleSink for DatasetWriter {
-    fn existing_keys(&self) -> crate::Result<Vec<String>> {
-        let rows = crate::write::dataset_writer::sample_rows(self.dir())?;
-        Ok(rows.into_iter().map(|r| r.key).collect())
-    }
-    fn append(&mut self, key: &str, fields: &[(&str, &[u8])]) -> crate::Result<()> {
-        DatasetWriter::append(self, key, fields).map(drop)
-    }
-    fn commit(&mut self) -> crate::Result<()> {
-        DatasetWriter::commit(self).map(drop)
-    }
-    fn finish(self: Box<Self>) -> crate::Result<()> {
-        DatasetWriter::finish(*self).map(drop)
-    }
-}
-
-/// A sink that drops every sample: measures the device-to-host path without storage.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct Discard;
-
-impl SampleSink for Discard {
-    fn existing_keys(&self) -> crate::Result<Vec<String>> {
-        Ok(Vec::new())
-    }
-    fn append(&mut self, _key: &str, _fields: &[(&str, &[u8])]) -> crate::Result<()> {
-        Ok(())
-    }
-    fn commit(&mut self) -> crate::Result<()> {
-        Ok(())
-    }
-    fn finish(self: Box<Self>) -> crate::Result<()> {
-        Ok(())
-    }
-}
+use super::sink::{check_sample, SampleSink};
 
 /// Options of a [`CudaWriter`].
 #[derive(Debug, Clone)]
@@ -152,8 +106,9 @@ pub(crate) struct Piece {
 }
 
 /// Lays fields one after another through slots of `slot_bytes`, each field starting at a
-/// multiple of [`FIELD_ALIGN`]; a field that does not fit in what is left of a slot continues
-/// in the next. Returns the pieces of each field and the number of slots used.
+/// multiple of [`FIELD_ALIGN`]. A field that fits in a slot but not in what is left of the
+/// current one starts in the next slot (so it is read in place); only a field larger than a
+/// slot is split across slots. Returns the pieces of each field and the number of slots used.
 pub(crate) fn plan(lens: &[usize], slot_bytes: usize) -> (Vec<Vec<Piece>>, usize) {
     assert!(slot_bytes > 0, "slot_bytes must be positive");
     let (mut slot, mut offset) = (0usize, 0usize);
@@ -161,6 +116,10 @@ pub(crate) fn plan(lens: &[usize], slot_bytes: usize) -> (Vec<Vec<Piece>>, usize
     let mut out = Vec::with_capacity(lens.len());
     for &len in lens {
         let mut pieces = Vec::new();
+        if len <= slot_bytes && offset > 0 && offset.saturating_add(len) > slot_bytes {
+            slot += 1;
+            offset = 0;
+        }
         let mut left = len;
         while left > 0 {
             if offset >= slot_bytes {
@@ -273,7 +232,8 @@ impl CudaWriter {
         Self::with_sink(Box::new(writer), schema, options)
     }
 
-    /// A writer that hands samples to `sink` (a [`DatasetWriter`], [`Discard`], or another).
+    /// A writer that hands samples to `sink` (a [`DatasetWriter`], [`Discard`](super::Discard),
+    /// or another).
     pub fn with_sink(
         sink: Box<dyn SampleSink>,
         schema: Schema,
@@ -788,61 +748,5 @@ fn write_job(
         .as_mut()
         .ok_or(CaptureError::Stopped { unwritten: 0 })?;
     sink.append(&job.key, &views)?;
-    Ok(())
-}
-
-/// Checks a sample against the schema before anything is copied: every field once, whole
-/// rows, the same rows in every field.
-fn check_sample(schema: &Schema, key: &str, fields: &[DeviceField<'_>]) -> Result<(), Error> {
-    let bad = |field: &str, detail: String| Error::BadSample {
-        key: key.to_string(),
-        field: field.to_string(),
-        detail,
-    };
-    for f in fields {
-        if schema.field_index(f.name).is_none() {
-            let names: Vec<&str> = schema.fields.iter().map(|f| f.name.as_str()).collect();
-            return Err(bad(
-                f.name,
-                format!("the schema has no such field; it has {}", names.join(", ")),
-            ));
-        }
-    }
-    let mut rows = None;
-    for sf in &schema.fields {
-        let mut given = fields.iter().filter(|f| f.name == sf.name);
-        let f = given.next().ok_or_else(|| {
-            bad(
-                &sf.name,
-                "missing: every field of the schema is required".into(),
-            )
-        })?;
-        if given.next().is_some() {
-            return Err(bad(&sf.name, "given twice".into()));
-        }
-        let row_bytes = sf.row_bytes();
-        if f.bytes as u64 % row_bytes != 0 {
-            return Err(bad(
-                &sf.name,
-                format!(
-                    "{} bytes is not a whole number of rows of {row_bytes} bytes ({} {:?})",
-                    f.bytes, sf.dtype, sf.shape
-                ),
-            ));
-        }
-        let r = f.bytes as u64 / row_bytes;
-        match rows {
-            None => rows = Some(r),
-            Some(prev) if prev != r => {
-                return Err(bad(
-                    &sf.name,
-                    format!(
-                    "has {r} rows, other fields have {prev}: all fields share the token dimension"
-                ),
-                ))
-            }
-            _ => {}
-        }
-    }
     Ok(())
 }

@@ -120,18 +120,19 @@ def test_split_oversize_and_backpressure(tmp_path):
     append that must block until a slot frees."""
     gen = torch.Generator(device="cuda").manual_seed(2)
     fields = names()
-    # 1 MiB slots, 6 of them: a 64-row sample (3.5 MiB) splits over 4 slots, a 300-row one
-    # (16.4 MiB) is larger than the ring and takes the one-off buffer.
-    w = CudaWriter(tmp_path / "ds", schema(), slots=6, slot_bytes=1 << 20, durable=False)
+    # 1 MiB slots, 10 of them: a 100-row field (1.4 MiB) splits over 2 slots (8 for the
+    # sample), a 300-row sample (16.4 MiB) is larger than the ring and takes the one-off
+    # buffer.
+    w = CudaWriter(tmp_path / "ds", schema(), slots=10, slot_bytes=1 << 20, durable=False)
     expect = {}
-    for i, t in enumerate([16, 64, 300, 64, 16, 300, 1, 64]):
+    for i, t in enumerate([16, 100, 300, 100, 16, 300, 1, 100]):
         if hasattr(torch.cuda, "_sleep"):
             torch.cuda._sleep(20_000_000)  # keep the copies behind, so appends must wait
         hs = [torch.randn(t, HIDDEN, device="cuda", generator=gen).to(torch.bfloat16) for _ in fields]
         expect[f"b{i}"] = [h.clone() for h in hs]
         w.append(f"b{i}", **dict(zip(fields, hs)))
     mid = w.stats()
-    assert mid["slots"] == 6 and mid["slot_bytes"] == 1 << 20
+    assert mid["slots"] == 10 and mid["slot_bytes"] == 1 << 20
     stats = w.finish()
     assert stats["waits"] > 0, stats
     assert stats["oversize"] == 2, stats
