@@ -8,6 +8,7 @@
 #[cfg(target_endian = "big")]
 compile_error!("hspack maps little-endian structures directly; big-endian hosts are not supported");
 
+pub mod capture;
 pub mod convert;
 pub mod error;
 pub mod format;

@@ -278,6 +278,30 @@ pub fn to_py(err: Error) -> PyErr {
     Python::with_gil(|py| build(py, kind, err.to_string(), context))
 }
 
+/// An `HspackError` of `kind` for errors outside the dataset layers (CUDA capture).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub fn other(
+    kind: &str,
+    message: String,
+    key: Option<String>,
+    field: Option<String>,
+    detail: Option<String>,
+) -> PyErr {
+    Python::with_gil(|py| {
+        build(
+            py,
+            kind,
+            message,
+            Context {
+                key,
+                field,
+                detail,
+                ..Context::default()
+            },
+        )
+    })
+}
+
 /// An `HspackError` of kind `BadOption`.
 pub fn bad_option(option: &str, detail: &str) -> PyErr {
     Python::with_gil(|py| {

@@ -5,6 +5,8 @@
 #![allow(clippy::result_large_err)]
 
 mod borrowed;
+#[cfg(feature = "cuda")]
+mod cuda_writer;
 mod dataset;
 mod errors;
 mod tensor_buffer;
@@ -23,5 +25,7 @@ fn _hspack(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<writer::Writer>()?;
     m.add_class::<tensor_buffer::TensorBuffer>()?;
     m.add_function(wrap_pyfunction!(verify::verify, m)?)?;
+    #[cfg(feature = "cuda")]
+    m.add_class::<cuda_writer::CudaWriter>()?;
     Ok(())
 }

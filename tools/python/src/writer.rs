@@ -15,7 +15,7 @@ fn stats(s: hspack::write::dataset_writer::WriteStats) -> Stats {
     (s.samples, s.shards, s.bytes, s.raw_bytes)
 }
 
-fn write_options(options: Option<&Bound<'_, PyDict>>) -> PyResult<WriteOptions> {
+pub(crate) fn write_options(options: Option<&Bound<'_, PyDict>>) -> PyResult<WriteOptions> {
     let mut o = WriteOptions::default();
     let Some(options) = options else {
         return Ok(o);

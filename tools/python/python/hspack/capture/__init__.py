@@ -17,8 +17,9 @@ Output goes to a sink: anything with ``append(key, **tensors)`` and
 imports neither the compiled extension nor SGLang at import time.
 """
 
+from .cuda_writer import CudaWriter
 from .errors import CaptureError, RowMismatch, UnsupportedSetup
 from .points import CapturePoints
 from .sink import MemorySink, Sink
 
-__all__ = ["CaptureError", "CapturePoints", "MemorySink", "RowMismatch", "Sink", "UnsupportedSetup"]
+__all__ = ["CaptureError", "CapturePoints", "CudaWriter", "MemorySink", "RowMismatch", "Sink", "UnsupportedSetup"]

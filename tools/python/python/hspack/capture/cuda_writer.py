@@ -1,0 +1,253 @@
+"""`hspack.capture.CudaWriter`: capture GPU tensors into a dataset without stalling the GPU.
+
+    w = CudaWriter("out/", [hspack.hidden_state(l, 7168) for l in (2, 20, 40, 60)])
+    w.append("s0", **{"hidden.2": h2, ...})   # torch / CuPy / JAX tensors on the GPU
+    w.stats()                                 # slots, busy, waits, bytes_copied, ...
+    w.finish()
+
+Each append orders its device-to-host copies after the work queued so far on the producer's
+stream (PyTorch's current stream unless `stream=` says otherwise), copies into a ring of
+pinned host buffers, and returns; the dataset is written on the writer's own threads, without
+the GIL. The tensors are held until their copies are complete. When every buffer is busy,
+append blocks (counted in `stats()["waits"]`); nothing is dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Sequence
+
+STATS = ("slots", "slot_bytes", "busy", "waits", "wait_seconds", "append_seconds", "bytes_copied", "samples_given", "samples_written", "oversize", "unwritten")
+
+#: `__cuda_array_interface__` typestr -> hspack dtype names it may hold (bf16 and fp8 travel
+#: as raw unsigned integers of their width).
+_TYPESTR = {
+    "|b1": ("bool",),
+    "|u1": ("u8", "f8e4m3fn", "f8e5m2"),
+    "|i1": ("i8",),
+    "<i2": ("i16",),
+    "<u2": ("bf16",),
+    "<i4": ("i32",),
+    "<i8": ("i64",),
+    "<f2": ("f16",),
+    "<f4": ("f32",),
+    "<f8": ("f64",),
+}
+
+
+def _native():
+    from .. import _hspack
+
+    native = getattr(_hspack, "CudaWriter", None)
+    if native is None:
+        from .._errors import make_error
+
+        raise make_error("NoCuda", "this build of hspack has no CUDA support: build the wheel with `maturin build --features cuda`", option="cuda")
+    return native
+
+
+def _bad(key: str, name: str, detail: str) -> Exception:
+    from .._errors import make_error
+
+    return make_error("BadSample", f"sample `{key}`, field `{name}`: {detail}", key=key, field=name)
+
+
+def _is_torch(value: Any) -> bool:
+    mod = type(value).__module__
+    return mod.startswith("torch") and hasattr(value, "data_ptr")
+
+
+def _torch_view(key: str, name: str, field: dict, t: Any) -> tuple[int, int, Any, int | None]:
+    from .._dtypes import hspack_name_of
+
+    if not t.is_cuda:
+        raise _bad(key, name, f"the tensor is on {t.device}; pass a tensor on the GPU")
+    got = hspack_name_of(t)
+    if got != field["dtype"]:
+        raise _bad(key, name, f"dtype {t.dtype}, the schema says {field['dtype']}")
+    _check_shape(key, name, field, tuple(t.shape))
+    if not t.is_contiguous():
+        t = t.contiguous()  # a copy on the current stream, held like the tensor
+    return t.data_ptr(), t.numel() * t.element_size(), t, t.device.index
+
+
+def _check_shape(key: str, name: str, field: dict, shape: tuple) -> None:
+    row = tuple(field["shape"])
+    if len(shape) != 1 + len(row) or tuple(shape[1:]) != row:
+        want = ", ".join(["rows", *map(str, row)])
+        raise _bad(key, name, f"shape {shape}, the schema needs [{want}]")
+
+
+def _cai_view(key: str, name: str, field: dict, value: Any, cai: dict) -> tuple[int, int, Any, int | None, int | None]:
+    typestr = cai["typestr"]
+    if field["dtype"] not in _TYPESTR.get(typestr, ()):
+        raise _bad(key, name, f"typestr {typestr}, the schema says {field['dtype']}")
+    shape = tuple(int(d) for d in cai["shape"])
+    _check_shape(key, name, field, shape)
+    itemsize = int(typestr[2:])
+    strides = cai.get("strides")
+    if strides is not None:
+        expect, acc = [], itemsize
+        for d in reversed(shape):
+            expect.append(acc)
+            acc *= d
+        if tuple(strides) != tuple(reversed(expect)) and 0 not in shape:
+            raise _bad(key, name, "the array is not C-contiguous; pass a contiguous copy")
+    n = itemsize
+    for d in shape:
+        n *= d
+    stream = cai.get("stream")
+    return int(cai["data"][0]), n, value, None, (int(stream) if stream is not None else None)
+
+
+def _device_view(key: str, name: str, field: dict, value: Any) -> tuple[int, int, Any, int | None, int | None]:
+    """(address, bytes, owner to hold, device or None, producer stream or None)."""
+    if _is_torch(value):
+        ptr, n, owner, dev = _torch_view(key, name, field, value)
+        return ptr, n, owner, dev, None
+    try:
+        cai = value.__cuda_array_interface__
+    except Exception:  # absent, or refused for this dtype (JAX with bf16): try DLPack
+        cai = None
+    dlpack = hasattr(type(value), "__dlpack__")
+    if cai is not None and (not dlpack or cai.get("typestr") in _TYPESTR):
+        return _cai_view(key, name, field, value, cai)
+    if dlpack:
+        import torch
+
+        t = torch.from_dlpack(value)
+        if t.dtype == torch.uint16 and field["dtype"] == "bf16":
+            t = t.view(torch.bfloat16)
+        ptr, n, owner, dev = _torch_view(key, name, field, t)
+        return ptr, n, (value, owner), dev, None
+    raise _bad(key, name, f"{type(value).__name__} is not a GPU array (no __cuda_array_interface__ or __dlpack__)")
+
+
+class CudaWriter:
+    """Writes (or resumes) the dataset in folder `path` from GPU tensors.
+
+    `schema` and `capture` are as for `hspack.Writer`. `device` is the CUDA device whose
+    tensors this writer copies (default: PyTorch's current device, else 0); one writer per
+    device. `slots` pinned buffers of `slot_bytes` each form the ring (default 8 × 64 MiB); a
+    sample larger than the ring goes through a one-off pinned buffer. `discard=True` drops the
+    bytes instead of writing them (to measure the copy path). Other options (`chunk_bytes`,
+    `codec`, `durable`, ...) go to the dataset writer.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike | None,
+        schema: Sequence[Any],
+        capture: dict | None = None,
+        *,
+        device: int | None = None,
+        slots: int = 8,
+        slot_bytes: int = 64 << 20,
+        create: bool = False,
+        discard: bool = False,
+        **options: Any,
+    ):
+        from .. import _hspack
+        from .._schema import normalize
+
+        native = _native()
+        self.path = None if path is None else os.fspath(path)
+        self.fields = normalize(schema)
+        self._by_name = {f["name"]: f for f in self.fields}
+        doc: dict = {"fields": self.fields, "capture": None}
+        if capture is not None:
+            capture = dict(capture)
+            capture.setdefault("tool", "hspack.capture.CudaWriter")
+            capture.setdefault("tool_version", _hspack.__version__)
+            doc["capture"] = capture
+        if device is None:
+            device = _torch_current_device()
+        self.device = int(device)
+        if self.path is None and not discard:
+            from .._errors import make_error
+
+            raise make_error("BadOption", "option path: give a folder, or discard=True", option="path")
+        self._native = native(self.path or "", json.dumps(doc), self.device, slots, slot_bytes, create, discard, options)
+
+    def append(self, key: str, stream: int | None = None, overwrite: bool = False, **tensors: Any) -> None:
+        """Queues sample `key`: one GPU tensor per field (`[rows, *row shape]`, the field's
+        dtype). Returns once the copies are queued; blocks while every buffer is busy.
+
+        `stream` is the producer's stream handle (default: PyTorch's current stream of the
+        writer's device, or the stream a `__cuda_array_interface__` names). Set `overwrite`
+        when the producer will write these same buffers in place again (static buffers, CUDA
+        graphs): its later work then waits on the device for the copies.
+        """
+        parts = []
+        owners = []
+        seen_stream = None
+        for name, value in tensors.items():
+            f = self._by_name.get(name)
+            if f is None:
+                raise _bad(key, name, f"the schema has no such field; it has {', '.join(self._by_name)}")
+            ptr, n, owner, dev, s = _device_view(key, name, f, value)
+            if dev is not None and dev != self.device:
+                raise _bad(key, name, f"the tensor is on cuda:{dev}, this writer copies from cuda:{self.device}; use one writer per device")
+            parts.append((name, ptr, n))
+            owners.append(owner)
+            seen_stream = seen_stream if s is None else s
+        if stream is None:
+            stream = seen_stream if seen_stream is not None else _torch_current_stream(self.device)
+        self._native.append(key, parts, int(stream), bool(overwrite), tuple(owners))
+
+    def contains(self, key: str) -> bool:
+        """True when sample `key` was given to this writer or is in the dataset."""
+        return self._native.contains(key)
+
+    __contains__ = contains
+
+    def stats(self) -> dict:
+        """Counters: `slots`, `slot_bytes`, `busy`, `waits` (appends that blocked),
+        `wait_seconds`, `append_seconds` (all time in append), `bytes_copied`, `samples_given`, `samples_written`, `oversize`,
+        `unwritten` (samples lost to an error, which the next call raised)."""
+        return dict(zip(STATS, self._native.stats()))
+
+    def flush(self) -> None:
+        """Blocks until every sample given so far is written (or raises its error)."""
+        self._native.flush()
+
+    def commit(self) -> None:
+        """Flushes and commits: what was given so far survives a crash and is readable."""
+        self._native.commit()
+
+    def finish(self) -> dict:
+        """Flushes, commits, writes the samples table and closes. Returns `stats()`."""
+        return dict(zip(STATS, self._native.finish()))
+
+    close = finish
+
+    def __enter__(self) -> "CudaWriter":
+        return self
+
+    def __exit__(self, exc_type: Any, *rest: Any) -> None:
+        if exc_type is None:
+            self.finish()
+        else:
+            self._native.abort()
+
+
+def _torch_current_device() -> int:
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        return int(torch.cuda.current_device())
+    return 0
+
+
+def _torch_current_stream(device: int) -> int:
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        return int(torch.cuda.current_stream(device).cuda_stream)
+    return 0
+
+
+__all__ = ["CudaWriter"]

@@ -1,0 +1,208 @@
+"""hspack.capture.CudaWriter on a real GPU: bytes equal the source tensors, ordering after the
+producer's stream, keepalive of freed tensors, split and oversize samples, backpressure.
+
+Every test but the first needs a CUDA GPU and skips with the reason where there is none.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import hspack  # noqa: E402
+from hspack.capture import CudaWriter  # noqa: E402
+
+HIDDEN = 7168
+LAYERS = (2, 20, 40, 60)
+HAS_GPU = torch.cuda.is_available()
+NO_GPU = "no CUDA GPU here: the CudaWriter GPU tests run on a GPU machine (see benches/README-cuda.md)"
+if not HAS_GPU:
+    print(f"SKIP test_cuda_writer GPU tests: {NO_GPU}")
+gpu = pytest.mark.skipif(not HAS_GPU, reason=NO_GPU)
+
+
+def schema():
+    return [hspack.hidden_state(layer, HIDDEN, dtype="bf16") for layer in LAYERS]
+
+
+def names():
+    return [f["name"] for f in schema()]
+
+
+def test_without_gpu_the_error_is_clear(tmp_path):
+    if HAS_GPU:
+        pytest.skip("a GPU is present: the no-GPU error is checked on machines without one")
+    with pytest.raises(hspack.HspackError) as e:
+        CudaWriter(tmp_path / "ds", schema())
+    assert e.value.kind in ("NoDriver", "Driver", "NoDevice", "NoCuda"), e.value.kind
+    assert "CUDA" in str(e.value)
+
+
+def slow_produce(bufs, rows, gen):
+    """Fills bufs[:rows] on the current stream after a GPU-side delay, so a copy that did not
+    wait for the producer would read the old contents."""
+    if hasattr(torch.cuda, "_sleep"):
+        torch.cuda._sleep(2_000_000)
+    for b in bufs:
+        b[:rows].copy_(torch.randn(rows, HIDDEN, device="cuda", generator=gen).to(torch.bfloat16))
+
+
+def read_back(path):
+    ds = hspack.open(path)
+    return {ds.sample(i).key: ds[i] for i in range(len(ds))}
+
+
+def equal_bits(a, b):
+    return torch.equal(a.contiguous().view(torch.int16).cpu(), b.contiguous().view(torch.int16).cpu())
+
+
+@gpu
+def test_in_place_buffers_ordering_and_bytes(tmp_path):
+    """Static producer buffers, overwritten on the same stream right after each append."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    rows = [1, 7, 1024, 2999, 333, 2048, 5, 1500]
+    tmax = max(rows)
+    bufs = [torch.zeros(tmax, HIDDEN, dtype=torch.bfloat16, device="cuda") for _ in LAYERS]
+    expect = {}
+    fields = names()
+    w = CudaWriter(tmp_path / "ds", schema(), slots=4, slot_bytes=64 << 20, durable=False)
+    for i, t in enumerate(rows):
+        slow_produce(bufs, t, gen)
+        key = f"s{i}"
+        # Device-side reference on the producer stream: what the tensors hold at capture time.
+        expect[key] = [b[:t].clone() for b in bufs]
+        w.append(key, overwrite=True, **{n: b[:t] for n, b in zip(fields, bufs)})
+        # The producer goes on writing the same memory, no host sync in between.
+        for b in bufs:
+            b.fill_(float("nan"))
+    stats = w.finish()
+    assert stats["samples_written"] == len(rows)
+    assert stats["unwritten"] == 0
+    assert stats["bytes_copied"] == sum(rows) * HIDDEN * 2 * len(LAYERS)
+    got = read_back(tmp_path / "ds")
+    assert sorted(got) == sorted(expect)
+    for key, tensors in expect.items():
+        for n, ref in zip(fields, tensors):
+            assert equal_bits(got[key][n], ref), (key, n)
+
+
+@gpu
+def test_fresh_tensors_are_kept_alive_until_copied(tmp_path):
+    """The producer drops its tensors right after append and allocates new ones of the same
+    size: without the writer's reference, the allocator would hand the same memory out."""
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    fields = names()
+    expect = {}
+    w = CudaWriter(tmp_path / "ds", schema(), slots=2, slot_bytes=32 << 20, durable=False)
+    for i, t in enumerate([100, 1000, 2047, 64, 1777, 900]):
+        if hasattr(torch.cuda, "_sleep"):
+            torch.cuda._sleep(2_000_000)
+        hs = [torch.randn(t, HIDDEN, device="cuda", generator=gen).to(torch.bfloat16) for _ in fields]
+        expect[f"f{i}"] = [h.clone() for h in hs]
+        w.append(f"f{i}", **dict(zip(fields, hs)))
+        del hs
+        junk = [torch.full((t, HIDDEN), -1.0, dtype=torch.bfloat16, device="cuda") for _ in fields]
+        del junk
+    stats = w.finish()
+    assert stats["samples_written"] == 6 and stats["unwritten"] == 0
+    got = read_back(tmp_path / "ds")
+    for key, tensors in expect.items():
+        for n, ref in zip(fields, tensors):
+            assert equal_bits(got[key][n], ref), (key, n)
+
+
+@gpu
+def test_split_oversize_and_backpressure(tmp_path):
+    """A tiny ring: samples split across slots, samples larger than the whole ring, and an
+    append that must block until a slot frees."""
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    fields = names()
+    # 1 MiB slots, 10 of them: a 100-row field (1.4 MiB) splits over 2 slots (8 for the
+    # sample), a 300-row sample (16.4 MiB) is larger than the ring and takes the one-off
+    # buffer.
+    w = CudaWriter(tmp_path / "ds", schema(), slots=10, slot_bytes=1 << 20, durable=False)
+    expect = {}
+    for i, t in enumerate([16, 100, 300, 100, 16, 300, 1, 100]):
+        if hasattr(torch.cuda, "_sleep"):
+            torch.cuda._sleep(20_000_000)  # keep the copies behind, so appends must wait
+        hs = [torch.randn(t, HIDDEN, device="cuda", generator=gen).to(torch.bfloat16) for _ in fields]
+        expect[f"b{i}"] = [h.clone() for h in hs]
+        w.append(f"b{i}", **dict(zip(fields, hs)))
+    mid = w.stats()
+    assert mid["slots"] == 10 and mid["slot_bytes"] == 1 << 20
+    stats = w.finish()
+    assert stats["waits"] > 0, stats
+    assert stats["oversize"] == 2, stats
+    assert stats["samples_written"] == 8 and stats["unwritten"] == 0
+    got = read_back(tmp_path / "ds")
+    for key, tensors in expect.items():
+        for n, ref in zip(fields, tensors):
+            assert equal_bits(got[key][n], ref), (key, n)
+
+
+@gpu
+def test_errors_are_reported_before_anything_is_copied(tmp_path):
+    fields = names()
+    w = CudaWriter(tmp_path / "ds", schema(), slots=2, slot_bytes=1 << 20, durable=False)
+    ok = {n: torch.zeros(4, HIDDEN, dtype=torch.bfloat16, device="cuda") for n in fields}
+    w.append("a", **ok)
+    with pytest.raises(hspack.HspackError) as e:
+        w.append("a", **ok)
+    assert e.value.kind == "DuplicateKey"
+    cpu = dict(ok)
+    cpu[fields[0]] = torch.zeros(4, HIDDEN, dtype=torch.bfloat16)
+    with pytest.raises(hspack.HspackError) as e:
+        w.append("b", **cpu)
+    assert "GPU" in str(e.value) or "CUDA" in str(e.value)
+    wrong = dict(ok)
+    wrong[fields[1]] = torch.zeros(5, HIDDEN, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(hspack.HspackError) as e:
+        w.append("c", **wrong)
+    assert e.value.kind == "BadSample"
+    f32 = dict(ok)
+    f32[fields[2]] = torch.zeros(4, HIDDEN, dtype=torch.float32, device="cuda")
+    with pytest.raises(hspack.HspackError) as e:
+        w.append("d", **f32)
+    assert e.value.kind == "BadSample"
+    stats = w.finish()
+    assert stats["samples_written"] == 1
+    assert len(hspack.open(tmp_path / "ds")) == 1
+
+
+@gpu
+def test_other_protocols_cupy_and_jax(tmp_path):
+    """__cuda_array_interface__ (CuPy) and DLPack (JAX) inputs, where those libraries exist."""
+    fields = names()
+    w = CudaWriter(tmp_path / "ds", schema(), slots=2, slot_bytes=8 << 20, durable=False)
+    expect = {}
+    try:
+        import cupy
+
+        arrs = [cupy.asarray(torch.randn(3, HIDDEN, device="cuda").to(torch.bfloat16).view(torch.int16)).view(cupy.uint16) for _ in fields]
+        cupy.cuda.get_current_stream().synchronize()
+        expect["cupy"] = [torch.as_tensor(a, device="cuda").view(torch.bfloat16).clone() for a in arrs]
+        w.append("cupy", **dict(zip(fields, arrs)))
+    except ImportError:
+        pass
+    try:
+        os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+        import jax
+        import jax.numpy as jnp
+
+        if jax.devices()[0].platform != "gpu":
+            raise ImportError("JAX has no GPU here")
+        arrs = [jnp.ones((2, HIDDEN), dtype=jnp.bfloat16) * (k + 1) for k in range(len(fields))]
+        expect["jax"] = [torch.full((2, HIDDEN), float(k + 1), dtype=torch.bfloat16) for k in range(len(fields))]
+        w.append("jax", **dict(zip(fields, arrs)))
+    except ImportError:
+        pass
+    w.finish()
+    if not expect:
+        pytest.skip("neither CuPy nor JAX is installed")
+    got = read_back(tmp_path / "ds")
+    for key, tensors in expect.items():
+        for n, ref in zip(fields, tensors):
+            assert equal_bits(got[key][n], ref), (key, n)
