@@ -378,6 +378,7 @@ impl<'o> Run<'o> {
                         split_by: o.split_by.clone(),
                         trim: o.trim,
                         limits: o.limits,
+                        pool: Default::default(),
                     }))
                 }
                 Err(e) if is_layout_flag_error(&e) => {
@@ -486,7 +487,7 @@ impl<'o> Run<'o> {
             appended += 1;
         }
         drop(fields);
-        drop(p);
+        decoder.recycle(p);
         self.report.samples += appended;
         self.report.converted += 1;
         self.report.source_bytes += unit.bytes;

@@ -366,6 +366,74 @@ pub fn field_shape(spec: &FieldSpec, shape: &[u64]) -> Result<Vec<u64>, LayoutEr
     Ok(s)
 }
 
+/// Where a field's bytes lie in its source tensor's bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Part {
+    /// One contiguous range.
+    Range(std::ops::Range<usize>),
+    /// `outer` runs of `len` bytes, `stride` apart, the first at `start`.
+    Strided {
+        /// Runs.
+        outer: usize,
+        /// Bytes between runs.
+        stride: usize,
+        /// Offset of the first run.
+        start: usize,
+        /// Bytes of a run.
+        len: usize,
+    },
+}
+
+impl Part {
+    /// Bytes of the field.
+    pub fn len(&self) -> usize {
+        match self {
+            Part::Range(r) => r.len(),
+            Part::Strided { outer, len, .. } => outer * len,
+        }
+    }
+
+    /// True when the field is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Copies the field's bytes from `src` into `dst` (of [`Part::len`] bytes).
+    pub fn gather(&self, src: &[u8], dst: &mut [u8]) {
+        match self {
+            Part::Range(r) => dst.copy_from_slice(&src[r.clone()]),
+            Part::Strided {
+                stride, start, len, ..
+            } => {
+                for (o, out) in dst.chunks_exact_mut(*len).enumerate() {
+                    let from = start + o * stride;
+                    out.copy_from_slice(&src[from..from + len]);
+                }
+            }
+        }
+    }
+}
+
+/// Where the field lies in a source tensor of `shape` with elements of `elem` bytes.
+pub fn field_part(spec: &FieldSpec, shape: &[u64], elem: usize) -> Result<Part, LayoutError> {
+    let total = shape.iter().product::<u64>() as usize * elem;
+    let Some((a, start, len, _)) = slab(spec.op, shape, &spec.source)? else {
+        return Ok(Part::Range(0..total));
+    };
+    let outer = shape[..a].iter().product::<u64>() as usize;
+    let inner = shape[a + 1..].iter().product::<u64>() as usize * elem;
+    let (dim, start, len) = (shape[a] as usize, start as usize, len as usize);
+    if outer == 1 {
+        return Ok(Part::Range(start * inner..(start + len) * inner));
+    }
+    Ok(Part::Strided {
+        outer,
+        stride: dim * inner,
+        start: start * inner,
+        len: len * inner,
+    })
+}
+
 /// The bytes of the field: the op applied to `bytes` (C order, `shape`, elements of `elem`
 /// bytes). Borrowed when the part is contiguous.
 pub fn field_bytes<'a>(
@@ -374,32 +442,15 @@ pub fn field_bytes<'a>(
     elem: usize,
     bytes: Cow<'a, [u8]>,
 ) -> Result<Cow<'a, [u8]>, LayoutError> {
-    let Some((a, start, len, _)) = slab(spec.op, shape, &spec.source)? else {
-        return Ok(bytes);
-    };
-    let outer: u64 = shape[..a].iter().product();
-    let inner = shape[a + 1..].iter().product::<u64>() * elem as u64;
-    let dim = shape[a];
-    let (outer, inner, dim, start, len) = (
-        outer as usize,
-        inner as usize,
-        dim as usize,
-        start as usize,
-        len as usize,
-    );
-    if outer == 1 {
-        let range = start * inner..(start + len) * inner;
-        return Ok(match bytes {
-            Cow::Borrowed(b) => Cow::Borrowed(&b[range]),
-            Cow::Owned(b) => Cow::Owned(b[range].to_vec()),
-        });
-    }
-    let mut out = Vec::with_capacity(outer * len * inner);
-    for o in 0..outer {
-        let from = (o * dim + start) * inner;
-        out.extend_from_slice(&bytes[from..from + len * inner]);
-    }
-    Ok(Cow::Owned(out))
+    Ok(match (field_part(spec, shape, elem)?, bytes) {
+        (Part::Range(r), Cow::Borrowed(b)) => Cow::Borrowed(&b[r]),
+        (Part::Range(r), Cow::Owned(b)) if r.len() == b.len() => Cow::Owned(b),
+        (part, b) => {
+            let mut out = vec![0; part.len()];
+            part.gather(&b, &mut out);
+            Cow::Owned(out)
+        }
+    })
 }
 
 /// The schema of the specs for a file holding `tensors`, with capture metadata naming the tool.

@@ -3,10 +3,11 @@
 
 use std::borrow::Cow;
 use std::ops::Range;
+use std::sync::Mutex;
 
 use crate::format::{DType, Schema};
 
-use super::layout::{check_field, field_bytes, FieldSpec};
+use super::layout::{check_field, field_bytes, field_part, FieldSpec, Part};
 use super::units::{Inputs, Unit};
 use super::Limits;
 
@@ -44,14 +45,73 @@ pub struct Decoder {
     pub trim: Option<Trim>,
     /// Limits for reading source files.
     pub limits: Limits,
+    /// Gather buffers.
+    pub pool: Pool,
 }
 
 /// The bytes of one field of a unit.
 pub enum Piece {
     /// Borrowed from the mapped file: taken again with [`Inputs::tensor`] when appended.
     Mapped,
-    /// Gathered or decompressed bytes.
+    /// Decompressed or small gathered bytes.
     Owned(Vec<u8>),
+    /// Large gathered bytes (the first `len` of the buffer), in anonymous memory backed by
+    /// huge pages where the system allows, recycled through [`Decoder::recycle`]: fresh pages
+    /// cost a fault and a zeroing each.
+    Anon(memmap2::MmapMut, usize),
+}
+
+/// Gathers at least this many bytes into huge-page-backed memory.
+const ANON_MIN: usize = 4 << 20;
+
+/// Buffers for large gathers, kept between units.
+#[derive(Debug, Default)]
+pub struct Pool {
+    free: Mutex<Vec<memmap2::MmapMut>>,
+}
+
+/// Most buffers the pool keeps.
+const POOL_MAX: usize = 32;
+
+impl Pool {
+    fn gathered(&self, part: &Part, src: &[u8]) -> Piece {
+        let len = part.len();
+        if len >= ANON_MIN {
+            let reused = self.free.lock().ok().and_then(|mut free| {
+                let best = (0..free.len())
+                    .filter(|&i| free[i].len() >= len)
+                    .min_by_key(|&i| free[i].len())?;
+                Some(free.swap_remove(best))
+            });
+            let buf = reused.or_else(|| {
+                let m = memmap2::MmapOptions::new()
+                    .len(len.next_power_of_two())
+                    .map_anon()
+                    .ok()?;
+                // Advice only: without huge pages the memory still works, page by page.
+                let _ = m.advise(memmap2::Advice::HugePage);
+                Some(m)
+            });
+            if let Some(mut m) = buf {
+                part.gather(src, &mut m[..len]);
+                return Piece::Anon(m, len);
+            }
+        }
+        let mut v = vec![0; len];
+        part.gather(src, &mut v);
+        Piece::Owned(v)
+    }
+
+    fn put(&self, m: memmap2::MmapMut) {
+        if let Ok(mut free) = self.free.lock() {
+            free.push(m);
+            if free.len() > POOL_MAX {
+                if let Some(i) = (0..free.len()).min_by_key(|&i| free[i].len()) {
+                    free.swap_remove(i);
+                }
+            }
+        }
+    }
 }
 
 /// A decoded unit: its open files, its fields, and the samples (row ranges) it holds.
@@ -64,7 +124,7 @@ pub struct Prepared {
     pub samples: Vec<(String, Range<u64>)>,
 }
 
-/// Reads every `stride`-th byte so the pages are mapped before the writer reads them.
+/// Reads every 4096th byte so the pages are mapped before the writer reads them.
 fn touch(bytes: &[u8]) {
     let mut acc = 0u8;
     for b in bytes.iter().step_by(4096) {
@@ -89,10 +149,20 @@ fn ints(bytes: &[u8], dtype: DType) -> Option<Vec<i64>> {
 }
 
 impl Decoder {
+    /// Returns a unit's gather buffers for reuse.
+    pub fn recycle(&self, p: Prepared) {
+        for piece in p.pieces {
+            if let Piece::Anon(m, _) = piece {
+                self.pool.put(m);
+            }
+        }
+    }
+
     /// The bytes of field `f` of a prepared unit.
     pub fn field<'a>(&self, p: &'a Prepared, f: usize) -> Result<Cow<'a, [u8]>, String> {
         match &p.pieces[f] {
             Piece::Owned(v) => Ok(Cow::Borrowed(v)),
+            Piece::Anon(m, len) => Ok(Cow::Borrowed(&m[..*len])),
             Piece::Mapped => {
                 let spec = &self.specs[f];
                 let t = p.inputs.tensor(&spec.source).map_err(|e| e.to_string())?;
@@ -119,14 +189,14 @@ impl Decoder {
                 }
                 _ => {}
             }
-            let bytes =
-                field_bytes(spec, &t.shape, t.dtype.size(), t.bytes).map_err(|e| e.to_string())?;
-            pieces.push(match bytes {
-                Cow::Borrowed(b) => {
-                    touch(b);
+            let part = field_part(spec, &t.shape, t.dtype.size()).map_err(|e| e.to_string())?;
+            pieces.push(match (part, t.bytes) {
+                (Part::Range(r), Cow::Borrowed(b)) => {
+                    touch(&b[r]);
                     Piece::Mapped
                 }
-                Cow::Owned(v) => Piece::Owned(v),
+                (Part::Range(r), Cow::Owned(v)) if r.len() == v.len() => Piece::Owned(v),
+                (part, b) => self.pool.gathered(&part, &b),
             });
         }
         let rows = rows.unwrap_or(0);
