@@ -225,8 +225,9 @@ pub fn run(o: &ConvertOptions, progress: &mut dyn FnMut(Progress)) -> Result<Rep
         }
     }
     run.report.present = present.len() as u64;
-    if o.delete_source {
-        // Samples of earlier runs: verify what is committed, then their sources may go.
+    run.verified = writer.stats().shards;
+    if o.delete_source && !present.is_empty() {
+        // Samples of an interrupted run: verify what is committed, then their sources may go.
         run.verified = 0;
         run.verify_new(writer.stats().shards)?;
         for u in &present {
@@ -530,7 +531,13 @@ impl<'o> Run<'o> {
     fn delete(&mut self, unit: &Unit) -> Result<(), RunError> {
         for (_, path) in &unit.files {
             match std::fs::remove_file(path) {
-                Ok(()) => self.report.deleted += 1,
+                Ok(()) => {
+                    self.report.deleted += 1;
+                    // A folder the deletion emptied goes too (never the source root).
+                    if let Some(dir) = path.parent().filter(|d| *d != self.o.src) {
+                        let _ = std::fs::remove_dir(dir);
+                    }
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(source) => {
                     return Err(RunError::Io {

@@ -526,3 +526,45 @@ pub fn check_field(
     }
     Ok(s[0])
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(op: Op) -> FieldSpec {
+        let role = Role::HiddenState {
+            layer: 1,
+            point: CapturePoint::LayerInput,
+        };
+        FieldSpec::new("hidden.1", "x", role).with_op(op)
+    }
+
+    #[test]
+    fn parts_and_indexes_take_the_right_bytes() {
+        // [1, 2, 6] of u8: rows 0..6 and 6..12; part 1 of 3 along the last axis.
+        let src: Vec<u8> = (0..12).collect();
+        let op = Op::Part {
+            index: 1,
+            of: 3,
+            axis: -1,
+        };
+        let b = field_bytes(&spec(op), &[1, 2, 6], 1, Cow::Borrowed(&src)).unwrap();
+        assert_eq!(&b[..], &[2, 3, 8, 9]);
+        assert_eq!(field_shape(&spec(op), &[1, 2, 6]).unwrap(), vec![2, 2]);
+        // [2, 3, 2] ([T, L, H]): layer 2 of each token.
+        let op = Op::Index { index: 2, axis: -2 };
+        let b = field_bytes(&spec(op), &[2, 3, 2], 1, Cow::Borrowed(&src)).unwrap();
+        assert_eq!(&b[..], &[4, 5, 10, 11]);
+        // [3, 2, 2] ([L, T, H]) along axis 0 stays borrowed.
+        let op = Op::Index { index: 1, axis: 0 };
+        let b = field_bytes(&spec(op), &[3, 2, 2], 1, Cow::Borrowed(&src)).unwrap();
+        assert!(matches!(b, Cow::Borrowed(_)));
+        assert_eq!(&b[..], &[4, 5, 6, 7]);
+        let bad = Op::Part {
+            index: 0,
+            of: 5,
+            axis: -1,
+        };
+        assert!(field_shape(&spec(bad), &[2, 6]).is_err());
+    }
+}
