@@ -11,7 +11,8 @@ hidden size H per token, ragged T), then times on the same tree, from the page c
   the same fields (ids, mask, the three aux layers made contiguous, the last state) to one
   output file with ``numpy.tofile``; no index, no checksums, no resume.
 
-Prints a markdown table with GB/s (source bytes / wall time) and ratios. Run from the crate
+Each is run ``--repeat`` times (default 3) and the median wall time is reported. Prints a
+markdown table with GB/s (source bytes / wall time) and ratios. Run from the crate
 root after ``cargo build --release``:
 
     python3 benches/convert/bench_convert.py --gb 2 --dir /dev/shm
@@ -77,10 +78,18 @@ def fsync_tree(root):
             os.close(fd)
 
 
-def timed(fn):
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
+REPEAT = 3
+
+
+def timed(fn, cleanup):
+    """Median wall time of ``REPEAT`` runs, ``cleanup`` after each."""
+    times = []
+    for _ in range(REPEAT):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+        cleanup()
+    return sorted(times)[len(times) // 2]
 
 
 def main():
@@ -91,7 +100,10 @@ def main():
     ap.add_argument("--bin", default=None, help="hspack binary (default target/release/hspack)")
     ap.add_argument("--jobs", type=int, default=None)
     ap.add_argument("--skip-naive", action="store_true")
+    ap.add_argument("--repeat", type=int, default=3, help="runs per tool; the median is reported")
     a = ap.parse_args()
+    global REPEAT
+    REPEAT = max(1, a.repeat)
     target = os.environ.get("CARGO_TARGET_DIR", "target")
     binary = a.bin or os.path.join(target, "release", "hspack")
     if not os.path.exists(binary):
@@ -109,28 +121,25 @@ def main():
               file=sys.stderr)
         rows = []
         copy = os.path.join(work, "copy")
-        secs = timed(lambda: subprocess.run(["cp", "-r", src, copy], check=True))
+        rm_copy = lambda: shutil.rmtree(copy)  # noqa: E731
+        secs = timed(lambda: subprocess.run(["cp", "-r", src, copy], check=True), rm_copy)
         rows.append(("`cp -r`", secs))
-        shutil.rmtree(copy)
-        secs = timed(lambda: (subprocess.run(["cp", "-r", src, copy], check=True), fsync_tree(copy)))
+        secs = timed(lambda: (subprocess.run(["cp", "-r", src, copy], check=True), fsync_tree(copy)), rm_copy)
         rows.append(("`cp -r`, then fsync every file (durable, as hspack commits)", secs))
-        shutil.rmtree(copy)
         ds = os.path.join(work, "ds")
         cmd = [binary, "convert", src, ds, "--layout", "specforge", "--layers", "2,30,58,61",
                "--num-layers", "61", "-q"]
         if a.jobs:
             cmd += ["--jobs", str(a.jobs)]
-        secs = timed(lambda: subprocess.run(cmd, check=True))
+        secs = timed(lambda: subprocess.run(cmd, check=True), lambda: shutil.rmtree(ds))
         rows.append(("`hspack convert`", secs))
-        shutil.rmtree(ds)
         if not a.skip_naive:
             out = os.path.join(work, "naive.bin")
-            secs = timed(lambda: naive(src, out, a.hidden))
+            secs = timed(lambda: naive(src, out, a.hidden), lambda: os.remove(out))
             rows.append(("naive Python (`torch.load` + `numpy.tofile`)", secs))
-            os.remove(out)
         ours = dict(rows)["`hspack convert`"]
         print(f"\n{files} SpecForge files, hidden {a.hidden}, 4 layers, bf16, {total / 1e9:.2f} GB, "
-              f"in {base}, {os.cpu_count()} cores\n")
+              f"in {base}, {os.cpu_count()} cores, median of {REPEAT} runs\n")
         print("| tool | seconds | GB/s | hspack speed / tool speed |")
         print("|---|---:|---:|---:|")
         for name, secs in rows:
