@@ -4,6 +4,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod convert;
 mod demo;
 mod digest;
 mod export;
@@ -37,6 +38,8 @@ enum Command {
     Digest(digest::Args),
     /// Write one sample's fields to a .safetensors file or .npy files.
     Export(export::Args),
+    /// Turn hidden-state dumps (SpecForge, EAGLE, ModelOpt, speculators, ad-hoc) into a dataset.
+    Convert(Box<convert::Args>),
 }
 
 /// Exit code when a check found damage.
@@ -54,6 +57,7 @@ pub fn main() -> ExitCode {
         Command::Verify(a) => verify::run(a),
         Command::Digest(a) => digest::run(a),
         Command::Export(a) => export::run(a),
+        Command::Convert(a) => convert::run(*a),
     };
     match result {
         Ok(code) => code,

@@ -10,24 +10,36 @@
 //! Pickles are decoded by [`pickle`], a machine that refuses every Python global outside a
 //! small allowlist of tensor constructors and never calls anything. Tensor bytes are
 //! borrowed from a memory map where the layout allows, and bounds-checked everywhere.
+//!
+//! [`run`] converts a tree of dumps into a dataset: [`units`] finds and groups the files,
+//! [`layout`] and [`layouts`] map their tensors to fields, [`prepare`] decodes them on worker
+//! threads and [`job`] appends, resumes, verifies and deletes sources.
 
 mod bytes;
 mod error;
+pub mod job;
+pub mod layout;
+pub mod layouts;
 mod limits;
 mod mapped;
 pub mod npy;
 pub mod pickle;
+pub mod prepare;
 pub mod safetensors_file;
 mod source;
 mod strided;
 pub mod torch_file;
 pub mod torch_legacy;
 pub mod torch_zip;
+pub mod units;
 
 pub use error::ConvertError;
+pub use job::{run, ConvertOptions, Progress, Report, RunError};
+pub use layout::{FieldSpec, LayoutOptions, Op, Preset};
 pub use limits::Limits;
 pub use npy::NpyFile;
 pub use pickle::{TensorRef, Value};
+pub use prepare::{SplitBy, Trim};
 pub use safetensors_file::SafetensorsFile;
 pub use source::{
     open_source, open_source_with, SourceFile, SourceFormat, SourceTensor, TensorInfo,

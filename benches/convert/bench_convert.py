@@ -1,0 +1,154 @@
+"""Benchmark ``hspack convert`` against ``cp -r`` and a naive Python converter.
+
+Generates a SpecForge-style dump with real torch (``rows_*/data_N.ckpt``: ``input_ids``,
+``loss_mask``, ``hidden_state [1,T,H]``, ``aux_hidden_state [1,T,3H]``, bf16, so four layers of
+hidden size H per token, ragged T), then times on the same tree, from the page cache:
+
+- ``cp -r SRC COPY``, and the same followed by an fsync of every copied file (hspack fsyncs
+  each shard before it commits; on tmpfs fsync is free, on a disk it is not);
+- ``hspack convert SRC DS --layout specforge --layers ...`` (durable commits, default options);
+- the naive converter: a Python loop that ``torch.load``s each file and appends the bytes of
+  the same fields (ids, mask, the three aux layers made contiguous, the last state) to one
+  output file with ``numpy.tofile``; no index, no checksums, no resume.
+
+Each is run ``--repeat`` times (default 3) and the median wall time is reported. Prints a
+markdown table with GB/s (source bytes / wall time) and ratios. Run from the crate
+root after ``cargo build --release``:
+
+    python3 benches/convert/bench_convert.py --gb 2 --dir /dev/shm
+"""
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+
+
+def generate(src, total_bytes, hidden, seed):
+    g = torch.Generator().manual_seed(seed)
+    per_token = 4 * hidden * 2
+    written, i = 0, 0
+    while written < total_bytes:
+        t = int(torch.randint(128, 4096, (1,), generator=g))
+        folder = os.path.join(src, f"rows_{(i // 16) * 16}-{(i // 16) * 16 + 16}")
+        os.makedirs(folder, exist_ok=True)
+        d = {
+            "input_ids": torch.randint(0, 150000, (t,), generator=g),
+            "loss_mask": (torch.rand(t, generator=g) > 0.3).long(),
+            "hidden_state": torch.randn(1, t, hidden, generator=g).to(torch.bfloat16),
+            "aux_hidden_state": torch.randn(1, t, 3 * hidden, generator=g).to(torch.bfloat16),
+        }
+        path = os.path.join(folder, f"data_{i}.ckpt")
+        torch.save(d, path)
+        written += os.path.getsize(path)
+        i += 1
+    return i, tree_bytes(src)
+
+
+def tree_bytes(root):
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(root) for f in fs)
+
+
+def naive(src, out_path, hidden):
+    files = sorted(os.path.join(d, f) for d, _, fs in os.walk(src) for f in fs if f.endswith(".ckpt"))
+    with open(out_path, "wb") as out:
+        for path in files:
+            d = torch.load(path, weights_only=True)
+            parts = [d["input_ids"], d["loss_mask"]]
+            aux = d["aux_hidden_state"][0]
+            parts += [aux[:, j * hidden : (j + 1) * hidden].contiguous() for j in range(3)]
+            parts.append(d["hidden_state"][0])
+            for t in parts:
+                t.contiguous().view(torch.uint8).numpy().tofile(out)
+        out.flush()
+        os.fsync(out.fileno())
+
+
+def fsync_tree(root):
+    for d, _, fs in os.walk(root):
+        for f in fs:
+            fd = os.open(os.path.join(d, f), os.O_RDONLY)
+            os.fsync(fd)
+            os.close(fd)
+
+
+REPEAT = 3
+
+
+def timed(fn, cleanup):
+    """Median wall time of ``REPEAT`` runs, ``cleanup`` after each."""
+    times = []
+    for _ in range(REPEAT):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+        cleanup()
+    return sorted(times)[len(times) // 2]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gb", type=float, default=2.0, help="dump size in GB (default 2)")
+    ap.add_argument("--hidden", type=int, default=7168)
+    ap.add_argument("--dir", default=None, help="work folder (default /dev/shm when it has room, else /tmp)")
+    ap.add_argument("--bin", default=None, help="hspack binary (default target/release/hspack)")
+    ap.add_argument("--jobs", type=int, default=None)
+    ap.add_argument("--skip-naive", action="store_true")
+    ap.add_argument("--repeat", type=int, default=3, help="runs per tool; the median is reported")
+    a = ap.parse_args()
+    global REPEAT
+    REPEAT = max(1, a.repeat)
+    target = os.environ.get("CARGO_TARGET_DIR", "target")
+    binary = a.bin or os.path.join(target, "release", "hspack")
+    if not os.path.exists(binary):
+        sys.exit(f"{binary} not found: run cargo build --release first or pass --bin")
+    base = a.dir
+    if base is None:
+        shm = shutil.disk_usage("/dev/shm").free if os.path.isdir("/dev/shm") else 0
+        base = "/dev/shm" if shm > 3 * a.gb * 1e9 else tempfile.gettempdir()
+    work = tempfile.mkdtemp(prefix="hspack-bench-", dir=base)
+    try:
+        src = os.path.join(work, "src")
+        t0 = time.perf_counter()
+        files, total = generate(src, int(a.gb * 1e9), a.hidden, 0)
+        print(f"generated {files} files, {total / 1e9:.2f} GB in {time.perf_counter() - t0:.1f} s under {work}",
+              file=sys.stderr)
+        rows = []
+        copy = os.path.join(work, "copy")
+        rm_copy = lambda: shutil.rmtree(copy)  # noqa: E731
+        secs = timed(lambda: subprocess.run(["cp", "-r", src, copy], check=True), rm_copy)
+        rows.append(("`cp -r`", secs))
+        secs = timed(lambda: (subprocess.run(["cp", "-r", src, copy], check=True), fsync_tree(copy)), rm_copy)
+        rows.append(("`cp -r`, then fsync every file (durable, as hspack commits)", secs))
+        ds = os.path.join(work, "ds")
+        cmd = [binary, "convert", src, ds, "--layout", "specforge", "--layers", "2,30,58,61",
+               "--num-layers", "61", "-q"]
+        if a.jobs:
+            cmd += ["--jobs", str(a.jobs)]
+        secs = timed(lambda: subprocess.run(cmd, check=True), lambda: shutil.rmtree(ds))
+        rows.append(("`hspack convert`", secs))
+        if not a.skip_naive:
+            out = os.path.join(work, "naive.bin")
+            secs = timed(lambda: naive(src, out, a.hidden), lambda: os.remove(out))
+            rows.append(("naive Python (`torch.load` + `numpy.tofile`)", secs))
+        ours = dict(rows)["`hspack convert`"]
+        print(f"\n{files} SpecForge files, hidden {a.hidden}, 4 layers, bf16, {total / 1e9:.2f} GB, "
+              f"in {base}, {os.cpu_count()} cores, median of {REPEAT} runs\n")
+        print("| tool | seconds | GB/s | hspack speed / tool speed |")
+        print("|---|---:|---:|---:|")
+        for name, secs in rows:
+            print(f"| {name} | {secs:.2f} | {total / secs / 1e9:.2f} | {secs / ours:.2f}x |")
+        print(f"\ncommand: `python3 benches/convert/bench_convert.py --gb {a.gb:g} --dir {base}`")
+        print(f"hspack: `{' '.join(os.path.basename(c) if c == binary else c for c in cmd)}`")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

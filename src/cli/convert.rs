@@ -1,0 +1,258 @@
+//! `hspack convert`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{bail, Context};
+use hspack::convert::layouts::generic::{parse_field, parse_point};
+use hspack::convert::{
+    self, ConvertOptions, LayoutOptions, Limits, Preset, Progress, SplitBy, Trim,
+};
+use hspack::{Codec, WriteOptions};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+use super::{gbps, human_bytes};
+
+const LAYOUTS: &str = "\
+Layouts (none of these formats records layer ids: give --layers, in the order listed):
+  specforge    rows_*/data_N.ckpt[.gz]: input_ids [T], loss_mask [T], aux_hidden_state [1,T,k*H]
+               (k layers, default layer-input), hidden_state [1,T,H] (default final-norm).
+               --layers AUX1,..,AUXk,LAST   e.g. --layers 2,30,58,61
+  eagle        */data_N.ckpt (EAGLE ge_data): input_ids [T], loss_mask [T], hidden_state [T,H]
+               (HF hidden_states[-1], default final-norm).   --layers LAST
+  modelopt     {conversation_id}.pt: input_ids [T], aux_hidden_states [T,k*H] (optional, default
+               layer-input), hidden_states [T,H] (default final-norm), loss_mask (optional).
+               --layers AUX1,..,AUXk,LAST
+  speculators  *.pt|*.safetensors: token_ids [T], hidden_states [T,L,H] (unstacked along L),
+               loss_mask (optional). --layers with L ids and --point (required).
+  generic      --field NAME=TENSOR[:part=K/N][:index=K][:axis=A][:role=ids|mask|hidden|other]
+               [:layer=L][:point=P][:optional], one per field. Fields named input_ids, loss_mask
+               and hidden.L get those roles. Lists flatten to TENSOR.0, TENSOR.1, ...
+Layer ids follow the HF hidden_states[i] convention: id i is the input of layer i; an id equal to
+--num-layers is the final-norm output. Every field keeps its source dtype, bit for bit.
+Files: one per sample (key: relative path without extension); --group-by 'PATTERN' joins files
+whose relative path matches it, {key} naming the sample and {part} prefixing tensor names
+(e.g. '{key}/layer_{part}.pt' gives tensors part.NAME, or part for a bare tensor);
+--split-by lengths:TENSOR|cu_seqlens:TENSOR splits a file packing several requests along the
+tokens into samples KEY/0, KEY/1, ...
+Resume: rerun the same command; samples already in the dataset are skipped.";
+
+/// Turn hidden-state dumps (SpecForge, EAGLE, ModelOpt, speculators, ad-hoc) into a dataset.
+#[derive(clap::Args)]
+#[command(after_long_help = LAYOUTS)]
+pub struct Args {
+    /// Source folder (walked recursively) or file.
+    src: PathBuf,
+    /// Dataset folder: created, or resumed when it already holds a dataset.
+    dst: PathBuf,
+    /// Layout of the source files (see --help for the tensors each expects).
+    #[arg(long, value_enum)]
+    layout: LayoutArg,
+    /// Layer ids of the captured hidden states, comma-separated, in the layout's order.
+    #[arg(long, value_delimiter = ',')]
+    layers: Vec<u32>,
+    /// Capture point: layer-input, layer-output or final-norm; one for all or one per layer.
+    #[arg(long, value_delimiter = ',')]
+    point: Vec<String>,
+    /// Decoder layers of the model (capture metadata; this id means the final-norm output).
+    #[arg(long)]
+    num_layers: Option<u32>,
+    /// Model name or path for the capture metadata.
+    #[arg(long)]
+    model: Option<String>,
+    /// Expected hidden size: files with another are refused.
+    #[arg(long)]
+    hidden_size: Option<u64>,
+    /// Generic layout field: NAME=TENSOR[:OPTION]... (repeat per field).
+    #[arg(long = "field")]
+    fields: Vec<String>,
+    /// Join files into one sample by a pattern with {key} and {part}.
+    #[arg(long)]
+    group_by: Option<String>,
+    /// Split each file into requests: lengths:TENSOR or cu_seqlens:TENSOR.
+    #[arg(long)]
+    split_by: Option<String>,
+    /// Drop padded rows: `mask` (after the last loss-mask row) or `ids[:PAD]` (trailing PAD ids,
+    /// default 0).
+    #[arg(long)]
+    trim_padding: Option<String>,
+    /// Delete each source file once its shard is committed and its chunks verify.
+    #[arg(long)]
+    delete_source: bool,
+    /// List bad files in the report and go on instead of stopping.
+    #[arg(long)]
+    skip_bad: bool,
+    /// Report of bad files (JSON lines); default DST/convert-report.jsonl.
+    #[arg(long)]
+    report: Option<PathBuf>,
+    /// Decoding threads (default: the cores).
+    #[arg(long, short)]
+    jobs: Option<usize>,
+    /// Commit a shard once it holds this many MiB.
+    #[arg(long, default_value_t = 2048)]
+    shard_mib: u64,
+    /// Commit a shard once it holds this many samples.
+    #[arg(long, default_value_t = 65_536)]
+    shard_samples: u64,
+    /// Chunk codec: none, zstd, zstd-bytegroup.
+    #[arg(long, default_value = "none")]
+    codec: String,
+    /// Skip fsync at commits (scratch data only; refused with --delete-source).
+    #[arg(long)]
+    no_fsync: bool,
+    /// No progress bar and no report on stderr.
+    #[arg(long, short)]
+    quiet: bool,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum LayoutArg {
+    Specforge,
+    Eagle,
+    Modelopt,
+    Speculators,
+    Generic,
+}
+
+fn options(a: &Args) -> anyhow::Result<ConvertOptions> {
+    let preset = match a.layout {
+        LayoutArg::Specforge => Preset::SpecForge,
+        LayoutArg::Eagle => Preset::Eagle,
+        LayoutArg::Modelopt => Preset::ModelOpt,
+        LayoutArg::Speculators => Preset::Speculators,
+        LayoutArg::Generic => Preset::Generic,
+    };
+    let mut layout = LayoutOptions {
+        layers: a.layers.clone(),
+        points: a
+            .point
+            .iter()
+            .map(|p| parse_point(p))
+            .collect::<Result<_, _>>()?,
+        num_layers: a.num_layers,
+        model: a.model.clone(),
+        hidden_size: a.hidden_size,
+        fields: Vec::new(),
+    };
+    if !a.fields.is_empty() && preset != Preset::Generic {
+        bail!("--field needs --layout generic");
+    }
+    layout.fields = a
+        .fields
+        .iter()
+        .map(|f| parse_field(f, &layout))
+        .collect::<Result<_, _>>()?;
+    let split_by = match a.split_by.as_deref().map(|s| s.split_once(':')) {
+        None => None,
+        Some(Some(("lengths", t))) => Some(SplitBy::Lengths(t.into())),
+        Some(Some(("cu_seqlens", t))) => Some(SplitBy::CuSeqlens(t.into())),
+        Some(_) => bail!("--split-by takes lengths:TENSOR or cu_seqlens:TENSOR"),
+    };
+    let trim = match a.trim_padding.as_deref() {
+        None => None,
+        Some("mask") => Some(Trim::LossMask),
+        Some("ids") => Some(Trim::TokenIds { pad: 0 }),
+        Some(s) => match s.strip_prefix("ids:").map(str::parse::<i64>) {
+            Some(Ok(pad)) => Some(Trim::TokenIds { pad }),
+            _ => bail!("--trim-padding takes mask, ids or ids:PAD"),
+        },
+    };
+    let codec = Codec::from_name(&a.codec).with_context(|| {
+        format!(
+            "unknown codec {}: use none, zstd or zstd-bytegroup",
+            a.codec
+        )
+    })?;
+    Ok(ConvertOptions {
+        src: a.src.clone(),
+        dst: a.dst.clone(),
+        preset,
+        layout,
+        group_by: a.group_by.clone(),
+        split_by,
+        trim,
+        delete_source: a.delete_source,
+        skip_bad: a.skip_bad,
+        report_path: a.report.clone(),
+        jobs: a
+            .jobs
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get())),
+        write: WriteOptions {
+            shard_bytes: a.shard_mib.max(1) << 20,
+            shard_samples: a.shard_samples,
+            codec,
+            durable: !a.no_fsync,
+            ..WriteOptions::default()
+        },
+        limits: Limits::default(),
+    })
+}
+
+pub fn run(a: Args) -> anyhow::Result<ExitCode> {
+    let o = options(&a)?;
+    let bar = ProgressBar::new(0);
+    if a.quiet {
+        bar.set_draw_target(ProgressDrawTarget::hidden());
+    }
+    bar.set_style(
+        ProgressStyle::with_template(
+            "convert [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta} {msg}",
+        )
+        .expect("static template")
+        .progress_chars("=> "),
+    );
+    let (mut done, mut total) = (0u64, 0u64);
+    let report = convert::run(&o, &mut |p| match p {
+        Progress::Start { units, bytes } => {
+            total = units;
+            bar.set_length(bytes);
+            bar.set_message(format!("0/{total} files"));
+        }
+        Progress::Advance { bytes } => {
+            done += 1;
+            bar.inc(bytes);
+            bar.set_message(format!("{done}/{total} files"));
+        }
+    });
+    bar.finish_and_clear();
+    let r = report?;
+    let secs = r.elapsed.as_secs_f64();
+    let mut lines = vec![
+        format!(
+            "converted {} of {} units ({} already in the dataset, {} bad, {} other files ignored)",
+            r.converted,
+            r.units,
+            r.present,
+            r.bad.len(),
+            r.ignored
+        ),
+        format!(
+            "appended  {} samples, {} of sources in {secs:.2} s: {:.2} GB/s",
+            r.samples,
+            human_bytes(r.source_bytes),
+            gbps(r.source_bytes, secs)
+        ),
+        format!(
+            "dataset   {}: {} samples in {} shards, {}",
+            o.dst.display(),
+            r.stats.samples,
+            r.stats.shards,
+            human_bytes(r.stats.bytes)
+        ),
+    ];
+    if o.delete_source {
+        lines.push(format!("deleted   {} source files", r.deleted));
+    }
+    if let Some(p) = &r.report_path {
+        lines.push(format!("bad files listed in {}", p.display()));
+        for b in r.bad.iter().take(5) {
+            lines.push(format!("  {}: {}", b.file.display(), b.error));
+        }
+    }
+    if !a.quiet {
+        for l in lines {
+            eprintln!("{l}");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

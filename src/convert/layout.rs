@@ -1,0 +1,570 @@
+//! Layouts: how the tensors of a source file (or of a group of files) become the fields of a
+//! sample.
+//!
+//! A layout is a list of [`FieldSpec`]s: each names an output field, the source tensor it comes
+//! from (by its flattened name, see [`super::SourceFile::tensors`]), an optional [`Op`] that
+//! takes part of that tensor, and the field's [`Role`]. The presets in [`super::layouts`] build
+//! such lists for the dump layouts in the wild; `--layout generic` takes them from the user.
+//!
+//! Rows: after the op, leading dimensions of size 1 are dropped until a token-id or loss-mask
+//! tensor has one dimension and a hidden state two (`[1, T, H]` → `[T, H]`); other fields drop
+//! leading ones while they have more than one dimension. The first remaining dimension is the
+//! token dimension; the rest is the row shape of the field.
+//!
+//! Bytes are never converted: every field keeps the source dtype, so what is stored is bitwise
+//! what `torch.load` returns.
+
+use std::borrow::Cow;
+
+use crate::format::{CaptureInfo, CapturePoint, DType, Field, Role, Schema};
+
+use super::layouts;
+use super::TensorInfo;
+
+/// A part of a source tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    /// The whole tensor.
+    Whole,
+    /// Part `index` of `of` equal parts along `axis` (negative counts from the end): splits a
+    /// concatenation such as `[T, 3H]` into layers.
+    Part {
+        /// Which part, from 0.
+        index: u64,
+        /// How many parts.
+        of: u64,
+        /// Axis.
+        axis: i64,
+    },
+    /// Entry `index` along `axis`, which is removed: unstacks `[T, L, H]` into layers.
+    Index {
+        /// Which entry, from 0.
+        index: u64,
+        /// Axis.
+        axis: i64,
+    },
+}
+
+/// One output field: where its bytes come from and what it means.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldSpec {
+    /// Output field name.
+    pub name: String,
+    /// Flattened name of the source tensor.
+    pub source: String,
+    /// Which part of the source tensor.
+    pub op: Op,
+    /// Meaning of the field.
+    pub role: Role,
+    /// Leave the field out of the schema when the first file lacks the source tensor.
+    pub optional: bool,
+}
+
+impl FieldSpec {
+    /// A whole-tensor field.
+    pub fn new(name: impl Into<String>, source: impl Into<String>, role: Role) -> Self {
+        FieldSpec {
+            name: name.into(),
+            source: source.into(),
+            op: Op::Whole,
+            role,
+            optional: false,
+        }
+    }
+
+    /// This spec with `op`.
+    pub fn with_op(mut self, op: Op) -> Self {
+        self.op = op;
+        self
+    }
+
+    /// This spec, left out when the source tensor is absent from the first file.
+    pub fn optional(mut self) -> Self {
+        self.optional = true;
+        self
+    }
+
+    fn target_dims(&self) -> usize {
+        match self.role {
+            Role::TokenIds | Role::LossMask => 1,
+            Role::HiddenState { .. } => 2,
+            _ => 1,
+        }
+    }
+}
+
+/// The dump layouts hspack knows, and the generic mapping.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Preset {
+    /// SpecForge offline data: `rows_*/data_N.ckpt[.gz]`.
+    SpecForge,
+    /// EAGLE (1/2) `ge_data`: `*/data_N.ckpt`.
+    Eagle,
+    /// NVIDIA ModelOpt `collect_hidden_states`: `{conversation_id}.pt`.
+    ModelOpt,
+    /// vLLM speculators: `hidden_states [T, n_layers, H]`, `token_ids`.
+    Speculators,
+    /// Fields given by the user ([`LayoutOptions::fields`]).
+    Generic,
+}
+
+impl Preset {
+    /// The name used on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Preset::SpecForge => "specforge",
+            Preset::Eagle => "eagle",
+            Preset::ModelOpt => "modelopt",
+            Preset::Speculators => "speculators",
+            Preset::Generic => "generic",
+        }
+    }
+
+    /// Whether a file name (relative path) is a source file of this layout.
+    pub fn accepts(self, name: &str) -> bool {
+        let base = name.strip_suffix(".gz").unwrap_or(name);
+        let ext = |e: &[&str]| e.iter().any(|x| base.ends_with(x));
+        match self {
+            Preset::SpecForge => ext(&[".ckpt"]),
+            Preset::Eagle => ext(&[".ckpt"]) && !name.ends_with(".gz"),
+            Preset::ModelOpt => ext(&[".pt"]) && !name.ends_with(".gz"),
+            Preset::Speculators => ext(&[".pt", ".pth", ".safetensors"]),
+            Preset::Generic => ext(&[".pt", ".pth", ".ckpt", ".bin", ".safetensors", ".npy"]),
+        }
+    }
+}
+
+/// What the user says about the capture, where the files don't.
+#[derive(Debug, Clone, Default)]
+pub struct LayoutOptions {
+    /// Layer ids of the captured hidden states, in the order the layout lists them.
+    pub layers: Vec<u32>,
+    /// Capture point of each layer, or one for all; empty for the preset's default.
+    pub points: Vec<CapturePoint>,
+    /// Decoder layers of the model; an id equal to it defaults to the final-norm output.
+    pub num_layers: Option<u32>,
+    /// Model name for the capture metadata.
+    pub model: Option<String>,
+    /// Expected hidden size; files with another are refused.
+    pub hidden_size: Option<u64>,
+    /// Fields of the generic layout.
+    pub fields: Vec<FieldSpec>,
+}
+
+/// Why a layout cannot map the source.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LayoutError {
+    /// A tensor the layout needs is absent.
+    #[error("the {layout} layout needs tensor `{tensor}`, the file has: {have}; choose another --layout or map fields with --layout generic --field")]
+    MissingTensor {
+        /// Layout name.
+        layout: &'static str,
+        /// Tensor name.
+        tensor: String,
+        /// Tensors the file has.
+        have: String,
+    },
+    /// The layer ids are not given or do not match the data.
+    #[error("{detail}")]
+    Layers {
+        /// What to give.
+        detail: String,
+    },
+    /// A tensor's shape does not fit the layout or the schema.
+    #[error("tensor `{tensor}` has {got}, expected {expected}")]
+    Shape {
+        /// Tensor name.
+        tensor: String,
+        /// What was found.
+        got: String,
+        /// What was expected.
+        expected: String,
+    },
+    /// A `--field` or other option does not parse or contradicts another.
+    #[error("{0}")]
+    BadOption(String),
+}
+
+/// Lists tensors for messages.
+pub fn list_tensors(tensors: &[TensorInfo]) -> String {
+    if tensors.is_empty() {
+        return "no tensors".into();
+    }
+    tensors
+        .iter()
+        .map(|t| format!("`{}` {} {:?}", t.name, t.dtype, t.shape))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The field specs of `preset` for a file holding `tensors`.
+pub fn specs_for(
+    preset: Preset,
+    tensors: &[TensorInfo],
+    options: &LayoutOptions,
+) -> Result<Vec<FieldSpec>, LayoutError> {
+    let specs = match preset {
+        Preset::SpecForge => layouts::specforge::specs(tensors, options)?,
+        Preset::Eagle => layouts::eagle::specs(tensors, options)?,
+        Preset::ModelOpt => layouts::modelopt::specs(tensors, options)?,
+        Preset::Speculators => layouts::speculators::specs(tensors, options)?,
+        Preset::Generic => layouts::generic::specs(tensors, options)?,
+    };
+    let mut kept = Vec::with_capacity(specs.len());
+    for s in specs {
+        if tensors.iter().any(|t| t.name == s.source) {
+            kept.push(s);
+        } else if !s.optional {
+            return Err(LayoutError::MissingTensor {
+                layout: preset.name(),
+                tensor: s.source,
+                have: list_tensors(tensors),
+            });
+        }
+    }
+    Ok(kept)
+}
+
+/// Finds a tensor by name.
+pub fn find<'a>(tensors: &'a [TensorInfo], name: &str) -> Option<&'a TensorInfo> {
+    tensors.iter().find(|t| t.name == name)
+}
+
+/// Hidden-state roles and names for `count` captured states: ids from `--layers`, points from
+/// `--point`, else `defaults[i]` (`None`: the preset cannot know, so `--point` is required).
+pub fn hidden_roles(
+    layout: &str,
+    count: usize,
+    what: &str,
+    options: &LayoutOptions,
+    defaults: &[Option<CapturePoint>],
+) -> Result<Vec<(String, Role)>, LayoutError> {
+    if options.layers.len() != count {
+        return Err(LayoutError::Layers {
+            detail: format!(
+                "the {layout} layout holds {count} hidden states ({what}) but the files do not say \
+                 which layers they are: give --layers with {count} comma-separated layer ids in \
+                 that order (got {}), e.g. --layers {}",
+                options.layers.len(),
+                (0..count).map(|i| (i * 10 + 2).to_string()).collect::<Vec<_>>().join(",")
+            ),
+        });
+    }
+    let points: Vec<CapturePoint> = match options.points.len() {
+        0 => {
+            let mut out = Vec::with_capacity(count);
+            for (i, &id) in options.layers.iter().enumerate() {
+                let point = if options.num_layers == Some(id) {
+                    Some(CapturePoint::FinalNorm)
+                } else {
+                    defaults.get(i).copied().flatten()
+                };
+                out.push(point.ok_or_else(|| LayoutError::Layers {
+                    detail: format!(
+                        "the {layout} layout does not say where layer {id} was captured: give \
+                         --point layer-input|layer-output|final-norm (one for all layers, or one \
+                         per layer)"
+                    ),
+                })?);
+            }
+            out
+        }
+        1 => vec![options.points[0]; count],
+        n if n == count => options.points.clone(),
+        n => {
+            return Err(LayoutError::Layers {
+                detail: format!("--point has {n} entries; give one, or one per layer ({count})"),
+            })
+        }
+    };
+    Ok(options
+        .layers
+        .iter()
+        .zip(points)
+        .map(|(&layer, point)| {
+            (
+                format!("hidden.{layer}"),
+                Role::HiddenState { layer, point },
+            )
+        })
+        .collect())
+}
+
+/// Normalizes a possibly negative axis for `ndim` dimensions.
+fn axis_of(axis: i64, ndim: usize, tensor: &str) -> Result<usize, LayoutError> {
+    let a = if axis < 0 { axis + ndim as i64 } else { axis };
+    if a < 0 || a >= ndim as i64 {
+        return Err(LayoutError::Shape {
+            tensor: tensor.into(),
+            got: format!("{ndim} dimensions"),
+            expected: format!("an axis {axis}"),
+        });
+    }
+    Ok(a as usize)
+}
+
+/// The slab an op takes: (axis, start, len along it, whether the axis is dropped).
+fn slab(
+    op: Op,
+    shape: &[u64],
+    tensor: &str,
+) -> Result<Option<(usize, u64, u64, bool)>, LayoutError> {
+    match op {
+        Op::Whole => Ok(None),
+        Op::Part { index, of, axis } => {
+            let a = axis_of(axis, shape.len(), tensor)?;
+            if of == 0 || index >= of || shape[a] % of != 0 {
+                return Err(LayoutError::Shape {
+                    tensor: tensor.into(),
+                    got: format!("shape {shape:?}"),
+                    expected: format!("axis {axis} divisible into {of} parts (part {index})"),
+                });
+            }
+            let len = shape[a] / of;
+            Ok(Some((a, index * len, len, false)))
+        }
+        Op::Index { index, axis } => {
+            let a = axis_of(axis, shape.len(), tensor)?;
+            if index >= shape[a] {
+                return Err(LayoutError::Shape {
+                    tensor: tensor.into(),
+                    got: format!("shape {shape:?}"),
+                    expected: format!("more than {index} entries along axis {axis}"),
+                });
+            }
+            Ok(Some((a, index, 1, true)))
+        }
+    }
+}
+
+/// Shape of the field's tensor after the op and the row squeeze: `[tokens, row...]`.
+pub fn field_shape(spec: &FieldSpec, shape: &[u64]) -> Result<Vec<u64>, LayoutError> {
+    let mut s = shape.to_vec();
+    if let Some((a, _, len, drop)) = slab(spec.op, shape, &spec.source)? {
+        if drop {
+            s.remove(a);
+        } else {
+            s[a] = len;
+        }
+    }
+    let target = spec.target_dims();
+    while s.len() > target && s[0] == 1 {
+        s.remove(0);
+    }
+    if s.is_empty() || s.len() != target && !matches!(spec.role, Role::Other) {
+        return Err(LayoutError::Shape {
+            tensor: spec.source.clone(),
+            got: format!("shape {shape:?}"),
+            expected: format!(
+                "{target} dimension(s) after dropping leading ones for field `{}`",
+                spec.name
+            ),
+        });
+    }
+    Ok(s)
+}
+
+/// Where a field's bytes lie in its source tensor's bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Part {
+    /// One contiguous range.
+    Range(std::ops::Range<usize>),
+    /// `outer` runs of `len` bytes, `stride` apart, the first at `start`.
+    Strided {
+        /// Runs.
+        outer: usize,
+        /// Bytes between runs.
+        stride: usize,
+        /// Offset of the first run.
+        start: usize,
+        /// Bytes of a run.
+        len: usize,
+    },
+}
+
+impl Part {
+    /// Bytes of the field.
+    pub fn len(&self) -> usize {
+        match self {
+            Part::Range(r) => r.len(),
+            Part::Strided { outer, len, .. } => outer * len,
+        }
+    }
+
+    /// True when the field is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Copies the field's bytes from `src` into `dst` (of [`Part::len`] bytes).
+    pub fn gather(&self, src: &[u8], dst: &mut [u8]) {
+        match self {
+            Part::Range(r) => dst.copy_from_slice(&src[r.clone()]),
+            Part::Strided {
+                stride, start, len, ..
+            } => {
+                for (o, out) in dst.chunks_exact_mut(*len).enumerate() {
+                    let from = start + o * stride;
+                    out.copy_from_slice(&src[from..from + len]);
+                }
+            }
+        }
+    }
+}
+
+/// Where the field lies in a source tensor of `shape` with elements of `elem` bytes.
+pub fn field_part(spec: &FieldSpec, shape: &[u64], elem: usize) -> Result<Part, LayoutError> {
+    let total = shape.iter().product::<u64>() as usize * elem;
+    let Some((a, start, len, _)) = slab(spec.op, shape, &spec.source)? else {
+        return Ok(Part::Range(0..total));
+    };
+    let outer = shape[..a].iter().product::<u64>() as usize;
+    let inner = shape[a + 1..].iter().product::<u64>() as usize * elem;
+    let (dim, start, len) = (shape[a] as usize, start as usize, len as usize);
+    if outer == 1 {
+        return Ok(Part::Range(start * inner..(start + len) * inner));
+    }
+    Ok(Part::Strided {
+        outer,
+        stride: dim * inner,
+        start: start * inner,
+        len: len * inner,
+    })
+}
+
+/// The bytes of the field: the op applied to `bytes` (C order, `shape`, elements of `elem`
+/// bytes). Borrowed when the part is contiguous.
+pub fn field_bytes<'a>(
+    spec: &FieldSpec,
+    shape: &[u64],
+    elem: usize,
+    bytes: Cow<'a, [u8]>,
+) -> Result<Cow<'a, [u8]>, LayoutError> {
+    Ok(match (field_part(spec, shape, elem)?, bytes) {
+        (Part::Range(r), Cow::Borrowed(b)) => Cow::Borrowed(&b[r]),
+        (Part::Range(r), Cow::Owned(b)) if r.len() == b.len() => Cow::Owned(b),
+        (part, b) => {
+            let mut out = vec![0; part.len()];
+            part.gather(&b, &mut out);
+            Cow::Owned(out)
+        }
+    })
+}
+
+/// The schema of the specs for a file holding `tensors`, with capture metadata naming the tool.
+pub fn derive_schema(
+    preset: Preset,
+    specs: &[FieldSpec],
+    tensors: &[TensorInfo],
+    options: &LayoutOptions,
+) -> Result<Schema, LayoutError> {
+    let mut fields = Vec::with_capacity(specs.len());
+    for spec in specs {
+        let t = find(tensors, &spec.source).ok_or_else(|| LayoutError::MissingTensor {
+            layout: preset.name(),
+            tensor: spec.source.clone(),
+            have: list_tensors(tensors),
+        })?;
+        let shape = field_shape(spec, &t.shape)?;
+        fields.push(Field::new(&spec.name, t.dtype, &shape[1..], spec.role));
+    }
+    let hidden = fields
+        .iter()
+        .find(|f| matches!(f.role, Role::HiddenState { .. }));
+    let capture = match hidden {
+        Some(h) => {
+            let size = h.row_elems();
+            if let Some(want) = options.hidden_size {
+                if want != size {
+                    return Err(LayoutError::Shape {
+                        tensor: h.name.clone(),
+                        got: format!("hidden size {size}"),
+                        expected: format!("--hidden-size {want}"),
+                    });
+                }
+            }
+            Some(CaptureInfo {
+                model: options.model.clone().unwrap_or_else(|| "unknown".into()),
+                revision: None,
+                config_hash: None,
+                num_layers: options.num_layers.unwrap_or(0),
+                hidden_size: size,
+                dtype: h.dtype,
+                tp_size: 1,
+                tool: format!("hspack convert --layout {}", preset.name()),
+                tool_version: env!("CARGO_PKG_VERSION").into(),
+            })
+        }
+        None => None,
+    };
+    let schema = Schema { fields, capture };
+    schema
+        .validate()
+        .map_err(|e| LayoutError::BadOption(format!("the derived schema is invalid: {e}")))?;
+    Ok(schema)
+}
+
+/// Checks a file's tensor against the schema's field: same dtype and row shape.
+pub fn check_field(
+    field: &Field,
+    spec: &FieldSpec,
+    dtype: DType,
+    shape: &[u64],
+) -> Result<u64, LayoutError> {
+    let s = field_shape(spec, shape)?;
+    if dtype != field.dtype || s[1..] != field.shape[..] {
+        return Err(LayoutError::Shape {
+            tensor: spec.source.clone(),
+            got: format!("{dtype} {shape:?}"),
+            expected: format!(
+                "{} rows of {:?} as in the first file (field `{}`)",
+                field.dtype, field.shape, field.name
+            ),
+        });
+    }
+    Ok(s[0])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(op: Op) -> FieldSpec {
+        let role = Role::HiddenState {
+            layer: 1,
+            point: CapturePoint::LayerInput,
+        };
+        FieldSpec::new("hidden.1", "x", role).with_op(op)
+    }
+
+    #[test]
+    fn parts_and_indexes_take_the_right_bytes() {
+        // [1, 2, 6] of u8: rows 0..6 and 6..12; part 1 of 3 along the last axis.
+        let src: Vec<u8> = (0..12).collect();
+        let op = Op::Part {
+            index: 1,
+            of: 3,
+            axis: -1,
+        };
+        let b = field_bytes(&spec(op), &[1, 2, 6], 1, Cow::Borrowed(&src)).unwrap();
+        assert_eq!(&b[..], &[2, 3, 8, 9]);
+        assert_eq!(field_shape(&spec(op), &[1, 2, 6]).unwrap(), vec![2, 2]);
+        // [2, 3, 2] ([T, L, H]): layer 2 of each token.
+        let op = Op::Index { index: 2, axis: -2 };
+        let b = field_bytes(&spec(op), &[2, 3, 2], 1, Cow::Borrowed(&src)).unwrap();
+        assert_eq!(&b[..], &[4, 5, 10, 11]);
+        // [3, 2, 2] ([L, T, H]) along axis 0 stays borrowed.
+        let op = Op::Index { index: 1, axis: 0 };
+        let b = field_bytes(&spec(op), &[3, 2, 2], 1, Cow::Borrowed(&src)).unwrap();
+        assert!(matches!(b, Cow::Borrowed(_)));
+        assert_eq!(&b[..], &[4, 5, 6, 7]);
+        let bad = Op::Part {
+            index: 0,
+            of: 5,
+            axis: -1,
+        };
+        assert!(field_shape(&spec(bad), &[2, 6]).is_err());
+    }
+}

@@ -1,0 +1,141 @@
+//! The generic mapping for ad-hoc dumps: fields named on the command line.
+//!
+//! `--field NAME=SRC[:OPTION]...` maps source tensor `SRC` (a flattened name: `hidden`,
+//! `aux.0` for a list entry, `layer2.hidden` for a grouped file; see `--group-by`) to field
+//! `NAME`. Options:
+//!
+//! - `part=K/N`: part K (from 0) of N equal parts along the axis (default `-1`): `[T, 3H]`
+//!   holds three layers;
+//! - `index=K`: entry K along the axis (default `-2`), which is removed: `[T, L, H]` holds L
+//!   layers;
+//! - `axis=A`: the axis for `part` or `index`, negative from the end;
+//! - `role=ids|mask|hidden|other`: by default `input_ids` holds token ids, `loss_mask` the loss
+//!   mask, `hidden.{l}` the hidden state of layer id `l`, anything else `other`;
+//! - `layer=L`: the layer id of a hidden state not named `hidden.{l}`;
+//! - `point=layer-input|layer-output|final-norm`: where the state was taken; by default the
+//!   `--point` given for all, else final-norm for the id equal to `--num-layers`, else
+//!   layer-input (the HF `hidden_states[i]` convention);
+//! - `optional`: leave the field out when the first file lacks the tensor.
+
+use crate::format::{CapturePoint, Role};
+
+use super::super::layout::{list_tensors, FieldSpec, LayoutError, LayoutOptions, Op};
+use super::super::TensorInfo;
+
+/// The user's fields; refuses an empty mapping, listing the tensors of the first file.
+pub fn specs(
+    tensors: &[TensorInfo],
+    options: &LayoutOptions,
+) -> Result<Vec<FieldSpec>, LayoutError> {
+    if options.fields.is_empty() {
+        return Err(LayoutError::BadOption(format!(
+            "--layout generic needs --field NAME=TENSOR for each field; the first file has: {}",
+            list_tensors(tensors)
+        )));
+    }
+    Ok(options.fields.clone())
+}
+
+/// Parses `layer-input`, `layer-output` or `final-norm`.
+pub fn parse_point(s: &str) -> Result<CapturePoint, LayoutError> {
+    match s.replace('_', "-").as_str() {
+        "layer-input" | "input" => Ok(CapturePoint::LayerInput),
+        "layer-output" | "output" => Ok(CapturePoint::LayerOutput),
+        "final-norm" | "final" => Ok(CapturePoint::FinalNorm),
+        _ => Err(LayoutError::BadOption(format!(
+            "unknown capture point `{s}`: use layer-input, layer-output or final-norm"
+        ))),
+    }
+}
+
+/// Parses one `--field` argument; `options` supplies default points.
+pub fn parse_field(arg: &str, options: &LayoutOptions) -> Result<FieldSpec, LayoutError> {
+    let bad = |detail: String| LayoutError::BadOption(format!("--field {arg}: {detail}"));
+    let (name, rest) = arg
+        .split_once('=')
+        .ok_or_else(|| bad("expected NAME=TENSOR[:OPTION]...".into()))?;
+    let mut parts = rest.split(':');
+    let source = parts.next().unwrap_or_default().to_string();
+    let (mut part, mut index, mut axis) = (None, None, None);
+    let (mut role, mut layer, mut point, mut optional) = (None, None, None, false);
+    let num = |v: &str| {
+        v.parse::<u64>()
+            .map_err(|_| bad(format!("`{v}` is not a number")))
+    };
+    for opt in parts {
+        let (k, v) = opt.split_once('=').unwrap_or((opt, ""));
+        match k {
+            "part" => {
+                let (i, n) = v
+                    .split_once('/')
+                    .ok_or_else(|| bad("part=K/N, e.g. part=0/3".into()))?;
+                part = Some((num(i)?, num(n)?));
+            }
+            "index" => index = Some(num(v)?),
+            "axis" => {
+                axis = Some(
+                    v.parse::<i64>()
+                        .map_err(|_| bad(format!("axis `{v}` is not an integer")))?,
+                )
+            }
+            "role" => role = Some(v.to_string()),
+            "layer" => layer = Some(num(v)? as u32),
+            "point" => point = Some(parse_point(v).map_err(|e| bad(e.to_string()))?),
+            "optional" => optional = true,
+            _ => return Err(bad(format!("unknown option `{k}`"))),
+        }
+    }
+    let op = match (part, index) {
+        (Some(_), Some(_)) => return Err(bad("give part or index, not both".into())),
+        (Some((index, of)), None) => Op::Part {
+            index,
+            of,
+            axis: axis.unwrap_or(-1),
+        },
+        (None, Some(index)) => Op::Index {
+            index,
+            axis: axis.unwrap_or(-2),
+        },
+        (None, None) => Op::Whole,
+    };
+    let named_layer = name
+        .strip_prefix("hidden.")
+        .and_then(|l| l.parse::<u32>().ok());
+    let role_name = role.unwrap_or_else(|| {
+        match name {
+            "input_ids" => "ids",
+            "loss_mask" => "mask",
+            _ if named_layer.is_some() || layer.is_some() => "hidden",
+            _ => "other",
+        }
+        .into()
+    });
+    let role = match role_name.as_str() {
+        "ids" => Role::TokenIds,
+        "mask" => Role::LossMask,
+        "other" => Role::Other,
+        "hidden" => {
+            let layer = layer.or(named_layer).ok_or_else(|| {
+                bad("a hidden state needs a layer id: name it hidden.{id} or add :layer=ID".into())
+            })?;
+            let point = point.unwrap_or_else(|| match options.points.as_slice() {
+                [p] => *p,
+                _ if options.num_layers == Some(layer) => CapturePoint::FinalNorm,
+                _ => CapturePoint::LayerInput,
+            });
+            Role::HiddenState { layer, point }
+        }
+        r => {
+            return Err(bad(format!(
+                "unknown role `{r}`: ids, mask, hidden or other"
+            )))
+        }
+    };
+    Ok(FieldSpec {
+        name: name.to_string(),
+        source,
+        op,
+        role,
+        optional,
+    })
+}

@@ -1,0 +1,51 @@
+//! NVIDIA ModelOpt `examples/speculative_decoding/collect_hidden_states`.
+//!
+//! Files: `{conversation_id}.pt`; each a `torch.save` dict of one conversation (the key is the
+//! file name, which is the conversation id):
+//!
+//! | tensor | shape | field |
+//! |---|---|---|
+//! | `input_ids` | `[T]` | `input_ids` |
+//! | `aux_hidden_states` | `[T, k·H]` (optional) | `hidden.{l}` for the first k ids of `--layers` |
+//! | `hidden_states` | `[T, H]` | `hidden.{l}` for the last id of `--layers` |
+//! | `loss_mask` | `[T]` (optional) | `loss_mask` |
+//!
+//! The aux states are HF `hidden_states[i]` for the selected ids (layer inputs), concatenated in
+//! `--layers` order; `hidden_states` is HF `hidden_states[-1]`, the final-norm output.
+
+use crate::format::CapturePoint;
+
+use super::super::layout::{find, hidden_roles, FieldSpec, LayoutError, LayoutOptions};
+use super::super::TensorInfo;
+use super::{ids, mask, part, parts};
+
+/// The specs for a ModelOpt file.
+pub fn specs(
+    tensors: &[TensorInfo],
+    options: &LayoutOptions,
+) -> Result<Vec<FieldSpec>, LayoutError> {
+    let k = parts(tensors, "aux_hidden_states", "hidden_states")?.unwrap_or(0);
+    let mut defaults = vec![Some(CapturePoint::LayerInput); k as usize];
+    defaults.push(Some(CapturePoint::FinalNorm));
+    let roles = hidden_roles(
+        "modelopt",
+        k as usize + 1,
+        if k > 0 {
+            "the aux_hidden_states parts, then hidden_states"
+        } else {
+            "hidden_states"
+        },
+        options,
+        &defaults,
+    )?;
+    let mut out = vec![ids("input_ids")];
+    if find(tensors, "loss_mask").is_some() {
+        out.push(mask("loss_mask"));
+    }
+    for (i, (name, role)) in roles.iter().take(k as usize).enumerate() {
+        out.push(FieldSpec::new(name, "aux_hidden_states", *role).with_op(part(i as u64, k)));
+    }
+    let (name, role) = &roles[k as usize];
+    out.push(FieldSpec::new(name, "hidden_states", *role));
+    Ok(out)
+}

@@ -1,0 +1,47 @@
+//! SpecForge offline data (`scripts/prepare_hidden_states.py`).
+//!
+//! Files: `rows_{start}-{end}/data_{N}.ckpt`, optionally gzip-compressed (`.ckpt.gz`); each a
+//! `torch.save` dict of one sample:
+//!
+//! | tensor | shape | field |
+//! |---|---|---|
+//! | `input_ids` | `[T]` | `input_ids` |
+//! | `loss_mask` | `[T]` | `loss_mask` |
+//! | `aux_hidden_state` | `[1, T, k·H]` | `hidden.{l}` for the first k ids of `--layers` |
+//! | `hidden_state` | `[1, T, H]` | `hidden.{l}` for the last id of `--layers` |
+//!
+//! k is `aux_hidden_state`'s width over `hidden_state`'s (3 for EAGLE-3). The aux states are
+//! the EAGLE-3 auxiliary layers, concatenated in `--layers` order; by default they are taken as
+//! layer inputs (the SGLang `layers_to_capture` and HF `hidden_states[i]` convention) and
+//! `hidden_state` as the final-norm output (HF `hidden_states[-1]`). Override with `--point`.
+//! Rows past the real length (batches padded to one length) are kept unless `--trim-padding`.
+
+use crate::format::CapturePoint;
+
+use super::super::layout::{hidden_roles, FieldSpec, LayoutError, LayoutOptions};
+use super::super::TensorInfo;
+use super::{ids, mask, part, parts};
+
+/// The specs for a SpecForge file.
+pub fn specs(
+    tensors: &[TensorInfo],
+    options: &LayoutOptions,
+) -> Result<Vec<FieldSpec>, LayoutError> {
+    let k = parts(tensors, "aux_hidden_state", "hidden_state")?.unwrap_or(3);
+    let mut defaults = vec![Some(CapturePoint::LayerInput); k as usize];
+    defaults.push(Some(CapturePoint::FinalNorm));
+    let roles = hidden_roles(
+        "specforge",
+        k as usize + 1,
+        "the aux_hidden_state parts, then hidden_state",
+        options,
+        &defaults,
+    )?;
+    let mut out = vec![ids("input_ids"), mask("loss_mask")];
+    for (i, (name, role)) in roles.iter().take(k as usize).enumerate() {
+        out.push(FieldSpec::new(name, "aux_hidden_state", *role).with_op(part(i as u64, k)));
+    }
+    let (name, role) = &roles[k as usize];
+    out.push(FieldSpec::new(name, "hidden_state", *role));
+    Ok(out)
+}

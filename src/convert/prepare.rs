@@ -1,0 +1,289 @@
+//! Decoding one unit into samples, on a worker thread: open its files, check every field
+//! against the schema, split batches and trim padding when asked.
+
+use std::borrow::Cow;
+use std::ops::Range;
+use std::sync::Mutex;
+
+use crate::format::{DType, Schema};
+
+use super::layout::{check_field, field_bytes, field_part, FieldSpec, Part};
+use super::units::{Inputs, Unit};
+use super::Limits;
+
+/// How one file packs several requests along the token dimension.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SplitBy {
+    /// A tensor of per-request lengths: `[n]`, summing to the tokens.
+    Lengths(String),
+    /// A tensor of cumulative offsets: `[n + 1]`, from 0 to the tokens.
+    CuSeqlens(String),
+}
+
+/// Which rows are padding, when the user asks to drop them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trim {
+    /// Rows after the last non-zero loss-mask row.
+    LossMask,
+    /// Trailing rows whose token id equals the pad id.
+    TokenIds {
+        /// The pad token id.
+        pad: i64,
+    },
+}
+
+/// What workers need to decode a unit.
+#[derive(Debug)]
+pub struct Decoder {
+    /// Field specs, one per schema field, in schema order.
+    pub specs: Vec<FieldSpec>,
+    /// The dataset schema.
+    pub schema: Schema,
+    /// Batch splitting.
+    pub split_by: Option<SplitBy>,
+    /// Padding trimming.
+    pub trim: Option<Trim>,
+    /// Limits for reading source files.
+    pub limits: Limits,
+    /// Gather buffers.
+    pub pool: Pool,
+}
+
+/// The bytes of one field of a unit.
+pub enum Piece {
+    /// Borrowed from the mapped file: taken again with [`Inputs::tensor`] when appended.
+    Mapped,
+    /// Decompressed or small gathered bytes.
+    Owned(Vec<u8>),
+    /// Large gathered bytes (the first `len` of the buffer), in anonymous memory backed by
+    /// huge pages where the system allows, recycled through [`Decoder::recycle`]: fresh pages
+    /// cost a fault and a zeroing each.
+    Anon(memmap2::MmapMut, usize),
+}
+
+/// Gathers at least this many bytes into huge-page-backed memory.
+const ANON_MIN: usize = 4 << 20;
+
+/// Buffers for large gathers, kept between units.
+#[derive(Debug, Default)]
+pub struct Pool {
+    free: Mutex<Vec<memmap2::MmapMut>>,
+}
+
+/// Most buffers the pool keeps.
+const POOL_MAX: usize = 32;
+
+impl Pool {
+    fn gathered(&self, part: &Part, src: &[u8]) -> Piece {
+        let len = part.len();
+        if len >= ANON_MIN {
+            let reused = self.free.lock().ok().and_then(|mut free| {
+                let best = (0..free.len())
+                    .filter(|&i| free[i].len() >= len)
+                    .min_by_key(|&i| free[i].len())?;
+                Some(free.swap_remove(best))
+            });
+            let buf = reused.or_else(|| {
+                let m = memmap2::MmapOptions::new()
+                    .len(len.next_power_of_two())
+                    .map_anon()
+                    .ok()?;
+                // Advice only: without huge pages the memory still works, page by page.
+                let _ = m.advise(memmap2::Advice::HugePage);
+                Some(m)
+            });
+            if let Some(mut m) = buf {
+                part.gather(src, &mut m[..len]);
+                return Piece::Anon(m, len);
+            }
+        }
+        let mut v = vec![0; len];
+        part.gather(src, &mut v);
+        Piece::Owned(v)
+    }
+
+    fn put(&self, m: memmap2::MmapMut) {
+        if let Ok(mut free) = self.free.lock() {
+            free.push(m);
+            if free.len() > POOL_MAX {
+                if let Some(i) = (0..free.len()).min_by_key(|&i| free[i].len()) {
+                    free.swap_remove(i);
+                }
+            }
+        }
+    }
+}
+
+/// A decoded unit: its open files, its fields, and the samples (row ranges) it holds.
+pub struct Prepared {
+    /// The open files.
+    pub inputs: Inputs,
+    /// One per field.
+    pub pieces: Vec<Piece>,
+    /// Sample keys and their rows.
+    pub samples: Vec<(String, Range<u64>)>,
+}
+
+/// Reads every 4096th byte so the pages are mapped before the writer reads them.
+fn touch(bytes: &[u8]) {
+    let mut acc = 0u8;
+    for b in bytes.iter().step_by(4096) {
+        acc ^= b;
+    }
+    std::hint::black_box(acc);
+}
+
+fn ints(bytes: &[u8], dtype: DType) -> Option<Vec<i64>> {
+    let n = dtype.size();
+    let conv = |c: &[u8]| -> Option<i64> {
+        Some(match dtype {
+            DType::I64 => i64::from_le_bytes(c.try_into().ok()?),
+            DType::I32 => i32::from_le_bytes(c.try_into().ok()?) as i64,
+            DType::I16 => i16::from_le_bytes(c.try_into().ok()?) as i64,
+            DType::I8 => c[0] as i8 as i64,
+            DType::U8 | DType::Bool => c[0] as i64,
+            _ => return None,
+        })
+    };
+    bytes.chunks_exact(n).map(conv).collect()
+}
+
+impl Decoder {
+    /// Returns a unit's gather buffers for reuse.
+    pub fn recycle(&self, p: Prepared) {
+        for piece in p.pieces {
+            if let Piece::Anon(m, _) = piece {
+                self.pool.put(m);
+            }
+        }
+    }
+
+    /// The bytes of field `f` of a prepared unit.
+    pub fn field<'a>(&self, p: &'a Prepared, f: usize) -> Result<Cow<'a, [u8]>, String> {
+        match &p.pieces[f] {
+            Piece::Owned(v) => Ok(Cow::Borrowed(v)),
+            Piece::Anon(m, len) => Ok(Cow::Borrowed(&m[..*len])),
+            Piece::Mapped => {
+                let spec = &self.specs[f];
+                let t = p.inputs.tensor(&spec.source).map_err(|e| e.to_string())?;
+                field_bytes(spec, &t.shape, t.dtype.size(), t.bytes).map_err(|e| e.to_string())
+            }
+        }
+    }
+
+    /// Opens and checks `unit`; an error is the reason the file is bad.
+    pub fn prepare(&self, unit: &Unit) -> Result<Prepared, String> {
+        let inputs = Inputs::open(unit, self.limits).map_err(|e| e.to_string())?;
+        let mut pieces = Vec::with_capacity(self.specs.len());
+        let mut rows = None;
+        for (spec, field) in self.specs.iter().zip(&self.schema.fields) {
+            let t = inputs.tensor(&spec.source).map_err(|e| e.to_string())?;
+            let r = check_field(field, spec, t.dtype, &t.shape).map_err(|e| e.to_string())?;
+            match rows {
+                None => rows = Some(r),
+                Some(prev) if prev != r => {
+                    return Err(format!(
+                        "field `{}` (tensor `{}`) has {r} tokens, earlier fields have {prev}",
+                        spec.name, spec.source
+                    ))
+                }
+                _ => {}
+            }
+            let part = field_part(spec, &t.shape, t.dtype.size()).map_err(|e| e.to_string())?;
+            pieces.push(match (part, t.bytes) {
+                (Part::Range(r), Cow::Borrowed(b)) => {
+                    touch(&b[r]);
+                    Piece::Mapped
+                }
+                (Part::Range(r), Cow::Owned(v)) if r.len() == v.len() => Piece::Owned(v),
+                (part, b) => self.pool.gathered(&part, &b),
+            });
+        }
+        let rows = rows.unwrap_or(0);
+        let ranges = self.split(&inputs, rows)?;
+        let mut prepared = Prepared {
+            inputs,
+            pieces,
+            samples: Vec::with_capacity(ranges.len()),
+        };
+        let split = self.split_by.is_some();
+        for (i, range) in ranges.into_iter().enumerate() {
+            let range = match self.trim {
+                Some(t) => self.trimmed(&prepared, t, range)?,
+                None => range,
+            };
+            let key = if split {
+                format!("{}/{i}", unit.key)
+            } else {
+                unit.key.clone()
+            };
+            prepared.samples.push((key, range));
+        }
+        Ok(prepared)
+    }
+
+    fn split(&self, inputs: &Inputs, rows: u64) -> Result<Vec<Range<u64>>, String> {
+        let Some(by) = &self.split_by else {
+            return Ok(std::iter::once(0..rows).collect());
+        };
+        let name = match by {
+            SplitBy::Lengths(n) | SplitBy::CuSeqlens(n) => n,
+        };
+        let t = inputs.tensor(name).map_err(|e| e.to_string())?;
+        let values = ints(&t.bytes, t.dtype)
+            .ok_or_else(|| format!("`{name}` is {}, not an integer tensor", t.dtype))?;
+        let mut bounds = Vec::with_capacity(values.len() + 1);
+        match by {
+            SplitBy::Lengths(_) => {
+                bounds.push(0i64);
+                for v in &values {
+                    let last = *bounds.last().unwrap_or(&0);
+                    bounds.push(last.checked_add(*v).ok_or("lengths overflow")?);
+                }
+            }
+            SplitBy::CuSeqlens(_) => bounds = values,
+        }
+        if bounds.first() != Some(&0)
+            || bounds.last() != Some(&(rows as i64))
+            || bounds.windows(2).any(|w| w[1] < w[0])
+        {
+            return Err(format!(
+                "`{name}` does not split the {rows} tokens: the offsets must rise from 0 to {rows}, got {} values",
+                bounds.len()
+            ));
+        }
+        Ok(bounds
+            .windows(2)
+            .map(|w| w[0] as u64..w[1] as u64)
+            .collect())
+    }
+
+    fn trimmed(&self, p: &Prepared, trim: Trim, range: Range<u64>) -> Result<Range<u64>, String> {
+        let role = match trim {
+            Trim::LossMask => crate::format::Role::LossMask,
+            Trim::TokenIds { .. } => crate::format::Role::TokenIds,
+        };
+        let f = self
+            .schema
+            .fields
+            .iter()
+            .position(|f| f.role == role)
+            .ok_or("--trim-padding needs a loss mask or token id field in the layout")?;
+        let field = &self.schema.fields[f];
+        let rb = field.row_bytes() as usize;
+        let bytes = self.field(p, f)?;
+        let rows = &bytes[range.start as usize * rb..range.end as usize * rb];
+        let keep = match trim {
+            Trim::LossMask => rows
+                .chunks_exact(rb)
+                .rposition(|r| r.iter().any(|&b| b != 0))
+                .map_or(0, |i| i + 1),
+            Trim::TokenIds { pad } => {
+                let ids = ints(rows, field.dtype)
+                    .ok_or_else(|| format!("token ids are {}, not integers", field.dtype))?;
+                ids.iter().rposition(|&v| v != pad).map_or(0, |i| i + 1)
+            }
+        };
+        Ok(range.start..range.start + keep as u64)
+    }
+}

@@ -1,0 +1,297 @@
+//! `hspack convert`, run as the built binary in temp folders: bytes against the torch fixtures,
+//! resume without duplicates, and SIGKILL at many points with `--delete-source`.
+
+mod common;
+
+use std::borrow::Cow;
+use std::collections::{BTreeMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use hspack::Dataset;
+use safetensors::{Dtype, View};
+
+fn hspack(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_hspack"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pt")
+}
+
+fn unhex(h: &str) -> Vec<u8> {
+    (0..h.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&h[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+/// `expected.json`: file → tensor → raw bytes, as torch.load returned them.
+fn expected(file: &str) -> BTreeMap<String, Vec<u8>> {
+    let text = std::fs::read_to_string(fixtures().join("expected.json")).unwrap();
+    let all: serde_json::Value = serde_json::from_str(&text).unwrap();
+    all[file]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| (k.clone(), unhex(v["hex"].as_str().unwrap())))
+        .collect()
+}
+
+#[test]
+fn specforge_fixtures_convert_bit_for_bit() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src/rows_0-3");
+    std::fs::create_dir_all(&src).unwrap();
+    let files = [
+        ("specforge.ckpt", "data_0.ckpt"),
+        ("specforge.ckpt.gz", "data_1.ckpt.gz"),
+        ("specforge_zip64.ckpt", "data_2.ckpt"),
+    ];
+    for (from, to) in files {
+        std::fs::copy(fixtures().join(from), src.join(to)).unwrap();
+    }
+    let ds = t.path().join("ds");
+    let o = hspack(&[
+        "convert",
+        s(&t.path().join("src")),
+        s(&ds),
+        "--layout",
+        "specforge",
+        "--layers",
+        "2,30,58,61",
+        "--num-layers",
+        "61",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let d = Dataset::open(&ds).unwrap();
+    assert_eq!(d.len(), 3);
+    for (i, (from, _)) in files.iter().enumerate() {
+        let want = expected(from);
+        let sample = d.get_by_key(&format!("rows_0-3/data_{i}")).unwrap();
+        let read = |f: &str| sample.read(f, None).unwrap().bytes().to_vec();
+        assert_eq!(read("input_ids"), want["input_ids"]);
+        assert_eq!(read("loss_mask"), want["loss_mask"]);
+        assert_eq!(read("hidden.61"), want["hidden_state"]);
+        // aux_hidden_state is [1, T, 3H] bf16: layer j is columns j*H..(j+1)*H of every row.
+        let (aux, h) = (&want["aux_hidden_state"], 16 * 2);
+        for (j, layer) in [2, 30, 58].into_iter().enumerate() {
+            let part: Vec<u8> = aux
+                .chunks_exact(3 * h)
+                .flat_map(|row| row[j * h..(j + 1) * h].to_vec())
+                .collect();
+            assert_eq!(read(&format!("hidden.{layer}")), part, "layer {layer}");
+        }
+    }
+}
+
+struct V {
+    dtype: Dtype,
+    shape: Vec<usize>,
+    data: Vec<u8>,
+}
+
+impl View for &V {
+    fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn data(&self) -> Cow<'_, [u8]> {
+        Cow::Borrowed(&self.data)
+    }
+    fn data_len(&self) -> usize {
+        self.data.len()
+    }
+}
+
+const HIDDEN: usize = 256;
+
+/// Sample `i`: `ids` i32 `[T]` and `h` bf16 `[T, HIDDEN]`, T = 1 + i % 13.
+fn sample(i: usize) -> (Vec<u8>, Vec<u8>) {
+    let t = 1 + i % 13;
+    let ids = (0..t as i32)
+        .flat_map(|x| (x * 7 + i as i32).to_le_bytes())
+        .collect();
+    (ids, common::bytes(i as u64 + 1, t * HIDDEN * 2))
+}
+
+fn write_dumps(dir: &Path, range: std::ops::Range<usize>) {
+    std::fs::create_dir_all(dir).unwrap();
+    for i in range {
+        let (ids, h) = sample(i);
+        let t = ids.len() / 4;
+        let tensors = [
+            (
+                "ids".to_string(),
+                V {
+                    dtype: Dtype::I32,
+                    shape: vec![t],
+                    data: ids,
+                },
+            ),
+            (
+                "h".to_string(),
+                V {
+                    dtype: Dtype::BF16,
+                    shape: vec![1, t, HIDDEN],
+                    data: h,
+                },
+            ),
+        ];
+        let path = dir.join(format!("req_{i:03}.safetensors"));
+        safetensors::serialize_to_file(tensors.iter().map(|(n, v)| (n.clone(), v)), None, &path)
+            .unwrap();
+    }
+}
+
+fn convert_args<'a>(src: &'a Path, ds: &'a Path, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut a = vec![
+        "convert",
+        s(src),
+        s(ds),
+        "--layout",
+        "generic",
+        "--field",
+        "input_ids=ids",
+        "--field",
+        "hidden.7=h",
+        "--shard-samples",
+        "3",
+        "-q",
+    ];
+    a.extend_from_slice(extra);
+    a
+}
+
+/// Keys in the dataset, checking each sample's bytes; panics on a duplicate.
+fn check_dataset(ds: &Path) -> HashSet<String> {
+    let mut keys = HashSet::new();
+    if !ds.join("manifest.json").exists() {
+        return keys;
+    }
+    let d = Dataset::open(ds).unwrap();
+    for o in 0..d.len() {
+        let s = d.sample(o).unwrap();
+        let i: usize = s.key()["req_".len()..].parse().unwrap();
+        let (ids, h) = sample(i);
+        assert_eq!(s.read("input_ids", None).unwrap().bytes(), &ids[..]);
+        assert_eq!(s.read("hidden.7", None).unwrap().bytes(), &h[..]);
+        assert!(keys.insert(s.key().to_string()), "duplicate {}", s.key());
+    }
+    keys
+}
+
+#[test]
+fn rerun_resumes_without_duplicates() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, ds) = (t.path().join("src"), t.path().join("ds"));
+    write_dumps(&src, 0..7);
+    let o = hspack(&convert_args(&src, &ds, &[]));
+    assert!(o.status.success(), "{}", text(&o));
+    write_dumps(&src, 7..12);
+    let o = hspack(&convert_args(&src, &ds, &[]));
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(check_dataset(&ds).len(), 12);
+    let o = hspack(&convert_args(&src, &ds, &["--delete-source"]));
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(std::fs::read_dir(&src).unwrap().count(), 0);
+    assert_eq!(check_dataset(&ds).len(), 12);
+    assert!(hspack(&["verify", s(&ds)]).status.success());
+}
+
+#[test]
+fn sigkill_with_delete_source_loses_nothing() {
+    const N: usize = 50;
+    let t = tempfile::tempdir().unwrap();
+    let (src, ds) = (t.path().join("src"), t.path().join("ds"));
+    write_dumps(&src, 0..N);
+    let all: Vec<String> = (0..N).map(|i| format!("req_{i:03}")).collect();
+    let invariant = |when: &str| {
+        let in_ds = check_dataset(&ds);
+        for k in &all {
+            let file = src.join(format!("{k}.safetensors"));
+            assert!(
+                file.exists() || in_ds.contains(k),
+                "{when}: sample {k} is neither a source file nor in the dataset"
+            );
+        }
+        in_ds.len()
+    };
+    let (mut kills, mut partial) = (0, 0);
+    // Short delays: a rerun continues from the last commit, so each kill lands further on.
+    for (round, delay_ms) in (0..16u64).map(|i| 3 + (i * 5) % 11).enumerate() {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_hspack"))
+            .args(convert_args(&src, &ds, &["--delete-source"]))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        let finished = child.try_wait().unwrap().is_some();
+        if !finished {
+            child.kill().unwrap();
+            kills += 1;
+        }
+        child.wait().unwrap();
+        let committed = invariant(&format!("after kill {round} at {delay_ms} ms"));
+        let left = std::fs::read_dir(&src).unwrap().count();
+        eprintln!("kill at {delay_ms} ms: {committed} committed, {left} sources left");
+        if !finished && committed > 0 && committed < N {
+            partial += 1;
+        }
+    }
+    assert!(kills > 0, "the conversion always finished before the kill");
+    assert!(
+        partial > 0,
+        "no kill landed between the first and the last commit"
+    );
+    let o = hspack(&convert_args(&src, &ds, &["--delete-source"]));
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(invariant("after the final run"), N);
+    let left: Vec<_> = std::fs::read_dir(&src).unwrap().collect();
+    assert!(left.is_empty(), "sources left: {left:?}");
+    assert!(hspack(&["verify", s(&ds)]).status.success());
+}
+
+#[test]
+fn refusals_name_the_file_and_the_fix() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, ds) = (t.path().join("src"), t.path().join("ds"));
+    write_dumps(&src, 0..2);
+    std::fs::write(
+        src.join("req_005.safetensors"),
+        b"\x10\0\0\0\0\0\0\0{\"a\":1",
+    )
+    .unwrap();
+    let o = hspack(&convert_args(&src, &ds, &[]));
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o).contains("req_005.safetensors"), "{}", text(&o));
+    let o = hspack(&convert_args(&src, &ds, &["--skip-bad"]));
+    assert!(o.status.success(), "{}", text(&o));
+    let report = std::fs::read_to_string(ds.join("convert-report.jsonl")).unwrap();
+    assert_eq!(report.lines().count(), 1);
+    assert!(report.contains("req_005.safetensors"));
+    assert_eq!(check_dataset(&ds).len(), 2);
+    let o = hspack(&["convert", s(&src), s(&ds), "--layout", "generic"]);
+    assert!(text(&o).contains("--field"), "{}", text(&o));
+    let o = hspack(&convert_args(&src, &ds, &["--delete-source", "--no-fsync"]));
+    assert!(!o.status.success());
+}

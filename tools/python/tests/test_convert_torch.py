@@ -1,0 +1,282 @@
+"""``hspack convert`` against real torch: every converted tensor is bitwise what ``torch.load``
+returns.
+
+Each test writes small dumps with ``torch.save`` in one of the layouts, runs the built binary
+(``$HSPACK_BIN``, else ``target/debug/hspack`` under ``$CARGO_TARGET_DIR`` or the crate root,
+built with cargo when missing), reads every sample back with ``hspack export --to
+safetensors`` and ``safetensors.torch.load_file``, and compares bytes, dtype and shape.
+"""
+
+import gzip
+import io
+import os
+import subprocess
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+CRATE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+
+def _binary():
+    env = os.environ.get("HSPACK_BIN")
+    if env:
+        return env
+    target = os.environ.get("CARGO_TARGET_DIR", os.path.join(CRATE, "target"))
+    path = os.path.join(target, "debug", "hspack")
+    if not os.path.exists(path):
+        subprocess.run(["cargo", "build", "--bin", "hspack"], cwd=CRATE, check=True)
+    return path
+
+
+BIN = _binary()
+
+
+def hspack(*args, ok=True):
+    p = subprocess.run([BIN, *map(str, args)], capture_output=True, text=True)
+    if ok:
+        assert p.returncode == 0, p.stderr
+    return p
+
+
+def read_sample(ds, key, tmp_path):
+    out = tmp_path / "export.safetensors"
+    hspack("export", ds, key, "--to", "safetensors", "-o", out)
+    return load_file(str(out))
+
+
+def same(got, want):
+    """Bitwise equality with dtype and shape."""
+    want = want.detach().contiguous()
+    assert got.dtype == want.dtype, (got.dtype, want.dtype)
+    assert tuple(got.shape) == tuple(want.shape), (got.shape, want.shape)
+    assert torch.equal(got.reshape(-1).view(torch.uint8), want.reshape(-1).view(torch.uint8))
+
+
+def keys(ds):
+    out = hspack("ls", ds).stdout.splitlines()[1:]
+    return [line.split()[-1] for line in out]
+
+
+def g(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def save(obj, path, gz=False):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if gz:
+        buf = io.BytesIO()
+        torch.save(obj, buf)
+        path.write_bytes(gzip.compress(buf.getvalue()))
+    else:
+        torch.save(obj, path)
+
+
+def load(path):
+    if str(path).endswith(".gz"):
+        return torch.load(io.BytesIO(gzip.decompress(path.read_bytes())), weights_only=True)
+    return torch.load(path, weights_only=True)
+
+
+H = 16
+
+
+def test_specforge(tmp_path):
+    src = tmp_path / "src"
+    files = {}
+    for i, t in enumerate([5, 9, 1, 12]):
+        gen = g(i)
+        d = {
+            "input_ids": torch.randint(0, 50000, (t,), generator=gen),
+            "loss_mask": torch.randint(0, 2, (t,), generator=gen),
+            "hidden_state": torch.randn(1, t, H, generator=gen).to(torch.bfloat16),
+            "aux_hidden_state": torch.randn(1, t, 3 * H, generator=gen).to(torch.bfloat16),
+        }
+        name = f"rows_0-4/data_{i}.ckpt" + (".gz" if i == 2 else "")
+        save(d, src / name, gz=i == 2)
+        files[f"rows_0-4/data_{i}"] = src / name
+    ds = tmp_path / "ds"
+    hspack("convert", src, ds, "--layout", "specforge", "--layers", "2,30,58,61", "--num-layers", "61", "-q")
+    assert sorted(keys(ds)) == sorted(files)
+    for key, path in files.items():
+        want = load(path)
+        got = read_sample(ds, key, tmp_path)
+        same(got["input_ids"], want["input_ids"])
+        same(got["loss_mask"], want["loss_mask"])
+        aux = want["aux_hidden_state"][0]
+        for j, layer in enumerate([2, 30, 58]):
+            same(got[f"hidden.{layer}"], aux[:, j * H : (j + 1) * H])
+        same(got["hidden.61"], want["hidden_state"][0])
+    info = hspack("info", ds).stdout
+    assert "HiddenState { layer: 61, point: FinalNorm }" in info
+    assert "HiddenState { layer: 2, point: LayerInput }" in info
+
+
+def test_specforge_refuses_without_layers(tmp_path):
+    save({"input_ids": torch.ones(2, dtype=torch.long), "loss_mask": torch.ones(2, dtype=torch.long),
+          "hidden_state": torch.zeros(1, 2, H), "aux_hidden_state": torch.zeros(1, 2, 3 * H)},
+         tmp_path / "src" / "rows_0-1" / "data_0.ckpt")
+    p = hspack("convert", tmp_path / "src", tmp_path / "ds", "--layout", "specforge", ok=False)
+    assert p.returncode == 2 and "--layers" in p.stderr
+
+
+def test_specforge_trim_padding(tmp_path):
+    t, real = 10, 6
+    ids = torch.arange(1, t + 1)
+    ids[real:] = 0
+    mask = torch.zeros(t, dtype=torch.long)
+    mask[2:real] = 1
+    d = {"input_ids": ids, "loss_mask": mask,
+         "hidden_state": torch.randn(1, t, H, generator=g(5)).half(),
+         "aux_hidden_state": torch.randn(1, t, 3 * H, generator=g(6)).half()}
+    save(d, tmp_path / "src" / "rows_0-1" / "data_0.ckpt")
+    for how, ds in [("ids", "a"), ("mask", "b")]:
+        hspack("convert", tmp_path / "src", tmp_path / ds, "--layout", "specforge",
+               "--layers", "1,2,3,4", "--trim-padding", how, "-q")
+        got = read_sample(tmp_path / ds, "rows_0-1/data_0", tmp_path)
+        same(got["input_ids"], ids[:real])
+        same(got["hidden.4"], d["hidden_state"][0, :real])
+        same(got["hidden.2"], d["aux_hidden_state"][0, :real, H : 2 * H])
+
+
+def test_eagle(tmp_path):
+    src = tmp_path / "src"
+    files = {}
+    for i in range(3):
+        gen = g(10 + i)
+        t = 3 + 4 * i
+        d = {"input_ids": torch.randint(0, 1000, (t,), generator=gen),
+             "hidden_state": torch.randn(t, H, generator=gen).to(torch.bfloat16),
+             "loss_mask": torch.randint(0, 2, (t,), generator=gen)}
+        save(d, src / "0" / f"data_{i}.ckpt")
+        files[f"0/data_{i}"] = d
+    ds = tmp_path / "ds"
+    hspack("convert", src, ds, "--layout", "eagle", "--layers", "32", "--num-layers", "32", "-q")
+    for key, d in files.items():
+        got = read_sample(ds, key, tmp_path)
+        same(got["hidden.32"], d["hidden_state"])
+        same(got["input_ids"], d["input_ids"])
+        same(got["loss_mask"], d["loss_mask"])
+
+
+def test_modelopt(tmp_path):
+    src = tmp_path / "src"
+    convs = {}
+    for i, t in enumerate([7, 4]):
+        gen = g(20 + i)
+        d = {"input_ids": torch.randint(0, 1000, (t,), generator=gen),
+             "hidden_states": torch.randn(t, H, generator=gen).to(torch.bfloat16),
+             "aux_hidden_states": torch.randn(t, 3 * H, generator=gen).to(torch.bfloat16),
+             "conversation_id": f"conv-{i}"}
+        save(d, src / f"conv-{i}.pt")
+        convs[f"conv-{i}"] = d
+    ds = tmp_path / "ds"
+    hspack("convert", src, ds, "--layout", "modelopt", "--layers", "2,16,29,32", "-q")
+    for key, d in convs.items():
+        got = read_sample(ds, key, tmp_path)
+        same(got["input_ids"], d["input_ids"])
+        for j, layer in enumerate([2, 16, 29]):
+            same(got[f"hidden.{layer}"], d["aux_hidden_states"][:, j * H : (j + 1) * H])
+        same(got["hidden.32"], d["hidden_states"])
+
+
+def test_speculators(tmp_path):
+    src = tmp_path / "src"
+    d = {"token_ids": torch.randint(0, 1000, (6,), generator=g(30)),
+         "hidden_states": torch.randn(6, 3, H, generator=g(31)).to(torch.float16)}
+    save(d, src / "0.pt")
+    ds = tmp_path / "ds"
+    p = hspack("convert", src, ds, "--layout", "speculators", "--layers", "3,10,20", ok=False)
+    assert p.returncode == 2 and "--point" in p.stderr
+    hspack("convert", src, ds, "--layout", "speculators", "--layers", "3,10,20",
+           "--point", "layer-output", "-q")
+    got = read_sample(ds, "0", tmp_path)
+    same(got["input_ids"], d["token_ids"])
+    for j, layer in enumerate([3, 10, 20]):
+        same(got[f"hidden.{layer}"], d["hidden_states"][:, j])
+
+
+def test_generic_list_of_layers_and_views(tmp_path):
+    src = tmp_path / "src"
+    base = torch.randn(H, 5, generator=g(40))
+    d = {"ids": torch.arange(5, dtype=torch.int32),
+         "layers": [torch.randn(5, H, generator=g(41)), base.t(), torch.randn(1, 5, H).double()[:, :, :]]}
+    save(d, src / "req_a.pt")
+    ds = tmp_path / "ds"
+    hspack("convert", src, ds, "--layout", "generic", "--field", "input_ids=ids",
+           "--field", "hidden.3=layers.0", "--field", "hidden.7=layers.1",
+           "--field", "extra=layers.2:role=other", "-q")
+    got = read_sample(ds, "req_a", tmp_path)
+    same(got["input_ids"], d["ids"])
+    same(got["hidden.3"], d["layers"][0])
+    same(got["hidden.7"], base.t())
+    same(got["extra"], d["layers"][2][0])
+
+
+def test_generic_group_by_layer_files(tmp_path):
+    src = tmp_path / "src"
+    want = {}
+    for r in range(3):
+        t = 2 + r
+        ids = torch.randint(0, 100, (t,), generator=g(50 + r))
+        save(ids, src / f"req{r}" / "ids.pt")
+        want[f"req{r}"] = {"input_ids": ids}
+        for layer in (4, 9):
+            h = torch.randn(t, H, generator=g(60 + r * 10 + layer)).to(torch.bfloat16)
+            save(h, src / f"req{r}" / f"layer_{layer}.pt")
+            want[f"req{r}"][f"hidden.{layer}"] = h
+    ds = tmp_path / "ds"
+    hspack("convert", src, ds, "--layout", "generic", "--group-by", "{key}/{part}.pt",
+           "--field", "input_ids=ids", "--field", "hidden.4=layer_4", "--field", "hidden.9=layer_9", "-q")
+    assert sorted(keys(ds)) == sorted(want)
+    for key, fields in want.items():
+        got = read_sample(ds, key, tmp_path)
+        for name, t in fields.items():
+            same(got[name], t)
+
+
+@pytest.mark.parametrize("how", ["lengths", "cu_seqlens"])
+def test_generic_batch_split(tmp_path, how):
+    lengths = torch.tensor([3, 1, 5])
+    n = int(lengths.sum())
+    ids = torch.randint(0, 100, (n,), generator=g(70))
+    hidden = torch.randn(n, 2 * H, generator=g(71)).to(torch.bfloat16)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int32), lengths.cumsum(0).to(torch.int32)])
+    d = {"input_ids": ids, "hidden": hidden, "lengths": lengths, "cu_seqlens": offsets}
+    save(d, tmp_path / "src" / "batch_000.pt")
+    ds = tmp_path / "ds"
+    hspack("convert", tmp_path / "src", ds, "--layout", "generic", "--split-by", f"{how}:{how}",
+           "--field", "input_ids=input_ids", "--field", "hidden.5=hidden:part=0/2",
+           "--field", "hidden.6=hidden:part=1/2", "-q")
+    assert keys(ds) == ["batch_000/0", "batch_000/1", "batch_000/2"]
+    start = 0
+    for i, length in enumerate(lengths.tolist()):
+        got = read_sample(ds, f"batch_000/{i}", tmp_path)
+        same(got["input_ids"], ids[start : start + length])
+        same(got["hidden.5"], hidden[start : start + length, :H])
+        same(got["hidden.6"], hidden[start : start + length, H:])
+        start += length
+
+
+def test_bad_files_stop_or_are_listed(tmp_path):
+    src = tmp_path / "src"
+    good = {"input_ids": torch.arange(3), "loss_mask": torch.ones(3, dtype=torch.long),
+            "hidden_state": torch.randn(3, H).bfloat16()}
+    save(good, src / "0" / "data_0.ckpt")
+    save(dict(good, hidden_state=torch.randn(3, H + 1).bfloat16()), src / "0" / "data_1.ckpt")
+    (src / "0" / "data_2.ckpt").write_bytes(b"not a torch file at all")
+    buf = io.BytesIO()
+    torch.save(good, buf)
+    (src / "0" / "data_3.ckpt").write_bytes(buf.getvalue()[:200])
+    ds = tmp_path / "ds"
+    p = hspack("convert", src, ds, "--layout", "eagle", "--layers", "9", ok=False)
+    assert p.returncode == 2 and "data_1.ckpt" in p.stderr, p.stderr
+    report = tmp_path / "bad.jsonl"
+    hspack("convert", src, ds, "--layout", "eagle", "--layers", "9", "--skip-bad", "--report", report, "-q")
+    import json
+
+    bad = [json.loads(line) for line in report.read_text().splitlines()]
+    assert sorted(os.path.basename(b["file"]) for b in bad) == ["data_1.ckpt", "data_2.ckpt", "data_3.ckpt"]
+    assert keys(ds) == ["0/data_0"]
+    same(read_sample(ds, "0/data_0", tmp_path)["hidden.9"], good["hidden_state"])
