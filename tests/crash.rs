@@ -95,6 +95,7 @@ fn sigkill_at_many_points_loses_no_committed_sample() {
                 .spawn()
                 .unwrap();
             let out = child.stdout.take().unwrap();
+            let (tx, rx) = std::sync::mpsc::channel();
             let lines = std::thread::spawn(move || {
                 BufReader::new(out)
                     .lines()
@@ -103,11 +104,22 @@ fn sigkill_at_many_points_loses_no_committed_sample() {
                         l.strip_prefix("COMMITTED ")
                             .and_then(|n| n.parse::<u64>().ok())
                     })
+                    .inspect(|&n| {
+                        let _ = tx.send(n);
+                    })
                     .collect::<Vec<u64>>()
             });
-            // Spread the kills: from right after start to well into the writing.
-            let delay = Duration::from_micros((round * 3 + attempt) * 4_000 + 500);
-            std::thread::sleep(delay);
+            // Kill after a number of commits that varies by round and attempt, then a short
+            // varying delay, so kills land at many points of the writing whatever the load.
+            let wait_for = (round + attempt * 5) % 14;
+            let mut seen_commits = 0;
+            while seen_commits < wait_for {
+                match rx.recv_timeout(Duration::from_secs(30)) {
+                    Ok(_) => seen_commits += 1,
+                    Err(_) => break,
+                }
+            }
+            std::thread::sleep(Duration::from_micros((round * 7 + attempt * 3) % 11 * 300));
             let _ = child.kill();
             let _ = child.wait();
             kill_points += 1;
