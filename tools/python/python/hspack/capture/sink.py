@@ -11,6 +11,8 @@ from typing import Dict, Iterator, Protocol, runtime_checkable
 
 import torch
 
+from .._dtypes import torch_dtypes
+
 __all__ = ["Sink", "MemorySink"]
 
 
@@ -33,19 +35,6 @@ class MemorySink:
     per-token shape, and all fields must share the token count, as the writer
     requires. Appending a key twice is refused.
     """
-
-    _DTYPES = {
-        "bool": torch.bool,
-        "u8": torch.uint8,
-        "i8": torch.int8,
-        "i16": torch.int16,
-        "i32": torch.int32,
-        "i64": torch.int64,
-        "f16": torch.float16,
-        "bf16": torch.bfloat16,
-        "f32": torch.float32,
-        "f64": torch.float64,
-    }
 
     def __init__(self, schema: list | None = None, capture: dict | None = None) -> None:
         self.schema = schema
@@ -93,7 +82,7 @@ class MemorySink:
             raise ValueError(f"sample {key!r} has fields {sorted(tensors)}, schema has {sorted(names)}")
         for field in self.schema:
             t = tensors[field["name"]]
-            want = self._DTYPES[field["dtype"]]
+            want = torch_dtypes()[field["dtype"]]
             if t.dtype != want:
                 raise ValueError(f"sample {key!r} field {field['name']!r} is {t.dtype}, schema says {want}")
             if list(t.shape[1:]) != list(field["shape"]):
