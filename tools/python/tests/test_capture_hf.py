@@ -213,3 +213,39 @@ def test_extract_driver_resumes_with_a_sink(tmp_path, causal_lm):
     ref = alone(loaded, sink["3"]["input_ids"].tolist())
     assert torch.equal(sink["3"]["hidden.58"], ref[58][0])
     assert extract(str(tmp_path / "model"), str(data), LAYERS, str(tmp_path / "out"), sink=sink) == 0
+
+
+def test_extract_command_writes_a_dataset_that_reads_back_bitwise(tmp_path, causal_lm):
+    import subprocess
+    import sys
+
+    import hspack
+
+    lm = causal_lm.to(torch.bfloat16)
+    lm.save_pretrained(tmp_path / "model")
+    chat_tokenizer().save_pretrained(tmp_path / "model")
+    data = tmp_path / "prompts.jsonl"
+    lines = [
+        {"id": "a", "input_ids": [5, 6, 7, 8], "loss_mask": [0, 0, 1, 1]},
+        {"id": "b", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "fine"}]},
+    ]
+    data.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    out = tmp_path / "ds"
+    cmd = [sys.executable, "-m", "hspack.capture.hf", "extract", "--model", str(tmp_path / "model"),
+           "--data", str(data), "--layers", ",".join(map(str, LAYERS)), "--out", str(out), "--batch-size", "2"]
+    subprocess.run(cmd, check=True, capture_output=True)
+    ds = hspack.open(str(out))
+    assert sorted(ds.keys()) == ["a", "b"]
+    assert ds.capture["tool"] == "hspack.capture.hf" and ds.capture["num_layers"] == 61
+    from transformers import AutoModelForCausalLM
+
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "model", dtype=torch.bfloat16).eval()
+    got = ds.get("a")
+    ref = alone(loaded, [5, 6, 7, 8])
+    for layer in LAYERS:
+        assert torch.equal(got[f"hidden.{layer}"], ref[layer][0]), layer
+    assert got["loss_mask"].tolist() == [0, 0, 1, 1]
+    # A rerun resumes: nothing new is written, the dataset still verifies.
+    subprocess.run(cmd, check=True, capture_output=True)
+    assert len(hspack.open(str(out))) == 2
+    assert hspack.verify(str(out))["ok"]
