@@ -352,19 +352,23 @@ impl DatasetWriter {
         );
         let ordinal = self.len();
         let shard = self.current_shard()?;
-        let mut extents = Vec::with_capacity(chunks.len());
-        for c in &chunks {
-            let dtype = schema.fields[c.field as usize].dtype.code();
-            let id = shard.write_chunk(c, ordinal, dtype)?;
-            extents.push(ExtentEntry {
+        let dtypes: Vec<u8> = chunks
+            .iter()
+            .map(|c| schema.fields[c.field as usize].dtype.code())
+            .collect();
+        let ids = shard.write_chunks(&chunks, ordinal, &dtypes)?;
+        let extents: Vec<ExtentEntry> = chunks
+            .iter()
+            .zip(ids)
+            .map(|(c, id)| ExtentEntry {
                 row_start: c.row_start,
                 row_count: c.row_count,
                 chunk_row: 0,
                 chunk: id,
                 field: c.field,
                 reserved: 0,
-            });
-        }
+            })
+            .collect();
         shard.push_sample(key, rows, loss_rows, raw, &extents);
         self.keys.insert(key.to_string());
         Ok(ordinal)

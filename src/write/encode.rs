@@ -21,8 +21,9 @@ pub struct EncodedChunk<'a> {
     pub codec: Codec,
     /// Bytes to store: borrowed from the input when uncompressed.
     pub stored: Cow<'a, [u8]>,
-    /// BLAKE3 of `stored`.
-    pub hash: [u8; 32],
+    /// BLAKE3 of `stored`; `None` until the shard writer hashes it (uncompressed chunks are
+    /// hashed while their bytes are written).
+    pub hash: Option<[u8; 32]>,
 }
 
 /// Rows per chunk for rows of `row_bytes` when chunks aim at `chunk_bytes`.
@@ -31,7 +32,8 @@ pub fn rows_per_chunk(chunk_bytes: u64, row_bytes: u64) -> u64 {
 }
 
 /// Splits each field (`fields[i]` holds `rows` rows of field `i`) into row blocks, encodes and
-/// hashes them on the rayon pool, and returns them in (field, row) order.
+/// hashes compressed ones on the rayon pool, and returns them in (field, row) order.
+/// Uncompressed blocks borrow the input and are hashed later, while they are written.
 pub fn encode_sample<'a>(
     schema: &Schema,
     fields: &[&'a [u8]],
@@ -55,12 +57,14 @@ pub fn encode_sample<'a>(
     }
     jobs.into_par_iter()
         .map(|(field, row_start, row_count, elem, raw)| {
-            let stored: Cow<[u8]> = match codec {
-                Codec::None => Cow::Borrowed(raw),
-                _ => Cow::Owned(codec.encode(raw, elem, level)),
+            let (stored, hash): (Cow<[u8]>, _) = match codec {
+                Codec::None => (Cow::Borrowed(raw), None),
+                _ => {
+                    let stored = codec.encode(raw, elem, level);
+                    let hash = *blake3::hash(&stored).as_bytes();
+                    (Cow::Owned(stored), Some(hash))
+                }
             };
-            // Hashing large blocks uses BLAKE3's SIMD lanes; the pool spreads blocks over cores.
-            let hash = *blake3::hash(&stored).as_bytes();
             EncodedChunk {
                 field,
                 row_start,

@@ -2,19 +2,19 @@
 //! when complete.
 
 use std::fs::File;
-use std::io::{BufWriter, Write};
+use std::io::{BufWriter, Seek, Write};
 use std::path::{Path, PathBuf};
+
+use rayon::prelude::*;
 
 use crate::error::{io, Result};
 use crate::format::manifest::hex;
 use crate::format::{
-    ChunkEntry, ChunkHeader, ExtentEntry, Footer, IndexBuilder, ShardHeader, ShardRecord,
+    ChunkEntry, ChunkHeader, Codec, ExtentEntry, Footer, IndexBuilder, ShardHeader, ShardRecord,
 };
 
 use super::atomic::{publish, temp_path};
 use super::encode::EncodedChunk;
-
-const ZEROS: [u8; 4096] = [0; 4096];
 
 /// A shard being written.
 pub struct ShardWriter {
@@ -78,59 +78,92 @@ impl ShardWriter {
         Ok(())
     }
 
-    fn pad(&mut self, mut n: u64) -> Result<()> {
-        while n > 0 {
-            let k = n.min(ZEROS.len() as u64);
-            self.put(&ZEROS[..k as usize])?;
-            n -= k;
+    /// Writes the chunks of sample `ordinal` (`dtypes[i]`: the dtype code of chunk `i`'s
+    /// field) and returns their numbers. Chunks not hashed yet are hashed on the rayon pool
+    /// while their payloads are copied into the file, so hashing and writing overlap; headers,
+    /// which carry the hashes, are written after. Padding is left as a hole: it reads as zeros.
+    pub fn write_chunks(
+        &mut self,
+        chunks: &[EncodedChunk<'_>],
+        ordinal: u64,
+        dtypes: &[u8],
+    ) -> Result<Vec<u32>> {
+        use std::os::unix::fs::FileExt;
+        const HEADER: u64 = ChunkHeader::SIZE as u64;
+        self.out.flush().map_err(io(&self.temp, "write"))?;
+        let mut places = Vec::with_capacity(chunks.len());
+        let mut pos = self.pos;
+        for c in chunks {
+            if c.codec == Codec::None {
+                // The payload, right after the header, starts on an alignment boundary.
+                pos = (pos + HEADER).next_multiple_of(self.align) - HEADER;
+            }
+            places.push(pos);
+            pos += HEADER + c.stored.len() as u64;
         }
-        Ok(())
-    }
-
-    /// Writes one chunk of sample `ordinal` with elements of dtype code `dtype`; returns its
-    /// number.
-    pub fn write_chunk(&mut self, c: &EncodedChunk<'_>, ordinal: u64, dtype: u8) -> Result<u32> {
-        if c.codec == crate::format::Codec::None {
-            // The payload, right after the header, starts on an alignment boundary.
-            let payload = (self.pos + ChunkHeader::SIZE as u64).next_multiple_of(self.align);
-            self.pad(payload - ChunkHeader::SIZE as u64 - self.pos)?;
+        let file = self.out.get_ref();
+        let (written, hashes) = rayon::join(
+            || {
+                chunks
+                    .iter()
+                    .zip(&places)
+                    .try_for_each(|(c, &at)| file.write_all_at(&c.stored, at + HEADER))
+            },
+            || -> Vec<[u8; 32]> {
+                chunks
+                    .par_iter()
+                    .map(|c| {
+                        c.hash
+                            .unwrap_or_else(|| *blake3::hash(&c.stored).as_bytes())
+                    })
+                    .collect()
+            },
+        );
+        written.map_err(io(&self.temp, "write"))?;
+        let mut ids = Vec::with_capacity(chunks.len());
+        for (i, c) in chunks.iter().enumerate() {
+            let chunk_id = self.index.chunk_count() as u32;
+            let dtype = dtypes[i];
+            let header = ChunkHeader {
+                magic: [0; 8],
+                chunk_id,
+                shard_seq: self.seq,
+                codec: c.codec.code(),
+                dtype,
+                field: c.field,
+                reserved0: 0,
+                sample: ordinal,
+                row_start: c.row_start,
+                row_count: c.row_count,
+                raw_len: c.raw_len,
+                stored_len: c.stored.len() as u64,
+                hash: hashes[i],
+                reserved1: [0; 24],
+                check: 0,
+            }
+            .seal();
+            file.write_all_at(bytemuck::bytes_of(&header), places[i])
+                .map_err(io(&self.temp, "write"))?;
+            ids.push(self.index.push_chunk(ChunkEntry {
+                offset: places[i],
+                raw_len: c.raw_len,
+                stored_len: c.stored.len() as u64,
+                row_count: c.row_count,
+                sample: ordinal,
+                row_start: c.row_start,
+                field: c.field,
+                codec: c.codec.code(),
+                dtype,
+                reserved0: 0,
+                hash: hashes[i],
+                reserved1: 0,
+            }));
         }
-        let offset = self.pos;
-        let chunk_id = self.index.chunk_count() as u32;
-        let header = ChunkHeader {
-            magic: [0; 8],
-            chunk_id,
-            shard_seq: self.seq,
-            codec: c.codec.code(),
-            dtype,
-            field: c.field,
-            reserved0: 0,
-            sample: ordinal,
-            row_start: c.row_start,
-            row_count: c.row_count,
-            raw_len: c.raw_len,
-            stored_len: c.stored.len() as u64,
-            hash: c.hash,
-            reserved1: [0; 24],
-            check: 0,
-        }
-        .seal();
-        self.put(bytemuck::bytes_of(&header))?;
-        self.put(&c.stored)?;
-        Ok(self.index.push_chunk(ChunkEntry {
-            offset,
-            raw_len: c.raw_len,
-            stored_len: c.stored.len() as u64,
-            row_count: c.row_count,
-            sample: ordinal,
-            row_start: c.row_start,
-            field: c.field,
-            codec: c.codec.code(),
-            dtype,
-            reserved0: 0,
-            hash: c.hash,
-            reserved1: 0,
-        }))
+        self.out
+            .seek(std::io::SeekFrom::Start(pos))
+            .map_err(io(&self.temp, "seek"))?;
+        self.pos = pos;
+        Ok(ids)
     }
 
     /// Records a sample whose chunks are written.
