@@ -71,17 +71,9 @@ class _Epoch:
         self.epoch, self.consumed = int(state["epoch"]), int(state["consumed"])
 
 
-class HspackDataset(tud.Dataset):
-    """Map-style dataset: `ds[i]` is the view of sample `i` (`{field: tensor, "ordinal": i}`
-    by default; `view="eagle3"` / `"eagle3-specforge"` for the EAGLE-3 view; or any callable
-    `view(hspack_dataset, ordinal)`). Pair it with `HspackSampler` (shuffled, partitioned,
-    resumable) or `TokenBudgetBatchSampler`."""
-
-    def __init__(self, path: str | os.PathLike, fields: Sequence[str] | None = None, *, view: Any = None, max_len: int | None = None, check: str = "once"):
-        self.path, self.check = os.fspath(path), check
-        self.view = make_view(view, fields, max_len)
-        self._ds: Dataset | None = None
-        self.hspack  # fail early on a bad path
+class _Reopening:
+    """Opens `self.path` on first use in each process and pickles without the mapping, so
+    DataLoader workers (fork or spawn) reopen it."""
 
     @property
     def hspack(self) -> Dataset:
@@ -92,6 +84,19 @@ class HspackDataset(tud.Dataset):
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_ds": None}
+
+
+class HspackDataset(_Reopening, tud.Dataset):
+    """Map-style dataset: `ds[i]` is the view of sample `i` (`{field: tensor, "ordinal": i}`
+    by default; `view="eagle3"` / `"eagle3-specforge"` for the EAGLE-3 view; or any callable
+    `view(hspack_dataset, ordinal)`). Pair it with `HspackSampler` (shuffled, partitioned,
+    resumable) or `TokenBudgetBatchSampler`."""
+
+    def __init__(self, path: str | os.PathLike, fields: Sequence[str] | None = None, *, view: Any = None, max_len: int | None = None, check: str = "once"):
+        self.path, self.check = os.fspath(path), check
+        self.view = make_view(view, fields, max_len)
+        self._ds: Dataset | None = None
+        self.hspack  # fail early on a bad path
 
     def __len__(self) -> int:
         return len(self.hspack)
@@ -135,7 +140,7 @@ class HspackSampler(tud.Sampler):
         self.state.load_state_dict(state)
 
 
-class HspackIterableDataset(tud.IterableDataset):
+class HspackIterableDataset(_Reopening, tud.IterableDataset):
     """Streaming dataset: yields this rank's samples for the epoch (same order, partition
     and views as `HspackDataset` + `HspackSampler`), split across DataLoader workers so that
     the loader yields them in the rank's order (batch k comes from worker k % workers).
@@ -152,15 +157,6 @@ class HspackIterableDataset(tud.IterableDataset):
         self.state = _Epoch(shuffle, seed, block_size, window_blocks, drop_last, pad, rank, world_size)
         self._ds: Dataset | None = None
         self.hspack
-
-    @property
-    def hspack(self) -> Dataset:
-        if self._ds is None:
-            self._ds = Dataset(self.path, check=self.check)
-        return self._ds
-
-    def __getstate__(self) -> dict:
-        return {**self.__dict__, "_ds": None}
 
     def __len__(self) -> int:
         return len(self.state.rank_order(self.hspack.shard_ranges)) - self.state.consumed
