@@ -1,12 +1,13 @@
-//! Writes the golden test vectors: `hspack-golden [OUT]` (default `format-spec/golden/v1`).
+//! Writes the golden test vectors: `hspack-golden [OUT]` (default `format-spec/golden`).
 //!
-//! Three small datasets, one per codec, each with a field of every dtype and samples whose
-//! lengths sit at row-block boundaries ±1, over two shards. Deterministic: a fixed dataset id
-//! and generated data, so the bytes only change when the format does.
+//! `v1/`: three small datasets, one per codec, each with a field of every dtype and samples
+//! whose lengths sit at row-block boundaries ±1, over two shards. `v2/stacked`: a dataset
+//! with a stacked-layer field (manifest version 2). Deterministic: a fixed dataset id and
+//! generated data, so the bytes only change when the format does.
 
 use std::path::{Path, PathBuf};
 
-use hspack::format::DType;
+use hspack::format::{CapturePoint, DType};
 use hspack::synth::Rng;
 use hspack::{Codec, DatasetWriter, Field, Role, Schema, WriteOptions};
 
@@ -30,47 +31,85 @@ pub fn schema() -> Schema {
     Schema::new(fields)
 }
 
-/// Writes the three datasets into `out/{codec}`.
-pub fn write_all(out: &Path) -> hspack::Result<()> {
+/// The stacked schema: token ids, three layers stacked in one `[3, 4]` bf16 field, and one
+/// final-norm layer.
+pub fn stacked_schema() -> Schema {
+    Schema::new(vec![
+        Field::new("input_ids", DType::I32, &[], Role::TokenIds),
+        Field::new(
+            "aux_hidden_state",
+            DType::BF16,
+            &[3, 4],
+            Role::HiddenStates {
+                layers: vec![2, 30, 58],
+                point: CapturePoint::LayerInput,
+            },
+        ),
+        Field::new(
+            "hidden.61",
+            DType::BF16,
+            &[4],
+            Role::HiddenState {
+                layer: 61,
+                point: CapturePoint::FinalNorm,
+            },
+        ),
+    ])
+}
+
+/// Writes every golden dataset under `root`: `v1/{codec}` and `v2/stacked`.
+pub fn write_all(root: &Path) -> hspack::Result<()> {
+    let v1 = root.join("v1");
     for codec in Codec::ALL {
-        let dir = out.join(codec.name());
-        let _ = std::fs::remove_dir_all(&dir);
-        let options = WriteOptions {
-            chunk_bytes: 96,
-            shard_samples: 5,
+        write_one(
+            &v1.join(codec.name()),
+            schema(),
             codec,
-            align_log2: 6,
-            durable: false,
-            dataset_id: Some(*b"hspack-golden-v1"),
-            ..WriteOptions::default()
-        };
-        let schema = schema();
-        let mut w = DatasetWriter::create(&dir, schema.clone(), options)?;
-        let mut rng = Rng::new(1);
-        for (i, &rows) in LENGTHS.iter().enumerate() {
-            let data: Vec<Vec<u8>> = schema
-                .fields
-                .iter()
-                .map(|f| {
-                    let n = rows * f.row_bytes() as usize;
-                    match f.dtype {
-                        DType::Bool | DType::U8 => {
-                            (0..n).map(|_| (rng.next_u64() & 1) as u8).collect()
-                        }
-                        _ => (0..n).map(|_| rng.next_u64() as u8).collect(),
-                    }
-                })
-                .collect();
-            let fields: Vec<(&str, &[u8])> = schema
-                .fields
-                .iter()
-                .zip(&data)
-                .map(|(f, d)| (f.name.as_str(), d.as_slice()))
-                .collect();
-            w.append(&format!("golden-{i}"), &fields)?;
-        }
-        w.finish()?;
+            *b"hspack-golden-v1",
+        )?;
     }
+    write_one(
+        &root.join("v2").join("stacked"),
+        stacked_schema(),
+        Codec::None,
+        *b"hspack-golden-v2",
+    )
+}
+
+fn write_one(dir: &Path, schema: Schema, codec: Codec, id: [u8; 16]) -> hspack::Result<()> {
+    let _ = std::fs::remove_dir_all(dir);
+    let options = WriteOptions {
+        chunk_bytes: Some(96),
+        shard_samples: 5,
+        codec,
+        align_log2: 6,
+        durable: false,
+        dataset_id: Some(id),
+        ..WriteOptions::default()
+    };
+    let mut w = DatasetWriter::create(dir, schema.clone(), options)?;
+    let mut rng = Rng::new(1);
+    for (i, &rows) in LENGTHS.iter().enumerate() {
+        let data: Vec<Vec<u8>> = schema
+            .fields
+            .iter()
+            .map(|f| {
+                let n = rows * f.row_bytes() as usize;
+                match f.dtype {
+                    DType::Bool | DType::U8 => (0..n).map(|_| (rng.next_u64() & 1) as u8).collect(),
+                    _ => (0..n).map(|_| rng.next_u64() as u8).collect(),
+                }
+            })
+            .collect();
+        let fields: Vec<(&str, &[u8])> = schema
+            .fields
+            .iter()
+            .zip(&data)
+            .map(|(f, d)| (f.name.as_str(), d.as_slice()))
+            .collect();
+        w.append(&format!("golden-{i}"), &fields)?;
+    }
+    w.finish()?;
     Ok(())
 }
 
@@ -79,7 +118,7 @@ fn main() -> std::process::ExitCode {
     let out = std::env::args()
         .nth(1)
         .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("format-spec/golden/v1"));
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("format-spec/golden"));
     match write_all(&out) {
         Ok(()) => {
             println!("wrote golden vectors to {}", out.display());

@@ -15,7 +15,7 @@ const HIDDEN: usize = 64;
 fn dataset(codec: Codec) -> (tempfile::TempDir, Vec<SampleBytes>) {
     let dir = tempfile::tempdir().unwrap();
     let opts = WriteOptions {
-        chunk_bytes: 4 * HIDDEN as u64 * 2,
+        chunk_bytes: Some(4 * HIDDEN as u64 * 2),
         shard_samples: 4,
         shard_bytes: u64::MAX,
         codec,
@@ -275,7 +275,7 @@ fn a_shard_from_another_dataset_is_named() {
     let other = tempfile::tempdir().unwrap();
     let opts = WriteOptions {
         dataset_id: Some([1; 16]),
-        chunk_bytes: 4 * HIDDEN as u64 * 2,
+        chunk_bytes: Some(4 * HIDDEN as u64 * 2),
         shard_samples: 4,
         shard_bytes: u64::MAX,
         ..small_options()
@@ -448,7 +448,7 @@ fn every_user_error_names_what_to_fix() {
             empty.path(),
             capture_schema(8),
             WriteOptions {
-                chunk_bytes: 0,
+                chunk_bytes: Some(0),
                 ..small_options()
             }
         ),

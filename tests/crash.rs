@@ -17,7 +17,7 @@ const CHILD_ENV: &str = "HSPACK_CRASH_CHILD_DIR";
 
 fn options() -> WriteOptions {
     WriteOptions {
-        chunk_bytes: 8 << 10,
+        chunk_bytes: Some(8 << 10),
         shard_samples: 3,
         durable: true,
         ..WriteOptions::default()

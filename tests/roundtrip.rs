@@ -144,7 +144,7 @@ proptest! {
         let dir = tempfile::tempdir().unwrap();
         let schema = Schema::new(vec![Field::new("x", dtype, &[width], Role::Other)]);
         let row = width * dtype.size() as u64;
-        let opts = WriteOptions { chunk_bytes: chunk_rows * row, codec, ..small_options() };
+        let opts = WriteOptions { chunk_bytes: Some(chunk_rows * row), codec, ..small_options() };
         let mut w = DatasetWriter::create(dir.path(), schema, opts).unwrap();
         let data: Vec<Vec<u8>> = lens.iter().enumerate().map(|(i, &n)| bytes(i as u64, n * row as usize)).collect();
         for (i, d) in data.iter().enumerate() {

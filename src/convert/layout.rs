@@ -468,7 +468,12 @@ pub fn derive_schema(
             have: list_tensors(tensors),
         })?;
         let shape = field_shape(spec, &t.shape)?;
-        fields.push(Field::new(&spec.name, t.dtype, &shape[1..], spec.role));
+        fields.push(Field::new(
+            &spec.name,
+            t.dtype,
+            &shape[1..],
+            spec.role.clone(),
+        ));
     }
     let hidden = fields
         .iter()

@@ -6,7 +6,12 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{FormatError, Schema, MIN_VERSION, VERSION};
+use super::{FormatError, Schema, MIN_VERSION};
+
+/// Newest manifest version this code reads. Version 2 adds stacked-layer fields
+/// ([`super::Role::HiddenStates`]); a manifest is written with the lowest version its schema
+/// needs ([`Schema::manifest_version`]). Shard bytes are the same in both.
+pub const MANIFEST_VERSION: u16 = 2;
 
 /// Name of the manifest file in a dataset folder.
 pub const MANIFEST_FILE: &str = "manifest.json";
@@ -89,7 +94,7 @@ impl Manifest {
         let schema_blake3 = hex(&schema.hash());
         Manifest {
             format: FORMAT_NAME.into(),
-            version: VERSION,
+            version: schema.manifest_version(),
             dataset_id: hex(&dataset_id),
             schema,
             schema_blake3,
@@ -156,12 +161,22 @@ impl Manifest {
                 detail: format!("`format` is {:?}, expected \"hspack\"", self.format),
             });
         }
-        if !(MIN_VERSION..=VERSION).contains(&self.version) {
+        if !(MIN_VERSION..=MANIFEST_VERSION).contains(&self.version) {
             return Err(FormatError::UnsupportedVersion {
                 structure: S,
                 found: self.version.into(),
                 min: MIN_VERSION.into(),
-                max: VERSION.into(),
+                max: MANIFEST_VERSION.into(),
+            });
+        }
+        if self.version < self.schema.manifest_version() {
+            return Err(FormatError::Json {
+                structure: S,
+                detail: format!(
+                    "`version` is {} but the schema stacks layers in one field, which needs version {}",
+                    self.version,
+                    self.schema.manifest_version()
+                ),
             });
         }
         if unhex(&self.dataset_id).map(|b| b.len()) != Some(16) {
@@ -299,7 +314,7 @@ mod tests {
         m.shards[0].file = "../etc/passwd".into();
         assert!(Manifest::decode(&m.encode()).is_err());
         let mut m = manifest();
-        m.version = 2;
+        m.version = 3;
         assert!(matches!(
             Manifest::decode(&m.encode()),
             Err(FormatError::UnsupportedVersion { .. })

@@ -30,7 +30,7 @@ pub enum CapturePoint {
 }
 
 /// What a field means to a trainer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum Role {
@@ -43,6 +43,16 @@ pub enum Role {
         /// Decoder layer number, counted from 0.
         layer: u32,
         /// Which side of the layer.
+        point: CapturePoint,
+    },
+    /// Hidden states of several layers stacked in one field (manifest version 2): the row
+    /// shape is `[k, H]` and entry `i` comes from layer `layers[i]`. A row read as `k·H`
+    /// values is the layers concatenated on the last dim (EAGLE-3's `aux_hidden_state`), so
+    /// a trainer reads it without copying; one layer alone is a strided view.
+    HiddenStates {
+        /// Decoder layer numbers, counted from 0, in entry order.
+        layers: Vec<u32>,
+        /// Which side of the layers.
         point: CapturePoint,
     },
     /// Anything else.
@@ -143,6 +153,20 @@ impl Schema {
         self.fields.get(index)
     }
 
+    /// The manifest version this schema needs: 2 when a field stacks layers
+    /// ([`Role::HiddenStates`]), else 1, so readers that predate stacking refuse it by version.
+    pub fn manifest_version(&self) -> u16 {
+        let stacked = self
+            .fields
+            .iter()
+            .any(|f| matches!(f.role, Role::HiddenStates { .. }));
+        if stacked {
+            2
+        } else {
+            1
+        }
+    }
+
     /// The field holding the loss mask, if any.
     pub fn loss_mask_field(&self) -> Option<usize> {
         self.fields.iter().position(|f| f.role == Role::LossMask)
@@ -197,6 +221,20 @@ impl Schema {
                     "in 1..=256 MiB (no zero dimensions)",
                 ));
             }
+            if let Role::HiddenStates { layers, .. } = &f.role {
+                if f.shape.len() != 2 || f.shape[0] != layers.len() as u64 {
+                    return Err(FormatError::Json {
+                        structure: S,
+                        detail: format!(
+                            "field `{}` stacks {} layers, so its row shape must be [{}, hidden size], not {:?}",
+                            f.name,
+                            layers.len(),
+                            layers.len(),
+                            f.shape
+                        ),
+                    });
+                }
+            }
         }
         Ok(())
     }
@@ -242,6 +280,29 @@ mod tests {
         )])
         .validate()
         .is_err());
+    }
+
+    #[test]
+    fn stacked_layers_need_a_matching_row_shape_and_version_2() {
+        let role = Role::HiddenStates {
+            layers: vec![2, 30, 58],
+            point: CapturePoint::LayerInput,
+        };
+        let ok = Schema::new(vec![Field::new("aux", DType::BF16, &[3, 8], role.clone())]);
+        assert!(ok.validate().is_ok());
+        assert_eq!(ok.manifest_version(), 2);
+        let json = String::from_utf8(ok.canonical_json()).unwrap();
+        assert!(
+            json.contains(r#"{"kind":"hidden_states","layers":[2,30,58],"point":"layer_input"}"#),
+            "{json}"
+        );
+        for shape in [&[24][..], &[2, 8], &[3, 8, 1]] {
+            let bad = Schema::new(vec![Field::new("aux", DType::BF16, shape, role.clone())]);
+            let e = bad.validate().unwrap_err().to_string();
+            assert!(e.contains("`aux` stacks 3 layers"), "{e}");
+        }
+        let plain = Schema::new(vec![Field::new("x", DType::BF16, &[4], Role::Other)]);
+        assert_eq!(plain.manifest_version(), 1);
     }
 
     #[test]

@@ -23,8 +23,10 @@ pub const LOCK_FILE: &str = ".hspack-writer.lock";
 /// Options for writing.
 #[derive(Debug, Clone)]
 pub struct WriteOptions {
-    /// Target bytes of a chunk (a row block); rows are never split. Default 2 MiB.
-    pub chunk_bytes: u64,
+    /// Target bytes of a chunk (a row block); rows are never split. `None` (the default)
+    /// picks by codec: 64 MiB uncompressed, so a field of a sample is usually one chunk and
+    /// reads of it are zero-copy; 2 MiB compressed, so a token range decodes little.
+    pub chunk_bytes: Option<u64>,
     /// A shard is committed once it holds this many bytes. Default 2 GiB.
     pub shard_bytes: u64,
     /// A shard is committed once it holds this many samples. Default 65 536.
@@ -44,7 +46,7 @@ pub struct WriteOptions {
 impl Default for WriteOptions {
     fn default() -> Self {
         WriteOptions {
-            chunk_bytes: 2 << 20,
+            chunk_bytes: None,
             shard_bytes: 2 << 30,
             shard_samples: 65_536,
             codec: Codec::None,
@@ -56,7 +58,20 @@ impl Default for WriteOptions {
     }
 }
 
+/// Default chunk target of uncompressed chunks.
+pub const RAW_CHUNK_BYTES: u64 = 64 << 20;
+/// Default chunk target of compressed chunks.
+pub const COMPRESSED_CHUNK_BYTES: u64 = 2 << 20;
+
 impl WriteOptions {
+    /// The chunk target in effect: `chunk_bytes`, else the codec's default.
+    pub fn chunk_target(&self) -> u64 {
+        self.chunk_bytes.unwrap_or(match self.codec {
+            Codec::None => RAW_CHUNK_BYTES,
+            _ => COMPRESSED_CHUNK_BYTES,
+        })
+    }
+
     fn validate(&self) -> Result<()> {
         let bad = |option, detail: &str| {
             Err(Error::BadOption {
@@ -64,7 +79,8 @@ impl WriteOptions {
                 detail: detail.to_string(),
             })
         };
-        if self.chunk_bytes == 0 || self.chunk_bytes > crate::format::index::MAX_CHUNK_BYTES {
+        let chunk = self.chunk_target();
+        if chunk == 0 || chunk > crate::format::index::MAX_CHUNK_BYTES {
             return bad("chunk_bytes", "must be in 1..=268435456 (256 MiB)");
         }
         if self.shard_samples == 0 || self.shard_samples > u32::MAX.into() {
@@ -346,7 +362,7 @@ impl DatasetWriter {
             schema,
             &ordered,
             rows,
-            self.options.chunk_bytes,
+            self.options.chunk_target(),
             self.options.codec,
             self.options.zstd_level,
         );

@@ -69,7 +69,7 @@ pub fn as_fields(sample: &[(String, Vec<u8>)]) -> Vec<(&str, &[u8])> {
 /// Small chunks and shards so tests cross every boundary; no fsync.
 pub fn small_options() -> WriteOptions {
     WriteOptions {
-        chunk_bytes: 1024,
+        chunk_bytes: Some(1024),
         shard_bytes: 64 << 10,
         shard_samples: 5,
         durable: false,

@@ -33,6 +33,6 @@ pub fn specs(
     Ok(vec![
         ids("input_ids"),
         mask("loss_mask"),
-        FieldSpec::new(name, "hidden_state", *role),
+        FieldSpec::new(name, "hidden_state", role.clone()),
     ])
 }

@@ -43,9 +43,11 @@ pub fn specs(
         out.push(mask("loss_mask"));
     }
     for (i, (name, role)) in roles.iter().take(k as usize).enumerate() {
-        out.push(FieldSpec::new(name, "aux_hidden_states", *role).with_op(part(i as u64, k)));
+        out.push(
+            FieldSpec::new(name, "aux_hidden_states", role.clone()).with_op(part(i as u64, k)),
+        );
     }
     let (name, role) = &roles[k as usize];
-    out.push(FieldSpec::new(name, "hidden_states", *role));
+    out.push(FieldSpec::new(name, "hidden_states", role.clone()));
     Ok(out)
 }

@@ -39,9 +39,9 @@ pub fn specs(
     )?;
     let mut out = vec![ids("input_ids"), mask("loss_mask")];
     for (i, (name, role)) in roles.iter().take(k as usize).enumerate() {
-        out.push(FieldSpec::new(name, "aux_hidden_state", *role).with_op(part(i as u64, k)));
+        out.push(FieldSpec::new(name, "aux_hidden_state", role.clone()).with_op(part(i as u64, k)));
     }
     let (name, role) = &roles[k as usize];
-    out.push(FieldSpec::new(name, "hidden_state", *role));
+    out.push(FieldSpec::new(name, "hidden_state", role.clone()));
     Ok(out)
 }

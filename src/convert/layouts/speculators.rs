@@ -50,7 +50,7 @@ pub fn specs(
     }
     for (j, (name, role)) in roles.iter().enumerate() {
         out.push(
-            FieldSpec::new(name, "hidden_states", *role).with_op(Op::Index {
+            FieldSpec::new(name, "hidden_states", role.clone()).with_op(Op::Index {
                 index: j as u64,
                 axis: -2,
             }),

@@ -23,7 +23,7 @@ pub(crate) fn write_options(options: Option<&Bound<'_, PyDict>>) -> PyResult<Wri
     for (k, v) in options.iter() {
         let k: String = k.extract()?;
         match k.as_str() {
-            "chunk_bytes" => o.chunk_bytes = v.extract()?,
+            "chunk_bytes" => o.chunk_bytes = Some(v.extract()?),
             "shard_bytes" => o.shard_bytes = v.extract()?,
             "shard_samples" => o.shard_samples = v.extract()?,
             "zstd_level" => o.zstd_level = v.extract()?,
