@@ -300,7 +300,14 @@ fn main() {
         (hspack::CheckPolicy::Once, "chunks hashed once"),
         (hspack::CheckPolicy::Never, "CheckPolicy::Never"),
     ] {
-        let ds = Dataset::open_with(&dir, hspack::ReadOptions { check }).unwrap();
+        let ds = Dataset::open_with(
+            &dir,
+            hspack::ReadOptions {
+                check,
+                ..Default::default()
+            },
+        )
+        .unwrap();
         let (read, t) = read_everything(&ds);
         rows.push(Row {
             what: format!("sequential read (GB/s), warm cache, {label}"),

@@ -390,6 +390,7 @@ fn check_policy_never_trusts_bytes_and_always_rechecks() {
         dir.path(),
         ReadOptions {
             check: CheckPolicy::Always,
+            ..Default::default()
         },
     )
     .unwrap();
@@ -408,10 +409,69 @@ fn check_policy_never_trusts_bytes_and_always_rechecks() {
         dir.path(),
         ReadOptions {
             check: CheckPolicy::Never,
+            ..Default::default()
         },
     )
     .unwrap();
     assert!(never.sample(0).unwrap().read("hidden.2", None).is_ok());
+}
+
+#[test]
+fn a_shared_memo_spares_other_readers_the_hash_and_only_holds_checked_chunks() {
+    use hspack::{CheckPolicy, ReadOptions};
+    let (dir, _) = dataset(Codec::None);
+    let memo = tempfile::tempdir().unwrap();
+    let with_memo = || {
+        let options = ReadOptions {
+            check: CheckPolicy::Once,
+            checked_memo: Some(memo.path().to_path_buf()),
+        };
+        Dataset::open_with(dir.path(), options).unwrap()
+    };
+    let e0 = chunk_entry(dir.path(), 0, 2);
+    let e1 = {
+        let ds = Dataset::open(dir.path()).unwrap();
+        let f = ds.field_index("hidden.2").unwrap();
+        let c = ds.sample(1).unwrap().extents(f)[0].chunk;
+        chunk_entry(dir.path(), 0, c.into())
+    };
+    // A damaged chunk is never recorded as checked: every reader still fails on it.
+    flip(&shard_path(dir.path(), 0), e1.offset + 128);
+    let first = with_memo();
+    assert!(first.sample(1).unwrap().read("hidden.2", None).is_err());
+    assert!(with_memo()
+        .sample(1)
+        .unwrap()
+        .read("hidden.2", None)
+        .is_err());
+    // A chunk one reader checked is trusted by another reader sharing the memo (the point:
+    // DataLoader workers hash each chunk once in all), and only by those.
+    first.sample(0).unwrap().read("hidden.2", None).unwrap();
+    flip(&shard_path(dir.path(), 0), e0.offset + 128);
+    assert!(with_memo()
+        .sample(0)
+        .unwrap()
+        .read("hidden.2", None)
+        .is_ok());
+    assert!(Dataset::open(dir.path())
+        .unwrap()
+        .sample(0)
+        .unwrap()
+        .read("hidden.2", None)
+        .is_err());
+    // A memo file of another shape is refused, naming the file.
+    let other = tempfile::tempdir().unwrap();
+    std::fs::write(other.path().join("shard-000000.checked"), [0u8; 3]).unwrap();
+    let options = ReadOptions {
+        check: CheckPolicy::Once,
+        checked_memo: Some(other.path().to_path_buf()),
+    };
+    let ds = Dataset::open_with(dir.path(), options).unwrap();
+    let e = ds.sample(0).unwrap_err().to_string();
+    assert!(
+        e.contains("shard-000000.checked") && e.contains("own memo folder"),
+        "{e}"
+    );
 }
 
 #[test]

@@ -12,10 +12,15 @@ use super::shard::{CheckPolicy, Shard};
 use super::tensor::{AlignedBytes, Buffer, Tensor};
 
 /// Options for reading.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct ReadOptions {
     /// When chunk payloads are hashed.
     pub check: CheckPolicy,
+    /// A folder (e.g. in `/dev/shm`) where [`CheckPolicy::Once`] records which chunks were
+    /// checked, shared by every process that opens the dataset with the same folder: the
+    /// DataLoader workers of one training run hash each chunk once in all, not once each and
+    /// every epoch. One small file per shard (a byte per chunk). `None`: per process.
+    pub checked_memo: Option<PathBuf>,
 }
 
 /// An open dataset. Opening reads the manifest only; shards are mapped and checked on first
@@ -90,8 +95,8 @@ impl Dataset {
     }
 
     /// The read options.
-    pub fn options(&self) -> ReadOptions {
-        self.options
+    pub fn options(&self) -> &ReadOptions {
+        &self.options
     }
 
     /// Shard `seq`, mapped and checked on first use.
@@ -106,6 +111,7 @@ impl Dataset {
             record,
             self.dataset_id,
             self.schema(),
+            self.options.checked_memo.as_deref(),
         )?;
         Ok(cell.get_or_init(|| Arc::new(shard)))
     }
@@ -261,7 +267,7 @@ impl<'d> Sample<'d> {
         if let [x] = touching.as_slice() {
             let (e, stored) = self
                 .shard
-                .chunk(x.chunk.into(), schema, self.ds.options().check)?;
+                .chunk(x.chunk.into(), schema, self.ds.options.check)?;
             if e.codec == crate::format::Codec::None.code() {
                 let base = e.offset as usize + crate::format::ChunkHeader::SIZE;
                 let first = (x.chunk_row + rows.start - x.row_start) as usize;
@@ -307,7 +313,7 @@ impl<'d> Sample<'d> {
             }
             let (e, stored) = self
                 .shard
-                .chunk(x.chunk.into(), schema, self.ds.options().check)?;
+                .chunk(x.chunk.into(), schema, self.ds.options.check)?;
             let raw = self
                 .shard
                 .decode_chunk(x.chunk.into(), &e, stored, schema)?;

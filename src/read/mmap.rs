@@ -19,3 +19,127 @@ pub fn map_file(path: &Path) -> Result<Arc<Mmap>> {
     let map = unsafe { Mmap::map(&file) }.map_err(io(path, "map"))?;
     Ok(Arc::new(map))
 }
+
+/// The identity of a file: device and inode numbers. A mapping handed to another process
+/// names its file by path and identity, so a file replaced in between is noticed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileId {
+    /// Device number.
+    pub dev: u64,
+    /// Inode number.
+    pub ino: u64,
+}
+
+impl FileId {
+    /// The identity of `file`.
+    pub fn of(file: &File, path: &Path) -> Result<FileId> {
+        use std::os::unix::fs::MetadataExt;
+        let m = file.metadata().map_err(io(path, "stat"))?;
+        Ok(FileId {
+            dev: m.dev(),
+            ino: m.ino(),
+        })
+    }
+}
+
+/// Maps bytes `offset..offset + len` of `path` copy-on-write: readable and writable, writes
+/// stay private to the mapping and never reach the file. Fails when the file is no longer the
+/// one `expect` names, or is shorter than the range.
+pub fn map_private_range(
+    path: &Path,
+    offset: u64,
+    len: usize,
+    expect: FileId,
+) -> Result<memmap2::MmapMut> {
+    let file = File::open(path).map_err(io(path, "open"))?;
+    let id = FileId::of(&file, path)?;
+    let size = file.metadata().map_err(io(path, "stat"))?.len();
+    if id != expect
+        || offset
+            .checked_add(len as u64)
+            .map_or(true, |end| end > size)
+    {
+        return Err(crate::error::Error::Io {
+            path: path.to_path_buf(),
+            op: "map",
+            source: std::io::Error::other(
+                "the shard file was replaced or truncated since it was read; reopen the dataset",
+            ),
+        });
+    }
+    // SAFETY: as for `map_file`: hspack never rewrites a published file in place, and the
+    // identity and length were just checked. The mapping is private (copy-on-write), so
+    // writes through it change this process's pages only, never the file.
+    let map = unsafe {
+        memmap2::MmapOptions::new()
+            .offset(offset)
+            .len(len)
+            .map_copy(&file)
+    }
+    .map_err(io(path, "map"))?;
+    Ok(map)
+}
+
+/// Flags (one byte each) in a file mapped shared, so several processes see each other's
+/// `set`s: the cross-process memo of checked chunks.
+pub struct SharedFlags {
+    map: memmap2::MmapMut,
+}
+
+impl SharedFlags {
+    /// Opens `path` (created when missing) as `n` flags, all clear in a new file. Fails when
+    /// the file holds another number of flags: it belongs to something else.
+    pub fn open(path: &Path, n: usize) -> Result<SharedFlags> {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(io(path, "open"))?;
+        let len = file.metadata().map_err(io(path, "stat"))?.len();
+        if len == 0 {
+            // Several processes may race here; each sets the same length.
+            file.set_len(n as u64).map_err(io(path, "resize"))?;
+        } else if len != n as u64 {
+            return Err(crate::error::Error::Io {
+                path: path.to_path_buf(),
+                op: "open",
+                source: std::io::Error::other(format!(
+                    "the checked-chunk memo holds {len} flags, the shard has {n} chunks; \
+                     give each dataset its own memo folder"
+                )),
+            });
+        }
+        // SAFETY: the file is a plain byte array that only `SharedFlags` of hspack processes
+        // touch, and only through atomic byte loads and stores (below), so concurrent writers
+        // in other processes cannot cause a data race; its length was set or checked above.
+        let map = unsafe { memmap2::MmapMut::map_mut(&file) }.map_err(io(path, "map"))?;
+        Ok(SharedFlags { map })
+    }
+
+    fn flags(&self) -> &[std::sync::atomic::AtomicU8] {
+        // SAFETY: `AtomicU8` has the size and alignment of `u8`, the mapping lives as long as
+        // `self`, and every access to these bytes (in any process) is atomic.
+        unsafe {
+            std::slice::from_raw_parts(
+                self.map.as_ptr().cast::<std::sync::atomic::AtomicU8>(),
+                self.map.len(),
+            )
+        }
+    }
+
+    /// Whether flag `i` is set (false when out of range).
+    pub fn get(&self, i: usize) -> bool {
+        self.flags()
+            .get(i)
+            .is_some_and(|f| f.load(std::sync::atomic::Ordering::Relaxed) != 0)
+    }
+
+    /// Sets flag `i` (ignored when out of range).
+    pub fn set(&self, i: usize) {
+        if let Some(f) = self.flags().get(i) {
+            f.store(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+}

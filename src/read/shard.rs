@@ -12,12 +12,39 @@ use crate::format::{
     ChunkEntry, ChunkHeader, Codec, Footer, Index, SampleEntry, Schema, ShardHeader, ShardRecord,
 };
 
-use super::mmap::map_file;
+use super::mmap::{map_file, SharedFlags};
+
+/// Which chunks were checked: in this process, or in a memo shared between processes.
+enum Checked {
+    Local(Vec<AtomicBool>),
+    Shared(SharedFlags),
+}
+
+impl Checked {
+    fn get(&self, c: u64) -> bool {
+        match self {
+            Checked::Local(v) => v.get(c as usize).is_some_and(|f| f.load(Ordering::Relaxed)),
+            Checked::Shared(m) => m.get(c as usize),
+        }
+    }
+
+    fn set(&self, c: u64) {
+        match self {
+            Checked::Local(v) => {
+                if let Some(f) = v.get(c as usize) {
+                    f.store(true, Ordering::Relaxed);
+                }
+            }
+            Checked::Shared(m) => m.set(c as usize),
+        }
+    }
+}
 
 /// When chunk payloads are hashed on read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CheckPolicy {
-    /// The first read of each chunk in this process hashes it (default).
+    /// The first read of each chunk hashes it (default): first in this process, or in all
+    /// processes sharing a checked-chunk memo (`ReadOptions::checked_memo`).
     #[default]
     Once,
     /// Every read hashes the chunk.
@@ -32,7 +59,7 @@ pub struct Shard {
     map: Arc<Mmap>,
     header: ShardHeader,
     footer: Footer,
-    checked: Vec<AtomicBool>,
+    checked: Checked,
 }
 
 impl std::fmt::Debug for Shard {
@@ -63,6 +90,7 @@ impl Shard {
         record: &ShardRecord,
         dataset_id: [u8; 16],
         schema: &Schema,
+        checked_memo: Option<&Path>,
     ) -> Result<Shard> {
         let map = map_file(path)?;
         let len = map.len() as u64;
@@ -160,9 +188,20 @@ impl Shard {
         index
             .validate(schema, data, 1 << header.align_log2)
             .map_err(format(path))?;
-        let checked = (0..footer.chunk_count)
-            .map(|_| AtomicBool::new(false))
-            .collect();
+        let checked = match checked_memo {
+            Some(dir) if footer.chunk_count > 0 => {
+                let name = format!("shard-{:06}.checked", record.seq);
+                Checked::Shared(SharedFlags::open(
+                    &dir.join(name),
+                    footer.chunk_count as usize,
+                )?)
+            }
+            _ => Checked::Local(
+                (0..footer.chunk_count)
+                    .map(|_| AtomicBool::new(false))
+                    .collect(),
+            ),
+        };
         Ok(Shard {
             path: path.to_path_buf(),
             map,
@@ -279,9 +318,7 @@ impl Shard {
                 found: hash.to_hex().to_string(),
             });
         }
-        if let Some(flag) = self.checked.get(c as usize) {
-            flag.store(true, Ordering::Relaxed);
-        }
+        self.checked.set(c);
         Ok(())
     }
 
@@ -306,10 +343,7 @@ impl Shard {
                 rule: "a chunk of this shard".into(),
             },
         })?;
-        let seen = self
-            .checked
-            .get(c as usize)
-            .is_some_and(|f| f.load(Ordering::Relaxed));
+        let seen = self.checked.get(c);
         let check = match policy {
             CheckPolicy::Always => true,
             CheckPolicy::Once => !seen,

@@ -24,8 +24,10 @@ pub const LOCK_FILE: &str = ".hspack-writer.lock";
 #[derive(Debug, Clone)]
 pub struct WriteOptions {
     /// Target bytes of a chunk (a row block); rows are never split. `None` (the default)
-    /// picks by codec: 64 MiB uncompressed, so a field of a sample is usually one chunk and
-    /// reads of it are zero-copy; 2 MiB compressed, so a token range decodes little.
+    /// picks by codec: uncompressed, 256 MiB (the largest chunk), so a field of a sample is
+    /// one chunk and reading it is zero-copy; compressed, 2 MiB, so a token range decodes
+    /// little. A token-range read hashes its whole chunk on first touch (`check="once"`):
+    /// datasets read mostly in small random ranges may prefer smaller chunks.
     pub chunk_bytes: Option<u64>,
     /// A shard is committed once it holds this many bytes. Default 2 GiB.
     pub shard_bytes: u64,
@@ -58,8 +60,8 @@ impl Default for WriteOptions {
     }
 }
 
-/// Default chunk target of uncompressed chunks.
-pub const RAW_CHUNK_BYTES: u64 = 64 << 20;
+/// Default chunk target of uncompressed chunks: the largest chunk the format allows.
+pub const RAW_CHUNK_BYTES: u64 = crate::format::index::MAX_CHUNK_BYTES;
 /// Default chunk target of compressed chunks.
 pub const COMPRESSED_CHUNK_BYTES: u64 = 2 << 20;
 

@@ -67,12 +67,19 @@ impl Dataset {
 
 #[pymethods]
 impl Dataset {
-    /// Opens the dataset in folder `path`; reads the manifest only.
+    /// Opens the dataset in folder `path`; reads the manifest only. `checked_memo`: a folder
+    /// shared by processes that should hash each chunk once in all (`check="once"`).
     #[new]
-    #[pyo3(signature = (path, check = "once"))]
-    fn new(py: Python<'_>, path: std::path::PathBuf, check: &str) -> PyResult<Self> {
+    #[pyo3(signature = (path, check = "once", checked_memo = None))]
+    fn new(
+        py: Python<'_>,
+        path: std::path::PathBuf,
+        check: &str,
+        checked_memo: Option<std::path::PathBuf>,
+    ) -> PyResult<Self> {
         let options = ReadOptions {
             check: check_policy(check)?,
+            checked_memo,
         };
         let inner = py
             .allow_threads(|| hspack::Dataset::open_with(&path, options))
@@ -167,10 +174,14 @@ impl Dataset {
             .allow_threads(|| {
                 let s = self.inner.sample(ordinal)?;
                 will_need(&s, &numbers);
-                numbers
+                let tensors = numbers
                     .iter()
                     .map(|&f| s.read_field(f, row_range(rows)))
-                    .collect::<hspack::Result<Vec<_>>>()
+                    .collect::<hspack::Result<Vec<_>>>()?;
+                if tensors.iter().any(|t| t.data.is_mapped()) {
+                    crate::origin::register(s.shard().map(), s.shard().path());
+                }
+                Ok(tensors)
             })
             .py_err()?;
         let schema = self.inner.schema();

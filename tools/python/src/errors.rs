@@ -8,7 +8,7 @@ use pyo3::prelude::*;
 use pyo3::IntoPyObjectExt;
 
 pyo3::create_exception!(
-    _hspack,
+    hspack._hspack,
     HspackError,
     pyo3::exceptions::PyException,
     "An hspack error. `kind` names the Rust variant; `path`, `shard`, `chunk`, `key`, \

@@ -9,6 +9,7 @@ mod borrowed;
 mod cuda_writer;
 mod dataset;
 mod errors;
+mod origin;
 mod tensor_buffer;
 mod verify;
 mod writer;
@@ -25,6 +26,9 @@ fn _hspack(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<writer::Writer>()?;
     m.add_class::<tensor_buffer::TensorBuffer>()?;
     m.add_function(wrap_pyfunction!(verify::verify, m)?)?;
+    m.add_function(wrap_pyfunction!(origin::origin, m)?)?;
+    m.add_function(wrap_pyfunction!(origin::map_private, m)?)?;
+    m.add_class::<origin::PrivateMap>()?;
     #[cfg(feature = "cuda")]
     m.add_class::<cuda_writer::CudaWriter>()?;
     Ok(())

@@ -13,7 +13,7 @@ PyTorch datasets, samplers and the EAGLE-3 view live in `hspack.torch`.
 from ._dataset import Dataset, Sample, open
 from ._errors import HspackError
 from ._hspack import __version__
-from ._schema import field, hidden_state, loss_mask, token_ids
+from ._schema import field, hidden_state, hidden_states, loss_mask, token_ids
 from ._verify import verify
 from ._writer import Writer
 
@@ -25,6 +25,7 @@ __all__ = [
     "__version__",
     "field",
     "hidden_state",
+    "hidden_states",
     "loss_mask",
     "open",
     "token_ids",

@@ -43,7 +43,7 @@ class Dataset:
     process that unpickles it (DataLoader workers, fork or spawn).
     """
 
-    def __init__(self, path: str | os.PathLike, check: str = "once", format: str = "torch"):
+    def __init__(self, path: str | os.PathLike, check: str = "once", format: str = "torch", *, checked_memo: str | None = None):
         if check not in CHECKS:
             raise make_error("BadOption", "option check: must be \"once\", \"always\" or \"never\"", option="check")
         if format not in FORMATS:
@@ -51,6 +51,7 @@ class Dataset:
         self.path = os.fspath(path)
         self.check = check
         self.format = format
+        self.checked_memo = checked_memo
         self._native: _hspack.Dataset | None = None
         self._schema: dict | None = None
         self._lengths: tuple | None = None
@@ -61,7 +62,7 @@ class Dataset:
     def native(self) -> _hspack.Dataset:
         """The native dataset, opened on first use."""
         if self._native is None:
-            self._native = _hspack.Dataset(self.path, self.check)
+            self._native = _hspack.Dataset(self.path, self.check, self.checked_memo)
         return self._native
 
     def close(self) -> None:
@@ -69,7 +70,7 @@ class Dataset:
         self._native = None
 
     def __getstate__(self) -> dict:
-        return {"path": self.path, "check": self.check, "format": self.format}
+        return {"path": self.path, "check": self.check, "format": self.format, "checked_memo": self.checked_memo}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
@@ -202,7 +203,7 @@ class Dataset:
         return self.native.mapping_range(shard)
 
 
-def open(path: str | os.PathLike, check: str = "once", format: str = "torch") -> Dataset:
+def open(path: str | os.PathLike, check: str = "once", format: str = "torch", *, checked_memo: str | None = None) -> Dataset:
     """Opens the dataset in folder `path`. Reads only the manifest; shards are mapped and
     checked on first use.
 
@@ -210,5 +211,7 @@ def open(path: str | os.PathLike, check: str = "once", format: str = "torch") ->
     `"always"` on every read, `"never"` trusts the bytes (chunk headers are still checked;
     a damaged payload is then returned as is: run `hspack.verify` separately).
     `format`: `"torch"` or `"numpy"` (bf16 / fp8 arrays hold the raw bits as uint16 / uint8).
+    `checked_memo`: a folder (in `/dev/shm`, say) shared by processes that should hash each
+    chunk once in all under `check="once"`; `hspack.torch`'s datasets make one per run.
     """
-    return Dataset(path, check=check, format=format)
+    return Dataset(path, check=check, format=format, checked_memo=checked_memo)

@@ -86,7 +86,8 @@ def input_bytes(key: str, name: str, field: dict, value: Any) -> np.ndarray:
         import torch
 
         flat = value.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
-    if len(shape) != 1 + len(row_shape) or tuple(shape[1:]) != row_shape:
+    stacked_flat = field["role"].get("kind") == "hidden_states" and len(shape) == 2 and len(row_shape) == 2 and shape[1] == row_shape[0] * row_shape[1]
+    if not stacked_flat and (len(shape) != 1 + len(row_shape) or tuple(shape[1:]) != row_shape):
         raise make_error(
             "BadSample",
             f"sample `{key}`, field `{name}`: shape {tuple(shape)}, the schema needs [rows, {', '.join(map(str, row_shape))}]".replace(", ]", "]"),

@@ -6,6 +6,12 @@ from typing import Any
 
 from ._hspack import ERROR_CONTEXT, HspackError
 
+# Class-level defaults: an error re-raised from a DataLoader worker is rebuilt from its message
+# alone (torch keeps the type and the text), so its context attributes read as None.
+for _name in ("kind", *ERROR_CONTEXT):
+    if not hasattr(HspackError, _name):
+        setattr(HspackError, _name, None)
+
 
 def make_error(kind: str, message: str, **context: Any) -> HspackError:
     """An `HspackError` of `kind` with the same attributes the native errors carry."""

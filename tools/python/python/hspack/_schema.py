@@ -33,6 +33,19 @@ def hidden_state(layer: int, width: int, point: str = "layer_input", dtype: str 
     return field(name, dtype, [width], {"kind": "hidden_state", "layer": int(layer), "point": point})
 
 
+def hidden_states(layers: Sequence[int], width: int, point: str = "layer_input", dtype: str = "bf16", name: str = "aux_hidden_state") -> dict:
+    """A field stacking the hidden states of decoder layers `layers` (row shape
+    `[len(layers), width]`), taken at `point`. A row read flat is the layers concatenated
+    on the last dim: EAGLE-3's `aux_hidden_state [T, k*H]`, which `hspack.torch`'s EAGLE-3 view
+    then returns without copying. Append `[T, k, H]` or `[T, k*H]` tensors."""
+    if point not in POINTS:
+        raise make_error("BadOption", f"option point: must be one of {', '.join(POINTS)}", option="point")
+    layers = [int(x) for x in layers]
+    if not layers:
+        raise make_error("BadOption", "option layers: name at least one layer", option="layers")
+    return field(name, dtype, [len(layers), width], {"kind": "hidden_states", "layers": layers, "point": point})
+
+
 def token_ids(name: str = "input_ids", dtype: str = "i32") -> dict:
     """The token-id field: one id per row."""
     return field(name, dtype, [], "token_ids")

@@ -7,6 +7,9 @@ given explicitly."""
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+import weakref
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
@@ -14,6 +17,7 @@ import torch.utils.data as tud
 
 from .._dataset import Dataset
 from . import order as _order
+from . import transfer as _transfer
 from .views import Eagle3View, FieldsView
 
 
@@ -71,31 +75,67 @@ class _Epoch:
         self.epoch, self.consumed = int(state["epoch"]), int(state["consumed"])
 
 
+def _transfer_option(transfer: str) -> str:
+    if transfer not in ("map", "copy"):
+        from .._errors import make_error
+
+        raise make_error("BadOption", "option transfer: must be \"map\" or \"copy\"", option="transfer")
+    return transfer
+
+
+def _remove_memo(folder: str, owner: int) -> None:
+    if os.getpid() == owner:  # not from forked workers
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 class _Reopening:
     """Opens `self.path` on first use in each process and pickles without the mapping, so
-    DataLoader workers (fork or spawn) reopen it."""
+    DataLoader workers (fork or spawn) reopen it. Inside a worker it also installs
+    `hspack.torch.transfer`, so zero-copy tensors reach the main process as file ranges,
+    not copies (unless `self.transfer` is `"copy"`).
+
+    With `check="once"`, the object makes a checked-chunk memo folder (in `/dev/shm` when
+    there is one) that its workers share: each chunk is hashed once for the whole run, not
+    once per worker and epoch. The folder is removed when the object is collected."""
+
+    def _make_memo(self) -> None:
+        self.checked_memo: str | None = None
+        if self.check == "once":
+            base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+            self.checked_memo = tempfile.mkdtemp(prefix="hspack-checked-", dir=base)
+            self._memo_cleanup = weakref.finalize(self, _remove_memo, self.checked_memo, os.getpid())
 
     @property
     def hspack(self) -> Dataset:
         """The underlying `hspack.Dataset`, opened on first use in each process."""
         if self._ds is None:
-            self._ds = Dataset(self.path, check=self.check)
+            self._ds = Dataset(self.path, check=self.check, checked_memo=self.checked_memo)
+        if not _transfer.installed() and self.transfer == "map" and tud.get_worker_info() is not None:
+            _transfer.install()  # in a worker, forked or spawned
         return self._ds
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_ds": None}
+        state = {**self.__dict__, "_ds": None}
+        state.pop("_memo_cleanup", None)  # the creating process removes the folder
+        return state
 
 
 class HspackDataset(_Reopening, tud.Dataset):
     """Map-style dataset: `ds[i]` is the view of sample `i` (`{field: tensor, "ordinal": i}`
     by default; `view="eagle3"` / `"eagle3-specforge"` for the EAGLE-3 view; or any callable
     `view(hspack_dataset, ordinal)`). Pair it with `HspackSampler` (shuffled, partitioned,
-    resumable) or `TokenBudgetBatchSampler`."""
+    resumable) or `TokenBudgetBatchSampler`.
 
-    def __init__(self, path: str | os.PathLike, fields: Sequence[str] | None = None, *, view: Any = None, max_len: int | None = None, check: str = "once"):
+    `transfer="map"` (default) sends zero-copy tensors from DataLoader workers as file
+    ranges that the main process maps privately (`hspack.torch.transfer`); `"copy"` leaves
+    them to torch's shared-memory copy."""
+
+    def __init__(self, path: str | os.PathLike, fields: Sequence[str] | None = None, *, view: Any = None, max_len: int | None = None, check: str = "once", transfer: str = "map"):
         self.path, self.check = os.fspath(path), check
+        self.transfer = _transfer_option(transfer)
         self.view = make_view(view, fields, max_len)
         self._ds: Dataset | None = None
+        self._make_memo()
         self.hspack  # fail early on a bad path
 
     def __len__(self) -> int:
@@ -148,14 +188,16 @@ class HspackIterableDataset(_Reopening, tud.IterableDataset):
     Set `batch_size` to the DataLoader's (`HspackLoader` does it). Call `set_epoch(e)` before
     each epoch; `state_dict()` / `load_state_dict()` resume mid-epoch with exactly the samples
     not yet consumed. Persistent workers keep the state they started with: do not combine
-    them with `load_state_dict` or `set_epoch`."""
+    them with `load_state_dict` or `set_epoch`. `transfer` is as for `HspackDataset`."""
 
-    def __init__(self, path: str | os.PathLike, fields: Sequence[str] | None = None, *, view: Any = None, max_len: int | None = None, check: str = "once", shuffle: bool = True, seed: int = 0, batch_size: int = 1, block_size: int = 64, window_blocks: int = 16, drop_last: bool = False, pad: bool = False, rank: int | None = None, world_size: int | None = None):
+    def __init__(self, path: str | os.PathLike, fields: Sequence[str] | None = None, *, view: Any = None, max_len: int | None = None, check: str = "once", transfer: str = "map", shuffle: bool = True, seed: int = 0, batch_size: int = 1, block_size: int = 64, window_blocks: int = 16, drop_last: bool = False, pad: bool = False, rank: int | None = None, world_size: int | None = None):
         self.path, self.check = os.fspath(path), check
+        self.transfer = _transfer_option(transfer)
         self.view = make_view(view, fields, max_len)
         self.batch_size = batch_size
         self.state = _Epoch(shuffle, seed, block_size, window_blocks, drop_last, pad, rank, world_size)
         self._ds: Dataset | None = None
+        self._make_memo()
         self.hspack
 
     def __len__(self) -> int:

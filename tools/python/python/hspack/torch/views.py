@@ -7,6 +7,7 @@ EAGLE-3 trainer consumes. Views are small picklable objects applied to an open
 
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 from .._errors import make_error
@@ -59,8 +60,15 @@ def _point_rank(role: dict) -> tuple:
 def eagle3_fields(schema: list[dict]) -> tuple[list[str], str]:
     """`(auxiliary fields, target field)` of a schema: the target is the final-norm state
     when there is one, else the deepest captured layer; the auxiliary fields are the other
-    hidden states, shallowest first."""
-    hidden = [f for f in schema if f["role"].get("kind") == "hidden_state"]
+    hidden states, shallowest first, or the one field stacking layers when there is one."""
+    stacked = [f for f in schema if f["role"].get("kind") == "hidden_states"]
+    single = [f for f in schema if f["role"].get("kind") == "hidden_state"]
+    if len(stacked) == 1 and single:
+        single.sort(key=lambda f: _point_rank(f["role"]))
+        return [stacked[0]["name"]], single[-1]["name"]
+    if stacked:
+        raise make_error("BadOption", "option view: the EAGLE-3 view needs one stacked field and a target hidden state; name them with Eagle3View(aux_fields=[...], target_field=...)", option="view")
+    hidden = single
     if len(hidden) < 2:
         raise make_error("BadOption", "option view: the EAGLE-3 view needs at least two hidden-state fields (auxiliary layers and a target)", option="view")
     hidden.sort(key=lambda f: _point_rank(f["role"]))
@@ -86,8 +94,10 @@ class Eagle3View:
     (ones, int64), `hidden_state [1, T, 3H]` (the auxiliary concatenation) and
     `target [1, T, H]`.
 
-    `aux_hidden_state` is built with one copy from the mapping into a tensor allocated up
-    front (in shared memory inside DataLoader workers), with the GIL released.
+    When the auxiliary layers are one stacked field (`hspack.hidden_states`, what
+    `hspack convert` writes from SpecForge and ModelOpt dumps), `aux_hidden_state` is a view of
+    the mapped shard: no copy. Otherwise it is built with one copy from the mapping into a
+    tensor allocated up front (in shared memory inside DataLoader workers), GIL released.
     """
 
     def __init__(
@@ -118,13 +128,17 @@ class Eagle3View:
         aux, target, ids_field, mask_field = self._resolve(ds)
         by_name = {f["name"]: f for f in ds.schema}
         n = clip(int(ds.lengths[ordinal]), self.max_len)
-        first = by_name[aux[0]]
-        width = sum(by_name[a]["shape"][-1] for a in aux)
-        out = shared_empty((n, width), torch_dtypes()[first["dtype"]])
-        flat = out.view(-1).view(torch.uint8).numpy()
-        ds.native.read_concat_into(ordinal, aux, (0, n), flat)
         small = [f for f in (ids_field, mask_field) if f is not None]
-        parts = ds.read(ordinal, small + [target], (0, n))
+        if len(aux) == 1 and by_name[aux[0]]["role"].get("kind") == "hidden_states":
+            parts = ds.read(ordinal, small + aux + [target], (0, n))
+            out = parts[aux[0]].reshape(n, -1)
+        else:
+            first = by_name[aux[0]]
+            width = sum(math.prod(by_name[a]["shape"]) for a in aux)
+            out = shared_empty((n, width), torch_dtypes()[first["dtype"]])
+            flat = out.view(-1).view(torch.uint8).numpy()
+            ds.native.read_concat_into(ordinal, aux, (0, n), flat)
+            parts = ds.read(ordinal, small + [target], (0, n))
         ids = parts[ids_field] if ids_field else None
         mask = parts[mask_field] if mask_field else torch.ones(n, dtype=torch.int64)
         if self.layout == "hspack":

@@ -1,0 +1,75 @@
+"""Sending mapped tensors from DataLoader workers to the main process as file ranges.
+
+A DataLoader worker normally sends a tensor through shared memory: it allocates a shared
+segment and copies the tensor into it, and the main process maps the segment. For a tensor
+that is a view of a mapped shard, hspack sends `(shard path, file offset, file identity,
+dtype, shape, strides)` instead, and the main process maps that range of the file privately:
+the same bytes with no copy, writable copy-on-write (writes stay in the receiving process and
+never reach the file). A file replaced in between is refused with an error naming it.
+
+`install()` registers this for `torch.Tensor` in the calling process; the hspack torch
+datasets call it when they open the dataset inside a DataLoader worker. Tensors that are not
+views of a shard (gathered, decoded, or built by a view) go through torch's usual path.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from .. import _hspack
+
+_INSTALLED = False
+
+
+def installed() -> bool:
+    """True when this process sends views of mapped shards as file ranges."""
+    return _INSTALLED
+
+
+def install() -> None:
+    """Sends views of mapped shards as file ranges from this process (idempotent)."""
+    global _INSTALLED
+    if _INSTALLED:
+        return
+    import torch
+    from multiprocessing.reduction import ForkingPickler
+
+    ForkingPickler.register(torch.Tensor, reduce_tensor)
+    _INSTALLED = True
+
+
+def origin(t: Any) -> tuple | None:
+    """`(path, offset, dev, ino)` of the file range behind tensor `t`'s storage when it is a
+    view of a mapped shard of this process, else None."""
+    import torch
+
+    if type(t) is not torch.Tensor or t.device.type != "cpu" or t.requires_grad or t.layout != torch.strided:
+        return None
+    s = t.untyped_storage()
+    if s.nbytes() == 0:
+        return None
+    return _hspack.origin(s.data_ptr(), s.nbytes())
+
+
+def reduce_tensor(t: Any) -> tuple:
+    """The pickle reduction of `t`: a file range for a view of a mapped shard, else torch's."""
+    o = origin(t)
+    if o is None:
+        from torch.multiprocessing.reductions import reduce_tensor as torch_reduce
+
+        return torch_reduce(t)
+    path, offset, dev, ino = o
+    dtype = str(t.dtype).removeprefix("torch.")
+    meta = (t.untyped_storage().nbytes(), dtype, t.storage_offset(), tuple(t.size()), tuple(t.stride()))
+    return (rebuild, (os.fspath(path), offset, dev, ino) + meta)
+
+
+def rebuild(path: str, offset: int, dev: int, ino: int, nbytes: int, dtype: str, storage_offset: int, size: tuple, stride: tuple) -> Any:
+    """The tensor `reduce_tensor` described, over a private mapping of its file range."""
+    import torch
+
+    raw = torch.from_numpy(np.asarray(_hspack.map_private(path, offset, nbytes, dev, ino)))
+    return torch.empty(0, dtype=getattr(torch, dtype)).set_(raw.untyped_storage(), storage_offset, size, stride)

@@ -1,0 +1,143 @@
+"""Stacked-layer fields, file-range transfer from DataLoader workers, and the shared memo of
+checked chunks."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import shutil
+
+import pytest
+import torch
+
+import hspack
+from hspack.torch import HspackDataset, transfer
+
+H = 16
+AUX = [1, 3, 5]
+
+
+def stacked_sample(i: int) -> dict:
+    g = torch.Generator().manual_seed(100 + i)
+    t = 4 + (i * 5) % 23
+    layers = [torch.randn(t, H, generator=g).to(torch.bfloat16) for _ in AUX]
+    return {
+        "input_ids": torch.randint(0, 1000, (t,), generator=g, dtype=torch.int32),
+        "loss_mask": (torch.rand(t, generator=g) > 0.3).to(torch.uint8),
+        "layers": layers,
+        "hidden.final": torch.randn(t, H, generator=g).to(torch.bfloat16),
+    }
+
+
+def stacked_schema() -> list:
+    return [hspack.token_ids(), hspack.loss_mask(), hspack.hidden_states(AUX, H), hspack.hidden_state(7, H, point="final_norm")]
+
+
+@pytest.fixture(scope="module")
+def stacked_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("stacked") / "ds"
+    with hspack.Writer(path, stacked_schema(), durable=False, shard_samples=5) as w:
+        for i in range(12):
+            s = stacked_sample(i)
+            layers = s.pop("layers")
+            # Both input shapes: [T, k, H] and the EAGLE-3 concatenation [T, k*H].
+            aux = torch.stack(layers, 1) if i % 2 else torch.cat(layers, -1)
+            w.append(f"s{i:03d}", aux_hidden_state=aux, **s)
+    return str(path)
+
+
+def test_stacked_fields_need_manifest_version_2_and_a_matching_shape(stacked_path, tmp_path):
+    with open(os.path.join(stacked_path, "manifest.json")) as f:
+        assert json.load(f)["version"] == 2
+    plain = tmp_path / "plain"
+    with hspack.Writer(plain, [hspack.token_ids()], durable=False) as w:
+        w.append("a", input_ids=torch.zeros(2, dtype=torch.int32))
+    with open(plain / "manifest.json") as f:
+        assert json.load(f)["version"] == 1
+    with hspack.Writer(tmp_path / "bad", stacked_schema(), durable=False) as w:
+        with pytest.raises(hspack.HspackError, match="aux_hidden_state"):
+            w.append("x", aux_hidden_state=torch.zeros(3, 2 * H, dtype=torch.bfloat16), input_ids=torch.zeros(3, dtype=torch.int32), loss_mask=torch.zeros(3, dtype=torch.uint8), **{"hidden.final": torch.zeros(3, H, dtype=torch.bfloat16)})
+
+
+def test_eagle3_view_of_a_stacked_field_is_zero_copy(stacked_path):
+    ds = HspackDataset(stacked_path, view="eagle3")
+    native = ds.hspack.native
+    for i in range(12):
+        want = stacked_sample(i)
+        got = ds[i]
+        assert got["aux_hidden_state"].shape == (len(want["input_ids"]), len(AUX) * H)
+        assert torch.equal(got["aux_hidden_state"], torch.cat(want["layers"], -1))
+        assert torch.equal(got["hidden_state"], want["hidden.final"])
+        seq = next(k for k, (a, n) in enumerate(ds.hspack.shard_ranges) if a <= i < a + n)
+        base, size = native.mapping_range(seq)
+        ptr = got["aux_hidden_state"].data_ptr()
+        assert base <= ptr < base + size, "aux_hidden_state is not a view of the mapped shard"
+        # One layer alone is a strided view of the same bytes.
+        one = ds.hspack[i]["aux_hidden_state"][:, 1]
+        assert torch.equal(one, want["layers"][1])
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_workers_send_mapped_tensors_as_file_ranges(stacked_path, context):
+    ref = [stacked_sample(i) for i in range(12)]
+    for mode in ("map", "copy"):
+        ds = HspackDataset(stacked_path, view="eagle3", transfer=mode)
+        loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context=context)
+        got = list(loader)
+        assert [g["ordinal"] for g in got] == list(range(12))
+        for g, want in zip(got, ref):
+            assert torch.equal(g["aux_hidden_state"], torch.cat(want["layers"], -1))
+            assert torch.equal(g["hidden_state"], want["hidden.final"])
+            # Shared memory is torch's copy; a file range arrives as a private mapping.
+            assert g["aux_hidden_state"].is_shared() == (mode == "copy")
+            assert g["hidden_state"].is_shared() == (mode == "copy")
+        # Private mappings are writable copy-on-write: the file keeps its bytes.
+        got[0]["aux_hidden_state"].fill_(7)
+        assert torch.equal(HspackDataset(stacked_path, view="eagle3")[0]["aux_hidden_state"], torch.cat(ref[0]["layers"], -1))
+
+
+def test_a_replaced_shard_is_refused_by_name(stacked_path, tmp_path):
+    copy = tmp_path / "ds"
+    shutil.copytree(stacked_path, copy)
+    t = hspack.open(copy)[0]["aux_hidden_state"]
+    rebuild, args = transfer.reduce_tensor(t)
+    assert rebuild is transfer.rebuild
+    assert torch.equal(rebuild(*args), t)
+    shard = copy / "shard-000000.hsp"
+    shutil.copy(shard, tmp_path / "new")
+    os.replace(tmp_path / "new", shard)  # same bytes, another file
+    with pytest.raises(hspack.HspackError, match="shard-000000.hsp.*replaced"):
+        rebuild(*args)
+    # Tensors that are not views of a shard take torch's path.
+    assert transfer.reduce_tensor(torch.zeros(3))[0] is not transfer.rebuild
+
+
+def test_workers_share_one_memo_of_checked_chunks(stacked_path, tmp_path):
+    ds = HspackDataset(stacked_path, view="eagle3")
+    memo = ds.checked_memo
+    assert memo and os.path.isdir(memo)
+    list(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2))
+    flags = b"".join(open(os.path.join(memo, f), "rb").read() for f in sorted(os.listdir(memo)))
+    # Every chunk of the dataset was read once, so every flag is set, by whichever worker.
+    assert len(flags) > 0 and set(flags) == {1}
+    del ds
+    gc.collect()
+    assert not os.path.exists(memo)
+
+
+def test_a_damaged_chunk_raises_in_a_worker_every_epoch(stacked_path, tmp_path):
+    copy = tmp_path / "ds"
+    shutil.copytree(stacked_path, copy)
+    shard = copy / "shard-000000.hsp"
+    probe = hspack.open(copy, check="never")
+    base, _ = probe.native.mapping_range(0)
+    at = probe[3]["aux_hidden_state"].data_ptr() - base  # sample 3's aux payload in the file
+    del probe
+    data = bytearray(shard.read_bytes())
+    data[at + 5] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    ds = HspackDataset(copy, view="eagle3")
+    for _ in range(2):
+        with pytest.raises(hspack.HspackError, match="shard-000000.hsp"):
+            list(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2))
