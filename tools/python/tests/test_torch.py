@@ -92,6 +92,26 @@ def test_iterable_resume_gives_exactly_the_rest(eagle_path, workers):
     assert sorted(full) == list(range(37))
 
 
+def test_persistent_workers_follow_set_epoch_and_load_state_dict(eagle_path):
+    def epoch_of(loader):
+        return [o for b in loader for o in b["ordinal"].tolist()]
+
+    ref = HspackLoader(HspackIterableDataset(eagle_path, ["input_ids"], seed=5), batch_size=4, collate_fn=PadCollate())
+    want = {}
+    for e in (0, 1):
+        ref.set_epoch(e)
+        want[e] = epoch_of(ref)
+    assert want[0] != want[1]
+    ds = HspackIterableDataset(eagle_path, ["input_ids"], seed=5)
+    loader = HspackLoader(ds, batch_size=4, num_workers=2, persistent_workers=True, collate_fn=PadCollate())
+    assert epoch_of(loader) == want[0]
+    loader.set_epoch(1)
+    assert epoch_of(loader) == want[1]
+    # Mid-epoch resume into the same persistent workers.
+    loader.load_state_dict({"seed": 5, "epoch": 0, "consumed": 12, "rank": 0, "world_size": 1})
+    assert epoch_of(loader) == want[0][12:]
+
+
 def test_sampler_resume(eagle_path):
     ds = HspackDataset(eagle_path, ["input_ids"])
     sampler = HspackSampler(ds, seed=3)

@@ -45,19 +45,35 @@ class _Epoch:
         self.rank, self.world_size = rank, world_size
         self.epoch = 0
         self.consumed = 0
+        # (epoch, consumed) as of the start of the current iteration, in shared memory, so
+        # DataLoader workers (persistent ones too) start where the main process says.
+        import torch
+
+        self._shared = torch.zeros(2, dtype=torch.int64).share_memory_()
+
+    def publish(self) -> None:
+        """Makes the current (epoch, consumed) the start of the next iteration, for every
+        worker: called by set_epoch, load_state_dict and `HspackLoader` at each iteration."""
+        self._shared[0], self._shared[1] = self.epoch, self.consumed
+
+    def published(self) -> tuple[int, int]:
+        return int(self._shared[0]), int(self._shared[1])
 
     def _world(self) -> tuple[int, int]:
         return self.rank, self.world_size
 
-    def rank_order(self, shard_ranges: Sequence[tuple[int, int]]) -> np.ndarray:
-        """This rank's samples for the epoch, in order (all of them, consumed included)."""
+    def rank_order(self, shard_ranges: Sequence[tuple[int, int]], epoch: int | None = None) -> np.ndarray:
+        """This rank's samples for the epoch (the current one when None), in order (all of
+        them, consumed included)."""
         rank, world = self._world()
-        full = _order.epoch_order(shard_ranges, self.seed, self.epoch, self.shuffle, self.block_size, self.window_blocks)
+        epoch = self.epoch if epoch is None else epoch
+        full = _order.epoch_order(shard_ranges, self.seed, epoch, self.shuffle, self.block_size, self.window_blocks)
         return _order.partition(full, world, rank, self.drop_last, self.pad)
 
     def set_epoch(self, epoch: int) -> None:
         """Starts epoch `epoch` from its beginning."""
         self.epoch, self.consumed = int(epoch), 0
+        self.publish()
 
     def advance(self, samples: int) -> None:
         """Records that the training loop consumed `samples` more samples."""
@@ -73,6 +89,7 @@ class _Epoch:
         if state["seed"] != self.seed or state.get("world_size", self._world()[1]) != self._world()[1]:
             raise ValueError("the state was saved with another seed or world size; the epoch order would differ")
         self.epoch, self.consumed = int(state["epoch"]), int(state["consumed"])
+        self.publish()
 
 
 def _transfer_option(transfer: str) -> str:
@@ -187,8 +204,9 @@ class HspackIterableDataset(_Reopening, tud.IterableDataset):
 
     Set `batch_size` to the DataLoader's (`HspackLoader` does it). Call `set_epoch(e)` before
     each epoch; `state_dict()` / `load_state_dict()` resume mid-epoch with exactly the samples
-    not yet consumed. Persistent workers keep the state they started with: do not combine
-    them with `load_state_dict` or `set_epoch`. `transfer` is as for `HspackDataset`."""
+    not yet consumed. The epoch state lives in shared memory, so persistent workers
+    (`persistent_workers=True`) follow `set_epoch` and `load_state_dict` too. `transfer` is
+    as for `HspackDataset`."""
 
     def __init__(self, path: str | os.PathLike, fields: Sequence[str] | None = None, *, view: Any = None, max_len: int | None = None, check: str = "once", transfer: str = "map", shuffle: bool = True, seed: int = 0, batch_size: int = 1, block_size: int = 64, window_blocks: int = 16, drop_last: bool = False, pad: bool = False, rank: int | None = None, world_size: int | None = None):
         self.path, self.check = os.fspath(path), check
@@ -205,7 +223,8 @@ class HspackIterableDataset(_Reopening, tud.IterableDataset):
 
     def __iter__(self) -> Iterator[Any]:
         ds = self.hspack
-        seq = self.state.rank_order(ds.shard_ranges)[self.state.consumed :]
+        epoch, start = self.state.published()
+        seq = self.state.rank_order(ds.shard_ranges, epoch)[start:]
         info = tud.get_worker_info()
         if info is not None:
             seq = _order.interleave_batches(seq, info.num_workers, info.id, self.batch_size)

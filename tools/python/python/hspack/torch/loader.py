@@ -53,6 +53,9 @@ class HspackLoader(tud.DataLoader):
             super().__init__(dataset, batch_size=batch_size, **kwargs)
 
     def __iter__(self) -> Any:
+        state = getattr(self._progress, "state", None)
+        if state is not None:
+            state.publish()  # workers start where the training loop stands
         for batch in super().__iter__():
             self._progress.advance(1 if self._per_batch else _count(batch, self._fallback))
             yield batch
