@@ -70,7 +70,25 @@ def test_numpy_input_round_trips(tmp_path):
         w.append("a", x=x, b=b)
     got = hspack.open(tmp_path / "ds", format="numpy")[0]
     assert np.array_equal(got["x"], x)
-    assert np.array_equal(got["b"], b)
+    assert np.array_equal(got["b"].view(np.uint16), b)
+
+
+def test_numpy_bf16_and_fp8_have_ml_dtypes_types(tmp_path):
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    schema = [hspack.field("b", "bf16", [2]), hspack.field("e4", "f8e4m3fn", [2]), hspack.field("e5", "f8e5m2", [2])]
+    t = torch.tensor([[1.5, -2.0], [0.25, 448.0]])
+    with hspack.Writer(tmp_path / "ds", schema, durable=False) as w:
+        w.append("torch", b=t.bfloat16(), e4=t.to(torch.float8_e4m3fn), e5=t.to(torch.float8_e5m2))
+        w.append("numpy", b=t.numpy().astype(ml_dtypes.bfloat16), e4=t.numpy().astype(ml_dtypes.float8_e4m3fn), e5=t.numpy().astype(ml_dtypes.float8_e5m2))
+    nds = hspack.open(tmp_path / "ds", format="numpy")
+    for i in range(2):
+        got = nds[i]
+        assert got["b"].dtype == ml_dtypes.bfloat16 and got["e4"].dtype == ml_dtypes.float8_e4m3fn and got["e5"].dtype == ml_dtypes.float8_e5m2
+        for name in ("b", "e4", "e5"):
+            assert np.array_equal(got[name].astype(np.float32), t.numpy()), name
+    # The same bits as torch reads.
+    tds = hspack.open(tmp_path / "ds")
+    assert bits(tds[1]["b"]) == nds[1]["b"].tobytes()
 
 
 def test_zero_copy_view_lies_in_the_mapping(eagle_path):

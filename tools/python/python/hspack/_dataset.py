@@ -210,7 +210,8 @@ def open(path: str | os.PathLike, check: str = "once", format: str = "torch", *,
     `check`: `"once"` hashes each chunk the first time this process reads it (default),
     `"always"` on every read, `"never"` trusts the bytes (chunk headers are still checked;
     a damaged payload is then returned as is: run `hspack.verify` separately).
-    `format`: `"torch"` or `"numpy"` (bf16 / fp8 arrays hold the raw bits as uint16 / uint8).
+    `format`: `"torch"` or `"numpy"` (bf16 / fp8 arrays have `ml_dtypes` types when that package
+    is installed, else hold the raw bits as uint16 / uint8).
     `checked_memo`: a folder (in `/dev/shm`, say) shared by processes that should hash each
     chunk once in all under `check="once"`; `hspack.torch`'s datasets make one per run.
     """

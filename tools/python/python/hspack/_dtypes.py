@@ -9,7 +9,7 @@ import numpy as np
 from ._errors import make_error
 
 #: hspack dtype name -> numpy dtype used for its bytes. bf16 and the fp8 types have no numpy
-#: type: their arrays hold the raw bits (uint16 / uint8).
+#: type: these are their raw bits (uint16 / uint8); `ml_dtypes()` gives the real types.
 NUMPY = {
     "bool": np.dtype(np.bool_),
     "u8": np.dtype(np.uint8),
@@ -26,6 +26,24 @@ NUMPY = {
 }
 
 _TORCH: dict[str, Any] | None = None
+_ML: dict[str, np.dtype] | None = None
+
+#: The dtypes numpy lacks, by hspack name -> ml_dtypes attribute.
+_ML_NAMES = {"bf16": "bfloat16", "f8e4m3fn": "float8_e4m3fn", "f8e5m2": "float8_e5m2"}
+
+
+def ml_dtypes() -> dict[str, np.dtype]:
+    """hspack name -> numpy dtype from the `ml_dtypes` package (bf16, fp8), or `{}` when it
+    is not installed (arrays of those types then hold raw bits)."""
+    global _ML
+    if _ML is None:
+        try:
+            import ml_dtypes as m
+        except ImportError:
+            _ML = {}
+        else:
+            _ML = {name: np.dtype(getattr(m, attr)) for name, attr in _ML_NAMES.items()}
+    return _ML
 
 
 def torch_dtypes() -> dict[str, Any]:
@@ -54,8 +72,11 @@ def torch_dtypes() -> dict[str, Any]:
 def hspack_name_of(array: Any) -> str | None:
     """The hspack dtype name of a torch tensor or numpy array, or None."""
     if isinstance(array, np.ndarray):
+        for name, dt in ml_dtypes().items():
+            if array.dtype == dt:
+                return name
         for name, dt in NUMPY.items():
-            if array.dtype == dt and name not in ("bf16", "f8e4m3fn", "f8e5m2"):
+            if array.dtype == dt and name not in _ML_NAMES:
                 return name
         return None
     for name, dt in torch_dtypes().items():

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from ._dtypes import torch_dtypes
+from ._dtypes import ml_dtypes, torch_dtypes
 
 # Tensors over a mapped shard are read-only; torch has no read-only tensors and warns (once
 # per process) when it wraps a read-only array. The contract is documented instead (do not
@@ -31,8 +31,11 @@ FORMATS = ("torch", "numpy")
 
 
 def to_numpy(buf: Any) -> np.ndarray:
-    """A read-only numpy array over the buffer (bf16 and fp8 as raw uint16 / uint8 bits)."""
-    return np.asarray(buf)
+    """A read-only numpy array over the buffer. bf16 and fp8 arrays have `ml_dtypes`' types
+    when that package is installed, else hold the raw bits as uint16 / uint8."""
+    a = np.asarray(buf)
+    ml = ml_dtypes().get(buf.dtype)
+    return a.view(ml) if ml is not None else a
 
 
 def to_torch(buf: Any) -> Any:
