@@ -126,8 +126,9 @@ class Dataset:
             raw = np.frombuffer(self.native.lengths(), dtype="<u8")
             n = raw.size // 2
             rows = raw[:n].astype(np.int64)
-            loss = raw[n:]
-            loss = np.where(loss == np.iinfo(np.uint64).max, -1, loss).astype(np.int64)
+            unknown = raw[n:] == np.iinfo(np.uint64).max
+            loss = raw[n:].astype(np.int64)  # unknown (u64::MAX) wraps to -1 ...
+            loss[unknown] = -1  # ... and is set explicitly, for every numpy version
             self._lengths = (rows, loss)
         return self._lengths
 
