@@ -67,36 +67,78 @@ fn specforge_fixtures_convert_bit_for_bit() {
     for (from, to) in files {
         std::fs::copy(fixtures().join(from), src.join(to)).unwrap();
     }
-    let ds = t.path().join("ds");
-    let o = hspack(&[
-        "convert",
-        s(&t.path().join("src")),
-        s(&ds),
-        "--layout",
-        "specforge",
-        "--layers",
-        "2,30,58,61",
-        "--num-layers",
-        "61",
-    ]);
-    assert!(o.status.success(), "{}", text(&o));
-    let d = Dataset::open(&ds).unwrap();
-    assert_eq!(d.len(), 3);
-    for (i, (from, _)) in files.iter().enumerate() {
-        let want = expected(from);
-        let sample = d.get_by_key(&format!("rows_0-3/data_{i}")).unwrap();
-        let read = |f: &str| sample.read(f, None).unwrap().bytes().to_vec();
-        assert_eq!(read("input_ids"), want["input_ids"]);
-        assert_eq!(read("loss_mask"), want["loss_mask"]);
-        assert_eq!(read("hidden.61"), want["hidden_state"]);
-        // aux_hidden_state is [1, T, 3H] bf16: layer j is columns j*H..(j+1)*H of every row.
-        let (aux, h) = (&want["aux_hidden_state"], 16 * 2);
-        for (j, layer) in [2, 30, 58].into_iter().enumerate() {
-            let part: Vec<u8> = aux
-                .chunks_exact(3 * h)
-                .flat_map(|row| row[j * h..(j + 1) * h].to_vec())
-                .collect();
-            assert_eq!(read(&format!("hidden.{layer}")), part, "layer {layer}");
+    let src = t.path().join("src");
+    for split in [false, true] {
+        let ds = t.path().join(format!("ds-{split}"));
+        let mut args = vec![
+            "convert",
+            s(&src),
+            s(&ds),
+            "--layout",
+            "specforge",
+            "--layers",
+            "2,30,58,61",
+            "--num-layers",
+            "61",
+        ];
+        if split {
+            args.push("--split-layers");
+        }
+        let o = hspack(&args);
+        assert!(o.status.success(), "{}", text(&o));
+        let d = Dataset::open(&ds).unwrap();
+        assert_eq!(d.len(), 3);
+        let names: Vec<&str> = d.schema().fields.iter().map(|f| f.name.as_str()).collect();
+        if split {
+            assert_eq!(
+                names,
+                [
+                    "input_ids",
+                    "loss_mask",
+                    "hidden.2",
+                    "hidden.30",
+                    "hidden.58",
+                    "hidden.61"
+                ]
+            );
+        } else {
+            assert_eq!(
+                names,
+                ["input_ids", "loss_mask", "aux_hidden_state", "hidden.61"]
+            );
+            let aux = &d.schema().fields[2];
+            assert_eq!(aux.shape, [3, 16]);
+            assert_eq!(
+                aux.role,
+                hspack::Role::HiddenStates {
+                    layers: vec![2, 30, 58],
+                    point: hspack::CapturePoint::LayerInput
+                }
+            );
+            assert_eq!(d.schema().capture.as_ref().unwrap().hidden_size, 16);
+        }
+        for (i, (from, _)) in files.iter().enumerate() {
+            let want = expected(from);
+            let sample = d.get_by_key(&format!("rows_0-3/data_{i}")).unwrap();
+            let read = |f: &str| sample.read(f, None).unwrap().bytes().to_vec();
+            assert_eq!(read("input_ids"), want["input_ids"]);
+            assert_eq!(read("loss_mask"), want["loss_mask"]);
+            assert_eq!(read("hidden.61"), want["hidden_state"]);
+            let aux = &want["aux_hidden_state"];
+            if !split {
+                // The stacked field is the source's bytes: [1, T, 3H] read as [T, 3, H].
+                assert_eq!(&read("aux_hidden_state"), aux);
+                continue;
+            }
+            // aux_hidden_state is [1, T, 3H] bf16: layer j is columns j*H..(j+1)*H of every row.
+            let h = 16 * 2;
+            for (j, layer) in [2, 30, 58].into_iter().enumerate() {
+                let part: Vec<u8> = aux
+                    .chunks_exact(3 * h)
+                    .flat_map(|row| row[j * h..(j + 1) * h].to_vec())
+                    .collect();
+                assert_eq!(read(&format!("hidden.{layer}")), part, "layer {layer}");
+            }
         }
     }
 }

@@ -18,16 +18,25 @@ Layouts (none of these formats records layer ids: give --layers, in the order li
   specforge    rows_*/data_N.ckpt[.gz]: input_ids [T], loss_mask [T], aux_hidden_state [1,T,k*H]
                (k layers, default layer-input), hidden_state [1,T,H] (default final-norm).
                --layers AUX1,..,AUXk,LAST   e.g. --layers 2,30,58,61
+               Fields: input_ids, loss_mask, aux_hidden_state (stacked [k,H], the source bytes
+               as they are), hidden.LAST.
   eagle        */data_N.ckpt (EAGLE ge_data): input_ids [T], loss_mask [T], hidden_state [T,H]
                (HF hidden_states[-1], default final-norm).   --layers LAST
   modelopt     {conversation_id}.pt: input_ids [T], aux_hidden_states [T,k*H] (optional, default
                layer-input), hidden_states [T,H] (default final-norm), loss_mask (optional).
-               --layers AUX1,..,AUXk,LAST
-  speculators  *.pt|*.safetensors: token_ids [T], hidden_states [T,L,H] (unstacked along L),
-               loss_mask (optional). --layers with L ids and --point (required).
+               --layers AUX1,..,AUXk,LAST. Fields as specforge. --key-from conversation_id
+               keys samples by the stored id instead of the file name.
+  speculators  *.pt|*.safetensors: token_ids [T], hidden_states [T,L,H], loss_mask (optional).
+               --layers with L ids and --point (required). Fields: hidden_states (stacked
+               [L,H], as stored) when every layer has one point; when only the last differs,
+               aux_hidden_state (the first L-1) and hidden.LAST.
+  --split-layers  one field hidden.L per layer instead of the stacked fields.
   generic      --field NAME=TENSOR[:part=K/N][:index=K][:axis=A][:role=ids|mask|hidden|other]
                [:layer=L][:point=P][:optional], one per field. Fields named input_ids, loss_mask
                and hidden.L get those roles. Lists flatten to TENSOR.0, TENSOR.1, ...
+               Stacked: NAME=TENSOR:layers=L0,L1,.. from [T,k*H] or [T,k,H] (no copy), or
+               NAME=T0+T1+..:layers=L0,L1,.. from one tensor per layer. --mapping FILE.json
+               holds the fields and the other options in one file (see the README).
 Layer ids follow the HF hidden_states[i] convention: id i is the input of layer i; an id equal to
 --num-layers is the final-norm output. Every field keeps its source dtype, bit for bit.
 Files: one per sample (key: relative path without extension); --group-by 'PATTERN' joins files
@@ -63,6 +72,10 @@ pub struct Args {
     /// Expected hidden size: files with another are refused.
     #[arg(long)]
     hidden_size: Option<u64>,
+    /// One field hidden.L per layer instead of the presets' stacked aux_hidden_state /
+    /// hidden_states fields (a copy that de-interleaves the layers).
+    #[arg(long)]
+    split_layers: bool,
     /// Generic layout field: NAME=TENSOR[:OPTION]... (repeat per field).
     #[arg(long = "field")]
     fields: Vec<String>,
@@ -133,6 +146,7 @@ fn options(a: &Args) -> anyhow::Result<ConvertOptions> {
         model: a.model.clone(),
         hidden_size: a.hidden_size,
         fields: Vec::new(),
+        split_layers: a.split_layers,
     };
     if !a.fields.is_empty() && preset != Preset::Generic {
         bail!("--field needs --layout generic");

@@ -5,7 +5,7 @@ use std::borrow::Cow;
 use std::ops::Range;
 use std::sync::Mutex;
 
-use crate::format::{DType, Schema};
+use crate::format::{DType, Field, Schema};
 
 use super::layout::{check_field, field_bytes, field_part, FieldSpec, Part};
 use super::units::{Inputs, Unit};
@@ -75,7 +75,11 @@ const POOL_MAX: usize = 32;
 
 impl Pool {
     fn gathered(&self, part: &Part, src: &[u8]) -> Piece {
-        let len = part.len();
+        self.filled(part.len(), |dst| part.gather(src, dst))
+    }
+
+    /// A buffer of `len` bytes written by `fill`.
+    fn filled(&self, len: usize, fill: impl FnOnce(&mut [u8])) -> Piece {
         if len >= ANON_MIN {
             let reused = self.free.lock().ok().and_then(|mut free| {
                 let best = (0..free.len())
@@ -93,12 +97,12 @@ impl Pool {
                 Some(m)
             });
             if let Some(mut m) = buf {
-                part.gather(src, &mut m[..len]);
+                fill(&mut m[..len]);
                 return Piece::Anon(m, len);
             }
         }
         let mut v = vec![0; len];
-        part.gather(src, &mut v);
+        fill(&mut v);
         Piece::Owned(v)
     }
 
@@ -189,6 +193,11 @@ impl Decoder {
                 }
                 _ => {}
             }
+            if spec.is_multi_source() {
+                drop(t);
+                pieces.push(self.stacked(&inputs, spec, field, r)?);
+                continue;
+            }
             let part = field_part(spec, &t.shape, t.dtype.size()).map_err(|e| e.to_string())?;
             pieces.push(match (part, t.bytes) {
                 (Part::Range(r), Cow::Borrowed(b)) => {
@@ -220,6 +229,43 @@ impl Decoder {
             prepared.samples.push((key, range));
         }
         Ok(prepared)
+    }
+
+    /// A field stacking one layer from each of its sources: rows interleaved per token.
+    fn stacked(
+        &self,
+        inputs: &Inputs,
+        spec: &FieldSpec,
+        field: &Field,
+        rows: u64,
+    ) -> Result<Piece, String> {
+        let mut layers = Vec::with_capacity(field.shape.first().copied().unwrap_or(0) as usize);
+        for name in spec.sources() {
+            let t = inputs.tensor(name).map_err(|e| e.to_string())?;
+            let r = check_field(field, spec, t.dtype, &t.shape)
+                .map_err(|e| format!("{e} (tensor `{name}`)"))?;
+            if r != rows {
+                return Err(format!(
+                    "tensor `{name}` has {r} tokens, `{}` has {rows}: field `{}` stacks them",
+                    spec.source, spec.name
+                ));
+            }
+            layers.push(
+                field_bytes(spec, &t.shape, t.dtype.size(), t.bytes).map_err(|e| e.to_string())?,
+            );
+        }
+        let row = field.shape.get(1).copied().unwrap_or(1) as usize * field.dtype.size();
+        let len = field.row_bytes() as usize * rows as usize;
+        Ok(self.pool.filled(len, |dst| {
+            if row == 0 {
+                return;
+            }
+            for (t, out) in dst.chunks_exact_mut(row * layers.len()).enumerate() {
+                for (j, l) in layers.iter().enumerate() {
+                    out[j * row..(j + 1) * row].copy_from_slice(&l[t * row..(t + 1) * row]);
+                }
+            }
+        }))
     }
 
     fn split(&self, inputs: &Inputs, rows: u64) -> Result<Vec<Range<u64>>, String> {

@@ -12,6 +12,13 @@
 //! - `role=ids|mask|hidden|other`: by default `input_ids` holds token ids, `loss_mask` the loss
 //!   mask, `hidden.{l}` the hidden state of layer id `l`, anything else `other`;
 //! - `layer=L`: the layer id of a hidden state not named `hidden.{l}`;
+//! - `layers=L0,L1,...`: a stacked field (role `hidden_states`, row `[k, H]`) of these k layers,
+//!   from a `[T, k·H]` tensor (the layers concatenated on the last dim, e.g. EAGLE-3's
+//!   `aux_hidden_state`) or a `[T, k, H]` one, stored without a copy; or from k tensors of one
+//!   layer each named `SRC1+SRC2+...` (e.g. `aux.0+aux.1+aux.2`, or `layer_2+layer_30+layer_58`
+//!   with `--group-by`), interleaved per token;
+//! - `stack=concat|axis`: how a single source holds the k layers, when the first file's shape
+//!   does not tell (a `[1, k, k·H]` tensor); by default `axis` when its second-last dim is k;
 //! - `point=layer-input|layer-output|final-norm`: where the state was taken; by default the
 //!   `--point` given for all, else final-norm for the id equal to `--num-layers`, else
 //!   layer-input (the HF `hidden_states[i]` convention);
@@ -19,7 +26,7 @@
 
 use crate::format::{CapturePoint, Role};
 
-use super::super::layout::{list_tensors, FieldSpec, LayoutError, LayoutOptions, Op};
+use super::super::layout::{list_tensors, FieldSpec, LayoutError, LayoutOptions, Op, Stack};
 use super::super::TensorInfo;
 
 /// The user's fields; refuses an empty mapping, listing the tensors of the first file.
@@ -55,7 +62,17 @@ pub fn parse_field(arg: &str, options: &LayoutOptions) -> Result<FieldSpec, Layo
         .split_once('=')
         .ok_or_else(|| bad("expected NAME=TENSOR[:OPTION]...".into()))?;
     let mut parts = rest.split(':');
-    let source = parts.next().unwrap_or_default().to_string();
+    let mut sources = parts
+        .next()
+        .unwrap_or_default()
+        .split('+')
+        .map(str::to_string);
+    let source = sources.next().unwrap_or_default();
+    let more: Vec<String> = sources.collect();
+    if source.is_empty() && !more.is_empty() || more.iter().any(String::is_empty) {
+        return Err(bad("a stacked source is TENSOR+TENSOR+...".into()));
+    }
+    let (mut layers, mut stack) = (None::<Vec<u32>>, None);
     let (mut part, mut index, mut axis) = (None, None, None);
     let (mut role, mut layer, mut point, mut optional) = (None, None, None, false);
     let num = |v: &str| {
@@ -82,6 +99,28 @@ pub fn parse_field(arg: &str, options: &LayoutOptions) -> Result<FieldSpec, Layo
             "layer" => layer = Some(num(v)? as u32),
             "point" => point = Some(parse_point(v).map_err(|e| bad(e.to_string()))?),
             "optional" => optional = true,
+            "layers" => {
+                let ids = v
+                    .split(',')
+                    .map(|x| x.trim().parse::<u32>())
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|_| {
+                        bad(format!(
+                            "layers `{v}` is not a list of layer ids, e.g. layers=2,30,58"
+                        ))
+                    })?;
+                if ids.is_empty() {
+                    return Err(bad("layers= needs at least one id".into()));
+                }
+                layers = Some(ids);
+            }
+            "stack" => {
+                stack = Some(match v {
+                    "concat" => Stack::Concat,
+                    "axis" => Stack::Axis,
+                    _ => return Err(bad(format!("stack `{v}`: use concat or axis"))),
+                })
+            }
             _ => return Err(bad(format!("unknown option `{k}`"))),
         }
     }
@@ -103,6 +142,7 @@ pub fn parse_field(arg: &str, options: &LayoutOptions) -> Result<FieldSpec, Layo
         .and_then(|l| l.parse::<u32>().ok());
     let role_name = role.unwrap_or_else(|| {
         match name {
+            _ if layers.is_some() => "hidden",
             "input_ids" => "ids",
             "loss_mask" => "mask",
             _ if named_layer.is_some() || layer.is_some() => "hidden",
@@ -110,6 +150,50 @@ pub fn parse_field(arg: &str, options: &LayoutOptions) -> Result<FieldSpec, Layo
         }
         .into()
     });
+    if let Some(ids) = &layers {
+        if role_name != "hidden" || layer.is_some() {
+            return Err(bad(
+                "layers= makes a stacked hidden-state field: drop role= and layer=".into(),
+            ));
+        }
+        if !more.is_empty() && more.len() + 1 != ids.len() {
+            return Err(bad(format!(
+                "{} source tensors for {} layers: give one tensor per layer, or one holding them all",
+                more.len() + 1,
+                ids.len()
+            )));
+        }
+        if !more.is_empty() && stack.is_some() {
+            return Err(bad(
+                "stack= is for one source tensor holding every layer".into()
+            ));
+        }
+        let point = point.unwrap_or(match options.points.as_slice() {
+            [p] => *p,
+            _ => CapturePoint::LayerInput,
+        });
+        let stack = if more.is_empty() {
+            stack.unwrap_or(Stack::Auto)
+        } else {
+            Stack::Sources(more)
+        };
+        return Ok(FieldSpec {
+            name: name.to_string(),
+            source,
+            op,
+            role: Role::HiddenStates {
+                layers: ids.clone(),
+                point,
+            },
+            optional,
+            stack,
+        });
+    }
+    if !more.is_empty() || stack.is_some() {
+        return Err(bad(
+            "several source tensors or stack= need layers=L0,L1,...".into(),
+        ));
+    }
     let role = match role_name.as_str() {
         "ids" => Role::TokenIds,
         "mask" => Role::LossMask,
@@ -137,5 +221,6 @@ pub fn parse_field(arg: &str, options: &LayoutOptions) -> Result<FieldSpec, Layo
         op,
         role,
         optional,
+        stack: Stack::Auto,
     })
 }

@@ -98,6 +98,9 @@ def test_specforge(tmp_path):
         files[f"rows_0-4/data_{i}"] = src / name
     ds = tmp_path / "ds"
     hspack("convert", src, ds, "--layout", "specforge", "--layers", "2,30,58,61", "--num-layers", "61", "-q")
+    split = tmp_path / "split"
+    hspack("convert", src, split, "--layout", "specforge", "--layers", "2,30,58,61", "--num-layers", "61",
+           "--split-layers", "-q")
     assert sorted(keys(ds)) == sorted(files)
     for key, path in files.items():
         want = load(path)
@@ -105,11 +108,18 @@ def test_specforge(tmp_path):
         same(got["input_ids"], want["input_ids"])
         same(got["loss_mask"], want["loss_mask"])
         aux = want["aux_hidden_state"][0]
+        # One stacked field [T, 3, H]: read flat, it is EAGLE-3's [T, 3H] as saved.
+        same(got["aux_hidden_state"], aux.reshape(-1, 3, H))
+        same(got["aux_hidden_state"].reshape(-1, 3 * H), aux)
+        same(got["hidden.61"], want["hidden_state"][0])
+        got = read_sample(split, key, tmp_path)
         for j, layer in enumerate([2, 30, 58]):
             same(got[f"hidden.{layer}"], aux[:, j * H : (j + 1) * H])
         same(got["hidden.61"], want["hidden_state"][0])
     info = hspack("info", ds).stdout
     assert "HiddenState { layer: 61, point: FinalNorm }" in info
+    assert "HiddenStates { layers: [2, 30, 58], point: LayerInput }" in info
+    info = hspack("info", split).stdout
     assert "HiddenState { layer: 2, point: LayerInput }" in info
 
 
@@ -137,7 +147,7 @@ def test_specforge_trim_padding(tmp_path):
         got = read_sample(tmp_path / ds, "rows_0-1/data_0", tmp_path)
         same(got["input_ids"], ids[:real])
         same(got["hidden.4"], d["hidden_state"][0, :real])
-        same(got["hidden.2"], d["aux_hidden_state"][0, :real, H : 2 * H])
+        same(got["aux_hidden_state"][:, 1], d["aux_hidden_state"][0, :real, H : 2 * H])
 
 
 def test_eagle(tmp_path):
@@ -173,9 +183,14 @@ def test_modelopt(tmp_path):
         convs[f"conv-{i}"] = d
     ds = tmp_path / "ds"
     hspack("convert", src, ds, "--layout", "modelopt", "--layers", "2,16,29,32", "-q")
+    split = tmp_path / "split"
+    hspack("convert", src, split, "--layout", "modelopt", "--layers", "2,16,29,32", "--split-layers", "-q")
     for key, d in convs.items():
         got = read_sample(ds, key, tmp_path)
         same(got["input_ids"], d["input_ids"])
+        same(got["aux_hidden_state"].reshape(-1, 3 * H), d["aux_hidden_states"])
+        same(got["hidden.32"], d["hidden_states"])
+        got = read_sample(split, key, tmp_path)
         for j, layer in enumerate([2, 16, 29]):
             same(got[f"hidden.{layer}"], d["aux_hidden_states"][:, j * H : (j + 1) * H])
         same(got["hidden.32"], d["hidden_states"])
@@ -193,6 +208,18 @@ def test_speculators(tmp_path):
            "--point", "layer-output", "-q")
     got = read_sample(ds, "0", tmp_path)
     same(got["input_ids"], d["token_ids"])
+    same(got["hidden_states"], d["hidden_states"])
+    # The last layer as the final-norm output: the first two stacked as aux, the last alone.
+    eagle3 = tmp_path / "eagle3"
+    hspack("convert", src, eagle3, "--layout", "speculators", "--layers", "3,10,20", "--num-layers", "20",
+           "--point", "layer-input,layer-input,final-norm", "-q")
+    got = read_sample(eagle3, "0", tmp_path)
+    same(got["aux_hidden_state"], d["hidden_states"][:, :2])
+    same(got["hidden.20"], d["hidden_states"][:, 2])
+    split = tmp_path / "split"
+    hspack("convert", src, split, "--layout", "speculators", "--layers", "3,10,20",
+           "--point", "layer-output", "--split-layers", "-q")
+    got = read_sample(split, "0", tmp_path)
     for j, layer in enumerate([3, 10, 20]):
         same(got[f"hidden.{layer}"], d["hidden_states"][:, j])
 
@@ -212,6 +239,28 @@ def test_generic_list_of_layers_and_views(tmp_path):
     same(got["hidden.3"], d["layers"][0])
     same(got["hidden.7"], base.t())
     same(got["extra"], d["layers"][2][0])
+
+
+def test_generic_stacked_fields(tmp_path):
+    src = tmp_path / "src"
+    t = 5
+    d = {"ids": torch.arange(t), "cat": torch.randn(t, 3 * H, generator=g(42)).half(),
+         "axis": torch.randn(1, t, 2, H, generator=g(43)),
+         "aux": [torch.randn(t, H, generator=g(44 + i)).bfloat16() for i in range(3)]}
+    save(d, src / "a.pt")
+    ds = tmp_path / "ds"
+    hspack("convert", src, ds, "--layout", "generic", "--field", "input_ids=ids",
+           "--field", "cat=cat:layers=2,30,58", "--field", "axis=axis:layers=4,5:point=layer-output",
+           "--field", "aux_hidden_state=aux.0+aux.1+aux.2:layers=2,30,58", "-q")
+    got = read_sample(ds, "a", tmp_path)
+    same(got["cat"], d["cat"].reshape(t, 3, H))
+    same(got["axis"], d["axis"][0])
+    same(got["aux_hidden_state"], torch.stack(d["aux"], dim=1))
+    info = hspack("info", ds).stdout
+    assert "HiddenStates { layers: [4, 5], point: LayerOutput }" in info
+    p = hspack("convert", src, tmp_path / "bad", "--layout", "generic", "--field", "x=aux.0+aux.1:layers=1,2,3",
+               ok=False)
+    assert p.returncode == 2 and "2 source tensors for 3 layers" in p.stderr, p.stderr
 
 
 def test_generic_group_by_layer_files(tmp_path):
