@@ -196,7 +196,7 @@ pub enum ConvertError {
     },
 
     /// A tensor's dtype is not one hspack stores.
-    #[error("{}: tensor {tensor:?} has dtype {dtype}, which hspack does not store; cast it (e.g. to float32) and re-save", file.display())]
+    #[error("{}: tensor {tensor:?} has dtype {dtype}, which hspack does not store; cast it to a stored dtype (e.g. float32, or int64 for unsigned ids) and re-save, or leave it out of the fields", file.display())]
     UnsupportedDType {
         /// The file being read.
         file: PathBuf,

@@ -331,6 +331,11 @@ impl<'o> Run<'o> {
     }
 
     fn bad(&mut self, file: &Path, error: String) -> Result<(), RunError> {
+        // Reader errors start with the file already.
+        let error = match error.strip_prefix(&format!("{}: ", file.display())) {
+            Some(rest) => rest.to_string(),
+            None => error,
+        };
         let Some(f) = self.report_file.as_mut() else {
             return Err(RunError::BadFile {
                 file: file.to_path_buf(),
@@ -381,6 +386,13 @@ impl<'o> Run<'o> {
                         limits: o.limits,
                         pool: Default::default(),
                     }))
+                }
+                Err(LayoutError::MissingTensor { tensor, .. })
+                    if inputs.unsupported(&tensor).is_some() =>
+                {
+                    let e = inputs.unsupported(&tensor).map(|e| e.to_string());
+                    self.bad(first, e.unwrap_or_default())?;
+                    self.bad_units.insert(u.key.clone());
                 }
                 Err(e) if is_layout_flag_error(&e) => {
                     return Err(RunError::Layout {

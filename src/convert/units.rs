@@ -194,6 +194,22 @@ impl Inputs {
         out
     }
 
+    /// The error for reading `name` when it is a tensor of a dtype hspack does not store.
+    pub fn unsupported(&self, name: &str) -> Option<ConvertError> {
+        for (part, f) in &self.files {
+            for (n, dtype) in f.unsupported() {
+                if Self::qualify(part, &n) == name {
+                    return Some(ConvertError::UnsupportedDType {
+                        file: f.path().to_path_buf(),
+                        tensor: name.to_string(),
+                        dtype,
+                    });
+                }
+            }
+        }
+        None
+    }
+
     /// The tensor called `name` (as listed by [`Inputs::tensors`]).
     pub fn tensor(&self, name: &str) -> Result<SourceTensor<'_>, ConvertError> {
         for (part, f) in &self.files {
@@ -206,9 +222,13 @@ impl Inputs {
                     .and_then(|r| r.strip_prefix('.'))
             };
             if let Some(inner) = inner {
-                if let Ok(mut t) = f.tensor(inner) {
-                    t.name = name.to_string();
-                    return Ok(t);
+                match f.tensor(inner) {
+                    Ok(mut t) => {
+                        t.name = name.to_string();
+                        return Ok(t);
+                    }
+                    Err(e @ ConvertError::UnsupportedDType { .. }) => return Err(e),
+                    Err(_) => {}
                 }
             }
         }

@@ -329,3 +329,22 @@ def test_bad_files_stop_or_are_listed(tmp_path):
     assert sorted(os.path.basename(b["file"]) for b in bad) == ["data_1.ckpt", "data_2.ckpt", "data_3.ckpt"]
     assert keys(ds) == ["0/data_0"]
     same(read_sample(ds, "0/data_0", tmp_path)["hidden.9"], good["hidden_state"])
+
+
+def test_unsupported_dtypes_only_fail_when_used(tmp_path):
+    src = tmp_path / "src"
+    d = {"input_ids": torch.arange(4), "hidden_state": torch.randn(4, H, generator=g(80)).bfloat16(),
+         "loss_mask": torch.ones(4, dtype=torch.long),
+         "phase": torch.randn(4, 2, generator=g(81)).to(torch.complex64),
+         "counts": torch.arange(4, dtype=torch.int32).to(torch.uint16),
+         "big": torch.arange(3).to(torch.uint64)}
+    save(d, src / "0" / "data_0.ckpt")
+    ds = tmp_path / "ds"
+    hspack("convert", src, ds, "--layout", "eagle", "--layers", "9", "-q")
+    same(read_sample(ds, "0/data_0", tmp_path)["hidden.9"], d["hidden_state"])
+    for field, dtype in [("phase", "complex64"), ("counts", "uint16")]:
+        p = hspack("convert", src, tmp_path / f"ds_{field}", "--layout", "generic", "--field", "input_ids=input_ids",
+                   "--field", f"x={field}:role=other", ok=False)
+        assert p.returncode == 2, p.stderr
+        assert "data_0.ckpt" in p.stderr and f'"{field}"' in p.stderr and dtype in p.stderr.lower(), p.stderr
+        assert "re-save" in p.stderr, p.stderr
