@@ -103,6 +103,10 @@ fn table() -> Vec<(&'static str, Check)> {
             |e| matches!(e, E::OverlappingEntries { entry, other, .. } if entry == "archive/byteorder" && other == "archive/data.pkl"),
         ),
         ("legacy_tar.pt", |e| matches!(e, E::LegacyTarFormat { .. })),
+        (
+            "crc_mismatch.pt",
+            |e| matches!(e, E::ChecksumMismatch { entry, .. } if entry == "archive/data/0"),
+        ),
         ("legacy_storage_short.pt", |e| {
             matches!(e, E::Truncated { .. })
         }),

@@ -184,6 +184,23 @@ pub enum ConvertError {
         other: String,
     },
 
+    /// A zip entry's bytes do not match the CRC-32 its central directory records.
+    #[error(
+        "{}: zip entry {entry:?} has CRC-32 {got:08x} but the archive records {expected:08x}; \
+         the file was damaged after torch wrote it: copy it again from its origin, or re-save it",
+        file.display()
+    )]
+    ChecksumMismatch {
+        /// The file being read.
+        file: PathBuf,
+        /// The entry.
+        entry: String,
+        /// The CRC-32 in the central directory.
+        expected: u32,
+        /// The CRC-32 of the bytes.
+        got: u32,
+    },
+
     /// A storage or entry the pickle refers to does not exist.
     #[error("{}: missing {what} {key:?}; the file is incomplete", file.display())]
     Missing {
