@@ -337,3 +337,107 @@ fn refusals_name_the_file_and_the_fix() {
     let o = hspack(&convert_args(&src, &ds, &["--delete-source", "--no-fsync"]));
     assert!(!o.status.success());
 }
+
+/// Rows of `n` tensors of `row` bytes each, interleaved per token: `[T, n, ...]`.
+fn interleave(parts: &[&[u8]], row: usize) -> Vec<u8> {
+    let tokens = parts[0].len() / row;
+    let mut out = Vec::new();
+    for t in 0..tokens {
+        for p in parts {
+            out.extend_from_slice(&p[t * row..(t + 1) * row]);
+        }
+    }
+    out
+}
+
+#[test]
+fn modelopt_keys_from_the_stored_conversation_id() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    let files = [
+        ("modelopt_str.pt", "conv-a"),
+        ("modelopt_int.pt", "17"),
+        ("modelopt_tensor.pt", "42"),
+    ];
+    for (i, (from, _)) in files.iter().enumerate() {
+        std::fs::copy(fixtures().join(from), src.join(format!("{i}.pt"))).unwrap();
+    }
+    let ds = t.path().join("ds");
+    let args = |ds: &Path| {
+        hspack(&[
+            "convert",
+            s(&src),
+            s(ds),
+            "--layout",
+            "modelopt",
+            "--layers",
+            "2,16,29,32",
+            "--key-from",
+            "conversation_id",
+        ])
+    };
+    let o = args(&ds);
+    assert!(o.status.success(), "{}", text(&o));
+    let d = Dataset::open(&ds).unwrap();
+    assert_eq!(d.len(), 3);
+    for (from, key) in files {
+        let want = expected(from);
+        let sample = d.get_by_key(key).unwrap();
+        let read = |f: &str| sample.read(f, None).unwrap().bytes().to_vec();
+        assert_eq!(read("input_ids"), want["input_ids"]);
+        assert_eq!(read("aux_hidden_state"), want["aux_hidden_states"]);
+        assert_eq!(read("hidden.32"), want["hidden_states"]);
+    }
+    // A rerun opens nothing new and appends nothing.
+    let o = args(&ds);
+    assert!(
+        text(&o).contains("3 already in the dataset"),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(Dataset::open(&ds).unwrap().len(), 3);
+    // Two files with one stored key: an error naming both, in a rerun and in a fresh run.
+    std::fs::copy(fixtures().join("modelopt_str.pt"), src.join("9.pt")).unwrap();
+    for ds in [ds.clone(), t.path().join("fresh")] {
+        let o = args(&ds);
+        assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+        let msg = text(&o);
+        assert!(
+            msg.contains("0.pt") && msg.contains("9.pt") && msg.contains("`conv-a`"),
+            "{msg}"
+        );
+    }
+    assert_eq!(Dataset::open(&ds).unwrap().len(), 3);
+}
+
+#[test]
+fn generic_stacks_one_tensor_per_layer() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::copy(fixtures().join("aux_list.pt"), src.join("a.pt")).unwrap();
+    let ds = t.path().join("ds");
+    let o = hspack(&[
+        "convert",
+        s(&src),
+        s(&ds),
+        "--layout",
+        "generic",
+        "--field",
+        "input_ids=input_ids",
+        "--field",
+        "aux_hidden_state=aux.0+aux.1+aux.2:layers=2,30,58",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let want = expected("aux_list.pt");
+    let d = Dataset::open(&ds).unwrap();
+    let got = d
+        .get_by_key("a")
+        .unwrap()
+        .read("aux_hidden_state", None)
+        .unwrap();
+    let parts = [&want["aux.0"][..], &want["aux.1"][..], &want["aux.2"][..]];
+    assert_eq!(got.bytes(), &interleave(&parts, 8 * 2)[..]);
+    assert_eq!(d.schema().fields[1].shape, [3, 8]);
+}

@@ -85,6 +85,11 @@ pub struct Args {
     /// Split each file into requests: lengths:TENSOR or cu_seqlens:TENSOR.
     #[arg(long)]
     split_by: Option<String>,
+    /// Key each sample by a value stored in its file (a str, an int or a one-element integer
+    /// tensor, e.g. ModelOpt's conversation_id) instead of its file name; two files with one
+    /// key are an error naming both.
+    #[arg(long)]
+    key_from: Option<String>,
     /// Drop padded rows: `mask` (after the last loss-mask row) or `ids[:PAD]` (trailing PAD ids,
     /// default 0).
     #[arg(long)]
@@ -184,6 +189,7 @@ fn options(a: &Args) -> anyhow::Result<ConvertOptions> {
         layout,
         group_by: a.group_by.clone(),
         split_by,
+        key_from: a.key_from.clone(),
         trim,
         delete_source: a.delete_source,
         skip_bad: a.skip_bad,

@@ -17,6 +17,7 @@ use crate::format::manifest::MANIFEST_FILE;
 use crate::read::Dataset;
 use crate::write::{DatasetWriter, WriteOptions, WriteStats};
 
+use super::keys::KeyLog;
 use super::layout::{derive_schema, specs_for, LayoutError, LayoutOptions, Preset};
 use super::prepare::{Decoder, Prepared, SplitBy, Trim};
 use super::units::{plan, Inputs, Unit};
@@ -40,6 +41,8 @@ pub struct ConvertOptions {
     pub group_by: Option<String>,
     /// Split each file into requests.
     pub split_by: Option<SplitBy>,
+    /// Take each file's sample key from this stored value (e.g. `conversation_id`).
+    pub key_from: Option<String>,
     /// Drop padding rows.
     pub trim: Option<Trim>,
     /// Delete each source file once its samples are committed and verified.
@@ -136,7 +139,7 @@ pub enum RunError {
     #[error(transparent)]
     Dataset(#[from] crate::Error),
     /// Two source units give the same key.
-    #[error("{} and {} both give sample key `{key}`; keep one of them", a.display(), b.display())]
+    #[error("{} and {} both give sample key `{key}`; keep one of them (or key samples another way)", a.display(), b.display())]
     DuplicateKey {
         /// The key.
         key: String,
@@ -218,7 +221,11 @@ pub fn run(o: &ConvertOptions, progress: &mut dyn FnMut(Progress)) -> Result<Rep
         if run.bad_units.contains(&u.key) {
             continue;
         }
-        if !split && writer.contains_key(&u.key) {
+        let key = match &run.keys {
+            Some(log) => log.key_of(&u.key),
+            None => Some(u.key.as_str()),
+        };
+        if !split && key.is_some_and(|k| writer.contains_key(k)) {
             present.push(u);
         } else {
             todo.push(u);
@@ -277,6 +284,8 @@ struct Run<'o> {
     /// Converted units not yet deleted, with the ordinal after their last sample.
     pending: VecDeque<(Unit, u64)>,
     verified: u64,
+    /// With `key_from`, which unit gave which key.
+    keys: Option<KeyLog>,
 }
 
 impl<'o> Run<'o> {
@@ -327,6 +336,14 @@ impl<'o> Run<'o> {
             bad_units: Default::default(),
             pending: VecDeque::new(),
             verified: 0,
+            keys: match &o.key_from {
+                Some(_) => Some(KeyLog::open(&o.dst).map_err(|source| RunError::Io {
+                    path: o.dst.join(super::keys::KEYS_FILE),
+                    op: "read",
+                    source,
+                })?),
+                None => None,
+            },
         })
     }
 
@@ -382,6 +399,7 @@ impl<'o> Run<'o> {
                         specs,
                         schema,
                         split_by: o.split_by.clone(),
+                        key_from: o.key_from.clone(),
                         trim: o.trim,
                         limits: o.limits,
                         pool: Default::default(),
@@ -471,6 +489,25 @@ impl<'o> Run<'o> {
         p: Prepared,
         writer: &mut DatasetWriter,
     ) -> Result<(), RunError> {
+        if let Some(log) = &mut self.keys {
+            let file = &unit.files[0].1;
+            match log.unit_of(&p.key) {
+                Some((other, other_file)) if other != unit.key => {
+                    return Err(RunError::DuplicateKey {
+                        key: p.key.clone(),
+                        a: other_file.to_path_buf(),
+                        b: file.clone(),
+                    })
+                }
+                _ => {}
+            }
+            log.record(&unit.key, file, &p.key)
+                .map_err(|source| RunError::Io {
+                    path: log.path().to_path_buf(),
+                    op: "write",
+                    source,
+                })?;
+        }
         let mut fields = Vec::with_capacity(decoder.specs.len());
         for f in 0..decoder.specs.len() {
             match decoder.field(&p, f) {

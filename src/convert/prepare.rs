@@ -43,6 +43,8 @@ pub struct Decoder {
     pub split_by: Option<SplitBy>,
     /// Padding trimming.
     pub trim: Option<Trim>,
+    /// Take each unit's key from this stored value instead of its file name.
+    pub key_from: Option<String>,
     /// Limits for reading source files.
     pub limits: Limits,
     /// Gather buffers.
@@ -126,6 +128,8 @@ pub struct Prepared {
     pub pieces: Vec<Piece>,
     /// Sample keys and their rows.
     pub samples: Vec<(String, Range<u64>)>,
+    /// The unit's key: its file name's, or the stored one with `key_from`.
+    pub key: String,
 }
 
 /// Reads every 4096th byte so the pages are mapped before the writer reads them.
@@ -210,10 +214,15 @@ impl Decoder {
         }
         let rows = rows.unwrap_or(0);
         let ranges = self.split(&inputs, rows)?;
+        let key = match &self.key_from {
+            Some(name) => super::keys::stored_key(&inputs, name)?,
+            None => unit.key.clone(),
+        };
         let mut prepared = Prepared {
             inputs,
             pieces,
             samples: Vec::with_capacity(ranges.len()),
+            key,
         };
         let split = self.split_by.is_some();
         for (i, range) in ranges.into_iter().enumerate() {
@@ -222,9 +231,9 @@ impl Decoder {
                 None => range,
             };
             let key = if split {
-                format!("{}/{i}", unit.key)
+                format!("{}/{i}", prepared.key)
             } else {
-                unit.key.clone()
+                prepared.key.clone()
             };
             prepared.samples.push((key, range));
         }

@@ -169,6 +169,11 @@ impl Inputs {
         Ok(Inputs { files })
     }
 
+    /// The open files with their part names.
+    pub fn files(&self) -> &[(String, SourceFile)] {
+        &self.files
+    }
+
     /// The file named in errors.
     pub fn path(&self) -> &Path {
         self.files.first().map_or(Path::new(""), |f| f.1.path())

@@ -348,3 +348,46 @@ def test_unsupported_dtypes_only_fail_when_used(tmp_path):
         assert p.returncode == 2, p.stderr
         assert "data_0.ckpt" in p.stderr and f'"{field}"' in p.stderr and dtype in p.stderr.lower(), p.stderr
         assert "re-save" in p.stderr, p.stderr
+
+
+def modelopt_dump(path, t, conversation_id, seed):
+    gen = g(seed)
+    d = {"input_ids": torch.randint(0, 1000, (t,), generator=gen),
+         "hidden_states": torch.randn(t, H, generator=gen).to(torch.bfloat16),
+         "aux_hidden_states": torch.randn(t, 3 * H, generator=gen).to(torch.bfloat16),
+         "conversation_id": conversation_id}
+    save(d, path)
+    return d
+
+
+def test_key_from_stored_id(tmp_path):
+    src = tmp_path / "src"
+    want = {"conv-a": modelopt_dump(src / "0.pt", 5, "conv-a", 90),
+            "17": modelopt_dump(src / "1.pt", 3, 17, 91),
+            "42": modelopt_dump(src / "2.pt", 4, torch.tensor([42]), 92)}
+    ds = tmp_path / "ds"
+    args = ("convert", src, ds, "--layout", "modelopt", "--layers", "2,16,29,32", "--key-from", "conversation_id", "-q")
+    hspack(*args)
+    assert sorted(keys(ds)) == sorted(want)
+    for key, d in want.items():
+        got = read_sample(ds, key, tmp_path)
+        same(got["input_ids"], d["input_ids"])
+        same(got["hidden.32"], d["hidden_states"])
+    # Resume: converted files are not reopened or appended again; a new file goes on.
+    want["conv-b"] = modelopt_dump(src / "3.pt", 2, "conv-b", 93)
+    p = subprocess.run([BIN, *map(str, args[:-1])], capture_output=True, text=True)
+    assert p.returncode == 0 and "3 already in the dataset" in p.stderr, p.stderr
+    assert sorted(keys(ds)) == sorted(want)
+    # A second file with a stored id already taken: an error naming both files.
+    modelopt_dump(src / "4.pt", 2, "conv-a", 94)
+    p = hspack(*args, ok=False)
+    assert p.returncode == 2 and "0.pt" in p.stderr and "4.pt" in p.stderr and "conv-a" in p.stderr, p.stderr
+    assert sorted(keys(ds)) == sorted(want)
+    # Within one run too, and a value that is not a key is refused with the file named.
+    p = hspack("convert", src, tmp_path / "ds2", "--layout", "modelopt", "--layers", "2,16,29,32",
+               "--key-from", "conversation_id", ok=False)
+    assert p.returncode == 2 and "0.pt" in p.stderr and "4.pt" in p.stderr, p.stderr
+    (src / "4.pt").unlink()
+    p = hspack("convert", src, tmp_path / "ds3", "--layout", "modelopt", "--layers", "2,16,29,32",
+               "--key-from", "input_ids", ok=False)
+    assert p.returncode == 2 and ".pt" in p.stderr and "one integer" in p.stderr, p.stderr
