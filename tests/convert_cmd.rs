@@ -441,3 +441,56 @@ fn generic_stacks_one_tensor_per_layer() {
     assert_eq!(got.bytes(), &interleave(&parts, 8 * 2)[..]);
     assert_eq!(d.schema().fields[1].shape, [3, 8]);
 }
+
+#[test]
+fn split_by_a_file_beside_the_batch() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::copy(fixtures().join("aux_list.pt"), src.join("b.pt")).unwrap();
+    let lens = V {
+        dtype: Dtype::I32,
+        shape: vec![2],
+        data: [1i32, 3].iter().flat_map(|x| x.to_le_bytes()).collect(),
+    };
+    let side = src.join("b.split.safetensors");
+    safetensors::serialize_to_file([("lens".to_string(), &lens)], None, &side).unwrap();
+    let ds = t.path().join("ds");
+    let o = hspack(&[
+        "convert",
+        s(&src),
+        s(&ds),
+        "--layout",
+        "generic",
+        "--field",
+        "input_ids=input_ids",
+        "--field",
+        "aux=aux.0+aux.1+aux.2:layers=1,2,3",
+        "--split-by",
+        "lengths:lens",
+        "--split-by-file",
+        "{stem}.split.safetensors",
+        "--delete-source",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let d = Dataset::open(&ds).unwrap();
+    let keys: Vec<String> = (0..d.len())
+        .map(|i| d.sample(i).unwrap().key().to_string())
+        .collect();
+    assert_eq!(keys, ["b/0", "b/1"]);
+    let want = expected("aux_list.pt");
+    let ids = |k: &str| {
+        d.get_by_key(k)
+            .unwrap()
+            .read("input_ids", None)
+            .unwrap()
+            .bytes()
+            .to_vec()
+    };
+    assert_eq!(ids("b/0"), want["input_ids"][..8]);
+    assert_eq!(ids("b/1"), want["input_ids"][8..]);
+    assert!(
+        !side.exists() && !src.join("b.pt").exists(),
+        "both files deleted"
+    );
+}

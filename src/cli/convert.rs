@@ -43,7 +43,9 @@ Files: one per sample (key: relative path without extension); --group-by 'PATTER
 whose relative path matches it, {key} naming the sample and {part} prefixing tensor names
 (e.g. '{key}/layer_{part}.pt' gives tensors part.NAME, or part for a bare tensor);
 --split-by lengths:TENSOR|cu_seqlens:TENSOR splits a file packing several requests along the
-tokens into samples KEY/0, KEY/1, ...
+tokens into samples KEY/0, KEY/1, ...; with --split-by-file '{stem}.lens.pt' the tensor is in
+the file of that name beside each batch (--split-by lengths for its bare tensor).
+--key-from NAME keys each sample by a value stored in its file instead of its file name.
 Resume: rerun the same command; samples already in the dataset are skipped.";
 
 /// Turn hidden-state dumps (SpecForge, EAGLE, ModelOpt, speculators, ad-hoc) into a dataset.
@@ -85,6 +87,10 @@ pub struct Args {
     /// Split each file into requests: lengths:TENSOR or cu_seqlens:TENSOR.
     #[arg(long)]
     split_by: Option<String>,
+    /// Take the --split-by tensor from a file beside each batch file, named by this pattern
+    /// with {stem} (the batch's name without extension), e.g. '{stem}.lens.pt'.
+    #[arg(long)]
+    split_by_file: Option<String>,
     /// Key each sample by a value stored in its file (a str, an int or a one-element integer
     /// tensor, e.g. ModelOpt's conversation_id) instead of its file name; two files with one
     /// key are an error naming both.
@@ -161,11 +167,18 @@ fn options(a: &Args) -> anyhow::Result<ConvertOptions> {
         .iter()
         .map(|f| parse_field(f, &layout))
         .collect::<Result<_, _>>()?;
-    let split_by = match a.split_by.as_deref().map(|s| s.split_once(':')) {
+    let split_by = match a
+        .split_by
+        .as_deref()
+        .map(|s| s.split_once(':').unwrap_or((s, "")))
+    {
         None => None,
-        Some(Some(("lengths", t))) => Some(SplitBy::Lengths(t.into())),
-        Some(Some(("cu_seqlens", t))) => Some(SplitBy::CuSeqlens(t.into())),
-        Some(_) => bail!("--split-by takes lengths:TENSOR or cu_seqlens:TENSOR"),
+        Some(("lengths", t)) => Some(SplitBy::Lengths(t.into())),
+        Some(("cu_seqlens", t)) => Some(SplitBy::CuSeqlens(t.into())),
+        Some(_) => bail!(
+            "--split-by takes lengths:TENSOR or cu_seqlens:TENSOR (TENSOR left out: the bare \
+             tensor of a --split-by-file file)"
+        ),
     };
     let trim = match a.trim_padding.as_deref() {
         None => None,
@@ -189,6 +202,7 @@ fn options(a: &Args) -> anyhow::Result<ConvertOptions> {
         layout,
         group_by: a.group_by.clone(),
         split_by,
+        split_file: a.split_by_file.clone(),
         key_from: a.key_from.clone(),
         trim,
         delete_source: a.delete_source,

@@ -41,6 +41,8 @@ pub struct ConvertOptions {
     pub group_by: Option<String>,
     /// Split each file into requests.
     pub split_by: Option<SplitBy>,
+    /// The file beside each batch holding its split tensor: a name with `{stem}`.
+    pub split_file: Option<String>,
     /// Take each file's sample key from this stored value (e.g. `conversation_id`).
     pub key_from: Option<String>,
     /// Drop padding rows.
@@ -188,7 +190,29 @@ pub fn run(o: &ConvertOptions, progress: &mut dyn FnMut(Progress)) -> Result<Rep
             "--delete-source needs durable commits: sources are deleted only after their shard is fsynced".into(),
         ));
     }
-    let plan = plan(&o.src, o.preset, o.group_by.as_deref())?;
+    if o.split_file.is_some() && (o.split_by.is_none() || o.group_by.is_some()) {
+        return Err(RunError::BadOptions(
+            "a split file beside each batch (--split-by-file) needs --split-by lengths[:TENSOR] \
+             or cu_seqlens[:TENSOR], and does not combine with --group-by"
+                .into(),
+        ));
+    }
+    if o.split_file
+        .as_deref()
+        .is_some_and(|p| !p.contains("{stem}") || p.contains('/'))
+    {
+        return Err(RunError::BadOptions(
+            "--split-by-file takes a file name with {stem}, the batch file's name without its \
+             extension, e.g. '{stem}.lens.pt'"
+                .into(),
+        ));
+    }
+    let plan = plan(
+        &o.src,
+        o.preset,
+        o.group_by.as_deref(),
+        o.split_file.as_deref(),
+    )?;
     check_duplicates(&plan.units, o.split_by.is_some())?;
     let mut run = Run::new(o, plan.ignored.len() as u64)?;
     if plan.units.is_empty() {
@@ -578,7 +602,7 @@ impl<'o> Run<'o> {
     }
 
     fn delete(&mut self, unit: &Unit) -> Result<(), RunError> {
-        for (_, path) in &unit.files {
+        for path in unit.files.iter().map(|f| &f.1).chain(&unit.split_file) {
             match std::fs::remove_file(path) {
                 Ok(()) => {
                     self.report.deleted += 1;

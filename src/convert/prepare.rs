@@ -213,7 +213,7 @@ impl Decoder {
             });
         }
         let rows = rows.unwrap_or(0);
-        let ranges = self.split(&inputs, rows)?;
+        let ranges = self.split(unit, &inputs, rows)?;
         let key = match &self.key_from {
             Some(name) => super::keys::stored_key(&inputs, name)?,
             None => unit.key.clone(),
@@ -277,42 +277,28 @@ impl Decoder {
         }))
     }
 
-    fn split(&self, inputs: &Inputs, rows: u64) -> Result<Vec<Range<u64>>, String> {
+    fn split(&self, unit: &Unit, inputs: &Inputs, rows: u64) -> Result<Vec<Range<u64>>, String> {
         let Some(by) = &self.split_by else {
             return Ok(std::iter::once(0..rows).collect());
         };
         let name = match by {
             SplitBy::Lengths(n) | SplitBy::CuSeqlens(n) => n,
         };
-        let t = inputs.tensor(name).map_err(|e| e.to_string())?;
-        let values = ints(&t.bytes, t.dtype)
-            .ok_or_else(|| format!("`{name}` is {}, not an integer tensor", t.dtype))?;
-        let mut bounds = Vec::with_capacity(values.len() + 1);
-        match by {
-            SplitBy::Lengths(_) => {
-                bounds.push(0i64);
-                for v in &values {
-                    let last = *bounds.last().unwrap_or(&0);
-                    bounds.push(last.checked_add(*v).ok_or("lengths overflow")?);
-                }
-            }
-            SplitBy::CuSeqlens(_) => bounds = values,
-        }
-        if bounds.first() != Some(&0)
-            || bounds.last() != Some(&(rows as i64))
-            || bounds.windows(2).any(|w| w[1] < w[0])
-        {
-            return Err(format!(
-                "`{name}` does not split the {rows} tokens: the offsets must rise from 0 to {rows}, got {} values",
-                bounds.len()
-            ));
-        }
-        Ok(bounds
-            .windows(2)
-            .map(|w| w[0] as u64..w[1] as u64)
-            .collect())
+        let Some(path) = &unit.split_file else {
+            let t = inputs.tensor(name).map_err(|e| e.to_string())?;
+            return bounds(by, name, &t.bytes, t.dtype, rows);
+        };
+        // The split lies in a file beside the batch: errors name both.
+        let both = |e: String| {
+            format!(
+                "split file {} of this batch: {e}; each batch needs its split file (--split-by-file)",
+                path.display()
+            )
+        };
+        let file = super::open_source_with(path, self.limits).map_err(|e| both(e.to_string()))?;
+        let t = file.tensor(name).map_err(|e| both(e.to_string()))?;
+        bounds(by, name, &t.bytes, t.dtype, rows).map_err(both)
     }
-
     fn trimmed(&self, p: &Prepared, trim: Trim, range: Range<u64>) -> Result<Range<u64>, String> {
         let role = match trim {
             Trim::LossMask => crate::format::Role::LossMask,
@@ -341,4 +327,40 @@ impl Decoder {
         };
         Ok(range.start..range.start + keep as u64)
     }
+}
+
+/// The row ranges a lengths or offsets tensor gives for `rows` tokens.
+fn bounds(
+    by: &SplitBy,
+    name: &str,
+    bytes: &[u8],
+    dtype: DType,
+    rows: u64,
+) -> Result<Vec<Range<u64>>, String> {
+    let values =
+        ints(bytes, dtype).ok_or_else(|| format!("`{name}` is {dtype}, not an integer tensor"))?;
+    let mut bounds = Vec::with_capacity(values.len() + 1);
+    match by {
+        SplitBy::Lengths(_) => {
+            bounds.push(0i64);
+            for v in &values {
+                let last = *bounds.last().unwrap_or(&0);
+                bounds.push(last.checked_add(*v).ok_or("lengths overflow")?);
+            }
+        }
+        SplitBy::CuSeqlens(_) => bounds = values,
+    }
+    if bounds.first() != Some(&0)
+        || bounds.last() != Some(&(rows as i64))
+        || bounds.windows(2).any(|w| w[1] < w[0])
+    {
+        return Err(format!(
+            "`{name}` does not split the {rows} tokens: the offsets must rise from 0 to {rows}, got {} values",
+            bounds.len()
+        ));
+    }
+    Ok(bounds
+        .windows(2)
+        .map(|w| w[0] as u64..w[1] as u64)
+        .collect())
 }

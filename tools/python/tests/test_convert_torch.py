@@ -391,3 +391,40 @@ def test_key_from_stored_id(tmp_path):
     p = hspack("convert", src, tmp_path / "ds3", "--layout", "modelopt", "--layers", "2,16,29,32",
                "--key-from", "input_ids", ok=False)
     assert p.returncode == 2 and ".pt" in p.stderr and "one integer" in p.stderr, p.stderr
+
+
+def test_split_by_a_file_beside_each_batch(tmp_path):
+    batches = {}
+    for b, lengths in enumerate([[3, 1, 5], [2, 2]]):
+        n = sum(lengths)
+        d = {"input_ids": torch.randint(0, 100, (n,), generator=g(100 + b)),
+             "hidden": torch.randn(n, 3 * H, generator=g(110 + b)).bfloat16()}
+        save(d, tmp_path / "lens" / f"batch_{b}.pt")
+        save(d, tmp_path / "cu" / f"batch_{b}.pt")
+        save(torch.tensor(lengths, dtype=torch.int32), tmp_path / "lens" / f"batch_{b}.lens.pt")
+        cu = torch.cat([torch.zeros(1, dtype=torch.long), torch.tensor(lengths).cumsum(0)])
+        save({"cu": cu}, tmp_path / "cu" / f"batch_{b}.cu.pt")
+        batches[b] = (d, lengths)
+    fields = ("--field", "input_ids=input_ids", "--field", "aux_hidden_state=hidden:layers=2,30,58")
+    for how, pattern, src in [("lengths", "{stem}.lens.pt", "lens"), ("cu_seqlens:cu", "{stem}.cu.pt", "cu")]:
+        ds = tmp_path / f"ds_{src}"
+        hspack("convert", tmp_path / src, ds, "--layout", "generic", "--split-by", how, "--split-by-file", pattern,
+               *fields, "-q")
+        assert keys(ds) == ["batch_0/0", "batch_0/1", "batch_0/2", "batch_1/0", "batch_1/1"]
+        for b, (d, lengths) in batches.items():
+            start = 0
+            for i, n in enumerate(lengths):
+                got = read_sample(ds, f"batch_{b}/{i}", tmp_path)
+                same(got["input_ids"], d["input_ids"][start : start + n])
+                same(got["aux_hidden_state"], d["hidden"][start : start + n].reshape(n, 3, H))
+                start += n
+    src = tmp_path / "lens"
+    (src / "batch_1.lens.pt").unlink()
+    p = hspack("convert", src, tmp_path / "missing", "--layout", "generic", "--split-by", "lengths",
+               "--split-by-file", "{stem}.lens.pt", *fields, ok=False)
+    assert p.returncode == 2 and "batch_1.pt" in p.stderr and "batch_1.lens.pt" in p.stderr, p.stderr
+    save(torch.tensor([4, 4]), src / "batch_1.lens.pt")
+    p = hspack("convert", src, tmp_path / "wrong", "--layout", "generic", "--split-by", "lengths",
+               "--split-by-file", "{stem}.lens.pt", *fields, ok=False)
+    assert p.returncode == 2 and "batch_1.pt" in p.stderr and "batch_1.lens.pt" in p.stderr, p.stderr
+    assert "does not split the 4 tokens" in p.stderr, p.stderr
