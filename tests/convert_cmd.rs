@@ -494,3 +494,76 @@ fn split_by_a_file_beside_the_batch() {
         "both files deleted"
     );
 }
+
+#[test]
+fn mapping_file_holds_the_flags_and_refuses_conflicts() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::copy(fixtures().join("aux_list.pt"), src.join("b.pt")).unwrap();
+    let mapping = t.path().join("mapping.json");
+    std::fs::write(
+        &mapping,
+        r#"{
+          "fields": [
+            "input_ids=input_ids",
+            {"name": "aux", "source": ["aux.0", "aux.1", "aux.2"], "layers": [2, 30, 58],
+             "point": "layer-output"}
+          ],
+          "split_by": {"lengths": "lens"},
+          "model": "org/model"
+        }"#,
+    )
+    .unwrap();
+    let ds = t.path().join("ds");
+    let run = |ds: &Path, extra: &[&str]| {
+        let mut args = vec![
+            "convert",
+            s(&src),
+            s(ds),
+            "--layout",
+            "generic",
+            "--mapping",
+            s(&mapping),
+        ];
+        args.extend_from_slice(extra);
+        hspack(&args)
+    };
+    let o = run(&ds, &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    let d = Dataset::open(&ds).unwrap();
+    assert_eq!(d.len(), 2);
+    let want = expected("aux_list.pt");
+    let parts = [&want["aux.0"][..], &want["aux.1"][..], &want["aux.2"][..]];
+    let all = interleave(&parts, 16);
+    let aux = d.get_by_key("b/1").unwrap().read("aux", None).unwrap();
+    assert_eq!(aux.bytes(), &all[3 * 16..]);
+    assert_eq!(
+        d.schema().fields[1].role,
+        hspack::Role::HiddenStates {
+            layers: vec![2, 30, 58],
+            point: hspack::CapturePoint::LayerOutput
+        }
+    );
+    assert_eq!(d.schema().capture.as_ref().unwrap().model, "org/model");
+    for (extra, key) in [
+        (&["--field", "x=lens"][..], "`fields`"),
+        (&["--split-by", "cu_seqlens:lens"][..], "`split_by`"),
+        (&["--model", "m"][..], "`model`"),
+    ] {
+        let o = run(&t.path().join("conflict"), extra);
+        assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+        let msg = text(&o);
+        assert!(
+            msg.contains("mapping.json") && msg.contains(key) && msg.contains(extra[0]),
+            "{msg}"
+        );
+    }
+    std::fs::write(&mapping, r#"{"feilds": []}"#).unwrap();
+    let o = run(&t.path().join("typo"), &[]);
+    assert!(
+        text(&o).contains("mapping.json") && text(&o).contains("feilds"),
+        "{}",
+        text(&o)
+    );
+}

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{bail, Context};
-use hspack::convert::layouts::generic::{parse_field, parse_point};
+use hspack::convert::layouts::generic::{parse_field, parse_point, Mapping, MappingSplit};
 use hspack::convert::{
     self, ConvertOptions, LayoutOptions, Limits, Preset, Progress, SplitBy, Trim,
 };
@@ -78,6 +78,11 @@ pub struct Args {
     /// hidden_states fields (a copy that de-interleaves the layers).
     #[arg(long)]
     split_layers: bool,
+    /// A JSON file holding what the flags say (fields, group-by, split-by, split-by-file,
+    /// key-from, layers, points, num-layers, model); a key there and its flag together are an
+    /// error.
+    #[arg(long)]
+    mapping: Option<PathBuf>,
     /// Generic layout field: NAME=TENSOR[:OPTION]... (repeat per field).
     #[arg(long = "field")]
     fields: Vec<String>,
@@ -138,6 +143,70 @@ enum LayoutArg {
     Generic,
 }
 
+/// Fills the flags a mapping file sets, refusing a key also given as a flag.
+fn merge_mapping(a: &mut Args) -> anyhow::Result<()> {
+    let Some(path) = a.mapping.clone() else {
+        return Ok(());
+    };
+    let m = Mapping::read(&path)?;
+    let both = |key: &str, flag: &str| {
+        anyhow::anyhow!(
+            "{}: the mapping file sets `{key}` and so does {flag}: give it in one place",
+            path.display()
+        )
+    };
+    fn take<T>(
+        slot: &mut Option<T>,
+        value: Option<T>,
+        err: impl FnOnce() -> anyhow::Error,
+    ) -> anyhow::Result<()> {
+        if let Some(v) = value {
+            if slot.is_some() {
+                return Err(err());
+            }
+            *slot = Some(v);
+        }
+        Ok(())
+    }
+    if !m.fields.is_empty() {
+        if !a.fields.is_empty() {
+            return Err(both("fields", "--field"));
+        }
+        a.fields = m.fields.iter().map(|f| f.to_flag()).collect();
+    }
+    take(&mut a.group_by, m.group_by, || {
+        both("group_by", "--group-by")
+    })?;
+    let split = m.split_by.map(|s| match s {
+        MappingSplit::Lengths(t) => format!("lengths:{t}"),
+        MappingSplit::CuSeqlens(t) => format!("cu_seqlens:{t}"),
+    });
+    take(&mut a.split_by, split, || both("split_by", "--split-by"))?;
+    take(&mut a.split_by_file, m.split_by_file, || {
+        both("split_by_file", "--split-by-file")
+    })?;
+    take(&mut a.key_from, m.key_from, || {
+        both("key_from", "--key-from")
+    })?;
+    take(&mut a.num_layers, m.num_layers, || {
+        both("num_layers", "--num-layers")
+    })?;
+    take(&mut a.model, m.model, || both("model", "--model"))?;
+    if let Some(layers) = m.layers {
+        if !a.layers.is_empty() {
+            return Err(both("layers", "--layers"));
+        }
+        a.layers = layers;
+    }
+    if let Some(points) = m.points {
+        if !a.point.is_empty() {
+            return Err(both("points", "--point"));
+        }
+        a.point = points;
+    }
+    Ok(())
+}
+
 fn options(a: &Args) -> anyhow::Result<ConvertOptions> {
     let preset = match a.layout {
         LayoutArg::Specforge => Preset::SpecForge,
@@ -160,7 +229,7 @@ fn options(a: &Args) -> anyhow::Result<ConvertOptions> {
         split_layers: a.split_layers,
     };
     if !a.fields.is_empty() && preset != Preset::Generic {
-        bail!("--field needs --layout generic");
+        bail!("--field (or fields in a --mapping file) needs --layout generic");
     }
     layout.fields = a
         .fields
@@ -222,7 +291,8 @@ fn options(a: &Args) -> anyhow::Result<ConvertOptions> {
     })
 }
 
-pub fn run(a: Args) -> anyhow::Result<ExitCode> {
+pub fn run(mut a: Args) -> anyhow::Result<ExitCode> {
+    merge_mapping(&mut a)?;
     let o = options(&a)?;
     let bar = ProgressBar::new(0);
     if a.quiet {

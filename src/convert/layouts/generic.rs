@@ -23,6 +23,28 @@
 //!   `--point` given for all, else final-norm for the id equal to `--num-layers`, else
 //!   layer-input (the HF `hidden_states[i]` convention);
 //! - `optional`: leave the field out when the first file lacks the tensor.
+//!
+//! `--mapping FILE.json` holds the same in one file ([`Mapping`]); a key there and its flag on
+//! the command line together are an error. Fields are `--field` strings or objects:
+//!
+//! ```json
+//! {
+//!   "fields": [
+//!     "input_ids=ids",
+//!     {"name": "aux_hidden_state", "source": ["layer_2", "layer_30", "layer_58"],
+//!      "layers": [2, 30, 58], "point": "layer-input"},
+//!     {"name": "hidden.61", "source": "final", "point": "final-norm"}
+//!   ],
+//!   "group_by": "{key}/{part}.pt",
+//!   "num_layers": 61,
+//!   "model": "org/model"
+//! }
+//! ```
+//!
+//! Other keys: `split_by` (`{"lengths": TENSOR}` or `{"cu_seqlens": TENSOR}`),
+//! `split_by_file`, `key_from`, `layers`, `points` (a list of capture points).
+
+use std::path::Path;
 
 use crate::format::{CapturePoint, Role};
 
@@ -223,4 +245,147 @@ pub fn parse_field(arg: &str, options: &LayoutOptions) -> Result<FieldSpec, Layo
         optional,
         stack: Stack::Auto,
     })
+}
+
+/// A mapping file (`--mapping FILE.json`): what the generic layout's flags say, in one file.
+/// Each key stands for the flag of the same name; a key and its flag together are refused.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Mapping {
+    /// Fields: `--field` strings, or objects with the same options as keys.
+    #[serde(default)]
+    pub fields: Vec<MappingField>,
+    /// `--group-by`.
+    pub group_by: Option<String>,
+    /// `--split-by`: `{"lengths": TENSOR}` or `{"cu_seqlens": TENSOR}`.
+    pub split_by: Option<MappingSplit>,
+    /// `--split-by-file`.
+    pub split_by_file: Option<String>,
+    /// `--key-from`.
+    pub key_from: Option<String>,
+    /// `--layers`.
+    pub layers: Option<Vec<u32>>,
+    /// `--point`: one for all layers or one per layer.
+    pub points: Option<Vec<String>>,
+    /// `--num-layers`.
+    pub num_layers: Option<u32>,
+    /// `--model`.
+    pub model: Option<String>,
+}
+
+/// How a mapping file splits batches.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
+pub enum MappingSplit {
+    /// A tensor of per-request lengths.
+    Lengths(String),
+    /// A tensor of cumulative offsets.
+    CuSeqlens(String),
+}
+
+/// One field of a mapping file.
+#[derive(Debug, serde::Deserialize)]
+#[serde(untagged)]
+pub enum MappingField {
+    /// A `--field` argument.
+    Flag(String),
+    /// The same as keys.
+    Object(FieldObject),
+}
+
+/// A field of a mapping file as an object: the `--field` options as keys.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FieldObject {
+    /// Field name.
+    pub name: String,
+    /// The source tensor, or one tensor per layer of a stacked field.
+    pub source: Sources,
+    /// `part=K/N`.
+    pub part: Option<String>,
+    /// `index=K`.
+    pub index: Option<u64>,
+    /// `axis=A`.
+    pub axis: Option<i64>,
+    /// `role=...`.
+    pub role: Option<String>,
+    /// `layer=L`.
+    pub layer: Option<u32>,
+    /// `layers=L0,L1,...`.
+    pub layers: Option<Vec<u32>>,
+    /// `point=...`.
+    pub point: Option<String>,
+    /// `stack=concat|axis`.
+    pub stack: Option<String>,
+    /// `optional`.
+    #[serde(default)]
+    pub optional: bool,
+}
+
+/// One source tensor or several.
+#[derive(Debug, serde::Deserialize)]
+#[serde(untagged)]
+pub enum Sources {
+    /// One tensor.
+    One(String),
+    /// One tensor per layer.
+    Many(Vec<String>),
+}
+
+impl MappingField {
+    /// The field as a `--field` argument.
+    pub fn to_flag(&self) -> String {
+        let o = match self {
+            MappingField::Flag(s) => return s.clone(),
+            MappingField::Object(o) => o,
+        };
+        let mut out = format!(
+            "{}={}",
+            o.name,
+            match &o.source {
+                Sources::One(s) => s.clone(),
+                Sources::Many(v) => v.join("+"),
+            }
+        );
+        let mut opt = |k: &str, v: Option<String>| {
+            if let Some(v) = v {
+                out.push_str(&format!(":{k}={v}"));
+            }
+        };
+        opt("part", o.part.clone());
+        opt("index", o.index.map(|v| v.to_string()));
+        opt("axis", o.axis.map(|v| v.to_string()));
+        opt("role", o.role.clone());
+        opt("layer", o.layer.map(|v| v.to_string()));
+        opt(
+            "layers",
+            o.layers
+                .as_ref()
+                .map(|l| l.iter().map(u32::to_string).collect::<Vec<_>>().join(",")),
+        );
+        opt("point", o.point.clone());
+        opt("stack", o.stack.clone());
+        if o.optional {
+            out.push_str(":optional");
+        }
+        out
+    }
+}
+
+impl Mapping {
+    /// Reads a mapping file.
+    pub fn read(path: &Path) -> Result<Mapping, LayoutError> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            LayoutError::BadOption(format!(
+                "{}: cannot read the mapping file: {e}",
+                path.display()
+            ))
+        })?;
+        serde_json::from_str(&text).map_err(|e| {
+            LayoutError::BadOption(format!(
+                "{}: not a mapping file: {e}; see the generic layout in the README for its keys",
+                path.display()
+            ))
+        })
+    }
 }
