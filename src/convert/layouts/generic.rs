@@ -381,7 +381,12 @@ impl Mapping {
                 path.display()
             ))
         })?;
-        serde_json::from_str(&text).map_err(|e| {
+        Mapping::parse(&text, path)
+    }
+
+    /// Parses a mapping file's text; `path` names it in errors.
+    pub fn parse(text: &str, path: &Path) -> Result<Mapping, LayoutError> {
+        serde_json::from_str(text).map_err(|e| {
             LayoutError::BadOption(format!(
                 "{}: not a mapping file: {e}; see the generic layout in the README for its keys",
                 path.display()
