@@ -762,6 +762,11 @@ mod tests {
             [5, 3, 16]
         );
         assert!(field_shape(&spec(Stack::Concat), &[5, 47]).is_err());
+        // Stacking a concatenation takes the source bytes as they are: no gather.
+        assert_eq!(
+            field_part(&spec(Stack::Concat), &[1, 5, 48], 2).unwrap(),
+            Part::Range(0..480)
+        );
         assert_eq!(
             field_shape(&spec(Stack::Axis), &[1, 5, 3, 16]).unwrap(),
             [5, 3, 16]
