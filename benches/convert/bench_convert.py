@@ -151,7 +151,8 @@ def main():
         print("|---|---:|---:|---:|")
         for name, secs in rows:
             print(f"| {name} | {secs:.2f} | {total / secs / 1e9:.2f} | {secs / ours:.2f}x |")
-        print(f"\ncommand: `python3 benches/convert/bench_convert.py --gb {a.gb:g} --dir {base}`")
+        more = f" --hspack-args={a.hspack_args}" if a.hspack_args else ""
+        print(f"\ncommand: `python3 benches/convert/bench_convert.py --gb {a.gb:g} --dir {base}{more}`")
         print(f"hspack: `{' '.join(os.path.basename(c) if c == binary else c for c in cmd)}`")
     finally:
         shutil.rmtree(work, ignore_errors=True)
