@@ -409,6 +409,12 @@ fn modelopt_keys_from_the_stored_conversation_id() {
         );
     }
     assert_eq!(Dataset::open(&ds).unwrap().len(), 3);
+    // Without the second file, the interrupted fresh run completes.
+    std::fs::remove_file(src.join("9.pt")).unwrap();
+    let fresh = t.path().join("fresh");
+    let o = args(&fresh);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(Dataset::open(&fresh).unwrap().len(), 3);
 }
 
 #[test]
