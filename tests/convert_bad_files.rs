@@ -19,6 +19,9 @@ fn read_all(path: &Path) -> Result<usize, ConvertError> {
     for t in src.tensors() {
         n += src.tensor(&t.name)?.bytes.len();
     }
+    for (name, _) in src.unsupported() {
+        n += src.tensor(&name)?.bytes.len();
+    }
     Ok(n)
 }
 
@@ -100,6 +103,10 @@ fn table() -> Vec<(&'static str, Check)> {
             |e| matches!(e, E::OverlappingEntries { entry, other, .. } if entry == "archive/byteorder" && other == "archive/data.pkl"),
         ),
         ("legacy_tar.pt", |e| matches!(e, E::LegacyTarFormat { .. })),
+        (
+            "crc_mismatch.pt",
+            |e| matches!(e, E::ChecksumMismatch { entry, .. } if entry == "archive/data/0"),
+        ),
         ("legacy_storage_short.pt", |e| {
             matches!(e, E::Truncated { .. })
         }),
@@ -238,4 +245,17 @@ fn garbage_is_an_unknown_format() {
         std::fs::write(&path, bytes).unwrap();
         assert!(open_source(&path).is_err(), "{bytes:?}");
     }
+}
+
+#[test]
+fn an_unsupported_dtype_fails_only_the_tensor() {
+    let src = open_source(&dir().join("st_bad_dtype.safetensors")).unwrap();
+    assert!(src.tensors().is_empty());
+    assert_eq!(src.unsupported(), [("a".to_string(), "C64".to_string())]);
+    let msg = src.tensor("a").unwrap_err().to_string();
+    assert!(
+        msg.contains("st_bad_dtype.safetensors") && msg.contains("\"a\"") && msg.contains("C64"),
+        "{msg}"
+    );
+    assert!(msg.contains("re-save"), "{msg}");
 }

@@ -67,36 +67,78 @@ fn specforge_fixtures_convert_bit_for_bit() {
     for (from, to) in files {
         std::fs::copy(fixtures().join(from), src.join(to)).unwrap();
     }
-    let ds = t.path().join("ds");
-    let o = hspack(&[
-        "convert",
-        s(&t.path().join("src")),
-        s(&ds),
-        "--layout",
-        "specforge",
-        "--layers",
-        "2,30,58,61",
-        "--num-layers",
-        "61",
-    ]);
-    assert!(o.status.success(), "{}", text(&o));
-    let d = Dataset::open(&ds).unwrap();
-    assert_eq!(d.len(), 3);
-    for (i, (from, _)) in files.iter().enumerate() {
-        let want = expected(from);
-        let sample = d.get_by_key(&format!("rows_0-3/data_{i}")).unwrap();
-        let read = |f: &str| sample.read(f, None).unwrap().bytes().to_vec();
-        assert_eq!(read("input_ids"), want["input_ids"]);
-        assert_eq!(read("loss_mask"), want["loss_mask"]);
-        assert_eq!(read("hidden.61"), want["hidden_state"]);
-        // aux_hidden_state is [1, T, 3H] bf16: layer j is columns j*H..(j+1)*H of every row.
-        let (aux, h) = (&want["aux_hidden_state"], 16 * 2);
-        for (j, layer) in [2, 30, 58].into_iter().enumerate() {
-            let part: Vec<u8> = aux
-                .chunks_exact(3 * h)
-                .flat_map(|row| row[j * h..(j + 1) * h].to_vec())
-                .collect();
-            assert_eq!(read(&format!("hidden.{layer}")), part, "layer {layer}");
+    let src = t.path().join("src");
+    for split in [false, true] {
+        let ds = t.path().join(format!("ds-{split}"));
+        let mut args = vec![
+            "convert",
+            s(&src),
+            s(&ds),
+            "--layout",
+            "specforge",
+            "--layers",
+            "2,30,58,61",
+            "--num-layers",
+            "61",
+        ];
+        if split {
+            args.push("--split-layers");
+        }
+        let o = hspack(&args);
+        assert!(o.status.success(), "{}", text(&o));
+        let d = Dataset::open(&ds).unwrap();
+        assert_eq!(d.len(), 3);
+        let names: Vec<&str> = d.schema().fields.iter().map(|f| f.name.as_str()).collect();
+        if split {
+            assert_eq!(
+                names,
+                [
+                    "input_ids",
+                    "loss_mask",
+                    "hidden.2",
+                    "hidden.30",
+                    "hidden.58",
+                    "hidden.61"
+                ]
+            );
+        } else {
+            assert_eq!(
+                names,
+                ["input_ids", "loss_mask", "aux_hidden_state", "hidden.61"]
+            );
+            let aux = &d.schema().fields[2];
+            assert_eq!(aux.shape, [3, 16]);
+            assert_eq!(
+                aux.role,
+                hspack::Role::HiddenStates {
+                    layers: vec![2, 30, 58],
+                    point: hspack::CapturePoint::LayerInput
+                }
+            );
+            assert_eq!(d.schema().capture.as_ref().unwrap().hidden_size, 16);
+        }
+        for (i, (from, _)) in files.iter().enumerate() {
+            let want = expected(from);
+            let sample = d.get_by_key(&format!("rows_0-3/data_{i}")).unwrap();
+            let read = |f: &str| sample.read(f, None).unwrap().bytes().to_vec();
+            assert_eq!(read("input_ids"), want["input_ids"]);
+            assert_eq!(read("loss_mask"), want["loss_mask"]);
+            assert_eq!(read("hidden.61"), want["hidden_state"]);
+            let aux = &want["aux_hidden_state"];
+            if !split {
+                // The stacked field is the source's bytes: [1, T, 3H] read as [T, 3, H].
+                assert_eq!(&read("aux_hidden_state"), aux);
+                continue;
+            }
+            // aux_hidden_state is [1, T, 3H] bf16: layer j is columns j*H..(j+1)*H of every row.
+            let h = 16 * 2;
+            for (j, layer) in [2, 30, 58].into_iter().enumerate() {
+                let part: Vec<u8> = aux
+                    .chunks_exact(3 * h)
+                    .flat_map(|row| row[j * h..(j + 1) * h].to_vec())
+                    .collect();
+                assert_eq!(read(&format!("hidden.{layer}")), part, "layer {layer}");
+            }
         }
     }
 }
@@ -294,4 +336,240 @@ fn refusals_name_the_file_and_the_fix() {
     assert!(text(&o).contains("--field"), "{}", text(&o));
     let o = hspack(&convert_args(&src, &ds, &["--delete-source", "--no-fsync"]));
     assert!(!o.status.success());
+}
+
+/// Rows of `n` tensors of `row` bytes each, interleaved per token: `[T, n, ...]`.
+fn interleave(parts: &[&[u8]], row: usize) -> Vec<u8> {
+    let tokens = parts[0].len() / row;
+    let mut out = Vec::new();
+    for t in 0..tokens {
+        for p in parts {
+            out.extend_from_slice(&p[t * row..(t + 1) * row]);
+        }
+    }
+    out
+}
+
+#[test]
+fn modelopt_keys_from_the_stored_conversation_id() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    let files = [
+        ("modelopt_str.pt", "conv-a"),
+        ("modelopt_int.pt", "17"),
+        ("modelopt_tensor.pt", "42"),
+    ];
+    for (i, (from, _)) in files.iter().enumerate() {
+        std::fs::copy(fixtures().join(from), src.join(format!("{i}.pt"))).unwrap();
+    }
+    let ds = t.path().join("ds");
+    let args = |ds: &Path| {
+        hspack(&[
+            "convert",
+            s(&src),
+            s(ds),
+            "--layout",
+            "modelopt",
+            "--layers",
+            "2,16,29,32",
+            "--key-from",
+            "conversation_id",
+        ])
+    };
+    let o = args(&ds);
+    assert!(o.status.success(), "{}", text(&o));
+    let d = Dataset::open(&ds).unwrap();
+    assert_eq!(d.len(), 3);
+    for (from, key) in files {
+        let want = expected(from);
+        let sample = d.get_by_key(key).unwrap();
+        let read = |f: &str| sample.read(f, None).unwrap().bytes().to_vec();
+        assert_eq!(read("input_ids"), want["input_ids"]);
+        assert_eq!(read("aux_hidden_state"), want["aux_hidden_states"]);
+        assert_eq!(read("hidden.32"), want["hidden_states"]);
+    }
+    // A rerun opens nothing new and appends nothing.
+    let o = args(&ds);
+    assert!(
+        text(&o).contains("3 already in the dataset"),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(Dataset::open(&ds).unwrap().len(), 3);
+    // Two files with one stored key: an error naming both, in a rerun and in a fresh run.
+    std::fs::copy(fixtures().join("modelopt_str.pt"), src.join("9.pt")).unwrap();
+    for ds in [ds.clone(), t.path().join("fresh")] {
+        let o = args(&ds);
+        assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+        let msg = text(&o);
+        assert!(
+            msg.contains("0.pt") && msg.contains("9.pt") && msg.contains("`conv-a`"),
+            "{msg}"
+        );
+    }
+    assert_eq!(Dataset::open(&ds).unwrap().len(), 3);
+    // Without the second file, the interrupted fresh run completes.
+    std::fs::remove_file(src.join("9.pt")).unwrap();
+    let fresh = t.path().join("fresh");
+    let o = args(&fresh);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(Dataset::open(&fresh).unwrap().len(), 3);
+}
+
+#[test]
+fn generic_stacks_one_tensor_per_layer() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::copy(fixtures().join("aux_list.pt"), src.join("a.pt")).unwrap();
+    let ds = t.path().join("ds");
+    let o = hspack(&[
+        "convert",
+        s(&src),
+        s(&ds),
+        "--layout",
+        "generic",
+        "--field",
+        "input_ids=input_ids",
+        "--field",
+        "aux_hidden_state=aux.0+aux.1+aux.2:layers=2,30,58",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let want = expected("aux_list.pt");
+    let d = Dataset::open(&ds).unwrap();
+    let got = d
+        .get_by_key("a")
+        .unwrap()
+        .read("aux_hidden_state", None)
+        .unwrap();
+    let parts = [&want["aux.0"][..], &want["aux.1"][..], &want["aux.2"][..]];
+    assert_eq!(got.bytes(), &interleave(&parts, 8 * 2)[..]);
+    assert_eq!(d.schema().fields[1].shape, [3, 8]);
+}
+
+#[test]
+fn split_by_a_file_beside_the_batch() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::copy(fixtures().join("aux_list.pt"), src.join("b.pt")).unwrap();
+    let lens = V {
+        dtype: Dtype::I32,
+        shape: vec![2],
+        data: [1i32, 3].iter().flat_map(|x| x.to_le_bytes()).collect(),
+    };
+    let side = src.join("b.split.safetensors");
+    safetensors::serialize_to_file([("lens".to_string(), &lens)], None, &side).unwrap();
+    let ds = t.path().join("ds");
+    let o = hspack(&[
+        "convert",
+        s(&src),
+        s(&ds),
+        "--layout",
+        "generic",
+        "--field",
+        "input_ids=input_ids",
+        "--field",
+        "aux=aux.0+aux.1+aux.2:layers=1,2,3",
+        "--split-by",
+        "lengths:lens",
+        "--split-by-file",
+        "{stem}.split.safetensors",
+        "--delete-source",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let d = Dataset::open(&ds).unwrap();
+    let keys: Vec<String> = (0..d.len())
+        .map(|i| d.sample(i).unwrap().key().to_string())
+        .collect();
+    assert_eq!(keys, ["b/0", "b/1"]);
+    let want = expected("aux_list.pt");
+    let ids = |k: &str| {
+        d.get_by_key(k)
+            .unwrap()
+            .read("input_ids", None)
+            .unwrap()
+            .bytes()
+            .to_vec()
+    };
+    assert_eq!(ids("b/0"), want["input_ids"][..8]);
+    assert_eq!(ids("b/1"), want["input_ids"][8..]);
+    assert!(
+        !side.exists() && !src.join("b.pt").exists(),
+        "both files deleted"
+    );
+}
+
+#[test]
+fn mapping_file_holds_the_flags_and_refuses_conflicts() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::copy(fixtures().join("aux_list.pt"), src.join("b.pt")).unwrap();
+    let mapping = t.path().join("mapping.json");
+    std::fs::write(
+        &mapping,
+        r#"{
+          "fields": [
+            "input_ids=input_ids",
+            {"name": "aux", "source": ["aux.0", "aux.1", "aux.2"], "layers": [2, 30, 58],
+             "point": "layer-output"}
+          ],
+          "split_by": {"lengths": "lens"},
+          "model": "org/model"
+        }"#,
+    )
+    .unwrap();
+    let ds = t.path().join("ds");
+    let run = |ds: &Path, extra: &[&str]| {
+        let mut args = vec![
+            "convert",
+            s(&src),
+            s(ds),
+            "--layout",
+            "generic",
+            "--mapping",
+            s(&mapping),
+        ];
+        args.extend_from_slice(extra);
+        hspack(&args)
+    };
+    let o = run(&ds, &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    let d = Dataset::open(&ds).unwrap();
+    assert_eq!(d.len(), 2);
+    let want = expected("aux_list.pt");
+    let parts = [&want["aux.0"][..], &want["aux.1"][..], &want["aux.2"][..]];
+    let all = interleave(&parts, 16);
+    let aux = d.get_by_key("b/1").unwrap().read("aux", None).unwrap();
+    assert_eq!(aux.bytes(), &all[3 * 16..]);
+    assert_eq!(
+        d.schema().fields[1].role,
+        hspack::Role::HiddenStates {
+            layers: vec![2, 30, 58],
+            point: hspack::CapturePoint::LayerOutput
+        }
+    );
+    assert_eq!(d.schema().capture.as_ref().unwrap().model, "org/model");
+    for (extra, key) in [
+        (&["--field", "x=lens"][..], "`fields`"),
+        (&["--split-by", "cu_seqlens:lens"][..], "`split_by`"),
+        (&["--model", "m"][..], "`model`"),
+    ] {
+        let o = run(&t.path().join("conflict"), extra);
+        assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+        let msg = text(&o);
+        assert!(
+            msg.contains("mapping.json") && msg.contains(key) && msg.contains(extra[0]),
+            "{msg}"
+        );
+    }
+    std::fs::write(&mapping, r#"{"feilds": []}"#).unwrap();
+    let o = run(&t.path().join("typo"), &[]);
+    assert!(
+        text(&o).contains("mapping.json") && text(&o).contains("feilds"),
+        "{}",
+        text(&o)
+    );
 }

@@ -8,8 +8,9 @@ hidden size H per token, ragged T), then times on the same tree, from the page c
   each shard before it commits; on tmpfs fsync is free, on a disk it is not);
 - ``hspack convert SRC DS --layout specforge --layers ...`` (durable commits, default options);
 - the naive converter: a Python loop that ``torch.load``s each file and appends the bytes of
-  the same fields (ids, mask, the three aux layers made contiguous, the last state) to one
-  output file with ``numpy.tofile``; no index, no checksums, no resume.
+  the same fields (ids, mask, ``aux_hidden_state`` as saved, the last state; with
+  ``--hspack-args=--split-layers`` the three aux layers made contiguous each, as hspack then
+  writes them) to one output file with ``numpy.tofile``; no index, no checksums, no resume.
 
 Each is run ``--repeat`` times (default 3) and the median wall time is reported. Prints a
 markdown table with GB/s (source bytes / wall time) and ratios. Run from the crate
@@ -55,14 +56,17 @@ def tree_bytes(root):
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(root) for f in fs)
 
 
-def naive(src, out_path, hidden):
+def naive(src, out_path, hidden, split):
     files = sorted(os.path.join(d, f) for d, _, fs in os.walk(src) for f in fs if f.endswith(".ckpt"))
     with open(out_path, "wb") as out:
         for path in files:
             d = torch.load(path, weights_only=True)
             parts = [d["input_ids"], d["loss_mask"]]
             aux = d["aux_hidden_state"][0]
-            parts += [aux[:, j * hidden : (j + 1) * hidden].contiguous() for j in range(3)]
+            if split:
+                parts += [aux[:, j * hidden : (j + 1) * hidden].contiguous() for j in range(3)]
+            else:
+                parts.append(aux)
             parts.append(d["hidden_state"][0])
             for t in parts:
                 t.contiguous().view(torch.uint8).numpy().tofile(out)
@@ -101,6 +105,7 @@ def main():
     ap.add_argument("--jobs", type=int, default=None)
     ap.add_argument("--skip-naive", action="store_true")
     ap.add_argument("--repeat", type=int, default=3, help="runs per tool; the median is reported")
+    ap.add_argument("--hspack-args", default="", help="more hspack convert arguments, e.g. --split-layers")
     a = ap.parse_args()
     global REPEAT
     REPEAT = max(1, a.repeat)
@@ -131,11 +136,13 @@ def main():
                "--num-layers", "61", "-q"]
         if a.jobs:
             cmd += ["--jobs", str(a.jobs)]
+        cmd += a.hspack_args.split()
         secs = timed(lambda: subprocess.run(cmd, check=True), lambda: shutil.rmtree(ds))
         rows.append(("`hspack convert`", secs))
         if not a.skip_naive:
             out = os.path.join(work, "naive.bin")
-            secs = timed(lambda: naive(src, out, a.hidden), lambda: os.remove(out))
+            split = "--split-layers" in a.hspack_args.split()
+            secs = timed(lambda: naive(src, out, a.hidden, split), lambda: os.remove(out))
             rows.append(("naive Python (`torch.load` + `numpy.tofile`)", secs))
         ours = dict(rows)["`hspack convert`"]
         print(f"\n{files} SpecForge files, hidden {a.hidden}, 4 layers, bf16, {total / 1e9:.2f} GB, "
@@ -144,7 +151,8 @@ def main():
         print("|---|---:|---:|---:|")
         for name, secs in rows:
             print(f"| {name} | {secs:.2f} | {total / secs / 1e9:.2f} | {secs / ours:.2f}x |")
-        print(f"\ncommand: `python3 benches/convert/bench_convert.py --gb {a.gb:g} --dir {base}`")
+        more = f" --hspack-args={a.hspack_args}" if a.hspack_args else ""
+        print(f"\ncommand: `python3 benches/convert/bench_convert.py --gb {a.gb:g} --dir {base}{more}`")
         print(f"hspack: `{' '.join(os.path.basename(c) if c == binary else c for c in cmd)}`")
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -7,5 +7,6 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(value) = hspack::convert::pickle::parse(data, file) {
         let _ = value.tensors();
         let _ = value.storages();
+        let _ = value.unsupported_tensors();
     }
 });

@@ -7,6 +7,7 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(header) = hspack::convert::safetensors_file::parse(data, file) {
         for t in &header.tensors {
             assert!(t.data.end <= data.len());
+            assert!(!header.unsupported.iter().any(|(n, _)| *n == t.name));
         }
     }
 });

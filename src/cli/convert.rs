@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{bail, Context};
-use hspack::convert::layouts::generic::{parse_field, parse_point};
+use hspack::convert::layouts::generic::{parse_field, parse_point, Mapping, MappingSplit};
 use hspack::convert::{
     self, ConvertOptions, LayoutOptions, Limits, Preset, Progress, SplitBy, Trim,
 };
@@ -18,23 +18,34 @@ Layouts (none of these formats records layer ids: give --layers, in the order li
   specforge    rows_*/data_N.ckpt[.gz]: input_ids [T], loss_mask [T], aux_hidden_state [1,T,k*H]
                (k layers, default layer-input), hidden_state [1,T,H] (default final-norm).
                --layers AUX1,..,AUXk,LAST   e.g. --layers 2,30,58,61
+               Fields: input_ids, loss_mask, aux_hidden_state (stacked [k,H], the source bytes
+               as they are), hidden.LAST.
   eagle        */data_N.ckpt (EAGLE ge_data): input_ids [T], loss_mask [T], hidden_state [T,H]
                (HF hidden_states[-1], default final-norm).   --layers LAST
   modelopt     {conversation_id}.pt: input_ids [T], aux_hidden_states [T,k*H] (optional, default
                layer-input), hidden_states [T,H] (default final-norm), loss_mask (optional).
-               --layers AUX1,..,AUXk,LAST
-  speculators  *.pt|*.safetensors: token_ids [T], hidden_states [T,L,H] (unstacked along L),
-               loss_mask (optional). --layers with L ids and --point (required).
+               --layers AUX1,..,AUXk,LAST. Fields as specforge. --key-from conversation_id
+               keys samples by the stored id instead of the file name.
+  speculators  *.pt|*.safetensors: token_ids [T], hidden_states [T,L,H], loss_mask (optional).
+               --layers with L ids and --point (required). Fields: hidden_states (stacked
+               [L,H], as stored) when every layer has one point; when only the last differs,
+               aux_hidden_state (the first L-1) and hidden.LAST.
+  --split-layers  one field hidden.L per layer instead of the stacked fields.
   generic      --field NAME=TENSOR[:part=K/N][:index=K][:axis=A][:role=ids|mask|hidden|other]
                [:layer=L][:point=P][:optional], one per field. Fields named input_ids, loss_mask
                and hidden.L get those roles. Lists flatten to TENSOR.0, TENSOR.1, ...
+               Stacked: NAME=TENSOR:layers=L0,L1,.. from [T,k*H] or [T,k,H] (no copy), or
+               NAME=T0+T1+..:layers=L0,L1,.. from one tensor per layer. --mapping FILE.json
+               holds the fields and the other options in one file (see the README).
 Layer ids follow the HF hidden_states[i] convention: id i is the input of layer i; an id equal to
 --num-layers is the final-norm output. Every field keeps its source dtype, bit for bit.
 Files: one per sample (key: relative path without extension); --group-by 'PATTERN' joins files
 whose relative path matches it, {key} naming the sample and {part} prefixing tensor names
 (e.g. '{key}/layer_{part}.pt' gives tensors part.NAME, or part for a bare tensor);
 --split-by lengths:TENSOR|cu_seqlens:TENSOR splits a file packing several requests along the
-tokens into samples KEY/0, KEY/1, ...
+tokens into samples KEY/0, KEY/1, ...; with --split-by-file '{stem}.lens.pt' the tensor is in
+the file of that name beside each batch (--split-by lengths for its bare tensor).
+--key-from NAME keys each sample by a value stored in its file instead of its file name.
 Resume: rerun the same command; samples already in the dataset are skipped.";
 
 /// Turn hidden-state dumps (SpecForge, EAGLE, ModelOpt, speculators, ad-hoc) into a dataset.
@@ -63,6 +74,15 @@ pub struct Args {
     /// Expected hidden size: files with another are refused.
     #[arg(long)]
     hidden_size: Option<u64>,
+    /// One field hidden.L per layer instead of the presets' stacked aux_hidden_state /
+    /// hidden_states fields (a copy that de-interleaves the layers).
+    #[arg(long)]
+    split_layers: bool,
+    /// A JSON file holding what the flags say (fields, group-by, split-by, split-by-file,
+    /// key-from, layers, points, num-layers, model); a key there and its flag together are an
+    /// error.
+    #[arg(long)]
+    mapping: Option<PathBuf>,
     /// Generic layout field: NAME=TENSOR[:OPTION]... (repeat per field).
     #[arg(long = "field")]
     fields: Vec<String>,
@@ -72,6 +92,15 @@ pub struct Args {
     /// Split each file into requests: lengths:TENSOR or cu_seqlens:TENSOR.
     #[arg(long)]
     split_by: Option<String>,
+    /// Take the --split-by tensor from a file beside each batch file, named by this pattern
+    /// with {stem} (the batch's name without extension), e.g. '{stem}.lens.pt'.
+    #[arg(long)]
+    split_by_file: Option<String>,
+    /// Key each sample by a value stored in its file (a str, an int or a one-element integer
+    /// tensor, e.g. ModelOpt's conversation_id) instead of its file name; two files with one
+    /// key are an error naming both.
+    #[arg(long)]
+    key_from: Option<String>,
     /// Drop padded rows: `mask` (after the last loss-mask row) or `ids[:PAD]` (trailing PAD ids,
     /// default 0).
     #[arg(long)]
@@ -114,6 +143,70 @@ enum LayoutArg {
     Generic,
 }
 
+/// Fills the flags a mapping file sets, refusing a key also given as a flag.
+fn merge_mapping(a: &mut Args) -> anyhow::Result<()> {
+    let Some(path) = a.mapping.clone() else {
+        return Ok(());
+    };
+    let m = Mapping::read(&path)?;
+    let both = |key: &str, flag: &str| {
+        anyhow::anyhow!(
+            "{}: the mapping file sets `{key}` and so does {flag}: give it in one place",
+            path.display()
+        )
+    };
+    fn take<T>(
+        slot: &mut Option<T>,
+        value: Option<T>,
+        err: impl FnOnce() -> anyhow::Error,
+    ) -> anyhow::Result<()> {
+        if let Some(v) = value {
+            if slot.is_some() {
+                return Err(err());
+            }
+            *slot = Some(v);
+        }
+        Ok(())
+    }
+    if !m.fields.is_empty() {
+        if !a.fields.is_empty() {
+            return Err(both("fields", "--field"));
+        }
+        a.fields = m.fields.iter().map(|f| f.to_flag()).collect();
+    }
+    take(&mut a.group_by, m.group_by, || {
+        both("group_by", "--group-by")
+    })?;
+    let split = m.split_by.map(|s| match s {
+        MappingSplit::Lengths(t) => format!("lengths:{t}"),
+        MappingSplit::CuSeqlens(t) => format!("cu_seqlens:{t}"),
+    });
+    take(&mut a.split_by, split, || both("split_by", "--split-by"))?;
+    take(&mut a.split_by_file, m.split_by_file, || {
+        both("split_by_file", "--split-by-file")
+    })?;
+    take(&mut a.key_from, m.key_from, || {
+        both("key_from", "--key-from")
+    })?;
+    take(&mut a.num_layers, m.num_layers, || {
+        both("num_layers", "--num-layers")
+    })?;
+    take(&mut a.model, m.model, || both("model", "--model"))?;
+    if let Some(layers) = m.layers {
+        if !a.layers.is_empty() {
+            return Err(both("layers", "--layers"));
+        }
+        a.layers = layers;
+    }
+    if let Some(points) = m.points {
+        if !a.point.is_empty() {
+            return Err(both("points", "--point"));
+        }
+        a.point = points;
+    }
+    Ok(())
+}
+
 fn options(a: &Args) -> anyhow::Result<ConvertOptions> {
     let preset = match a.layout {
         LayoutArg::Specforge => Preset::SpecForge,
@@ -133,20 +226,28 @@ fn options(a: &Args) -> anyhow::Result<ConvertOptions> {
         model: a.model.clone(),
         hidden_size: a.hidden_size,
         fields: Vec::new(),
+        split_layers: a.split_layers,
     };
     if !a.fields.is_empty() && preset != Preset::Generic {
-        bail!("--field needs --layout generic");
+        bail!("--field (or fields in a --mapping file) needs --layout generic");
     }
     layout.fields = a
         .fields
         .iter()
         .map(|f| parse_field(f, &layout))
         .collect::<Result<_, _>>()?;
-    let split_by = match a.split_by.as_deref().map(|s| s.split_once(':')) {
+    let split_by = match a
+        .split_by
+        .as_deref()
+        .map(|s| s.split_once(':').unwrap_or((s, "")))
+    {
         None => None,
-        Some(Some(("lengths", t))) => Some(SplitBy::Lengths(t.into())),
-        Some(Some(("cu_seqlens", t))) => Some(SplitBy::CuSeqlens(t.into())),
-        Some(_) => bail!("--split-by takes lengths:TENSOR or cu_seqlens:TENSOR"),
+        Some(("lengths", t)) => Some(SplitBy::Lengths(t.into())),
+        Some(("cu_seqlens", t)) => Some(SplitBy::CuSeqlens(t.into())),
+        Some(_) => bail!(
+            "--split-by takes lengths:TENSOR or cu_seqlens:TENSOR (TENSOR left out: the bare \
+             tensor of a --split-by-file file)"
+        ),
     };
     let trim = match a.trim_padding.as_deref() {
         None => None,
@@ -170,6 +271,8 @@ fn options(a: &Args) -> anyhow::Result<ConvertOptions> {
         layout,
         group_by: a.group_by.clone(),
         split_by,
+        split_file: a.split_by_file.clone(),
+        key_from: a.key_from.clone(),
         trim,
         delete_source: a.delete_source,
         skip_bad: a.skip_bad,
@@ -188,7 +291,8 @@ fn options(a: &Args) -> anyhow::Result<ConvertOptions> {
     })
 }
 
-pub fn run(a: Args) -> anyhow::Result<ExitCode> {
+pub fn run(mut a: Args) -> anyhow::Result<ExitCode> {
+    merge_mapping(&mut a)?;
     let o = options(&a)?;
     let bar = ProgressBar::new(0);
     if a.quiet {

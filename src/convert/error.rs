@@ -184,6 +184,23 @@ pub enum ConvertError {
         other: String,
     },
 
+    /// A zip entry's bytes do not match the CRC-32 its central directory records.
+    #[error(
+        "{}: zip entry {entry:?} has CRC-32 {got:08x} but the archive records {expected:08x}; \
+         the file was damaged after torch wrote it: copy it again from its origin, or re-save it",
+        file.display()
+    )]
+    ChecksumMismatch {
+        /// The file being read.
+        file: PathBuf,
+        /// The entry.
+        entry: String,
+        /// The CRC-32 in the central directory.
+        expected: u32,
+        /// The CRC-32 of the bytes.
+        got: u32,
+    },
+
     /// A storage or entry the pickle refers to does not exist.
     #[error("{}: missing {what} {key:?}; the file is incomplete", file.display())]
     Missing {
@@ -196,7 +213,7 @@ pub enum ConvertError {
     },
 
     /// A tensor's dtype is not one hspack stores.
-    #[error("{}: tensor {tensor:?} has dtype {dtype}, which hspack does not store; cast it (e.g. to float32) and re-save", file.display())]
+    #[error("{}: tensor {tensor:?} has dtype {dtype}, which hspack does not store; cast it to a stored dtype (e.g. float32, or int64 for unsigned ids) and re-save, or leave it out of the fields", file.display())]
     UnsupportedDType {
         /// The file being read.
         file: PathBuf,

@@ -17,6 +17,7 @@ use crate::format::manifest::MANIFEST_FILE;
 use crate::read::Dataset;
 use crate::write::{DatasetWriter, WriteOptions, WriteStats};
 
+use super::keys::KeyLog;
 use super::layout::{derive_schema, specs_for, LayoutError, LayoutOptions, Preset};
 use super::prepare::{Decoder, Prepared, SplitBy, Trim};
 use super::units::{plan, Inputs, Unit};
@@ -40,6 +41,10 @@ pub struct ConvertOptions {
     pub group_by: Option<String>,
     /// Split each file into requests.
     pub split_by: Option<SplitBy>,
+    /// The file beside each batch holding its split tensor: a name with `{stem}`.
+    pub split_file: Option<String>,
+    /// Take each file's sample key from this stored value (e.g. `conversation_id`).
+    pub key_from: Option<String>,
     /// Drop padding rows.
     pub trim: Option<Trim>,
     /// Delete each source file once its samples are committed and verified.
@@ -136,7 +141,7 @@ pub enum RunError {
     #[error(transparent)]
     Dataset(#[from] crate::Error),
     /// Two source units give the same key.
-    #[error("{} and {} both give sample key `{key}`; keep one of them", a.display(), b.display())]
+    #[error("{} and {} both give sample key `{key}`; keep one of them (or key samples another way)", a.display(), b.display())]
     DuplicateKey {
         /// The key.
         key: String,
@@ -185,7 +190,29 @@ pub fn run(o: &ConvertOptions, progress: &mut dyn FnMut(Progress)) -> Result<Rep
             "--delete-source needs durable commits: sources are deleted only after their shard is fsynced".into(),
         ));
     }
-    let plan = plan(&o.src, o.preset, o.group_by.as_deref())?;
+    if o.split_file.is_some() && (o.split_by.is_none() || o.group_by.is_some()) {
+        return Err(RunError::BadOptions(
+            "a split file beside each batch (--split-by-file) needs --split-by lengths[:TENSOR] \
+             or cu_seqlens[:TENSOR], and does not combine with --group-by"
+                .into(),
+        ));
+    }
+    if o.split_file
+        .as_deref()
+        .is_some_and(|p| !p.contains("{stem}") || p.contains('/'))
+    {
+        return Err(RunError::BadOptions(
+            "--split-by-file takes a file name with {stem}, the batch file's name without its \
+             extension, e.g. '{stem}.lens.pt'"
+                .into(),
+        ));
+    }
+    let plan = plan(
+        &o.src,
+        o.preset,
+        o.group_by.as_deref(),
+        o.split_file.as_deref(),
+    )?;
     check_duplicates(&plan.units, o.split_by.is_some())?;
     let mut run = Run::new(o, plan.ignored.len() as u64)?;
     if plan.units.is_empty() {
@@ -218,7 +245,11 @@ pub fn run(o: &ConvertOptions, progress: &mut dyn FnMut(Progress)) -> Result<Rep
         if run.bad_units.contains(&u.key) {
             continue;
         }
-        if !split && writer.contains_key(&u.key) {
+        let key = match &run.keys {
+            Some(log) => log.key_of(&u.key),
+            None => Some(u.key.as_str()),
+        };
+        if !split && key.is_some_and(|k| writer.contains_key(k)) {
             present.push(u);
         } else {
             todo.push(u);
@@ -277,6 +308,8 @@ struct Run<'o> {
     /// Converted units not yet deleted, with the ordinal after their last sample.
     pending: VecDeque<(Unit, u64)>,
     verified: u64,
+    /// With `key_from`, which unit gave which key.
+    keys: Option<KeyLog>,
 }
 
 impl<'o> Run<'o> {
@@ -327,10 +360,23 @@ impl<'o> Run<'o> {
             bad_units: Default::default(),
             pending: VecDeque::new(),
             verified: 0,
+            keys: match &o.key_from {
+                Some(_) => Some(KeyLog::open(&o.dst).map_err(|source| RunError::Io {
+                    path: o.dst.join(super::keys::KEYS_FILE),
+                    op: "read",
+                    source,
+                })?),
+                None => None,
+            },
         })
     }
 
     fn bad(&mut self, file: &Path, error: String) -> Result<(), RunError> {
+        // Reader errors start with the file already.
+        let error = match error.strip_prefix(&format!("{}: ", file.display())) {
+            Some(rest) => rest.to_string(),
+            None => error,
+        };
         let Some(f) = self.report_file.as_mut() else {
             return Err(RunError::BadFile {
                 file: file.to_path_buf(),
@@ -377,10 +423,18 @@ impl<'o> Run<'o> {
                         specs,
                         schema,
                         split_by: o.split_by.clone(),
+                        key_from: o.key_from.clone(),
                         trim: o.trim,
                         limits: o.limits,
                         pool: Default::default(),
                     }))
+                }
+                Err(LayoutError::MissingTensor { tensor, .. })
+                    if inputs.unsupported(&tensor).is_some() =>
+                {
+                    let e = inputs.unsupported(&tensor).map(|e| e.to_string());
+                    self.bad(first, e.unwrap_or_default())?;
+                    self.bad_units.insert(u.key.clone());
                 }
                 Err(e) if is_layout_flag_error(&e) => {
                     return Err(RunError::Layout {
@@ -459,6 +513,25 @@ impl<'o> Run<'o> {
         p: Prepared,
         writer: &mut DatasetWriter,
     ) -> Result<(), RunError> {
+        if let Some(log) = &mut self.keys {
+            let file = &unit.files[0].1;
+            match log.unit_of(&p.key) {
+                Some((other, other_file)) if other != unit.key => {
+                    return Err(RunError::DuplicateKey {
+                        key: p.key.clone(),
+                        a: other_file.to_path_buf(),
+                        b: file.clone(),
+                    })
+                }
+                _ => {}
+            }
+            log.record(&unit.key, file, &p.key)
+                .map_err(|source| RunError::Io {
+                    path: log.path().to_path_buf(),
+                    op: "write",
+                    source,
+                })?;
+        }
         let mut fields = Vec::with_capacity(decoder.specs.len());
         for f in 0..decoder.specs.len() {
             match decoder.field(&p, f) {
@@ -529,7 +602,7 @@ impl<'o> Run<'o> {
     }
 
     fn delete(&mut self, unit: &Unit) -> Result<(), RunError> {
-        for (_, path) in &unit.files {
+        for path in unit.files.iter().map(|f| &f.1).chain(&unit.split_file) {
             match std::fs::remove_file(path) {
                 Ok(()) => {
                     self.report.deleted += 1;

@@ -11,6 +11,11 @@
 //! leading ones while they have more than one dimension. The first remaining dimension is the
 //! token dimension; the rest is the row shape of the field.
 //!
+//! Stacked fields ([`Role::HiddenStates`], k layers, row shape `[k, H]`) come from one tensor
+//! `[.., T, k·H]` (the layers concatenated on the last dim, [`Stack::Concat`]) or
+//! `[.., T, k, H]` ([`Stack::Axis`]), whose bytes are the field's bytes as they are, or from k
+//! tensors `[.., T, H]` of one layer each ([`Stack::Sources`]), interleaved per token.
+//!
 //! Bytes are never converted: every field keeps the source dtype, so what is stored is bitwise
 //! what `torch.load` returns.
 
@@ -43,6 +48,30 @@ pub enum Op {
         /// Axis.
         axis: i64,
     },
+    /// Entries `start..start + len` along `axis`, which is kept: the first layers of
+    /// `[T, L, H]`.
+    Range {
+        /// First entry.
+        start: u64,
+        /// Entries.
+        len: u64,
+        /// Axis.
+        axis: i64,
+    },
+}
+
+/// How a stacked field ([`Role::HiddenStates`]) lays its k layers out in the source.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stack {
+    /// `[.., T, k·H]`: the layers concatenated on the last dim; stored as `[T, k, H]` without
+    /// a copy.
+    Concat,
+    /// `[.., T, k, H]`: a layer axis before the hidden dim; stored as it is.
+    Axis,
+    /// Axis when the first file's tensor has k entries on its second-last dim, else concat.
+    Auto,
+    /// `source` then these tensors, each `[.., T, H]` of one layer, interleaved per token.
+    Sources(Vec<String>),
 }
 
 /// One output field: where its bytes come from and what it means.
@@ -58,6 +87,8 @@ pub struct FieldSpec {
     pub role: Role,
     /// Leave the field out of the schema when the first file lacks the source tensor.
     pub optional: bool,
+    /// For a stacked field, where its layers are in the source.
+    pub stack: Stack,
 }
 
 impl FieldSpec {
@@ -69,6 +100,39 @@ impl FieldSpec {
             op: Op::Whole,
             role,
             optional: false,
+            stack: Stack::Auto,
+        }
+    }
+
+    /// This spec stacking layers laid out as `stack`.
+    pub fn stacked(mut self, stack: Stack) -> Self {
+        self.stack = stack;
+        self
+    }
+
+    /// Every source tensor: `source`, then the further stacked sources.
+    pub fn sources(&self) -> impl Iterator<Item = &str> {
+        let more: &[String] = match &self.stack {
+            Stack::Sources(s) if self.is_stacked() => s,
+            _ => &[],
+        };
+        std::iter::once(self.source.as_str()).chain(more.iter().map(String::as_str))
+    }
+
+    /// Whether the field stacks layers.
+    pub fn is_stacked(&self) -> bool {
+        matches!(self.role, Role::HiddenStates { .. })
+    }
+
+    /// Whether the field gathers several source tensors.
+    pub fn is_multi_source(&self) -> bool {
+        self.is_stacked() && matches!(&self.stack, Stack::Sources(s) if !s.is_empty())
+    }
+
+    fn layer_count(&self) -> u64 {
+        match &self.role {
+            Role::HiddenStates { layers, .. } => layers.len() as u64,
+            _ => 1,
         }
     }
 
@@ -88,6 +152,7 @@ impl FieldSpec {
         match self.role {
             Role::TokenIds | Role::LossMask => 1,
             Role::HiddenState { .. } => 2,
+            Role::HiddenStates { .. } => 3,
             _ => 1,
         }
     }
@@ -150,6 +215,8 @@ pub struct LayoutOptions {
     pub hidden_size: Option<u64>,
     /// Fields of the generic layout.
     pub fields: Vec<FieldSpec>,
+    /// One field per layer (`hidden.{l}`) instead of the presets' stacked fields.
+    pub split_layers: bool,
 }
 
 /// Why a layout cannot map the source.
@@ -213,15 +280,26 @@ pub fn specs_for(
         Preset::Generic => layouts::generic::specs(tensors, options)?,
     };
     let mut kept = Vec::with_capacity(specs.len());
-    for s in specs {
-        if tensors.iter().any(|t| t.name == s.source) {
-            kept.push(s);
-        } else if !s.optional {
-            return Err(LayoutError::MissingTensor {
-                layout: preset.name(),
-                tensor: s.source,
-                have: list_tensors(tensors),
-            });
+    for mut s in specs {
+        let missing = s
+            .sources()
+            .find(|src| !tensors.iter().any(|t| t.name == *src))
+            .map(str::to_string);
+        match missing {
+            None => {
+                if let Some(t) = find(tensors, &s.source) {
+                    resolve_stack(&mut s, &t.shape);
+                }
+                kept.push(s);
+            }
+            Some(_) if s.optional => {}
+            Some(tensor) => {
+                return Err(LayoutError::MissingTensor {
+                    layout: preset.name(),
+                    tensor,
+                    have: list_tensors(tensors),
+                })
+            }
         }
     }
     Ok(kept)
@@ -336,10 +414,22 @@ fn slab(
             }
             Ok(Some((a, index, 1, true)))
         }
+        Op::Range { start, len, axis } => {
+            let a = axis_of(axis, shape.len(), tensor)?;
+            if len == 0 || start.checked_add(len).map_or(true, |end| end > shape[a]) {
+                return Err(LayoutError::Shape {
+                    tensor: tensor.into(),
+                    got: format!("shape {shape:?}"),
+                    expected: format!("entries {start}..{} along axis {axis}", start + len),
+                });
+            }
+            Ok(Some((a, start, len, false)))
+        }
     }
 }
 
-/// Shape of the field's tensor after the op and the row squeeze: `[tokens, row...]`.
+/// Shape of the field's tensor after the op and the row squeeze: `[tokens, row...]`. For a
+/// field stacking several sources, `shape` is one source's and the result the field's.
 pub fn field_shape(spec: &FieldSpec, shape: &[u64]) -> Result<Vec<u64>, LayoutError> {
     let mut s = shape.to_vec();
     if let Some((a, _, len, drop)) = slab(spec.op, shape, &spec.source)? {
@@ -349,21 +439,74 @@ pub fn field_shape(spec: &FieldSpec, shape: &[u64]) -> Result<Vec<u64>, LayoutEr
             s[a] = len;
         }
     }
+    let bad = |expected: String| LayoutError::Shape {
+        tensor: spec.source.clone(),
+        got: format!("shape {shape:?}"),
+        expected,
+    };
+    if spec.is_stacked() {
+        let k = spec.layer_count();
+        let (dims, what) = match &spec.stack {
+            Stack::Axis => (
+                3,
+                format!("[.., T, {k}, H] ({k} layers on the second-last axis)"),
+            ),
+            Stack::Sources(more) if !more.is_empty() => (2, "[.., T, H] (one layer)".into()),
+            _ => (
+                2,
+                format!("[.., T, {k}·H] ({k} layers concatenated on the last dim)"),
+            ),
+        };
+        while s.len() > dims && s[0] == 1 {
+            s.remove(0);
+        }
+        let ok = s.len() == dims
+            && match &spec.stack {
+                Stack::Axis => s[1] == k,
+                Stack::Sources(more) if !more.is_empty() => {
+                    more.len() as u64 + 1 == k && {
+                        s.insert(1, k);
+                        true
+                    }
+                }
+                _ => {
+                    s[1] % k == 0 && {
+                        let h = s[1] / k;
+                        s[1] = k;
+                        s.push(h);
+                        true
+                    }
+                }
+            };
+        if !ok {
+            return Err(bad(format!("{what} for field `{}`", spec.name)));
+        }
+        return Ok(s);
+    }
     let target = spec.target_dims();
     while s.len() > target && s[0] == 1 {
         s.remove(0);
     }
     if s.is_empty() || s.len() != target && !matches!(spec.role, Role::Other) {
-        return Err(LayoutError::Shape {
-            tensor: spec.source.clone(),
-            got: format!("shape {shape:?}"),
-            expected: format!(
-                "{target} dimension(s) after dropping leading ones for field `{}`",
-                spec.name
-            ),
-        });
+        return Err(bad(format!(
+            "{target} dimension(s) after dropping leading ones for field `{}`",
+            spec.name
+        )));
     }
     Ok(s)
+}
+
+/// Resolves [`Stack::Auto`] from the first file's tensor of `shape`.
+fn resolve_stack(spec: &mut FieldSpec, shape: &[u64]) {
+    if spec.is_stacked() && spec.stack == Stack::Auto {
+        let mut axis = spec.clone();
+        axis.stack = Stack::Axis;
+        spec.stack = if field_shape(&axis, shape).is_ok() {
+            Stack::Axis
+        } else {
+            Stack::Concat
+        };
+    }
 }
 
 /// Where a field's bytes lie in its source tensor's bytes.
@@ -468,6 +611,14 @@ pub fn derive_schema(
             have: list_tensors(tensors),
         })?;
         let shape = field_shape(spec, &t.shape)?;
+        for other in spec.sources().skip(1) {
+            let o = find(tensors, other).ok_or_else(|| LayoutError::MissingTensor {
+                layout: preset.name(),
+                tensor: other.to_string(),
+                have: list_tensors(tensors),
+            })?;
+            check_stacked_source(spec, other, t.dtype, &shape, o.dtype, &o.shape)?;
+        }
         fields.push(Field::new(
             &spec.name,
             t.dtype,
@@ -477,10 +628,10 @@ pub fn derive_schema(
     }
     let hidden = fields
         .iter()
-        .find(|f| matches!(f.role, Role::HiddenState { .. }));
+        .find(|f| matches!(f.role, Role::HiddenState { .. } | Role::HiddenStates { .. }));
     let capture = match hidden {
         Some(h) => {
-            let size = h.row_elems();
+            let size = h.shape.last().copied().unwrap_or(1);
             if let Some(want) = options.hidden_size {
                 if want != size {
                     return Err(LayoutError::Shape {
@@ -511,6 +662,32 @@ pub fn derive_schema(
     Ok(schema)
 }
 
+/// Checks that `other`, a further source of a stacked field, matches the first source's dtype
+/// and its field shape `want` (`[T, k, H]`).
+pub fn check_stacked_source(
+    spec: &FieldSpec,
+    other: &str,
+    dtype: DType,
+    want: &[u64],
+    other_dtype: DType,
+    other_shape: &[u64],
+) -> Result<(), LayoutError> {
+    let got = field_shape(spec, other_shape).ok();
+    if other_dtype != dtype || got.as_deref() != Some(want) {
+        return Err(LayoutError::Shape {
+            tensor: other.to_string(),
+            got: format!("{other_dtype} {other_shape:?}"),
+            expected: format!(
+                "{dtype} [T, {}] like `{}`: field `{}` stacks them",
+                want.last().copied().unwrap_or(0),
+                spec.source,
+                spec.name
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// Checks a file's tensor against the schema's field: same dtype and row shape.
 pub fn check_field(
     field: &Field,
@@ -533,43 +710,5 @@ pub fn check_field(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn spec(op: Op) -> FieldSpec {
-        let role = Role::HiddenState {
-            layer: 1,
-            point: CapturePoint::LayerInput,
-        };
-        FieldSpec::new("hidden.1", "x", role).with_op(op)
-    }
-
-    #[test]
-    fn parts_and_indexes_take_the_right_bytes() {
-        // [1, 2, 6] of u8: rows 0..6 and 6..12; part 1 of 3 along the last axis.
-        let src: Vec<u8> = (0..12).collect();
-        let op = Op::Part {
-            index: 1,
-            of: 3,
-            axis: -1,
-        };
-        let b = field_bytes(&spec(op), &[1, 2, 6], 1, Cow::Borrowed(&src)).unwrap();
-        assert_eq!(&b[..], &[2, 3, 8, 9]);
-        assert_eq!(field_shape(&spec(op), &[1, 2, 6]).unwrap(), vec![2, 2]);
-        // [2, 3, 2] ([T, L, H]): layer 2 of each token.
-        let op = Op::Index { index: 2, axis: -2 };
-        let b = field_bytes(&spec(op), &[2, 3, 2], 1, Cow::Borrowed(&src)).unwrap();
-        assert_eq!(&b[..], &[4, 5, 10, 11]);
-        // [3, 2, 2] ([L, T, H]) along axis 0 stays borrowed.
-        let op = Op::Index { index: 1, axis: 0 };
-        let b = field_bytes(&spec(op), &[3, 2, 2], 1, Cow::Borrowed(&src)).unwrap();
-        assert!(matches!(b, Cow::Borrowed(_)));
-        assert_eq!(&b[..], &[4, 5, 6, 7]);
-        let bad = Op::Part {
-            index: 0,
-            of: 5,
-            axis: -1,
-        };
-        assert!(field_shape(&spec(bad), &[2, 6]).is_err());
-    }
-}
+#[path = "layout_tests.rs"]
+mod tests;

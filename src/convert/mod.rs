@@ -18,6 +18,7 @@
 mod bytes;
 mod error;
 pub mod job;
+pub mod keys;
 pub mod layout;
 pub mod layouts;
 mod limits;

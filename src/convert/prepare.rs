@@ -5,7 +5,7 @@ use std::borrow::Cow;
 use std::ops::Range;
 use std::sync::Mutex;
 
-use crate::format::{DType, Schema};
+use crate::format::{DType, Field, Schema};
 
 use super::layout::{check_field, field_bytes, field_part, FieldSpec, Part};
 use super::units::{Inputs, Unit};
@@ -43,6 +43,8 @@ pub struct Decoder {
     pub split_by: Option<SplitBy>,
     /// Padding trimming.
     pub trim: Option<Trim>,
+    /// Take each unit's key from this stored value instead of its file name.
+    pub key_from: Option<String>,
     /// Limits for reading source files.
     pub limits: Limits,
     /// Gather buffers.
@@ -75,7 +77,11 @@ const POOL_MAX: usize = 32;
 
 impl Pool {
     fn gathered(&self, part: &Part, src: &[u8]) -> Piece {
-        let len = part.len();
+        self.filled(part.len(), |dst| part.gather(src, dst))
+    }
+
+    /// A buffer of `len` bytes written by `fill`.
+    fn filled(&self, len: usize, fill: impl FnOnce(&mut [u8])) -> Piece {
         if len >= ANON_MIN {
             let reused = self.free.lock().ok().and_then(|mut free| {
                 let best = (0..free.len())
@@ -93,12 +99,12 @@ impl Pool {
                 Some(m)
             });
             if let Some(mut m) = buf {
-                part.gather(src, &mut m[..len]);
+                fill(&mut m[..len]);
                 return Piece::Anon(m, len);
             }
         }
         let mut v = vec![0; len];
-        part.gather(src, &mut v);
+        fill(&mut v);
         Piece::Owned(v)
     }
 
@@ -122,6 +128,8 @@ pub struct Prepared {
     pub pieces: Vec<Piece>,
     /// Sample keys and their rows.
     pub samples: Vec<(String, Range<u64>)>,
+    /// The unit's key: its file name's, or the stored one with `key_from`.
+    pub key: String,
 }
 
 /// Reads every 4096th byte so the pages are mapped before the writer reads them.
@@ -189,6 +197,11 @@ impl Decoder {
                 }
                 _ => {}
             }
+            if spec.is_multi_source() {
+                drop(t);
+                pieces.push(self.stacked(&inputs, spec, field, r)?);
+                continue;
+            }
             let part = field_part(spec, &t.shape, t.dtype.size()).map_err(|e| e.to_string())?;
             pieces.push(match (part, t.bytes) {
                 (Part::Range(r), Cow::Borrowed(b)) => {
@@ -200,11 +213,16 @@ impl Decoder {
             });
         }
         let rows = rows.unwrap_or(0);
-        let ranges = self.split(&inputs, rows)?;
+        let ranges = self.split(unit, &inputs, rows)?;
+        let key = match &self.key_from {
+            Some(name) => super::keys::stored_key(&inputs, name)?,
+            None => unit.key.clone(),
+        };
         let mut prepared = Prepared {
             inputs,
             pieces,
             samples: Vec::with_capacity(ranges.len()),
+            key,
         };
         let split = self.split_by.is_some();
         for (i, range) in ranges.into_iter().enumerate() {
@@ -213,51 +231,74 @@ impl Decoder {
                 None => range,
             };
             let key = if split {
-                format!("{}/{i}", unit.key)
+                format!("{}/{i}", prepared.key)
             } else {
-                unit.key.clone()
+                prepared.key.clone()
             };
             prepared.samples.push((key, range));
         }
         Ok(prepared)
     }
 
-    fn split(&self, inputs: &Inputs, rows: u64) -> Result<Vec<Range<u64>>, String> {
+    /// A field stacking one layer from each of its sources: rows interleaved per token.
+    fn stacked(
+        &self,
+        inputs: &Inputs,
+        spec: &FieldSpec,
+        field: &Field,
+        rows: u64,
+    ) -> Result<Piece, String> {
+        let mut layers = Vec::with_capacity(field.shape.first().copied().unwrap_or(0) as usize);
+        for name in spec.sources() {
+            let t = inputs.tensor(name).map_err(|e| e.to_string())?;
+            let r = check_field(field, spec, t.dtype, &t.shape)
+                .map_err(|e| format!("{e} (tensor `{name}`)"))?;
+            if r != rows {
+                return Err(format!(
+                    "tensor `{name}` has {r} tokens, `{}` has {rows}: field `{}` stacks them",
+                    spec.source, spec.name
+                ));
+            }
+            layers.push(
+                field_bytes(spec, &t.shape, t.dtype.size(), t.bytes).map_err(|e| e.to_string())?,
+            );
+        }
+        let row = field.shape.get(1).copied().unwrap_or(1) as usize * field.dtype.size();
+        let len = field.row_bytes() as usize * rows as usize;
+        Ok(self.pool.filled(len, |dst| {
+            if row == 0 {
+                return;
+            }
+            for (t, out) in dst.chunks_exact_mut(row * layers.len()).enumerate() {
+                for (j, l) in layers.iter().enumerate() {
+                    out[j * row..(j + 1) * row].copy_from_slice(&l[t * row..(t + 1) * row]);
+                }
+            }
+        }))
+    }
+
+    fn split(&self, unit: &Unit, inputs: &Inputs, rows: u64) -> Result<Vec<Range<u64>>, String> {
         let Some(by) = &self.split_by else {
             return Ok(std::iter::once(0..rows).collect());
         };
         let name = match by {
             SplitBy::Lengths(n) | SplitBy::CuSeqlens(n) => n,
         };
-        let t = inputs.tensor(name).map_err(|e| e.to_string())?;
-        let values = ints(&t.bytes, t.dtype)
-            .ok_or_else(|| format!("`{name}` is {}, not an integer tensor", t.dtype))?;
-        let mut bounds = Vec::with_capacity(values.len() + 1);
-        match by {
-            SplitBy::Lengths(_) => {
-                bounds.push(0i64);
-                for v in &values {
-                    let last = *bounds.last().unwrap_or(&0);
-                    bounds.push(last.checked_add(*v).ok_or("lengths overflow")?);
-                }
-            }
-            SplitBy::CuSeqlens(_) => bounds = values,
-        }
-        if bounds.first() != Some(&0)
-            || bounds.last() != Some(&(rows as i64))
-            || bounds.windows(2).any(|w| w[1] < w[0])
-        {
-            return Err(format!(
-                "`{name}` does not split the {rows} tokens: the offsets must rise from 0 to {rows}, got {} values",
-                bounds.len()
-            ));
-        }
-        Ok(bounds
-            .windows(2)
-            .map(|w| w[0] as u64..w[1] as u64)
-            .collect())
+        let Some(path) = &unit.split_file else {
+            let t = inputs.tensor(name).map_err(|e| e.to_string())?;
+            return bounds(by, name, &t.bytes, t.dtype, rows);
+        };
+        // The split lies in a file beside the batch: errors name both.
+        let both = |e: String| {
+            format!(
+                "split file {} of this batch: {e}; each batch needs its split file (--split-by-file)",
+                path.display()
+            )
+        };
+        let file = super::open_source_with(path, self.limits).map_err(|e| both(e.to_string()))?;
+        let t = file.tensor(name).map_err(|e| both(e.to_string()))?;
+        bounds(by, name, &t.bytes, t.dtype, rows).map_err(both)
     }
-
     fn trimmed(&self, p: &Prepared, trim: Trim, range: Range<u64>) -> Result<Range<u64>, String> {
         let role = match trim {
             Trim::LossMask => crate::format::Role::LossMask,
@@ -286,4 +327,40 @@ impl Decoder {
         };
         Ok(range.start..range.start + keep as u64)
     }
+}
+
+/// The row ranges a lengths or offsets tensor gives for `rows` tokens.
+fn bounds(
+    by: &SplitBy,
+    name: &str,
+    bytes: &[u8],
+    dtype: DType,
+    rows: u64,
+) -> Result<Vec<Range<u64>>, String> {
+    let values =
+        ints(bytes, dtype).ok_or_else(|| format!("`{name}` is {dtype}, not an integer tensor"))?;
+    let mut bounds = Vec::with_capacity(values.len() + 1);
+    match by {
+        SplitBy::Lengths(_) => {
+            bounds.push(0i64);
+            for v in &values {
+                let last = *bounds.last().unwrap_or(&0);
+                bounds.push(last.checked_add(*v).ok_or("lengths overflow")?);
+            }
+        }
+        SplitBy::CuSeqlens(_) => bounds = values,
+    }
+    if bounds.first() != Some(&0)
+        || bounds.last() != Some(&(rows as i64))
+        || bounds.windows(2).any(|w| w[1] < w[0])
+    {
+        return Err(format!(
+            "`{name}` does not split the {rows} tokens: the offsets must rise from 0 to {rows}, got {} values",
+            bounds.len()
+        ));
+    }
+    Ok(bounds
+        .windows(2)
+        .map(|w| w[0] as u64..w[1] as u64)
+        .collect())
 }

@@ -32,6 +32,9 @@ pub struct Header {
     pub tensors: Vec<SafeTensorInfo>,
     /// The `__metadata__` string map.
     pub metadata: BTreeMap<String, String>,
+    /// Tensors of a dtype hspack does not store, with that dtype's name: left out of
+    /// `tensors`, refused only when read.
+    pub unsupported: Vec<(String, String)>,
 }
 
 /// The safetensors dtype names hspack reads.
@@ -87,6 +90,7 @@ pub fn parse(bytes: &[u8], file: &Path) -> Result<Header, ConvertError> {
     let data_len = bytes.len() - header_end;
     let mut metadata = BTreeMap::new();
     let mut tensors = Vec::with_capacity(raw.len());
+    let mut unsupported = Vec::new();
     for (name, v) in raw {
         if name == "__metadata__" {
             metadata = serde_json::from_value(v).map_err(|e| {
@@ -102,12 +106,18 @@ pub fn parse(bytes: &[u8], file: &Path) -> Result<Header, ConvertError> {
                 format!("tensor {name:?}: {e}"),
             )
         })?;
-        let dtype = dtype_from_name(&info.dtype).ok_or_else(|| ConvertError::UnsupportedDType {
-            file: file.to_path_buf(),
-            tensor: name.clone(),
-            dtype: info.dtype.clone(),
-        })?;
         let (b, e) = info.data_offsets;
+        let Some(dtype) = dtype_from_name(&info.dtype) else {
+            if b > e || e > data_len as u64 {
+                return Err(ConvertError::TensorOutOfBounds {
+                    file: file.to_path_buf(),
+                    tensor: name,
+                    reason: format!("data_offsets [{b}, {e}] outside the {data_len} data bytes"),
+                });
+            }
+            unsupported.push((name, info.dtype));
+            continue;
+        };
         let expected = info
             .shape
             .iter()
@@ -157,7 +167,11 @@ pub fn parse(bytes: &[u8], file: &Path) -> Result<Header, ConvertError> {
             }
         }
     }
-    Ok(Header { tensors, metadata })
+    Ok(Header {
+        tensors,
+        metadata,
+        unsupported,
+    })
 }
 
 /// An open safetensors file.

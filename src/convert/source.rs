@@ -180,12 +180,30 @@ impl SourceFile {
         }
     }
 
+    /// Tensors of a dtype hspack does not store, by name (flattened as in
+    /// [`SourceFile::tensors`], which leaves them out) with the dtype's name. Reading one is
+    /// an [`ConvertError::UnsupportedDType`] error; the rest of the file reads.
+    pub fn unsupported(&self) -> Vec<(String, String)> {
+        match &self.inner {
+            Inner::Torch(t) => t.value().unsupported_tensors(),
+            Inner::Safetensors(s) => s.header().unsupported.clone(),
+            Inner::Npy(_) => Vec::new(),
+        }
+    }
+
     /// The tensor called `name` (as listed by [`SourceFile::tensors`]) with its bytes.
     pub fn tensor(&self, name: &str) -> Result<SourceTensor<'_>, ConvertError> {
-        let missing = || ConvertError::Missing {
-            file: self.path.clone(),
-            what: "tensor",
-            key: name.to_string(),
+        let missing = || match self.unsupported().into_iter().find(|(n, _)| n == name) {
+            Some((_, dtype)) => ConvertError::UnsupportedDType {
+                file: self.path.clone(),
+                tensor: name.to_string(),
+                dtype,
+            },
+            None => ConvertError::Missing {
+                file: self.path.clone(),
+                what: "tensor",
+                key: name.to_string(),
+            },
         };
         match &self.inner {
             Inner::Torch(t) => {
@@ -206,7 +224,10 @@ impl SourceFile {
                 })
             }
             Inner::Safetensors(s) => {
-                let (info, bytes) = s.tensor_bytes(name)?;
+                let (info, bytes) = s.tensor_bytes(name).map_err(|e| match e {
+                    ConvertError::Missing { .. } => missing(),
+                    e => e,
+                })?;
                 Ok(SourceTensor {
                     name: name.to_string(),
                     dtype: info.dtype,

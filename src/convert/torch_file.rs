@@ -1,10 +1,11 @@
 //! `torch.save` files of either format, optionally gzip-compressed.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io::Read;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use super::limits::Limits;
 use super::mapped::{map_file, Backing};
@@ -38,7 +39,10 @@ pub struct TorchFile {
     path: PathBuf,
     backing: Backing,
     value: Value,
-    storages: HashMap<String, Range<usize>>,
+    /// Each storage's bytes, with the zip entry's CRC-32 (none in the legacy format).
+    storages: HashMap<String, (Range<usize>, Option<u32>)>,
+    /// Storages whose CRC-32 was checked.
+    crc_checked: Mutex<HashSet<String>>,
     byte_order: ByteOrder,
     format: TorchFormat,
     gzipped: bool,
@@ -151,6 +155,9 @@ impl TorchFile {
         let bytes: &[u8] = &backing;
         let (value, storages, byte_order, format) = if is_zip(bytes) {
             let archive = Archive::parse(bytes, path)?;
+            if let Some(e) = archive.record("data.pkl") {
+                Archive::check_crc(e, bytes, path)?;
+            }
             let pkl = bytes.get(archive.pickle.clone()).unwrap_or(&[]);
             let value = pickle::parse(pkl, path)?;
             let data_prefix = format!("{}/data/", archive.prefix);
@@ -160,7 +167,7 @@ impl TorchFile {
                 .filter_map(|e| {
                     Some((
                         e.name.strip_prefix(&data_prefix)?.to_string(),
-                        e.data.clone(),
+                        (e.data.clone(), Some(e.crc32)),
                     ))
                 })
                 .collect();
@@ -177,9 +184,14 @@ impl TorchFile {
             });
         } else if torch_legacy::has_magic(bytes) {
             let legacy = LegacyFile::parse(bytes, path)?;
+            let storages = legacy
+                .storages
+                .into_iter()
+                .map(|(k, r)| (k, (r, None)))
+                .collect();
             (
                 legacy.value,
-                legacy.storages,
+                storages,
                 ByteOrder::Little,
                 TorchFormat::Legacy,
             )
@@ -193,6 +205,7 @@ impl TorchFile {
             backing,
             value,
             storages,
+            crc_checked: Mutex::new(HashSet::new()),
             byte_order,
             format,
             gzipped: false,
@@ -251,7 +264,7 @@ impl TorchFile {
             return Ok(Cow::Borrowed(&[]));
         }
         let s = &t.storage;
-        let range = self
+        let (range, crc) = self
             .storages
             .get(&s.key)
             .ok_or_else(|| ConvertError::Missing {
@@ -260,6 +273,9 @@ impl TorchFile {
                 key: s.key.clone(),
             })?;
         let entry = self.backing.get(range.clone()).unwrap_or(&[]);
+        if let Some(crc) = *crc {
+            self.check_storage_crc(&s.key, entry, crc)?;
+        }
         let nbytes = s.numel.checked_mul(s.kind.element_size);
         let storage = nbytes
             .and_then(|n| usize::try_from(n).ok())
@@ -310,6 +326,31 @@ impl TorchFile {
             swap,
         };
         materialize(storage, &view, self.limits.max_tensor_bytes).map_err(oob)
+    }
+
+    /// Checks a storage's entry against its CRC-32 once per file: one pass over bytes that
+    /// are read anyway, which also maps them in before the writer copies them.
+    fn check_storage_crc(&self, key: &str, entry: &[u8], want: u32) -> Result<(), ConvertError> {
+        if self.crc_checked.lock().is_ok_and(|c| c.contains(key)) {
+            return Ok(());
+        }
+        let got = crc32fast::hash(entry);
+        if got != want {
+            let prefix = match &self.format {
+                TorchFormat::Zip { prefix, .. } => prefix.as_str(),
+                TorchFormat::Legacy => "",
+            };
+            return Err(ConvertError::ChecksumMismatch {
+                file: self.path.clone(),
+                entry: format!("{prefix}/data/{key}"),
+                expected: want,
+                got,
+            });
+        }
+        if let Ok(mut c) = self.crc_checked.lock() {
+            c.insert(key.to_string());
+        }
+        Ok(())
     }
 
     /// A numpy array's elements as C-contiguous little-endian bytes.

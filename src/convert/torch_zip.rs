@@ -38,6 +38,8 @@ pub struct Entry {
     pub name: String,
     /// Byte range of the entry's data within the archive.
     pub data: Range<usize>,
+    /// CRC-32 of the data, from the central directory.
+    pub crc32: u32,
 }
 
 /// A parsed `torch.save` zip archive. Holds offsets only; the bytes stay in the caller's buffer.
@@ -167,6 +169,20 @@ impl Archive {
         self.entries.get(*i)
     }
 
+    /// Checks `entry`'s data in `bytes` (the archive) against its CRC-32.
+    pub fn check_crc(entry: &Entry, bytes: &[u8], file: &Path) -> Result<(), ConvertError> {
+        let got = crc32fast::hash(bytes.get(entry.data.clone()).unwrap_or(&[]));
+        if got != entry.crc32 {
+            return Err(ConvertError::ChecksumMismatch {
+                file: file.to_path_buf(),
+                entry: entry.name.clone(),
+                expected: entry.crc32,
+                got,
+            });
+        }
+        Ok(())
+    }
+
     /// The data range of storage `key` (`<prefix>/data/<key>`).
     pub fn storage(&self, key: &str) -> Option<Range<usize>> {
         self.record(&format!("data/{key}")).map(|e| e.data.clone())
@@ -273,7 +289,7 @@ fn read_central_entry(
     let method = cur.u16(what)?;
     let _time = cur.u16(what)?;
     let _date = cur.u16(what)?;
-    let _crc = cur.u32(what)?;
+    let crc32 = cur.u32(what)?;
     let mut compressed = u64::from(cur.u32(what)?);
     let mut size = u64::from(cur.u32(what)?);
     let name_len = usize::from(cur.u16(what)?);
@@ -373,6 +389,7 @@ fn read_central_entry(
         Entry {
             name,
             data: start..end,
+            crc32,
         },
         local_at,
     ))

@@ -19,6 +19,8 @@ pub struct Unit {
     pub files: Vec<(String, PathBuf)>,
     /// Total bytes of the files.
     pub bytes: u64,
+    /// The file holding the lengths or offsets that split this unit, beside it.
+    pub split_file: Option<PathBuf>,
 }
 
 /// What walking the source folder found.
@@ -103,8 +105,42 @@ pub fn match_pattern(pattern: &str, name: &str) -> Option<(String, String)> {
     Some((key, part))
 }
 
+/// The stem of a file name: without `.gz` and a known extension.
+fn stem_of(name: &str) -> &str {
+    let base = name.strip_suffix(".gz").unwrap_or(name);
+    EXTENSIONS
+        .iter()
+        .find_map(|e| base.strip_suffix(e))
+        .unwrap_or(base)
+}
+
+/// Whether `name` (a file name) matches `pattern`, a file name with one `{stem}`.
+fn is_split_file(pattern: &str, name: &str) -> bool {
+    let Some((pre, post)) = pattern.split_once("{stem}") else {
+        return false;
+    };
+    name.len() > pre.len() + post.len() && name.starts_with(pre) && name.ends_with(post)
+}
+
+/// The file beside `path` that `pattern` (a file name with `{stem}`) names for it.
+pub fn split_file_of(pattern: &str, path: &Path) -> PathBuf {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy())
+        .unwrap_or_default();
+    let sibling = pattern.replace("{stem}", stem_of(&name));
+    path.with_file_name(sibling)
+}
+
 /// Walks `src` (a folder, or one file) and groups its files into units, sorted by key.
-pub fn plan(src: &Path, preset: Preset, group_by: Option<&str>) -> Result<Plan, ConvertError> {
+/// With `split_file` (a file name pattern with `{stem}`), files matching it are not units but
+/// hold the split of the unit beside them.
+pub fn plan(
+    src: &Path,
+    preset: Preset,
+    group_by: Option<&str>,
+    split_file: Option<&str>,
+) -> Result<Plan, ConvertError> {
     let mut files = Vec::new();
     let root = if src.is_dir() {
         walk(src, &mut files)?;
@@ -124,6 +160,15 @@ pub fn plan(src: &Path, preset: Preset, group_by: Option<&str>) -> Result<Plan, 
     let mut groups: BTreeMap<String, Unit> = BTreeMap::new();
     for (path, len) in files {
         let rel = rel_name(&root, &path);
+        if let Some(p) = split_file {
+            let name = path
+                .file_name()
+                .map(|n| n.to_string_lossy())
+                .unwrap_or_default();
+            if is_split_file(p, &name) {
+                continue;
+            }
+        }
         let (key, part) = match group_by {
             Some(p) => match match_pattern(p, &rel) {
                 Some(kp) => kp,
@@ -142,6 +187,7 @@ pub fn plan(src: &Path, preset: Preset, group_by: Option<&str>) -> Result<Plan, 
             key,
             files: Vec::new(),
             bytes: 0,
+            split_file: split_file.map(|p| split_file_of(p, &path)),
         });
         unit.files.push((part, path));
         unit.bytes += len;
@@ -169,6 +215,11 @@ impl Inputs {
         Ok(Inputs { files })
     }
 
+    /// The open files with their part names.
+    pub fn files(&self) -> &[(String, SourceFile)] {
+        &self.files
+    }
+
     /// The file named in errors.
     pub fn path(&self) -> &Path {
         self.files.first().map_or(Path::new(""), |f| f.1.path())
@@ -194,6 +245,22 @@ impl Inputs {
         out
     }
 
+    /// The error for reading `name` when it is a tensor of a dtype hspack does not store.
+    pub fn unsupported(&self, name: &str) -> Option<ConvertError> {
+        for (part, f) in &self.files {
+            for (n, dtype) in f.unsupported() {
+                if Self::qualify(part, &n) == name {
+                    return Some(ConvertError::UnsupportedDType {
+                        file: f.path().to_path_buf(),
+                        tensor: name.to_string(),
+                        dtype,
+                    });
+                }
+            }
+        }
+        None
+    }
+
     /// The tensor called `name` (as listed by [`Inputs::tensors`]).
     pub fn tensor(&self, name: &str) -> Result<SourceTensor<'_>, ConvertError> {
         for (part, f) in &self.files {
@@ -206,9 +273,13 @@ impl Inputs {
                     .and_then(|r| r.strip_prefix('.'))
             };
             if let Some(inner) = inner {
-                if let Ok(mut t) = f.tensor(inner) {
-                    t.name = name.to_string();
-                    return Ok(t);
+                match f.tensor(inner) {
+                    Ok(mut t) => {
+                        t.name = name.to_string();
+                        return Ok(t);
+                    }
+                    Err(e @ ConvertError::UnsupportedDType { .. }) => return Err(e),
+                    Err(_) => {}
                 }
             }
         }
@@ -237,5 +308,12 @@ mod tests {
             Some(("a/b".into(), "ids".into()))
         );
         assert_eq!(match_pattern("{key}/{part}.pt", "a.pt"), None);
+        assert!(is_split_file("{stem}.lens.pt", "b_0.lens.pt"));
+        assert!(!is_split_file("{stem}.lens.pt", "b_0.pt"));
+        assert!(!is_split_file("{stem}.lens.pt", ".lens.pt"));
+        assert_eq!(
+            split_file_of("{stem}.lens.pt", Path::new("d/b_0.pt.gz")),
+            Path::new("d/b_0.lens.pt")
+        );
     }
 }

@@ -10,7 +10,7 @@ pub mod speculators;
 
 use crate::format::Role;
 
-use super::layout::{find, FieldSpec, LayoutError, Op};
+use super::layout::{find, FieldSpec, LayoutError, Op, Stack};
 use super::TensorInfo;
 
 /// `input_ids` from `source`.
@@ -52,4 +52,54 @@ pub(crate) fn part(i: u64, of: u64) -> Op {
         of,
         axis: -1,
     }
+}
+
+/// Name of the presets' stacked field of auxiliary layers.
+pub const AUX_FIELD: &str = "aux_hidden_state";
+
+/// One role stacking the layers of `roles` (from [`super::layout::hidden_roles`]); they must
+/// share a capture point.
+pub(crate) fn stacked_role(layout: &str, roles: &[(String, Role)]) -> Result<Role, LayoutError> {
+    let mut layers = Vec::with_capacity(roles.len());
+    let mut points = Vec::with_capacity(roles.len());
+    for (_, role) in roles {
+        if let Role::HiddenState { layer, point } = role {
+            layers.push(*layer);
+            points.push(*point);
+        }
+    }
+    match points.first() {
+        Some(&point) if points.iter().all(|&p| p == point) => {
+            Ok(Role::HiddenStates { layers, point })
+        }
+        _ => Err(LayoutError::Layers {
+            detail: format!(
+                "the {layout} layout stores layers {layers:?} in one field, so they need one \
+                 capture point, but the points are {points:?}: give one --point for them, or \
+                 --split-layers for one field per layer"
+            ),
+        }),
+    }
+}
+
+/// The fields of `roles.len()` layers held by `source`: one stacked field `name` (laid out as
+/// `stack`), or with `split` one field per layer taking `op(i)`.
+pub(crate) fn layer_fields(
+    layout: &str,
+    name: &str,
+    source: &str,
+    roles: &[(String, Role)],
+    stack: Stack,
+    split: bool,
+    op: impl Fn(u64) -> Op,
+) -> Result<Vec<FieldSpec>, LayoutError> {
+    if split {
+        return Ok(roles
+            .iter()
+            .enumerate()
+            .map(|(i, (n, role))| FieldSpec::new(n, source, role.clone()).with_op(op(i as u64)))
+            .collect());
+    }
+    let role = stacked_role(layout, roles)?;
+    Ok(vec![FieldSpec::new(name, source, role).stacked(stack)])
 }

@@ -1,23 +1,28 @@
 //! NVIDIA ModelOpt `examples/speculative_decoding/collect_hidden_states`.
 //!
 //! Files: `{conversation_id}.pt`; each a `torch.save` dict of one conversation (the key is the
-//! file name, which is the conversation id):
+//! file name, which is the conversation id; `--key-from conversation_id` takes it from the
+//! value stored in the dict instead, a `str` or `int` from the input JSONL):
 //!
-//! | tensor | shape | field |
+//! | entry | shape | field |
 //! |---|---|---|
 //! | `input_ids` | `[T]` | `input_ids` |
-//! | `aux_hidden_states` | `[T, k·H]` (optional) | `hidden.{l}` for the first k ids of `--layers` |
+//! | `aux_hidden_states` | `[T, k·H]` (optional) | `aux_hidden_state`, row `[k, H]`, layers: the first k ids of `--layers` |
 //! | `hidden_states` | `[T, H]` | `hidden.{l}` for the last id of `--layers` |
 //! | `loss_mask` | `[T]` (optional) | `loss_mask` |
+//! | `conversation_id` | `str` or `int` | the key, with `--key-from conversation_id` |
 //!
 //! The aux states are HF `hidden_states[i]` for the selected ids (layer inputs), concatenated in
 //! `--layers` order; `hidden_states` is HF `hidden_states[-1]`, the final-norm output.
+//! `aux_hidden_state` is one stacked field (role `hidden_states`) holding the source bytes as
+//! they are; `--split-layers` writes one field `hidden.{l}` per aux layer instead.
 
 use crate::format::CapturePoint;
 
 use super::super::layout::{find, hidden_roles, FieldSpec, LayoutError, LayoutOptions};
 use super::super::TensorInfo;
-use super::{ids, mask, part, parts};
+use super::{ids, layer_fields, mask, part, parts, AUX_FIELD};
+use crate::convert::layout::Stack;
 
 /// The specs for a ModelOpt file.
 pub fn specs(
@@ -42,10 +47,16 @@ pub fn specs(
     if find(tensors, "loss_mask").is_some() {
         out.push(mask("loss_mask"));
     }
-    for (i, (name, role)) in roles.iter().take(k as usize).enumerate() {
-        out.push(
-            FieldSpec::new(name, "aux_hidden_states", role.clone()).with_op(part(i as u64, k)),
-        );
+    if k > 0 {
+        out.extend(layer_fields(
+            "modelopt",
+            AUX_FIELD,
+            "aux_hidden_states",
+            &roles[..k as usize],
+            Stack::Concat,
+            options.split_layers,
+            |i| part(i, k),
+        )?);
     }
     let (name, role) = &roles[k as usize];
     out.push(FieldSpec::new(name, "hidden_states", role.clone()));

@@ -5,15 +5,24 @@
 //! | tensor | shape | field |
 //! |---|---|---|
 //! | `token_ids` (or `input_ids`) | `[T]` | `input_ids` |
-//! | `hidden_states` | `[T, L, H]` | `hidden.{l}` for each of the L ids of `--layers`, in order |
+//! | `hidden_states` | `[T, L, H]` | `hidden_states`, row `[L, H]`, layers: the L ids of `--layers` |
 //! | `loss_mask` | `[T]` (optional) | `loss_mask` |
 //!
 //! The files do not say on which side of a layer the states were taken, so `--point` is
 //! required (unless an id equals `--num-layers`, which means the final-norm output).
+//!
+//! Fields: when every layer has the same capture point, `hidden_states` is one stacked field
+//! (role `hidden_states`) holding the source bytes as they are. When only the last layer's
+//! point differs (the verifier's final-norm output after L − 1 auxiliary layers, e.g.
+//! `--num-layers` equal to the last id), the first L − 1 layers are stacked as
+//! `aux_hidden_state` (a copy: they are strided in the source) and the last is `hidden.{l}`,
+//! the two inputs of EAGLE-3 training. `--split-layers` writes one field `hidden.{l}` per
+//! layer instead.
 
 use super::super::layout::{find, hidden_roles, FieldSpec, LayoutError, LayoutOptions, Op};
 use super::super::TensorInfo;
-use super::{ids, mask};
+use super::{ids, mask, stacked_role, AUX_FIELD};
+use crate::convert::layout::Stack;
 
 /// The specs for a speculators file.
 pub fn specs(
@@ -48,13 +57,37 @@ pub fn specs(
     if find(tensors, "loss_mask").is_some() {
         out.push(mask("loss_mask"));
     }
+    let index = |j: usize| Op::Index {
+        index: j as u64,
+        axis: -2,
+    };
+    if !options.split_layers {
+        if let Ok(role) = stacked_role("speculators", &roles) {
+            out.push(FieldSpec::new("hidden_states", "hidden_states", role).stacked(Stack::Axis));
+            return Ok(out);
+        }
+        if let [aux @ .., (name, last)] = roles.as_slice() {
+            if !aux.is_empty() {
+                let role = stacked_role("speculators", aux)?;
+                let first = Op::Range {
+                    start: 0,
+                    len: aux.len() as u64,
+                    axis: -2,
+                };
+                out.push(
+                    FieldSpec::new(AUX_FIELD, "hidden_states", role)
+                        .with_op(first)
+                        .stacked(Stack::Axis),
+                );
+                out.push(
+                    FieldSpec::new(name, "hidden_states", last.clone()).with_op(index(aux.len())),
+                );
+                return Ok(out);
+            }
+        }
+    }
     for (j, (name, role)) in roles.iter().enumerate() {
-        out.push(
-            FieldSpec::new(name, "hidden_states", role.clone()).with_op(Op::Index {
-                index: j as u64,
-                axis: -2,
-            }),
-        );
+        out.push(FieldSpec::new(name, "hidden_states", role.clone()).with_op(index(j)));
     }
     Ok(out)
 }

@@ -391,6 +391,7 @@ fn rebuild_tensor(
             "size and stride have different lengths",
         ));
     }
+    // A dtype hspack does not store leaves an inert marker: harmless unless a field uses it.
     let dtype = if allowed == Allowed::RebuildTensorV3 {
         match dtype_arg {
             Some(Value::Global {
@@ -398,11 +399,21 @@ fn rebuild_tensor(
                 name: dname,
             }) => match globals::lookup(&module, &dname) {
                 Some(Allowed::TorchDType(Some(d))) => d,
-                Some(Allowed::TorchDType(None)) => return Err(unsupported(m, &dname, at)),
+                Some(Allowed::TorchDType(None)) => {
+                    return Ok(Value::UnsupportedTensor {
+                        dtype: format!("torch.{dname}"),
+                        shape,
+                    })
+                }
                 _ => return Err(bad_call(m, name, at, "dtype argument is not a torch dtype")),
             },
             _ => return Err(bad_call(m, name, at, "missing dtype argument")),
         }
+    } else if storage.kind.dtype.is_none() && storage.kind != UNTYPED {
+        return Ok(Value::UnsupportedTensor {
+            dtype: storage_dtype_name(storage.kind.class),
+            shape,
+        });
     } else {
         storage_dtype(m, &storage.kind, at)?
     };
@@ -414,6 +425,22 @@ fn rebuild_tensor(
         storage,
         requires_grad: matches!(requires_grad, Some(Value::Bool(true))),
     }))
+}
+
+/// The torch dtype a legacy typed storage class holds, for messages.
+fn storage_dtype_name(class: &str) -> String {
+    let name = match class {
+        "ComplexHalfStorage" => "complex32",
+        "ComplexFloatStorage" => "complex64",
+        "ComplexDoubleStorage" => "complex128",
+        "QInt8Storage" => "qint8",
+        "QUInt8Storage" => "quint8",
+        "QInt32Storage" => "qint32",
+        "QUInt4x2Storage" => "quint4x2",
+        "QUInt2x4Storage" => "quint2x4",
+        other => return format!("torch.{other}"),
+    };
+    format!("torch.{name}")
 }
 
 fn storage_dtype(m: &Machine<'_>, kind: &StorageKind, at: usize) -> Result<DType, ConvertError> {

@@ -45,6 +45,14 @@ pub enum Value {
     Tensor(TensorRef),
     /// A numpy array whose bytes are inside the pickle.
     NdArray(NdArray),
+    /// A tensor of a dtype hspack does not store (complex, unsigned wider than 8 bits, ...):
+    /// kept as a marker so that a file is refused only when a field uses it.
+    UnsupportedTensor {
+        /// The dtype as torch names it, e.g. `torch.complex64` or `torch.ComplexFloatStorage`.
+        dtype: String,
+        /// Size of each dimension.
+        shape: Vec<u64>,
+    },
 }
 
 /// The element type a storage was saved with.
@@ -187,6 +195,14 @@ impl Value {
         }
     }
 
+    /// Every tensor of a dtype hspack does not store, with its path (as in [`Value::tensors`])
+    /// and dtype name.
+    pub fn unsupported_tensors(&self) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        walk_unsupported(self, &mut String::new(), &mut out);
+        out
+    }
+
     /// Every tensor and numpy array in the tree with its path: dict keys and list indices
     /// joined by `.` (e.g. `hidden_states`, `aux.0`). A root tensor has the empty path.
     /// Dict keys that are not strings, ints or bools are skipped along with their values.
@@ -224,6 +240,38 @@ fn walk<'a>(v: &'a Value, path: &mut String, out: &mut Vec<(String, TensorLike<'
                     _ => continue,
                 };
                 child(&segment, item, path, out);
+            }
+        }
+        _ => {}
+    }
+}
+
+fn walk_unsupported(v: &Value, path: &mut String, out: &mut Vec<(String, String)>) {
+    let mut child = |segment: &str, child: &Value, path: &mut String| {
+        let len = path.len();
+        if !path.is_empty() {
+            path.push('.');
+        }
+        path.push_str(segment);
+        walk_unsupported(child, path, out);
+        path.truncate(len);
+    };
+    match v {
+        Value::UnsupportedTensor { dtype, .. } => out.push((path.clone(), dtype.clone())),
+        Value::List(items) | Value::Tuple(items) | Value::Set(items) => {
+            for (i, item) in items.iter().enumerate() {
+                child(&i.to_string(), item, path);
+            }
+        }
+        Value::Dict(items) => {
+            for (k, item) in items {
+                let segment = match k {
+                    Value::Str(s) => s.clone(),
+                    Value::Int(i) => i.to_string(),
+                    Value::Bool(b) => b.to_string(),
+                    _ => continue,
+                };
+                child(&segment, item, path);
             }
         }
         _ => {}

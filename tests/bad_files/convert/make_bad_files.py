@@ -140,6 +140,12 @@ def main():
     struct.pack_into("<II", ovl, cd + 20, size + 40, size + 40)
     open(os.path.join(OUT, "overlapping_entries.pt"), "wb").write(ovl)
 
+    # A storage byte changed after the archive was written: its CRC-32 no longer matches.
+    crc = bytearray(raw)
+    at = raw.index(four) + 5
+    crc[at] ^= 0x40
+    open(os.path.join(OUT, "crc_mismatch.pt"), "wb").write(crc)
+
     # The pre-0.4 tar container.
     with tarfile.open(os.path.join(OUT, "legacy_tar.pt"), "w", format=tarfile.PAX_FORMAT) as t:
         for name in ["sys_info", "pickle", "storages", "tensors"]:

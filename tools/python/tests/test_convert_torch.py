@@ -98,6 +98,9 @@ def test_specforge(tmp_path):
         files[f"rows_0-4/data_{i}"] = src / name
     ds = tmp_path / "ds"
     hspack("convert", src, ds, "--layout", "specforge", "--layers", "2,30,58,61", "--num-layers", "61", "-q")
+    split = tmp_path / "split"
+    hspack("convert", src, split, "--layout", "specforge", "--layers", "2,30,58,61", "--num-layers", "61",
+           "--split-layers", "-q")
     assert sorted(keys(ds)) == sorted(files)
     for key, path in files.items():
         want = load(path)
@@ -105,11 +108,18 @@ def test_specforge(tmp_path):
         same(got["input_ids"], want["input_ids"])
         same(got["loss_mask"], want["loss_mask"])
         aux = want["aux_hidden_state"][0]
+        # One stacked field [T, 3, H]: read flat, it is EAGLE-3's [T, 3H] as saved.
+        same(got["aux_hidden_state"], aux.reshape(-1, 3, H))
+        same(got["aux_hidden_state"].reshape(-1, 3 * H), aux)
+        same(got["hidden.61"], want["hidden_state"][0])
+        got = read_sample(split, key, tmp_path)
         for j, layer in enumerate([2, 30, 58]):
             same(got[f"hidden.{layer}"], aux[:, j * H : (j + 1) * H])
         same(got["hidden.61"], want["hidden_state"][0])
     info = hspack("info", ds).stdout
     assert "HiddenState { layer: 61, point: FinalNorm }" in info
+    assert "HiddenStates { layers: [2, 30, 58], point: LayerInput }" in info
+    info = hspack("info", split).stdout
     assert "HiddenState { layer: 2, point: LayerInput }" in info
 
 
@@ -137,7 +147,7 @@ def test_specforge_trim_padding(tmp_path):
         got = read_sample(tmp_path / ds, "rows_0-1/data_0", tmp_path)
         same(got["input_ids"], ids[:real])
         same(got["hidden.4"], d["hidden_state"][0, :real])
-        same(got["hidden.2"], d["aux_hidden_state"][0, :real, H : 2 * H])
+        same(got["aux_hidden_state"][:, 1], d["aux_hidden_state"][0, :real, H : 2 * H])
 
 
 def test_eagle(tmp_path):
@@ -173,9 +183,14 @@ def test_modelopt(tmp_path):
         convs[f"conv-{i}"] = d
     ds = tmp_path / "ds"
     hspack("convert", src, ds, "--layout", "modelopt", "--layers", "2,16,29,32", "-q")
+    split = tmp_path / "split"
+    hspack("convert", src, split, "--layout", "modelopt", "--layers", "2,16,29,32", "--split-layers", "-q")
     for key, d in convs.items():
         got = read_sample(ds, key, tmp_path)
         same(got["input_ids"], d["input_ids"])
+        same(got["aux_hidden_state"].reshape(-1, 3 * H), d["aux_hidden_states"])
+        same(got["hidden.32"], d["hidden_states"])
+        got = read_sample(split, key, tmp_path)
         for j, layer in enumerate([2, 16, 29]):
             same(got[f"hidden.{layer}"], d["aux_hidden_states"][:, j * H : (j + 1) * H])
         same(got["hidden.32"], d["hidden_states"])
@@ -193,6 +208,18 @@ def test_speculators(tmp_path):
            "--point", "layer-output", "-q")
     got = read_sample(ds, "0", tmp_path)
     same(got["input_ids"], d["token_ids"])
+    same(got["hidden_states"], d["hidden_states"])
+    # The last layer as the final-norm output: the first two stacked as aux, the last alone.
+    eagle3 = tmp_path / "eagle3"
+    hspack("convert", src, eagle3, "--layout", "speculators", "--layers", "3,10,20", "--num-layers", "20",
+           "--point", "layer-input,layer-input,final-norm", "-q")
+    got = read_sample(eagle3, "0", tmp_path)
+    same(got["aux_hidden_state"], d["hidden_states"][:, :2])
+    same(got["hidden.20"], d["hidden_states"][:, 2])
+    split = tmp_path / "split"
+    hspack("convert", src, split, "--layout", "speculators", "--layers", "3,10,20",
+           "--point", "layer-output", "--split-layers", "-q")
+    got = read_sample(split, "0", tmp_path)
     for j, layer in enumerate([3, 10, 20]):
         same(got[f"hidden.{layer}"], d["hidden_states"][:, j])
 
@@ -212,6 +239,28 @@ def test_generic_list_of_layers_and_views(tmp_path):
     same(got["hidden.3"], d["layers"][0])
     same(got["hidden.7"], base.t())
     same(got["extra"], d["layers"][2][0])
+
+
+def test_generic_stacked_fields(tmp_path):
+    src = tmp_path / "src"
+    t = 5
+    d = {"ids": torch.arange(t), "cat": torch.randn(t, 3 * H, generator=g(42)).half(),
+         "axis": torch.randn(1, t, 2, H, generator=g(43)),
+         "aux": [torch.randn(t, H, generator=g(44 + i)).bfloat16() for i in range(3)]}
+    save(d, src / "a.pt")
+    ds = tmp_path / "ds"
+    hspack("convert", src, ds, "--layout", "generic", "--field", "input_ids=ids",
+           "--field", "cat=cat:layers=2,30,58", "--field", "axis=axis:layers=4,5:point=layer-output",
+           "--field", "aux_hidden_state=aux.0+aux.1+aux.2:layers=2,30,58", "-q")
+    got = read_sample(ds, "a", tmp_path)
+    same(got["cat"], d["cat"].reshape(t, 3, H))
+    same(got["axis"], d["axis"][0])
+    same(got["aux_hidden_state"], torch.stack(d["aux"], dim=1))
+    info = hspack("info", ds).stdout
+    assert "HiddenStates { layers: [4, 5], point: LayerOutput }" in info
+    p = hspack("convert", src, tmp_path / "bad", "--layout", "generic", "--field", "x=aux.0+aux.1:layers=1,2,3",
+               ok=False)
+    assert p.returncode == 2 and "2 source tensors for 3 layers" in p.stderr, p.stderr
 
 
 def test_generic_group_by_layer_files(tmp_path):
@@ -280,3 +329,102 @@ def test_bad_files_stop_or_are_listed(tmp_path):
     assert sorted(os.path.basename(b["file"]) for b in bad) == ["data_1.ckpt", "data_2.ckpt", "data_3.ckpt"]
     assert keys(ds) == ["0/data_0"]
     same(read_sample(ds, "0/data_0", tmp_path)["hidden.9"], good["hidden_state"])
+
+
+def test_unsupported_dtypes_only_fail_when_used(tmp_path):
+    src = tmp_path / "src"
+    d = {"input_ids": torch.arange(4), "hidden_state": torch.randn(4, H, generator=g(80)).bfloat16(),
+         "loss_mask": torch.ones(4, dtype=torch.long),
+         "phase": torch.randn(4, 2, generator=g(81)).to(torch.complex64),
+         "counts": torch.arange(4, dtype=torch.int32).to(torch.uint16),
+         "big": torch.arange(3).to(torch.uint64)}
+    save(d, src / "0" / "data_0.ckpt")
+    ds = tmp_path / "ds"
+    hspack("convert", src, ds, "--layout", "eagle", "--layers", "9", "-q")
+    same(read_sample(ds, "0/data_0", tmp_path)["hidden.9"], d["hidden_state"])
+    for field, dtype in [("phase", "complex64"), ("counts", "uint16")]:
+        p = hspack("convert", src, tmp_path / f"ds_{field}", "--layout", "generic", "--field", "input_ids=input_ids",
+                   "--field", f"x={field}:role=other", ok=False)
+        assert p.returncode == 2, p.stderr
+        assert "data_0.ckpt" in p.stderr and f'"{field}"' in p.stderr and dtype in p.stderr.lower(), p.stderr
+        assert "re-save" in p.stderr, p.stderr
+
+
+def modelopt_dump(path, t, conversation_id, seed):
+    gen = g(seed)
+    d = {"input_ids": torch.randint(0, 1000, (t,), generator=gen),
+         "hidden_states": torch.randn(t, H, generator=gen).to(torch.bfloat16),
+         "aux_hidden_states": torch.randn(t, 3 * H, generator=gen).to(torch.bfloat16),
+         "conversation_id": conversation_id}
+    save(d, path)
+    return d
+
+
+def test_key_from_stored_id(tmp_path):
+    src = tmp_path / "src"
+    want = {"conv-a": modelopt_dump(src / "0.pt", 5, "conv-a", 90),
+            "17": modelopt_dump(src / "1.pt", 3, 17, 91),
+            "42": modelopt_dump(src / "2.pt", 4, torch.tensor([42]), 92)}
+    ds = tmp_path / "ds"
+    args = ("convert", src, ds, "--layout", "modelopt", "--layers", "2,16,29,32", "--key-from", "conversation_id", "-q")
+    hspack(*args)
+    assert sorted(keys(ds)) == sorted(want)
+    for key, d in want.items():
+        got = read_sample(ds, key, tmp_path)
+        same(got["input_ids"], d["input_ids"])
+        same(got["hidden.32"], d["hidden_states"])
+    # Resume: converted files are not reopened or appended again; a new file goes on.
+    want["conv-b"] = modelopt_dump(src / "3.pt", 2, "conv-b", 93)
+    p = subprocess.run([BIN, *map(str, args[:-1])], capture_output=True, text=True)
+    assert p.returncode == 0 and "3 already in the dataset" in p.stderr, p.stderr
+    assert sorted(keys(ds)) == sorted(want)
+    # A second file with a stored id already taken: an error naming both files.
+    modelopt_dump(src / "4.pt", 2, "conv-a", 94)
+    p = hspack(*args, ok=False)
+    assert p.returncode == 2 and "0.pt" in p.stderr and "4.pt" in p.stderr and "conv-a" in p.stderr, p.stderr
+    assert sorted(keys(ds)) == sorted(want)
+    # Within one run too, and a value that is not a key is refused with the file named.
+    p = hspack("convert", src, tmp_path / "ds2", "--layout", "modelopt", "--layers", "2,16,29,32",
+               "--key-from", "conversation_id", ok=False)
+    assert p.returncode == 2 and "0.pt" in p.stderr and "4.pt" in p.stderr, p.stderr
+    (src / "4.pt").unlink()
+    p = hspack("convert", src, tmp_path / "ds3", "--layout", "modelopt", "--layers", "2,16,29,32",
+               "--key-from", "input_ids", ok=False)
+    assert p.returncode == 2 and ".pt" in p.stderr and "one integer" in p.stderr, p.stderr
+
+
+def test_split_by_a_file_beside_each_batch(tmp_path):
+    batches = {}
+    for b, lengths in enumerate([[3, 1, 5], [2, 2]]):
+        n = sum(lengths)
+        d = {"input_ids": torch.randint(0, 100, (n,), generator=g(100 + b)),
+             "hidden": torch.randn(n, 3 * H, generator=g(110 + b)).bfloat16()}
+        save(d, tmp_path / "lens" / f"batch_{b}.pt")
+        save(d, tmp_path / "cu" / f"batch_{b}.pt")
+        save(torch.tensor(lengths, dtype=torch.int32), tmp_path / "lens" / f"batch_{b}.lens.pt")
+        cu = torch.cat([torch.zeros(1, dtype=torch.long), torch.tensor(lengths).cumsum(0)])
+        save({"cu": cu}, tmp_path / "cu" / f"batch_{b}.cu.pt")
+        batches[b] = (d, lengths)
+    fields = ("--field", "input_ids=input_ids", "--field", "aux_hidden_state=hidden:layers=2,30,58")
+    for how, pattern, src in [("lengths", "{stem}.lens.pt", "lens"), ("cu_seqlens:cu", "{stem}.cu.pt", "cu")]:
+        ds = tmp_path / f"ds_{src}"
+        hspack("convert", tmp_path / src, ds, "--layout", "generic", "--split-by", how, "--split-by-file", pattern,
+               *fields, "-q")
+        assert keys(ds) == ["batch_0/0", "batch_0/1", "batch_0/2", "batch_1/0", "batch_1/1"]
+        for b, (d, lengths) in batches.items():
+            start = 0
+            for i, n in enumerate(lengths):
+                got = read_sample(ds, f"batch_{b}/{i}", tmp_path)
+                same(got["input_ids"], d["input_ids"][start : start + n])
+                same(got["aux_hidden_state"], d["hidden"][start : start + n].reshape(n, 3, H))
+                start += n
+    src = tmp_path / "lens"
+    (src / "batch_1.lens.pt").unlink()
+    p = hspack("convert", src, tmp_path / "missing", "--layout", "generic", "--split-by", "lengths",
+               "--split-by-file", "{stem}.lens.pt", *fields, ok=False)
+    assert p.returncode == 2 and "batch_1.pt" in p.stderr and "batch_1.lens.pt" in p.stderr, p.stderr
+    save(torch.tensor([4, 4]), src / "batch_1.lens.pt")
+    p = hspack("convert", src, tmp_path / "wrong", "--layout", "generic", "--split-by", "lengths",
+               "--split-by-file", "{stem}.lens.pt", *fields, ok=False)
+    assert p.returncode == 2 and "batch_1.pt" in p.stderr and "batch_1.lens.pt" in p.stderr, p.stderr
+    assert "does not split the 4 tokens" in p.stderr, p.stderr

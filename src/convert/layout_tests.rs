@@ -1,0 +1,95 @@
+//! Tests of field specs: ops, stacked shapes, byte ranges.
+
+use super::*;
+
+fn spec(op: Op) -> FieldSpec {
+    let role = Role::HiddenState {
+        layer: 1,
+        point: CapturePoint::LayerInput,
+    };
+    FieldSpec::new("hidden.1", "x", role).with_op(op)
+}
+
+#[test]
+fn parts_and_indexes_take_the_right_bytes() {
+    // [1, 2, 6] of u8: rows 0..6 and 6..12; part 1 of 3 along the last axis.
+    let src: Vec<u8> = (0..12).collect();
+    let op = Op::Part {
+        index: 1,
+        of: 3,
+        axis: -1,
+    };
+    let b = field_bytes(&spec(op), &[1, 2, 6], 1, Cow::Borrowed(&src)).unwrap();
+    assert_eq!(&b[..], &[2, 3, 8, 9]);
+    assert_eq!(field_shape(&spec(op), &[1, 2, 6]).unwrap(), vec![2, 2]);
+    // [2, 3, 2] ([T, L, H]): layer 2 of each token.
+    let op = Op::Index { index: 2, axis: -2 };
+    let b = field_bytes(&spec(op), &[2, 3, 2], 1, Cow::Borrowed(&src)).unwrap();
+    assert_eq!(&b[..], &[4, 5, 10, 11]);
+    // [3, 2, 2] ([L, T, H]) along axis 0 stays borrowed.
+    let op = Op::Index { index: 1, axis: 0 };
+    let b = field_bytes(&spec(op), &[3, 2, 2], 1, Cow::Borrowed(&src)).unwrap();
+    assert!(matches!(b, Cow::Borrowed(_)));
+    assert_eq!(&b[..], &[4, 5, 6, 7]);
+    let bad = Op::Part {
+        index: 0,
+        of: 5,
+        axis: -1,
+    };
+    assert!(field_shape(&spec(bad), &[2, 6]).is_err());
+}
+
+#[test]
+fn stacked_shapes() {
+    let role = Role::HiddenStates {
+        layers: vec![2, 30, 58],
+        point: CapturePoint::LayerInput,
+    };
+    let spec = |stack| FieldSpec::new("aux", "x", role.clone()).stacked(stack);
+    assert_eq!(
+        field_shape(&spec(Stack::Concat), &[1, 5, 48]).unwrap(),
+        [5, 3, 16]
+    );
+    assert!(field_shape(&spec(Stack::Concat), &[5, 47]).is_err());
+    // Stacking a concatenation takes the source bytes as they are: no gather.
+    assert_eq!(
+        field_part(&spec(Stack::Concat), &[1, 5, 48], 2).unwrap(),
+        Part::Range(0..480)
+    );
+    assert_eq!(
+        field_shape(&spec(Stack::Axis), &[1, 5, 3, 16]).unwrap(),
+        [5, 3, 16]
+    );
+    assert!(field_shape(&spec(Stack::Axis), &[5, 4, 16]).is_err());
+    let many = spec(Stack::Sources(vec!["y".into(), "z".into()]));
+    assert_eq!(field_shape(&many, &[1, 5, 16]).unwrap(), [5, 3, 16]);
+    assert_eq!(many.sources().collect::<Vec<_>>(), ["x", "y", "z"]);
+    let two = spec(Stack::Sources(vec!["y".into()]));
+    assert!(field_shape(&two, &[5, 16]).is_err());
+    // The first two of [T, 4, H], kept as a layer axis; a strided copy.
+    let first = FieldSpec::new(
+        "aux",
+        "x",
+        Role::HiddenStates {
+            layers: vec![1, 2],
+            point: CapturePoint::LayerInput,
+        },
+    )
+    .with_op(Op::Range {
+        start: 0,
+        len: 2,
+        axis: -2,
+    })
+    .stacked(Stack::Axis);
+    assert_eq!(field_shape(&first, &[2, 4, 1]).unwrap(), [2, 2, 1]);
+    let src: Vec<u8> = (0..8).collect();
+    let b = field_bytes(&first, &[2, 4, 1], 1, Cow::Borrowed(&src)).unwrap();
+    assert_eq!(&b[..], &[0, 1, 4, 5]);
+    // Auto: axis when the second-last dim is k, else concat.
+    let mut auto = spec(Stack::Auto);
+    resolve_stack(&mut auto, &[5, 3, 16]);
+    assert_eq!(auto.stack, Stack::Axis);
+    let mut auto = spec(Stack::Auto);
+    resolve_stack(&mut auto, &[1, 5, 48]);
+    assert_eq!(auto.stack, Stack::Concat);
+}
