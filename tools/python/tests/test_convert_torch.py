@@ -121,6 +121,20 @@ def test_specforge(tmp_path):
     assert "HiddenStates { layers: [2, 30, 58], point: LayerInput }" in info
     info = hspack("info", split).stdout
     assert "HiddenState { layer: 2, point: LayerInput }" in info
+    # The EAGLE-3 view over either output returns SpecForge's own tensors; over the stacked
+    # output, aux_hidden_state is a view of the mapped shard, not a copy.
+    from hspack.torch import HspackDataset
+
+    for out, zero_copy in ((ds, True), (split, False)):
+        view = HspackDataset(out, view="eagle3")
+        for i in range(len(view)):
+            want = load(files[view.hspack.sample(i).key])
+            got = view[i]
+            same(got["aux_hidden_state"], want["aux_hidden_state"][0])
+            same(got["hidden_state"], want["hidden_state"][0])
+            base, size = view.hspack.native.mapping_range(0)
+            inside = base <= got["aux_hidden_state"].data_ptr() < base + size
+            assert inside == (zero_copy and len(got["input_ids"]) > 0)
 
 
 def test_specforge_refuses_without_layers(tmp_path):
