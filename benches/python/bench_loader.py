@@ -15,7 +15,9 @@ captures write them; the view then concatenates with one copy). With hspack's de
 `check="once"`, the workers of one dataset object share a memo of checked chunks, so a chunk
 is hashed the first time any of them reads it: the plain rows are later epochs (the warm-up
 pass was the first), and the "first epoch" row is a new dataset object that hashes every
-chunk it reads.
+chunk it reads. The last row is a reference for the cold rows: the hspack shards read with
+plain `pread`s after dropping the cache, on as many threads as there are workers (deeper
+queues, as the workers' `MADV_POPULATE_READ` makes, can beat it on some disks).
 
     python benches/python/bench_loader.py --out bench.md                  # ~1 GB a format
     python benches/python/bench_loader.py --gb 20 --workers 8 --out bench.md  # bigger runs
@@ -114,6 +116,30 @@ def staging_buffer(elems):
     return t, m
 
 
+def read_files(files, threads):
+    """A disk reference: every byte of the files read with plain `pread`s of 8 MiB, in 64 MiB
+    pieces taken `threads` at a time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    piece = 64 << 20
+    pieces = [(p, off) for p in files for off in range(0, os.path.getsize(p), piece)]
+
+    def one(job):
+        path, off = job
+        fd, n = os.open(path, os.O_RDONLY), 0
+        try:
+            while n < piece and (chunk := os.pread(fd, min(8 << 20, piece - n), off + n)):
+                n += len(chunk)
+        finally:
+            os.close(fd)
+        return n
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        nbytes = sum(pool.map(one, pieces))
+    return nbytes, time.perf_counter() - t0
+
+
 def drop_cache(files):
     try:
         os.sync()
@@ -175,6 +201,10 @@ def main():
                 n, nbytes, secs = run(make(), args.workers, staging)
                 rows.append((cache, name, n / secs, nbytes / secs / 1e9))
                 print(rows[-1])
+        how = drop_cache(hs_files)
+        nbytes, secs = read_files(hs_files, args.workers)
+        reference = nbytes / secs / 1e9
+        print(("cold", "pread reference", reference))
         ours = {c: next(r for r in rows if r[0] == c and r[1] == "hspack eagle3 view") for c in ("warm", "cold")}
         lines = [
             f"hidden {args.hidden}, layers {args.layers}, {len(lengths)} samples of {args.min_tokens}-{args.max_tokens} tokens, "
@@ -187,6 +217,7 @@ def main():
         for cache, name, sps, gbs in rows:
             ratio = ours[cache][2] / sps
             lines.append(f"| {cache} | {name} | {sps:.1f} | {gbs:.2f} | {ratio:.2f}x |")
+        lines.append(f"| cold | reference: the hspack shards read with `pread`, {args.workers} threads | | {reference:.2f} | |")
         text = "\n".join(lines) + "\n"
         print(text)
         with open(args.out, "w") as f:

@@ -1,8 +1,10 @@
 //! `Dataset`: an open dataset. Every read releases the GIL.
 
 use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use hspack::format::ChunkHeader;
 use hspack::{CheckPolicy, ReadOptions, Sample};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -24,20 +26,36 @@ pub fn check_policy(name: &str) -> PyResult<CheckPolicy> {
     }
 }
 
+/// Parses a readahead mode name: `"load"` is true.
+pub fn readahead_mode(name: &str) -> PyResult<bool> {
+    match name {
+        "hint" => Ok(false),
+        "load" => Ok(true),
+        _ => Err(bad_option("readahead", "must be \"hint\" or \"load\"")),
+    }
+}
+
 /// Asks the kernel to read ahead every chunk of `fields` of the sample. Shards are mapped for
 /// random access (no readahead), so a cold sample would otherwise fault in page by page.
-fn will_need(s: &Sample<'_>, fields: &[usize]) {
+/// `load`: reads the chunks into the page cache before returning (`MADV_POPULATE_READ`), for
+/// DataLoader workers whose tensors another process maps: the disk reads then happen in the
+/// workers, in parallel, not page by page in the trainer. Falls back to the hint on kernels
+/// without it (before Linux 5.14).
+fn will_need(s: &Sample<'_>, fields: &[usize], load: bool) {
     let shard = s.shard();
     let index = shard.index();
     for &f in fields {
         for x in s.extents(f) {
             if let Some(e) = index.chunk(x.chunk.into()) {
-                let len = hspack::format::ChunkHeader::SIZE as u64 + e.stored_len;
-                let _ = shard.map().advise_range(
-                    memmap2::Advice::WillNeed,
-                    e.offset as usize,
-                    len as usize,
-                );
+                let (offset, len) = (e.offset as usize, ChunkHeader::SIZE + e.stored_len as usize);
+                let map = shard.map();
+                let loaded = load
+                    && map
+                        .advise_range(memmap2::Advice::PopulateRead, offset, len)
+                        .is_ok();
+                if !loaded {
+                    let _ = map.advise_range(memmap2::Advice::WillNeed, offset, len);
+                }
             }
         }
     }
@@ -51,6 +69,8 @@ fn row_range(rows: Option<(u64, u64)>) -> Option<Range<u64>> {
 #[pyclass(module = "hspack._hspack", frozen)]
 pub struct Dataset {
     inner: Arc<hspack::Dataset>,
+    /// `readahead="load"`: see [`will_need`].
+    load: AtomicBool,
 }
 
 impl Dataset {
@@ -70,13 +90,16 @@ impl Dataset {
     /// Opens the dataset in folder `path`; reads the manifest only. `checked_memo`: a folder
     /// shared by processes that should hash each chunk once in all (`check="once"`).
     #[new]
-    #[pyo3(signature = (path, check = "once", checked_memo = None))]
+    /// `readahead`: `"hint"` or `"load"` (see [`will_need`]).
+    #[pyo3(signature = (path, check = "once", checked_memo = None, readahead = "hint"))]
     fn new(
         py: Python<'_>,
         path: std::path::PathBuf,
         check: &str,
         checked_memo: Option<std::path::PathBuf>,
+        readahead: &str,
     ) -> PyResult<Self> {
+        let load = readahead_mode(readahead)?;
         let options = ReadOptions {
             check: check_policy(check)?,
             checked_memo,
@@ -86,11 +109,18 @@ impl Dataset {
             .py_err()?;
         Ok(Dataset {
             inner: Arc::new(inner),
+            load: AtomicBool::new(load),
         })
     }
 
     fn __len__(&self) -> usize {
         self.inner.len() as usize
+    }
+
+    /// Sets the readahead mode: `"hint"` or `"load"` (see [`will_need`]).
+    fn set_readahead(&self, mode: &str) -> PyResult<()> {
+        self.load.store(readahead_mode(mode)?, Ordering::Relaxed);
+        Ok(())
     }
 
     /// The schema (fields and capture) as JSON.
@@ -170,10 +200,11 @@ impl Dataset {
         rows: Option<(u64, u64)>,
     ) -> PyResult<Vec<(String, TensorBuffer)>> {
         let numbers = self.field_numbers(fields)?;
+        let load = self.load.load(Ordering::Relaxed);
         let tensors = py
             .allow_threads(|| {
                 let s = self.inner.sample(ordinal)?;
-                will_need(&s, &numbers);
+                will_need(&s, &numbers, load);
                 let tensors = numbers
                     .iter()
                     .map(|&f| s.read_field(f, row_range(rows)))
@@ -214,6 +245,7 @@ impl Dataset {
             .collect();
         let stride: usize = widths.iter().sum();
         let n = rows.1.saturating_sub(rows.0) as usize;
+        let load = self.load.load(Ordering::Relaxed);
         if out.len() != n * stride {
             return Err(bad_option(
                 "out",
@@ -222,7 +254,7 @@ impl Dataset {
         }
         py.allow_threads(|| {
             let s = self.inner.sample(ordinal)?;
-            will_need(&s, &numbers);
+            will_need(&s, &numbers, load);
             let mut column = 0;
             for (&f, &width) in numbers.iter().zip(&widths) {
                 copy_column(&s, f, rows.0..rows.1, out, stride, column, width)?;

@@ -14,6 +14,7 @@ from ._errors import make_error
 from ._tensors import FORMATS, convert
 
 CHECKS = ("once", "always", "never")
+READAHEADS = ("hint", "load")
 
 
 @dataclass
@@ -30,6 +31,11 @@ class Sample:
         return self.tensors[name]
 
 
+def _readahead_option(mode: str) -> None:
+    if mode not in READAHEADS:
+        raise make_error("BadOption", "option readahead: must be \"hint\" or \"load\"", option="readahead")
+
+
 class Dataset:
     """An open hspack dataset.
 
@@ -43,11 +49,13 @@ class Dataset:
     process that unpickles it (DataLoader workers, fork or spawn).
     """
 
-    def __init__(self, path: str | os.PathLike, check: str = "once", format: str = "torch", *, checked_memo: str | None = None):
+    def __init__(self, path: str | os.PathLike, check: str = "once", format: str = "torch", *, checked_memo: str | None = None, readahead: str = "hint"):
         if check not in CHECKS:
             raise make_error("BadOption", "option check: must be \"once\", \"always\" or \"never\"", option="check")
         if format not in FORMATS:
             raise make_error("BadOption", "option format: must be \"torch\" or \"numpy\"", option="format")
+        _readahead_option(readahead)
+        self._readahead = readahead
         self.path = os.fspath(path)
         self.check = check
         self.format = format
@@ -62,18 +70,31 @@ class Dataset:
     def native(self) -> _hspack.Dataset:
         """The native dataset, opened on first use."""
         if self._native is None:
-            self._native = _hspack.Dataset(self.path, self.check, self.checked_memo)
+            self._native = _hspack.Dataset(self.path, self.check, self.checked_memo, self._readahead)
         return self._native
+
+    @property
+    def readahead(self) -> str:
+        """`"hint"` or `"load"`: see `hspack.open`. Settable."""
+        return self._readahead
+
+    @readahead.setter
+    def readahead(self, mode: str) -> None:
+        _readahead_option(mode)
+        if self._native is not None:
+            self._native.set_readahead(mode)
+        self._readahead = mode
 
     def close(self) -> None:
         """Drops this object's handle on the mapping (views already made stay valid)."""
         self._native = None
 
     def __getstate__(self) -> dict:
-        return {"path": self.path, "check": self.check, "format": self.format, "checked_memo": self.checked_memo}
+        return {"path": self.path, "check": self.check, "format": self.format, "checked_memo": self.checked_memo, "_readahead": self._readahead}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
+        self.__dict__.setdefault("_readahead", "hint")
         self._native = None
         self._schema = None
         self._lengths = None
@@ -204,7 +225,7 @@ class Dataset:
         return self.native.mapping_range(shard)
 
 
-def open(path: str | os.PathLike, check: str = "once", format: str = "torch", *, checked_memo: str | None = None) -> Dataset:
+def open(path: str | os.PathLike, check: str = "once", format: str = "torch", *, checked_memo: str | None = None, readahead: str = "hint") -> Dataset:
     """Opens the dataset in folder `path`. Reads only the manifest; shards are mapped and
     checked on first use.
 
@@ -215,5 +236,9 @@ def open(path: str | os.PathLike, check: str = "once", format: str = "torch", *,
     is installed, else hold the raw bits as uint16 / uint8).
     `checked_memo`: a folder (in `/dev/shm`, say) shared by processes that should hash each
     chunk once in all under `check="once"`; `hspack.torch`'s datasets make one per run.
+    `readahead`: `"hint"` asks the kernel to read a sample's chunks ahead and returns at once
+    (default); `"load"` returns once they are in the page cache, so the disk reads happen in
+    the reading process: DataLoader workers whose tensors the trainer maps use it
+    (`hspack.torch` sets it), so cold reads run in parallel in the workers.
     """
-    return Dataset(path, check=check, format=format, checked_memo=checked_memo)
+    return Dataset(path, check=check, format=format, checked_memo=checked_memo, readahead=readahead)

@@ -129,6 +129,9 @@ class _Reopening:
             self._ds = Dataset(self.path, check=self.check, checked_memo=self.checked_memo)
         if not _transfer.installed() and self.transfer == "map" and tud.get_worker_info() is not None:
             _transfer.install()  # in a worker, forked or spawned
+            # The trainer maps what this worker reads: the worker loads each sample into the
+            # page cache itself, so cold disk reads run in the workers, in parallel.
+            self._ds.readahead = "load"
         return self._ds
 
     def __getstate__(self) -> dict:
