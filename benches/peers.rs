@@ -48,15 +48,23 @@ fn shards(dir: &Path) -> Vec<String> {
 }
 
 /// Reads every field of every sample in order: (bytes read, seconds).
+/// Reads every field of every sample and copies its bytes into one reused buffer, as `cat`
+/// copies file pages into its own: a zero-copy read that touched nothing would time nothing.
 fn read_everything(ds: &Dataset) -> (u64, f64) {
     let mut read = 0u64;
+    let mut buffer: Vec<u8> = Vec::new();
     let t = secs(|| {
         for i in 0..ds.len() {
             let s = ds.sample(i).unwrap();
             for f in 0..ds.schema().fields.len() {
                 let t = s.read_field(f, None).unwrap();
-                read += t.bytes().len() as u64;
-                std::hint::black_box(t.bytes().last());
+                let bytes = t.bytes();
+                if buffer.len() < bytes.len() {
+                    buffer.resize(bytes.len(), 0);
+                }
+                buffer[..bytes.len()].copy_from_slice(bytes);
+                read += bytes.len() as u64;
+                std::hint::black_box(&buffer);
             }
         }
     });
@@ -310,7 +318,7 @@ fn main() {
         .unwrap();
         let (read, t) = read_everything(&ds);
         rows.push(Row {
-            what: format!("sequential read (GB/s), warm cache, {label}"),
+            what: format!("sequential read into a buffer (GB/s), warm cache, {label}"),
             ours: read as f64 / t / 1e9,
             peer: t_cat.map(|t| ("cat > /dev/null".into(), shard_bytes as f64 / t / 1e9)),
             unit: "GB/s",
