@@ -249,3 +249,53 @@ def test_extract_command_writes_a_dataset_that_reads_back_bitwise(tmp_path, caus
     subprocess.run(cmd, check=True, capture_output=True)
     assert len(hspack.open(str(out))) == 2
     assert hspack.verify(str(out))["ok"]
+
+
+def test_stack_needs_an_auxiliary_layer_and_a_target():
+    from hspack.capture.points import CapturePoints
+
+    with pytest.raises(ValueError, match="stacking needs at least two"):
+        CapturePoints.select(NUM_LAYERS, [], final_norm=True, stack=True)
+    p = CapturePoints.select(NUM_LAYERS, [2, 30, 58], stack=True)
+    assert p.stacked_ids == (2, 30, 58) and p.fields == ("aux_hidden_state", f"hidden.{NUM_LAYERS}")
+
+
+def test_extract_with_stack_writes_the_eagle3_layout_read_without_a_copy(tmp_path, causal_lm):
+    """`--stack`: the auxiliary layers in one stacked field, bitwise the states of the sample
+    run alone, which the EAGLE-3 view hands out as a view of the mapped shard."""
+    import subprocess
+    import sys
+
+    import hspack
+    from hspack.torch import HspackDataset
+
+    lm = causal_lm.to(torch.bfloat16)
+    lm.save_pretrained(tmp_path / "model")
+    chat_tokenizer().save_pretrained(tmp_path / "model")
+    data = tmp_path / "prompts.jsonl"
+    prompts = {"a": [5, 6, 7, 8], "b": [9, 3, 4, 1, 2, 7, 7]}
+    data.write_text("".join(json.dumps({"id": k, "input_ids": v, "loss_mask": [1] * len(v)}) + "\n" for k, v in prompts.items()))
+    out = tmp_path / "ds"
+    cmd = [sys.executable, "-m", "hspack.capture.hf", "extract", "--model", str(tmp_path / "model"),
+           "--data", str(data), "--layers", "2,30,58", "--out", str(out), "--stack"]
+    subprocess.run(cmd, check=True, capture_output=True)
+    ds = hspack.open(str(out))
+    fields = {f["name"]: f for f in ds.schema}
+    assert list(fields) == ["input_ids", "loss_mask", "aux_hidden_state", f"hidden.{NUM_LAYERS}"]
+    assert fields["aux_hidden_state"]["shape"] == [3, 64]
+    assert fields["aux_hidden_state"]["role"] == {"kind": "hidden_states", "layers": [2, 30, 58], "point": "layer_input"}
+    from transformers import AutoModelForCausalLM
+
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "model", dtype=torch.bfloat16).eval()
+    view = HspackDataset(str(out), view="eagle3")
+    for key, ids in prompts.items():
+        ref = alone(loaded, ids)
+        got = ds.get(key)
+        assert torch.equal(got["aux_hidden_state"], torch.stack([ref[i][0] for i in (2, 30, 58)], 1)), key
+        assert torch.equal(got[f"hidden.{NUM_LAYERS}"], ref[-1][0]), key
+        ordinal = ds.ordinal(key)
+        item = view[ordinal]
+        assert torch.equal(item["aux_hidden_state"], torch.cat([ref[i][0] for i in (2, 30, 58)], -1))
+        assert torch.equal(item["hidden_state"], ref[-1][0])
+        base, size = view.hspack.native.mapping_range(0)
+        assert base <= item["aux_hidden_state"].data_ptr() < base + size, "the stacked field was copied"

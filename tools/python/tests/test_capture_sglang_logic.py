@@ -309,3 +309,21 @@ def test_modes_are_partitioned_once():
     groups = [set(names.MODES_CAPTURED), set(names.MODES_IGNORED), set(names.MODES_REFUSED)]
     assert sum(len(g) for g in groups) == len(set().union(*groups))
     assert set().union(*groups) == set(ForwardMode.__members__)
+
+
+def test_stacked_points_store_the_auxiliary_layers_in_one_field():
+    """With `stack=True` the stitched rows of every id but the last go into one
+    `aux_hidden_state [T, k, H]` field, checked against the schema by the sink."""
+    points = CapturePoints.select(NUM_LAYERS, [0, 2, 4], stack=True)
+    sink = MemorySink(points.schema(H, torch.bfloat16))
+    st = PrefillStitcher(points, PROMPTS, sink, tp_rank=0)
+    st.on_forward(**make_pass([("r0", 0, 3), ("r1", 0, 4)]))
+    st.on_forward(**make_pass([("r0", 3, 4), ("r2", 0, 9)]))
+    assert st.complete
+    *aux, last = points.ids
+    for rid in PROMPTS:
+        got, n = sink[rid], len(PROMPTS[rid][0])
+        assert set(got) == {"input_ids", "loss_mask", "aux_hidden_state", f"hidden.{last}"}
+        want = torch.stack([full_rows(index_of(rid), n, i) for i in aux], 1)
+        assert torch.equal(got["aux_hidden_state"], want), rid
+        assert torch.equal(got[f"hidden.{last}"], full_rows(index_of(rid), n, last)), rid

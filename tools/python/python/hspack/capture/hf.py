@@ -60,12 +60,12 @@ class HFCapture:
             rows = cap.run(input_ids, attention_mask)   # one {id: [tokens, H]} per sample
     """
 
-    def __init__(self, model: nn.Module, layers: Iterable[int], final_norm: bool = True) -> None:
+    def __init__(self, model: nn.Module, layers: Iterable[int], final_norm: bool = True, stack: bool = False) -> None:
         self.model = model
         config = getattr(model, "config", None)
         expected = model_shape(config)[0] if config is not None else None
         self.decoder: Decoder = find_decoder(model, num_layers=expected)
-        self.points = CapturePoints.select(self.decoder.num_layers, layers, final_norm)
+        self.points = CapturePoints.select(self.decoder.num_layers, layers, final_norm, stack)
         self._handles: list = []
         self._seen: Dict[int, torch.Tensor] = {}
 
@@ -165,6 +165,7 @@ def capture_samples(
     padding_side: str = "right",
     final_norm: bool = True,
     progress: bool = False,
+    stack: bool = False,
 ) -> int:
     """Capture ``samples`` in padded batches into ``sink``; return how many were written.
 
@@ -179,7 +180,7 @@ def capture_samples(
     todo = [s for s in samples if not sink.contains(s.key)]
     device = next(model.parameters()).device
     written = 0
-    with HFCapture(model, layers, final_norm=final_norm) as cap:
+    with HFCapture(model, layers, final_norm=final_norm, stack=stack) as cap:
         bar = None
         if progress:
             from tqdm import tqdm
@@ -222,8 +223,10 @@ def extract(
     revision: Optional[str] = None,
     trust_remote_code: bool = False,
     sink: Optional[Sink] = None,
+    stack: bool = False,
 ) -> int:
-    """Load ``model``, read ``data`` and write the captured states to ``out`` (or ``sink``)."""
+    """Load ``model``, read ``data`` and write the captured states to ``out`` (or ``sink``).
+    ``stack``: every id but the last in one stacked field ``aux_hidden_state`` (EAGLE-3)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     torch_dtype = _DTYPES[dtype]
@@ -238,7 +241,7 @@ def extract(
         net = AutoModel.from_pretrained(model, **kwargs)
     net.to(device).eval()
     num_layers, hidden_size = model_shape(config)
-    points = CapturePoints.select(num_layers, layers)
+    points = CapturePoints.select(num_layers, layers, stack=stack)
     samples = list(read_samples(data, tokenizer, max_len))
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     if sink is None:
@@ -258,9 +261,9 @@ def extract(
         )
         with hspack.Writer(out, schema, capture=meta) as writer:
             return capture_samples(net, samples, points.ids, writer, batch_size=batch_size,
-                                   pad_id=pad_id, padding_side=padding_side, progress=True)
+                                   pad_id=pad_id, padding_side=padding_side, progress=True, stack=stack)
     return capture_samples(net, samples, points.ids, sink, batch_size=batch_size,
-                           pad_id=pad_id, padding_side=padding_side, progress=True)
+                           pad_id=pad_id, padding_side=padding_side, progress=True, stack=stack)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -279,11 +282,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     ex.add_argument("--padding-side", default="right", choices=["left", "right"])
     ex.add_argument("--revision", default=None)
     ex.add_argument("--trust-remote-code", action="store_true")
+    ex.add_argument("--stack", action="store_true", help="store every id but the last in one stacked field aux_hidden_state (EAGLE-3; read without a copy)")
     args = parser.parse_args(argv)
     n = extract(
         args.model, args.data, parse_layers(args.layers), args.out,
         batch_size=args.batch_size, max_len=args.max_len, dtype=args.dtype, device=args.device,
         padding_side=args.padding_side, revision=args.revision, trust_remote_code=args.trust_remote_code,
+        stack=args.stack,
     )
     print(f"wrote {n} samples to {args.out}", file=sys.stderr)
     return 0

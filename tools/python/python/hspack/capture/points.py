@@ -11,7 +11,10 @@ Layer ids follow the Hugging Face ``output_hidden_states=True`` convention:
 
 Each captured id becomes a field ``hidden.<id>`` whose role records the id and
 its point (``layer_input`` or ``final_norm``), next to ``input_ids``
-(``token_ids``) and ``loss_mask``.
+(``token_ids``) and ``loss_mask``. With ``stack=True`` every id but the last goes
+into one stacked field ``aux_hidden_state`` (row shape ``[k, H]``, EAGLE-3's
+auxiliary layers, which ``hspack.torch``'s EAGLE-3 view then returns without a
+copy) and the last id (the target) keeps its own field.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ __all__ = [
     "DTYPE_NAMES",
     "TOKEN_FIELD",
     "LOSS_MASK_FIELD",
+    "STACKED_FIELD",
     "parse_layers",
     "capture_metadata",
     "config_hash",
@@ -34,6 +38,7 @@ __all__ = [
 
 TOKEN_FIELD = "input_ids"
 LOSS_MASK_FIELD = "loss_mask"
+STACKED_FIELD = "aux_hidden_state"
 
 DTYPE_NAMES = {
     torch.bfloat16: "bf16",
@@ -61,9 +66,10 @@ class CapturePoints:
     num_layers: int
     layer_inputs: Tuple[int, ...]
     final_norm: bool = True
+    stack: bool = False
 
     @classmethod
-    def select(cls, num_layers: int, layers: Iterable[int], final_norm: bool = True) -> "CapturePoints":
+    def select(cls, num_layers: int, layers: Iterable[int], final_norm: bool = True, stack: bool = False) -> "CapturePoints":
         """Validate ids in the ``hidden_states[i]`` convention; id ``num_layers`` means the final norm."""
         ids = sorted(set(int(i) for i in layers))
         bad = [i for i in ids if i < 0 or i > num_layers]
@@ -76,12 +82,25 @@ class CapturePoints:
         inputs = tuple(i for i in ids if i < num_layers)
         if not inputs and not final:
             raise ValueError("nothing to capture: no layer ids and the final norm is off")
-        return cls(num_layers=num_layers, layer_inputs=inputs, final_norm=final)
+        if stack and len(inputs) + final < 2:
+            raise ValueError("stacking needs at least two captured ids: the stacked auxiliary layers and a target")
+        return cls(num_layers=num_layers, layer_inputs=inputs, final_norm=final, stack=stack)
 
     @property
     def ids(self) -> Tuple[int, ...]:
         """Every captured id, the final norm last."""
         return self.layer_inputs + ((self.num_layers,) if self.final_norm else ())
+
+    @property
+    def stacked_ids(self) -> Tuple[int, ...]:
+        """The ids stored in the stacked field (every id but the last), or none."""
+        return self.ids[:-1] if self.stack else ()
+
+    @property
+    def fields(self) -> Tuple[str, ...]:
+        """The hidden-state fields, in schema order."""
+        single = self.ids[-1:] if self.stack else self.ids
+        return ((STACKED_FIELD,) if self.stack else ()) + tuple(self.field(i) for i in single)
 
     @staticmethod
     def field(layer_id: int) -> str:
@@ -93,14 +112,24 @@ class CapturePoints:
         return "final_norm" if layer_id == self.num_layers else "layer_input"
 
     def schema(self, hidden_size: int, dtype: torch.dtype) -> List[dict]:
-        """The schema list for ``hspack.Writer``: token ids, loss mask, then one field per id."""
+        """The schema list for ``hspack.Writer``: token ids, loss mask, then one field per id
+        (with ``stack``: the stacked field of every id but the last, then the last id's)."""
         if dtype not in DTYPE_NAMES:
             raise ValueError(f"hidden states in {dtype} cannot be stored; use bf16, f16 or f32")
         fields = [
             {"name": TOKEN_FIELD, "dtype": "i32", "shape": [], "role": {"kind": "token_ids"}},
             {"name": LOSS_MASK_FIELD, "dtype": "u8", "shape": [], "role": {"kind": "loss_mask"}},
         ]
-        for i in self.ids:
+        if self.stack:
+            fields.append(
+                {
+                    "name": STACKED_FIELD,
+                    "dtype": DTYPE_NAMES[dtype],
+                    "shape": [len(self.stacked_ids), int(hidden_size)],
+                    "role": {"kind": "hidden_states", "layers": list(self.stacked_ids), "point": "layer_input"},
+                }
+            )
+        for i in self.ids[len(self.stacked_ids):]:
             fields.append(
                 {
                     "name": self.field(i),
@@ -140,7 +169,10 @@ class CapturePoints:
                     f"layer id {i}: captured shape {tuple(t.shape)}, expected ({n}, hidden) "
                     f"for a sample of {n} tokens"
                 )
-            out[self.field(i)] = t
+            if i not in self.stacked_ids:
+                out[self.field(i)] = t
+        if self.stack:
+            out[STACKED_FIELD] = torch.stack([hidden[i] for i in self.stacked_ids], dim=1)
         return out
 
 

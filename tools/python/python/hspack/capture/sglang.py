@@ -440,7 +440,7 @@ class _EngineHook:
         self._global.remove()
         c = self.config
         plan = torch.load(c["plan"], weights_only=True)
-        points = CapturePoints.select(c["num_layers"], c["layers"])
+        points = CapturePoints.select(c["num_layers"], c["layers"], stack=c.get("stack", False))
         stitcher = _ClosingStitcher(points, plan, self._open_sink(), on_complete=self._close)
         self.capture = SGLangCapture.on_decoder(module, stitcher)
         # This call's own pre-hooks were already collected; run ours by hand.
@@ -479,8 +479,10 @@ def extract(
     max_len: Optional[int] = None,
     trust_remote_code: bool = False,
     engine_extra: Optional[dict] = None,
+    stack: bool = False,
 ) -> int:
-    """Run ``sglang.Engine`` over ``data`` and write the captured states to ``out``; return samples written."""
+    """Run ``sglang.Engine`` over ``data`` and write the captured states to ``out``; return samples written.
+    ``stack``: every id but the last in one stacked field ``aux_hidden_state`` (EAGLE-3)."""
     import tempfile
 
     import hspack
@@ -491,7 +493,7 @@ def extract(
     config = AutoConfig.from_pretrained(model, trust_remote_code=trust_remote_code)
     tokenizer = AutoTokenizer.from_pretrained(model, trust_remote_code=trust_remote_code)
     num_layers, hidden_size = model_shape(config)
-    points = CapturePoints.select(num_layers, layers)
+    points = CapturePoints.select(num_layers, layers, stack=stack)
     dtype = getattr(config, "torch_dtype", None) or getattr(config, "dtype", None) or torch.bfloat16
     dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
     schema = points.schema(hidden_size, dtype)
@@ -512,7 +514,7 @@ def extract(
         plan = os.path.join(tmp, "plan.pt")
         torch.save({s.key: (s.input_ids, s.loss_mask) for s in todo}, plan)
         hook_config = {"out": out, "schema": schema, "capture": meta, "plan": plan,
-                       "num_layers": num_layers, "layers": list(points.ids)}
+                       "num_layers": num_layers, "layers": list(points.ids), "stack": stack}
         engine = sglang.Engine(**engine_args(model, hook_config, tp_size, **(engine_extra or {})))
         try:
             bar = tqdm(total=len(samples), initial=len(samples) - len(todo), unit="sample")
@@ -544,13 +546,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     ex.add_argument("--max-len", type=int, default=None)
     ex.add_argument("--trust-remote-code", action="store_true")
     ex.add_argument("--engine-args", default=None, help="JSON object of extra sglang.Engine arguments")
+    ex.add_argument("--stack", action="store_true", help="store every id but the last in one stacked field aux_hidden_state (EAGLE-3; read without a copy)")
     args = parser.parse_args(argv)
     extra = json.loads(args.engine_args) if args.engine_args else {}
     if args.trust_remote_code:
         extra.setdefault("trust_remote_code", True)
     n = extract(args.model, args.data, parse_layers(args.layers), args.out, tp_size=args.tp_size,
                 batch_size=args.batch_size, max_len=args.max_len,
-                trust_remote_code=args.trust_remote_code, engine_extra=extra)
+                trust_remote_code=args.trust_remote_code, engine_extra=extra, stack=args.stack)
     print(f"wrote {n} samples to {args.out}", file=sys.stderr)
     return 0
 
