@@ -206,3 +206,33 @@ def test_other_protocols_cupy_and_jax(tmp_path):
     for key, tensors in expect.items():
         for n, ref in zip(fields, tensors):
             assert equal_bits(got[key][n], ref), (key, n)
+
+
+@gpu
+def test_stacked_eagle3_layout_from_the_gpu(tmp_path):
+    """The EAGLE-3 layout straight from the GPU: the auxiliary layers stacked on the device
+    (`[T, k, H]`, one field), the target in its own; read back bitwise, and the EAGLE-3 view
+    hands out the stacked field without a copy."""
+    from hspack.torch import HspackDataset
+
+    aux_layers, target = LAYERS[:-1], LAYERS[-1]
+    fields = [hspack.hidden_states(list(aux_layers), HIDDEN), hspack.hidden_state(target, HIDDEN)]
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    expect = {}
+    w = CudaWriter(tmp_path / "ds", fields, durable=False)
+    for i, t in enumerate([5, 300, 2048]):
+        layers = [torch.randn(t, HIDDEN, device="cuda", generator=gen).to(torch.bfloat16) for _ in LAYERS]
+        aux = torch.stack(layers[:-1], 1)
+        expect[f"s{i}"] = (aux.cpu(), layers[-1].cpu())
+        w.append(f"s{i}", **{"aux_hidden_state": aux, f"hidden.{target}": layers[-1]})
+        del aux, layers  # the writer keeps them alive until copied
+    w.finish()
+    got = read_back(tmp_path / "ds")
+    view = HspackDataset(tmp_path / "ds", view="eagle3")
+    base, size = view.hspack.native.mapping_range(0)
+    for key, (aux, last) in expect.items():
+        assert equal_bits(got[key]["aux_hidden_state"], aux), key
+        assert equal_bits(got[key][f"hidden.{target}"], last), key
+        item = view[view.hspack.ordinal(key)]
+        assert equal_bits(item["aux_hidden_state"], aux.reshape(aux.shape[0], -1)), key
+        assert base <= item["aux_hidden_state"].data_ptr() < base + size, key
