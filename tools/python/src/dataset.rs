@@ -89,8 +89,8 @@ impl Dataset {
 impl Dataset {
     /// Opens the dataset in folder `path`; reads the manifest only. `checked_memo`: a folder
     /// shared by processes that should hash each chunk once in all (`check="once"`).
-    #[new]
     /// `readahead`: `"hint"` or `"load"` (see [`will_need`]).
+    #[new]
     #[pyo3(signature = (path, check = "once", checked_memo = None, readahead = "hint"))]
     fn new(
         py: Python<'_>,
