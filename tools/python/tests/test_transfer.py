@@ -203,3 +203,11 @@ def pickle_roundtrip(obj):
     import pickle
 
     return pickle.loads(pickle.dumps(obj))
+
+
+def test_every_dataset_in_a_worker_loads_its_samples(stacked_path):
+    """Two hspack datasets read by the same workers: both switch to readahead="load"."""
+    a = HspackDataset(stacked_path, view=pick_readahead)
+    b = HspackDataset(stacked_path, view=pick_readahead)
+    loader = torch.utils.data.DataLoader(torch.utils.data.ConcatDataset([a, b]), batch_size=None, num_workers=2)
+    assert {s["readahead"] for s in loader} == {"load"}

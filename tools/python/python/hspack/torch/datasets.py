@@ -127,11 +127,13 @@ class _Reopening:
         """The underlying `hspack.Dataset`, opened on first use in each process."""
         if self._ds is None:
             self._ds = Dataset(self.path, check=self.check, checked_memo=self.checked_memo)
-        if not _transfer.installed() and self.transfer == "map" and tud.get_worker_info() is not None:
-            _transfer.install()  # in a worker, forked or spawned
+        if self.transfer == "map" and tud.get_worker_info() is not None:  # a worker, forked or spawned
+            if not _transfer.installed():
+                _transfer.install()
             # The trainer maps what this worker reads: the worker loads each sample into the
             # page cache itself, so cold disk reads run in the workers, in parallel.
-            self._ds.readahead = "load"
+            if self._ds.readahead != "load":
+                self._ds.readahead = "load"
         return self._ds
 
     def __getstate__(self) -> dict:
