@@ -199,7 +199,11 @@ impl Value {
     /// and dtype name.
     pub fn unsupported_tensors(&self) -> Vec<(String, String)> {
         let mut out = Vec::new();
-        walk_unsupported(self, &mut String::new(), &mut out);
+        walk(self, &mut String::new(), &mut |path, v| {
+            if let Value::UnsupportedTensor { dtype, .. } = v {
+                out.push((path.to_string(), dtype.clone()));
+            }
+        });
         out
     }
 
@@ -208,56 +212,29 @@ impl Value {
     /// Dict keys that are not strings, ints or bools are skipped along with their values.
     pub fn tensors(&self) -> Vec<(String, TensorLike<'_>)> {
         let mut out = Vec::new();
-        walk(self, &mut String::new(), &mut out);
+        walk(self, &mut String::new(), &mut |path, v| match v {
+            Value::Tensor(t) => out.push((path.to_string(), TensorLike::Tensor(t))),
+            Value::NdArray(a) => out.push((path.to_string(), TensorLike::NdArray(a))),
+            _ => {}
+        });
         out
     }
 }
 
-fn walk<'a>(v: &'a Value, path: &mut String, out: &mut Vec<(String, TensorLike<'a>)>) {
-    let child = |segment: &str, child: &'a Value, path: &mut String, out: &mut Vec<_>| {
+/// Calls `leaf(path, value)` for every value in the tree that is not a list, tuple, set or
+/// dict, with its path: dict keys and list indices joined by `.`. Dict keys that are not
+/// strings, ints or bools are skipped along with their values.
+fn walk<'a>(v: &'a Value, path: &mut String, leaf: &mut dyn FnMut(&str, &'a Value)) {
+    let mut child = |segment: &str, child: &'a Value, path: &mut String| {
         let len = path.len();
         if !path.is_empty() {
             path.push('.');
         }
         path.push_str(segment);
-        walk(child, path, out);
+        walk(child, path, leaf);
         path.truncate(len);
     };
     match v {
-        Value::Tensor(t) => out.push((path.clone(), TensorLike::Tensor(t))),
-        Value::NdArray(a) => out.push((path.clone(), TensorLike::NdArray(a))),
-        Value::List(items) | Value::Tuple(items) | Value::Set(items) => {
-            for (i, item) in items.iter().enumerate() {
-                child(&i.to_string(), item, path, out);
-            }
-        }
-        Value::Dict(items) => {
-            for (k, item) in items {
-                let segment = match k {
-                    Value::Str(s) => s.clone(),
-                    Value::Int(i) => i.to_string(),
-                    Value::Bool(b) => b.to_string(),
-                    _ => continue,
-                };
-                child(&segment, item, path, out);
-            }
-        }
-        _ => {}
-    }
-}
-
-fn walk_unsupported(v: &Value, path: &mut String, out: &mut Vec<(String, String)>) {
-    let mut child = |segment: &str, child: &Value, path: &mut String| {
-        let len = path.len();
-        if !path.is_empty() {
-            path.push('.');
-        }
-        path.push_str(segment);
-        walk_unsupported(child, path, out);
-        path.truncate(len);
-    };
-    match v {
-        Value::UnsupportedTensor { dtype, .. } => out.push((path.clone(), dtype.clone())),
         Value::List(items) | Value::Tuple(items) | Value::Set(items) => {
             for (i, item) in items.iter().enumerate() {
                 child(&i.to_string(), item, path);
@@ -274,7 +251,7 @@ fn walk_unsupported(v: &Value, path: &mut String, out: &mut Vec<(String, String)
                 child(&segment, item, path);
             }
         }
-        _ => {}
+        _ => leaf(path, v),
     }
 }
 
