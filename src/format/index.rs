@@ -411,6 +411,25 @@ impl IndexBuilder {
         self.first_ordinal
     }
 
+    /// Chunks added so far, in chunk-number order.
+    pub fn chunks(&self) -> &[ChunkEntry] {
+        &self.chunks
+    }
+
+    /// Moves every ordinal so that the first sample has `first_ordinal`: a shard written
+    /// before its place in the dataset was known gets it at commit.
+    pub fn rebase(&mut self, first_ordinal: u64) {
+        let old = self.first_ordinal;
+        let moved = |o: u64| first_ordinal + (o - old);
+        for s in &mut self.samples {
+            s.ordinal = moved(s.ordinal);
+        }
+        for c in &mut self.chunks {
+            c.sample = moved(c.sample);
+        }
+        self.first_ordinal = first_ordinal;
+    }
+
     /// Adds a sample with its extents (sorted by field, then row).
     pub fn push_sample(
         &mut self,

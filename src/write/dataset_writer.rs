@@ -7,15 +7,14 @@ use crate::error::{format, io, Error, Result};
 use crate::format::manifest::{
     hex, shard_file_name, TableRecord, MANIFEST_FILE, SAMPLES_TABLE_FILE,
 };
-use crate::format::{
-    Codec, ExtentEntry, Manifest, Role, Schema, DEFAULT_ALIGN_LOG2, MAX_ALIGN_LOG2, MIN_ALIGN_LOG2,
-};
+use crate::format::{Codec, Manifest, Schema, DEFAULT_ALIGN_LOG2, MAX_ALIGN_LOG2, MIN_ALIGN_LOG2};
 use crate::read::Dataset;
 
 use super::atomic::{sync_dir, write_atomic, TEMP_SUFFIX};
-use super::encode::encode_sample;
+use super::lane::{Lanes, ShardLane};
+use super::sample::{self, field_names};
 use super::samples_table::{self, SampleRow};
-use super::shard_writer::ShardWriter;
+use super::shard_writer::{ShardPlace, ShardWriter};
 
 /// Name of the lock file a writer holds in the dataset folder.
 pub const LOCK_FILE: &str = ".hspack-writer.lock";
@@ -120,7 +119,7 @@ pub struct DatasetWriter {
     current: Option<ShardWriter>,
     keys: HashSet<String>,
     schema: std::sync::Arc<Schema>,
-    loss_field: Option<usize>,
+    lanes_opened: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl std::fmt::Debug for DatasetWriter {
@@ -245,8 +244,8 @@ impl DatasetWriter {
         };
         remove_leftovers(&dir, manifest.shards.len() as u32)?;
         Ok(DatasetWriter {
-            loss_field: schema.fields.iter().position(|f| f.role == Role::LossMask),
             schema: std::sync::Arc::new(schema),
+            lanes_opened: Default::default(),
             dir,
             manifest,
             options,
@@ -283,111 +282,18 @@ impl DatasetWriter {
     /// Appends a sample: `fields` gives bytes (little-endian, C order) for every field of the
     /// schema, by name; every field must hold the same number of rows. Returns the ordinal.
     pub fn append(&mut self, key: &str, fields: &[(&str, &[u8])]) -> Result<u64> {
-        let schema = std::sync::Arc::clone(&self.schema);
-        let schema = schema.as_ref();
-        let bad = |field: &str, detail: String| Error::BadSample {
-            key: key.to_string(),
-            field: field.to_string(),
-            detail,
-        };
         if self.keys.contains(key) {
             return Err(Error::DuplicateKey {
                 key: key.to_string(),
             });
         }
-        if key.len() > u32::MAX as usize {
-            return Err(bad("", "the key is longer than 4 GiB".into()));
-        }
-        for (name, _) in fields {
-            if schema.field_index(name).is_none() {
-                return Err(bad(
-                    name,
-                    format!(
-                        "the schema has no such field; it has {}",
-                        field_names(schema)
-                    ),
-                ));
-            }
-        }
-        let mut ordered = Vec::with_capacity(schema.fields.len());
-        let mut rows = None;
-        for f in &schema.fields {
-            let mut given = fields.iter().filter(|(n, _)| *n == f.name);
-            let data = given
-                .next()
-                .ok_or_else(|| {
-                    bad(
-                        &f.name,
-                        "missing: every field of the schema is required".into(),
-                    )
-                })?
-                .1;
-            if given.next().is_some() {
-                return Err(bad(&f.name, "given twice".into()));
-            }
-            let row_bytes = f.row_bytes();
-            if data.len() as u64 % row_bytes != 0 {
-                return Err(bad(
-                    &f.name,
-                    format!(
-                        "{} bytes is not a whole number of rows of {row_bytes} bytes ({} {:?})",
-                        data.len(),
-                        f.dtype,
-                        f.shape
-                    ),
-                ));
-            }
-            let r = data.len() as u64 / row_bytes;
-            match rows {
-                None => rows = Some(r),
-                Some(prev) if prev != r => {
-                    return Err(bad(&f.name, format!("has {r} rows, other fields have {prev}: all fields share the token dimension")))
-                }
-                _ => {}
-            }
-            ordered.push(data);
-        }
-        let rows = rows.unwrap_or(0);
-        let raw: u64 = ordered.iter().map(|d| d.len() as u64).sum();
-        self.roll_if_full(raw)?;
-        let loss_rows = match self.loss_field {
-            Some(i) => {
-                let rb = schema.fields[i].row_bytes() as usize;
-                ordered[i]
-                    .chunks_exact(rb)
-                    .filter(|r| r.iter().any(|&b| b != 0))
-                    .count() as u64
-            }
-            None => u64::MAX,
-        };
-        let chunks = encode_sample(
-            schema,
-            &ordered,
-            rows,
-            self.options.chunk_target(),
-            self.options.codec,
-            self.options.zstd_level,
-        );
+        let schema = std::sync::Arc::clone(&self.schema);
+        let checked = sample::check(&schema, key, fields)?;
+        self.roll_if_full(checked.raw)?;
         let ordinal = self.len();
+        let options = self.options.clone();
         let shard = self.current_shard()?;
-        let dtypes: Vec<u8> = chunks
-            .iter()
-            .map(|c| schema.fields[c.field as usize].dtype.code())
-            .collect();
-        let ids = shard.write_chunks(&chunks, ordinal, &dtypes)?;
-        let extents: Vec<ExtentEntry> = chunks
-            .iter()
-            .zip(ids)
-            .map(|(c, id)| ExtentEntry {
-                row_start: c.row_start,
-                row_count: c.row_count,
-                chunk_row: 0,
-                chunk: id,
-                field: c.field,
-                reserved: 0,
-            })
-            .collect();
-        shard.push_sample(key, rows, loss_rows, raw, &extents);
+        sample::write(shard, &schema, &options, key, &checked)?;
         self.keys.insert(key.to_string());
         Ok(ordinal)
     }
@@ -405,32 +311,76 @@ impl DatasetWriter {
 
     fn current_shard(&mut self) -> Result<&mut ShardWriter> {
         if self.current.is_none() {
-            let seq = self.manifest.shards.len() as u32;
             let w = ShardWriter::create(
-                &self.dir.join(shard_file_name(seq)),
-                seq,
+                &ShardWriter::temp_for(&self.next_place().path),
                 self.manifest.dataset_id_bytes(),
                 self.manifest.schema.hash(),
                 self.options.align_log2,
-                self.manifest.samples,
             )?;
             self.current = Some(w);
         }
         Ok(self.current.as_mut().expect("just set"))
     }
 
+    /// Where the next committed shard goes.
+    fn next_place(&self) -> ShardPlace {
+        let seq = self.manifest.shards.len() as u32;
+        ShardPlace {
+            path: self.dir.join(shard_file_name(seq)),
+            seq,
+            first_ordinal: self.manifest.samples,
+        }
+    }
+
     /// Commits the open shard: after this, its samples survive a crash and readers see them.
     pub fn commit(&mut self) -> Result<WriteStats> {
         if let Some(shard) = self.current.take() {
-            if shard.sample_count() == 0 {
-                shard.abandon();
-            } else {
-                let record = shard.finish(self.options.durable)?;
-                self.manifest.samples += record.samples;
-                self.manifest.shards.push(record);
-                self.manifest.samples_table = None;
-                self.write_manifest()?;
-            }
+            self.commit_shard(shard)?;
+        }
+        Ok(self.stats())
+    }
+
+    fn commit_shard(&mut self, shard: ShardWriter) -> Result<()> {
+        if shard.sample_count() == 0 {
+            shard.abandon();
+            return Ok(());
+        }
+        let record = shard.finish(&self.next_place(), self.options.durable)?;
+        self.manifest.samples += record.samples;
+        self.manifest.shards.push(record);
+        self.manifest.samples_table = None;
+        self.write_manifest()
+    }
+
+    /// A maker of [`ShardLane`]s: shards written on other threads, at the same time, and
+    /// committed in the order the caller chooses with [`DatasetWriter::commit_lane`].
+    pub fn lanes(&self) -> Lanes {
+        Lanes {
+            dir: self.dir.clone(),
+            dataset_id: self.manifest.dataset_id_bytes(),
+            schema: std::sync::Arc::clone(&self.schema),
+            options: self.options.clone(),
+            opened: std::sync::Arc::clone(&self.lanes_opened),
+        }
+    }
+
+    /// Commits a lane's shard after the samples committed so far (and after the open shard,
+    /// which is committed first): its samples get the next ordinals. Refused, and the lane
+    /// deleted, when it holds a key the dataset holds or comes from another writer.
+    pub fn commit_lane(&mut self, mut lane: ShardLane) -> Result<WriteStats> {
+        if lane.dataset_id != self.manifest.dataset_id_bytes() {
+            return Err(Error::BadOption {
+                option: "lane",
+                detail: "the lane was opened for another dataset".into(),
+            });
+        }
+        if let Some(key) = lane.keys.iter().find(|k| self.keys.contains(*k)) {
+            return Err(Error::DuplicateKey { key: key.clone() });
+        }
+        self.commit()?;
+        if let Some(shard) = lane.shard.take() {
+            self.commit_shard(shard)?;
+            self.keys.extend(std::mem::take(&mut lane.keys));
         }
         Ok(self.stats())
     }
@@ -501,15 +451,6 @@ pub fn sample_rows(dir: &Path) -> Result<Vec<SampleRow>> {
         }
     }
     Ok(rows)
-}
-
-fn field_names(schema: &Schema) -> String {
-    schema
-        .fields
-        .iter()
-        .map(|f| f.name.as_str())
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 fn describe_difference(have: &Schema, given: &Schema) -> String {

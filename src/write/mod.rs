@@ -4,7 +4,10 @@
 pub mod atomic;
 pub mod dataset_writer;
 pub mod encode;
+pub mod lane;
+pub mod sample;
 pub mod samples_table;
 pub mod shard_writer;
 
 pub use dataset_writer::{DatasetWriter, WriteOptions, WriteStats};
+pub use lane::{Lanes, ShardLane};

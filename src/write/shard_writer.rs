@@ -1,5 +1,10 @@
 //! Writing one shard: header, chunks, index, footer, into a temp file that is published only
 //! when complete.
+//!
+//! A shard's place in the dataset (its sequence number, file name and first ordinal) is given
+//! when it finishes, not when it starts: payloads are written as they come, and the headers
+//! that name the place (the shard header and every chunk header) are written at
+//! [`ShardWriter::finish`]. So several shards can be written at once and committed in order.
 
 use std::fs::File;
 use std::io::{BufWriter, Seek, Write};
@@ -18,43 +23,55 @@ use super::encode::EncodedChunk;
 
 /// A shard being written.
 pub struct ShardWriter {
-    path: PathBuf,
     temp: PathBuf,
     out: BufWriter<File>,
     pos: u64,
-    seq: u32,
     dataset_id: [u8; 16],
-    align: u64,
+    schema_hash: [u8; 32],
+    align_log2: u8,
     index: IndexBuilder,
     raw_bytes: u64,
 }
 
+/// Where a finished shard goes in its dataset.
+#[derive(Debug, Clone)]
+pub struct ShardPlace {
+    /// The shard file, published by rename.
+    pub path: PathBuf,
+    /// Its sequence number: its position in the manifest.
+    pub seq: u32,
+    /// The ordinal of its first sample.
+    pub first_ordinal: u64,
+}
+
 impl ShardWriter {
-    /// Starts shard `seq` at `path` (written as `path.tmp` until [`ShardWriter::finish`]).
+    /// Starts a shard in the temp file `temp` (a name ending in `.tmp`, so that a writer
+    /// reopening the dataset removes it if this one never finishes).
     pub fn create(
-        path: &Path,
-        seq: u32,
+        temp: &Path,
         dataset_id: [u8; 16],
         schema_hash: [u8; 32],
         align_log2: u8,
-        first_ordinal: u64,
     ) -> Result<Self> {
-        let temp = temp_path(path);
-        let file = File::create(&temp).map_err(io(&temp, "create"))?;
+        let file = File::create(temp).map_err(io(temp, "create"))?;
         let mut w = ShardWriter {
-            path: path.to_path_buf(),
-            temp,
+            temp: temp.to_path_buf(),
             out: BufWriter::with_capacity(1 << 20, file),
             pos: 0,
-            seq,
             dataset_id,
-            align: 1 << align_log2,
-            index: IndexBuilder::new(first_ordinal),
+            schema_hash,
+            align_log2,
+            index: IndexBuilder::new(0),
             raw_bytes: 0,
         };
-        let header = ShardHeader::new(seq, dataset_id, schema_hash, align_log2);
-        w.put(bytemuck::bytes_of(&header))?;
+        // The header is written again at finish, with the shard's sequence number.
+        w.put(&[0; ShardHeader::SIZE])?;
         Ok(w)
+    }
+
+    /// The temp file `target` is written as until it is published.
+    pub fn temp_for(target: &Path) -> PathBuf {
+        temp_path(target)
     }
 
     /// Bytes written so far.
@@ -78,25 +95,21 @@ impl ShardWriter {
         Ok(())
     }
 
-    /// Writes the chunks of sample `ordinal` (`dtypes[i]`: the dtype code of chunk `i`'s
-    /// field) and returns their numbers. Chunks not hashed yet are hashed on the rayon pool
-    /// while their payloads are copied into the file, so hashing and writing overlap; headers,
-    /// which carry the hashes, are written after. Padding is left as a hole: it reads as zeros.
-    pub fn write_chunks(
-        &mut self,
-        chunks: &[EncodedChunk<'_>],
-        ordinal: u64,
-        dtypes: &[u8],
-    ) -> Result<Vec<u32>> {
+    /// Writes the chunks of the shard's next sample (`dtypes[i]`: the dtype code of chunk
+    /// `i`'s field) and returns their numbers. Chunks not hashed yet are hashed on the rayon
+    /// pool while their payloads are copied into the file, so hashing and writing overlap;
+    /// chunk headers are written at finish. Padding is left as a hole: it reads as zeros.
+    pub fn write_chunks(&mut self, chunks: &[EncodedChunk<'_>], dtypes: &[u8]) -> Result<Vec<u32>> {
         use std::os::unix::fs::FileExt;
         const HEADER: u64 = ChunkHeader::SIZE as u64;
         self.out.flush().map_err(io(&self.temp, "write"))?;
+        let align = 1u64 << self.align_log2;
         let mut places = Vec::with_capacity(chunks.len());
         let mut pos = self.pos;
         for c in chunks {
             if c.codec == Codec::None {
                 // The payload, right after the header, starts on an alignment boundary.
-                pos = (pos + HEADER).next_multiple_of(self.align) - HEADER;
+                pos = (pos + HEADER).next_multiple_of(align) - HEADER;
             }
             places.push(pos);
             pos += HEADER + c.stored.len() as u64;
@@ -120,45 +133,27 @@ impl ShardWriter {
             },
         );
         written.map_err(io(&self.temp, "write"))?;
-        let mut ids = Vec::with_capacity(chunks.len());
-        for (i, c) in chunks.iter().enumerate() {
-            let chunk_id = self.index.chunk_count() as u32;
-            let dtype = dtypes[i];
-            let header = ChunkHeader {
-                magic: [0; 8],
-                chunk_id,
-                shard_seq: self.seq,
-                codec: c.codec.code(),
-                dtype,
-                field: c.field,
-                reserved0: 0,
-                sample: ordinal,
-                row_start: c.row_start,
-                row_count: c.row_count,
-                raw_len: c.raw_len,
-                stored_len: c.stored.len() as u64,
-                hash: hashes[i],
-                reserved1: [0; 24],
-                check: 0,
-            }
-            .seal();
-            file.write_all_at(bytemuck::bytes_of(&header), places[i])
-                .map_err(io(&self.temp, "write"))?;
-            ids.push(self.index.push_chunk(ChunkEntry {
-                offset: places[i],
-                raw_len: c.raw_len,
-                stored_len: c.stored.len() as u64,
-                row_count: c.row_count,
-                sample: ordinal,
-                row_start: c.row_start,
-                field: c.field,
-                codec: c.codec.code(),
-                dtype,
-                reserved0: 0,
-                hash: hashes[i],
-                reserved1: 0,
-            }));
-        }
+        let sample = self.index.sample_count();
+        let ids = chunks
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                self.index.push_chunk(ChunkEntry {
+                    offset: places[i],
+                    raw_len: c.raw_len,
+                    stored_len: c.stored.len() as u64,
+                    row_count: c.row_count,
+                    sample,
+                    row_start: c.row_start,
+                    field: c.field,
+                    codec: c.codec.code(),
+                    dtype: dtypes[i],
+                    reserved0: 0,
+                    hash: hashes[i],
+                    reserved1: 0,
+                })
+            })
+            .collect();
         self.out
             .seek(std::io::SeekFrom::Start(pos))
             .map_err(io(&self.temp, "seek"))?;
@@ -180,9 +175,50 @@ impl ShardWriter {
             .push_sample(key, rows, loss_rows, raw_bytes, extents);
     }
 
-    /// Writes index and footer, syncs, and renames the file into place. The shard is not yet
-    /// part of the dataset: the manifest commits it.
-    pub fn finish(mut self, durable: bool) -> Result<ShardRecord> {
+    /// Flushes the payloads written so far to the disk, so that the fsync at finish has little
+    /// left to do.
+    pub fn sync_data(&mut self) -> Result<()> {
+        self.out.flush().map_err(io(&self.temp, "write"))?;
+        self.out
+            .get_ref()
+            .sync_data()
+            .map_err(io(&self.temp, "fsync"))
+    }
+
+    /// Writes the headers that name the shard's place, the index and the footer, syncs, and
+    /// renames the file to `place.path`. The shard is not yet part of the dataset: the
+    /// manifest commits it.
+    pub fn finish(mut self, place: &ShardPlace, durable: bool) -> Result<ShardRecord> {
+        use std::os::unix::fs::FileExt;
+        let seq = place.seq;
+        self.index.rebase(place.first_ordinal);
+        self.out.flush().map_err(io(&self.temp, "write"))?;
+        let header = ShardHeader::new(seq, self.dataset_id, self.schema_hash, self.align_log2);
+        let file = self.out.get_ref();
+        file.write_all_at(bytemuck::bytes_of(&header), 0)
+            .map_err(io(&self.temp, "write"))?;
+        for (chunk_id, e) in self.index.chunks().iter().enumerate() {
+            let header = ChunkHeader {
+                magic: [0; 8],
+                chunk_id: chunk_id as u32,
+                shard_seq: seq,
+                codec: e.codec,
+                dtype: e.dtype,
+                field: e.field,
+                reserved0: 0,
+                sample: e.sample,
+                row_start: e.row_start,
+                row_count: e.row_count,
+                raw_len: e.raw_len,
+                stored_len: e.stored_len,
+                hash: e.hash,
+                reserved1: [0; 24],
+                check: 0,
+            }
+            .seal();
+            file.write_all_at(bytemuck::bytes_of(&header), e.offset)
+                .map_err(io(&self.temp, "write"))?;
+        }
         let first_ordinal = self.index.header_first_ordinal();
         let samples = self.index.sample_count();
         let chunks = self.index.chunk_count() as u64;
@@ -194,7 +230,7 @@ impl ShardWriter {
             magic: [0; 8],
             version: 0,
             reserved0: 0,
-            shard_seq: self.seq,
+            shard_seq: seq,
             dataset_id: self.dataset_id,
             index_offset,
             index_len: index.len() as u64,
@@ -216,14 +252,14 @@ impl ShardWriter {
             file.sync_all().map_err(io(&self.temp, "fsync"))?;
         }
         drop(file);
-        publish(&self.temp, &self.path, durable)?;
+        publish(&self.temp, &place.path, durable)?;
         Ok(ShardRecord {
-            file: self
+            file: place
                 .path
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default(),
-            seq: self.seq,
+            seq,
             bytes: self.pos,
             index_blake3: hex(&index_hash),
             first_ordinal,
