@@ -281,7 +281,7 @@ fn sigkill_with_delete_source_loses_nothing() {
     // Short delays: a rerun continues from the last commit, so each kill lands further on.
     for (round, delay_ms) in (0..16u64).map(|i| 3 + (i * 5) % 11).enumerate() {
         let mut child = Command::new(env!("CARGO_BIN_EXE_hspack"))
-            .args(convert_args(&src, &ds, &["--delete-source"]))
+            .args(convert_args(&src, &ds, &["--delete-source", "--jobs", "4"]))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -336,6 +336,84 @@ fn refusals_name_the_file_and_the_fix() {
     assert!(text(&o).contains("--field"), "{}", text(&o));
     let o = hspack(&convert_args(&src, &ds, &["--delete-source", "--no-fsync"]));
     assert!(!o.status.success());
+}
+
+/// (key, field bytes) of every sample, in ordinal order.
+fn samples_in_order(ds: &Path) -> Vec<(String, Vec<u8>, Vec<u8>)> {
+    let d = Dataset::open(ds).unwrap();
+    (0..d.len())
+        .map(|o| {
+            let s = d.sample(o).unwrap();
+            let ids = s.read("input_ids", None).unwrap().bytes().to_vec();
+            let h = s.read("hidden.7", None).unwrap().bytes().to_vec();
+            (s.key().to_string(), ids, h)
+        })
+        .collect()
+}
+
+#[test]
+fn threads_write_shards_at_once_and_the_dataset_is_the_one_thread_dataset() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    write_dumps(&src, 0..40);
+    let one = t.path().join("one");
+    let o = hspack(&convert_args(&src, &one, &["--jobs", "1"]));
+    assert!(o.status.success(), "{}", text(&o));
+    let many = t.path().join("many");
+    let o = hspack(&convert_args(&src, &many, &["--jobs", "5"]));
+    assert!(o.status.success(), "{}", text(&o));
+    let expected = samples_in_order(&one);
+    assert_eq!(expected.len(), 40);
+    // Ordinals follow the source order whatever the threads.
+    let keys: Vec<_> = expected.iter().map(|s| s.0.clone()).collect();
+    assert_eq!(
+        keys,
+        (0..40).map(|i| format!("req_{i:03}")).collect::<Vec<_>>()
+    );
+    assert!(samples_in_order(&many) == expected, "the datasets differ");
+    let shards = |ds: &Path| Dataset::open(ds).unwrap().manifest().shards.len();
+    // --shard-samples 3: 14 shards either way.
+    assert_eq!((shards(&one), shards(&many)), (14, 14));
+    assert!(hspack(&["verify", s(&many)]).status.success());
+}
+
+#[test]
+fn a_bad_file_among_many_threads_stops_after_what_precedes_it() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, ds) = (t.path().join("src"), t.path().join("ds"));
+    write_dumps(&src, 0..30);
+    let bad = src.join("req_016.safetensors");
+    std::fs::write(&bad, b"not a tensor file").unwrap();
+    let o = hspack(&convert_args(
+        &src,
+        &ds,
+        &["--jobs", "4", "--delete-source"],
+    ));
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("req_016.safetensors"), "{}", text(&o));
+    // Whole shards of three before the bad file are committed, and their sources deleted;
+    // nothing after it is committed, and every other source is still there.
+    let keys = check_dataset(&ds);
+    assert_eq!(keys.len(), 15, "{keys:?}");
+    for i in 0..30 {
+        let k = format!("req_{i:03}");
+        let source = src.join(format!("{k}.safetensors")).exists();
+        assert_eq!(source, i >= 15, "{k}: source exists = {source}");
+        assert_eq!(keys.contains(&k), i < 15, "{k}");
+    }
+    let left: Vec<_> = std::fs::read_dir(&ds)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".tmp"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+    let o = hspack(&convert_args(&src, &ds, &["--jobs", "4", "--skip-bad"]));
+    assert!(o.status.success(), "{}", text(&o));
+    let report = std::fs::read_to_string(ds.join("convert-report.jsonl")).unwrap();
+    assert_eq!(report.lines().count(), 1, "{report}");
+    assert!(report.contains("req_016.safetensors"));
+    assert_eq!(check_dataset(&ds).len(), 29);
+    assert!(hspack(&["verify", s(&ds)]).status.success());
 }
 
 /// Rows of `n` tensors of `row` bytes each, interleaved per token: `[T, n, ...]`.

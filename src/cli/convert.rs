@@ -105,7 +105,8 @@ pub struct Args {
     /// default 0).
     #[arg(long)]
     trim_padding: Option<String>,
-    /// Delete each source file once its shard is committed and its chunks verify.
+    /// Delete each source file once its shard is committed and its chunks verify. Shards not yet
+    /// committed need free space: about 1.5 × jobs shards.
     #[arg(long)]
     delete_source: bool,
     /// List bad files in the report and go on instead of stopping.
@@ -114,10 +115,12 @@ pub struct Args {
     /// Report of bad files (JSON lines); default DST/convert-report.jsonl.
     #[arg(long)]
     report: Option<PathBuf>,
-    /// Decoding threads (default: the cores).
+    /// Threads (default: the cores). Each decodes its own run of source files into its own
+    /// shard, so shards are written at once; they are committed in source order.
     #[arg(long, short)]
     jobs: Option<usize>,
-    /// Commit a shard once it holds this many MiB.
+    /// Largest shard, in MiB. Shards are made smaller (down to 64 MiB) so that every thread
+    /// gets several: a run writes about 4 × jobs shards or more.
     #[arg(long, default_value_t = 2048)]
     shard_mib: u64,
     /// Commit a shard once it holds this many samples.

@@ -5,9 +5,11 @@
 //! by key: a unit whose key the dataset already holds is skipped, so a rerun after any
 //! interruption continues where the last commit left off and never appends a sample twice.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Write;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -15,7 +17,7 @@ use rayon::prelude::*;
 
 use crate::format::manifest::MANIFEST_FILE;
 use crate::read::Dataset;
-use crate::write::{DatasetWriter, WriteOptions, WriteStats};
+use crate::write::{DatasetWriter, Lanes, ShardLane, WriteOptions, WriteStats};
 
 use super::keys::KeyLog;
 use super::layout::{derive_schema, specs_for, LayoutError, LayoutOptions, Preset};
@@ -271,12 +273,6 @@ pub fn run(o: &ConvertOptions, progress: &mut dyn FnMut(Progress)) -> Result<Rep
     });
     run.pipeline(&decoder, &todo, &mut writer, progress)?;
     let stats = writer.finish()?;
-    if o.delete_source {
-        run.verify_new(stats.shards)?;
-        while let Some((unit, _)) = run.pending.pop_front() {
-            run.delete(&unit)?;
-        }
-    }
     run.report.stats = stats;
     run.report.elapsed = started.elapsed();
     Ok(run.report)
@@ -305,8 +301,6 @@ struct Run<'o> {
     report: Report,
     report_file: Option<std::fs::File>,
     bad_units: std::collections::HashSet<String>,
-    /// Converted units not yet deleted, with the ordinal after their last sample.
-    pending: VecDeque<(Unit, u64)>,
     verified: u64,
     /// With `key_from`, which unit gave which key.
     keys: Option<KeyLog>,
@@ -358,7 +352,6 @@ impl<'o> Run<'o> {
             },
             report_file,
             bad_units: Default::default(),
-            pending: VecDeque::new(),
             verified: 0,
             keys: match &o.key_from {
                 Some(_) => Some(KeyLog::open(&o.dst).map_err(|source| RunError::Io {
@@ -459,122 +452,125 @@ impl<'o> Run<'o> {
         progress: &mut dyn FnMut(Progress),
     ) -> Result<(), RunError> {
         let jobs = self.o.jobs.max(1);
-        let window = 2 * jobs;
+        let groups = shard_groups(todo, &self.o.write, jobs);
+        // Groups started ahead of the next commit: enough to keep every thread busy while one
+        // finishes late, few enough that uncommitted shards stay a bounded share of the disk.
+        let window = jobs + jobs.div_ceil(2);
+        let present = if self.o.split_by.is_some() {
+            writer.keys().map(str::to_string).collect()
+        } else {
+            HashSet::new()
+        };
+        let lane = LaneJob {
+            decoder,
+            todo,
+            lanes: writer.lanes(),
+            write: &self.o.write,
+            stop_at_bad: !self.o.skip_bad,
+            present: &present,
+            stop: AtomicBool::new(false),
+        };
         let (job_tx, job_rx) = mpsc::channel::<usize>();
         let job_rx = Mutex::new(job_rx);
-        let (res_tx, res_rx) = mpsc::channel::<(usize, Result<Prepared, String>)>();
         std::thread::scope(|scope| {
+            // Owned by this closure: however it returns, the queue closes and the threads end.
+            let job_tx = job_tx;
+            let (msg_tx, msg_rx) = mpsc::channel::<Message>();
             for _ in 0..jobs {
-                let res_tx = res_tx.clone();
-                let job_rx = &job_rx;
+                let msg_tx = msg_tx.clone();
+                let (job_rx, lane, groups) = (&job_rx, &lane, &groups);
                 scope.spawn(move || loop {
                     let next = job_rx.lock().map(|rx| rx.recv());
-                    let Ok(Ok(i)) = next else { break };
-                    if res_tx.send((i, decoder.prepare(&todo[i]))).is_err() {
+                    let Ok(Ok(g)) = next else { break };
+                    let done = lane.run(groups[g].clone(), &msg_tx);
+                    if msg_tx.send(Message::Group(g, done)).is_err() {
                         break;
                     }
                 });
             }
-            drop(res_tx);
+            drop(msg_tx);
+            let stopping = |e: RunError| {
+                lane.stop.store(true, Ordering::Relaxed);
+                Err(e)
+            };
             let mut fed = 0;
             let mut ready = BTreeMap::new();
-            for next in 0..todo.len() {
-                while fed < todo.len() && fed < next + window {
+            for next in 0..groups.len() {
+                while fed < groups.len() && fed < next + window {
                     let _ = job_tx.send(fed);
                     fed += 1;
                 }
-                let result = loop {
-                    if let Some(r) = ready.remove(&next) {
-                        break r;
+                let done = loop {
+                    if let Some(done) = ready.remove(&next) {
+                        break done;
                     }
-                    match res_rx.recv() {
-                        Ok((i, r)) => {
-                            ready.insert(i, r);
+                    match msg_rx.recv() {
+                        Ok(Message::Unit { bytes }) => progress(Progress::Advance { bytes }),
+                        Ok(Message::Group(g, done)) => {
+                            ready.insert(g, done);
                         }
-                        Err(_) => unreachable!("workers stay while jobs are queued"),
+                        Err(_) => unreachable!("workers stay while groups are queued"),
                     }
                 };
-                let unit = &todo[next];
-                match result {
-                    Ok(prepared) => self.append(decoder, unit, prepared, writer)?,
-                    Err(e) => self.bad(&unit.files[0].1, e)?,
+                let committed = match done {
+                    Ok(done) => self.commit_group(&todo[groups[next].clone()], done, writer),
+                    Err(e) => Err(e),
+                };
+                if let Err(e) = committed {
+                    return stopping(e);
                 }
-                progress(Progress::Advance { bytes: unit.bytes });
             }
-            drop(job_tx);
             Ok(())
         })
     }
 
-    fn append(
+    /// Records what a group's units gave, commits its shards in order, and with
+    /// `--delete-source` verifies them and deletes the group's sources.
+    fn commit_group(
         &mut self,
-        decoder: &Decoder,
-        unit: &Unit,
-        p: Prepared,
+        units: &[Unit],
+        done: GroupDone,
         writer: &mut DatasetWriter,
     ) -> Result<(), RunError> {
-        if let Some(log) = &mut self.keys {
+        let mut converted = Vec::with_capacity(units.len());
+        for (unit, outcome) in units.iter().zip(done.outcomes) {
             let file = &unit.files[0].1;
-            match log.unit_of(&p.key) {
-                Some((other, other_file)) if other != unit.key => {
-                    return Err(RunError::DuplicateKey {
-                        key: p.key.clone(),
-                        a: other_file.to_path_buf(),
-                        b: file.clone(),
-                    })
-                }
-                _ => {}
-            }
-            log.record(&unit.key, file, &p.key)
-                .map_err(|source| RunError::Io {
-                    path: log.path().to_path_buf(),
-                    op: "write",
-                    source,
-                })?;
-        }
-        let mut fields = Vec::with_capacity(decoder.specs.len());
-        for f in 0..decoder.specs.len() {
-            match decoder.field(&p, f) {
-                Ok(b) => fields.push(b),
-                Err(e) => return self.bad(&unit.files[0].1, e),
-            }
-        }
-        let mut appended = 0;
-        for (key, rows) in &p.samples {
-            if writer.contains_key(key) {
-                continue;
-            }
-            let named: Vec<(&str, &[u8])> = decoder
-                .schema
-                .fields
-                .iter()
-                .zip(&fields)
-                .map(|(f, b)| {
-                    let rb = f.row_bytes() as usize;
-                    (
-                        f.name.as_str(),
-                        &b[rows.start as usize * rb..rows.end as usize * rb],
-                    )
-                })
-                .collect();
-            writer.append(key, &named)?;
-            appended += 1;
-        }
-        drop(fields);
-        decoder.recycle(p);
-        self.report.samples += appended;
-        self.report.converted += 1;
-        self.report.source_bytes += unit.bytes;
-        if self.o.delete_source {
-            self.pending.push_back((unit.clone(), writer.len()));
-            let stats = writer.stats();
-            if stats.shards > self.verified {
-                self.verify_new(stats.shards)?;
-                while self.pending.front().is_some_and(|p| p.1 <= stats.samples) {
-                    if let Some((u, _)) = self.pending.pop_front() {
-                        self.delete(&u)?;
+            match outcome {
+                Outcome::Bad(e) => self.bad(file, e)?,
+                Outcome::Converted { key, appended } => {
+                    if let Some(log) = &mut self.keys {
+                        match log.unit_of(&key) {
+                            Some((other, other_file)) if other != unit.key => {
+                                return Err(RunError::DuplicateKey {
+                                    key,
+                                    a: other_file.to_path_buf(),
+                                    b: file.clone(),
+                                })
+                            }
+                            _ => {}
+                        }
+                        // Flushed before the samples commit, so every committed key has its line.
+                        log.record(&unit.key, file, &key)
+                            .map_err(|source| RunError::Io {
+                                path: log.path().to_path_buf(),
+                                op: "write",
+                                source,
+                            })?;
                     }
+                    self.report.samples += appended;
+                    self.report.converted += 1;
+                    self.report.source_bytes += unit.bytes;
+                    converted.push(unit);
                 }
+            }
+        }
+        for lane in done.lanes {
+            writer.commit_lane(lane)?;
+        }
+        if self.o.delete_source {
+            self.verify_new(writer.stats().shards)?;
+            for unit in converted {
+                self.delete(unit)?;
             }
         }
         Ok(())
@@ -622,5 +618,158 @@ impl<'o> Run<'o> {
             }
         }
         Ok(())
+    }
+}
+
+/// Consecutive units whose shards one thread writes. Each group is planned to fill one shard
+/// (its source bytes under the shard size, its units under the shard's sample count); the
+/// shard size shrinks, down to `MIN_GROUP_BYTES`, so that every thread gets several groups.
+fn shard_groups(todo: &[Unit], write: &WriteOptions, jobs: usize) -> Vec<Range<usize>> {
+    let total: u64 = todo.iter().map(|u| u.bytes).sum();
+    // Under the shard size by a margin: a shard also holds headers and alignment padding, and
+    // a group that overflows its shard gets a second one.
+    let full = write.shard_bytes - write.shard_bytes / 8;
+    let target = (total / (4 * jobs as u64)).clamp(MIN_GROUP_BYTES.min(full), full.max(1));
+    let mut groups = Vec::new();
+    let (mut start, mut bytes) = (0, 0u64);
+    for (i, u) in todo.iter().enumerate() {
+        let count = (i - start) as u64;
+        if count > 0 && (bytes + u.bytes > target || count >= write.shard_samples) {
+            groups.push(start..i);
+            (start, bytes) = (i, 0);
+        }
+        bytes += u.bytes;
+    }
+    if start < todo.len() {
+        groups.push(start..todo.len());
+    }
+    groups
+}
+
+/// Groups are planned no smaller than this unless shards are.
+const MIN_GROUP_BYTES: u64 = 64 << 20;
+
+/// From the threads writing groups to the thread committing them.
+enum Message {
+    /// A unit was decoded and written (or found bad), of `bytes` source bytes.
+    Unit { bytes: u64 },
+    /// A group is written.
+    Group(usize, Result<GroupDone, RunError>),
+}
+
+/// A written group: its shards, and what became of each unit, in order. A group stopped at a
+/// bad unit (without `--skip-bad`) ends with that unit.
+struct GroupDone {
+    lanes: Vec<ShardLane>,
+    outcomes: Vec<Outcome>,
+}
+
+enum Outcome {
+    /// Samples appended (none when all were committed before) under the unit's key.
+    Converted { key: String, appended: u64 },
+    /// Why the unit's file is bad.
+    Bad(String),
+}
+
+/// What every writing thread shares.
+struct LaneJob<'a> {
+    decoder: &'a Decoder,
+    todo: &'a [Unit],
+    lanes: Lanes,
+    write: &'a WriteOptions,
+    stop_at_bad: bool,
+    /// Keys committed before this run (split units only: others are skipped whole).
+    present: &'a HashSet<String>,
+    /// Set when the run fails: threads leave their groups.
+    stop: AtomicBool,
+}
+
+impl LaneJob<'_> {
+    /// Decodes the group's units one at a time and appends their samples to its shards.
+    fn run(&self, group: Range<usize>, msg: &mpsc::Sender<Message>) -> Result<GroupDone, RunError> {
+        let mut done = GroupDone {
+            lanes: vec![self.lanes.open()?],
+            outcomes: Vec::with_capacity(group.len()),
+        };
+        let mut first_unit_of: HashMap<String, &Path> = HashMap::new();
+        for unit in &self.todo[group] {
+            if self.stop.load(Ordering::Relaxed) {
+                break;
+            }
+            let outcome = match self.decoder.prepare(unit) {
+                Ok(p) => {
+                    let file = &unit.files[0].1;
+                    if let Some(other) = first_unit_of.insert(p.key.clone(), file) {
+                        return Err(RunError::DuplicateKey {
+                            key: p.key.clone(),
+                            a: other.to_path_buf(),
+                            b: file.clone(),
+                        });
+                    }
+                    let outcome = self.append(&p, &mut done.lanes);
+                    self.decoder.recycle(p);
+                    outcome?
+                }
+                Err(e) => Outcome::Bad(e),
+            };
+            let stop = self.stop_at_bad && matches!(outcome, Outcome::Bad(_));
+            done.outcomes.push(outcome);
+            let _ = msg.send(Message::Unit { bytes: unit.bytes });
+            if stop {
+                break;
+            }
+        }
+        if self.write.durable {
+            for lane in &mut done.lanes {
+                lane.sync_data()?;
+            }
+        }
+        Ok(done)
+    }
+
+    fn append(&self, p: &Prepared, lanes: &mut Vec<ShardLane>) -> Result<Outcome, RunError> {
+        let decoder = self.decoder;
+        let mut fields = Vec::with_capacity(decoder.specs.len());
+        for f in 0..decoder.specs.len() {
+            match decoder.field(p, f) {
+                Ok(b) => fields.push(b),
+                Err(e) => return Ok(Outcome::Bad(e)),
+            }
+        }
+        let mut appended = 0;
+        for (key, rows) in &p.samples {
+            if self.present.contains(key) {
+                continue;
+            }
+            let named: Vec<(&str, &[u8])> = decoder
+                .schema
+                .fields
+                .iter()
+                .zip(&fields)
+                .map(|(f, b)| {
+                    let rb = f.row_bytes() as usize;
+                    (
+                        f.name.as_str(),
+                        &b[rows.start as usize * rb..rows.end as usize * rb],
+                    )
+                })
+                .collect();
+            let raw: u64 = named.iter().map(|(_, b)| b.len() as u64).sum();
+            let lane = lanes.last_mut().expect("a group has a lane");
+            let full = lane.len().saturating_add(raw) > self.write.shard_bytes
+                || lane.sample_count() >= self.write.shard_samples;
+            if !lane.is_empty() && full {
+                lanes.push(self.lanes.open()?);
+            }
+            lanes
+                .last_mut()
+                .expect("a group has a lane")
+                .append(key, &named)?;
+            appended += 1;
+        }
+        Ok(Outcome::Converted {
+            key: p.key.clone(),
+            appended,
+        })
     }
 }

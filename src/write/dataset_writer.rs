@@ -269,6 +269,11 @@ impl DatasetWriter {
         self.keys.contains(key)
     }
 
+    /// Keys of the samples appended, committed or not.
+    pub fn keys(&self) -> impl Iterator<Item = &str> {
+        self.keys.iter().map(String::as_str)
+    }
+
     /// Samples appended, committed or not.
     pub fn len(&self) -> u64 {
         self.manifest.samples + self.current.as_ref().map_or(0, |s| s.sample_count())
