@@ -1,9 +1,13 @@
-//! The conversion job: plan units, decode them on worker threads, append them in key order,
-//! delete sources once their shard is durable and verified, and report.
+//! The conversion job: plan units, cut them into runs that fill a shard each, let every
+//! thread decode its run into its own shard (a [`ShardLane`]), commit the shards in source
+//! order, delete sources once their shard is durable and verified, and report.
 //!
-//! Memory is bounded: at most `2 × jobs` units are decoded ahead of the writer. Resuming is
-//! by key: a unit whose key the dataset already holds is skipped, so a rerun after any
-//! interruption continues where the last commit left off and never appends a sample twice.
+//! Writes into one file do not get faster with more threads; writes into several files do, so
+//! threads write shards, not samples. Ordinals follow the source order whatever the threads.
+//! Memory is bounded: a thread holds one decoded unit at a time, and at most `1.5 × jobs`
+//! runs are started ahead of the next commit. Resuming is by key: a unit whose key the dataset
+//! already holds is skipped, so a rerun after any interruption continues where the last commit
+//! left off and never appends a sample twice.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Write;
