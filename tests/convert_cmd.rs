@@ -493,6 +493,12 @@ fn modelopt_keys_from_the_stored_conversation_id() {
     let o = args(&fresh);
     assert!(o.status.success(), "{}", text(&o));
     assert_eq!(Dataset::open(&fresh).unwrap().len(), 3);
+    // Without its key log, a rerun opens every file again and appends nothing.
+    std::fs::remove_file(ds.join("convert-keys.jsonl")).unwrap();
+    let o = args(&ds);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("appended  0 samples"), "{}", text(&o));
+    assert_eq!(Dataset::open(&ds).unwrap().len(), 3);
 }
 
 #[test]

@@ -460,7 +460,10 @@ impl<'o> Run<'o> {
         // Groups started ahead of the next commit: enough to keep every thread busy while one
         // finishes late, few enough that uncommitted shards stay a bounded share of the disk.
         let window = jobs + jobs.div_ceil(2);
-        let present = if self.o.split_by.is_some() {
+        // Units whose samples the dataset holds were left out of `todo` by key, except split
+        // units (keys known only once decoded) and keys taken from the files: with those, a
+        // sample already committed is skipped as it comes, even when the key log is gone.
+        let present = if self.o.split_by.is_some() || self.o.key_from.is_some() {
             writer.keys().map(str::to_string).collect()
         } else {
             HashSet::new()
@@ -682,7 +685,8 @@ struct LaneJob<'a> {
     lanes: Lanes,
     write: &'a WriteOptions,
     stop_at_bad: bool,
-    /// Keys committed before this run (split units only: others are skipped whole).
+    /// Keys committed before this run, with split units or `--key-from` (others are skipped
+    /// whole before the run).
     present: &'a HashSet<String>,
     /// Set when the run fails: threads leave their groups.
     stop: AtomicBool,
