@@ -182,6 +182,15 @@ pub enum RunError {
     /// Options contradict each other.
     #[error("{0}")]
     BadOptions(String),
+    /// A bug: a thread failed while converting these files. Nothing of their run was
+    /// committed; a rerun resumes before them.
+    #[error("internal error while converting {}: {detail}; please report it with the file", file.display())]
+    Internal {
+        /// The first file of the run.
+        file: PathBuf,
+        /// The panic message.
+        detail: String,
+    },
 }
 
 fn is_layout_flag_error(e: &LayoutError) -> bool {
@@ -489,7 +498,8 @@ impl<'o> Run<'o> {
                 scope.spawn(move || loop {
                     let next = job_rx.lock().map(|rx| rx.recv());
                     let Ok(Ok(g)) = next else { break };
-                    let done = lane.run(groups[g].clone(), &msg_tx);
+                    let first = &todo[groups[g].start].files[0].1;
+                    let done = caught(first, || lane.run(groups[g].clone(), &msg_tx));
                     if msg_tx.send(Message::Group(g, done)).is_err() {
                         break;
                     }
@@ -653,6 +663,22 @@ fn shard_groups(todo: &[Unit], write: &WriteOptions, jobs: usize) -> Vec<Range<u
     groups
 }
 
+/// Runs `f`, turning a panic (a bug) into an error naming `file`: a thread that panicked must
+/// end the run with an error, not leave the committing thread waiting for its group.
+fn caught<T>(file: &Path, f: impl FnOnce() -> Result<T, RunError>) -> Result<T, RunError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|panic| {
+        let detail = match (panic.downcast_ref::<&str>(), panic.downcast_ref::<String>()) {
+            (Some(s), _) => s.to_string(),
+            (_, Some(s)) => s.clone(),
+            _ => "a thread panicked".into(),
+        };
+        Err(RunError::Internal {
+            file: file.to_path_buf(),
+            detail,
+        })
+    })
+}
+
 /// Groups are planned no smaller than this unless shards are.
 const MIN_GROUP_BYTES: u64 = 64 << 20;
 
@@ -779,5 +805,23 @@ impl LaneJob<'_> {
             key: p.key.clone(),
             appended,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panic_becomes_an_error_naming_the_file() {
+        let file = Path::new("/src/rows_0-16/data_3.ckpt");
+        let e = caught::<()>(file, || panic!("index {} out of range", 7)).unwrap_err();
+        let text = e.to_string();
+        assert!(matches!(e, RunError::Internal { .. }), "{e:?}");
+        assert!(
+            text.contains("data_3.ckpt") && text.contains("index 7 out of range"),
+            "{text}"
+        );
+        assert_eq!(caught(file, || Ok(5)).unwrap(), 5);
     }
 }
