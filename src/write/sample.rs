@@ -23,6 +23,24 @@ pub fn check<'a>(
     key: &str,
     fields: &[(&str, &'a [u8])],
 ) -> Result<CheckedSample<'a>> {
+    let lengths: Vec<(&str, usize)> = fields.iter().map(|(n, d)| (*n, d.len())).collect();
+    let (order, rows) = check_lengths(schema, key, &lengths)?;
+    let fields: Vec<&'a [u8]> = order.into_iter().map(|i| fields[i].1).collect();
+    Ok(CheckedSample {
+        raw: fields.iter().map(|d| d.len() as u64).sum(),
+        fields,
+        rows,
+    })
+}
+
+/// The checks of [`check`] on fields given by name and byte length (the capture writer makes
+/// them before copying anything). Returns, for each schema field in order, its position in
+/// `fields`, and the row count.
+pub fn check_lengths(
+    schema: &Schema,
+    key: &str,
+    fields: &[(&str, usize)],
+) -> Result<(Vec<usize>, u64)> {
     let bad = |field: &str, detail: String| Error::BadSample {
         key: key.to_string(),
         field: field.to_string(),
@@ -42,35 +60,31 @@ pub fn check<'a>(
             ));
         }
     }
-    let mut ordered = Vec::with_capacity(schema.fields.len());
+    let mut order = Vec::with_capacity(schema.fields.len());
     let mut rows = None;
     for f in &schema.fields {
-        let mut given = fields.iter().filter(|(n, _)| *n == f.name);
-        let data = given
-            .next()
-            .ok_or_else(|| {
-                bad(
-                    &f.name,
-                    "missing: every field of the schema is required".into(),
-                )
-            })?
-            .1;
+        let mut given = (0..fields.len()).filter(|&i| fields[i].0 == f.name);
+        let at = given.next().ok_or_else(|| {
+            bad(
+                &f.name,
+                "missing: every field of the schema is required".into(),
+            )
+        })?;
         if given.next().is_some() {
             return Err(bad(&f.name, "given twice".into()));
         }
+        let len = fields[at].1 as u64;
         let row_bytes = f.row_bytes();
-        if data.len() as u64 % row_bytes != 0 {
+        if len % row_bytes != 0 {
             return Err(bad(
                 &f.name,
                 format!(
-                    "{} bytes is not a whole number of rows of {row_bytes} bytes ({} {:?})",
-                    data.len(),
-                    f.dtype,
-                    f.shape
+                    "{len} bytes is not a whole number of rows of {row_bytes} bytes ({} {:?})",
+                    f.dtype, f.shape
                 ),
             ));
         }
-        let r = data.len() as u64 / row_bytes;
+        let r = len / row_bytes;
         match rows {
             None => rows = Some(r),
             Some(prev) if prev != r => {
@@ -84,13 +98,9 @@ pub fn check<'a>(
             }
             _ => {}
         }
-        ordered.push(data);
+        order.push(at);
     }
-    Ok(CheckedSample {
-        raw: ordered.iter().map(|d| d.len() as u64).sum(),
-        fields: ordered,
-        rows: rows.unwrap_or(0),
-    })
+    Ok((order, rows.unwrap_or(0)))
 }
 
 /// Writes a checked sample as the next sample of `shard`.
@@ -148,4 +158,56 @@ pub fn field_names(schema: &Schema) -> String {
         .map(|f| f.name.as_str())
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::{DType, Field, Role};
+
+    fn schema() -> Schema {
+        Schema::new(vec![
+            Field::new("ids", DType::I32, &[], Role::TokenIds),
+            Field::new("h", DType::BF16, &[8], Role::Other),
+        ])
+    }
+
+    fn refusal(fields: &[(&str, usize)]) -> (String, String) {
+        match check_lengths(&schema(), "k", fields) {
+            Err(Error::BadSample { field, detail, .. }) => (field, detail),
+            other => panic!("{fields:?}: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn fields_are_ordered_by_the_schema_and_share_their_rows() {
+        assert_eq!(
+            check_lengths(&schema(), "k", &[("h", 48), ("ids", 12)]).unwrap(),
+            (vec![1, 0], 3)
+        );
+        assert_eq!(
+            check_lengths(&schema(), "k", &[("ids", 0), ("h", 0)]).unwrap(),
+            (vec![0, 1], 0)
+        );
+    }
+
+    #[test]
+    fn every_refusal_names_the_field_and_the_fix() {
+        let (field, detail) = refusal(&[("ids", 12), ("h", 48), ("x", 1)]);
+        assert_eq!(field, "x");
+        assert!(detail.contains("it has ids, h"), "{detail}");
+        let (field, detail) = refusal(&[("ids", 12)]);
+        assert_eq!((field.as_str(), detail.starts_with("missing")), ("h", true));
+        let (field, detail) = refusal(&[("ids", 12), ("h", 48), ("h", 48)]);
+        assert_eq!((field.as_str(), detail.as_str()), ("h", "given twice"));
+        let (field, detail) = refusal(&[("ids", 12), ("h", 47)]);
+        assert_eq!(field, "h");
+        assert!(detail.contains("47 bytes is not a whole number of rows of 16 bytes"));
+        let (field, detail) = refusal(&[("ids", 12), ("h", 32)]);
+        assert_eq!(field, "h");
+        assert_eq!(
+            detail,
+            "has 2 rows, other fields have 3: all fields share the token dimension"
+        );
+    }
 }

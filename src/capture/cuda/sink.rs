@@ -59,55 +59,6 @@ pub(crate) fn check_sample(
     key: &str,
     fields: &[DeviceField<'_>],
 ) -> Result<(), Error> {
-    let bad = |field: &str, detail: String| Error::BadSample {
-        key: key.to_string(),
-        field: field.to_string(),
-        detail,
-    };
-    for f in fields {
-        if schema.field_index(f.name).is_none() {
-            let names: Vec<&str> = schema.fields.iter().map(|f| f.name.as_str()).collect();
-            return Err(bad(
-                f.name,
-                format!("the schema has no such field; it has {}", names.join(", ")),
-            ));
-        }
-    }
-    let mut rows = None;
-    for sf in &schema.fields {
-        let mut given = fields.iter().filter(|f| f.name == sf.name);
-        let f = given.next().ok_or_else(|| {
-            bad(
-                &sf.name,
-                "missing: every field of the schema is required".into(),
-            )
-        })?;
-        if given.next().is_some() {
-            return Err(bad(&sf.name, "given twice".into()));
-        }
-        let row_bytes = sf.row_bytes();
-        if f.bytes as u64 % row_bytes != 0 {
-            return Err(bad(
-                &sf.name,
-                format!(
-                    "{} bytes is not a whole number of rows of {row_bytes} bytes ({} {:?})",
-                    f.bytes, sf.dtype, sf.shape
-                ),
-            ));
-        }
-        let r = f.bytes as u64 / row_bytes;
-        match rows {
-            None => rows = Some(r),
-            Some(prev) if prev != r => {
-                return Err(bad(
-                    &sf.name,
-                    format!(
-                    "has {r} rows, other fields have {prev}: all fields share the token dimension"
-                ),
-                ))
-            }
-            _ => {}
-        }
-    }
-    Ok(())
+    let lengths: Vec<(&str, usize)> = fields.iter().map(|f| (f.name, f.bytes)).collect();
+    crate::write::sample::check_lengths(schema, key, &lengths).map(drop)
 }
