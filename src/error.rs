@@ -206,12 +206,26 @@ pub enum Error {
         detail: String,
     },
     /// Another writer holds the dataset.
-    #[error("{}: another writer holds this dataset (lock file {}); wait for it, or delete the lock if no writer runs", path.display(), lock.display())]
+    #[error("{}: another writer holds this dataset ({holder}); wait for it to finish, or stop it (the lock is released when its process ends)", path.display())]
     Locked {
         /// Folder.
         path: PathBuf,
-        /// Lock file.
-        lock: PathBuf,
+        /// Who holds the lock, as its lock file says.
+        holder: String,
+    },
+    /// A commit found the dataset changed under it: it published nothing over what it found.
+    #[error("{}: {detail}; another writer changed the dataset while this one held it, so nothing was replaced and this writer's uncommitted samples were not committed; reopen the dataset to append after what is there", path.display())]
+    CommitConflict {
+        /// The file that was not replaced.
+        path: PathBuf,
+        /// What was found.
+        detail: String,
+    },
+    /// A writer used in a process forked from the one that opened it.
+    #[error("{}: this writer was opened by the parent of this forked process, which holds the dataset; open a writer in this process once the parent's is finished", path.display())]
+    ForkedWriter {
+        /// Folder.
+        path: PathBuf,
     },
     /// A bad option value.
     #[error("option {option}: {detail}")]

@@ -12,6 +12,7 @@ pub mod capture;
 pub mod convert;
 pub mod error;
 pub mod format;
+pub mod parallel;
 pub mod read;
 pub mod synth;
 pub mod verify;

@@ -92,17 +92,18 @@ pub fn verify(
             .flat_map(|(i, s)| (0..s.footer().chunk_count).map(move |c| (i, c)))
             .collect();
         let hashed = AtomicU64::new(0);
-        let mut found: Vec<(usize, u64, Error)> = jobs
-            .par_iter()
-            .filter_map(|&(i, c)| {
-                let shard = &shards[i];
-                let e = shard.index().chunk(c)?;
-                let result = shard.check_chunk_hash(c, &e, schema);
-                hashed.fetch_add(e.stored_len, Ordering::Relaxed);
-                progress(e.stored_len);
-                result.err().map(|err| (i, c, err))
-            })
-            .collect();
+        let mut found: Vec<(usize, u64, Error)> = crate::parallel::install(|| {
+            jobs.par_iter()
+                .filter_map(|&(i, c)| {
+                    let shard = &shards[i];
+                    let e = shard.index().chunk(c)?;
+                    let result = shard.check_chunk_hash(c, &e, schema);
+                    hashed.fetch_add(e.stored_len, Ordering::Relaxed);
+                    progress(e.stored_len);
+                    result.err().map(|err| (i, c, err))
+                })
+                .collect()
+        });
         found.sort_by_key(|(i, c, _)| (*i, *c));
         problems.extend(found.into_iter().map(|(_, _, e)| e));
         report.chunks = jobs.len() as u64;

@@ -193,19 +193,41 @@ fn refused_lanes_leave_the_dataset_and_no_file_behind() {
     assert!(left.iter().all(|n| !n.ends_with(".tmp")), "{left:?}");
 }
 
+const LANE_CRASH_DIR: &str = "HSPACK_LANE_CRASH_DIR";
+
+/// Runs in the child process only: commits a sample, writes a lane, and dies without any
+/// clean-up, as a killed process does (its writer lock is released by the kernel).
 #[test]
-fn a_lane_a_crash_leaves_is_removed_on_reopen() {
-    let dir = tempfile::tempdir().unwrap();
+fn lane_crash_child() {
+    let Ok(dir) = std::env::var(LANE_CRASH_DIR) else {
+        return;
+    };
     let all = samples(2);
     let mut w =
-        DatasetWriter::create(dir.path(), capture_schema(HIDDEN as u64), small_options()).unwrap();
+        DatasetWriter::create(&dir, capture_schema(HIDDEN as u64), small_options()).unwrap();
     w.append(&all[0].0, &as_fields(&all[0].1)).unwrap();
     w.commit().unwrap();
     let mut lane = w.lanes().open().unwrap();
     lane.append(&all[1].0, &as_fields(&all[1].1)).unwrap();
-    // As if the process died: neither the lane nor the writer cleans up.
-    std::mem::forget(lane);
-    std::mem::forget(w);
+    std::process::abort();
+}
+
+#[test]
+fn a_lane_a_crash_leaves_is_removed_on_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let status = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "lane_crash_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(LANE_CRASH_DIR, dir.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(!status.success(), "the child died");
     assert!(files(dir.path()).iter().any(|f| f.0.starts_with("lane-")));
     let w =
         DatasetWriter::open(dir.path(), capture_schema(HIDDEN as u64), small_options()).unwrap();

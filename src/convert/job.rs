@@ -602,13 +602,15 @@ impl<'o> Run<'o> {
         let schema = ds.schema().clone();
         for seq in self.verified..shards {
             let shard = ds.shard(seq as usize).map_err(RunError::Verify)?;
-            (0..shard.footer().chunk_count)
-                .into_par_iter()
-                .try_for_each(|c| match shard.index().chunk(c) {
-                    Some(e) => shard.check_chunk_hash(c, &e, &schema),
-                    None => Ok(()),
-                })
-                .map_err(RunError::Verify)?;
+            crate::parallel::install(|| {
+                (0..shard.footer().chunk_count)
+                    .into_par_iter()
+                    .try_for_each(|c| match shard.index().chunk(c) {
+                        Some(e) => shard.check_chunk_hash(c, &e, &schema),
+                        None => Ok(()),
+                    })
+            })
+            .map_err(RunError::Verify)?;
         }
         self.verified = shards;
         Ok(())

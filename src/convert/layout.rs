@@ -393,7 +393,7 @@ fn slab(
         Op::Whole => Ok(None),
         Op::Part { index, of, axis } => {
             let a = axis_of(axis, shape.len(), tensor)?;
-            if of == 0 || index >= of || shape[a] % of != 0 {
+            if of == 0 || index >= of || !shape[a].is_multiple_of(of) {
                 return Err(LayoutError::Shape {
                     tensor: tensor.into(),
                     got: format!("shape {shape:?}"),
@@ -416,7 +416,7 @@ fn slab(
         }
         Op::Range { start, len, axis } => {
             let a = axis_of(axis, shape.len(), tensor)?;
-            if len == 0 || start.checked_add(len).map_or(true, |end| end > shape[a]) {
+            if len == 0 || start.checked_add(len).is_none_or(|end| end > shape[a]) {
                 return Err(LayoutError::Shape {
                     tensor: tensor.into(),
                     got: format!("shape {shape:?}"),
@@ -470,7 +470,7 @@ pub fn field_shape(spec: &FieldSpec, shape: &[u64]) -> Result<Vec<u64>, LayoutEr
                     }
                 }
                 _ => {
-                    s[1] % k == 0 && {
+                    s[1].is_multiple_of(k) && {
                         let h = s[1] / k;
                         s[1] = k;
                         s.push(h);

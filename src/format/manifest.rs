@@ -265,7 +265,7 @@ pub fn hex(bytes: &[u8]) -> String {
 
 /// Bytes of lowercase or uppercase hex, if it is hex.
 pub fn unhex(text: &str) -> Option<Vec<u8>> {
-    if text.len() % 2 != 0 {
+    if !text.len().is_multiple_of(2) {
         return None;
     }
     (0..text.len())

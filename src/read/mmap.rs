@@ -54,11 +54,7 @@ pub fn map_private_range(
     let file = File::open(path).map_err(io(path, "open"))?;
     let id = FileId::of(&file, path)?;
     let size = file.metadata().map_err(io(path, "stat"))?.len();
-    if id != expect
-        || offset
-            .checked_add(len as u64)
-            .map_or(true, |end| end > size)
-    {
+    if id != expect || offset.checked_add(len as u64).is_none_or(|end| end > size) {
         return Err(crate::error::Error::Io {
             path: path.to_path_buf(),
             op: "map",

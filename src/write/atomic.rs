@@ -5,7 +5,7 @@ use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use crate::error::{io, Result};
+use crate::error::{io, Error, Result};
 
 /// Suffix of files being written; a writer that opens a dataset deletes leftovers.
 pub const TEMP_SUFFIX: &str = ".tmp";
@@ -27,6 +27,30 @@ pub fn sync_dir(dir: &Path) -> Result<()> {
 /// Renames a finished, synced temp file over `target` and syncs the folder.
 pub fn publish(temp: &Path, target: &Path, durable: bool) -> Result<()> {
     std::fs::rename(temp, target).map_err(io(target, "rename into place"))?;
+    if durable {
+        if let Some(dir) = target.parent() {
+            sync_dir(dir)?;
+        }
+    }
+    Ok(())
+}
+
+/// Publishes a finished, synced temp file as `target`, which must not exist: a file already
+/// there (another writer's) is never replaced. The temp file is linked to its new name, an
+/// exclusive create that also holds over NFS, then removed. On a filesystem without hard links
+/// it is renamed after a check that `target` is absent (a check the writer lock keeps true).
+/// Refused with [`Error::CommitConflict`], the temp file stays for the caller to remove.
+pub fn publish_new(temp: &Path, target: &Path, durable: bool) -> Result<()> {
+    let taken = || Error::CommitConflict {
+        path: target.to_path_buf(),
+        detail: "a file with this name exists already".into(),
+    };
+    match std::fs::hard_link(temp, target) {
+        Ok(()) => std::fs::remove_file(temp).map_err(io(temp, "remove after publishing"))?,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Err(taken()),
+        Err(_) if target.exists() => return Err(taken()),
+        Err(_) => std::fs::rename(temp, target).map_err(io(target, "rename into place"))?,
+    }
     if durable {
         if let Some(dir) = target.parent() {
             sync_dir(dir)?;

@@ -10,14 +10,14 @@ use crate::format::manifest::{
 use crate::format::{Codec, Manifest, Schema, DEFAULT_ALIGN_LOG2, MAX_ALIGN_LOG2, MIN_ALIGN_LOG2};
 use crate::read::Dataset;
 
-use super::atomic::{sync_dir, write_atomic, TEMP_SUFFIX};
+use super::atomic::{publish_new, sync_dir, temp_path, write_atomic, TEMP_SUFFIX};
 use super::lane::{Lanes, ShardLane};
+use super::lock::WriterLock;
 use super::sample::{self, field_names};
 use super::samples_table::{self, SampleRow};
 use super::shard_writer::{ShardPlace, ShardWriter};
 
-/// Name of the lock file a writer holds in the dataset folder.
-pub const LOCK_FILE: &str = ".hspack-writer.lock";
+pub use super::lock::LOCK_FILE;
 
 /// Options for writing.
 #[derive(Debug, Clone)]
@@ -120,6 +120,10 @@ pub struct DatasetWriter {
     keys: HashSet<String>,
     schema: std::sync::Arc<Schema>,
     lanes_opened: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// BLAKE3 of the manifest as this writer last read or wrote it: a commit publishes only
+    /// over that one.
+    manifest_hash: blake3::Hash,
+    lock: WriterLock,
 }
 
 impl std::fmt::Debug for DatasetWriter {
@@ -144,47 +148,6 @@ fn random_id(dir: &Path) -> [u8; 16] {
     id
 }
 
-fn pid_alive(pid: u32) -> bool {
-    Path::new("/proc").join(pid.to_string()).exists() || !Path::new("/proc/self").exists()
-}
-
-fn take_lock(dir: &Path) -> Result<()> {
-    let lock = dir.join(LOCK_FILE);
-    for _ in 0..2 {
-        match std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&lock)
-        {
-            Ok(mut f) => {
-                use std::io::Write;
-                let _ = write!(f, "{}", std::process::id());
-                return Ok(());
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                let holder = std::fs::read_to_string(&lock)
-                    .ok()
-                    .and_then(|s| s.trim().parse::<u32>().ok());
-                match holder {
-                    Some(pid) if pid != std::process::id() && pid_alive(pid) => {
-                        return Err(Error::Locked {
-                            path: dir.to_path_buf(),
-                            lock,
-                        })
-                    }
-                    // The holder died (or is us, reopening): take the lock over.
-                    _ => std::fs::remove_file(&lock).map_err(io(&lock, "remove stale lock"))?,
-                }
-            }
-            Err(e) => return Err(io(&lock, "create")(e)),
-        }
-    }
-    Err(Error::Locked {
-        path: dir.to_path_buf(),
-        lock,
-    })
-}
-
 impl DatasetWriter {
     /// Creates a dataset in `dir` (which may exist but must hold no dataset).
     pub fn create(dir: impl AsRef<Path>, schema: Schema, options: WriteOptions) -> Result<Self> {
@@ -207,18 +170,19 @@ impl DatasetWriter {
             .map_err(format(dir.as_ref().join(MANIFEST_FILE)))?;
         let dir = dir.as_ref().to_path_buf();
         std::fs::create_dir_all(&dir).map_err(io(&dir, "create folder"))?;
-        take_lock(&dir)?;
-        let result = Self::open_locked(dir.clone(), schema, options);
-        if result.is_err() {
-            let _ = std::fs::remove_file(dir.join(LOCK_FILE));
-        }
-        result
+        let lock = WriterLock::take(&dir)?;
+        Self::open_locked(dir, schema, options, lock)
     }
 
-    fn open_locked(dir: PathBuf, schema: Schema, options: WriteOptions) -> Result<Self> {
+    fn open_locked(
+        dir: PathBuf,
+        schema: Schema,
+        options: WriteOptions,
+        lock: WriterLock,
+    ) -> Result<Self> {
         let manifest_path = dir.join(MANIFEST_FILE);
         let mut keys = HashSet::new();
-        let manifest = if manifest_path.exists() {
+        let (manifest, manifest_hash) = if manifest_path.exists() {
             let ds = Dataset::open(&dir)?;
             if ds.schema() != &schema {
                 return Err(Error::SchemaMismatch {
@@ -235,12 +199,13 @@ impl DatasetWriter {
                     }
                 }
             }
-            ds.manifest().clone()
+            (ds.manifest().clone(), blake3::hash(ds.manifest_bytes()))
         } else {
             let id = options.dataset_id.unwrap_or_else(|| random_id(&dir));
             let m = Manifest::new(id, schema.clone());
-            write_atomic(&manifest_path, &m.encode(), options.durable)?;
-            m
+            let bytes = m.encode();
+            create_manifest(&manifest_path, &bytes, options.durable)?;
+            (m, blake3::hash(&bytes))
         };
         remove_leftovers(&dir, manifest.shards.len() as u32)?;
         Ok(DatasetWriter {
@@ -251,6 +216,8 @@ impl DatasetWriter {
             options,
             current: None,
             keys,
+            manifest_hash,
+            lock,
         })
     }
 
@@ -287,6 +254,7 @@ impl DatasetWriter {
     /// Appends a sample: `fields` gives bytes (little-endian, C order) for every field of the
     /// schema, by name; every field must hold the same number of rows. Returns the ordinal.
     pub fn append(&mut self, key: &str, fields: &[(&str, &[u8])]) -> Result<u64> {
+        self.check_owner()?;
         if self.keys.contains(key) {
             return Err(Error::DuplicateKey {
                 key: key.to_string(),
@@ -339,22 +307,48 @@ impl DatasetWriter {
 
     /// Commits the open shard: after this, its samples survive a crash and readers see them.
     pub fn commit(&mut self) -> Result<WriteStats> {
+        self.check_owner()?;
         if let Some(shard) = self.current.take() {
             self.commit_shard(shard)?;
         }
         Ok(self.stats())
     }
 
+    /// Refuses to act in a process forked from the one that opened the writer: the parent
+    /// holds the lock and owns the open shard's file.
+    fn check_owner(&self) -> Result<()> {
+        if self.lock.is_owner() {
+            return Ok(());
+        }
+        Err(Error::ForkedWriter {
+            path: self.dir.clone(),
+        })
+    }
+
+    /// Publishes the shard, then a manifest that lists it. The shard goes only where no file
+    /// is and the manifest only over the one this writer last wrote, so a second writer
+    /// (were the lock ever broken) can make a commit fail but never replace committed data.
     fn commit_shard(&mut self, shard: ShardWriter) -> Result<()> {
         if shard.sample_count() == 0 {
             shard.abandon();
             return Ok(());
         }
-        let record = shard.finish(&self.next_place(), self.options.durable)?;
-        self.manifest.samples += record.samples;
-        self.manifest.shards.push(record);
-        self.manifest.samples_table = None;
-        self.write_manifest()
+        if let Err(e) = self.check_manifest_unchanged() {
+            shard.abandon();
+            return Err(e);
+        }
+        let place = self.next_place();
+        let record = shard.finish(&place, self.options.durable)?;
+        let mut next = self.manifest.clone();
+        next.samples += record.samples;
+        next.shards.push(record);
+        next.samples_table = None;
+        if let Err(e) = self.publish_manifest(next) {
+            // Nobody's manifest lists the shard this writer just created: take it back.
+            let _ = std::fs::remove_file(&place.path);
+            return Err(e);
+        }
+        Ok(())
     }
 
     /// A maker of [`ShardLane`]s: shards written on other threads, at the same time, and
@@ -373,6 +367,7 @@ impl DatasetWriter {
     /// which is committed first): its samples get the next ordinals. Refused, and the lane
     /// deleted, when it holds a key the dataset holds or comes from another writer.
     pub fn commit_lane(&mut self, mut lane: ShardLane) -> Result<WriteStats> {
+        self.check_owner()?;
         if lane.dataset_id != self.manifest.dataset_id_bytes() {
             return Err(Error::BadOption {
                 option: "lane",
@@ -390,12 +385,36 @@ impl DatasetWriter {
         Ok(self.stats())
     }
 
-    fn write_manifest(&self) -> Result<()> {
-        write_atomic(
-            &self.dir.join(MANIFEST_FILE),
-            &self.manifest.encode(),
-            self.options.durable,
-        )
+    /// Fails unless `manifest.json` is the one this writer last read or wrote.
+    fn check_manifest_unchanged(&self) -> Result<()> {
+        let path = self.dir.join(MANIFEST_FILE);
+        let found = match std::fs::read(&path) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(Error::CommitConflict {
+                    path,
+                    detail: "the manifest is gone".into(),
+                })
+            }
+            Err(e) => return Err(io(&path, "read")(e)),
+        };
+        if blake3::hash(&found) != self.manifest_hash {
+            return Err(Error::CommitConflict {
+                path,
+                detail: "the manifest is not the one this writer last read or wrote".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Publishes `next` over the manifest this writer last wrote, and adopts it.
+    fn publish_manifest(&mut self, next: Manifest) -> Result<()> {
+        self.check_manifest_unchanged()?;
+        let bytes = next.encode();
+        write_atomic(&self.dir.join(MANIFEST_FILE), &bytes, self.options.durable)?;
+        self.manifest = next;
+        self.manifest_hash = blake3::hash(&bytes);
+        Ok(())
     }
 
     /// What is committed.
@@ -411,28 +430,57 @@ impl DatasetWriter {
     /// Commits, writes `samples.parquet`, and releases the dataset.
     pub fn finish(mut self) -> Result<WriteStats> {
         self.commit()?;
+        self.check_manifest_unchanged()?;
         let rows = sample_rows(&self.dir)?;
         let path = self.dir.join(SAMPLES_TABLE_FILE);
         let bytes = samples_table::encode(&rows, &path)?;
         write_atomic(&path, &bytes, self.options.durable)?;
-        self.manifest.samples_table = Some(TableRecord {
+        let mut next = self.manifest.clone();
+        next.samples_table = Some(TableRecord {
             file: SAMPLES_TABLE_FILE.into(),
             bytes: bytes.len() as u64,
             blake3: hex(blake3::hash(&bytes).as_bytes()),
             samples: rows.len() as u64,
         });
-        self.write_manifest()?;
+        self.publish_manifest(next)?;
         Ok(self.stats())
     }
 }
 
 impl Drop for DatasetWriter {
     fn drop(&mut self) {
-        if let Some(shard) = self.current.take() {
+        let Some(shard) = self.current.take() else {
+            return;
+        };
+        if self.lock.is_owner() {
             shard.abandon();
+        } else {
+            // A forked child's copy: its buffered bytes would land in the parent's file
+            // (the file offset is shared), and the temp file is the parent's to delete.
+            std::mem::forget(shard);
         }
-        let _ = std::fs::remove_file(self.dir.join(LOCK_FILE));
+        // The lock is released by `WriterLock`'s own drop, in the owning process only.
     }
+}
+
+/// Creates the manifest of a new dataset where none is: never over one that appeared.
+fn create_manifest(path: &Path, bytes: &[u8], durable: bool) -> Result<()> {
+    use std::io::Write;
+    let temp = temp_path(path);
+    let written = std::fs::File::create(&temp)
+        .and_then(|mut f| {
+            f.write_all(bytes)?;
+            if durable {
+                f.sync_all()?;
+            }
+            Ok(())
+        })
+        .map_err(io(&temp, "write"));
+    written
+        .and_then(|()| publish_new(&temp, path, durable))
+        .inspect_err(|_| {
+            let _ = std::fs::remove_file(&temp);
+        })
 }
 
 /// One table row per committed sample of the dataset in `dir`.

@@ -55,25 +55,27 @@ pub fn encode_sample<'a>(
             start += count;
         }
     }
-    jobs.into_par_iter()
-        .map(|(field, row_start, row_count, elem, raw)| {
-            let (stored, hash): (Cow<[u8]>, _) = match codec {
-                Codec::None => (Cow::Borrowed(raw), None),
-                _ => {
-                    let stored = codec.encode(raw, elem, level);
-                    let hash = *blake3::hash(&stored).as_bytes();
-                    (Cow::Owned(stored), Some(hash))
+    crate::parallel::install(|| {
+        jobs.into_par_iter()
+            .map(|(field, row_start, row_count, elem, raw)| {
+                let (stored, hash): (Cow<[u8]>, _) = match codec {
+                    Codec::None => (Cow::Borrowed(raw), None),
+                    _ => {
+                        let stored = codec.encode(raw, elem, level);
+                        let hash = *blake3::hash(&stored).as_bytes();
+                        (Cow::Owned(stored), Some(hash))
+                    }
+                };
+                EncodedChunk {
+                    field,
+                    row_start,
+                    row_count,
+                    raw_len: raw.len() as u64,
+                    codec,
+                    stored,
+                    hash,
                 }
-            };
-            EncodedChunk {
-                field,
-                row_start,
-                row_count,
-                raw_len: raw.len() as u64,
-                codec,
-                stored,
-                hash,
-            }
-        })
-        .collect()
+            })
+            .collect()
+    })
 }

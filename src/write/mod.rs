@@ -5,6 +5,7 @@ pub mod atomic;
 pub mod dataset_writer;
 pub mod encode;
 pub mod lane;
+pub mod lock;
 pub mod sample;
 pub mod samples_table;
 pub mod shard_writer;

@@ -75,7 +75,7 @@ pub fn check_lengths(
         }
         let len = fields[at].1 as u64;
         let row_bytes = f.row_bytes();
-        if len % row_bytes != 0 {
+        if !len.is_multiple_of(row_bytes) {
             return Err(bad(
                 &f.name,
                 format!(

@@ -18,7 +18,7 @@ use crate::format::{
     ChunkEntry, ChunkHeader, Codec, ExtentEntry, Footer, IndexBuilder, ShardHeader, ShardRecord,
 };
 
-use super::atomic::{publish, temp_path};
+use super::atomic::{publish_new, temp_path};
 use super::encode::EncodedChunk;
 
 /// A shard being written.
@@ -115,23 +115,25 @@ impl ShardWriter {
             pos += HEADER + c.stored.len() as u64;
         }
         let file = self.out.get_ref();
-        let (written, hashes) = rayon::join(
-            || {
-                chunks
-                    .iter()
-                    .zip(&places)
-                    .try_for_each(|(c, &at)| file.write_all_at(&c.stored, at + HEADER))
-            },
-            || -> Vec<[u8; 32]> {
-                chunks
-                    .par_iter()
-                    .map(|c| {
-                        c.hash
-                            .unwrap_or_else(|| *blake3::hash(&c.stored).as_bytes())
-                    })
-                    .collect()
-            },
-        );
+        let (written, hashes) = crate::parallel::install(|| {
+            rayon::join(
+                || {
+                    chunks
+                        .iter()
+                        .zip(&places)
+                        .try_for_each(|(c, &at)| file.write_all_at(&c.stored, at + HEADER))
+                },
+                || -> Vec<[u8; 32]> {
+                    chunks
+                        .par_iter()
+                        .map(|c| {
+                            c.hash
+                                .unwrap_or_else(|| *blake3::hash(&c.stored).as_bytes())
+                        })
+                        .collect()
+                },
+            )
+        });
         written.map_err(io(&self.temp, "write"))?;
         let sample = self.index.sample_count();
         let ids = chunks
@@ -252,7 +254,10 @@ impl ShardWriter {
             file.sync_all().map_err(io(&self.temp, "fsync"))?;
         }
         drop(file);
-        publish(&self.temp, &place.path, durable)?;
+        if let Err(e) = publish_new(&self.temp, &place.path, durable) {
+            let _ = std::fs::remove_file(&self.temp);
+            return Err(e);
+        }
         Ok(ShardRecord {
             file: place
                 .path

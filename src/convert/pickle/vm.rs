@@ -263,7 +263,7 @@ impl<'a> Machine<'a> {
         items: Vec<Id>,
         at: usize,
     ) -> Result<(), ConvertError> {
-        if items.len() % 2 != 0 {
+        if !items.len().is_multiple_of(2) {
             return Err(self.malformed(at, "SETITEMS with an odd number of items"));
         }
         let mut keys: Vec<Option<HashKey>> = Vec::with_capacity(items.len() / 2);

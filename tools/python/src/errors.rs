@@ -227,11 +227,26 @@ impl Context {
                     ..c
                 },
             ),
-            Error::Locked { path, lock } => (
+            Error::Locked { path, holder } => (
                 "Locked",
                 Context {
                     path: text(path),
-                    detail: text(lock),
+                    detail: Some(holder.clone()),
+                    ..c
+                },
+            ),
+            Error::ForkedWriter { path } => (
+                "ForkedWriter",
+                Context {
+                    path: text(path),
+                    ..c
+                },
+            ),
+            Error::CommitConflict { path, detail } => (
+                "CommitConflict",
+                Context {
+                    path: text(path),
+                    detail: Some(detail.clone()),
                     ..c
                 },
             ),

@@ -1,0 +1,73 @@
+//! The thread pool hspack's parallel work runs on, made anew in a process forked from one
+//! that used it.
+//!
+//! A forked child inherits the memory of rayon's global pool but none of its threads: work
+//! handed to it waits forever. DataLoader workers and `multiprocessing` fork by default on
+//! Linux, after the parent may have written, read or verified. So hspack never uses the global
+//! pool: every parallel section runs through [`install`], on a pool that belongs to the
+//! current process id.
+
+use std::sync::{Arc, Mutex};
+
+use rayon::{ThreadPool, ThreadPoolBuilder};
+
+static POOL: Mutex<Option<(u32, Arc<ThreadPool>)>> = Mutex::new(None);
+
+/// This process's pool, built on first use in each process.
+fn pool() -> Arc<ThreadPool> {
+    let pid = std::process::id();
+    // A child forked while another thread held this lock would find it poisoned or held;
+    // the lock is only held to read or set one pointer, so poisoning is all that can be seen.
+    let mut slot = POOL.lock().unwrap_or_else(|p| p.into_inner());
+    match &*slot {
+        Some((owner, pool)) if *owner == pid => Arc::clone(pool),
+        _ => {
+            let build = |threads| {
+                ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .thread_name(|i| format!("hspack-{i}"))
+                    .build()
+            };
+            // When the machine refuses threads, one is tried before giving up.
+            let pool = Arc::new(
+                build(0)
+                    .or_else(|_| build(1))
+                    .expect("hspack: the operating system refused to start a worker thread"),
+            );
+            // The parent's pool has no threads here: dropping it would signal threads that do
+            // not exist, so it is left as it is.
+            if let Some(old) = slot.replace((pid, Arc::clone(&pool))) {
+                std::mem::forget(old);
+            }
+            pool
+        }
+    }
+}
+
+/// Runs `op` on this process's pool: rayon's parallel iterators and `join` inside it use
+/// that pool.
+pub fn install<R: Send>(op: impl FnOnce() -> R + Send) -> R {
+    if rayon::current_thread_index().is_some() {
+        // Already on a pool's thread (ours, or a caller's pool of this process): stay there.
+        return op();
+    }
+    pool().install(op)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rayon::prelude::*;
+
+    #[test]
+    fn work_runs_on_the_process_pool() {
+        let names: Vec<String> = install(|| {
+            (0..64)
+                .into_par_iter()
+                .map(|_| std::thread::current().name().unwrap_or("").to_string())
+                .collect()
+        });
+        assert!(names.iter().all(|n| n.starts_with("hspack-")), "{names:?}");
+        assert_eq!(install(|| 6 * 7), 42);
+    }
+}

@@ -1,0 +1,182 @@
+//! One writer per dataset: an OS file lock on `.hspack-writer.lock`, held for the writer's life.
+//!
+//! The lock is `flock(2)` on the lock file (through [`std::fs::File::try_lock`]), so it is
+//! taken atomically, is released by the kernel when the holding process dies however it dies,
+//! and is refused to a second writer of the same process (each open of the file is a separate
+//! lock). The holder deletes the file while it still holds the lock, when it is done; a writer
+//! that locked a file and then finds the name no longer leads to that file (it was deleted
+//! meanwhile) lets it go and tries again, so two writers never hold two files of one name.
+//! A file a killed writer left is unlocked and is simply taken. Its text, the holder's
+//! process id and host, is only for the error message a refused writer prints.
+//!
+//! On NFS, Linux maps `flock` to byte-range locks that the server arbitrates (NFSv4, or v3
+//! with the lock manager). Commits do not rely on the lock alone: a shard is published only
+//! where no file is, and the manifest only over the one the writer last read or wrote
+//! (see [`super::dataset_writer`]), so even a broken lock cannot replace committed data.
+
+use std::fs::{File, OpenOptions, TryLockError};
+use std::io::{Read, Seek, Write};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use crate::error::{io, Error, Result};
+
+/// Name of the lock file a writer holds in the dataset folder.
+pub const LOCK_FILE: &str = ".hspack-writer.lock";
+
+/// The held lock of one dataset; released on drop by the process that took it.
+#[derive(Debug)]
+pub struct WriterLock {
+    file: File,
+    path: PathBuf,
+    pid: u32,
+}
+
+impl WriterLock {
+    /// Takes the lock of the dataset in `dir`, or says who holds it.
+    pub fn take(dir: &Path) -> Result<Self> {
+        let path = dir.join(LOCK_FILE);
+        // Each retry follows a holder that deleted the file between our open and our lock.
+        for _ in 0..64 {
+            let mut file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&path)
+                .map_err(io(&path, "open lock file"))?;
+            match file.try_lock() {
+                Ok(()) => {}
+                Err(TryLockError::WouldBlock) => {
+                    return Err(Error::Locked {
+                        path: dir.to_path_buf(),
+                        holder: holder_text(&mut file),
+                    })
+                }
+                Err(TryLockError::Error(e)) => return Err(io(&path, "lock")(e)),
+            }
+            if !still_named(&file, &path)? {
+                continue;
+            }
+            let pid = std::process::id();
+            let text = format!("pid {pid} on {}\n", host_name());
+            file.set_len(0)
+                .and_then(|()| file.rewind())
+                .and_then(|()| file.write_all(text.as_bytes()))
+                .map_err(io(&path, "write lock holder"))?;
+            return Ok(WriterLock { file, path, pid });
+        }
+        Err(Error::Locked {
+            path: dir.to_path_buf(),
+            holder: "writers that keep opening and closing it".into(),
+        })
+    }
+
+    /// True in the process that took the lock, false in a child forked from it: a child must
+    /// neither release the parent's lock nor delete the parent's files.
+    pub fn is_owner(&self) -> bool {
+        self.pid == std::process::id()
+    }
+}
+
+impl Drop for WriterLock {
+    fn drop(&mut self) {
+        // A forked child shares the lock with its parent; only the parent releases it.
+        if self.is_owner() {
+            // Deleted while still locked: see the module's doc.
+            let _ = std::fs::remove_file(&self.path);
+            let _ = self.file.unlock();
+        }
+    }
+}
+
+/// True when `path` still names the file `file` is open on.
+fn still_named(file: &File, path: &Path) -> Result<bool> {
+    let held = file.metadata().map_err(io(path, "stat lock file"))?;
+    match std::fs::metadata(path) {
+        Ok(named) => Ok(named.dev() == held.dev() && named.ino() == held.ino()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(io(path, "stat lock file")(e)),
+    }
+}
+
+fn holder_text(file: &mut File) -> String {
+    let mut text = String::new();
+    let _ = file.take(256).read_to_string(&mut text);
+    match text.trim() {
+        "" => "a writer that has not written its process id yet".into(),
+        t if t.starts_with(&format!("pid {} ", std::process::id())) => {
+            format!("{t}: another writer of this process; finish or drop it first")
+        }
+        t => t.to_string(),
+    }
+}
+
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "this host".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_second_lock_is_refused_and_the_first_drop_releases_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = WriterLock::take(dir.path()).unwrap();
+        let err = WriterLock::take(dir.path()).unwrap_err();
+        let msg = err.to_string();
+        assert!(matches!(err, Error::Locked { .. }), "{msg}");
+        assert!(
+            msg.contains(&format!("pid {}", std::process::id())),
+            "{msg}"
+        );
+        assert!(msg.contains("this process"), "{msg}");
+        drop(first);
+        assert!(
+            !dir.path().join(LOCK_FILE).exists(),
+            "the holder deletes it"
+        );
+        let again = WriterLock::take(dir.path()).unwrap();
+        assert!(again.is_owner());
+        assert!(dir.path().join(LOCK_FILE).exists());
+        drop(again);
+        assert!(!dir.path().join(LOCK_FILE).exists());
+    }
+
+    #[test]
+    fn a_lock_on_a_file_deleted_meanwhile_is_let_go() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(LOCK_FILE);
+        // What a late opener holds after the holder deleted the name: a locked, nameless file.
+        let orphan = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .unwrap();
+        std::fs::remove_file(&path).unwrap();
+        assert!(!still_named(&orphan, &path).unwrap());
+        orphan.try_lock().unwrap();
+        // The name is free: a new writer takes a new file, and holds it alone.
+        let lock = WriterLock::take(dir.path()).unwrap();
+        assert!(still_named(&lock.file, &path).unwrap());
+        assert!(WriterLock::take(dir.path()).is_err());
+    }
+
+    #[test]
+    fn a_lock_file_left_by_a_dead_writer_is_taken() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(LOCK_FILE), "pid 4294967 on elsewhere\n").unwrap();
+        let lock = WriterLock::take(dir.path()).unwrap();
+        let text = std::fs::read_to_string(dir.path().join(LOCK_FILE)).unwrap();
+        assert!(
+            text.starts_with(&format!("pid {} on ", std::process::id())),
+            "{text}"
+        );
+        drop(lock);
+    }
+}

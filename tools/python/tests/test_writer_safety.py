@@ -1,0 +1,166 @@
+"""Writers that race, share a process, or are forked: one writer at a time, no committed
+sample lost, and no process left hanging after fork."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+import hspack
+
+H = 8
+TRIALS = 200
+WRITERS = 4
+
+
+def schema() -> list:
+    return [hspack.token_ids(), hspack.hidden_state(2, H)]
+
+
+def sample(seed: int) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "input_ids": torch.randint(0, 1000, (3,), generator=g, dtype=torch.int32),
+        "hidden.2": torch.randn(3, H, generator=g).to(torch.bfloat16),
+    }
+
+
+def one_sample_dataset(path) -> None:
+    with hspack.Writer(path, schema()) as w:
+        w.append("first", **sample(0))
+
+
+def keys(path) -> list:
+    ds = hspack.open(path)
+    return sorted(ds.keys())
+
+
+def _racer(root: str, me: int, barrier, results) -> None:
+    won, refused = [], 0
+    for t in range(TRIALS):
+        barrier.wait()
+        try:
+            w = hspack.Writer(os.path.join(root, f"trial-{t}"), schema())
+        except hspack.HspackError as e:
+            assert e.kind == "Locked", e
+            refused += 1
+            continue
+        w.append(f"w{me}", **sample(me + 1))
+        w.finish()
+        won.append(t)
+    results.put((me, won, refused))
+
+
+def test_four_spawned_writers_racing_200_times_never_lose_a_sample(tmp_path):
+    for t in range(TRIALS):
+        one_sample_dataset(tmp_path / f"trial-{t}")
+    ctx = mp.get_context("spawn")
+    barrier, results = ctx.Barrier(WRITERS), ctx.Queue()
+    procs = [ctx.Process(target=_racer, args=(str(tmp_path), me, barrier, results)) for me in range(WRITERS)]
+    for p in procs:
+        p.start()
+    got = [results.get(timeout=600) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    finished = {t: ["first"] for t in range(TRIALS)}
+    refusals = 0
+    for me, won, refused in got:
+        refusals += refused
+        for t in won:
+            finished[t].append(f"w{me}")
+    for t in range(TRIALS):
+        assert keys(tmp_path / f"trial-{t}") == sorted(finished[t]), f"trial {t}"
+        assert hspack.verify(tmp_path / f"trial-{t}")["ok"]
+    print(f"{TRIALS} trials x {WRITERS} writers: {sum(len(v) - 1 for v in finished.values())} finished, {refusals} refused, 0 lost")
+
+
+def test_a_second_writer_in_one_process_is_refused(tmp_path):
+    path = tmp_path / "ds"
+    one_sample_dataset(path)
+    first = hspack.Writer(path, schema())
+    first.append("a", **sample(1))
+    with pytest.raises(hspack.HspackError) as e:
+        hspack.Writer(path, schema())
+    assert e.value.kind == "Locked"
+    assert "this process" in str(e.value)
+    first.finish()
+    with hspack.Writer(path, schema()) as second:
+        second.append("b", **sample(2))
+    assert keys(path) == ["a", "b", "first"]
+    assert hspack.verify(path)["ok"]
+
+
+def _in_child(work) -> int:
+    """Runs `work` in a forked child; returns its exit code, failing if it hangs."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            work()
+            code = 0
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    pytest.fail("the forked child hung")
+
+
+def _write_read_verify(path) -> None:
+    with hspack.Writer(path, schema()) as w:
+        for i in range(6):
+            w.append(f"k{i}", **sample(i))
+    ds = hspack.open(path)
+    assert torch.equal(ds[5]["hidden.2"], sample(5)["hidden.2"])
+    assert hspack.verify(path)["ok"]
+
+
+@pytest.mark.parametrize("before", ["write", "read", "verify"])
+def test_a_forked_child_writes_reads_and_verifies_after_the_parent_did(tmp_path, before):
+    path = tmp_path / "parent"
+    with hspack.Writer(path, schema()) as w:
+        for i in range(4):
+            w.append(f"k{i}", **sample(i))
+    if before == "read":
+        ds = hspack.open(path)
+        _ = [ds[i]["hidden.2"].sum() for i in range(len(ds))]
+    elif before == "verify":
+        assert hspack.verify(path)["ok"]
+    assert _in_child(lambda: _write_read_verify(tmp_path / "child")) == 0
+    assert keys(tmp_path / "child") == [f"k{i}" for i in range(6)]
+    # And the parent still works after its child.
+    _write_read_verify(tmp_path / "again")
+
+
+def test_a_forked_child_cannot_use_or_break_its_parents_writer(tmp_path):
+    path = tmp_path / "ds"
+    w = hspack.Writer(path, schema())
+    w.append("before", **sample(1))
+
+    def child():
+        with pytest.raises(hspack.HspackError) as e:
+            w.append("child", **sample(2))
+        assert e.value.kind == "ForkedWriter"
+        with pytest.raises(hspack.HspackError) as e:
+            hspack.Writer(path, schema())
+        assert e.value.kind == "Locked"
+        del e
+        # Dropping the child's copy must neither release the lock nor delete the open shard.
+        w._native = None
+
+    assert _in_child(child) == 0
+    w.append("after", **sample(3))
+    w.finish()
+    assert keys(path) == ["after", "before"]
+    assert hspack.verify(path)["ok"]
