@@ -215,3 +215,43 @@ fn export_refuses_a_field_name_that_leaves_the_output_folder() {
         assert!(!t.path().join("a").exists());
     }
 }
+
+#[test]
+fn info_refuses_shard_sizes_that_add_up_past_2_64() {
+    let t = tempfile::tempdir().unwrap();
+    let golden = Path::new(env!("CARGO_MANIFEST_DIR")).join("format-spec/golden/v1/none");
+    let ds = t.path().join("ds");
+    std::fs::create_dir(&ds).unwrap();
+    for e in std::fs::read_dir(&golden).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), ds.join(e.file_name())).unwrap();
+    }
+    let o = hspack(&["info", "ds", "--json"], t.path());
+    assert!(o.status.success(), "{}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let bytes = v["bytes"].as_u64().unwrap();
+    assert!(bytes > 0);
+    let mut m: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(ds.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(m["shards"].as_array().unwrap().len(), 2);
+    for field in ["bytes", "raw_bytes"] {
+        let mut bad = m.clone();
+        bad["shards"][0][field] = u64::MAX.into();
+        std::fs::write(ds.join("manifest.json"), serde_json::to_vec(&bad).unwrap()).unwrap();
+        for args in [&["info", "ds"][..], &["info", "ds", "--json"]] {
+            let o = hspack(args, t.path());
+            assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+            let e = text(&o);
+            assert!(e.contains(&format!("shard {field} is {}", u64::MAX)), "{e}");
+            assert!(e.contains("below 2^64"), "{e}");
+            assert!(!e.contains("MiB"), "{e}");
+        }
+    }
+    // A size that fits is still printed.
+    m["shards"][0]["bytes"] = (u64::MAX - bytes).into();
+    std::fs::write(ds.join("manifest.json"), serde_json::to_vec(&m).unwrap()).unwrap();
+    let o = hspack(&["info", "ds", "--json"], t.path());
+    assert!(o.status.success(), "{}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(v["bytes"].as_u64().unwrap() > u64::MAX - bytes);
+}
