@@ -3,6 +3,7 @@
 
 use std::path::Path;
 
+use hspack::format::schema::FIELD_NAME_RULE;
 use hspack::format::{ChunkHeader, Footer, FormatError, Index, Manifest, ShardHeader};
 
 fn expected(name: &str) -> Option<fn(&FormatError) -> bool> {
@@ -14,6 +15,10 @@ fn expected(name: &str) -> Option<fn(&FormatError) -> bool> {
         "manifest_path_escape.json" => {
             |e| matches!(e, FormatError::Json { detail, .. } if detail.contains("plain file name"))
         }
+        "manifest_field_name_escape.json" => |e| {
+            matches!(e, FormatError::Json { structure: "schema", detail, .. }
+                if detail.contains("\"../../PWN\"") && detail.contains(FIELD_NAME_RULE))
+        },
         "manifest_wrong_total.json" => |e| {
             matches!(
                 e,
@@ -70,5 +75,5 @@ fn every_bad_file_is_refused_with_its_error() {
         }
         seen += 1;
     }
-    assert_eq!(seen, 14);
+    assert_eq!(seen, 15);
 }

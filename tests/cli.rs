@@ -165,3 +165,93 @@ fn verify_and_digest_exit_codes_name_the_damage() {
     assert_eq!(o.status.code(), Some(2));
     assert!(text(&o).contains("not an hspack dataset"), "{}", text(&o));
 }
+
+/// Every file under `dir`, relative to it.
+fn files_under(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                todo.push(p);
+            } else {
+                out.push(p.strip_prefix(dir).unwrap().to_path_buf());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn export_refuses_a_field_name_that_leaves_the_output_folder() {
+    use hspack::format::manifest::{hex, MANIFEST_FILE};
+    use hspack::format::schema::FIELD_NAME_RULE;
+    use hspack::format::Manifest;
+
+    let t = tempfile::tempdir().unwrap();
+    assert!(demo(t.path()).status.success());
+    let path = t.path().join("ds").join(MANIFEST_FILE);
+    let original = std::fs::read(&path).unwrap();
+    let absolute = t.path().join("abs/PWN").to_string_lossy().into_owned();
+    for hostile in ["../../PWN", absolute.as_str()] {
+        // The writer refuses such a name, so edit a real manifest: everything else stays
+        // consistent (schema hash included), only the naming rule stands in the way.
+        let mut m: Manifest = serde_json::from_slice(&original).unwrap();
+        m.schema.fields[0].name = hostile.to_string();
+        m.schema_blake3 = hex(&m.schema.hash());
+        std::fs::write(&path, m.encode()).unwrap();
+        let before = files_under(t.path());
+        let o = hspack(
+            &["export", "ds", "#0", "--to", "npy", "--out", "a/b/out"],
+            t.path(),
+        );
+        assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+        let e = text(&o);
+        assert!(e.contains(&format!("{hostile:?}")), "{e}");
+        assert!(e.contains(FIELD_NAME_RULE), "{e}");
+        assert_eq!(files_under(t.path()), before, "export wrote files");
+        assert!(!t.path().join("a").exists());
+    }
+}
+
+#[test]
+fn info_refuses_shard_sizes_that_add_up_past_2_64() {
+    let t = tempfile::tempdir().unwrap();
+    let golden = Path::new(env!("CARGO_MANIFEST_DIR")).join("format-spec/golden/v1/none");
+    let ds = t.path().join("ds");
+    std::fs::create_dir(&ds).unwrap();
+    for e in std::fs::read_dir(&golden).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), ds.join(e.file_name())).unwrap();
+    }
+    let o = hspack(&["info", "ds", "--json"], t.path());
+    assert!(o.status.success(), "{}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let bytes = v["bytes"].as_u64().unwrap();
+    assert!(bytes > 0);
+    let mut m: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(ds.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(m["shards"].as_array().unwrap().len(), 2);
+    for field in ["bytes", "raw_bytes"] {
+        let mut bad = m.clone();
+        bad["shards"][0][field] = u64::MAX.into();
+        std::fs::write(ds.join("manifest.json"), serde_json::to_vec(&bad).unwrap()).unwrap();
+        for args in [&["info", "ds"][..], &["info", "ds", "--json"]] {
+            let o = hspack(args, t.path());
+            assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+            let e = text(&o);
+            assert!(e.contains(&format!("shard {field} is {}", u64::MAX)), "{e}");
+            assert!(e.contains("below 2^64"), "{e}");
+            assert!(!e.contains("MiB"), "{e}");
+        }
+    }
+    // A size that fits is still printed.
+    m["shards"][0]["bytes"] = (u64::MAX - bytes).into();
+    std::fs::write(ds.join("manifest.json"), serde_json::to_vec(&m).unwrap()).unwrap();
+    let o = hspack(&["info", "ds", "--json"], t.path());
+    assert!(o.status.success(), "{}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(v["bytes"].as_u64().unwrap() > u64::MAX - bytes);
+}

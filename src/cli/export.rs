@@ -2,10 +2,11 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Component, Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context;
+use hspack::format::schema::check_field_name;
 use hspack::{DType, Dataset, Tensor};
 use safetensors::{Dtype, View};
 
@@ -83,7 +84,22 @@ fn npy_descr(d: DType) -> Option<&'static str> {
     })
 }
 
-fn write_npy(path: &std::path::Path, t: &Tensor) -> anyhow::Result<()> {
+/// `dir/{name}{ext}`: joins one plain path component and refuses anything else, so a field
+/// name never leads outside `dir`, even one that got past the naming rule of manifests.
+fn file_in(dir: &Path, name: &str, ext: &str) -> anyhow::Result<PathBuf> {
+    check_field_name(name).with_context(|| format!("cannot export field {name:?} as a file"))?;
+    let file = format!("{name}{ext}");
+    let mut parts = Path::new(&file).components();
+    match (parts.next(), parts.next()) {
+        (Some(Component::Normal(one)), None) if one == file.as_str() => Ok(dir.join(one)),
+        _ => anyhow::bail!(
+            "cannot export field {name:?}: {file:?} is not a plain file name, so it could land outside {}; rename the field",
+            dir.display()
+        ),
+    }
+}
+
+fn write_npy(path: &Path, t: &Tensor) -> anyhow::Result<()> {
     let descr = npy_descr(t.dtype).context("no numpy dtype")?;
     let shape: Vec<String> = t.shape.iter().map(|d| d.to_string()).collect();
     let shape = if shape.len() == 1 {
@@ -140,10 +156,14 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             .with_context(|| format!("cannot write {}", a.out.display()))?;
         }
         To::Npy => {
+            let files = tensors
+                .iter()
+                .map(|(n, _)| file_in(&a.out, n, ".npy"))
+                .collect::<anyhow::Result<Vec<_>>>()?;
             std::fs::create_dir_all(&a.out)
                 .with_context(|| format!("cannot create {}", a.out.display()))?;
-            for (n, t) in &tensors {
-                write_npy(&a.out.join(format!("{n}.npy")), t)?;
+            for (path, (_, t)) in files.iter().zip(&tensors) {
+                write_npy(path, t)?;
             }
         }
     }
@@ -154,4 +174,31 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         a.out.display()
     );
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn files_stay_in_the_output_folder() {
+        let out = Path::new("out");
+        assert_eq!(
+            file_in(out, "hidden.2", ".npy").unwrap(),
+            Path::new("out/hidden.2.npy")
+        );
+        for name in [
+            "../../PWN",
+            "/tmp/x/PWN",
+            "a/b",
+            "a\\b",
+            ".",
+            "..",
+            "",
+            "x/",
+        ] {
+            let e = format!("{:#}", file_in(out, name, ".npy").unwrap_err());
+            assert!(e.contains(&format!("{name:?}")), "{name:?}: {e}");
+        }
+    }
 }

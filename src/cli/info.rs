@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use anyhow::Context;
 use hspack::Dataset;
 
 use super::human_bytes;
@@ -19,8 +20,14 @@ pub struct Args {
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let ds = Dataset::open(&a.dir)?;
     let m = ds.manifest();
-    let bytes: u64 = m.shards.iter().map(|s| s.bytes).sum();
-    let raw: u64 = m.shards.iter().map(|s| s.raw_bytes).sum();
+    let manifest = || {
+        a.dir
+            .join(hspack::format::manifest::MANIFEST_FILE)
+            .display()
+            .to_string()
+    };
+    let bytes = m.shard_bytes().with_context(manifest)?;
+    let raw = m.raw_bytes().with_context(manifest)?;
     let manifest_hash = blake3::hash(ds.manifest_bytes()).to_hex().to_string();
     if a.json {
         let v = serde_json::json!({

@@ -127,6 +127,18 @@ impl Manifest {
         out
     }
 
+    /// Bytes of all shard files: what the dataset takes on disk, the samples table aside.
+    /// Errors when the recorded sizes add up past 2^64, which [`Manifest::decode`] refuses.
+    pub fn shard_bytes(&self) -> Result<u64, FormatError> {
+        total("shard bytes", self.shards.iter().map(|s| s.bytes))
+    }
+
+    /// Decoded bytes of all samples. Errors when the recorded sizes add up past 2^64, which
+    /// [`Manifest::decode`] refuses.
+    pub fn raw_bytes(&self) -> Result<u64, FormatError> {
+        total("shard raw_bytes", self.shards.iter().map(|s| s.raw_bytes))
+    }
+
     /// Decodes and checks a manifest.
     pub fn decode(bytes: &[u8]) -> Result<Self, FormatError> {
         const S: &str = "manifest";
@@ -224,6 +236,8 @@ impl Manifest {
                 .checked_add(s.samples)
                 .ok_or_else(|| invalid("shard samples", s.samples, "a total below 2^64".into()))?;
         }
+        self.shard_bytes()?;
+        self.raw_bytes()?;
         if self.samples != next_ordinal {
             return Err(invalid(
                 "samples",
@@ -242,6 +256,23 @@ impl Manifest {
         }
         Ok(())
     }
+}
+
+/// The sum of `values`, or an error naming `what` and its largest value (the likely culprit)
+/// when the sum reaches 2^64.
+fn total(
+    what: &'static str,
+    values: impl Iterator<Item = u64> + Clone,
+) -> Result<u64, FormatError> {
+    values
+        .clone()
+        .try_fold(0u64, u64::checked_add)
+        .ok_or_else(|| FormatError::Invalid {
+            structure: "manifest",
+            what,
+            value: values.max().unwrap_or(0),
+            rule: "small enough that the total over all shards stays below 2^64".into(),
+        })
 }
 
 /// The name of shard `seq`'s file.
@@ -323,6 +354,39 @@ mod tests {
         m.schema.fields[0].dtype = DType::I64;
         assert!(Manifest::decode(&m.encode()).is_err());
         assert!(Manifest::decode(b"{").is_err());
+    }
+
+    #[test]
+    fn refuses_sizes_that_add_up_past_2_64() {
+        let mut m = manifest();
+        let mut second = m.shards[0].clone();
+        second.seq = 1;
+        second.first_ordinal = 3;
+        second.file = shard_file_name(1);
+        m.shards.push(second);
+        m.samples = 6;
+        assert_eq!(m.shard_bytes(), Ok(8192));
+        assert_eq!(m.raw_bytes(), Ok(24));
+        for (what, set) in [
+            (
+                "shard bytes",
+                (|s| s.bytes = u64::MAX) as fn(&mut ShardRecord),
+            ),
+            ("shard raw_bytes", |s| s.raw_bytes = u64::MAX),
+        ] {
+            let mut bad = m.clone();
+            set(&mut bad.shards[1]);
+            let e = Manifest::decode(&bad.encode()).unwrap_err();
+            assert!(
+                matches!(e, FormatError::Invalid { what: w, value: u64::MAX, .. } if w == what),
+                "{e}"
+            );
+            // One shard alone of that size does not overflow the sum.
+            bad.shards.truncate(1);
+            set(&mut bad.shards[0]);
+            bad.samples = 3;
+            assert!(Manifest::decode(&bad.encode()).is_ok());
+        }
     }
 
     #[test]

@@ -7,7 +7,10 @@ use super::{DType, FormatError};
 /// Most fields a schema may declare.
 pub const MAX_FIELDS: usize = 4096;
 /// Longest field name, in bytes.
-pub const MAX_FIELD_NAME: usize = 256;
+pub const MAX_FIELD_NAME: usize = 128;
+/// The naming rule of fields, as [`check_field_name`] applies it.
+pub const FIELD_NAME_RULE: &str =
+    "field names must be 1..=128 bytes of ASCII letters, digits, `_`, `.` and `-`, not starting with `.` or `-`";
 /// Most dimensions of a row.
 pub const MAX_ROW_DIMS: usize = 8;
 /// Largest row, in bytes (256 MiB).
@@ -94,6 +97,38 @@ impl Field {
     }
 }
 
+/// Checks the naming rule of fields ([`FIELD_NAME_RULE`]): 1..=128 bytes of ASCII letters,
+/// digits, `_`, `.` and `-`, not starting with `.` or `-`. Such a name is a plain file name
+/// on every platform (no folder part, not `.` or `..`, not an option), so exporters may use it
+/// as one. Both the writers ([`Schema::validate`]) and manifest decoding apply it.
+pub fn check_field_name(name: &str) -> Result<(), FormatError> {
+    let problem = if name.is_empty() {
+        "is empty".to_string()
+    } else if name.len() > MAX_FIELD_NAME {
+        format!("is {} bytes long", name.len())
+    } else if let Some((at, c)) = name.char_indices().find(|&(at, c)| {
+        let allowed = c.is_ascii_alphanumeric() || c == '_' || (at > 0 && (c == '.' || c == '-'));
+        !allowed
+    }) {
+        if at == 0 && (c == '.' || c == '-') {
+            format!("starts with {c:?}")
+        } else {
+            format!("holds {c:?} at byte {at}")
+        }
+    } else {
+        return Ok(());
+    };
+    // A long name is cut for the message: it may be any size in a hostile manifest.
+    let shown: String = name.chars().take(64).collect();
+    let cut = if shown.len() < name.len() { "..." } else { "" };
+    Err(FormatError::Json {
+        structure: "schema",
+        detail: format!(
+            "field name {shown:?}{cut} {problem}, but {FIELD_NAME_RULE}: rename the field (a manifest holding such a name was not written by hspack, or was edited)"
+        ),
+    })
+}
+
 /// How the hidden states were captured: enough to know what the numbers mean.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct CaptureInfo {
@@ -172,8 +207,8 @@ impl Schema {
         self.fields.iter().position(|f| f.role == Role::LossMask)
     }
 
-    /// Checks the rules of the format: 1..=4096 fields, unique non-empty names, rows of
-    /// 1 byte ..= 256 MiB, at most 8 row dimensions.
+    /// Checks the rules of the format: 1..=4096 fields, unique names that pass
+    /// [`check_field_name`], rows of 1 byte ..= 256 MiB, at most 8 row dimensions.
     pub fn validate(&self) -> Result<(), FormatError> {
         const S: &str = "schema";
         let invalid = |what, value: u64, rule: &str| FormatError::Invalid {
@@ -190,13 +225,7 @@ impl Schema {
             ));
         }
         for (i, f) in self.fields.iter().enumerate() {
-            if f.name.is_empty() || f.name.len() > MAX_FIELD_NAME {
-                return Err(invalid(
-                    "field name length",
-                    f.name.len() as u64,
-                    "in 1..=256",
-                ));
-            }
+            check_field_name(&f.name)?;
             if self.fields[..i].iter().any(|g| g.name == f.name) {
                 return Err(FormatError::Json {
                     structure: S,
@@ -280,6 +309,110 @@ mod tests {
         )])
         .validate()
         .is_err());
+    }
+
+    fn refusal(name: &str) -> String {
+        match check_field_name(name) {
+            Err(FormatError::Json { structure, detail }) => {
+                assert_eq!(structure, "schema");
+                assert!(detail.contains(FIELD_NAME_RULE), "{detail}");
+                detail
+            }
+            other => panic!("{name:?}: expected a refusal, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn field_names_in_use_pass_the_rule() {
+        let long = "a".repeat(MAX_FIELD_NAME);
+        for name in [
+            "input_ids",
+            "loss_mask",
+            "aux_hidden_state",
+            "hidden_states",
+            "hidden.61",
+            "hidden.final",
+            "aux.0",
+            "f8e4m3fn",
+            "x",
+            "0",
+            "_private",
+            "layer-2",
+            "HIDDEN.2",
+            long.as_str(),
+        ] {
+            assert!(check_field_name(name).is_ok(), "{name:?}");
+        }
+        assert!(FIELD_NAME_RULE.contains(&format!("1..={MAX_FIELD_NAME} bytes")));
+    }
+
+    #[test]
+    fn field_name_empty_is_refused() {
+        assert!(refusal("").contains("\"\" is empty"));
+    }
+
+    #[test]
+    fn field_name_too_long_is_refused_and_cut_in_the_message() {
+        let e = refusal(&"a".repeat(MAX_FIELD_NAME + 1));
+        assert!(e.contains("is 129 bytes long"), "{e}");
+        let e = refusal(&"b".repeat(1 << 20));
+        assert!(e.len() < 1000, "{e}");
+        assert!(e.contains(&format!("{:?}...", "b".repeat(64))), "{e}");
+    }
+
+    #[test]
+    fn field_name_with_a_folder_part_is_refused() {
+        let e = refusal("../../PWN");
+        assert!(
+            e.contains("field name \"../../PWN\" starts with '.'"),
+            "{e}"
+        );
+        let e = refusal("/tmp/x/PWN");
+        assert!(e.contains("holds '/' at byte 0"), "{e}");
+        let e = refusal("a/b");
+        assert!(e.contains("holds '/' at byte 1"), "{e}");
+        let e = refusal("a\\b");
+        assert!(e.contains("holds '\\\\' at byte 1"), "{e}");
+        let e = refusal("C:x");
+        assert!(e.contains("holds ':' at byte 1"), "{e}");
+    }
+
+    #[test]
+    fn field_name_starting_with_a_dot_or_dash_is_refused() {
+        for (name, c) in [
+            (".", "'.'"),
+            ("..", "'.'"),
+            (".hidden", "'.'"),
+            ("-rf", "'-'"),
+        ] {
+            let e = refusal(name);
+            assert!(e.contains(&format!("starts with {c}")), "{e}");
+        }
+    }
+
+    #[test]
+    fn field_name_with_other_characters_is_refused() {
+        for (name, what) in [
+            ("a b", "' ' at byte 1"),
+            ("a\0b", "'\\0' at byte 1"),
+            ("a\nb", "'\\n' at byte 1"),
+            ("h\u{e9}", "'\u{e9}' at byte 1"),
+            ("x*", "'*' at byte 1"),
+        ] {
+            let e = refusal(name);
+            assert!(e.contains(&format!("holds {what}")), "{name:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn validate_applies_the_naming_rule() {
+        let s = Schema::new(vec![
+            Field::new("input_ids", DType::I32, &[], Role::TokenIds),
+            Field::new("../x", DType::BF16, &[4], Role::Other),
+        ]);
+        let e = s.validate().unwrap_err().to_string();
+        assert!(e.contains("\"../x\""), "{e}");
+        assert!(e.contains(FIELD_NAME_RULE), "{e}");
     }
 
     #[test]

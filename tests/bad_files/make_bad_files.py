@@ -25,6 +25,10 @@ m = json.loads(json.dumps(manifest))
 m["shards"][0]["file"] = "../../etc/passwd"
 write("manifest_path_escape.json", json.dumps(m))
 m = json.loads(json.dumps(manifest))
+# Refused by the naming rule of fields, which is checked before `schema_blake3`.
+m["schema"]["fields"][0]["name"] = "../../PWN"
+write("manifest_field_name_escape.json", json.dumps(m))
+m = json.loads(json.dumps(manifest))
 m["samples"] += 1
 write("manifest_wrong_total.json", json.dumps(m))
 

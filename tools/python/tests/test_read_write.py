@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import json
 
 import numpy as np
 import pytest
@@ -165,6 +166,18 @@ def test_writer_rejects_wrong_dtype_and_shape(tmp_path):
             w.append("a", x=torch.zeros(2, 4, dtype=torch.bfloat16))
         assert e.value.kind == "DuplicateKey"
     assert len(hspack.open(tmp_path / "ds")) == 1
+
+
+@pytest.mark.parametrize("name", ["../x", "/tmp/x", "a/b", ".hidden", ""])
+def test_writer_refuses_a_field_name_that_is_not_a_plain_file_name(tmp_path, name):
+    schema = [hspack.token_ids(), hspack.field(name, "f32", [4])]
+    with pytest.raises(hspack.HspackError) as e:
+        hspack.Writer(tmp_path / "ds", schema, durable=False)
+    assert e.value.kind == "Format"
+    message = str(e.value)
+    assert f"field name {json.dumps(name)}" in message, message
+    assert "field names must be 1..=128 bytes of ASCII letters, digits" in message, message
+    assert not (tmp_path / "ds").exists()
 
 
 def test_writer_resumes(tmp_path):
