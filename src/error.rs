@@ -95,12 +95,6 @@ pub enum Error {
         /// Id in the shard.
         found: String,
     },
-    /// A shard file in the folder is not in the manifest.
-    #[error("{}: the shard is not in the manifest: the manifest is stale, or a writer was interrupted (reopen it to resume; the file is then replaced)", shard.display())]
-    UnlistedShard {
-        /// Shard file.
-        shard: PathBuf,
-    },
     /// A chunk's bytes do not hash to the value in the index.
     #[error("{site}: stored bytes hash to {found}, the index records {expected}: the data is damaged; copy this shard again from the source")]
     ChecksumMismatch {

@@ -2,8 +2,13 @@
 //! and rows.
 //!
 //! The quick check opens every shard against the manifest (size, footer, header, index hash,
-//! index structure) and checks the samples table. The full check also reads every byte: each
-//! chunk header against the index, each payload against its BLAKE3, every padding byte zero.
+//! index structure), checks every chunk header against its index entry (the headers only, no
+//! payload) and checks the samples table. The full check also reads every other byte: each
+//! payload against its BLAKE3, every padding byte zero.
+//!
+//! Files of the folder that no committed data uses are not damage: what an interrupted writer
+//! left (temp files, shards past the manifest's) and files hspack does not know are listed
+//! apart, as notes.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -12,9 +17,11 @@ use std::sync::Arc;
 use rayon::prelude::*;
 
 use crate::error::{io, Error, Result};
-use crate::format::manifest::hex;
+use crate::format::manifest::{hex, MANIFEST_FILE};
 use crate::format::{ChunkHeader, ShardHeader};
 use crate::read::{Dataset, Shard};
+use crate::write::atomic::TEMP_SUFFIX;
+use crate::write::dataset_writer::LOCK_FILE;
 use crate::write::samples_table::decode_keys;
 
 /// What to check.
@@ -31,7 +38,9 @@ pub struct Report {
     pub shards: u64,
     /// Samples in the manifest.
     pub samples: u64,
-    /// Chunks checked.
+    /// Chunk headers checked against the index (both checks).
+    pub chunk_headers: u64,
+    /// Chunk payloads hashed (the full check only).
     pub chunks: u64,
     /// Payload bytes hashed.
     pub bytes_hashed: u64,
@@ -39,6 +48,13 @@ pub struct Report {
     pub shard_bytes: u64,
     /// Every problem found; empty when the dataset is intact.
     pub problems: Vec<Error>,
+    /// Files an interrupted writer left (temp files, shard files past the manifest's): no
+    /// committed data is in them, and reopening the dataset for writing removes them. Not
+    /// damage.
+    pub leftovers: Vec<PathBuf>,
+    /// Other files in the folder that the dataset does not use; hspack ignores them. Not
+    /// damage.
+    pub unknown_files: Vec<PathBuf>,
     /// The dataset digest (BLAKE3 of the manifest), which covers every byte through the hash
     /// tree; only meaningful when `problems` is empty.
     pub digest: String,
@@ -49,11 +65,69 @@ impl Report {
     pub fn is_ok(&self) -> bool {
         self.problems.is_empty()
     }
+
+    /// What is worth knowing but is not damage, one line each: the files an interrupted
+    /// writer left, and the files hspack does not know.
+    pub fn notes(&self) -> Vec<String> {
+        let them = |files: &[PathBuf]| if files.len() == 1 { "it" } else { "them" };
+        let mut notes = Vec::new();
+        if !self.leftovers.is_empty() {
+            notes.push(format!(
+                "{} not in the manifest ({}): left by an interrupted writer; reopening the \
+                 dataset for writing removes {2} (no committed data is in {2})",
+                count(self.leftovers.len() as u64, "file"),
+                file_names(&self.leftovers),
+                them(&self.leftovers),
+            ));
+        }
+        if !self.unknown_files.is_empty() {
+            notes.push(format!(
+                "{} not part of the dataset ({}): hspack does not use {2}; verify skipped {2}",
+                count(self.unknown_files.len() as u64, "file"),
+                file_names(&self.unknown_files),
+                them(&self.unknown_files),
+            ));
+        }
+        notes
+    }
+}
+
+/// `n` and `noun`, in the plural unless `n` is 1: "1 shard", "2 shards".
+pub fn count(n: u64, noun: &str) -> String {
+    match n {
+        1 => format!("1 {noun}"),
+        _ => format!("{n} {noun}s"),
+    }
+}
+
+fn file_names(paths: &[PathBuf]) -> String {
+    paths
+        .iter()
+        .map(|p| {
+            p.file_name().map_or_else(
+                || p.display().to_string(),
+                |f| f.to_string_lossy().into_owned(),
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// True for a file that a writer interrupted before committing leaves in a dataset folder
+/// whose manifest lists `committed_shards` shards: a temp file, or a shard file numbered past
+/// the committed ones. A writer that opens the dataset removes exactly these.
+pub fn is_leftover(name: &str, committed_shards: u64) -> bool {
+    let past = name
+        .strip_prefix("shard-")
+        .and_then(|n| n.strip_suffix(".hsp"))
+        .and_then(|n| n.parse::<u32>().ok())
+        .is_some_and(|seq| u64::from(seq) >= committed_shards);
+    name.ends_with(TEMP_SUFFIX) || past
 }
 
 /// Verifies the dataset in `dir`. `progress` is called with payload bytes as they are hashed.
-/// Returns `Err` only when the manifest itself cannot be read; everything else is a problem in
-/// the report.
+/// Returns `Err` only when the manifest itself or the folder's listing cannot be read;
+/// everything else is a problem (or a note) in the report.
 pub fn verify(
     dir: impl Into<PathBuf>,
     options: VerifyOptions,
@@ -62,6 +136,7 @@ pub fn verify(
     let dir = dir.into();
     let ds = Dataset::open(&dir)?;
     let manifest = ds.manifest();
+    let schema = ds.schema();
     let mut problems = Vec::new();
     let mut shards: Vec<Arc<Shard>> = Vec::new();
     for seq in 0..manifest.shards.len() {
@@ -70,22 +145,25 @@ pub fn verify(
             Err(e) => problems.push(e),
         }
     }
-    problems.extend(unlisted_shards(&ds)?);
+    let (leftovers, unknown_files) = files_not_in_use(&ds)?;
     problems.extend(check_samples_table(&ds));
     let mut report = Report {
         shards: manifest.shards.len() as u64,
         samples: manifest.samples,
+        chunk_headers: 0,
         chunks: 0,
         bytes_hashed: 0,
         shard_bytes: manifest.shards.iter().map(|s| s.bytes).sum(),
         problems: Vec::new(),
+        leftovers,
+        unknown_files,
         digest: hex(blake3::hash(ds.manifest_bytes()).as_bytes()),
     };
+    for shard in &shards {
+        problems.extend(check_layout(shard, schema, !options.quick));
+        report.chunk_headers += shard.footer().chunk_count;
+    }
     if !options.quick {
-        let schema = ds.schema();
-        for shard in &shards {
-            problems.extend(check_layout(shard, schema));
-        }
         let jobs: Vec<(usize, u64)> = shards
             .iter()
             .enumerate()
@@ -113,13 +191,17 @@ pub fn verify(
     Ok(report)
 }
 
-/// Chunk headers against the index, and zero padding between header, chunks and index.
-fn check_layout(shard: &Shard, schema: &crate::format::Schema) -> Vec<Error> {
+/// Every chunk header against its index entry (the header bytes only), and with `padding`
+/// the padding between header, chunks and index, which must be zero.
+fn check_layout(shard: &Shard, schema: &crate::format::Schema, padding: bool) -> Vec<Error> {
     let mut problems = Vec::new();
     let index = shard.index();
     let map = shard.map();
     let mut pos = ShardHeader::SIZE as u64;
     let check_gap = |from: u64, to: u64, problems: &mut Vec<Error>| {
+        if !padding {
+            return;
+        }
         if let Some(i) = map[from as usize..to as usize].iter().position(|&b| b != 0) {
             problems.push(Error::DirtyPadding {
                 shard: shard.path().to_path_buf(),
@@ -139,26 +221,40 @@ fn check_layout(shard: &Shard, schema: &crate::format::Schema) -> Vec<Error> {
     problems
 }
 
-fn unlisted_shards(ds: &Dataset) -> Result<Vec<Error>> {
-    let listed: std::collections::HashSet<&str> = ds
-        .manifest()
+/// The files of the folder that no committed data uses: those an interrupted writer left,
+/// and the others, each sorted by name.
+fn files_not_in_use(ds: &Dataset) -> Result<(Vec<PathBuf>, Vec<PathBuf>)> {
+    let manifest = ds.manifest();
+    let mut used: std::collections::HashSet<&str> = manifest
         .shards
         .iter()
         .map(|s| s.file.as_str())
+        .chain([
+            MANIFEST_FILE,
+            LOCK_FILE,
+            crate::convert::keys::KEYS_FILE,
+            crate::convert::job::REPORT_FILE,
+        ])
         .collect();
-    let mut out = Vec::new();
+    if let Some(t) = &manifest.samples_table {
+        used.insert(t.file.as_str());
+    }
+    let (mut leftovers, mut unknown) = (Vec::new(), Vec::new());
     let dir = ds.dir();
     for entry in std::fs::read_dir(dir).map_err(io(dir, "list"))? {
         let entry = entry.map_err(io(dir, "list"))?;
         let name = entry.file_name().to_string_lossy().into_owned();
-        if name.starts_with("shard-") && name.ends_with(".hsp") && !listed.contains(name.as_str()) {
-            out.push(Error::UnlistedShard {
-                shard: entry.path(),
-            });
+        if used.contains(name.as_str()) {
+            continue;
+        }
+        match is_leftover(&name, manifest.shards.len() as u64) {
+            true => leftovers.push(entry.path()),
+            false => unknown.push(entry.path()),
         }
     }
-    out.sort_by_key(|a| a.to_string());
-    Ok(out)
+    leftovers.sort();
+    unknown.sort();
+    Ok((leftovers, unknown))
 }
 
 fn check_samples_table(ds: &Dataset) -> Option<Error> {

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use hspack::verify::{verify, VerifyOptions};
+use hspack::verify::{count, verify, VerifyOptions};
 
 use super::EXIT_DAMAGED;
 
@@ -18,6 +18,9 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let mut code = ExitCode::SUCCESS;
     for dir in a.dirs {
         let report = verify(&dir, VerifyOptions::default(), &|_| {})?;
+        for n in report.notes() {
+            eprintln!("NOTE {}: {n}", dir.display());
+        }
         if report.is_ok() {
             println!("{}  {}", report.digest, dir.display());
         } else {
@@ -25,8 +28,9 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                 eprintln!("DAMAGED {p}");
             }
             eprintln!(
-                "{}: damaged, no digest (run `hspack verify` for the full list)",
-                dir.display()
+                "{}: damaged, {}, no digest",
+                dir.display(),
+                count(report.problems.len() as u64, "problem")
             );
             code = ExitCode::from(EXIT_DAMAGED);
         }

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use hspack::Dataset;
+use hspack::{Dataset, Sample};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -26,32 +26,51 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             "ordinal", "tokens", "loss", "bytes", "shard"
         );
     }
-    for i in 0..n {
-        let s = ds.sample(i)?;
-        let shard = s
-            .shard()
-            .path()
-            .file_name()
-            .map(|f| f.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        if a.json {
-            let v = serde_json::json!({
-                "ordinal": s.ordinal(), "key": s.key(), "tokens": s.rows(),
-                "loss_tokens": s.loss_rows(), "bytes": s.raw_bytes(), "shard": shard,
-            });
-            println!("{v}");
-        } else {
-            let loss = s.loss_rows().map_or("-".to_string(), |l| l.to_string());
-            println!(
-                "{:>8}  {:>7}  {:>7}  {:>12}  {:<18}  {}",
-                s.ordinal(),
-                s.rows(),
-                loss,
-                s.raw_bytes(),
-                shard,
-                s.key()
+    let mut code = ExitCode::SUCCESS;
+    // Shard by shard, so that a damaged shard does not hide the samples of the others.
+    for (seq, record) in ds.manifest().shards.iter().enumerate() {
+        let ordinals = record.first_ordinal..(record.first_ordinal + record.samples).min(n);
+        if ordinals.is_empty() {
+            continue;
+        }
+        if let Err(e) = ds.shard(seq) {
+            eprintln!(
+                "hspack: {e}\nhspack: samples {}..{} are not listed; run `hspack verify` to check the whole dataset",
+                ordinals.start, ordinals.end
             );
+            code = ExitCode::from(super::EXIT_DAMAGED);
+            continue;
+        }
+        for i in ordinals {
+            print_sample(&ds.sample(i)?, a.json);
         }
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(code)
+}
+
+fn print_sample(s: &Sample<'_>, json: bool) {
+    let shard = s
+        .shard()
+        .path()
+        .file_name()
+        .map(|f| f.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    if json {
+        let v = serde_json::json!({
+            "ordinal": s.ordinal(), "key": s.key(), "tokens": s.rows(),
+            "loss_tokens": s.loss_rows(), "bytes": s.raw_bytes(), "shard": shard,
+        });
+        println!("{v}");
+    } else {
+        let loss = s.loss_rows().map_or("-".to_string(), |l| l.to_string());
+        println!(
+            "{:>8}  {:>7}  {:>7}  {:>12}  {:<18}  {}",
+            s.ordinal(),
+            s.rows(),
+            loss,
+            s.raw_bytes(),
+            shard,
+            s.key()
+        );
+    }
 }

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use hspack::verify::{verify, VerifyOptions};
+use hspack::verify::{count, verify, VerifyOptions};
 
 use super::progress::bytes_bar;
 use super::{gbps, EXIT_DAMAGED};
@@ -13,7 +13,7 @@ use super::{gbps, EXIT_DAMAGED};
 pub struct Args {
     /// Dataset folder.
     dir: PathBuf,
-    /// Check footers, headers and indexes only, not the payload bytes.
+    /// Check footers, indexes, and shard and chunk headers only, not the payload bytes.
     #[arg(long)]
     quick: bool,
     /// Print JSON.
@@ -34,10 +34,18 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     bar.finish_and_clear();
     let secs = start.elapsed().as_secs_f64();
     if a.json {
+        let paths = |v: &[std::path::PathBuf]| {
+            v.iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+        };
         let v = serde_json::json!({
             "ok": report.is_ok(), "quick": a.quick, "shards": report.shards, "samples": report.samples,
-            "chunks": report.chunks, "bytes_hashed": report.bytes_hashed, "seconds": secs,
+            "chunk_headers": report.chunk_headers, "chunks": report.chunks,
+            "bytes_hashed": report.bytes_hashed, "seconds": secs,
             "problems": report.problems.iter().map(|p| p.to_string()).collect::<Vec<_>>(),
+            "leftovers": paths(&report.leftovers), "unknown_files": paths(&report.unknown_files),
+            "notes": report.notes(),
             "digest": report.is_ok().then_some(&report.digest),
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
@@ -45,17 +53,32 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         for p in &report.problems {
             println!("DAMAGED {p}");
         }
-        let what = if a.quick { "quick check" } else { "full check" };
-        println!(
-            "{}: {what} of {} shards, {} samples, {} chunks, {:.2} GB hashed in {secs:.2} s ({:.2} GB/s): {}",
-            a.dir.display(),
-            report.shards,
-            report.samples,
-            report.chunks,
-            report.bytes_hashed as f64 / 1e9,
-            gbps(report.bytes_hashed, secs),
-            if report.is_ok() { "OK".to_string() } else { format!("{} problems", report.problems.len()) }
+        for n in report.notes() {
+            println!("NOTE {}: {n}", a.dir.display());
+        }
+        let counts = format!(
+            "{}, {}",
+            count(report.shards, "shard"),
+            count(report.samples, "sample")
         );
+        let did = if a.quick {
+            format!(
+                "quick check of {counts}, {}",
+                count(report.chunk_headers, "chunk header")
+            )
+        } else {
+            format!(
+                "full check of {counts}, {}, {:.2} GB hashed in {secs:.2} s ({:.2} GB/s)",
+                count(report.chunks, "chunk"),
+                report.bytes_hashed as f64 / 1e9,
+                gbps(report.bytes_hashed, secs),
+            )
+        };
+        let verdict = match report.problems.len() {
+            0 => "OK".to_string(),
+            n => count(n as u64, "problem"),
+        };
+        println!("{}: {did}: {verdict}", a.dir.display());
     }
     Ok(if report.is_ok() {
         ExitCode::SUCCESS

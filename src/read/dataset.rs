@@ -148,14 +148,49 @@ impl Dataset {
         })
     }
 
-    /// The sample with `key`, or `None`.
+    /// The sample with `key`, or `None`. A shard that cannot be opened does not hide the keys
+    /// of the others: the key is looked up in every shard that opens, and only when it is in
+    /// none of them is the first shard's error returned (the key may be in that shard).
     pub fn find(&self, key: &str) -> Result<Option<Sample<'_>>> {
+        let mut failed = None;
         for seq in 0..self.shards.len() {
-            if let Some(local) = self.shard(seq)?.index().find_key(key) {
-                return self.sample_in(seq, local).map(Some);
+            match self.shard(seq) {
+                Ok(shard) => {
+                    if let Some(local) = shard.index().find_key(key) {
+                        return self.sample_in(seq, local).map(Some);
+                    }
+                }
+                Err(e) => {
+                    failed.get_or_insert(e);
+                }
             }
         }
-        Ok(None)
+        failed.map_or(Ok(None), Err)
+    }
+
+    /// The keys of shard `seq` (below the shard count) in ordinal order, or the error that
+    /// shard fails to open with.
+    fn shard_keys(&self, seq: usize) -> Result<Vec<&str>> {
+        let index = self.shard(seq)?.index();
+        Ok((0..index.sample_count())
+            .map(|i| index.sample(i).and_then(|s| index.key_of(&s)).unwrap_or(""))
+            .collect())
+    }
+
+    /// Every key in ordinal order, shard by shard: one item per shard, holding that shard's
+    /// keys or the error it fails to open with, so that one damaged shard does not hide the
+    /// keys of the others.
+    pub fn keys_by_shard(&self) -> impl Iterator<Item = ShardKeys<'_>> + '_ {
+        self.manifest
+            .shards
+            .iter()
+            .enumerate()
+            .map(|(seq, record)| ShardKeys {
+                seq,
+                file: self.dir.join(&record.file),
+                ordinals: record.first_ordinal..record.first_ordinal + record.samples,
+                keys: self.shard_keys(seq),
+            })
     }
 
     /// The sample with `key`; an error names the key when there is none.
@@ -180,6 +215,19 @@ impl Dataset {
                     .join(", "),
             })
     }
+}
+
+/// The keys of one shard, from [`Dataset::keys_by_shard`].
+#[derive(Debug)]
+pub struct ShardKeys<'d> {
+    /// Shard number.
+    pub seq: usize,
+    /// Shard file.
+    pub file: PathBuf,
+    /// Ordinals of the shard's samples, from the manifest.
+    pub ordinals: Range<u64>,
+    /// The keys in ordinal order, or the error the shard fails to open with.
+    pub keys: Result<Vec<&'d str>>,
 }
 
 /// One sample of an open dataset.

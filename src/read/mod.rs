@@ -6,6 +6,6 @@ pub mod mmap;
 pub mod shard;
 pub mod tensor;
 
-pub use dataset::{Dataset, ReadOptions, Sample};
+pub use dataset::{Dataset, ReadOptions, Sample, ShardKeys};
 pub use shard::{CheckPolicy, Shard};
 pub use tensor::{AlignedBytes, Buffer, Tensor};

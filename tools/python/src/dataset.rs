@@ -148,16 +148,12 @@ impl Dataset {
             .py_err()
     }
 
-    /// Keys in ordinal order.
+    /// Keys in ordinal order; raises naming the first shard that cannot be opened.
     fn keys(&self, py: Python<'_>) -> PyResult<Vec<String>> {
         py.allow_threads(|| {
             let mut keys = Vec::with_capacity(self.inner.len() as usize);
-            for seq in 0..self.inner.manifest().shards.len() {
-                let index = self.inner.shard(seq)?.index();
-                for i in 0..index.sample_count() {
-                    let key = index.sample(i).and_then(|s| index.key_of(&s));
-                    keys.push(key.unwrap_or("").to_string());
-                }
+            for part in self.inner.keys_by_shard() {
+                keys.extend(part.keys?.into_iter().map(str::to_string));
             }
             Ok(keys)
         })

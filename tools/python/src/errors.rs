@@ -115,13 +115,6 @@ impl Context {
                     ..c
                 },
             ),
-            Error::UnlistedShard { shard } => (
-                "UnlistedShard",
-                Context {
-                    shard: text(shard),
-                    ..c
-                },
-            ),
             Error::ChecksumMismatch {
                 site,
                 expected,

@@ -6,9 +6,11 @@ use pyo3::types::PyDict;
 
 use crate::errors::{to_py, IntoPy};
 
-/// Verifies the dataset in `path`. Returns a dict: `ok`, `shards`, `samples`, `chunks`,
-/// `bytes_hashed`, `shard_bytes`, `digest`, and `problems`, a list of `HspackError` objects
-/// (not raised) naming each problem. Raises only when the manifest cannot be read.
+/// Verifies the dataset in `path`. Returns a dict: `ok`, `shards`, `samples`,
+/// `chunk_headers`, `chunks`, `bytes_hashed`, `shard_bytes`, `digest`, `problems`, a list of
+/// `HspackError` objects (not raised) naming each problem, `leftovers` and `unknown_files`
+/// (paths that are not damage) and `notes` (text about them). Raises only when the manifest
+/// cannot be read.
 #[pyfunction]
 #[pyo3(signature = (path, quick = false))]
 pub fn verify<'py>(
@@ -21,12 +23,16 @@ pub fn verify<'py>(
         .py_err()?;
     let d = PyDict::new(py);
     d.set_item("ok", report.is_ok())?;
+    d.set_item("notes", report.notes())?;
     d.set_item("shards", report.shards)?;
     d.set_item("samples", report.samples)?;
+    d.set_item("chunk_headers", report.chunk_headers)?;
     d.set_item("chunks", report.chunks)?;
     d.set_item("bytes_hashed", report.bytes_hashed)?;
     d.set_item("shard_bytes", report.shard_bytes)?;
     d.set_item("digest", report.digest)?;
+    d.set_item("leftovers", report.leftovers)?;
+    d.set_item("unknown_files", report.unknown_files)?;
     let problems: Vec<PyObject> = report
         .problems
         .into_iter()
