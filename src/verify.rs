@@ -17,10 +17,9 @@ use std::sync::Arc;
 use rayon::prelude::*;
 
 use crate::error::{io, Error, Result};
-use crate::format::manifest::{hex, MANIFEST_FILE};
+use crate::format::manifest::{hex, is_leftover, MANIFEST_FILE};
 use crate::format::{ChunkHeader, ShardHeader};
 use crate::read::{Dataset, Shard};
-use crate::write::atomic::TEMP_SUFFIX;
 use crate::write::dataset_writer::LOCK_FILE;
 use crate::write::samples_table::decode_keys;
 
@@ -111,18 +110,6 @@ fn file_names(paths: &[PathBuf]) -> String {
         })
         .collect::<Vec<_>>()
         .join(", ")
-}
-
-/// True for a file that a writer interrupted before committing leaves in a dataset folder
-/// whose manifest lists `committed_shards` shards: a temp file, or a shard file numbered past
-/// the committed ones. A writer that opens the dataset removes exactly these.
-pub fn is_leftover(name: &str, committed_shards: u64) -> bool {
-    let past = name
-        .strip_prefix("shard-")
-        .and_then(|n| n.strip_suffix(".hsp"))
-        .and_then(|n| n.parse::<u32>().ok())
-        .is_some_and(|seq| u64::from(seq) >= committed_shards);
-    name.ends_with(TEMP_SUFFIX) || past
 }
 
 /// Verifies the dataset in `dir`. `progress` is called with payload bytes as they are hashed.

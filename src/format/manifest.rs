@@ -280,6 +280,22 @@ pub fn shard_file_name(seq: u32) -> String {
     format!("shard-{seq:06}.hsp")
 }
 
+/// Suffix of files being written: a writer publishes them under their final name, or a
+/// writer that next opens the dataset deletes them.
+pub const TEMP_SUFFIX: &str = ".tmp";
+
+/// True for a file that a writer interrupted before committing leaves in a dataset folder
+/// whose manifest lists `committed_shards` shards: a temp file, or a shard file numbered past
+/// the committed ones. A writer that opens the dataset removes exactly these; verify notes them.
+pub fn is_leftover(name: &str, committed_shards: u64) -> bool {
+    let past = name
+        .strip_prefix("shard-")
+        .and_then(|n| n.strip_suffix(".hsp"))
+        .and_then(|n| n.parse::<u32>().ok())
+        .is_some_and(|seq| u64::from(seq) >= committed_shards);
+    name.ends_with(TEMP_SUFFIX) || past
+}
+
 /// True for a name with no folder part and no special meaning.
 pub fn is_plain_file_name(name: &str) -> bool {
     !name.is_empty()

@@ -7,8 +7,7 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{io, Error, Result};
 
-/// Suffix of files being written; a writer that opens a dataset deletes leftovers.
-pub const TEMP_SUFFIX: &str = ".tmp";
+pub use crate::format::manifest::TEMP_SUFFIX;
 
 /// The temp name used while writing `target`.
 pub fn temp_path(target: &Path) -> PathBuf {

@@ -5,12 +5,12 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{format, io, Error, Result};
 use crate::format::manifest::{
-    hex, shard_file_name, TableRecord, MANIFEST_FILE, SAMPLES_TABLE_FILE,
+    hex, is_leftover, shard_file_name, TableRecord, MANIFEST_FILE, SAMPLES_TABLE_FILE,
 };
 use crate::format::{Codec, Manifest, Schema, DEFAULT_ALIGN_LOG2, MAX_ALIGN_LOG2, MIN_ALIGN_LOG2};
 use crate::read::Dataset;
 
-use super::atomic::{publish_new, sync_dir, temp_path, write_atomic, TEMP_SUFFIX};
+use super::atomic::{publish_new, sync_dir, temp_path, write_atomic};
 use super::lane::{Lanes, ShardLane};
 use super::lock::WriterLock;
 use super::sample::{self, field_names};
@@ -524,12 +524,7 @@ fn remove_leftovers(dir: &Path, committed: u32) -> Result<()> {
     for entry in std::fs::read_dir(dir).map_err(io(dir, "list"))? {
         let entry = entry.map_err(io(dir, "list"))?;
         let name = entry.file_name().to_string_lossy().into_owned();
-        let orphan = name
-            .strip_prefix("shard-")
-            .and_then(|n| n.strip_suffix(".hsp"))
-            .and_then(|n| n.parse::<u32>().ok())
-            .is_some_and(|seq| seq >= committed);
-        if name.ends_with(TEMP_SUFFIX) || orphan {
+        if is_leftover(&name, committed.into()) {
             std::fs::remove_file(entry.path()).map_err(io(entry.path(), "remove leftover"))?;
             removed = true;
         }
