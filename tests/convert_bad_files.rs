@@ -48,7 +48,7 @@ fn table() -> Vec<(&'static str, Check)> {
         ),
         (
             "storage_entry_short.pt",
-            |e| matches!(e, E::TensorOutOfBounds { tensor, .. } if tensor == "t"),
+            |e| matches!(e, E::TruncatedStorage { key, len: 12, needed: 16, .. } if key == "0"),
         ),
         (
             "shape_overflow.pt",
@@ -258,4 +258,19 @@ fn an_unsupported_dtype_fails_only_the_tensor() {
         "{msg}"
     );
     assert!(msg.contains("re-save"), "{msg}");
+}
+
+#[test]
+fn a_truncated_storage_names_its_key_and_lengths() {
+    let msg = read_all(&dir().join("storage_entry_short.pt"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("storage_entry_short.pt")
+            && msg.contains("storage \"0\" is truncated")
+            && msg.contains("12 bytes")
+            && msg.contains("need 16")
+            && msg.contains("re-save"),
+        "{msg}"
+    );
 }

@@ -30,6 +30,23 @@ pub enum ConvertError {
         file: PathBuf,
     },
 
+    /// A storage holds fewer bytes than its declared elements need.
+    #[error(
+        "{}: storage {key:?} is truncated: it holds {len} bytes but its tensors need {needed}; \
+         the file was cut short or damaged: re-save it with torch.save, or copy it again",
+        file.display()
+    )]
+    TruncatedStorage {
+        /// The file being read.
+        file: PathBuf,
+        /// The storage's key (`<folder>/data/<key>` in a zip).
+        key: String,
+        /// Bytes stored for it.
+        len: u64,
+        /// Bytes its declared element count needs.
+        needed: u64,
+    },
+
     /// A zip archive that is not a `torch.save` archive.
     #[error("{}: zip archive has no `<folder>/data.pkl` entry ({reason}); this is not a torch.save file", file.display())]
     NotATorchFile {

@@ -9,7 +9,7 @@ use std::sync::Mutex;
 
 use super::limits::Limits;
 use super::mapped::{map_file, Backing};
-use super::pickle::{self, NdArray, TensorLike, TensorRef, Value};
+use super::pickle::{self, NdArray, StorageRef, TensorLike, TensorRef, Value};
 use super::strided::{contiguous_strides, fortran_strides, materialize, View};
 use super::torch_legacy::{self, LegacyFile};
 use super::torch_zip::{Archive, ByteOrder};
@@ -200,6 +200,7 @@ impl TorchFile {
                 file: path.to_path_buf(),
             });
         };
+        check_storage_lengths(path, &value, &storages)?;
         Ok(TorchFile {
             path: path.to_path_buf(),
             backing,
@@ -276,19 +277,8 @@ impl TorchFile {
         if let Some(crc) = *crc {
             self.check_storage_crc(&s.key, entry, crc)?;
         }
-        let nbytes = s.numel.checked_mul(s.kind.element_size);
-        let storage = nbytes
-            .and_then(|n| usize::try_from(n).ok())
-            .and_then(|n| entry.get(..n))
-            .ok_or_else(|| {
-                oob(format!(
-                    "storage {:?} declares {} elements of {} bytes but its data holds {} bytes",
-                    s.key,
-                    s.numel,
-                    s.kind.element_size,
-                    entry.len()
-                ))
-            })?;
+        let nbytes = storage_len(&self.path, s, entry.len())?;
+        let storage = entry.get(..nbytes).unwrap_or_default();
         let storage = match s.view {
             None => storage,
             Some((off, len)) => {
@@ -360,6 +350,42 @@ impl TorchFile {
         a: &'a NdArray,
     ) -> Result<Cow<'a, [u8]>, ConvertError> {
         array_bytes(&self.path, name, a, self.limits.max_tensor_bytes)
+    }
+}
+
+/// Checks every storage the pickle refers to against the bytes the file holds for it, so
+/// that a file cut short fails when it is opened, naming the storage.
+fn check_storage_lengths(
+    file: &Path,
+    value: &Value,
+    storages: &HashMap<String, (Range<usize>, Option<u32>)>,
+) -> Result<(), ConvertError> {
+    for s in value.storages() {
+        if let Some((range, _)) = storages.get(&s.key) {
+            storage_len(file, s, range.len())?;
+        }
+    }
+    Ok(())
+}
+
+/// The bytes storage `s` declares, which must fit in the `have` bytes stored for it.
+fn storage_len(file: &Path, s: &StorageRef, have: usize) -> Result<usize, ConvertError> {
+    let needed = s.numel.checked_mul(s.kind.element_size).ok_or_else(|| {
+        ConvertError::DeclaredSizeTooLarge {
+            file: file.to_path_buf(),
+            what: format!("storage {:?} element count", s.key),
+            declared: s.numel,
+            limit: have as u64 / s.kind.element_size.max(1),
+        }
+    })?;
+    match usize::try_from(needed) {
+        Ok(n) if n <= have => Ok(n),
+        _ => Err(ConvertError::TruncatedStorage {
+            file: file.to_path_buf(),
+            key: s.key.clone(),
+            len: have as u64,
+            needed,
+        }),
     }
 }
 
