@@ -51,6 +51,10 @@ fn table() -> Vec<(&'static str, Check)> {
             |e| matches!(e, E::TruncatedStorage { key, len: 12, needed: 16, .. } if key == "0"),
         ),
         (
+            "truncated_zip.pt",
+            |e| matches!(e, E::TruncatedZip { size: 309, ends, .. } if ends.contains("\"archive/data/0\"")),
+        ),
+        (
             "shape_overflow.pt",
             |e| matches!(e, E::TensorOutOfBounds { reason, .. } if reason.contains("overflow")),
         ),
@@ -273,4 +277,59 @@ fn a_truncated_storage_names_its_key_and_lengths() {
             && msg.contains("re-save"),
         "{msg}"
     );
+}
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/pt")
+        .join(name)
+}
+
+fn write_tmp(dir: &tempfile::TempDir, name: &str, bytes: &[u8]) -> PathBuf {
+    let path = dir.path().join(name);
+    std::fs::write(&path, bytes).unwrap();
+    path
+}
+
+#[test]
+fn a_truncated_torch_zip_says_where_it_ends() {
+    // Real torch output (entries closed by data descriptors), cut at several places.
+    let raw = std::fs::read(fixture("specforge.ckpt")).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let start = |name: &str| {
+        raw.windows(name.len())
+            .position(|w| w == name.as_bytes())
+            .unwrap()
+            - 30
+    };
+    let data1 = start("specforge/data/1");
+    let central = raw.windows(4).position(|w| w == b"PK\x01\x02").unwrap();
+    for (cut, ends) in [
+        (data1 - 40, "inside entry \"specforge/data/0\""),
+        (data1, "after entry \"specforge/data/0\""),
+        (data1 + 10, "inside the local header at offset"),
+        (central + 50, "inside the central directory"),
+        (central, "before the central directory"),
+    ] {
+        let path = write_tmp(&tmp, "cut.ckpt", &raw[..cut]);
+        let err = open_source(&path).unwrap_err();
+        assert!(
+            matches!(&err, ConvertError::TruncatedZip { size, ends: e, .. }
+                if *size == cut as u64 && e.contains(ends)),
+            "cut at {cut}: {err:?}"
+        );
+        let msg = err.to_string();
+        assert!(
+            msg.contains("cut.ckpt")
+                && msg.contains("truncated")
+                && msg.contains("copy the file again"),
+            "{msg}"
+        );
+    }
+    // Also when the cut file was gzip-compressed.
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    enc.write_all(&raw[..data1 - 40]).unwrap();
+    let path = write_tmp(&tmp, "cut.ckpt.gz", &enc.finish().unwrap());
+    let err = open_source(&path).unwrap_err();
+    assert!(matches!(err, ConvertError::TruncatedZip { .. }), "{err:?}");
 }

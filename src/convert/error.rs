@@ -30,6 +30,22 @@ pub enum ConvertError {
         file: PathBuf,
     },
 
+    /// A zip archive that starts like one but has no end record: the file was cut short.
+    #[error(
+        "{}: the zip archive looks truncated: the file is {size} bytes and ends {ends}, with no \
+         end-of-central-directory record; copy the file again from its source, or re-save it \
+         with torch.save",
+        file.display()
+    )]
+    TruncatedZip {
+        /// The file being read.
+        file: PathBuf,
+        /// Size of the file (or of its decompressed content).
+        size: u64,
+        /// Where the content stops (inside or after which entry).
+        ends: String,
+    },
+
     /// A storage holds fewer bytes than its declared elements need.
     #[error(
         "{}: storage {key:?} is truncated: it holds {len} bytes but its tensors need {needed}; \

@@ -146,6 +146,10 @@ def main():
     crc[at] ^= 0x40
     open(os.path.join(OUT, "crc_mismatch.pt"), "wb").write(crc)
 
+    # The file cut short inside its storage entry: no end-of-central-directory record.
+    cut = raw.index(four) + 6
+    open(os.path.join(OUT, "truncated_zip.pt"), "wb").write(raw[:cut])
+
     # The pre-0.4 tar container.
     with tarfile.open(os.path.join(OUT, "legacy_tar.pt"), "w", format=tarfile.PAX_FORMAT) as t:
         for name in ["sys_info", "pickle", "storages", "tensors"]:
