@@ -30,6 +30,46 @@ pub enum ConvertError {
         file: PathBuf,
     },
 
+    /// A gzip file whose content is not a hidden-state dump, refused after decompressing
+    /// only its first bytes.
+    #[error(
+        "{}: the gzip-compressed content is not a hidden-state dump: it starts with {} \
+         (expected a torch.save file, .safetensors or .npy inside); decompression stopped after \
+         {inspected} bytes; check that this is the file you meant, and re-save the tensors with \
+         safetensors if it is",
+        file.display(),
+        hex(head)
+    )]
+    GzipNotADump {
+        /// The file being read.
+        file: PathBuf,
+        /// The first decompressed bytes (at most 16).
+        head: Vec<u8>,
+        /// How many bytes were decompressed before refusing.
+        inspected: u64,
+    },
+
+    /// A gzip file that decompresses to more than its limit; decompression stopped there.
+    #[error(
+        "{}: decompresses to more than {limit} bytes, the limit for {compressed} compressed bytes \
+         ({}x the compressed size, at least {} bytes, at most the configured cap of {cap}); \
+         decompression stopped there. If the file is genuine, decompress it first (gunzip -k) \
+         and convert the uncompressed file; otherwise it is a decompression bomb",
+        file.display(),
+        crate::convert::torch_file::GZIP_MAX_RATIO,
+        crate::convert::torch_file::GZIP_MIN_LIMIT
+    )]
+    GzipTooLarge {
+        /// The file being read.
+        file: PathBuf,
+        /// Size of the compressed file.
+        compressed: u64,
+        /// The decompressed size allowed for this file.
+        limit: u64,
+        /// The configured cap ([`Limits::max_decompressed_bytes`](super::Limits)).
+        cap: u64,
+    },
+
     /// A zip archive that starts like one but has no end record: the file was cut short.
     #[error(
         "{}: the zip archive looks truncated: the file is {size} bytes and ends {ends}, with no \
@@ -311,4 +351,13 @@ impl ConvertError {
             reason: reason.into(),
         }
     }
+}
+
+/// Bytes as space-separated hex, for messages.
+fn hex(bytes: &[u8]) -> String {
+    if bytes.is_empty() {
+        return "nothing (it is empty)".into();
+    }
+    let hex: Vec<String> = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    hex.join(" ")
 }
