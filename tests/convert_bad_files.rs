@@ -4,7 +4,8 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use hspack::convert::{open_source, open_source_with, ConvertError, Limits};
+use hspack::convert::torch_file::{gzip_limit, GZIP_MIN_LIMIT};
+use hspack::convert::{load_torch, open_source, open_source_with, ConvertError, Limits};
 
 const MARKER: &str = "/tmp/hspack-convert-test-pwned";
 
@@ -48,7 +49,15 @@ fn table() -> Vec<(&'static str, Check)> {
         ),
         (
             "storage_entry_short.pt",
-            |e| matches!(e, E::TensorOutOfBounds { tensor, .. } if tensor == "t"),
+            |e| matches!(e, E::TruncatedStorage { key, len: 12, needed: 16, .. } if key == "0"),
+        ),
+        (
+            "truncated_zip.pt",
+            |e| matches!(e, E::TruncatedZip { size: 309, ends, .. } if ends.contains("\"archive/data/0\"")),
+        ),
+        (
+            "gzip_of_zeros.pt.gz",
+            |e| matches!(e, E::GzipNotADump { head, inspected, .. } if head == &[0; 16] && *inspected <= 512),
         ),
         (
             "shape_overflow.pt",
@@ -187,24 +196,6 @@ fn refusal_message_says_what_to_do() {
 }
 
 #[test]
-fn gzip_bomb_is_bounded() {
-    let tmp = tempfile::tempdir().unwrap();
-    let path = tmp.path().join("bomb.pt.gz");
-    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
-    enc.write_all(&vec![0u8; 8 << 20]).unwrap();
-    std::fs::write(&path, enc.finish().unwrap()).unwrap();
-    let limits = Limits {
-        max_decompressed_bytes: 1 << 20,
-        ..Limits::default()
-    };
-    let err = open_source_with(&path, limits).unwrap_err();
-    assert!(
-        matches!(err, ConvertError::DeclaredSizeTooLarge { limit, .. } if limit == 1 << 20),
-        "{err:?}"
-    );
-}
-
-#[test]
 fn broadcast_views_are_bounded_by_the_tensor_limit() {
     // A stride-0 view can describe far more bytes than the file holds.
     let src =
@@ -258,4 +249,195 @@ fn an_unsupported_dtype_fails_only_the_tensor() {
         "{msg}"
     );
     assert!(msg.contains("re-save"), "{msg}");
+}
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/pt")
+        .join(name)
+}
+
+/// A gzip of `head` followed by zeros up to `total` bytes, compressed as it is produced.
+fn gzip_of(head: &[u8], total: usize) -> Vec<u8> {
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    enc.write_all(head).unwrap();
+    let zeros = vec![0u8; 1 << 20];
+    let mut left = total - head.len();
+    while left > 0 {
+        let n = left.min(zeros.len());
+        enc.write_all(&zeros[..n]).unwrap();
+        left -= n;
+    }
+    enc.finish().unwrap()
+}
+
+fn write_tmp(dir: &tempfile::TempDir, name: &str, bytes: &[u8]) -> PathBuf {
+    let path = dir.path().join(name);
+    std::fs::write(&path, bytes).unwrap();
+    path
+}
+
+#[test]
+fn a_gzip_of_zeros_is_refused_after_its_first_bytes() {
+    // 1 GiB of zeros in about 1 MB: refused from its first bytes, not decompressed whole.
+    let tmp = tempfile::tempdir().unwrap();
+    let path = write_tmp(&tmp, "bomb.ckpt.gz", &gzip_of(b"", 1 << 30));
+    for err in [
+        open_source(&path).unwrap_err(),
+        load_torch(&path).unwrap_err(),
+    ] {
+        assert!(
+            matches!(&err, ConvertError::GzipNotADump { head, inspected, .. }
+                if head == &[0; 16] && *inspected <= 512),
+            "{err:?}"
+        );
+        let msg = err.to_string();
+        assert!(
+            msg.contains("bomb.ckpt.gz") && msg.contains("00 00 00"),
+            "{msg}"
+        );
+        assert!(msg.contains("not a hidden-state dump"), "{msg}");
+    }
+}
+
+#[test]
+fn a_gzip_that_starts_like_a_zip_stops_at_its_limit() {
+    // Starts like a torch zip, then 1 GiB of zeros: decompression stops at the limit that
+    // follows the compressed size (64 MiB here), long before the end.
+    let tmp = tempfile::tempdir().unwrap();
+    let gz = gzip_of(b"PK\x03\x04", 1 << 30);
+    let path = write_tmp(&tmp, "bomb.pt.gz", &gz);
+    let cap = Limits::default().max_decompressed_bytes;
+    let want = gzip_limit(gz.len() as u64, cap);
+    assert!((GZIP_MIN_LIMIT..1 << 27).contains(&want), "{want}");
+    let err = open_source(&path).unwrap_err();
+    assert!(
+        matches!(&err, ConvertError::GzipTooLarge { limit, compressed, cap: c, .. }
+            if *limit == want && *compressed == gz.len() as u64 && *c == cap),
+        "{err:?}"
+    );
+    let msg = err.to_string();
+    assert!(
+        msg.contains("bomb.pt.gz") && msg.contains(&want.to_string()) && msg.contains("gunzip -k"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn the_configured_cap_bounds_a_gzip_below_its_ratio() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = write_tmp(&tmp, "capped.pt.gz", &gzip_of(b"PK\x03\x04", 8 << 20));
+    let limits = Limits {
+        max_decompressed_bytes: 1 << 20,
+        ..Limits::default()
+    };
+    let err = open_source_with(&path, limits).unwrap_err();
+    assert!(
+        matches!(err, ConvertError::GzipTooLarge { limit, cap, .. } if limit == 1 << 20 && cap == 1 << 20),
+        "{err:?}"
+    );
+    // The same content within the limit gets past decompression to the zip parser.
+    let err = open_source(&path).unwrap_err();
+    assert!(
+        matches!(err, ConvertError::TruncatedZip { size, .. } if size == 8 << 20),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn genuine_gzip_files_still_convert() {
+    let tmp = tempfile::tempdir().unwrap();
+    // torch.save fixtures, zip and legacy, and a gzip of a plain one, read like the plain file.
+    for (gz, plain) in [
+        (fixture("specforge.ckpt.gz"), fixture("specforge.ckpt")),
+        (fixture("nested_legacy.pt.gz"), fixture("nested_legacy.pt")),
+        (
+            {
+                let mut enc =
+                    flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+                enc.write_all(&std::fs::read(dir().join("valid_small.pt")).unwrap())
+                    .unwrap();
+                write_tmp(&tmp, "valid_small.pt.gz", &enc.finish().unwrap())
+            },
+            dir().join("valid_small.pt"),
+        ),
+    ] {
+        let a = open_source(&gz).unwrap();
+        let b = open_source(&plain).unwrap();
+        assert!(a.gzipped(), "{gz:?}");
+        assert_eq!(a.tensors(), b.tensors(), "{gz:?}");
+        for t in a.tensors() {
+            assert_eq!(a.tensor(&t.name).unwrap(), b.tensor(&t.name).unwrap());
+        }
+        assert!(load_torch(&gz).unwrap().gzipped());
+    }
+    // Padding compresses ~1000x: a file under the floor converts whatever its ratio.
+    let hdr = b"{'descr': '<f4', 'fortran_order': False, 'shape': (2048, 4096), }          \n";
+    let mut npy = b"\x93NUMPY\x01\x00".to_vec();
+    npy.extend_from_slice(&(hdr.len() as u16).to_le_bytes());
+    npy.extend_from_slice(hdr);
+    let total = npy.len() + 2048 * 4096 * 4;
+    let gz = gzip_of(&npy, total);
+    assert!(gz.len() * 1000 < total, "{}", gz.len());
+    let path = write_tmp(&tmp, "padded.npy.gz", &gz);
+    let src = open_source(&path).unwrap();
+    assert_eq!(src.tensor("").unwrap().bytes.len(), 2048 * 4096 * 4);
+}
+
+#[test]
+fn a_truncated_torch_zip_says_where_it_ends() {
+    // Real torch output (entries closed by data descriptors), cut at several places.
+    let raw = std::fs::read(fixture("specforge.ckpt")).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let start = |name: &str| {
+        raw.windows(name.len())
+            .position(|w| w == name.as_bytes())
+            .unwrap()
+            - 30
+    };
+    let data1 = start("specforge/data/1");
+    let central = raw.windows(4).position(|w| w == b"PK\x01\x02").unwrap();
+    for (cut, ends) in [
+        (data1 - 40, "inside entry \"specforge/data/0\""),
+        (data1, "after entry \"specforge/data/0\""),
+        (data1 + 10, "inside the local header at offset"),
+        (central + 50, "inside the central directory"),
+        (central, "before the central directory"),
+    ] {
+        let path = write_tmp(&tmp, "cut.ckpt", &raw[..cut]);
+        let err = open_source(&path).unwrap_err();
+        assert!(
+            matches!(&err, ConvertError::TruncatedZip { size, ends: e, .. }
+                if *size == cut as u64 && e.contains(ends)),
+            "cut at {cut}: {err:?}"
+        );
+        let msg = err.to_string();
+        assert!(
+            msg.contains("cut.ckpt")
+                && msg.contains("truncated")
+                && msg.contains("copy the file again"),
+            "{msg}"
+        );
+    }
+    // Also when the cut file was gzip-compressed.
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    enc.write_all(&raw[..data1 - 40]).unwrap();
+    let path = write_tmp(&tmp, "cut.ckpt.gz", &enc.finish().unwrap());
+    let err = open_source(&path).unwrap_err();
+    assert!(matches!(err, ConvertError::TruncatedZip { .. }), "{err:?}");
+}
+
+#[test]
+fn a_truncated_storage_names_its_key_and_lengths() {
+    let msg = read_all(&dir().join("storage_entry_short.pt"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("storage_entry_short.pt")
+            && msg.contains("storage \"0\" is truncated")
+            && msg.contains("12 bytes")
+            && msg.contains("need 16")
+            && msg.contains("re-save"),
+        "{msg}"
+    );
 }

@@ -30,6 +30,79 @@ pub enum ConvertError {
         file: PathBuf,
     },
 
+    /// A gzip file whose content is not a hidden-state dump, refused after decompressing
+    /// only its first bytes.
+    #[error(
+        "{}: the gzip-compressed content is not a hidden-state dump: it starts with {} \
+         (expected a torch.save file, .safetensors or .npy inside); decompression stopped after \
+         {inspected} bytes; check that this is the file you meant, and re-save the tensors with \
+         safetensors if it is",
+        file.display(),
+        hex(head)
+    )]
+    GzipNotADump {
+        /// The file being read.
+        file: PathBuf,
+        /// The first decompressed bytes (at most 16).
+        head: Vec<u8>,
+        /// How many bytes were decompressed before refusing.
+        inspected: u64,
+    },
+
+    /// A gzip file that decompresses to more than its limit; decompression stopped there.
+    #[error(
+        "{}: decompresses to more than {limit} bytes, the limit for {compressed} compressed bytes \
+         ({}x the compressed size, at least {} bytes, at most the configured cap of {cap}); \
+         decompression stopped there. If the file is genuine, decompress it first (gunzip -k) \
+         and convert the uncompressed file; otherwise it is a decompression bomb",
+        file.display(),
+        crate::convert::torch_file::GZIP_MAX_RATIO,
+        crate::convert::torch_file::GZIP_MIN_LIMIT
+    )]
+    GzipTooLarge {
+        /// The file being read.
+        file: PathBuf,
+        /// Size of the compressed file.
+        compressed: u64,
+        /// The decompressed size allowed for this file.
+        limit: u64,
+        /// The configured cap ([`Limits::max_decompressed_bytes`](super::Limits)).
+        cap: u64,
+    },
+
+    /// A zip archive that starts like one but has no end record: the file was cut short.
+    #[error(
+        "{}: the zip archive looks truncated: the file is {size} bytes and ends {ends}, with no \
+         end-of-central-directory record; copy the file again from its source, or re-save it \
+         with torch.save",
+        file.display()
+    )]
+    TruncatedZip {
+        /// The file being read.
+        file: PathBuf,
+        /// Size of the file (or of its decompressed content).
+        size: u64,
+        /// Where the content stops (inside or after which entry).
+        ends: String,
+    },
+
+    /// A storage holds fewer bytes than its declared elements need.
+    #[error(
+        "{}: storage {key:?} is truncated: it holds {len} bytes but its tensors need {needed}; \
+         the file was cut short or damaged: re-save it with torch.save, or copy it again",
+        file.display()
+    )]
+    TruncatedStorage {
+        /// The file being read.
+        file: PathBuf,
+        /// The storage's key (`<folder>/data/<key>` in a zip).
+        key: String,
+        /// Bytes stored for it.
+        len: u64,
+        /// Bytes its declared element count needs.
+        needed: u64,
+    },
+
     /// A zip archive that is not a `torch.save` archive.
     #[error("{}: zip archive has no `<folder>/data.pkl` entry ({reason}); this is not a torch.save file", file.display())]
     NotATorchFile {
@@ -278,4 +351,13 @@ impl ConvertError {
             reason: reason.into(),
         }
     }
+}
+
+/// Bytes as space-separated hex, for messages.
+fn hex(bytes: &[u8]) -> String {
+    if bytes.is_empty() {
+        return "nothing (it is empty)".into();
+    }
+    let hex: Vec<String> = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    hex.join(" ")
 }

@@ -75,6 +75,11 @@ impl std::fmt::Debug for SourceFile {
 /// Opens a hidden-state dump, recognising the format by its content: zip or legacy
 /// `torch.save` files, `.safetensors`, `.npy`, and gzip-compressed versions of these.
 /// No pickle code is executed. The file must not be modified while it is open.
+///
+/// A gzip-compressed file is decompressed into memory, streaming, and at most to the size
+/// given by [`gzip_limit`](super::torch_file::gzip_limit), which also bounds the memory
+/// used. Its content is recognised from the first decompressed bytes by the same rule as
+/// a plain file's, so content that is not a dump is refused after decompressing 512 bytes.
 pub fn open_source(path: &Path) -> Result<SourceFile, ConvertError> {
     open_source_with(path, Limits::default())
 }
@@ -83,7 +88,9 @@ pub fn open_source(path: &Path) -> Result<SourceFile, ConvertError> {
 pub fn open_source_with(path: &Path, limits: Limits) -> Result<SourceFile, ConvertError> {
     let backing = map_file(path)?;
     let (backing, gzipped) = if is_gzip(&backing) {
-        let inner = gunzip(&backing, path, limits.max_decompressed_bytes)?;
+        let inner = gunzip(&backing, path, limits.max_decompressed_bytes, |head| {
+            sniff(head).is_some()
+        })?;
         (Backing::Owned(inner), true)
     } else {
         (backing, false)
@@ -96,20 +103,56 @@ pub fn open_source_with(path: &Path, limits: Limits) -> Result<SourceFile, Conve
     })
 }
 
+/// What a file's first bytes say it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Sniffed {
+    /// A zip archive (`torch.save` since torch 1.6).
+    TorchZip,
+    /// The tar container of torch before 0.4 (refused with its own error).
+    TorchTar,
+    /// The legacy `torch.save` pickle stream.
+    TorchLegacy,
+    /// A `.npy` array.
+    Npy,
+    /// A `.safetensors` file.
+    Safetensors,
+}
+
+/// Bytes [`sniff`] may look at; a longer input is recognised by this prefix alone.
+pub(crate) const SNIFF_BYTES: usize = 512;
+
+/// Recognises a format from the first [`SNIFF_BYTES`] bytes of a file or of its
+/// decompressed content: the one rule for both.
+pub(crate) fn sniff(bytes: &[u8]) -> Option<Sniffed> {
+    let head = bytes.get(..bytes.len().min(SNIFF_BYTES)).unwrap_or(&[]);
+    if is_zip(head) {
+        Some(Sniffed::TorchZip)
+    } else if torch_legacy::is_tar(head) {
+        Some(Sniffed::TorchTar)
+    } else if torch_legacy::has_magic(head) {
+        Some(Sniffed::TorchLegacy)
+    } else if head.starts_with(npy::MAGIC) {
+        Some(Sniffed::Npy)
+    } else if looks_like_safetensors(head) {
+        Some(Sniffed::Safetensors)
+    } else {
+        None
+    }
+}
+
 fn from_backing(path: &Path, backing: Backing, limits: Limits) -> Result<Inner, ConvertError> {
-    let bytes: &[u8] = &backing;
-    if is_zip(bytes) || torch_legacy::has_magic(bytes) || torch_legacy::is_tar(bytes) {
-        return TorchFile::from_backing(path, backing, limits).map(|t| Inner::Torch(Box::new(t)));
+    match sniff(&backing) {
+        Some(Sniffed::TorchZip | Sniffed::TorchTar | Sniffed::TorchLegacy) => {
+            TorchFile::from_backing(path, backing, limits).map(|t| Inner::Torch(Box::new(t)))
+        }
+        Some(Sniffed::Npy) => NpyFile::from_backing(path, backing, limits).map(Inner::Npy),
+        Some(Sniffed::Safetensors) => {
+            SafetensorsFile::from_backing(path, backing, limits).map(Inner::Safetensors)
+        }
+        None => Err(ConvertError::UnknownFormat {
+            file: path.to_path_buf(),
+        }),
     }
-    if bytes.starts_with(npy::MAGIC) {
-        return NpyFile::from_backing(path, backing, limits).map(Inner::Npy);
-    }
-    if looks_like_safetensors(bytes) {
-        return SafetensorsFile::from_backing(path, backing, limits).map(Inner::Safetensors);
-    }
-    Err(ConvertError::UnknownFormat {
-        file: path.to_path_buf(),
-    })
 }
 
 /// A header length followed by `{` (the length itself is checked by the parser).

@@ -9,9 +9,10 @@ use std::sync::Mutex;
 
 use super::limits::Limits;
 use super::mapped::{map_file, Backing};
-use super::pickle::{self, NdArray, TensorLike, TensorRef, Value};
+use super::pickle::{self, NdArray, StorageRef, TensorLike, TensorRef, Value};
+use super::source::{sniff, Sniffed, SNIFF_BYTES};
 use super::strided::{contiguous_strides, fortran_strides, materialize, View};
-use super::torch_legacy::{self, LegacyFile};
+use super::torch_legacy::LegacyFile;
 use super::torch_zip::{Archive, ByteOrder};
 use super::ConvertError;
 
@@ -82,44 +83,134 @@ pub(crate) fn is_zip(bytes: &[u8]) -> bool {
     bytes.starts_with(b"PK\x03\x04") || bytes.starts_with(b"PK\x05\x06")
 }
 
-/// Decompresses a gzip stream into memory, refusing to produce more than `limit` bytes.
-pub(crate) fn gunzip(bytes: &[u8], file: &Path, limit: u64) -> Result<Vec<u8>, ConvertError> {
-    // The trailer's ISIZE (size mod 2^32) is only a capacity hint, capped by what deflate
-    // can expand the input to and by the limit.
-    let hint = bytes
+/// Bytes passed from the gzip decoder to the output buffer at a time.
+const GZIP_CHUNK: usize = 64 << 10;
+
+/// Decompressed bytes allowed per compressed byte of a gzip file (see [`gzip_limit`]).
+pub const GZIP_MAX_RATIO: u64 = 64;
+
+/// Decompressed bytes always allowed for a gzip file, however small (see [`gzip_limit`]).
+pub const GZIP_MIN_LIMIT: u64 = 64 << 20;
+
+/// The most a gzip file of `compressed` bytes may decompress to:
+/// `min(cap, max(GZIP_MIN_LIMIT, GZIP_MAX_RATIO * compressed))`, where `cap` is
+/// [`Limits::max_decompressed_bytes`].
+///
+/// Hidden states (bf16, fp32) compress 1.1-1.5x and token ids and masks a few times more,
+/// so a genuine dump stays far below 64x; a decompression bomb (deflate reaches ~1000x)
+/// is stopped there. A genuine file that compresses better is converted after `gunzip -k`.
+///
+/// Memory: the output buffer never holds more than `limit + 1` bytes, plus a 64 KiB chunk
+/// and the decoder's state. It is reserved once from the gzip trailer's ISIZE when that is
+/// below the limit (exact for a single-member file under 4 GiB), else grows by doubling,
+/// and a reallocation that copies may briefly need up to twice the limit.
+pub fn gzip_limit(compressed: u64, cap: u64) -> u64 {
+    compressed
+        .saturating_mul(GZIP_MAX_RATIO)
+        .max(GZIP_MIN_LIMIT)
+        .min(cap)
+}
+
+/// Decompresses a gzip stream (all its members) into memory, streaming, within
+/// [`gzip_limit`]. The first 512 bytes (what [`sniff`] reads) are decompressed first and
+/// passed to `accept`: content it refuses fails with [`ConvertError::GzipNotADump`] before
+/// anything more is decompressed.
+pub(crate) fn gunzip(
+    bytes: &[u8],
+    file: &Path,
+    cap: u64,
+    accept: impl Fn(&[u8]) -> bool,
+) -> Result<Vec<u8>, ConvertError> {
+    let compressed = bytes.len() as u64;
+    let limit = gzip_limit(compressed, cap);
+    let mut decoder = flate2::read::MultiGzDecoder::new(bytes);
+    let mut out = Vec::new();
+    fill(&mut decoder, &mut out, SNIFF_BYTES, file, compressed)?;
+    if !accept(&out) {
+        return Err(ConvertError::GzipNotADump {
+            file: file.to_path_buf(),
+            head: out.iter().take(16).copied().collect(),
+            inspected: out.len() as u64,
+        });
+    }
+    // The trailer's ISIZE (the last member's size mod 2^32) is a capacity hint only.
+    let isize_hint = bytes
         .len()
         .checked_sub(4)
         .and_then(|i| bytes.get(i..))
         .and_then(|t| <[u8; 4]>::try_from(t).ok())
         .map(u32::from_le_bytes)
-        .unwrap_or(0) as u64;
-    let cap = hint
-        .min((bytes.len() as u64).saturating_mul(1032))
-        .min(limit);
-    let mut out = Vec::new();
-    out.try_reserve_exact(usize::try_from(cap).unwrap_or(0))
-        .map_err(|_| ConvertError::DeclaredSizeTooLarge {
-            file: file.to_path_buf(),
-            what: "gzip decompressed size".into(),
-            declared: cap,
-            limit,
-        })?;
-    let mut decoder = flate2::read::MultiGzDecoder::new(bytes).take(limit.saturating_add(1));
-    decoder.read_to_end(&mut out).map_err(|e| match e.kind() {
-        std::io::ErrorKind::UnexpectedEof => {
-            ConvertError::truncated(file, "gzip stream", 0, bytes.len() + 1, bytes.len())
-        }
-        _ => ConvertError::malformed(file, "gzip stream", 0, e.to_string()),
-    })?;
+        .unwrap_or(0);
+    let upto = usize::try_from(limit.saturating_add(1)).unwrap_or(usize::MAX);
+    let hint = (isize_hint as usize).min(upto);
+    let more = hint.saturating_sub(out.len());
+    if more > 0 {
+        reserve(&mut out, more, file)?;
+    }
+    fill(&mut decoder, &mut out, upto, file, compressed)?;
     if out.len() as u64 > limit {
-        return Err(ConvertError::DeclaredSizeTooLarge {
+        return Err(ConvertError::GzipTooLarge {
             file: file.to_path_buf(),
-            what: "gzip decompressed size".into(),
-            declared: out.len() as u64,
+            compressed,
             limit,
+            cap,
         });
     }
     Ok(out)
+}
+
+/// Reads from `decoder` into `out` until it holds `upto` bytes or the stream ends; the
+/// buffer's capacity never exceeds `upto`, and the decoder is never asked for more.
+fn fill(
+    decoder: &mut impl Read,
+    out: &mut Vec<u8>,
+    upto: usize,
+    file: &Path,
+    compressed: u64,
+) -> Result<(), ConvertError> {
+    let mut chunk = vec![0u8; GZIP_CHUNK.min(upto)];
+    while out.len() < upto {
+        let want = (upto - out.len()).min(chunk.len());
+        let n = match decoder.read(chunk.get_mut(..want).unwrap_or_default()) {
+            Ok(0) => return Ok(()),
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                return Err(ConvertError::Truncated {
+                    file: file.to_path_buf(),
+                    what: "gzip stream".into(),
+                    offset: 0,
+                    needed: compressed + 1,
+                    len: compressed,
+                })
+            }
+            Err(e) => {
+                return Err(ConvertError::malformed(
+                    file,
+                    "gzip stream",
+                    0,
+                    e.to_string(),
+                ))
+            }
+        };
+        if out.capacity() - out.len() < n {
+            let grow = out.capacity().max(n).min(upto - out.len());
+            reserve(out, grow, file)?;
+        }
+        out.extend_from_slice(chunk.get(..n).unwrap_or_default());
+    }
+    Ok(())
+}
+
+/// Reserves exactly `more` bytes, failing as an I/O error when memory runs out.
+fn reserve(out: &mut Vec<u8>, more: usize, file: &Path) -> Result<(), ConvertError> {
+    out.try_reserve_exact(more).map_err(|e| ConvertError::Io {
+        file: file.to_path_buf(),
+        source: std::io::Error::new(
+            std::io::ErrorKind::OutOfMemory,
+            format!("cannot allocate {more} more bytes to decompress it ({e}); decompress it first (gunzip -k)"),
+        ),
+    })
 }
 
 impl TorchFile {
@@ -139,67 +230,70 @@ impl TorchFile {
         limits: Limits,
     ) -> Result<TorchFile, ConvertError> {
         if is_gzip(&backing) {
-            let inner = gunzip(&backing, path, limits.max_decompressed_bytes)?;
-            if is_gzip(&inner) {
-                return Err(ConvertError::malformed(
-                    path,
-                    "gzip stream",
-                    0,
-                    "nested gzip",
-                ));
-            }
+            let inner = gunzip(&backing, path, limits.max_decompressed_bytes, |head| {
+                matches!(
+                    sniff(head),
+                    Some(Sniffed::TorchZip | Sniffed::TorchTar | Sniffed::TorchLegacy)
+                )
+            })?;
             let mut t = TorchFile::from_backing(path, Backing::Owned(inner), limits)?;
             t.gzipped = true;
             return Ok(t);
         }
         let bytes: &[u8] = &backing;
-        let (value, storages, byte_order, format) = if is_zip(bytes) {
-            let archive = Archive::parse(bytes, path)?;
-            if let Some(e) = archive.record("data.pkl") {
-                Archive::check_crc(e, bytes, path)?;
+        let (value, storages, byte_order, format) = match sniff(bytes) {
+            Some(Sniffed::TorchZip) => {
+                let archive = Archive::parse(bytes, path)?;
+                if let Some(e) = archive.record("data.pkl") {
+                    Archive::check_crc(e, bytes, path)?;
+                }
+                let pkl = bytes.get(archive.pickle.clone()).unwrap_or(&[]);
+                let value = pickle::parse(pkl, path)?;
+                let data_prefix = format!("{}/data/", archive.prefix);
+                let storages = archive
+                    .entries
+                    .iter()
+                    .filter_map(|e| {
+                        Some((
+                            e.name.strip_prefix(&data_prefix)?.to_string(),
+                            (e.data.clone(), Some(e.crc32)),
+                        ))
+                    })
+                    .collect();
+                let format = TorchFormat::Zip {
+                    prefix: archive.prefix.clone(),
+                    version: archive.version.clone(),
+                    format_version: archive.format_version.clone(),
+                    storage_alignment: archive.storage_alignment.clone(),
+                };
+                (value, storages, archive.byte_order, format)
             }
-            let pkl = bytes.get(archive.pickle.clone()).unwrap_or(&[]);
-            let value = pickle::parse(pkl, path)?;
-            let data_prefix = format!("{}/data/", archive.prefix);
-            let storages = archive
-                .entries
-                .iter()
-                .filter_map(|e| {
-                    Some((
-                        e.name.strip_prefix(&data_prefix)?.to_string(),
-                        (e.data.clone(), Some(e.crc32)),
-                    ))
-                })
-                .collect();
-            let format = TorchFormat::Zip {
-                prefix: archive.prefix.clone(),
-                version: archive.version.clone(),
-                format_version: archive.format_version.clone(),
-                storage_alignment: archive.storage_alignment.clone(),
-            };
-            (value, storages, archive.byte_order, format)
-        } else if torch_legacy::is_tar(bytes) {
-            return Err(ConvertError::LegacyTarFormat {
-                file: path.to_path_buf(),
-            });
-        } else if torch_legacy::has_magic(bytes) {
-            let legacy = LegacyFile::parse(bytes, path)?;
-            let storages = legacy
-                .storages
-                .into_iter()
-                .map(|(k, r)| (k, (r, None)))
-                .collect();
-            (
-                legacy.value,
-                storages,
-                ByteOrder::Little,
-                TorchFormat::Legacy,
-            )
-        } else {
-            return Err(ConvertError::UnknownFormat {
-                file: path.to_path_buf(),
-            });
+            Some(Sniffed::TorchTar) => {
+                return Err(ConvertError::LegacyTarFormat {
+                    file: path.to_path_buf(),
+                });
+            }
+            Some(Sniffed::TorchLegacy) => {
+                let legacy = LegacyFile::parse(bytes, path)?;
+                let storages = legacy
+                    .storages
+                    .into_iter()
+                    .map(|(k, r)| (k, (r, None)))
+                    .collect();
+                (
+                    legacy.value,
+                    storages,
+                    ByteOrder::Little,
+                    TorchFormat::Legacy,
+                )
+            }
+            _ => {
+                return Err(ConvertError::UnknownFormat {
+                    file: path.to_path_buf(),
+                });
+            }
         };
+        check_storage_lengths(path, &value, &storages)?;
         Ok(TorchFile {
             path: path.to_path_buf(),
             backing,
@@ -276,19 +370,8 @@ impl TorchFile {
         if let Some(crc) = *crc {
             self.check_storage_crc(&s.key, entry, crc)?;
         }
-        let nbytes = s.numel.checked_mul(s.kind.element_size);
-        let storage = nbytes
-            .and_then(|n| usize::try_from(n).ok())
-            .and_then(|n| entry.get(..n))
-            .ok_or_else(|| {
-                oob(format!(
-                    "storage {:?} declares {} elements of {} bytes but its data holds {} bytes",
-                    s.key,
-                    s.numel,
-                    s.kind.element_size,
-                    entry.len()
-                ))
-            })?;
+        let nbytes = storage_len(&self.path, s, entry.len())?;
+        let storage = entry.get(..nbytes).unwrap_or_default();
         let storage = match s.view {
             None => storage,
             Some((off, len)) => {
@@ -360,6 +443,42 @@ impl TorchFile {
         a: &'a NdArray,
     ) -> Result<Cow<'a, [u8]>, ConvertError> {
         array_bytes(&self.path, name, a, self.limits.max_tensor_bytes)
+    }
+}
+
+/// Checks every storage the pickle refers to against the bytes the file holds for it, so
+/// that a file cut short fails when it is opened, naming the storage.
+fn check_storage_lengths(
+    file: &Path,
+    value: &Value,
+    storages: &HashMap<String, (Range<usize>, Option<u32>)>,
+) -> Result<(), ConvertError> {
+    for s in value.storages() {
+        if let Some((range, _)) = storages.get(&s.key) {
+            storage_len(file, s, range.len())?;
+        }
+    }
+    Ok(())
+}
+
+/// The bytes storage `s` declares, which must fit in the `have` bytes stored for it.
+fn storage_len(file: &Path, s: &StorageRef, have: usize) -> Result<usize, ConvertError> {
+    let needed = s.numel.checked_mul(s.kind.element_size).ok_or_else(|| {
+        ConvertError::DeclaredSizeTooLarge {
+            file: file.to_path_buf(),
+            what: format!("storage {:?} element count", s.key),
+            declared: s.numel,
+            limit: have as u64 / s.kind.element_size.max(1),
+        }
+    })?;
+    match usize::try_from(needed) {
+        Ok(n) if n <= have => Ok(n),
+        _ => Err(ConvertError::TruncatedStorage {
+            file: file.to_path_buf(),
+            key: s.key.clone(),
+            len: have as u64,
+            needed,
+        }),
     }
 }
 

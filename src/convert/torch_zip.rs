@@ -196,6 +196,18 @@ fn find_central_directory(bytes: &[u8], file: &Path) -> Result<(usize, usize, u6
         file: file.to_path_buf(),
         reason: reason.to_string(),
     };
+    let eocd_at = |i: usize| bytes.get(i..i + 4) == Some(&EOCD_SIG.to_le_bytes()[..]);
+    // The record is the last 22 bytes plus a comment of at most 65535 bytes.
+    let lowest = bytes.len().saturating_sub(EOCD_LEN + 0xffff);
+    let highest = bytes.len().checked_sub(EOCD_LEN);
+    let eocd = highest.and_then(|h| (lowest..=h).rev().find(|&i| eocd_at(i)));
+    if eocd.is_none() && bytes.starts_with(&LOCAL_SIG.to_le_bytes()) {
+        return Err(ConvertError::TruncatedZip {
+            file: file.to_path_buf(),
+            size: bytes.len() as u64,
+            ends: where_it_ends(bytes),
+        });
+    }
     if bytes.len() < EOCD_LEN {
         return Err(ConvertError::truncated(
             file,
@@ -205,12 +217,7 @@ fn find_central_directory(bytes: &[u8], file: &Path) -> Result<(usize, usize, u6
             bytes.len(),
         ));
     }
-    // The record is the last 22 bytes plus a comment of at most 65535 bytes.
-    let lowest = bytes.len().saturating_sub(EOCD_LEN + 0xffff);
-    let eocd = (lowest..=bytes.len() - EOCD_LEN)
-        .rev()
-        .find(|&i| bytes.get(i..i + 4) == Some(&EOCD_SIG.to_le_bytes()[..]))
-        .ok_or_else(|| not_zip("no end-of-central-directory record"))?;
+    let eocd = eocd.ok_or_else(|| not_zip("no end-of-central-directory record"))?;
     let mut cur = Cursor::new(bytes, eocd + 4, file);
     let what = "zip end record";
     let _disk = cur.u16(what)?;
@@ -269,6 +276,136 @@ fn find_central_directory(bytes: &[u8], file: &Path) -> Result<(usize, usize, u6
         })?;
     let size = usize::try_from(cd_size).unwrap_or(usize::MAX);
     Ok((start, size, count))
+}
+
+/// Describes where a zip that has no end record stops, walking its local headers from the
+/// start: inside which entry, or after which one. Entries written with a data descriptor
+/// (as torch does) are skipped by finding a descriptor whose size matches its distance.
+fn where_it_ends(bytes: &[u8]) -> String {
+    let u16_at = |i: usize| {
+        bytes
+            .get(i..i + 2)
+            .and_then(|b| <[u8; 2]>::try_from(b).ok())
+            .map(u16::from_le_bytes)
+    };
+    let u32_at = |i: usize| {
+        bytes
+            .get(i..i + 4)
+            .and_then(|b| <[u8; 4]>::try_from(b).ok())
+            .map(u32::from_le_bytes)
+    };
+    let mut at = 0usize;
+    let mut last: Option<String> = None;
+    let after = |last: &Option<String>| match last {
+        Some(name) => format!("after entry {name:?}"),
+        None => "at the start".to_string(),
+    };
+    // Each entry takes at least a local header, which bounds the walk.
+    for _ in 0..=bytes.len() / LOCAL_LEN {
+        if at == bytes.len() {
+            return format!(
+                "{} at offset {at}, before the central directory",
+                after(&last)
+            );
+        }
+        match u32_at(at) {
+            Some(LOCAL_SIG) => {}
+            Some(CENTRAL_SIG) => {
+                return format!("inside the central directory, which starts at offset {at}")
+            }
+            _ => {
+                return format!(
+                    "{} at offset {at}, where no entry header follows",
+                    after(&last)
+                )
+            }
+        }
+        let header = (
+            u16_at(at + 6),
+            u32_at(at + 18),
+            u16_at(at + 26),
+            u16_at(at + 28),
+        );
+        let (Some(flags), Some(size32), Some(name_len), Some(extra_len)) = header else {
+            return format!("inside the local header at offset {at}");
+        };
+        let name_at = at + LOCAL_LEN;
+        let data_start = name_at + usize::from(name_len) + usize::from(extra_len);
+        let Some(raw) = bytes.get(name_at..name_at + usize::from(name_len)) else {
+            return format!("inside the local header at offset {at}");
+        };
+        let name = String::from_utf8_lossy(raw).into_owned();
+        if data_start > bytes.len() {
+            return format!("inside the local header of entry {name:?} at offset {at}");
+        }
+        let inside = |end: String| {
+            format!("inside entry {name:?}, whose data starts at offset {data_start} and {end}")
+        };
+        let next = if flags & 0x8 != 0 {
+            // A data descriptor (signature, CRC-32, sizes of 4 or 8 bytes) follows the data.
+            let found = find_descriptor(bytes, data_start);
+            match found {
+                Some(end) if end <= bytes.len() => end,
+                _ => return inside("has no end in the file".into()),
+            }
+        } else {
+            let size = if size32 == 0xffff_ffff {
+                zip64_local_size(bytes.get(name_at + usize::from(name_len)..data_start))
+            } else {
+                Some(u64::from(size32))
+            };
+            let end = size
+                .and_then(|s| usize::try_from(s).ok())
+                .and_then(|s| data_start.checked_add(s));
+            match end {
+                Some(end) if end <= bytes.len() => end,
+                Some(end) => return inside(format!("needs bytes up to offset {end}")),
+                None => return inside("has no readable size".into()),
+            }
+        };
+        at = next;
+        last = Some(name);
+    }
+    after(&last)
+}
+
+/// The end of the data descriptor that closes an entry whose data starts at `start`: the
+/// first descriptor signature followed by a size equal to its distance from `start`.
+fn find_descriptor(bytes: &[u8], start: usize) -> Option<usize> {
+    const SIG: [u8; 4] = 0x0807_4b50u32.to_le_bytes();
+    let size_at = |p: usize, n: usize| bytes.get(p + 8..p + 8 + n);
+    let mut p = start;
+    loop {
+        p += bytes.get(p..)?.iter().position(|&b| b == SIG[0])?;
+        if bytes.get(p..p + 4) == Some(&SIG[..]) {
+            let len = (p - start) as u64;
+            if size_at(p, 4) == Some(&(len as u32).to_le_bytes()[..]) && len <= u32::MAX as u64 {
+                return Some(p + 16);
+            }
+            if size_at(p, 8) == Some(&len.to_le_bytes()[..]) {
+                return Some(p + 24);
+            }
+        }
+        p += 1;
+    }
+}
+
+/// The size in a local header's ZIP64 extra field (the first value of block 0x0001).
+fn zip64_local_size(extra: Option<&[u8]>) -> Option<u64> {
+    let mut extra = extra?;
+    while let [a, b, c, d, rest @ ..] = extra {
+        let id = u16::from_le_bytes([*a, *b]);
+        let len = usize::from(u16::from_le_bytes([*c, *d]));
+        let body = rest.get(..len)?;
+        if id == 0x0001 {
+            return body
+                .get(..8)
+                .and_then(|v| <[u8; 8]>::try_from(v).ok())
+                .map(u64::from_le_bytes);
+        }
+        extra = rest.get(len..)?;
+    }
+    None
 }
 
 /// Reads one central-directory record and its local header; returns the entry and the

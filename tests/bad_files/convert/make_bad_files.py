@@ -5,6 +5,7 @@ Only the standard library is needed; nothing here is ever unpickled.
 """
 
 import collections
+import gzip
 import io
 import os
 import pickle
@@ -145,6 +146,14 @@ def main():
     at = raw.index(four) + 5
     crc[at] ^= 0x40
     open(os.path.join(OUT, "crc_mismatch.pt"), "wb").write(crc)
+
+    # The file cut short inside its storage entry: no end-of-central-directory record.
+    cut = raw.index(four) + 6
+    open(os.path.join(OUT, "truncated_zip.pt"), "wb").write(raw[:cut])
+
+    # A gzip whose content is not a dump (1 MiB of zeros, a miniature of a gzip bomb).
+    zeros = gzip.compress(bytes(1 << 20), compresslevel=9, mtime=0)
+    open(os.path.join(OUT, "gzip_of_zeros.pt.gz"), "wb").write(zeros)
 
     # The pre-0.4 tar container.
     with tarfile.open(os.path.join(OUT, "legacy_tar.pt"), "w", format=tarfile.PAX_FORMAT) as t:
