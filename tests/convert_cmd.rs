@@ -657,3 +657,19 @@ fn mapping_file_holds_the_flags_and_refuses_conflicts() {
         text(&o)
     );
 }
+
+#[test]
+fn an_unreadable_tensor_is_named_as_such_not_as_missing() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, ds) = (t.path().join("src"), t.path().join("ds"));
+    std::fs::create_dir_all(&src).unwrap();
+    let bad = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/bad_files/convert");
+    std::fs::copy(bad.join("crc_mismatch.pt"), src.join("a.pt")).unwrap();
+    let args = ["convert", s(&src), s(&ds), "--layout", "generic"];
+    let o = hspack(&[&args[..], &["--field", "x=t"]].concat());
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let out = text(&o);
+    assert!(out.contains("a.pt"), "{out}");
+    assert!(out.contains("CRC"), "{out}");
+    assert!(!out.contains("missing tensor"), "{out}");
+}

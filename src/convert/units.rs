@@ -278,8 +278,10 @@ impl Inputs {
                         t.name = name.to_string();
                         return Ok(t);
                     }
-                    Err(e @ ConvertError::UnsupportedDType { .. }) => return Err(e),
-                    Err(_) => {}
+                    // Not in this part: the next part may hold it.
+                    Err(ConvertError::Missing { .. }) => {}
+                    // In this part, but unreadable: that is the answer.
+                    Err(e) => return Err(e),
                 }
             }
         }
