@@ -134,7 +134,7 @@ pub enum Error {
         offset: u64,
     },
     /// The samples table does not match the manifest.
-    #[error("{}: {detail}: rewrite it with `hspack reindex` or copy it again", path.display())]
+    #[error("{}: {detail}: rewrite it from the shards with `hspack reindex DATASET`", path.display())]
     SamplesTable {
         /// Table file.
         path: PathBuf,

@@ -255,3 +255,32 @@ fn info_refuses_shard_sizes_that_add_up_past_2_64() {
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert!(v["bytes"].as_u64().unwrap() > u64::MAX - bytes);
 }
+
+#[test]
+fn reindex_rewrites_a_lost_or_damaged_samples_table() {
+    let t = tempfile::tempdir().unwrap();
+    assert!(demo(t.path()).status.success());
+    let table = t.path().join("ds/samples.parquet");
+    let good = std::fs::read(&table).unwrap();
+    let digest = text(&hspack(&["digest", "ds"], t.path()));
+    for damage in ["flip", "remove"] {
+        match damage {
+            "flip" => {
+                let mut bad = good.clone();
+                bad[good.len() / 2] ^= 1;
+                std::fs::write(&table, bad).unwrap();
+            }
+            _ => std::fs::remove_file(&table).unwrap(),
+        }
+        let o = hspack(&["verify", "ds"], t.path());
+        assert_eq!(o.status.code(), Some(1), "{damage}: {}", text(&o));
+        assert!(text(&o).contains("hspack reindex"), "{}", text(&o));
+        let o = hspack(&["reindex", "ds"], t.path());
+        assert!(o.status.success(), "{}", text(&o));
+        assert!(text(&o).contains("5 samples"), "{}", text(&o));
+        let o = hspack(&["verify", "ds"], t.path());
+        assert_eq!(o.status.code(), Some(0), "{damage}: {}", text(&o));
+        assert_eq!(std::fs::read(&table).unwrap(), good, "the same table again");
+        assert_eq!(text(&hspack(&["digest", "ds"], t.path())), digest);
+    }
+}

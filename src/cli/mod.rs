@@ -11,6 +11,7 @@ mod export;
 mod info;
 mod ls;
 mod progress;
+mod reindex;
 mod show;
 mod verify;
 
@@ -36,6 +37,8 @@ enum Command {
     Verify(verify::Args),
     /// Verify, then print the dataset digest: one line that two intact copies share.
     Digest(digest::Args),
+    /// Rewrite samples.parquet from the shards' indexes (when verify finds it missing or damaged).
+    Reindex(reindex::Args),
     /// Write one sample's fields to a .safetensors file or .npy files.
     Export(export::Args),
     /// Turn hidden-state dumps (SpecForge, EAGLE, ModelOpt, speculators, ad-hoc) into a dataset.
@@ -57,6 +60,7 @@ pub fn main() -> ExitCode {
         Command::Verify(a) => verify::run(a),
         Command::Digest(a) => digest::run(a),
         Command::Export(a) => export::run(a),
+        Command::Reindex(a) => reindex::run(a),
         Command::Convert(a) => convert::run(*a),
     };
     match result {

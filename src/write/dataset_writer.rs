@@ -483,6 +483,15 @@ fn create_manifest(path: &Path, bytes: &[u8], durable: bool) -> Result<()> {
         })
 }
 
+/// Rewrites `samples.parquet` of the dataset in `dir` from its shards' indexes, which the
+/// manifest covers (the table is derived from them): the repair when verify finds the table
+/// missing, stale or damaged. Takes the writer lock like any writer.
+pub fn reindex(dir: impl AsRef<Path>) -> Result<WriteStats> {
+    let dir = dir.as_ref();
+    let schema = Dataset::open(dir)?.schema().clone();
+    DatasetWriter::open(dir, schema, WriteOptions::default())?.finish()
+}
+
 /// One table row per committed sample of the dataset in `dir`.
 pub fn sample_rows(dir: &Path) -> Result<Vec<SampleRow>> {
     let ds = Dataset::open(dir)?;

@@ -10,5 +10,5 @@ pub mod sample;
 pub mod samples_table;
 pub mod shard_writer;
 
-pub use dataset_writer::{DatasetWriter, WriteOptions, WriteStats};
+pub use dataset_writer::{reindex, DatasetWriter, WriteOptions, WriteStats};
 pub use lane::{Lanes, ShardLane};
