@@ -3,14 +3,15 @@
 
 mod common;
 
-use std::borrow::Cow;
-use std::collections::{BTreeMap, HashSet};
+use common::dumps::{check_dataset, write_dumps, V};
+
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use hspack::Dataset;
-use safetensors::{Dtype, View};
+use safetensors::Dtype;
 
 fn hspack(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_hspack"))
@@ -143,67 +144,6 @@ fn specforge_fixtures_convert_bit_for_bit() {
     }
 }
 
-struct V {
-    dtype: Dtype,
-    shape: Vec<usize>,
-    data: Vec<u8>,
-}
-
-impl View for &V {
-    fn dtype(&self) -> Dtype {
-        self.dtype
-    }
-    fn shape(&self) -> &[usize] {
-        &self.shape
-    }
-    fn data(&self) -> Cow<'_, [u8]> {
-        Cow::Borrowed(&self.data)
-    }
-    fn data_len(&self) -> usize {
-        self.data.len()
-    }
-}
-
-const HIDDEN: usize = 256;
-
-/// Sample `i`: `ids` i32 `[T]` and `h` bf16 `[T, HIDDEN]`, T = 1 + i % 13.
-fn sample(i: usize) -> (Vec<u8>, Vec<u8>) {
-    let t = 1 + i % 13;
-    let ids = (0..t as i32)
-        .flat_map(|x| (x * 7 + i as i32).to_le_bytes())
-        .collect();
-    (ids, common::bytes(i as u64 + 1, t * HIDDEN * 2))
-}
-
-fn write_dumps(dir: &Path, range: std::ops::Range<usize>) {
-    std::fs::create_dir_all(dir).unwrap();
-    for i in range {
-        let (ids, h) = sample(i);
-        let t = ids.len() / 4;
-        let tensors = [
-            (
-                "ids".to_string(),
-                V {
-                    dtype: Dtype::I32,
-                    shape: vec![t],
-                    data: ids,
-                },
-            ),
-            (
-                "h".to_string(),
-                V {
-                    dtype: Dtype::BF16,
-                    shape: vec![1, t, HIDDEN],
-                    data: h,
-                },
-            ),
-        ];
-        let path = dir.join(format!("req_{i:03}.safetensors"));
-        safetensors::serialize_to_file(tensors.iter().map(|(n, v)| (n.clone(), v)), None, &path)
-            .unwrap();
-    }
-}
-
 fn convert_args<'a>(src: &'a Path, ds: &'a Path, extra: &[&'a str]) -> Vec<&'a str> {
     let mut a = vec![
         "convert",
@@ -221,24 +161,6 @@ fn convert_args<'a>(src: &'a Path, ds: &'a Path, extra: &[&'a str]) -> Vec<&'a s
     ];
     a.extend_from_slice(extra);
     a
-}
-
-/// Keys in the dataset, checking each sample's bytes; panics on a duplicate.
-fn check_dataset(ds: &Path) -> HashSet<String> {
-    let mut keys = HashSet::new();
-    if !ds.join("manifest.json").exists() {
-        return keys;
-    }
-    let d = Dataset::open(ds).unwrap();
-    for o in 0..d.len() {
-        let s = d.sample(o).unwrap();
-        let i: usize = s.key()["req_".len()..].parse().unwrap();
-        let (ids, h) = sample(i);
-        assert_eq!(s.read("input_ids", None).unwrap().bytes(), &ids[..]);
-        assert_eq!(s.read("hidden.7", None).unwrap().bytes(), &h[..]);
-        assert!(keys.insert(s.key().to_string()), "duplicate {}", s.key());
-    }
-    keys
 }
 
 #[test]

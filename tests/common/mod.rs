@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
+pub mod dumps;
+
 use hspack::{CapturePoint, DType, Field, Role, Schema, WriteOptions};
 
 /// A schema like a capture's: token ids, loss mask, two hidden-state layers of width `hidden`.

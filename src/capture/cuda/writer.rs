@@ -529,7 +529,7 @@ impl CudaWriter {
             )));
         }
         let end = f.ptr.checked_add(f.bytes as u64);
-        if end.map_or(true, |end| end > start.saturating_add(size)) {
+        if end.is_none_or(|end| end > start.saturating_add(size)) {
             return Err(bad(format!(
                 "{} bytes at {:#x} overrun the allocation {:#x}..{:#x}: pass a contiguous tensor",
                 f.bytes,

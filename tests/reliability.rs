@@ -1,0 +1,598 @@
+//! The reliability suite: `kill -9` at random points of a writer and of
+//! `hspack convert --delete-source`, corruption injected by kind, every committed bad input,
+//! and a full disk (a small tmpfs, when run as root). Each part counts the trials it tried and
+//! those that held; the table is printed at the end, and any trial that did not hold fails.
+//!
+//! On its own, with the table shown:
+//! `cargo test --release --test reliability -- --nocapture`
+//! (`HSPACK_RELIABILITY_SEED` and `HSPACK_RELIABILITY_KILLS` change the seed and the kills).
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::dumps::{check_dataset, write_dumps};
+use common::*;
+use hspack::format::{ChunkHeader, Footer, ShardHeader};
+use hspack::verify::{verify, VerifyOptions};
+use hspack::{Dataset, DatasetWriter, WriteOptions};
+
+const HIDDEN: usize = 256;
+const TOTAL: u64 = 40;
+const CHILD_ENV: &str = "HSPACK_RELIABILITY_CHILD_DIR";
+
+/// A small, seeded generator: every random point of a run can be replayed from its seed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// What one part of the suite tried, what held, and what did not.
+struct Tally {
+    part: &'static str,
+    tried: u64,
+    held: u64,
+    failures: Vec<String>,
+    note: String,
+}
+
+impl Tally {
+    fn new(part: &'static str) -> Self {
+        Tally {
+            part,
+            tried: 0,
+            held: 0,
+            failures: Vec::new(),
+            note: String::new(),
+        }
+    }
+
+    /// Runs one trial: it holds when `check` returns without panicking.
+    fn trial(&mut self, what: String, check: impl FnOnce()) {
+        self.tried += 1;
+        match catch_unwind(AssertUnwindSafe(check)) {
+            Ok(()) => self.held += 1,
+            Err(p) => {
+                let msg = p
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_default();
+                self.failures.push(format!("{what}: {msg}"));
+            }
+        }
+    }
+}
+
+fn options() -> WriteOptions {
+    WriteOptions {
+        chunk_bytes: Some(8 << 10),
+        shard_samples: 3,
+        durable: true,
+        ..WriteOptions::default()
+    }
+}
+
+fn sample(i: u64) -> SampleBytes {
+    capture_sample(i, 5 + (i as usize * 13) % 40, HIDDEN)
+}
+
+/// Appends samples `len()..TOTAL`, printing the committed count after each commit.
+fn write_until_done(dir: &Path) {
+    let mut w = DatasetWriter::open(dir, capture_schema(HIDDEN as u64), options()).unwrap();
+    for i in w.len()..TOTAL {
+        let before = w.stats().samples;
+        w.append(&format!("req-{i}"), &as_fields(&sample(i)))
+            .unwrap();
+        if w.stats().samples != before {
+            println!("COMMITTED {}", w.stats().samples);
+        }
+    }
+    println!("COMMITTED {}", w.finish().unwrap().samples);
+}
+
+/// Runs in the child process only.
+#[test]
+fn writer_child() {
+    if let Ok(dir) = std::env::var(CHILD_ENV) {
+        write_until_done(Path::new(&dir));
+    }
+}
+
+/// Samples `0..len` are the ones written, bit for bit, in order; returns `len`.
+fn check_committed(dir: &Path, at_least: u64) -> u64 {
+    let ds = Dataset::open(dir).unwrap();
+    assert!(
+        ds.len() >= at_least,
+        "{at_least} committed, {} visible",
+        ds.len()
+    );
+    assert!(ds.len() <= TOTAL);
+    for i in 0..ds.len() {
+        let s = ds.sample(i).unwrap();
+        assert_eq!(s.key(), format!("req-{i}"));
+        for (name, data) in sample(i) {
+            assert_eq!(
+                s.read(&name, None).unwrap().bytes(),
+                &data[..],
+                "{i} {name}"
+            );
+        }
+    }
+    let report = verify(dir, VerifyOptions::default(), &|_| {}).unwrap();
+    assert!(report.is_ok(), "{:?}", report.problems);
+    ds.len()
+}
+
+fn writer_child_command(dir: &Path) -> Command {
+    let mut c = Command::new(std::env::current_exe().unwrap());
+    c.args(["writer_child", "--exact", "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, dir)
+        .stderr(Stdio::null());
+    c
+}
+
+fn writer_kills(rng: &mut Rng, kills: u64) -> Tally {
+    let mut t = Tally::new("kill -9 of a writer");
+    // The time a whole run takes here: kills land uniformly within it.
+    let calibrate = tempfile::tempdir().unwrap();
+    let start = Instant::now();
+    let status = writer_child_command(calibrate.path())
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let run = start.elapsed();
+    let mut mid_run = 0;
+    for k in 0..kills {
+        let dir = tempfile::tempdir().unwrap();
+        let delay = Duration::from_micros(rng.below(run.as_micros() as u64));
+        let mut child = writer_child_command(dir.path())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = child.stdout.take().unwrap();
+        let lines = std::thread::spawn(move || {
+            BufReader::new(out)
+                .lines()
+                .map_while(Result::ok)
+                .filter_map(|l| l.strip_prefix("COMMITTED ")?.parse::<u64>().ok())
+                .max()
+                .unwrap_or(0)
+        });
+        std::thread::sleep(delay);
+        let _ = child.kill();
+        let _ = child.wait();
+        let committed = lines.join().unwrap();
+        if committed > 0 && committed < TOTAL {
+            mid_run += 1;
+        }
+        t.trial(format!("kill {k} after {delay:?}"), || {
+            if dir.path().join("manifest.json").exists() {
+                check_committed(dir.path(), committed);
+            }
+            let status = writer_child_command(dir.path())
+                .stdout(Stdio::null())
+                .status()
+                .unwrap();
+            assert!(status.success(), "the resumed writer failed");
+            assert_eq!(check_committed(dir.path(), TOTAL), TOTAL);
+        });
+    }
+    t.note = format!("{mid_run} kills between the first and the last commit; run {run:?}");
+    t
+}
+
+fn convert_command(src: &Path, ds: &Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_hspack"));
+    c.args(["convert", s(src), s(ds), "--layout", "generic"])
+        .args(["--field", "input_ids=ids", "--field", "hidden.7=h"])
+        .args([
+            "--shard-samples",
+            "3",
+            "-q",
+            "--delete-source",
+            "--jobs",
+            "2",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    c
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+fn convert_kills(rng: &mut Rng, kills: u64) -> Tally {
+    const N: usize = 40;
+    let mut t = Tally::new("kill -9 of convert --delete-source");
+    let calibrate = tempfile::tempdir().unwrap();
+    write_dumps(&calibrate.path().join("src"), 0..N);
+    let start = Instant::now();
+    let status = convert_command(&calibrate.path().join("src"), &calibrate.path().join("ds"))
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let run = start.elapsed();
+    let mut mid_run = 0;
+    for k in 0..kills {
+        let dir = tempfile::tempdir().unwrap();
+        let (src, ds) = (dir.path().join("src"), dir.path().join("ds"));
+        write_dumps(&src, 0..N);
+        let delay = Duration::from_micros(rng.below(run.as_micros() as u64));
+        let mut child = convert_command(&src, &ds).spawn().unwrap();
+        std::thread::sleep(delay);
+        let _ = child.kill();
+        let _ = child.wait();
+        t.trial(format!("kill {k} after {delay:?}"), || {
+            // Every sample is a source file still, or in the dataset: never neither.
+            let in_ds = check_dataset(&ds);
+            for i in 0..N {
+                let key = format!("req_{i:03}");
+                let file = src.join(format!("{key}.safetensors"));
+                assert!(file.exists() || in_ds.contains(&key), "{key} was lost");
+            }
+            if !in_ds.is_empty() && in_ds.len() < N {
+                mid_run += 1;
+            }
+            let status = convert_command(&src, &ds).status().unwrap();
+            assert!(status.success(), "the rerun failed");
+            assert_eq!(check_dataset(&ds).len(), N);
+            assert_eq!(std::fs::read_dir(&src).unwrap().count(), 0, "sources left");
+            let report = verify(&ds, VerifyOptions::default(), &|_| {}).unwrap();
+            assert!(report.is_ok(), "{:?}", report.problems);
+        });
+    }
+    t.note = format!("{mid_run} kills between the first and the last commit; run {run:?}");
+    t
+}
+
+/// Byte ranges of one kind of structure in a dataset's files.
+fn ranges(dir: &Path, kind: &str) -> Vec<(PathBuf, u64, u64)> {
+    let ds = Dataset::open(dir).unwrap();
+    let mut out = Vec::new();
+    for seq in 0..ds.manifest().shards.len() {
+        let shard = ds.shard(seq).unwrap();
+        let path = dir.join(&ds.manifest().shards[seq].file);
+        let len = std::fs::metadata(&path).unwrap().len();
+        let footer = shard.footer();
+        match kind {
+            "shard header" => out.push((path, 0, ShardHeader::SIZE as u64)),
+            "footer" => out.push((path, len - Footer::SIZE as u64, len)),
+            "index" => out.push((
+                path,
+                footer.index_offset,
+                footer.index_offset + footer.index_len,
+            )),
+            "chunk header" | "chunk payload" => {
+                for c in 0..footer.chunk_count {
+                    let e = shard.index().chunk(c).unwrap();
+                    let header = e.offset + ChunkHeader::SIZE as u64;
+                    out.push(match kind {
+                        "chunk header" => (path.clone(), e.offset, header),
+                        _ => (path.clone(), header, header + e.stored_len),
+                    });
+                }
+            }
+            _ => unreachable!("{kind}"),
+        }
+    }
+    out
+}
+
+/// Reads every sample: each read returns the bytes written, or an error; never other bytes.
+fn no_wrong_bytes(dir: &Path) {
+    let Ok(ds) = Dataset::open(dir) else { return };
+    for i in 0..ds.len().min(TOTAL) {
+        let Ok(s) = ds.sample(i) else { continue };
+        let Some(n) = s.key().strip_prefix("req-").and_then(|n| n.parse().ok()) else {
+            panic!("sample {i} has key {:?}, which was never written", s.key());
+        };
+        for (name, data) in sample(n) {
+            if let Ok(t) = s.read(&name, None) {
+                assert_eq!(t.bytes(), &data[..], "sample {i} field {name}: wrong bytes");
+            }
+        }
+    }
+}
+
+/// Damage is named by verify (or the dataset refuses to open), and no read returns wrong bytes.
+fn detected(dir: &Path, pristine_digest: &str) {
+    no_wrong_bytes(dir);
+    match verify(dir, VerifyOptions::default(), &|_| {}) {
+        Err(_) => {}
+        // The manifest is the root of trust: a change to it that still decodes and matches
+        // every shard (a model name, say) is what the digest exists to show.
+        Ok(r) => assert!(
+            !r.is_ok() || r.digest != pristine_digest,
+            "verify found nothing and the digest is unchanged"
+        ),
+    }
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+    }
+}
+
+fn corruption(rng: &mut Rng) -> Tally {
+    const PER_KIND: u64 = 8;
+    let mut t = Tally::new("corruption injected by kind");
+    let root = tempfile::tempdir().unwrap();
+    let pristine = root.path().join("pristine");
+    write_until_done(&pristine);
+    let digest = verify(&pristine, VerifyOptions::default(), &|_| {})
+        .unwrap()
+        .digest;
+    let shards: Vec<PathBuf> = Dataset::open(&pristine)
+        .unwrap()
+        .manifest()
+        .shards
+        .iter()
+        .map(|r| PathBuf::from(&r.file))
+        .collect();
+    let structures = [
+        "shard header",
+        "chunk header",
+        "chunk payload",
+        "index",
+        "footer",
+    ];
+    let kinds = structures.iter().copied().chain([
+        "manifest byte",
+        "samples.parquet byte",
+        "shard truncated",
+        "shard deleted",
+        "bytes appended to a shard",
+    ]);
+    for kind in kinds {
+        for k in 0..PER_KIND {
+            let dir = root.path().join(format!("{kind}-{k}").replace(' ', "_"));
+            copy_dir(&pristine, &dir);
+            let shard = dir.join(&shards[rng.below(shards.len() as u64) as usize]);
+            let what = match kind {
+                "manifest byte" | "samples.parquet byte" => {
+                    let file = dir.join(
+                        kind.trim_end_matches(" byte")
+                            .replace("manifest", "manifest.json"),
+                    );
+                    let mut bytes = std::fs::read(&file).unwrap();
+                    let at = rng.below(bytes.len() as u64) as usize;
+                    bytes[at] ^= 1 << rng.below(8);
+                    std::fs::write(&file, bytes).unwrap();
+                    format!("byte {at}")
+                }
+                "shard truncated" => {
+                    let len = std::fs::metadata(&shard).unwrap().len();
+                    let keep = rng.below(len);
+                    std::fs::OpenOptions::new()
+                        .write(true)
+                        .open(&shard)
+                        .unwrap()
+                        .set_len(keep)
+                        .unwrap();
+                    format!("{} cut to {keep} bytes", shard.display())
+                }
+                "shard deleted" => {
+                    std::fs::remove_file(&shard).unwrap();
+                    format!("{} deleted", shard.display())
+                }
+                "bytes appended to a shard" => {
+                    let mut bytes = std::fs::read(&shard).unwrap();
+                    bytes.extend((0..1 + rng.below(64)).map(|_| rng.next() as u8));
+                    std::fs::write(&shard, bytes).unwrap();
+                    format!("{} grown", shard.display())
+                }
+                _ => {
+                    let all = ranges(&dir, kind);
+                    let (file, lo, hi) = all[rng.below(all.len() as u64) as usize].clone();
+                    let mut bytes = std::fs::read(&file).unwrap();
+                    let at = (lo + rng.below(hi - lo)) as usize;
+                    bytes[at] ^= 1 << rng.below(8);
+                    std::fs::write(&file, bytes).unwrap();
+                    format!("{} byte {at}", file.display())
+                }
+            };
+            t.trial(format!("{kind}: {what}"), || detected(&dir, &digest));
+        }
+    }
+    t.note = format!("{PER_KIND} random places for each of 10 kinds");
+    t
+}
+
+fn bad_inputs() -> Tally {
+    let mut t = Tally::new("committed bad inputs");
+    let bad = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/bad_files");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(bad.join("convert"))
+        .unwrap()
+        .chain(std::fs::read_dir(&bad).unwrap())
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_file() && p.extension().is_some_and(|e| e != "py"))
+        .filter(|p| p.file_name().is_some_and(|n| n != "valid_small.pt"))
+        .collect();
+    files.sort();
+    for file in files {
+        let name = file.file_name().unwrap().to_string_lossy().into_owned();
+        let dir = tempfile::tempdir().unwrap();
+        let is_manifest = name.starts_with("manifest_");
+        let out = if is_manifest {
+            // A hostile or broken manifest, read as a dataset's.
+            let ds = dir.path().join("ds");
+            std::fs::create_dir_all(&ds).unwrap();
+            std::fs::copy(&file, ds.join("manifest.json")).unwrap();
+            Command::new(env!("CARGO_BIN_EXE_hspack"))
+                .args(["verify", s(&ds)])
+                .output()
+                .unwrap()
+        } else if file.parent().is_some_and(|p| p.ends_with("convert")) {
+            let src = dir.path().join("src");
+            std::fs::create_dir_all(&src).unwrap();
+            std::fs::copy(&file, src.join(&name)).unwrap();
+            Command::new(env!("CARGO_BIN_EXE_hspack"))
+                .args(["convert", s(&src), s(&dir.path().join("ds"))])
+                .args(["--layout", "generic", "--field", "x=t"])
+                .output()
+                .unwrap()
+        } else {
+            // A damaged shard structure: its own test decodes it; here it must not crash
+            // the reader of a folder that holds it.
+            let ds = dir.path().join("ds");
+            std::fs::create_dir_all(&ds).unwrap();
+            std::fs::copy(&file, ds.join("shard-000000.hsp")).unwrap();
+            Command::new(env!("CARGO_BIN_EXE_hspack"))
+                .args(["verify", s(&ds)])
+                .output()
+                .unwrap()
+        };
+        t.trial(name.clone(), || {
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(!text.contains("panicked"), "{text}");
+            assert!(
+                matches!(out.status.code(), Some(1) | Some(2)),
+                "exit {:?}: {text}",
+                out.status.code()
+            );
+            assert!(
+                text.contains("hspack: error") || text.contains("DAMAGED"),
+                "{text}"
+            );
+        });
+    }
+    t.note = "each refused with exit 1 or 2 and a message, never a panic".into();
+    t
+}
+
+/// A tmpfs of a given size, unmounted on drop.
+struct SmallDisk(PathBuf);
+
+impl SmallDisk {
+    fn mount(at: &Path, size: &str) -> Option<SmallDisk> {
+        std::fs::create_dir_all(at).ok()?;
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs", s(at)])
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        ok.then(|| SmallDisk(at.to_path_buf()))
+    }
+    fn grow(&self, size: &str) {
+        let status = Command::new("mount")
+            .args(["-o", &format!("remount,size={size}"), s(&self.0)])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+fn disk_full() -> Tally {
+    let mut t = Tally::new("disk full (tmpfs)");
+    let root = tempfile::tempdir().unwrap();
+    for (k, size) in ["256k", "600k", "1m", "1500k"].into_iter().enumerate() {
+        let at = root.path().join(format!("disk-{k}"));
+        let Some(disk) = SmallDisk::mount(&at, size) else {
+            t.note = "not run: mounting a tmpfs needs root".into();
+            return t;
+        };
+        t.trial(format!("a {size} disk"), || {
+            let dir = disk.0.join("ds");
+            let mut w =
+                DatasetWriter::open(&dir, capture_schema(HIDDEN as u64), options()).unwrap();
+            let mut failed = None;
+            for i in 0..TOTAL {
+                if let Err(e) = w.append(&format!("req-{i}"), &as_fields(&sample(i))) {
+                    failed = Some(e);
+                    break;
+                }
+            }
+            let e = match failed {
+                Some(e) => {
+                    drop(w);
+                    e
+                }
+                None => w
+                    .finish()
+                    .expect_err("the disk is too small for every sample"),
+            };
+            let msg = e.to_string();
+            assert!(msg.contains("No space left"), "{msg}");
+            assert!(msg.contains(s(&dir)), "the error names the file: {msg}");
+            let committed = if dir.join("manifest.json").exists() {
+                check_committed(&dir, 0)
+            } else {
+                0
+            };
+            disk.grow("64m");
+            write_until_done(&dir);
+            assert_eq!(check_committed(&dir, TOTAL), TOTAL);
+            eprintln!("  {size}: full after {committed} committed samples; resumed to {TOTAL}");
+        });
+    }
+    t.note =
+        "the error names the file; committed samples intact; resumed once space is back".into();
+    t
+}
+
+#[test]
+fn reliability_suite() {
+    if std::env::var(CHILD_ENV).is_ok() {
+        return;
+    }
+    let seed = env_u64("HSPACK_RELIABILITY_SEED", 1);
+    let kills = env_u64("HSPACK_RELIABILITY_KILLS", 20);
+    let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let tallies = [
+        writer_kills(&mut rng, kills),
+        convert_kills(&mut rng, kills),
+        corruption(&mut rng),
+        bad_inputs(),
+        disk_full(),
+    ];
+    eprintln!("\nreliability suite, seed {seed}:");
+    eprintln!("{:<36} {:>6} {:>6}  notes", "part", "tried", "held");
+    for t in &tallies {
+        eprintln!("{:<36} {:>6} {:>6}  {}", t.part, t.tried, t.held, t.note);
+    }
+    let failures: Vec<&String> = tallies.iter().flat_map(|t| &t.failures).collect();
+    for f in &failures {
+        eprintln!("DID NOT HOLD {f}");
+    }
+    assert!(
+        failures.is_empty(),
+        "{} trials did not hold",
+        failures.len()
+    );
+}
