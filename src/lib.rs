@@ -11,6 +11,7 @@ compile_error!("hspack maps little-endian structures directly; big-endian hosts 
 pub mod capture;
 pub mod convert;
 pub mod error;
+pub mod failpoint;
 pub mod format;
 pub mod parallel;
 pub mod read;

@@ -16,5 +16,8 @@ fn main() -> std::process::ExitCode {
         }
         default(info);
     }));
+    // Crash points for tests, set by the FAILPOINTS variable (feature `failpoints` only).
+    #[cfg(feature = "failpoints")]
+    let _failpoints = fail::FailScenario::setup();
     cli::main()
 }

@@ -10,6 +10,9 @@ echo "== cargo clippy -D warnings"
 cargo clippy --all-targets -- -D warnings
 echo "== cargo test"
 cargo test
+echo "== failpoints: a writer and convert crashed at each publish step (feature failpoints)"
+cargo clippy --all-targets --features failpoints -- -D warnings
+cargo test --features failpoints --test failpoints
 echo "== feature cuda: clippy, tests (without a GPU driver they check the clear no-driver error)"
 cargo clippy --all-targets --features cuda -- -D warnings
 cargo test --features cuda --lib capture

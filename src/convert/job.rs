@@ -9,6 +9,7 @@
 //! already holds is skipped, so a rerun after any interruption continues where the last commit
 //! left off and never appends a sample twice.
 
+use crate::failpoint::failpoint;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Write;
 use std::ops::Range;
@@ -584,6 +585,7 @@ impl<'o> Run<'o> {
         for lane in done.lanes {
             writer.commit_lane(lane)?;
         }
+        failpoint!("convert-committed");
         if self.o.delete_source {
             self.verify_new(writer.stats().shards)?;
             for unit in converted {
@@ -620,6 +622,7 @@ impl<'o> Run<'o> {
         for path in unit.files.iter().map(|f| &f.1).chain(&unit.split_file) {
             match std::fs::remove_file(path) {
                 Ok(()) => {
+                    failpoint!("convert-source-deleted");
                     self.report.deleted += 1;
                     // A folder the deletion emptied goes too (never the source root).
                     if let Some(dir) = path.parent().filter(|d| *d != self.o.src) {

@@ -6,6 +6,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use crate::error::{io, Error, Result};
+use crate::failpoint::failpoint;
 
 pub use crate::format::manifest::TEMP_SUFFIX;
 
@@ -67,5 +68,6 @@ pub fn write_atomic(target: &Path, bytes: &[u8], durable: bool) -> Result<()> {
         f.sync_all().map_err(io(&temp, "fsync"))?;
     }
     drop(f);
+    failpoint!("atomic-temp-synced");
     publish(&temp, target, durable)
 }

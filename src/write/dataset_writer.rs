@@ -4,6 +4,7 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use crate::error::{format, io, Error, Result};
+use crate::failpoint::failpoint;
 use crate::format::manifest::{
     hex, is_leftover, shard_file_name, TableRecord, MANIFEST_FILE, SAMPLES_TABLE_FILE,
 };
@@ -412,6 +413,7 @@ impl DatasetWriter {
         self.check_manifest_unchanged()?;
         let bytes = next.encode();
         write_atomic(&self.dir.join(MANIFEST_FILE), &bytes, self.options.durable)?;
+        failpoint!("manifest-published");
         self.manifest = next;
         self.manifest_hash = blake3::hash(&bytes);
         Ok(())
@@ -435,6 +437,7 @@ impl DatasetWriter {
         let path = self.dir.join(SAMPLES_TABLE_FILE);
         let bytes = samples_table::encode(&rows, &path)?;
         write_atomic(&path, &bytes, self.options.durable)?;
+        failpoint!("samples-table-published");
         let mut next = self.manifest.clone();
         next.samples_table = Some(TableRecord {
             file: SAMPLES_TABLE_FILE.into(),
@@ -535,6 +538,7 @@ fn remove_leftovers(dir: &Path, committed: u32) -> Result<()> {
         let name = entry.file_name().to_string_lossy().into_owned();
         if is_leftover(&name, committed.into()) {
             std::fs::remove_file(entry.path()).map_err(io(entry.path(), "remove leftover"))?;
+            failpoint!("leftover-removed");
             removed = true;
         }
     }

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use rayon::prelude::*;
 
 use crate::error::{io, Result};
+use crate::failpoint::failpoint;
 use crate::format::manifest::hex;
 use crate::format::{
     ChunkEntry, ChunkHeader, Codec, ExtentEntry, Footer, IndexBuilder, ShardHeader, ShardRecord,
@@ -254,10 +255,12 @@ impl ShardWriter {
             file.sync_all().map_err(io(&self.temp, "fsync"))?;
         }
         drop(file);
+        failpoint!("shard-synced");
         if let Err(e) = publish_new(&self.temp, &place.path, durable) {
             let _ = std::fs::remove_file(&self.temp);
             return Err(e);
         }
+        failpoint!("shard-published");
         Ok(ShardRecord {
             file: place
                 .path

@@ -1,0 +1,34 @@
+//! Named points where a test can crash the process, as `kill -9` would, at each publish step.
+//!
+//! Built only with the `failpoints` feature (for tests): the `fail` crate then reads the
+//! `FAILPOINTS` environment variable (`NAME=2*off->return`: crash at the third pass), and a
+//! point set to `return` aborts the process there: no destructor runs, no buffer is flushed,
+//! no temp file is removed. Without the feature a point is nothing.
+
+/// Marks a failpoint named `$name` (one of [`ALL`]).
+macro_rules! failpoint {
+    ($name:literal) => {
+        #[cfg(feature = "failpoints")]
+        fail::fail_point!($name, |_| $crate::failpoint::crash($name));
+    };
+}
+pub(crate) use failpoint;
+
+/// Every failpoint, in the order a commit passes them.
+pub const ALL: &[&str] = &[
+    "shard-synced",
+    "shard-published",
+    "atomic-temp-synced",
+    "manifest-published",
+    "samples-table-published",
+    "leftover-removed",
+    "convert-committed",
+    "convert-source-deleted",
+];
+
+/// Ends the process at failpoint `name`, saying so on stderr first.
+#[cfg(feature = "failpoints")]
+pub fn crash(name: &str) -> ! {
+    eprintln!("hspack: failpoint {name}: crashing");
+    std::process::abort()
+}
