@@ -120,9 +120,12 @@ fn sigkill_at_many_points_loses_no_committed_sample() {
                 }
             }
             std::thread::sleep(Duration::from_micros((round * 7 + attempt * 3) % 11 * 300));
-            let _ = child.kill();
+            // A kill counts only if it found the writer still running.
+            if child.try_wait().unwrap().is_none() {
+                child.kill().unwrap();
+                kill_points += 1;
+            }
             let _ = child.wait();
-            kill_points += 1;
             let seen = lines.join().unwrap();
             if let Some(&last) = seen.last() {
                 committed = committed.max(last);
@@ -138,7 +141,7 @@ fn sigkill_at_many_points_loses_no_committed_sample() {
         let report = verify(dir.path(), VerifyOptions::default(), &|_| {}).unwrap();
         assert!(report.is_ok(), "round {round}: {:?}", report.problems);
     }
-    assert_eq!(kill_points, 48);
+    assert!(kill_points >= 24, "only {kill_points} of 48 kills found the writer running");
     // The kills landed at many different points of the writing, not all before or after it.
     let mid = visible_counts
         .iter()
