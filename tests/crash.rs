@@ -141,7 +141,10 @@ fn sigkill_at_many_points_loses_no_committed_sample() {
         let report = verify(dir.path(), VerifyOptions::default(), &|_| {}).unwrap();
         assert!(report.is_ok(), "round {round}: {:?}", report.problems);
     }
-    assert!(kill_points >= 24, "only {kill_points} of 48 kills found the writer running");
+    assert!(
+        kill_points >= 24,
+        "only {kill_points} of 48 kills found the writer running"
+    );
     // The kills landed at many different points of the writing, not all before or after it.
     let mid = visible_counts
         .iter()

@@ -74,17 +74,33 @@ pub fn encode(rows: &[SampleRow], path: &Path) -> Result<Vec<u8>> {
     Ok(out)
 }
 
-/// Reads the key and ordinal columns back, to check a table against the dataset.
+/// Reads the key and ordinal columns back, to check a table against the dataset. A table
+/// the parquet decoder cannot read, or panics on, is an error: the table is derived data
+/// (`hspack reindex` rewrites it), never a reason to crash a reader.
 pub fn decode_keys(bytes: Vec<u8>, path: &Path) -> Result<Vec<(String, u64)>> {
-    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    let decoded = std::panic::catch_unwind(|| decode_keys_unguarded(bytes, path));
+    decoded.unwrap_or_else(|_| {
+        Err(Error::SamplesTable {
+            path: path.to_path_buf(),
+            detail: "cannot decode: the parquet decoder failed on it".into(),
+        })
+    })
+}
+
+fn decode_keys_unguarded(bytes: Vec<u8>, path: &Path) -> Result<Vec<(String, u64)>> {
+    use parquet::arrow::arrow_reader::{ArrowReaderOptions, ParquetRecordBatchReaderBuilder};
     let err = |e: &dyn std::fmt::Display| Error::SamplesTable {
         path: path.to_path_buf(),
         detail: format!("cannot decode: {e}"),
     };
-    let reader = ParquetRecordBatchReaderBuilder::try_new(bytes::Bytes::from(bytes))
-        .map_err(|e| err(&e))?
-        .build()
-        .map_err(|e| err(&e))?;
+    // The columns' types come from the parquet schema; the arrow schema a writer may embed
+    // is not decoded (its decoder panics on some malformed input).
+    let options = ArrowReaderOptions::new().with_skip_arrow_metadata(true);
+    let reader =
+        ParquetRecordBatchReaderBuilder::try_new_with_options(bytes::Bytes::from(bytes), options)
+            .map_err(|e| err(&e))?
+            .build()
+            .map_err(|e| err(&e))?;
     let mut out = Vec::new();
     for batch in reader {
         let batch = batch.map_err(|e| err(&e))?;

@@ -1,0 +1,25 @@
+#![no_main]
+//! Any bytes as convert's key log (`convert-keys.jsonl`), read from a file as a rerun reads it:
+//! lines decode or are skipped, and every key the log gives maps back to its unit.
+
+use hspack::convert::keys::{KeyLog, KEYS_FILE};
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let dir = std::env::temp_dir().join(format!("hspack-fuzz-keylog-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join(KEYS_FILE), data).unwrap();
+    if let Ok(log) = KeyLog::open(&dir) {
+        if let Ok(text) = std::str::from_utf8(data) {
+            for line in text.lines() {
+                if let Ok(v) = serde_json::from_str::<serde_json::Value>(line) {
+                    if let Some(unit) = v.get("unit").and_then(|u| u.as_str()) {
+                        if let Some(key) = log.key_of(unit) {
+                            assert!(log.unit_of(key).is_some());
+                        }
+                    }
+                }
+            }
+        }
+    }
+});
