@@ -72,6 +72,22 @@ pub fn main() -> ExitCode {
     }
 }
 
+/// The exit code for an error met reading a dataset that opened: [`EXIT_DAMAGED`] for damage
+/// (as `verify` reports it, [`hspack::Error::is_damage`]), else [`EXIT_ERROR`]. Prints the error.
+pub fn read_failed(e: anyhow::Error) -> ExitCode {
+    eprintln!("hspack: error: {}", error_text(&e));
+    let damaged = e.chain().any(|c| {
+        c.downcast_ref::<hspack::Error>()
+            .is_some_and(hspack::Error::is_damage)
+    });
+    if damaged {
+        eprintln!("hspack: the dataset is damaged: run `hspack verify` on it to list what is");
+        ExitCode::from(EXIT_DAMAGED)
+    } else {
+        ExitCode::from(EXIT_ERROR)
+    }
+}
+
 /// The error and its causes, each said once: hspack's errors put their cause in their own
 /// message and also return it as `source()`, so a cause whose text is already there is not
 /// repeated.
