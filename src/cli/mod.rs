@@ -49,6 +49,8 @@ enum Command {
 pub const EXIT_DAMAGED: u8 = 1;
 /// Exit code for errors: bad arguments, unreadable input.
 pub const EXIT_ERROR: u8 = 2;
+/// Exit code of `convert --skip-bad` when it skipped a bad file: the dataset lacks its samples.
+pub const EXIT_SKIPPED: u8 = 3;
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
