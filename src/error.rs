@@ -231,6 +231,28 @@ pub enum Error {
     },
 }
 
+impl Error {
+    /// Whether this error, met reading the committed data of a dataset that opened, is damage
+    /// that `verify` reports as a problem (exit code 1 in the command line), rather than a
+    /// wrong argument or an unreadable input: a checksum or chunk that does not match its
+    /// index, dirty padding, a shard replaced, foreign, undecodable or missing, a damaged
+    /// samples table.
+    pub fn is_damage(&self) -> bool {
+        match self {
+            Error::ChecksumMismatch { .. }
+            | Error::ChunkMisplaced { .. }
+            | Error::BadChunk { .. }
+            | Error::DirtyPadding { .. }
+            | Error::ShardMismatch { .. }
+            | Error::ForeignShard { .. }
+            | Error::SamplesTable { .. }
+            | Error::Format { .. } => true,
+            Error::Io { source, .. } => source.kind() == std::io::ErrorKind::NotFound,
+            _ => false,
+        }
+    }
+}
+
 /// Result of the dataset layers.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 

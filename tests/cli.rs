@@ -284,3 +284,35 @@ fn reindex_rewrites_a_lost_or_damaged_samples_table() {
         assert_eq!(text(&hspack(&["digest", "ds"], t.path())), digest);
     }
 }
+
+#[test]
+fn export_of_a_damaged_sample_exits_1_as_verify_does() {
+    let t = tempfile::tempdir().unwrap();
+    assert!(demo(t.path()).status.success());
+    let shard = t.path().join("ds/shard-000000.hsp");
+    let mut bytes = std::fs::read(&shard).unwrap();
+    bytes[4096 + 1] ^= 1; // the first payload: input_ids of sample 0
+    std::fs::write(&shard, bytes).unwrap();
+    assert_eq!(hspack(&["verify", "ds"], t.path()).status.code(), Some(1));
+    for to in ["npy", "safetensors"] {
+        let o = hspack(
+            &["export", "ds", "#0", "--to", to, "--out", "out"],
+            t.path(),
+        );
+        assert_eq!(o.status.code(), Some(1), "{to}: {}", text(&o));
+        assert!(text(&o).contains("demo-00000"), "{}", text(&o));
+        assert!(text(&o).contains("hspack verify"), "{}", text(&o));
+    }
+    // Errors that are not damage stay exit 2.
+    let o = hspack(
+        &["export", "ds", "no-such-key", "--to", "npy", "--out", "out"],
+        t.path(),
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    // An intact sample of the damaged dataset exports.
+    let o = hspack(
+        &["export", "ds", "#1", "--to", "npy", "--out", "out1"],
+        t.path(),
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+}

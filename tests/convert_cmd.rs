@@ -144,6 +144,13 @@ fn specforge_fixtures_convert_bit_for_bit() {
     }
 }
 
+/// [`convert_args`] without `-q`, for tests that read the report on stderr.
+fn loud_args<'a>(src: &'a Path, ds: &'a Path, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut a = convert_args(src, ds, extra);
+    a.retain(|x| *x != "-q");
+    a
+}
+
 fn convert_args<'a>(src: &'a Path, ds: &'a Path, extra: &[&'a str]) -> Vec<&'a str> {
     let mut a = vec![
         "convert",
@@ -249,7 +256,7 @@ fn refusals_name_the_file_and_the_fix() {
     assert_eq!(o.status.code(), Some(2));
     assert!(text(&o).contains("req_005.safetensors"), "{}", text(&o));
     let o = hspack(&convert_args(&src, &ds, &["--skip-bad"]));
-    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o));
     let report = std::fs::read_to_string(ds.join("convert-report.jsonl")).unwrap();
     assert_eq!(report.lines().count(), 1);
     assert!(report.contains("req_005.safetensors"));
@@ -330,7 +337,7 @@ fn a_bad_file_among_many_threads_stops_after_what_precedes_it() {
         .collect();
     assert!(left.is_empty(), "{left:?}");
     let o = hspack(&convert_args(&src, &ds, &["--jobs", "4", "--skip-bad"]));
-    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o));
     let report = std::fs::read_to_string(ds.join("convert-report.jsonl")).unwrap();
     assert_eq!(report.lines().count(), 1, "{report}");
     assert!(report.contains("req_016.safetensors"));
@@ -373,6 +380,8 @@ fn modelopt_keys_from_the_stored_conversation_id() {
             "modelopt",
             "--layers",
             "2,16,29,32",
+            "--num-layers",
+            "32",
             "--key-from",
             "conversation_id",
         ])
@@ -594,4 +603,468 @@ fn an_unreadable_tensor_is_named_as_such_not_as_missing() {
     assert!(out.contains("a.pt"), "{out}");
     assert!(out.contains("CRC"), "{out}");
     assert!(!out.contains("missing tensor"), "{out}");
+}
+
+/// A generic conversion of `fwd_pass.pt`-like files: ids and hidden states split into requests
+/// by `seq_lens`.
+fn fwd_args<'a>(src: &'a Path, ds: &'a Path, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut a = vec![
+        "convert",
+        s(src),
+        s(ds),
+        "--layout",
+        "generic",
+        "--field",
+        "input_ids=input_ids",
+        "--field",
+        "hidden.7=hidden",
+        "--split-by",
+        "lengths:seq_lens",
+    ];
+    a.extend_from_slice(extra);
+    a
+}
+
+/// A forward pass like `fwd_pass.pt` as safetensors: the request ids an integer tensor.
+fn write_fwd_safetensors(path: &Path, rids: &[i64], lens: &[i64]) {
+    let t: i64 = lens.iter().sum();
+    let le = |v: &[i64]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let tensors = [
+        (
+            "input_ids",
+            vec![t as usize],
+            Dtype::I64,
+            le(&(0..t).collect::<Vec<_>>()),
+        ),
+        (
+            "hidden",
+            vec![t as usize, 8],
+            Dtype::BF16,
+            vec![7u8; t as usize * 16],
+        ),
+        ("seq_lens", vec![lens.len()], Dtype::I64, le(lens)),
+        ("rids", vec![rids.len()], Dtype::I64, le(rids)),
+    ];
+    let views: Vec<(String, V)> = tensors
+        .into_iter()
+        .map(|(n, shape, dtype, data)| (n.to_string(), V { dtype, shape, data }))
+        .collect();
+    safetensors::serialize_to_file(views.iter().map(|(n, v)| (n.clone(), v)), None, path).unwrap();
+}
+
+fn keys_in_order(ds: &Path) -> Vec<String> {
+    let d = Dataset::open(ds).unwrap();
+    (0..d.len())
+        .map(|i| d.sample(i).unwrap().key().to_string())
+        .collect()
+}
+
+#[test]
+fn per_forward_pass_dumps_key_each_request_by_its_id() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    // A list of str ids (torch), and an integer tensor of ids (safetensors).
+    std::fs::copy(fixtures().join("fwd_pass.pt"), src.join("00000.pt")).unwrap();
+    write_fwd_safetensors(&src.join("00001.safetensors"), &[7, 9], &[1, 2]);
+    let ds = t.path().join("ds");
+    let o = hspack(&fwd_args(&src, &ds, &["--key-from", "rids"]));
+    assert!(o.status.success(), "{}", text(&o));
+    // Requests in file order, keyed by their ids.
+    assert_eq!(keys_in_order(&ds), ["req-b", "req-a", "7", "9"]);
+    let want = expected("fwd_pass.pt");
+    let d = Dataset::open(&ds).unwrap();
+    let read = |k: &str, f: &str| {
+        d.get_by_key(k)
+            .unwrap()
+            .read(f, None)
+            .unwrap()
+            .bytes()
+            .to_vec()
+    };
+    assert_eq!(read("req-b", "input_ids"), want["input_ids"][..2 * 8]);
+    assert_eq!(read("req-a", "input_ids"), want["input_ids"][2 * 8..]);
+    assert_eq!(read("req-a", "hidden.7"), want["hidden"][2 * 16..]);
+    // Without --key-from, KEY/j remains.
+    let plain = t.path().join("plain");
+    let o = hspack(&fwd_args(&src, &plain, &[]));
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(
+        keys_in_order(&plain),
+        ["00000/0", "00000/1", "00001/0", "00001/1"]
+    );
+    // Ids must match the requests: as many, none twice; a list without --split-by is explained.
+    let bad = t.path().join("bad");
+    std::fs::create_dir_all(&bad).unwrap();
+    write_fwd_safetensors(&bad.join("a.safetensors"), &[1, 2, 3], &[1, 2]);
+    let o = hspack(&fwd_args(
+        &bad,
+        &t.path().join("ds-bad"),
+        &["--key-from", "rids"],
+    ));
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("a.safetensors") && text(&o).contains("3 ids"),
+        "{}",
+        text(&o)
+    );
+    let o = hspack(&[
+        "convert",
+        s(&src.join("00000.pt")),
+        s(&t.path().join("ds-nosplit")),
+        "--layout",
+        "generic",
+        "--field",
+        "input_ids=input_ids",
+        "--key-from",
+        "rids",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("--split-by"), "{}", text(&o));
+    // Two passes giving one request id: an error naming both files.
+    std::fs::copy(fixtures().join("fwd_pass.pt"), src.join("00002.pt")).unwrap();
+    let o = hspack(&fwd_args(
+        &src,
+        &t.path().join("dup"),
+        &["--key-from", "rids"],
+    ));
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let msg = text(&o);
+    assert!(
+        msg.contains("00000.pt") && msg.contains("00002.pt") && msg.contains("`req-b`"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn grouped_files_name_values_as_fields_and_errors_name_the_file_at_fault() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::copy(
+        fixtures().join("fwd_pass.pt"),
+        src.join("fwd_00000_meta.pt"),
+    )
+    .unwrap();
+    // A bare int32 tensor of 5 entries, one per token.
+    std::fs::copy(
+        fixtures().join("bare_tensor.pt"),
+        src.join("fwd_00000_L2.pt"),
+    )
+    .unwrap();
+    let run = |src: &Path, ds: &Path, extra: &[&str]| {
+        let mut a = vec![
+            "convert",
+            s(src),
+            s(ds),
+            "--layout",
+            "generic",
+            "--group-by",
+            "{key}_{part}.pt",
+            "--field",
+            "input_ids=meta.input_ids",
+            "--field",
+            "hidden.7=meta.hidden",
+            "--field",
+            "l2=L2:role=other",
+            "--split-by",
+            "lengths:meta.seq_lens",
+        ];
+        a.extend_from_slice(extra);
+        hspack(&a)
+    };
+    // One naming rule: meta.rids, as meta.input_ids.
+    let ds = t.path().join("ds");
+    let o = run(&src, &ds, &["--key-from", "meta.rids"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(keys_in_order(&ds), ["req-b", "req-a"]);
+    let l2 = Dataset::open(&ds)
+        .unwrap()
+        .get_by_key("req-a")
+        .unwrap()
+        .read("l2", None)
+        .unwrap()
+        .bytes()
+        .to_vec();
+    assert_eq!(l2, expected("bare_tensor.pt")[""][2 * 4..]);
+    // The bare name is refused with the name to give, naming the file that holds it.
+    let o = run(&src, &t.path().join("bare"), &["--key-from", "rids"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let msg = text(&o);
+    assert!(msg.contains("--key-from meta.rids"), "{msg}");
+    assert!(
+        msg.contains("fwd_00000_meta.pt") && !msg.contains("fwd_00000_L2.pt"),
+        "{msg}"
+    );
+    // A bad key value: the error names the file holding it, not the group's first file.
+    let o = run(
+        &src,
+        &t.path().join("badkey"),
+        &["--key-from", "meta.input_ids"],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let msg = text(&o);
+    assert!(
+        msg.contains("fwd_00000_meta.pt") && !msg.contains("fwd_00000_L2.pt"),
+        "{msg}"
+    );
+    // A group lacking a part: the missing file is named, not another file of the group.
+    std::fs::copy(
+        fixtures().join("fwd_pass.pt"),
+        src.join("fwd_00002_meta.pt"),
+    )
+    .unwrap();
+    let o = run(&src, &t.path().join("missing"), &[]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let msg = text(&o);
+    assert!(
+        msg.contains("fwd_00002_L2.pt") && msg.contains("missing"),
+        "{msg}"
+    );
+    assert!(!msg.contains("fwd_00002_meta.pt"), "{msg}");
+    let o = run(&src, &t.path().join("skip"), &["--skip-bad", "--json"]);
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(
+        v["bad"][0]["file"]
+            .as_str()
+            .unwrap()
+            .ends_with("fwd_00002_L2.pt"),
+        "{v}"
+    );
+}
+
+#[test]
+fn the_last_layer_is_the_final_norm_only_when_num_layers_says_so() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src/rows_0-1");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::copy(fixtures().join("specforge.ckpt"), src.join("data_0.ckpt")).unwrap();
+    let src = t.path().join("src");
+    let run = |ds: &Path, extra: &[&str]| {
+        let mut a = vec![
+            "convert",
+            s(&src),
+            s(ds),
+            "--layout",
+            "specforge",
+            "--layers",
+            "2,30,58,60",
+        ];
+        a.extend_from_slice(extra);
+        hspack(&a)
+    };
+    let ds = t.path().join("ds");
+    let o = run(&ds, &["--num-layers", "61"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let msg = text(&o);
+    assert!(msg.contains("--layers 2,30,58,61"), "{msg}");
+    assert!(
+        msg.contains("--point layer-input,layer-input,layer-input,layer-output"),
+        "{msg}"
+    );
+    let o = run(&ds, &[]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("--num-layers 60"), "{}", text(&o));
+    assert!(!ds.exists(), "a refused run leaves no dataset");
+    // Said explicitly, either way, it converts.
+    let o = run(&ds, &["--num-layers", "60"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let points = run(
+        &t.path().join("points"),
+        &[
+            "--point",
+            "layer-input,layer-input,layer-input,layer-output",
+            "--num-layers",
+            "61",
+        ],
+    );
+    assert!(points.status.success(), "{}", text(&points));
+    let d = Dataset::open(t.path().join("points")).unwrap();
+    assert_eq!(
+        d.schema().fields[3].role,
+        hspack::Role::HiddenState {
+            layer: 60,
+            point: hspack::CapturePoint::LayerOutput
+        }
+    );
+}
+
+#[test]
+fn a_split_rerun_reports_what_it_skipped() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::copy(fixtures().join("fwd_pass.pt"), src.join("a.pt")).unwrap();
+    let ds = t.path().join("ds");
+    let o = hspack(&fwd_args(&src, &ds, &[]));
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("converted 1 of 1 units"), "{}", text(&o));
+    let o = hspack(&fwd_args(&src, &ds, &[]));
+    let msg = text(&o);
+    assert!(
+        msg.contains("converted 0 of 1 units (1 already in the dataset"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("appended  0 samples (2 already in the dataset"),
+        "{msg}"
+    );
+    let o = hspack(&fwd_args(&src, &ds, &["--json"]));
+    assert!(o.status.success(), "{}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        (
+            &v["converted"],
+            &v["already_present"],
+            &v["samples"],
+            &v["samples_already_present"]
+        ),
+        (&0.into(), &1.into(), &0.into(), &2.into()),
+        "{v}"
+    );
+}
+
+#[test]
+fn a_failed_first_run_leaves_no_dataset() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    write_dumps(&src, 0..3);
+    std::fs::write(src.join("req_001.safetensors"), b"not a tensor file").unwrap();
+    let ds = t.path().join("ds");
+    let o = hspack(&convert_args(&src, &ds, &[]));
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(!ds.exists(), "the run created {} and left it", ds.display());
+    // A folder that was there stays, empty.
+    std::fs::create_dir(&ds).unwrap();
+    let o = hspack(&convert_args(&src, &ds, &[]));
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let left: Vec<_> = std::fs::read_dir(&ds)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+    // What was committed before a bad file stays: shards of three, req_003 is bad.
+    let (src, ds) = (t.path().join("src2"), t.path().join("ds2"));
+    write_dumps(&src, 0..5);
+    std::fs::write(src.join("req_003.safetensors"), b"not a tensor file").unwrap();
+    let o = hspack(&convert_args(&src, &ds, &["--jobs", "1"]));
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert_eq!(check_dataset(&ds).len(), 3);
+}
+
+#[test]
+fn skipped_bad_files_exit_3_and_are_listed() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, ds) = (t.path().join("src"), t.path().join("ds"));
+    write_dumps(&src, 0..6);
+    let bad = [1, 2, 4, 5].map(|i| format!("req_{i:03}.safetensors"));
+    for b in &bad {
+        std::fs::write(src.join(b), b"not a tensor file").unwrap();
+    }
+    let o = hspack(&loud_args(&src, &ds, &["--skip-bad"]));
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o));
+    let msg = text(&o);
+    for b in &bad {
+        assert!(msg.contains(b.as_str()), "{b}: {msg}");
+    }
+    let o = hspack(&convert_args(&src, &ds, &["--skip-bad", "--json"]));
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let listed: Vec<&str> = v["bad"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["file"].as_str().unwrap())
+        .collect();
+    assert_eq!(listed.len(), 4, "{v}");
+    for (l, b) in listed.iter().zip(&bad) {
+        assert!(l.ends_with(b.as_str()), "{l} {b}");
+    }
+    assert_eq!(check_dataset(&ds).len(), 2);
+    // Documented where users look.
+    let help = text(&hspack(&["convert", "--help"]));
+    assert!(
+        help.contains("3 with") && help.contains("--skip-bad"),
+        "{help}"
+    );
+}
+
+#[test]
+fn numbered_files_convert_in_natural_order_and_resume_in_it() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, ds) = (t.path().join("src"), t.path().join("ds"));
+    write_dumps(&src, 0..12);
+    let rename = |i: usize| {
+        std::fs::rename(
+            src.join(format!("req_{i:03}.safetensors")),
+            src.join(format!("data_{i}.safetensors")),
+        )
+        .unwrap()
+    };
+    for i in 0..12 {
+        rename(i);
+    }
+    let o = hspack(&convert_args(&src, &ds, &["--jobs", "3"]));
+    assert!(o.status.success(), "{}", text(&o));
+    let want: Vec<String> = (0..12).map(|i| format!("data_{i}")).collect();
+    assert_eq!(keys_in_order(&ds), want);
+    // New files come after, in their order; a rerun skips what is there.
+    write_dumps(&src, 12..14);
+    rename(12);
+    rename(13);
+    let o = hspack(&loud_args(&src, &ds, &[]));
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("12 already in the dataset"),
+        "{}",
+        text(&o)
+    );
+    let want: Vec<String> = (0..14).map(|i| format!("data_{i}")).collect();
+    assert_eq!(keys_in_order(&ds), want);
+    // With keys read from the files: the same order, and the key log still skips on a rerun.
+    let (src, ds) = (t.path().join("src-ids"), t.path().join("ds-ids"));
+    std::fs::create_dir_all(&src).unwrap();
+    for i in 0..12 {
+        let v = |dtype, shape: Vec<usize>, data: Vec<u8>| V { dtype, shape, data };
+        let tensors = [
+            (
+                "ids",
+                v(
+                    Dtype::I32,
+                    vec![2],
+                    [1i32, 2].map(i32::to_le_bytes).concat(),
+                ),
+            ),
+            ("h", v(Dtype::BF16, vec![1, 2, 4], vec![i as u8; 16])),
+            (
+                "cid",
+                v(
+                    Dtype::I64,
+                    vec![1],
+                    (1000 + i as i64).to_le_bytes().to_vec(),
+                ),
+            ),
+        ];
+        let path = src.join(format!("data_{i}.safetensors"));
+        safetensors::serialize_to_file(
+            tensors.iter().map(|(n, v)| (n.to_string(), v)),
+            None,
+            &path,
+        )
+        .unwrap();
+    }
+    let by_ids = || hspack(&loud_args(&src, &ds, &["--key-from", "cid"]));
+    let o = by_ids();
+    assert!(o.status.success(), "{}", text(&o));
+    let want: Vec<String> = (1000..1012).map(|k| k.to_string()).collect();
+    assert_eq!(keys_in_order(&ds), want);
+    let o = by_ids();
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("12 already in the dataset"),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(keys_in_order(&ds), want);
 }

@@ -11,7 +11,7 @@ use hspack::convert::{
 use hspack::{Codec, WriteOptions};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use super::{gbps, human_bytes};
+use super::{gbps, human_bytes, EXIT_SKIPPED};
 
 const LAYOUTS: &str = "\
 Layouts (none of these formats records layer ids: give --layers, in the order listed):
@@ -40,13 +40,23 @@ Layouts (none of these formats records layer ids: give --layers, in the order li
 Layer ids follow the HF hidden_states[i] convention: id i is the input of layer i; an id equal to
 --num-layers is the final-norm output. Every field keeps its source dtype, bit for bit.
 Files: one per sample (key: relative path without extension); --group-by 'PATTERN' joins files
-whose relative path matches it, {key} naming the sample and {part} prefixing tensor names
-(e.g. '{key}/layer_{part}.pt' gives tensors part.NAME, or part for a bare tensor);
+whose relative path matches it, {key} naming the sample and {part} the file within it.
+Names in a group: what the file of part P holds is named P.NAME (P alone for a file holding one
+bare tensor or value), in --field, --split-by and --key-from alike: '{key}_{part}.pt' over
+fwd_0_meta.pt and fwd_0_L2.pt gives meta.rids, meta.seq_lens, L2, ... A group lacking a part
+other groups have is refused, naming the missing file.
 --split-by lengths:TENSOR|cu_seqlens:TENSOR splits a file packing several requests along the
 tokens into samples KEY/0, KEY/1, ...; with --split-by-file '{stem}.lens.pt' the tensor is in
 the file of that name beside each batch (--split-by lengths for its bare tensor).
---key-from NAME keys each sample by a value stored in its file instead of its file name.
-Resume: rerun the same command; samples already in the dataset are skipped.";
+--key-from NAME keys each sample by a value stored in its file instead of its file name (a str,
+an int or a one-element integer tensor); with --split-by, a list of ids or a 1-D integer tensor
+keys each request by its own id, as per-forward-pass dumps keep them:
+  --split-by lengths:seq_lens --key-from rids    (requests keyed by their rid, not KEY/j)
+Order: samples follow their keys in natural order (digits compare as numbers: data_2 before
+data_10), requests of a file in file order; a rerun over the same files gives the same order.
+Resume: rerun the same command; samples already in the dataset are skipped and counted so.
+Exit codes: 0 everything converted; 2 error (nothing after a bad file is committed); 3 with
+--skip-bad, bad files were skipped (listed in the report and in --json): the dataset lacks them.";
 
 /// Turn hidden-state dumps (SpecForge, EAGLE, ModelOpt, speculators, ad-hoc) into a dataset.
 #[derive(clap::Args)]
@@ -109,7 +119,8 @@ pub struct Args {
     /// committed need free space: about 1.5 × jobs shards.
     #[arg(long)]
     delete_source: bool,
-    /// List bad files in the report and go on instead of stopping.
+    /// List bad files in the report and go on instead of stopping; the exit code is then 3
+    /// when any file was skipped.
     #[arg(long)]
     skip_bad: bool,
     /// Report of bad files (JSON lines); default DST/convert-report.jsonl.
@@ -135,6 +146,9 @@ pub struct Args {
     /// No progress bar and no report on stderr.
     #[arg(long, short)]
     quiet: bool,
+    /// Print the report as JSON on stdout, bad files included.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -298,7 +312,7 @@ pub fn run(mut a: Args) -> anyhow::Result<ExitCode> {
     merge_mapping(&mut a)?;
     let o = options(&a)?;
     let bar = ProgressBar::new(0);
-    if a.quiet {
+    if a.quiet || a.json {
         bar.set_draw_target(ProgressDrawTarget::hidden());
     }
     bar.set_style(
@@ -324,9 +338,22 @@ pub fn run(mut a: Args) -> anyhow::Result<ExitCode> {
     bar.finish_and_clear();
     let r = report?;
     let secs = r.elapsed.as_secs_f64();
+    if a.json {
+        let v = serde_json::json!({
+            "units": r.units, "converted": r.converted, "already_present": r.present,
+            "samples": r.samples, "samples_already_present": r.samples_present,
+            "source_bytes": r.source_bytes, "ignored": r.ignored, "deleted": r.deleted,
+            "bad": r.bad, "report": r.report_path,
+            "dataset": {"path": o.dst, "samples": r.stats.samples, "shards": r.stats.shards,
+                        "bytes": r.stats.bytes},
+            "seconds": secs,
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    }
     let mut lines = vec![
         format!(
-            "converted {} of {} units ({} already in the dataset, {} bad, {} other files ignored)",
+            "converted {} of {} units ({} already in the dataset and skipped, {} bad, {} other \
+             files ignored)",
             r.converted,
             r.units,
             r.present,
@@ -334,8 +361,10 @@ pub fn run(mut a: Args) -> anyhow::Result<ExitCode> {
             r.ignored
         ),
         format!(
-            "appended  {} samples, {} of sources in {secs:.2} s: {:.2} GB/s",
+            "appended  {} samples ({} already in the dataset and skipped), {} of sources in \
+             {secs:.2} s: {:.2} GB/s",
             r.samples,
+            r.samples_present,
             human_bytes(r.source_bytes),
             gbps(r.source_bytes, secs)
         ),
@@ -350,16 +379,35 @@ pub fn run(mut a: Args) -> anyhow::Result<ExitCode> {
     if o.delete_source {
         lines.push(format!("deleted   {} source files", r.deleted));
     }
-    if let Some(p) = &r.report_path {
-        lines.push(format!("bad files listed in {}", p.display()));
-        for b in r.bad.iter().take(5) {
+    if !r.bad.is_empty() {
+        let listed = r
+            .report_path
+            .as_ref()
+            .map(|p| format!(", listed in {}", p.display()))
+            .unwrap_or_default();
+        lines.push(format!(
+            "skipped   {} bad files, whose samples the dataset lacks{listed}:",
+            r.bad.len()
+        ));
+        const SHOWN: usize = 20;
+        for b in r.bad.iter().take(SHOWN) {
             lines.push(format!("  {}: {}", b.file.display(), b.error));
         }
+        if r.bad.len() > SHOWN {
+            lines.push(format!("  ... and {} more", r.bad.len() - SHOWN));
+        }
+        lines.push(format!(
+            "exit code {EXIT_SKIPPED}: fix or remove the bad files and rerun to add the rest"
+        ));
     }
-    if !a.quiet {
+    if !a.quiet && !a.json {
         for l in lines {
             eprintln!("{l}");
         }
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(if r.bad.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(EXIT_SKIPPED)
+    })
 }

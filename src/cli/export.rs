@@ -121,19 +121,27 @@ fn write_npy(path: &Path, t: &Tensor) -> anyhow::Result<()> {
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let ds = Dataset::open(&a.dir)?;
-    let s = match a.key.strip_prefix('#').and_then(|n| n.parse::<u64>().ok()) {
-        Some(ordinal) => ds.sample(ordinal)?,
-        None => ds.get_by_key(&a.key)?,
+    let read = || -> hspack::Result<_> {
+        let s = match a.key.strip_prefix('#').and_then(|n| n.parse::<u64>().ok()) {
+            Some(ordinal) => ds.sample(ordinal)?,
+            None => ds.get_by_key(&a.key)?,
+        };
+        let names: Vec<String> = if a.fields.is_empty() {
+            ds.schema().fields.iter().map(|f| f.name.clone()).collect()
+        } else {
+            a.fields.clone()
+        };
+        let mut tensors = Vec::new();
+        for n in &names {
+            tensors.push((n.clone(), s.read(n, None)?));
+        }
+        Ok((s, tensors))
     };
-    let names: Vec<String> = if a.fields.is_empty() {
-        ds.schema().fields.iter().map(|f| f.name.clone()).collect()
-    } else {
-        a.fields.clone()
+    // Damage met reading the sample exits 1, as `verify` does; other errors 2.
+    let (s, tensors) = match read() {
+        Ok(read) => read,
+        Err(e) => return Ok(super::read_failed(e.into())),
     };
-    let mut tensors = Vec::new();
-    for n in &names {
-        tensors.push((n.clone(), s.read(n, None)?));
-    }
     match a.to {
         To::Safetensors => {
             let views: Vec<(String, StView)> = tensors

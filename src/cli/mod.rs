@@ -49,6 +49,8 @@ enum Command {
 pub const EXIT_DAMAGED: u8 = 1;
 /// Exit code for errors: bad arguments, unreadable input.
 pub const EXIT_ERROR: u8 = 2;
+/// Exit code of `convert --skip-bad` when it skipped a bad file: the dataset lacks its samples.
+pub const EXIT_SKIPPED: u8 = 3;
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -69,6 +71,22 @@ pub fn main() -> ExitCode {
             eprintln!("hspack: error: {}", error_text(&e));
             ExitCode::from(EXIT_ERROR)
         }
+    }
+}
+
+/// The exit code for an error met reading a dataset that opened: [`EXIT_DAMAGED`] for damage
+/// (as `verify` reports it, [`hspack::Error::is_damage`]), else [`EXIT_ERROR`]. Prints the error.
+pub fn read_failed(e: anyhow::Error) -> ExitCode {
+    eprintln!("hspack: error: {}", error_text(&e));
+    let damaged = e.chain().any(|c| {
+        c.downcast_ref::<hspack::Error>()
+            .is_some_and(hspack::Error::is_damage)
+    });
+    if damaged {
+        eprintln!("hspack: the dataset is damaged: run `hspack verify` on it to list what is");
+        ExitCode::from(EXIT_DAMAGED)
+    } else {
+        ExitCode::from(EXIT_ERROR)
     }
 }
 

@@ -285,6 +285,19 @@ pub enum ConvertError {
         key: String,
     },
 
+    /// A group of files (`--group-by`) lacks a part other groups have.
+    #[error("{}: missing: group `{group}` has no part `{part}` (other groups have one), so `{wanted}` cannot be read; add the file, or move the group's other files out of the source folder", file.display())]
+    MissingPart {
+        /// The file the group pattern names for the part.
+        file: PathBuf,
+        /// The group's key.
+        group: String,
+        /// The part.
+        part: String,
+        /// The tensor or value asked for.
+        wanted: String,
+    },
+
     /// A tensor's dtype is not one hspack stores.
     #[error("{}: tensor {tensor:?} has dtype {dtype}, which hspack does not store; cast it to a stored dtype (e.g. float32, or int64 for unsigned ids) and re-save, or leave it out of the fields", file.display())]
     UnsupportedDType {

@@ -24,7 +24,7 @@ use crate::format::manifest::MANIFEST_FILE;
 use crate::read::Dataset;
 use crate::write::{DatasetWriter, Lanes, ShardLane, WriteOptions, WriteStats};
 
-use super::keys::KeyLog;
+use super::keys::{misnamed, KeyLog};
 use super::layout::{derive_schema, specs_for, LayoutError, LayoutOptions, Preset};
 use super::prepare::{Decoder, Prepared, SplitBy, Trim};
 use super::units::{plan, Inputs, Unit};
@@ -88,7 +88,8 @@ pub enum Progress {
 /// A source file that could not be converted.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct BadFile {
-    /// The file (the first of its group).
+    /// The file at fault: the one whose content is bad, or that is missing from its group
+    /// (else the first of the group).
     pub file: PathBuf,
     /// Why.
     pub error: String,
@@ -101,13 +102,16 @@ pub struct Report {
     pub units: u64,
     /// Units converted in this run.
     pub converted: u64,
-    /// Units whose samples the dataset already held.
+    /// Units whose samples the dataset already held: skipped, nothing appended.
     pub present: u64,
     /// Samples appended in this run.
     pub samples: u64,
+    /// Samples of this run's units skipped because the dataset already held their keys.
+    pub samples_present: u64,
     /// Source bytes of the converted units.
     pub source_bytes: u64,
-    /// Files skipped as bad (only with `skip_bad`).
+    /// Files skipped as bad (only with `skip_bad`): a run that skipped any did not convert
+    /// everything.
     pub bad: Vec<BadFile>,
     /// Where bad files are listed, when `skip_bad`.
     pub report_path: Option<PathBuf>,
@@ -195,11 +199,54 @@ pub enum RunError {
 }
 
 fn is_layout_flag_error(e: &LayoutError) -> bool {
-    matches!(e, LayoutError::Layers { .. } | LayoutError::BadOption(_))
+    matches!(
+        e,
+        LayoutError::Layers { .. } | LayoutError::FinalNormId { .. } | LayoutError::BadOption(_)
+    )
 }
 
 /// Runs a conversion. `progress` is called on the calling thread.
+///
+/// A run that fails before committing anything to a folder that held no dataset leaves no
+/// dataset behind: the manifest (and key log) it created go, and the folder too when the run
+/// created it and nothing else is in it.
 pub fn run(o: &ConvertOptions, progress: &mut dyn FnMut(Progress)) -> Result<Report, RunError> {
+    let fresh = !o.dst.join(MANIFEST_FILE).exists();
+    let folder_existed = o.dst.exists();
+    let result = convert(o, progress);
+    if result.is_err() && fresh {
+        remove_empty_dataset(o, folder_existed);
+    }
+    result
+}
+
+/// Removes the dataset a failed run created in `o.dst` when it holds no shard: the manifest,
+/// the key log, an empty bad-file report, and the folder when the run created it and it is
+/// then empty. Best effort: the run's own error is what the caller sees.
+fn remove_empty_dataset(o: &ConvertOptions, folder_existed: bool) {
+    let manifest = o.dst.join(MANIFEST_FILE);
+    if manifest.exists() {
+        match Dataset::open(&o.dst) {
+            Ok(ds) if ds.manifest().shards.is_empty() => {}
+            _ => return,
+        }
+        let _ = std::fs::remove_file(&manifest);
+        let _ = std::fs::remove_file(o.dst.join(super::keys::KEYS_FILE));
+    }
+    let report = o
+        .report_path
+        .clone()
+        .unwrap_or_else(|| o.dst.join(REPORT_FILE));
+    if std::fs::metadata(&report).is_ok_and(|m| m.len() == 0) {
+        let _ = std::fs::remove_file(&report);
+    }
+    if !folder_existed {
+        // Only when empty: never a file the run did not create.
+        let _ = std::fs::remove_dir(&o.dst);
+    }
+}
+
+fn convert(o: &ConvertOptions, progress: &mut dyn FnMut(Progress)) -> Result<Report, RunError> {
     let started = Instant::now();
     if o.delete_source && !o.write.durable {
         return Err(RunError::BadOptions(
@@ -318,6 +365,8 @@ struct Run<'o> {
     verified: u64,
     /// With `key_from`, which unit gave which key.
     keys: Option<KeyLog>,
+    /// Keys read per request (`key_from` naming a list of ids), and the file of each.
+    request_keys: HashMap<String, PathBuf>,
 }
 
 impl<'o> Run<'o> {
@@ -351,6 +400,7 @@ impl<'o> Run<'o> {
                 converted: 0,
                 present: 0,
                 samples: 0,
+                samples_present: 0,
                 source_bytes: 0,
                 bad: Vec::new(),
                 report_path,
@@ -366,6 +416,7 @@ impl<'o> Run<'o> {
             },
             report_file,
             bad_units: Default::default(),
+            request_keys: HashMap::new(),
             verified: 0,
             keys: match &o.key_from {
                 Some(_) => Some(KeyLog::open(&o.dst).map_err(|source| RunError::Io {
@@ -378,12 +429,22 @@ impl<'o> Run<'o> {
         })
     }
 
-    fn bad(&mut self, file: &Path, error: String) -> Result<(), RunError> {
-        // Reader errors start with the file already.
-        let error = match error.strip_prefix(&format!("{}: ", file.display())) {
-            Some(rest) => rest.to_string(),
-            None => error,
-        };
+    /// Records a bad unit, or stops the run without `skip_bad`. An error that starts with
+    /// one of `files` (as reader errors start with theirs) is that file's; others are `files[0]`'s.
+    fn bad<'p>(
+        &mut self,
+        files: impl IntoIterator<Item = &'p Path>,
+        error: String,
+    ) -> Result<(), RunError> {
+        let mut files = files.into_iter();
+        let first = files.next().unwrap_or(Path::new(""));
+        let (file, error) = std::iter::once(first)
+            .chain(files)
+            .find_map(|f| {
+                let rest = error.strip_prefix(&format!("{}: ", f.display()))?;
+                Some((f, rest.to_string()))
+            })
+            .unwrap_or((first, error));
         let Some(f) = self.report_file.as_mut() else {
             return Err(RunError::BadFile {
                 file: file.to_path_buf(),
@@ -416,7 +477,7 @@ impl<'o> Run<'o> {
             let inputs = match Inputs::open(u, o.limits) {
                 Ok(i) => i,
                 Err(e) => {
-                    self.bad(first, e.to_string())?;
+                    self.bad(u.paths(), e.to_string())?;
                     self.bad_units.insert(u.key.clone());
                     continue;
                 }
@@ -426,6 +487,9 @@ impl<'o> Run<'o> {
                 .and_then(|s| derive_schema(o.preset, &s, &tensors, &o.layout).map(|d| (s, d)));
             match derived {
                 Ok((specs, schema)) => {
+                    if let Some(e) = o.key_from.as_deref().and_then(|k| misnamed(&inputs, k)) {
+                        return Err(RunError::BadOptions(e));
+                    }
                     return Ok(Some(Decoder {
                         specs,
                         schema,
@@ -434,13 +498,13 @@ impl<'o> Run<'o> {
                         trim: o.trim,
                         limits: o.limits,
                         pool: Default::default(),
-                    }))
+                    }));
                 }
                 Err(LayoutError::MissingTensor { tensor, .. })
                     if inputs.unsupported(&tensor).is_some() =>
                 {
                     let e = inputs.unsupported(&tensor).map(|e| e.to_string());
-                    self.bad(first, e.unwrap_or_default())?;
+                    self.bad(u.paths(), e.unwrap_or_default())?;
                     self.bad_units.insert(u.key.clone());
                 }
                 Err(e) if is_layout_flag_error(&e) => {
@@ -450,7 +514,7 @@ impl<'o> Run<'o> {
                     })
                 }
                 Err(e) => {
-                    self.bad(first, e.to_string())?;
+                    self.bad(u.paths(), e.to_string())?;
                     self.bad_units.insert(u.key.clone());
                 }
             }
@@ -554,9 +618,29 @@ impl<'o> Run<'o> {
         for (unit, outcome) in units.iter().zip(done.outcomes) {
             let file = &unit.files[0].1;
             match outcome {
-                Outcome::Bad(e) => self.bad(file, e)?,
-                Outcome::Converted { key, appended } => {
-                    if let Some(log) = &mut self.keys {
+                Outcome::Bad(e) => self.bad(unit.paths(), e)?,
+                Outcome::Converted {
+                    key,
+                    stored_key,
+                    appended,
+                    present,
+                    request_keys,
+                } => {
+                    for k in request_keys {
+                        match self.request_keys.get(&k) {
+                            Some(other) if other != file => {
+                                return Err(RunError::DuplicateKey {
+                                    key: k,
+                                    a: other.clone(),
+                                    b: file.clone(),
+                                })
+                            }
+                            _ => {
+                                self.request_keys.insert(k, file.clone());
+                            }
+                        }
+                    }
+                    if let Some(log) = self.keys.as_mut().filter(|_| stored_key) {
                         match log.unit_of(&key) {
                             Some((other, other_file)) if other != unit.key => {
                                 return Err(RunError::DuplicateKey {
@@ -576,8 +660,14 @@ impl<'o> Run<'o> {
                             })?;
                     }
                     self.report.samples += appended;
-                    self.report.converted += 1;
-                    self.report.source_bytes += unit.bytes;
+                    self.report.samples_present += present;
+                    // A unit whose every sample the dataset held was skipped, not converted.
+                    if appended == 0 && present > 0 {
+                        self.report.present += 1;
+                    } else {
+                        self.report.converted += 1;
+                        self.report.source_bytes += unit.bytes;
+                    }
                     converted.push(unit);
                 }
             }
@@ -703,8 +793,16 @@ struct GroupDone {
 }
 
 enum Outcome {
-    /// Samples appended (none when all were committed before) under the unit's key.
-    Converted { key: String, appended: u64 },
+    /// Samples appended, and samples skipped as committed before, of the unit's key.
+    Converted {
+        key: String,
+        /// Whether `key` was read from the files and goes to the key log.
+        stored_key: bool,
+        appended: u64,
+        present: u64,
+        /// The sample keys, when read one per request (`key_from` naming a list of ids).
+        request_keys: Vec<String>,
+    },
     /// Why the unit's file is bad.
     Bad(String),
 }
@@ -738,12 +836,19 @@ impl LaneJob<'_> {
             let outcome = match self.decoder.prepare(unit) {
                 Ok(p) => {
                     let file = &unit.files[0].1;
-                    if let Some(other) = first_unit_of.insert(p.key.clone(), file) {
-                        return Err(RunError::DuplicateKey {
-                            key: p.key.clone(),
-                            a: other.to_path_buf(),
-                            b: file.clone(),
-                        });
+                    let per_request = self.decoder.key_from.is_some() && !p.stored_key;
+                    let keys: Vec<&String> = match per_request {
+                        true => p.samples.iter().map(|s| &s.0).collect(),
+                        false => vec![&p.key],
+                    };
+                    for key in keys {
+                        if let Some(other) = first_unit_of.insert(key.clone(), file) {
+                            return Err(RunError::DuplicateKey {
+                                key: key.clone(),
+                                a: other.to_path_buf(),
+                                b: file.clone(),
+                            });
+                        }
                     }
                     let outcome = self.append(&p, &mut done.lanes);
                     self.decoder.recycle(p);
@@ -775,9 +880,10 @@ impl LaneJob<'_> {
                 Err(e) => return Ok(Outcome::Bad(e)),
             }
         }
-        let mut appended = 0;
+        let (mut appended, mut present) = (0, 0);
         for (key, rows) in &p.samples {
             if self.present.contains(key) {
+                present += 1;
                 continue;
             }
             let named: Vec<(&str, &[u8])> = decoder
@@ -806,9 +912,16 @@ impl LaneJob<'_> {
                 .append(key, &named)?;
             appended += 1;
         }
+        let per_request = decoder.key_from.is_some() && !p.stored_key;
         Ok(Outcome::Converted {
             key: p.key.clone(),
+            stored_key: p.stored_key,
             appended,
+            present,
+            request_keys: match per_request {
+                true => p.samples.iter().map(|s| s.0.clone()).collect(),
+                false => Vec::new(),
+            },
         })
     }
 }

@@ -13,45 +13,173 @@ use std::path::{Path, PathBuf};
 
 use super::pickle::Value;
 use super::units::Inputs;
+use super::SourceFile;
 use crate::format::DType;
 
 /// File name of the key log, in the dataset folder.
 pub const KEYS_FILE: &str = "convert-keys.jsonl";
 
-/// The key stored under `name` in the unit's files (dotted for nested dicts and lists).
-pub fn stored_key(inputs: &Inputs, name: &str) -> Result<String, String> {
-    for (_, f) in inputs.files() {
+/// The keys a unit's files store under `--key-from NAME`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoredKeys {
+    /// One key for the unit (samples `KEY/0`, `KEY/1`, ... when it is split).
+    One(String),
+    /// One key per request of a split unit, in order (a list of ids, or a 1-D integer tensor).
+    PerRequest(Vec<String>),
+}
+
+/// The key(s) stored under `name` in the unit's files (dotted for nested dicts and lists).
+/// `requests` is the number of requests when the unit is split: a list, tuple or 1-D tensor
+/// then gives one key per request. In a group of files, `name` is `PART.NAME` (or `PART` for
+/// a file holding only the value), as field sources are; errors start with the file that
+/// holds, or lacks, the value.
+pub fn stored_keys(
+    inputs: &Inputs,
+    name: &str,
+    requests: Option<usize>,
+) -> Result<StoredKeys, String> {
+    let grouped = inputs.files().iter().any(|(p, _)| !p.is_empty());
+    for (part, f) in inputs.files() {
+        let Some(inner) = super::units::in_part(part, name) else {
+            continue;
+        };
+        let at = |e: String| format!("{}: {e}", f.path().display());
         if let Some(t) = f.as_torch() {
             let mut v = Some(t.value());
-            for seg in name.split('.') {
+            for seg in inner.split('.').filter(|_| !inner.is_empty()) {
                 v = v.and_then(|v| match v {
                     Value::Dict(_) => v.get(seg),
                     _ => seg.parse::<usize>().ok().and_then(|i| v.items()?.get(i)),
                 });
             }
-            let Some(v) = v else { continue };
-            let key = match v {
-                Value::Str(s) => s.clone(),
-                Value::Int(i) => i.to_string(),
-                Value::Tensor(_) => tensor_key(inputs, name)?,
-                other => {
-                    return Err(format!(
-                        "--key-from {name}: the value is {}, not a str, an int or a one-element \
-                         integer tensor; name another value",
-                        kind(other)
-                    ))
+            let Some(v) = v else {
+                if grouped {
+                    return Err(at(no_value(name, inner)));
                 }
+                continue;
             };
-            return check(name, key);
+            return value_keys(f, name, inner, v, requests).map_err(at);
         }
-        if f.tensors().iter().any(|t| t.name == name) {
-            return check(name, tensor_key(inputs, name)?);
+        if f.tensors().iter().any(|t| t.name == inner) {
+            return tensor_keys(f, name, inner, requests).map_err(at);
+        }
+        if grouped {
+            return Err(at(no_value(name, inner)));
         }
     }
-    Err(format!(
-        "--key-from {name}: the file holds no value `{name}`; name a value every file holds, or \
-         leave --key-from out to key samples by file name"
+    if let Some(missing) = inputs.missing_part_of(name) {
+        return Err(missing.to_string());
+    }
+    Err(misnamed(inputs, name)
+        .unwrap_or_else(|| format!("{}: {}", inputs.path().display(), no_value(name, name))))
+}
+
+/// Why `name` names no value in a group of files whose parts it does not start with, as
+/// `--key-from rids` for the `meta` part's `rids`; `None` when it does, or the files are not
+/// grouped. A mistake in the flag, found on the first unit.
+pub fn misnamed(inputs: &Inputs, name: &str) -> Option<String> {
+    let grouped = inputs.files().iter().any(|(p, _)| !p.is_empty());
+    let in_a_part = inputs
+        .files()
+        .iter()
+        .any(|(part, _)| super::units::in_part(part, name).is_some());
+    if !grouped || in_a_part || inputs.missing_part_of(name).is_some() {
+        return None;
+    }
+    // The value under its bare name in one part: say how to name it.
+    for (part, f) in inputs.files() {
+        let held = match f.as_torch() {
+            Some(t) => t.value().get(name).is_some(),
+            None => f.tensors().iter().any(|t| t.name == name),
+        };
+        if held {
+            return Some(format!(
+                "{}: --key-from {name}: in a group of files, values are named PART.NAME like \
+                 the fields' tensors: give --key-from {part}.{name}",
+                f.path().display()
+            ));
+        }
+    }
+    let parts: Vec<&str> = inputs.files().iter().map(|(p, _)| p.as_str()).collect();
+    Some(format!(
+        "{}: --key-from {name}: no part of this group holds it; in a group of files, values are \
+         named PART.NAME (the parts here: {})",
+        inputs.path().display(),
+        parts.join(", ")
     ))
+}
+
+fn no_value(name: &str, inner: &str) -> String {
+    format!(
+        "--key-from {name}: the file holds no value `{inner}`; name a value every file holds, or \
+         leave --key-from out to key samples by file name"
+    )
+}
+
+fn value_keys(
+    f: &SourceFile,
+    name: &str,
+    inner: &str,
+    v: &Value,
+    requests: Option<usize>,
+) -> Result<StoredKeys, String> {
+    let one = |key: String| check(name, key).map(StoredKeys::One);
+    match v {
+        Value::Str(s) => one(s.clone()),
+        Value::Int(i) => one(i.to_string()),
+        Value::Tensor(_) => tensor_keys(f, name, inner, requests),
+        Value::List(items) | Value::Tuple(items) => {
+            let Some(n) = requests else {
+                return Err(format!(
+                    "--key-from {name}: the value is {} of {} ids, one per request: give \
+                     --split-by to split the file into its requests, each keyed by its id; \
+                     without it, name a str, an int or a one-element integer tensor",
+                    kind(v),
+                    items.len()
+                ));
+            };
+            let mut keys = Vec::with_capacity(items.len());
+            for (j, item) in items.iter().enumerate() {
+                keys.push(match item {
+                    Value::Str(s) => s.clone(),
+                    Value::Int(i) => i.to_string(),
+                    other => {
+                        return Err(format!(
+                            "--key-from {name}: entry {j} is {}, not a str or an int",
+                            kind(other)
+                        ))
+                    }
+                });
+            }
+            per_request(name, keys, n)
+        }
+        other => Err(format!(
+            "--key-from {name}: the value is {}, not a str, an int, a one-element integer \
+             tensor, or (with --split-by) a list of ids; name another value",
+            kind(other)
+        )),
+    }
+}
+
+/// One key per request, checked: as many as requests, none empty, none twice.
+fn per_request(name: &str, keys: Vec<String>, requests: usize) -> Result<StoredKeys, String> {
+    if keys.len() != requests {
+        return Err(format!(
+            "--key-from {name}: holds {} ids but the file splits into {requests} requests; \
+             every request needs its id",
+            keys.len()
+        ));
+    }
+    let mut seen = std::collections::HashSet::with_capacity(keys.len());
+    for k in &keys {
+        check(name, k.clone())?;
+        if !seen.insert(k.as_str()) {
+            return Err(format!(
+                "--key-from {name}: id `{k}` is there twice; every request needs its own id"
+            ));
+        }
+    }
+    Ok(StoredKeys::PerRequest(keys))
 }
 
 fn check(name: &str, key: String) -> Result<String, String> {
@@ -63,33 +191,30 @@ fn check(name: &str, key: String) -> Result<String, String> {
     Ok(key)
 }
 
-fn tensor_key(inputs: &Inputs, name: &str) -> Result<String, String> {
-    let t = inputs.tensor(name).map_err(|e| e.to_string())?;
-    let n = t.dtype.size();
-    let int = match (t.dtype, t.bytes.len() == n) {
-        (_, false) => None,
-        (DType::I64, true) => t
-            .bytes
-            .get(..8)
-            .map(|b| i64::from_le_bytes(b.try_into().unwrap_or_default())),
-        (DType::I32, true) => t
-            .bytes
-            .get(..4)
-            .map(|b| i32::from_le_bytes(b.try_into().unwrap_or_default()) as i64),
-        (DType::I16, true) => t
-            .bytes
-            .get(..2)
-            .map(|b| i16::from_le_bytes(b.try_into().unwrap_or_default()) as i64),
-        (DType::I8, true) => t.bytes.first().map(|&b| b as i8 as i64),
-        (DType::U8, true) => t.bytes.first().map(|&b| b as i64),
-        _ => None,
-    };
-    int.map(|i| i.to_string()).ok_or_else(|| {
+fn tensor_keys(
+    f: &SourceFile,
+    name: &str,
+    inner: &str,
+    requests: Option<usize>,
+) -> Result<StoredKeys, String> {
+    let t = f.tensor(inner).map_err(|e| e.to_string())?;
+    let ints = super::prepare::ints(&t.bytes, t.dtype).filter(|_| t.dtype != DType::Bool);
+    let bad = || {
         format!(
-            "--key-from {name}: tensor `{name}` is {} {:?}; a key tensor holds one integer",
+            "--key-from {name}: tensor `{inner}` is {} {:?}; a key tensor holds one integer, or \
+             (with --split-by) one integer per request",
             t.dtype, t.shape
         )
-    })
+    };
+    let ints = ints.ok_or_else(bad)?;
+    match requests {
+        // A 1-D tensor of one id for a batch of several is one key, for all its requests.
+        Some(n) if t.shape.len() == 1 && (ints.len() != 1 || n == 1) => {
+            per_request(name, ints.iter().map(i64::to_string).collect(), n)
+        }
+        _ if ints.len() == 1 => Ok(StoredKeys::One(ints[0].to_string())),
+        _ => Err(bad()),
+    }
 }
 
 fn kind(v: &Value) -> &'static str {

@@ -249,9 +249,59 @@ pub enum LayoutError {
         /// What was expected.
         expected: String,
     },
+    /// A preset would label the last layer id the final-norm output, but nothing says that id
+    /// is the final norm: `--num-layers` is absent or names another id.
+    #[error("{}", final_norm_message(layout, *id, *num_layers, layers, points))]
+    FinalNormId {
+        /// Layout name.
+        layout: String,
+        /// The last id of `--layers`.
+        id: u32,
+        /// `--num-layers`, when given.
+        num_layers: Option<u32>,
+        /// `--layers` ending with `num_layers` instead of `id` (comma-separated).
+        layers: String,
+        /// `--point` naming every layer's point, the last as a layer output (comma-separated).
+        points: String,
+    },
     /// A `--field` or other option does not parse or contradicts another.
     #[error("{0}")]
     BadOption(String),
+}
+
+fn final_norm_message(
+    layout: &str,
+    id: u32,
+    num_layers: Option<u32>,
+    layers: &str,
+    points: &str,
+) -> String {
+    let convention = "(layer ids follow HF hidden_states[i]: id i is the input of layer i, id \
+                      --num-layers the final-norm output)";
+    match num_layers {
+        Some(n) => format!(
+            "the {layout} layout takes the last state, layer {id}, as the final-norm output, but \
+             with --num-layers {n} the final-norm output is id {n} {convention}: if the last \
+             state is the final-norm output, give --layers {layers}; if it is what layer {id} \
+             gave before the norm, give --point {points}"
+        ),
+        None => format!(
+            "the {layout} layout takes the last state, layer {id}, as the final-norm output, but \
+             --num-layers is not given, so nothing says the model has {id} layers {convention} \
+             and `hspack info` would show \"unknown (0 layers)\": give --num-layers {id} (the \
+             model's decoder layers, kept in the capture metadata) if the last state is the \
+             final-norm output, or give --point {points} to say where it was captured instead"
+        ),
+    }
+}
+
+/// The command-line name of a capture point.
+pub fn point_name(p: CapturePoint) -> &'static str {
+    match p {
+        CapturePoint::LayerInput => "layer-input",
+        CapturePoint::LayerOutput => "layer-output",
+        _ => "final-norm",
+    }
 }
 
 /// Lists tensors for messages.
@@ -337,7 +387,12 @@ pub fn hidden_roles(
                 let point = if options.num_layers == Some(id) {
                     Some(CapturePoint::FinalNorm)
                 } else {
-                    defaults.get(i).copied().flatten()
+                    match defaults.get(i).copied().flatten() {
+                        Some(CapturePoint::FinalNorm) => {
+                            return Err(final_norm_id(layout, i, options, defaults))
+                        }
+                        p => p,
+                    }
                 };
                 out.push(point.ok_or_else(|| LayoutError::Layers {
                     detail: format!(
@@ -368,6 +423,45 @@ pub fn hidden_roles(
             )
         })
         .collect())
+}
+
+/// The error for a preset whose default labels layer `options.layers[i]` the final-norm
+/// output when `--num-layers` does not say so; it names the flags that would.
+fn final_norm_id(
+    layout: &str,
+    i: usize,
+    options: &LayoutOptions,
+    defaults: &[Option<CapturePoint>],
+) -> LayoutError {
+    let id = options.layers[i];
+    let join = |v: Vec<String>| v.join(",");
+    let layers = join(
+        options
+            .layers
+            .iter()
+            .enumerate()
+            .map(|(j, &l)| match (j == i, options.num_layers) {
+                (true, Some(n)) => n.to_string(),
+                _ => l.to_string(),
+            })
+            .collect(),
+    );
+    let points = join(
+        (0..options.layers.len())
+            .map(|j| match defaults.get(j).copied().flatten() {
+                _ if j == i => point_name(CapturePoint::LayerOutput).to_string(),
+                Some(p) => point_name(p).to_string(),
+                None => "layer-input".to_string(),
+            })
+            .collect(),
+    );
+    LayoutError::FinalNormId {
+        layout: layout.to_string(),
+        id,
+        num_layers: options.num_layers,
+        layers,
+        points,
+    }
 }
 
 /// Normalizes a possibly negative axis for `ndim` dimensions.

@@ -93,3 +93,69 @@ fn stacked_shapes() {
     resolve_stack(&mut auto, &[1, 5, 48]);
     assert_eq!(auto.stack, Stack::Concat);
 }
+
+#[test]
+fn the_final_norm_is_the_id_num_layers_names() {
+    let defaults = [
+        Some(CapturePoint::LayerInput),
+        Some(CapturePoint::LayerInput),
+        Some(CapturePoint::LayerInput),
+        Some(CapturePoint::FinalNorm),
+    ];
+    let options = |layers: &[u32], num_layers| LayoutOptions {
+        layers: layers.to_vec(),
+        num_layers,
+        ..LayoutOptions::default()
+    };
+    let roles = |o: &LayoutOptions| hidden_roles("specforge", 4, "states", o, &defaults);
+    // Id 60 with --num-layers 61: 61 is the final norm, so 60 is not labelled so.
+    let e = roles(&options(&[2, 30, 58, 60], Some(61))).unwrap_err();
+    let text = e.to_string();
+    assert!(
+        matches!(
+            &e,
+            LayoutError::FinalNormId {
+                id: 60,
+                num_layers: Some(61),
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert!(text.contains("--layers 2,30,58,61"), "{text}");
+    assert!(
+        text.contains("--point layer-input,layer-input,layer-input,layer-output"),
+        "{text}"
+    );
+    // Without --num-layers: the message says where to give it.
+    let text = roles(&options(&[2, 30, 58, 60], None))
+        .unwrap_err()
+        .to_string();
+    assert!(text.contains("--num-layers 60"), "{text}");
+    assert!(text.contains("unknown (0 layers)"), "{text}");
+    // The id --num-layers names is the final norm.
+    let ok = roles(&options(&[2, 30, 58, 61], Some(61))).unwrap();
+    assert_eq!(
+        ok[3].1,
+        Role::HiddenState {
+            layer: 61,
+            point: CapturePoint::FinalNorm
+        }
+    );
+    // An explicit --point says where every state was captured.
+    let mut explicit = options(&[2, 30, 58, 60], None);
+    explicit.points = vec![
+        CapturePoint::LayerInput,
+        CapturePoint::LayerInput,
+        CapturePoint::LayerInput,
+        CapturePoint::LayerOutput,
+    ];
+    let ok = roles(&explicit).unwrap();
+    assert_eq!(
+        ok[3].1,
+        Role::HiddenState {
+            layer: 60,
+            point: CapturePoint::LayerOutput
+        }
+    );
+}

@@ -7,6 +7,7 @@ use std::sync::Mutex;
 
 use crate::format::{DType, Field, Schema};
 
+use super::keys::{stored_keys, StoredKeys};
 use super::layout::{check_field, field_bytes, field_part, FieldSpec, Part};
 use super::units::{Inputs, Unit};
 use super::Limits;
@@ -128,8 +129,11 @@ pub struct Prepared {
     pub pieces: Vec<Piece>,
     /// Sample keys and their rows.
     pub samples: Vec<(String, Range<u64>)>,
-    /// The unit's key: its file name's, or the stored one with `key_from`.
+    /// The unit's key: its file name's, or the stored one with `key_from` (the file name's
+    /// when the stored value gives one key per request).
     pub key: String,
+    /// Whether `key` was read from the files (`key_from` giving one key for the unit).
+    pub stored_key: bool,
 }
 
 /// Reads every 4096th byte so the pages are mapped before the writer reads them.
@@ -141,7 +145,8 @@ fn touch(bytes: &[u8]) {
     std::hint::black_box(acc);
 }
 
-fn ints(bytes: &[u8], dtype: DType) -> Option<Vec<i64>> {
+/// The integers of an integer tensor's bytes; `None` for other dtypes.
+pub(crate) fn ints(bytes: &[u8], dtype: DType) -> Option<Vec<i64>> {
     let n = dtype.size();
     let conv = |c: &[u8]| -> Option<i64> {
         Some(match dtype {
@@ -214,26 +219,32 @@ impl Decoder {
         }
         let rows = rows.unwrap_or(0);
         let ranges = self.split(unit, &inputs, rows)?;
-        let key = match &self.key_from {
-            Some(name) => super::keys::stored_key(&inputs, name)?,
-            None => unit.key.clone(),
+        let split = self.split_by.is_some();
+        let stored = match &self.key_from {
+            Some(name) => Some(stored_keys(&inputs, name, split.then_some(ranges.len()))?),
+            None => None,
+        };
+        let (key, mut per_request) = match stored {
+            None => (unit.key.clone(), None),
+            Some(StoredKeys::One(k)) => (k, None),
+            Some(StoredKeys::PerRequest(keys)) => (unit.key.clone(), Some(keys.into_iter())),
         };
         let mut prepared = Prepared {
             inputs,
             pieces,
             samples: Vec::with_capacity(ranges.len()),
+            stored_key: self.key_from.is_some() && per_request.is_none(),
             key,
         };
-        let split = self.split_by.is_some();
         for (i, range) in ranges.into_iter().enumerate() {
             let range = match self.trim {
                 Some(t) => self.trimmed(&prepared, t, range)?,
                 None => range,
             };
-            let key = if split {
-                format!("{}/{i}", prepared.key)
-            } else {
-                prepared.key.clone()
+            let key = match per_request.as_mut().and_then(Iterator::next) {
+                Some(id) => id,
+                None if split => format!("{}/{i}", prepared.key),
+                None => prepared.key.clone(),
             };
             prepared.samples.push((key, range));
         }

@@ -1,7 +1,8 @@
 //! Finding source files and grouping them into units of work, each giving one key (or, when
 //! split, several); and the tensors of a unit seen as one file.
 
-use std::collections::BTreeMap;
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use super::layout::Preset;
@@ -21,12 +22,78 @@ pub struct Unit {
     pub bytes: u64,
     /// The file holding the lengths or offsets that split this unit, beside it.
     pub split_file: Option<PathBuf>,
+    /// Parts other groups have and this one lacks, with the file the pattern names for each.
+    pub missing: Vec<(String, PathBuf)>,
+}
+
+/// Orders names as people number files: runs of digits compare as numbers (`data_2` before
+/// `data_10`), the rest byte by byte; of two names that read as one number (`07`, `7`), the
+/// shorter comes first. This is the order of samples in a converted dataset.
+pub fn natural_cmp(a: &str, b: &str) -> Ordering {
+    fn runs(s: &str) -> impl Iterator<Item = (bool, &str)> {
+        let mut rest = s;
+        std::iter::from_fn(move || {
+            let first = rest.chars().next()?;
+            let digits = first.is_ascii_digit();
+            let end = rest
+                .find(|c: char| c.is_ascii_digit() != digits)
+                .unwrap_or(rest.len());
+            let (run, tail) = rest.split_at(end);
+            rest = tail;
+            Some((digits, run))
+        })
+    }
+    let mut ra = runs(a);
+    let mut rb = runs(b);
+    loop {
+        let ord = match (ra.next(), rb.next()) {
+            (None, None) => return a.len().cmp(&b.len()).then_with(|| a.cmp(b)),
+            (None, Some(_)) => return Ordering::Less,
+            (Some(_), None) => return Ordering::Greater,
+            (Some((true, x)), Some((true, y))) => {
+                let (x, y) = (x.trim_start_matches('0'), y.trim_start_matches('0'));
+                x.len().cmp(&y.len()).then_with(|| x.cmp(y))
+            }
+            (Some((_, x)), Some((_, y))) => x.cmp(y),
+        };
+        if ord != Ordering::Equal {
+            return ord;
+        }
+    }
+}
+
+/// A unit key ordered by [`natural_cmp`].
+#[derive(Debug, PartialEq, Eq)]
+struct Natural(String);
+
+impl Ord for Natural {
+    fn cmp(&self, other: &Self) -> Ordering {
+        natural_cmp(&self.0, &other.0)
+    }
+}
+
+impl PartialOrd for Natural {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Unit {
+    /// Every file an error about this unit may name: its files, its split file, and the files
+    /// of the parts it lacks.
+    pub fn paths(&self) -> impl Iterator<Item = &Path> {
+        self.files
+            .iter()
+            .map(|f| f.1.as_path())
+            .chain(self.split_file.as_deref())
+            .chain(self.missing.iter().map(|m| m.1.as_path()))
+    }
 }
 
 /// What walking the source folder found.
 #[derive(Debug, Default)]
 pub struct Plan {
-    /// Units sorted by key.
+    /// Units in the natural order of their keys ([`natural_cmp`]).
     pub units: Vec<Unit>,
     /// Files the layout or the group pattern does not take.
     pub ignored: Vec<PathBuf>,
@@ -132,7 +199,8 @@ pub fn split_file_of(pattern: &str, path: &Path) -> PathBuf {
     path.with_file_name(sibling)
 }
 
-/// Walks `src` (a folder, or one file) and groups its files into units, sorted by key.
+/// Walks `src` (a folder, or one file) and groups its files into units, in the natural order
+/// of their keys ([`natural_cmp`]).
 /// With `split_file` (a file name pattern with `{stem}`), files matching it are not units but
 /// hold the split of the unit beside them.
 pub fn plan(
@@ -157,7 +225,7 @@ pub fn plan(
     };
     files.sort();
     let mut plan = Plan::default();
-    let mut groups: BTreeMap<String, Unit> = BTreeMap::new();
+    let mut groups: BTreeMap<Natural, Unit> = BTreeMap::new();
     for (path, len) in files {
         let rel = rel_name(&root, &path);
         if let Some(p) = split_file {
@@ -183,26 +251,57 @@ pub fn plan(
                 continue;
             }
         };
-        let unit = groups.entry(key.clone()).or_insert_with(|| Unit {
+        let unit = groups.entry(Natural(key.clone())).or_insert_with(|| Unit {
             key,
             files: Vec::new(),
             bytes: 0,
             split_file: split_file.map(|p| split_file_of(p, &path)),
+            missing: Vec::new(),
         });
         unit.files.push((part, path));
         unit.bytes += len;
     }
+    let parts: BTreeSet<Natural> = groups
+        .values()
+        .flat_map(|u| &u.files)
+        .filter(|(p, _)| !p.is_empty())
+        .map(|(p, _)| Natural(p.clone()))
+        .collect();
     for mut u in groups.into_values() {
-        u.files.sort();
+        u.files
+            .sort_by(|a, b| natural_cmp(&a.0, &b.0).then_with(|| a.1.cmp(&b.1)));
+        if let Some(pattern) = group_by {
+            for Natural(part) in &parts {
+                if !u.files.iter().any(|(p, _)| p == part) {
+                    let rel = pattern.replace("{key}", &u.key).replace("{part}", part);
+                    u.missing.push((part.clone(), root.join(rel)));
+                }
+            }
+        }
         plan.units.push(u);
     }
     Ok(plan)
+}
+
+/// The name of `name` inside the file of `part`: tensors and values of a group's files are
+/// named `PART.NAME`, or `PART` for the file's bare tensor or value; `None` when `name` is not
+/// in that part. Without a part (ungrouped files), `name` itself.
+pub fn in_part<'n>(part: &str, name: &'n str) -> Option<&'n str> {
+    if part.is_empty() {
+        Some(name)
+    } else if name == part {
+        Some("")
+    } else {
+        name.strip_prefix(part).and_then(|r| r.strip_prefix('.'))
+    }
 }
 
 /// The files of a unit, opened: one file, or several whose tensors are named `{part}.{name}`
 /// (`{part}` for a bare tensor).
 pub struct Inputs {
     files: Vec<(String, SourceFile)>,
+    group: String,
+    missing: Vec<(String, PathBuf)>,
 }
 
 impl Inputs {
@@ -212,7 +311,24 @@ impl Inputs {
         for (part, path) in &unit.files {
             files.push((part.clone(), open_source_with(path, limits)?));
         }
-        Ok(Inputs { files })
+        Ok(Inputs {
+            files,
+            group: unit.key.clone(),
+            missing: unit.missing.clone(),
+        })
+    }
+
+    /// The error for `name` when it lies in a part this group lacks.
+    pub fn missing_part_of(&self, name: &str) -> Option<ConvertError> {
+        self.missing
+            .iter()
+            .find(|(part, _)| in_part(part, name).is_some())
+            .map(|(part, file)| ConvertError::MissingPart {
+                file: file.clone(),
+                group: self.group.clone(),
+                part: part.clone(),
+                wanted: name.to_string(),
+            })
     }
 
     /// The open files with their part names.
@@ -264,15 +380,7 @@ impl Inputs {
     /// The tensor called `name` (as listed by [`Inputs::tensors`]).
     pub fn tensor(&self, name: &str) -> Result<SourceTensor<'_>, ConvertError> {
         for (part, f) in &self.files {
-            let inner = if part.is_empty() {
-                Some(name)
-            } else if name == part {
-                Some("")
-            } else {
-                name.strip_prefix(part.as_str())
-                    .and_then(|r| r.strip_prefix('.'))
-            };
-            if let Some(inner) = inner {
+            if let Some(inner) = in_part(part, name) {
                 match f.tensor(inner) {
                     Ok(mut t) => {
                         t.name = name.to_string();
@@ -284,6 +392,9 @@ impl Inputs {
                     Err(e) => return Err(e),
                 }
             }
+        }
+        if let Some(e) = self.missing_part_of(name) {
+            return Err(e);
         }
         Err(ConvertError::Missing {
             file: self.path().to_path_buf(),
@@ -311,6 +422,32 @@ mod tests {
         );
         assert_eq!(match_pattern("{key}/{part}.pt", "a.pt"), None);
         assert!(is_split_file("{stem}.lens.pt", "b_0.lens.pt"));
+        let mut names = [
+            "data_10",
+            "data_2",
+            "data_1",
+            "rows_10/data_0",
+            "rows_9/data_0",
+            "data_02",
+            "data_",
+            "data_1a",
+            "b",
+        ];
+        names.sort_by(|a, b| natural_cmp(a, b));
+        assert_eq!(
+            names,
+            [
+                "b",
+                "data_",
+                "data_1",
+                "data_1a",
+                "data_2",
+                "data_02",
+                "data_10",
+                "rows_9/data_0",
+                "rows_10/data_0"
+            ]
+        );
         assert!(!is_split_file("{stem}.lens.pt", "b_0.pt"));
         assert!(!is_split_file("{stem}.lens.pt", ".lens.pt"));
         assert_eq!(
