@@ -284,3 +284,76 @@ fn reindex_rewrites_a_lost_or_damaged_samples_table() {
         assert_eq!(text(&hspack(&["digest", "ds"], t.path())), digest);
     }
 }
+
+/// The commands between backticks on the demo's `next  :` line.
+fn suggested_commands(out: &str) -> Vec<String> {
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("next  :"))
+        .unwrap_or_else(|| panic!("no `next  :` line: {out}"));
+    line.split('`')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn demo_says_where_it_writes_and_suggests_commands_that_run() {
+    let t = tempfile::tempdir().unwrap();
+    let o = demo(t.path());
+    assert!(o.status.success(), "{}", text(&o));
+    let out = text(&o);
+    let first = out.lines().take(2).collect::<Vec<_>>().join("\n");
+    let folder = std::path::absolute(t.path().join("ds")).unwrap();
+    assert!(
+        first.contains("writing ") && first.contains(&folder.display().to_string()),
+        "the first lines say neither the size nor the folder: {first}"
+    );
+    let commands = suggested_commands(&out);
+    assert_eq!(commands.len(), 3, "{out}");
+    for command in commands {
+        // A shell without the binary's folder on PATH, as a newcomer's after `cargo run`.
+        let o = Command::new("sh")
+            .args(["-c", &command])
+            .env("PATH", "/usr/bin:/bin")
+            .current_dir(t.path())
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "`{command}` failed: {}", text(&o));
+    }
+    // With the binary first on PATH (after `cargo install`), its plain name.
+    let bin = t.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_hspack"), bin.join("hspack")).unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_hspack"))
+        .args(["demo", "--out", "ds", "--samples", "2", "--hidden", "64"])
+        .env("PATH", format!("{}:/usr/bin:/bin", bin.display()))
+        .current_dir(t.path())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(
+        suggested_commands(&text(&o)),
+        ["hspack info ds", "hspack ls ds", "hspack verify ds"]
+    );
+}
+
+#[test]
+fn the_demo_folder_is_git_ignored() {
+    let t = tempfile::tempdir().unwrap();
+    let help = String::from_utf8(hspack(&["demo", "--help"], t.path()).stdout).unwrap();
+    let out = help
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with("--out"))
+        .find_map(|l| l.split("[default: ").nth(1))
+        .and_then(|d| d.split(']').next())
+        .unwrap_or_else(|| panic!("no default for --out: {help}"))
+        .to_string();
+    let o = Command::new("git")
+        .args(["check-ignore", "--no-index", "-q", &out])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "`{out}` is not in .gitignore");
+}
