@@ -357,3 +357,64 @@ fn the_demo_folder_is_git_ignored() {
         .unwrap();
     assert!(o.status.success(), "`{out}` is not in .gitignore");
 }
+
+#[test]
+fn human_output_reads_as_prose() {
+    let t = tempfile::tempdir().unwrap();
+    let o = hspack(
+        &[
+            "demo",
+            "--out",
+            "ds",
+            "--samples",
+            "1",
+            "--min-tokens",
+            "1",
+            "--max-tokens",
+            "1",
+            "--hidden",
+            "64",
+        ],
+        t.path(),
+    );
+    let demo = text(&o);
+    assert!(o.status.success(), "{demo}");
+    assert!(demo.contains("write : 1 sample, 1 shard,"), "{demo}");
+    let o = hspack(&["info", "ds"], t.path());
+    let info = text(&o);
+    assert!(o.status.success(), "{info}");
+    assert_eq!(info.matches("61 layers").count(), 1, "{info}");
+    for line in [
+        "token ids",
+        "loss mask",
+        "hidden state, layer 2 input",
+        "hidden state, layer 60 input",
+    ] {
+        assert!(info.contains(line), "missing `{line}`: {info}");
+    }
+    let o = hspack(&["show", "ds", "demo-00000"], t.path());
+    let show = text(&o);
+    assert!(o.status.success(), "{show}");
+    assert!(show.contains(": 1 token, "), "{show}");
+    assert!(
+        show.contains("1 loss token\n") || show.contains("0 loss tokens\n"),
+        "{show}"
+    );
+    let o = hspack(&["ls", "ds"], t.path());
+    let ls = text(&o);
+    assert!(o.status.success(), "{ls}");
+    for output in [&demo, &info, &show, &ls] {
+        for debug in [
+            "Some(",
+            "None",
+            "HiddenState",
+            "TokenIds",
+            "LayerInput",
+            " 1 samples",
+            " 1 shards",
+            " 1 tokens",
+        ] {
+            assert!(!output.contains(debug), "`{debug}` in {output}");
+        }
+    }
+}
