@@ -167,3 +167,5 @@ def test_loaders_pad_ragged_batches_by_default(eagle_path, workers, name):
     it = HspackIterableDataset(eagle_path, view=view, seed=1)
     loader = HspackLoader(it, batch_size=3, num_workers=workers)
     assert sum(len(b["lengths"]) for b in loader) == 37
+    # The last batch holds one sample: the count behind resume follows the batches' sizes.
+    assert loader.state_dict()["consumed"] == 37

@@ -14,9 +14,10 @@ from .datasets import HspackIterableDataset, HspackSampler
 
 def _count(batch: Any, fallback: int) -> int:
     if isinstance(batch, dict):
-        o = batch.get("ordinal")
-        if torch.is_tensor(o) or isinstance(o, list):
-            return len(o)
+        for key in ("ordinal", "lengths"):  # `lengths`: from PadCollate, for every view
+            o = batch.get(key)
+            if torch.is_tensor(o) or isinstance(o, list):
+                return len(o)
     if isinstance(batch, list):
         return len(batch)
     return fallback
@@ -29,8 +30,8 @@ class HspackLoader(tud.DataLoader):
     Each batch the training loop receives advances the state of the dataset or sampler;
     `state_dict()` returns it, and `load_state_dict()` before iterating resumes the epoch with
     exactly the samples not yet received. Samples are counted by the batch's `ordinal`
-    entry (present in every hspack view except `eagle3-specforge`; there, `batch_size` is
-    used). Other keyword arguments go to `torch.utils.data.DataLoader`.
+    entry (present in every hspack view except `eagle3-specforge`), else by the `lengths`
+    that `PadCollate` adds, else as `batch_size`. Other keyword arguments go to `torch.utils.data.DataLoader`.
 
     Batches (`batch_size` not None, or a `batch_sampler`) are collated by `PadCollate()`
     unless `collate_fn` says otherwise: samples are ragged, and torch's default collate can
