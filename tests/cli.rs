@@ -315,4 +315,137 @@ fn export_of_a_damaged_sample_exits_1_as_verify_does() {
         t.path(),
     );
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+
+/// The commands between backticks on the demo's `next  :` line.
+fn suggested_commands(out: &str) -> Vec<String> {
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("next  :"))
+        .unwrap_or_else(|| panic!("no `next  :` line: {out}"));
+    line.split('`')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn demo_says_where_it_writes_and_suggests_commands_that_run() {
+    let t = tempfile::tempdir().unwrap();
+    let o = demo(t.path());
+    assert!(o.status.success(), "{}", text(&o));
+    let out = text(&o);
+    let first = out.lines().take(2).collect::<Vec<_>>().join("\n");
+    let folder = std::path::absolute(t.path().join("ds")).unwrap();
+    assert!(
+        first.contains("writing ") && first.contains(&folder.display().to_string()),
+        "the first lines say neither the size nor the folder: {first}"
+    );
+    let commands = suggested_commands(&out);
+    assert_eq!(commands.len(), 3, "{out}");
+    for command in commands {
+        // A shell without the binary's folder on PATH, as a newcomer's after `cargo run`.
+        let o = Command::new("sh")
+            .args(["-c", &command])
+            .env("PATH", "/usr/bin:/bin")
+            .current_dir(t.path())
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "`{command}` failed: {}", text(&o));
+    }
+    // With the binary first on PATH (after `cargo install`), its plain name.
+    let bin = t.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_hspack"), bin.join("hspack")).unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_hspack"))
+        .args(["demo", "--out", "ds", "--samples", "2", "--hidden", "64"])
+        .env("PATH", format!("{}:/usr/bin:/bin", bin.display()))
+        .current_dir(t.path())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(
+        suggested_commands(&text(&o)),
+        ["hspack info ds", "hspack ls ds", "hspack verify ds"]
+    );
+}
+
+#[test]
+fn the_demo_folder_is_git_ignored() {
+    let t = tempfile::tempdir().unwrap();
+    let help = String::from_utf8(hspack(&["demo", "--help"], t.path()).stdout).unwrap();
+    let out = help
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with("--out"))
+        .find_map(|l| l.split("[default: ").nth(1))
+        .and_then(|d| d.split(']').next())
+        .unwrap_or_else(|| panic!("no default for --out: {help}"))
+        .to_string();
+    let o = Command::new("git")
+        .args(["check-ignore", "--no-index", "-q", &out])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "`{out}` is not in .gitignore");
+}
+
+#[test]
+fn human_output_reads_as_prose() {
+    let t = tempfile::tempdir().unwrap();
+    let o = hspack(
+        &[
+            "demo",
+            "--out",
+            "ds",
+            "--samples",
+            "1",
+            "--min-tokens",
+            "1",
+            "--max-tokens",
+            "1",
+            "--hidden",
+            "64",
+        ],
+        t.path(),
+    );
+    let demo = text(&o);
+    assert!(o.status.success(), "{demo}");
+    assert!(demo.contains("write : 1 sample, 1 shard,"), "{demo}");
+    let o = hspack(&["info", "ds"], t.path());
+    let info = text(&o);
+    assert!(o.status.success(), "{info}");
+    assert_eq!(info.matches("61 layers").count(), 1, "{info}");
+    for line in [
+        "token ids",
+        "loss mask",
+        "hidden state, layer 2 input",
+        "hidden state, layer 60 input",
+    ] {
+        assert!(info.contains(line), "missing `{line}`: {info}");
+    }
+    let o = hspack(&["show", "ds", "demo-00000"], t.path());
+    let show = text(&o);
+    assert!(o.status.success(), "{show}");
+    assert!(show.contains(": 1 token, "), "{show}");
+    assert!(
+        show.contains("1 loss token\n") || show.contains("0 loss tokens\n"),
+        "{show}"
+    );
+    let o = hspack(&["ls", "ds"], t.path());
+    let ls = text(&o);
+    assert!(o.status.success(), "{ls}");
+    for output in [&demo, &info, &show, &ls] {
+        for debug in [
+            "Some(",
+            "None",
+            "HiddenState",
+            "TokenIds",
+            "LayerInput",
+            " 1 samples",
+            " 1 shards",
+            " 1 tokens",
+        ] {
+            assert!(!output.contains(debug), "`{debug}` in {output}");
+        }
+    }
 }

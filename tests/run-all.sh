@@ -4,6 +4,34 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Runs a long, chatty step with its output in a file: a line a minute says it is still going,
+# and the file's end is printed if the step fails.
+quietly() {
+  local what=$1 log start pid rc next=60
+  shift
+  log=$(mktemp)
+  start=$SECONDS
+  "$@" >"$log" 2>&1 &
+  pid=$!
+  while kill -0 "$pid" 2>/dev/null; do
+    sleep 1
+    if [ $((SECONDS - start)) -ge "$next" ] && kill -0 "$pid" 2>/dev/null; then
+      echo "   ... $what: $((next / 60)) min so far"
+      next=$((next + 60))
+    fi
+  done
+  rc=0
+  wait "$pid" || rc=$?
+  if [ "$rc" != 0 ]; then
+    tail -n 60 "$log"
+    rm -f "$log"
+    echo "$what failed (exit $rc)" >&2
+    return "$rc"
+  fi
+  rm -f "$log"
+  echo "   $what: done in $((SECONDS - start)) s"
+}
+
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy -D warnings"
@@ -23,7 +51,8 @@ if [ -f tools/python/Cargo.toml ]; then
   cargo fmt --manifest-path tools/python/Cargo.toml -- --check
   cargo clippy --manifest-path tools/python/Cargo.toml --all-targets -- -D warnings
   cargo clippy --manifest-path tools/python/Cargo.toml --all-targets --features cuda -- -D warnings
-  python3 -m pip install -q --disable-pip-version-check --force-reinstall --no-deps ./tools/python
+  echo "-- building and installing the Python package (a release build of the Rust extension: several minutes the first time)"
+  quietly "pip install ./tools/python" python3 -m pip install -q --disable-pip-version-check --force-reinstall --no-deps ./tools/python
 fi
 echo "== pytest"
 # -rs prints why tests skip (the CudaWriter GPU tests where there is no GPU).
@@ -40,13 +69,24 @@ seeds_for() {
     *) echo "seeds/$1" ;;
   esac
 }
+echo "-- building the fuzz targets (with sanitizers: several minutes the first time)"
+(cd fuzz && quietly "cargo fuzz build" env RUSTC_BOOTSTRAP=1 cargo fuzz build)
 # Memory used is capped at 2 GiB (-rss_limit_mb); one allocation may reserve more (the parquet
 # decoder reserves capacity from counts a file declares and never touches most of it).
 for target in $(cd fuzz && cargo fuzz list); do
-  echo "-- fuzz $target (${secs}s; the first target builds the fuzz crate, which takes minutes)"
+  echo "-- fuzz $target (${secs}s)"
   mkdir -p "fuzz/corpus/$target"
+  # A fuzz run prints a line per new input: keep its summary, or its end when it fails.
+  log=$(mktemp)
   # shellcheck disable=SC2046
-  (cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run "$target" "corpus/$target" $(seeds_for "$target") \
-    -- -max_total_time="$secs" -rss_limit_mb=2048 -malloc_limit_mb=16384 2>&1 | grep -E "^Done|INITED|panicked|ERROR|SUMMARY" | tail -n 4)
+  if ! (cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run "$target" "corpus/$target" $(seeds_for "$target") \
+    -- -max_total_time="$secs" -rss_limit_mb=2048 -malloc_limit_mb=16384) >"$log" 2>&1; then
+    tail -n 60 "$log"
+    rm -f "$log"
+    echo "fuzz target $target failed" >&2
+    exit 1
+  fi
+  grep -E "INITED|^Done" "$log" | tail -n 2
+  rm -f "$log"
 done
 echo "== all tests passed"

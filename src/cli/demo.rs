@@ -6,16 +6,20 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 use hspack::synth::{capture_schema, channel_scales, named_capture_sample, Rng};
-use hspack::verify::{verify, VerifyOptions};
+use hspack::verify::{count, verify, VerifyOptions};
 use hspack::{Codec, Dataset, DatasetWriter, WriteOptions};
 
 use super::progress::bytes_bar;
 use super::{gbps, human_bytes};
 
+/// Where the demo writes unless `--out` says otherwise (git-ignored in this repository).
+const DEFAULT_OUT: &str = "hspack-demo";
+
 #[derive(clap::Args)]
 pub struct Args {
-    /// Folder to write (replaced if it holds an earlier dataset).
-    #[arg(long, default_value = "hspack-demo")]
+    /// Folder to write (replaced if it holds an earlier dataset); about 775 MB with the
+    /// default sizes.
+    #[arg(long, default_value = DEFAULT_OUT)]
     out: PathBuf,
     /// Samples to write.
     #[arg(long, default_value_t = 24)]
@@ -72,12 +76,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         bail!("need --samples >= 1 and --min-tokens <= --max-tokens");
     }
     clear_previous(&a.out)?;
-    let schema = capture_schema(
-        "synthetic DeepSeek-V3-style (61 layers)",
-        61,
-        a.hidden,
-        &a.layers,
-    );
+    let schema = capture_schema("synthetic DeepSeek-V3-style", 61, a.hidden, &a.layers);
     let mut rng = Rng::new(42);
     let scales: Vec<Vec<f32>> = a
         .layers
@@ -90,15 +89,28 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let per_token = schema.fields.iter().map(|f| f.row_bytes()).sum::<u64>();
     let total: u64 = lens.iter().sum::<u64>() * per_token;
     println!(
-        "demo: {} samples of {}..={} tokens, layers {:?} of hidden {} (bf16): {} per token, {} in all, codec {}",
-        a.samples,
+        "demo: {} of {}..={} tokens, layers {} of hidden {} (bf16): {} per token",
+        count(a.samples, "sample"),
         a.min_tokens,
         a.max_tokens,
-        a.layers,
+        a.layers
+            .iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(", "),
         a.hidden,
         human_bytes(per_token),
+    );
+    let choose = if a.out == Path::new(DEFAULT_OUT) {
+        " (choose another folder with --out)"
+    } else {
+        ""
+    };
+    println!(
+        "demo: writing {} (codec {}) into {}{choose}",
         human_bytes(total),
-        codec.name()
+        codec.name(),
+        shown_path(&a.out),
     );
 
     // Write. Generation is not timed; appends are.
@@ -131,9 +143,9 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     write_secs += t.elapsed().as_secs_f64();
     bar.finish_and_clear();
     println!(
-        "write : {} samples, {} shards, {} on disk ({:.2}x of raw) in {write_secs:.2} s: {:.2} GB/s (fsync'd, atomic commit)",
-        stats.samples,
-        stats.shards,
+        "write : {}, {}, {} on disk ({:.2}x of raw) in {write_secs:.2} s: {:.2} GB/s (fsync'd, atomic commit)",
+        count(stats.samples, "sample"),
+        count(stats.shards as u64, "shard"),
         human_bytes(stats.bytes),
         stats.raw_bytes as f64 / stats.bytes as f64,
         gbps(stats.raw_bytes, write_secs)
@@ -150,8 +162,8 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         bail!("verification failed");
     }
     println!(
-        "verify: {} chunks, {} hashed in {secs:.2} s: {:.2} GB/s; digest {}",
-        report.chunks,
+        "verify: {}, {} hashed in {secs:.2} s: {:.2} GB/s; digest {}",
+        count(report.chunks, "chunk"),
         human_bytes(report.bytes_hashed),
         gbps(report.bytes_hashed, secs),
         report.digest
@@ -197,9 +209,63 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         lat[lat.len() / 2],
         lat[lat.len() * 99 / 100]
     );
+    let exe = invocation();
+    let ds = shell_word(&a.out.display().to_string());
     println!(
-        "done  : {} (try `hspack info {0}`, `hspack ls {0}`, `hspack verify {0}`)",
-        a.out.display()
+        "done  : {} holds the dataset ({} on disk; remove it with `rm -r {ds}`)",
+        shown_path(&a.out),
+        human_bytes(stats.bytes)
     );
+    println!("next  : `{exe} info {ds}`, `{exe} ls {ds}`, `{exe} verify {ds}`");
     Ok(ExitCode::SUCCESS)
+}
+
+/// `path` as an absolute path where it can be made one, for saying where the demo writes.
+fn shown_path(path: &Path) -> String {
+    std::path::absolute(path)
+        .unwrap_or_else(|_| path.to_path_buf())
+        .display()
+        .to_string()
+}
+
+/// How to run this binary again from the current folder: `hspack` when that name on `PATH`
+/// is this binary, else its path (`./target/release/hspack` under `cargo run`), so the
+/// commands the demo suggests work as printed.
+fn invocation() -> String {
+    let Ok(exe) = std::env::current_exe().and_then(std::fs::canonicalize) else {
+        return "hspack".to_string();
+    };
+    let name = exe
+        .file_name()
+        .map(|n| n.to_os_string())
+        .unwrap_or_default();
+    // The first `hspack` a shell finds on PATH must be this one.
+    let on_path = std::env::var_os("PATH").is_some_and(|paths| {
+        std::env::split_paths(&paths)
+            .map(|dir| dir.join(&name))
+            .find(|candidate| candidate.is_file())
+            .and_then(|found| std::fs::canonicalize(found).ok())
+            .is_some_and(|found| found == exe)
+    });
+    if on_path {
+        return shell_word(&name.to_string_lossy());
+    }
+    let relative = std::env::current_dir()
+        .and_then(std::fs::canonicalize)
+        .ok()
+        .and_then(|cwd| exe.strip_prefix(cwd).ok().map(|r| Path::new(".").join(r)));
+    shell_word(&relative.unwrap_or(exe).display().to_string())
+}
+
+/// `word` quoted for a POSIX shell where it needs quoting.
+fn shell_word(word: &str) -> String {
+    let plain = !word.is_empty()
+        && word
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "_-./+:=@%,".contains(c));
+    if plain {
+        word.to_string()
+    } else {
+        format!("'{}'", word.replace('\'', "'\\''"))
+    }
 }

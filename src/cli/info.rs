@@ -6,7 +6,9 @@ use std::process::ExitCode;
 use anyhow::Context;
 use hspack::Dataset;
 
-use super::human_bytes;
+use hspack::verify::count;
+
+use super::{human_bytes, shape_text};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -56,17 +58,30 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     );
     if let Some(c) = &m.schema.capture {
         println!(
-            "capture   {} ({} layers, hidden {}, {}, tp {}) by {} {}",
-            c.model, c.num_layers, c.hidden_size, c.dtype, c.tp_size, c.tool, c.tool_version
+            "capture   {}: {}, hidden {}, {}, tensor-parallel {}; by {} {}",
+            c.model,
+            count(c.num_layers.into(), "layer"),
+            c.hidden_size,
+            c.dtype,
+            c.tp_size,
+            c.tool,
+            c.tool_version
         );
     }
-    println!("fields");
+    println!("fields    (shape of one token's row)");
+    let width = m
+        .schema
+        .fields
+        .iter()
+        .map(|f| f.name.len())
+        .max()
+        .unwrap_or(0);
     for f in &m.schema.fields {
         println!(
-            "  {:<20} {:<8} {:?} {:?}",
+            "  {:<width$}  {:<8} {:<12} {}",
             f.name,
             f.dtype.name(),
-            f.shape,
+            shape_text(&f.shape),
             f.role
         );
     }

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use hspack::verify::count;
 use hspack::{Dataset, Sample};
 
 #[derive(clap::Args)]
@@ -34,9 +35,15 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             continue;
         }
         if let Err(e) = ds.shard(seq) {
+            let missing = ordinals.end - ordinals.start;
+            let which = if missing == 1 {
+                format!("ordinal {}", ordinals.start)
+            } else {
+                format!("ordinals {} to {}", ordinals.start, ordinals.end - 1)
+            };
             eprintln!(
-                "hspack: {e}\nhspack: samples {}..{} are not listed; run `hspack verify` to check the whole dataset",
-                ordinals.start, ordinals.end
+                "hspack: {e}\nhspack: {} ({which}) not listed; run `hspack verify` to check the whole dataset",
+                count(missing, "sample")
             );
             code = ExitCode::from(super::EXIT_DAMAGED);
             continue;

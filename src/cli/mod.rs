@@ -128,3 +128,12 @@ pub fn human_bytes(n: u64) -> String {
 pub fn gbps(bytes: u64, secs: f64) -> f64 {
     bytes as f64 / secs.max(1e-9) / 1e9
 }
+
+/// A shape as people write it: `[905, 7168]`; `scalar` for `[]` (one value per row).
+pub fn shape_text(shape: &[u64]) -> String {
+    if shape.is_empty() {
+        return "scalar".to_string();
+    }
+    let dims: Vec<String> = shape.iter().map(u64::to_string).collect();
+    format!("[{}]", dims.join(", "))
+}

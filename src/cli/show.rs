@@ -3,7 +3,10 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use hspack::verify::count;
 use hspack::{DType, Dataset, Tensor};
+
+use super::shape_text;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -55,6 +58,15 @@ pub fn values(t: &Tensor) -> Option<Vec<f64>> {
     Some(v)
 }
 
+/// A value for people: whole numbers without decimals, others to 4 places.
+fn number(v: f64) -> String {
+    if v.fract() == 0.0 && v.abs() < 1e15 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.4}")
+    }
+}
+
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let ds = Dataset::open(&a.dir)?;
     let s = match a.key.strip_prefix('#').and_then(|n| n.parse::<u64>().ok()) {
@@ -69,7 +81,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             let max = v.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
             let mean = v.iter().sum::<f64>() / v.len() as f64;
             let head: Vec<f64> = v.iter().take(6).cloned().collect();
-            (min, max, mean, head)
+            (min, max, mean, head, v.len())
         });
         fields.push((f.name.clone(), f.dtype, t.shape.clone(), stats));
     }
@@ -85,20 +97,32 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(ExitCode::SUCCESS);
     }
+    let loss = match s.loss_rows() {
+        Some(n) => count(n, "loss token"),
+        None => "no loss mask".to_string(),
+    };
     println!(
-        "sample {} `{}`: {} tokens, {:?} loss tokens",
+        "sample {} `{}`: {}, {loss}",
         s.ordinal(),
         s.key(),
-        s.rows(),
-        s.loss_rows()
+        count(s.rows(), "token")
     );
+    let width = fields.iter().map(|f| f.0.len()).max().unwrap_or(0);
     for (n, d, shape, st) in fields {
+        let shape = shape_text(&shape);
         match st {
-            Some((min, max, mean, head)) => println!(
-                "  {n:<20} {:<8} {shape:?}  min {min:.4} max {max:.4} mean {mean:.4}  head {head:?}",
-                d.name()
-            ),
-            None => println!("  {n:<20} {:<8} {shape:?}", d.name()),
+            Some((min, max, mean, head, elems)) => {
+                let more = if head.len() < elems { " …" } else { "" };
+                let head: Vec<String> = head.into_iter().map(number).collect();
+                println!(
+                    "  {n:<width$}  {:<8} {shape:<14} min {}  max {}  mean {mean:.4}  first {}{more}",
+                    d.name(),
+                    number(min),
+                    number(max),
+                    head.join(" ")
+                )
+            }
+            None => println!("  {n:<width$}  {:<8} {shape}", d.name()),
         }
     }
     Ok(ExitCode::SUCCESS)

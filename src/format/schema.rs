@@ -62,6 +62,35 @@ pub enum Role {
     Other,
 }
 
+/// Reads as what a person calls the point: `input`, `output`, `after the final norm`.
+impl std::fmt::Display for CapturePoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            CapturePoint::LayerInput => "input",
+            CapturePoint::LayerOutput => "output",
+            CapturePoint::FinalNorm => "after the final norm",
+        })
+    }
+}
+
+/// Reads as prose, for human output: `token ids`, `hidden state, layer 2 input`,
+/// `hidden states, layers 2, 30, 58 input`.
+impl std::fmt::Display for Role {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Role::TokenIds => f.write_str("token ids"),
+            Role::LossMask => f.write_str("loss mask"),
+            Role::HiddenState { layer, point } => write!(f, "hidden state, layer {layer} {point}"),
+            Role::HiddenStates { layers, point } => {
+                let layers: Vec<String> = layers.iter().map(u32::to_string).collect();
+                let noun = if layers.len() == 1 { "layer" } else { "layers" };
+                write!(f, "hidden states, {noun} {} {point}", layers.join(", "))
+            }
+            Role::Other => f.write_str("other"),
+        }
+    }
+}
+
 /// One field of every sample: rows of `shape`-shaped elements of `dtype`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Field {
@@ -444,5 +473,29 @@ mod tests {
         let mut b = a.clone();
         b.fields[0].dtype = DType::F16;
         assert_ne!(a.hash(), b.hash());
+    }
+
+    #[test]
+    fn roles_read_as_prose() {
+        let hidden = |layer, point| Role::HiddenState { layer, point };
+        assert_eq!(Role::TokenIds.to_string(), "token ids");
+        assert_eq!(Role::LossMask.to_string(), "loss mask");
+        assert_eq!(
+            hidden(2, CapturePoint::LayerInput).to_string(),
+            "hidden state, layer 2 input"
+        );
+        assert_eq!(
+            hidden(60, CapturePoint::FinalNorm).to_string(),
+            "hidden state, layer 60 after the final norm"
+        );
+        let stacked = Role::HiddenStates {
+            layers: vec![2, 30, 58],
+            point: CapturePoint::LayerOutput,
+        };
+        assert_eq!(
+            stacked.to_string(),
+            "hidden states, layers 2, 30, 58 output"
+        );
+        assert_eq!(Role::Other.to_string(), "other");
     }
 }

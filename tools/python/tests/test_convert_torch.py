@@ -117,10 +117,10 @@ def test_specforge(tmp_path):
             same(got[f"hidden.{layer}"], aux[:, j * H : (j + 1) * H])
         same(got["hidden.61"], want["hidden_state"][0])
     info = hspack("info", ds).stdout
-    assert "HiddenState { layer: 61, point: FinalNorm }" in info
-    assert "HiddenStates { layers: [2, 30, 58], point: LayerInput }" in info
+    assert "hidden state, layer 61 after the final norm" in info
+    assert "hidden states, layers 2, 30, 58 input" in info
     info = hspack("info", split).stdout
-    assert "HiddenState { layer: 2, point: LayerInput }" in info
+    assert "hidden state, layer 2 input" in info
     # The EAGLE-3 view over either output returns SpecForge's own tensors; over the stacked
     # output, aux_hidden_state is a view of the mapped shard, not a copy.
     from hspack.torch import HspackDataset
@@ -271,7 +271,7 @@ def test_generic_stacked_fields(tmp_path):
     same(got["axis"], d["axis"][0])
     same(got["aux_hidden_state"], torch.stack(d["aux"], dim=1))
     info = hspack("info", ds).stdout
-    assert "HiddenStates { layers: [4, 5], point: LayerOutput }" in info
+    assert "hidden states, layers 4, 5 output" in info
     p = hspack("convert", src, tmp_path / "bad", "--layout", "generic", "--field", "x=aux.0+aux.1:layers=1,2,3",
                ok=False)
     assert p.returncode == 2 and "2 source tensors for 3 layers" in p.stderr, p.stderr

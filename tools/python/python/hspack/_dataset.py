@@ -11,7 +11,7 @@ import numpy as np
 
 from . import _hspack
 from ._errors import make_error
-from ._tensors import FORMATS, convert
+from ._tensors import FORMATS, convert, no_torch_error, torch_installed
 
 CHECKS = ("once", "always", "never")
 READAHEADS = ("hint", "load")
@@ -54,6 +54,8 @@ class Dataset:
             raise make_error("BadOption", "option check: must be \"once\", \"always\" or \"never\"", option="check")
         if format not in FORMATS:
             raise make_error("BadOption", "option format: must be \"torch\" or \"numpy\"", option="format")
+        if format == "torch" and not torch_installed():
+            raise no_torch_error()
         _readahead_option(readahead)
         self._readahead = readahead
         self.path = os.fspath(path)
@@ -232,8 +234,9 @@ def open(path: str | os.PathLike, check: str = "once", format: str = "torch", *,
     `check`: `"once"` hashes each chunk the first time this process reads it (default),
     `"always"` on every read, `"never"` trusts the bytes (chunk headers are still checked;
     a damaged payload is then returned as is: run `hspack.verify` separately).
-    `format`: `"torch"` or `"numpy"` (bf16 / fp8 arrays have `ml_dtypes` types when that package
-    is installed, else hold the raw bits as uint16 / uint8).
+    `format`: `"torch"` (needs PyTorch: `pip install "hspack[torch]"`) or `"numpy"` (bf16 / fp8
+    arrays have `ml_dtypes` types when that package is installed, else hold the raw bits as
+    uint16 / uint8). Without torch installed, `format="torch"` is refused here, saying so.
     `checked_memo`: a folder (in `/dev/shm`, say) shared by processes that should hash each
     chunk once in all under `check="once"`; `hspack.torch`'s datasets make one per run.
     `readahead`: `"hint"` asks the kernel to read a sample's chunks ahead and returns at once

@@ -85,11 +85,44 @@ def hspack_name_of(array: Any) -> str | None:
     return None
 
 
+#: Integer dtypes, by hspack name.
+INTEGERS = ("u8", "i8", "i16", "i32", "i64")
+
+
+def _token_ids_as(key: str, name: str, want: str, value: Any) -> Any:
+    """Token ids of any integer width as the schema's dtype `want` (tokenizers return int64,
+    schemas usually say i32): converted when every id fits, else an error naming the first id
+    that does not and its position. Anything else is returned as it is, for the usual checks."""
+    if want not in INTEGERS:
+        return value
+    is_numpy = isinstance(value, np.ndarray)
+    if not is_numpy and getattr(value, "device", None) is not None and value.device.type != "cpu":
+        return value  # refused by the usual check, naming the device
+    got = hspack_name_of(value)
+    if got == want or got not in INTEGERS:
+        return value
+    ids = value if is_numpy else value.detach().numpy()
+    info = np.iinfo(NUMPY[want])
+    bad = np.flatnonzero((ids.reshape(-1) < info.min) | (ids.reshape(-1) > info.max))
+    if bad.size:
+        at = np.unravel_index(int(bad[0]), ids.shape)
+        position = int(at[0]) if len(at) == 1 else tuple(int(i) for i in at)
+        raise make_error(
+            "BadSample",
+            f"sample `{key}`, field `{name}`: token id {ids[at]} at position {position} does not fit the schema's {want} ({info.min}..={info.max}); store ids in a wider dtype (hspack.token_ids(dtype=\"i64\"))",
+            key=key,
+            field=name,
+        )
+    return ids.astype(NUMPY[want])
+
+
 def input_bytes(key: str, name: str, field: dict, value: Any) -> np.ndarray:
     """The bytes of one field of a sample to append, as a flat uint8 numpy array that shares
     memory with `value` when it is contiguous. Checks dtype and row shape against `field`."""
     want = field["dtype"]
     row_shape = tuple(field["shape"])
+    if field["role"].get("kind") == "token_ids":
+        value = _token_ids_as(key, name, want, value)
     if isinstance(value, np.ndarray):
         got = hspack_name_of(value)
         raw_ok = want in ("bf16", "f8e4m3fn", "f8e5m2") and value.dtype == NUMPY[want]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 import warnings
 from typing import Any
 
@@ -29,6 +31,26 @@ def _spend_torch_readonly_warning() -> None:
 
 FORMATS = ("torch", "numpy")
 
+#: What to do when `format="torch"` (the default) meets a Python without torch.
+NO_TORCH = (
+    'format="torch" (the default) needs PyTorch, which is not installed: install it with '
+    '`pip install "./tools/python[torch]"` (or `pip install torch`), or pass format="numpy"'
+)
+
+
+def torch_installed() -> bool:
+    """True when `import torch` can succeed (checked without importing it)."""
+    if "torch" in sys.modules:
+        return sys.modules["torch"] is not None
+    return importlib.util.find_spec("torch") is not None
+
+
+def no_torch_error() -> Exception:
+    """The `HspackError` that says how to get torch, or to read numpy instead."""
+    from ._errors import make_error
+
+    return make_error("BadOption", f"option format: {NO_TORCH}", option="format")
+
 
 def to_numpy(buf: Any) -> np.ndarray:
     """A read-only numpy array over the buffer. bf16 and fp8 arrays have `ml_dtypes`' types
@@ -40,7 +62,10 @@ def to_numpy(buf: Any) -> np.ndarray:
 
 def to_torch(buf: Any) -> Any:
     """A torch tensor over the buffer, with its true dtype (bf16 and fp8 included)."""
-    import torch
+    try:
+        import torch
+    except ImportError as e:
+        raise no_torch_error() from e
 
     if not _SPENT:
         _spend_torch_readonly_warning()

@@ -112,13 +112,18 @@ class PadCollate:
     cut to `max_len` and padded: `pad_ids` for `input_ids`, 0 elsewhere (so `loss_mask`
     is 0 on padding). Adds `attention_mask` (`[B, T_max]` int64, 1 on real tokens) and
     `lengths`. Ints (`ordinal`) become a tensor; other values are listed. In DataLoader
-    workers the batch tensors are allocated in shared memory."""
+    workers the batch tensors are allocated in shared memory.
+
+    Samples that are batches of one (`[1, T, ...]`, as the `eagle3-specforge` view returns,
+    like SpecForge's dataset items) are collated on their token dim, into `[B, T_max, ...]`
+    as SpecForge's collator does."""
 
     def __init__(self, max_len: int | None = None, pad_id: int = 0, length_key: str = "input_ids", pad_to_multiple_of: int | None = None):
         self.max_len, self.pad_id, self.length_key = max_len, pad_id, length_key
         self.multiple = pad_to_multiple_of
 
     def __call__(self, samples: Sequence[dict]) -> dict:
+        samples = [_unbatched(s, self.length_key) for s in samples]
         first = samples[0]
         key = self.length_key if self.length_key in first else next(k for k, v in first.items() if torch.is_tensor(v))
         lengths = [int(s[key].shape[0]) for s in samples]
@@ -148,6 +153,16 @@ class PadCollate:
         out["attention_mask"] = mask
         out["lengths"] = torch.tensor(lengths, dtype=torch.int64)
         return out
+
+
+def _unbatched(sample: dict, length_key: str) -> dict:
+    """`sample` with the leading batch dim of one dropped from its per-token tensors when its
+    token ids (`length_key`, one per token) are `[1, T]`; else `sample` itself."""
+    ids = sample.get(length_key)
+    if not torch.is_tensor(ids) or ids.dim() != 2 or ids.shape[0] != 1:
+        return sample
+    t = ids.shape[1]
+    return {k: v[0] if torch.is_tensor(v) and v.dim() >= 2 and v.shape[0] == 1 and v.shape[1] == t else v for k, v in sample.items()}
 
 
 def pad_collate(samples: Sequence[dict]) -> dict:

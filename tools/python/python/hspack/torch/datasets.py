@@ -21,14 +21,26 @@ from . import transfer as _transfer
 from .views import Eagle3View, FieldsView
 
 
+#: The views named by a string, and what each builds.
+VIEWS: dict[str, Callable[[int | None], Callable]] = {
+    "eagle3": lambda max_len: Eagle3View(max_len=max_len),
+    "eagle3-specforge": lambda max_len: Eagle3View(max_len=max_len, layout="specforge"),
+}
+
+
 def make_view(view: Any, fields: Sequence[str] | None, max_len: int | None) -> Callable:
+    """The view object for `view`: None (fields), a name from `VIEWS`, or a callable
+    `view(hspack_dataset, ordinal)`. Anything else is refused here, naming the known views."""
     if view is None:
         return FieldsView(fields, max_len)
-    if view == "eagle3":
-        return Eagle3View(max_len=max_len)
-    if view == "eagle3-specforge":
-        return Eagle3View(max_len=max_len, layout="specforge")
-    return view
+    if isinstance(view, str) and view in VIEWS:
+        return VIEWS[view](max_len)
+    if callable(view) and not isinstance(view, str):
+        return view
+    from .._errors import make_error
+
+    known = ", ".join(f'"{name}"' for name in VIEWS)
+    raise make_error("BadOption", f"option view: {view!r} is not a view; use None (the fields), {known}, or a callable view(dataset, ordinal)", option="view")
 
 
 class _Epoch:

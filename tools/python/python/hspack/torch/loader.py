@@ -8,15 +8,16 @@ from typing import Any
 import torch
 import torch.utils.data as tud
 
-from .batching import TokenBudgetBatchSampler
+from .batching import PadCollate, TokenBudgetBatchSampler
 from .datasets import HspackIterableDataset, HspackSampler
 
 
 def _count(batch: Any, fallback: int) -> int:
     if isinstance(batch, dict):
-        o = batch.get("ordinal")
-        if torch.is_tensor(o) or isinstance(o, list):
-            return len(o)
+        for key in ("ordinal", "lengths"):  # `lengths`: from PadCollate, for every view
+            o = batch.get(key)
+            if torch.is_tensor(o) or isinstance(o, list):
+                return len(o)
     if isinstance(batch, list):
         return len(batch)
     return fallback
@@ -29,8 +30,12 @@ class HspackLoader(tud.DataLoader):
     Each batch the training loop receives advances the state of the dataset or sampler;
     `state_dict()` returns it, and `load_state_dict()` before iterating resumes the epoch with
     exactly the samples not yet received. Samples are counted by the batch's `ordinal`
-    entry (present in every hspack view except `eagle3-specforge`; there, `batch_size` is
-    used). Other keyword arguments go to `torch.utils.data.DataLoader`."""
+    entry (present in every hspack view except `eagle3-specforge`), else by the `lengths`
+    that `PadCollate` adds, else as `batch_size`. Other keyword arguments go to `torch.utils.data.DataLoader`.
+
+    Batches (`batch_size` not None, or a `batch_sampler`) are collated by `PadCollate()`
+    unless `collate_fn` says otherwise: samples are ragged, and torch's default collate can
+    only stack tensors of one shape."""
 
     def __init__(self, dataset: Any, batch_size: int | None = 1, **kwargs: Any):
         if isinstance(dataset, HspackIterableDataset):
@@ -47,6 +52,11 @@ class HspackLoader(tud.DataLoader):
         else:
             raise TypeError("HspackLoader needs an HspackIterableDataset, or sampler=HspackSampler, or batch_sampler=TokenBudgetBatchSampler")
         self._fallback = batch_size or 1
+        batched = batch_size is not None or kwargs.get("batch_sampler") is not None
+        if batched and kwargs.get("collate_fn") is None:
+            # Samples are ragged (one row per token): torch's default collate cannot stack
+            # them, and inside workers fails with an unrelated storage error.
+            kwargs["collate_fn"] = PadCollate()
         if "batch_sampler" in kwargs:
             super().__init__(dataset, **kwargs)
         else:

@@ -1,0 +1,171 @@
+"""What a newcomer meets first: the README's example, the install without torch, token ids as
+tokenizers return them, views by name, and batches of ragged samples."""
+
+from __future__ import annotations
+
+import pathlib
+import re
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+import hspack
+from conftest import eagle_sample
+from hspack.torch import (
+    Eagle3View,
+    FieldsView,
+    HspackDataset,
+    HspackIterableDataset,
+    HspackLoader,
+    HspackSampler,
+    PadCollate,
+)
+
+README = pathlib.Path(__file__).resolve().parents[3] / "README.md"
+
+
+def readme_python_example() -> str:
+    """The first Python block of the README's "Python and PyTorch" section."""
+    text = README.read_text()
+    section = text[text.index("## Python and PyTorch") :]
+    match = re.search(r"```python\n(.*?)```", section, re.S)
+    assert match, "no Python example in the README's Python section"
+    return match.group(1)
+
+
+def test_the_readme_example_runs_as_written(tmp_path):
+    script = tmp_path / "example.py"
+    script.write_text(readme_python_example())
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    ds = hspack.open(tmp_path / "ds")
+    assert len(ds) == 8 and ds.get("req-0")["input_ids"].dtype == torch.int32
+
+
+def test_the_readme_installs_the_torch_extra():
+    text = README.read_text()
+    assert 'pip install "./tools/python[torch]"' in text
+    pyproject = (README.parent / "tools/python/pyproject.toml").read_text()
+    assert re.search(r'^torch = \["torch', pyproject, re.M), "pyproject.toml has no `torch` extra"
+
+
+def test_without_torch_open_says_what_to_install(eagle_path):
+    code = textwrap.dedent(
+        f"""
+        import sys
+        sys.modules["torch"] = None  # as if torch were not installed
+        import hspack
+        try:
+            hspack.open({eagle_path!r})
+        except hspack.HspackError as e:
+            print(e.kind, "|", e)
+        else:
+            print("opened")
+        ds = hspack.open({eagle_path!r}, format="numpy")
+        print("numpy", ds[0]["input_ids"].dtype)
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    first, second = done.stdout.splitlines()
+    assert first.startswith("BadOption |"), first
+    assert 'pip install "./tools/python[torch]"' in first and 'format="numpy"' in first
+    assert second == "numpy int32"
+
+
+def test_token_ids_of_any_integer_width_are_converted(tmp_path):
+    with hspack.Writer(tmp_path / "ds", [hspack.token_ids(), hspack.loss_mask()], durable=False) as w:
+        w.append("torch-int64", input_ids=torch.tensor([151_644, 872, 2**31 - 1]), loss_mask=torch.ones(3, dtype=torch.uint8))
+        w.append("numpy-int64", input_ids=np.array([-(2**31), 5], dtype=np.int64), loss_mask=np.ones(2, dtype=np.uint8))
+        w.append("torch-int16", input_ids=torch.tensor([7, 8], dtype=torch.int16), loss_mask=torch.ones(2, dtype=torch.uint8))
+        w.append("torch-uint8", input_ids=torch.tensor([9], dtype=torch.uint8), loss_mask=torch.ones(1, dtype=torch.uint8))
+    ds = hspack.open(tmp_path / "ds")
+    assert ds.get("torch-int64")["input_ids"].tolist() == [151_644, 872, 2**31 - 1]
+    assert ds.get("numpy-int64")["input_ids"].tolist() == [-(2**31), 5]
+    assert ds.get("torch-int16")["input_ids"].tolist() == [7, 8]
+    assert ds.get("torch-uint8")["input_ids"].tolist() == [9]
+    assert ds.get("torch-int64")["input_ids"].dtype == torch.int32
+
+
+def test_token_ids_that_do_not_fit_are_refused_naming_value_and_position(tmp_path):
+    with hspack.Writer(tmp_path / "ds", [hspack.token_ids(), hspack.field("x", "i32")], durable=False) as w:
+        with pytest.raises(hspack.HspackError) as e:
+            w.append("a", input_ids=torch.tensor([1, 2, 2**31, 3]))
+        assert (e.value.kind, e.value.key, e.value.field) == ("BadSample", "a", "input_ids")
+        assert "token id 2147483648 at position 2" in str(e.value) and "i32" in str(e.value)
+        with pytest.raises(hspack.HspackError, match="token id -2147483649 at position 0"):
+            w.append("b", input_ids=np.array([-(2**31) - 1], dtype=np.int64))
+        # Floats are not token ids, and only the token-ids role converts.
+        with pytest.raises(hspack.HspackError, match="dtype torch.float32, the schema says i32"):
+            w.append("c", input_ids=torch.tensor([1.0]))
+        with pytest.raises(hspack.HspackError, match="dtype torch.int64, the schema says i32"):
+            w.append("d", input_ids=torch.tensor([1], dtype=torch.int32), x=torch.tensor([1]))
+    assert len(hspack.open(tmp_path / "ds")) == 0
+
+
+@pytest.mark.parametrize("cls", [HspackDataset, HspackIterableDataset])
+def test_an_unknown_view_is_refused_naming_the_known_ones(eagle_path, cls):
+    with pytest.raises(hspack.HspackError) as e:
+        cls(eagle_path, view="eagle3_specforge")
+    assert e.value.kind == "BadOption" and e.value.option == "view"
+    assert "'eagle3_specforge' is not a view" in str(e.value)
+    assert '"eagle3"' in str(e.value) and '"eagle3-specforge"' in str(e.value)
+    with pytest.raises(hspack.HspackError):
+        cls(eagle_path, view=3)
+    # Known names and view objects are accepted.
+    for view in ("eagle3", "eagle3-specforge", Eagle3View(), FieldsView(["input_ids"]), lambda ds, i: i):
+        cls(eagle_path, view=view)
+
+
+# Every view the package offers, with the per-token keys its samples hold.
+VIEWS = {
+    "fields": (None, ["input_ids", "loss_mask", "hidden.1", "hidden.final"]),
+    "eagle3": ("eagle3", ["input_ids", "loss_mask", "aux_hidden_state", "hidden_state"]),
+    "eagle3-specforge": ("eagle3-specforge", ["input_ids", "loss_mask", "attention_mask", "hidden_state", "target"]),
+}
+
+
+@pytest.mark.parametrize("name", VIEWS)
+def test_pad_collate_batches_every_view(eagle_path, name):
+    view, keys = VIEWS[name]
+    ds = HspackDataset(eagle_path, view=view)
+    loader = HspackLoader(ds, sampler=HspackSampler(ds, shuffle=False), batch_size=4, collate_fn=PadCollate())
+    batch = next(iter(loader))
+    lengths = [int(n) for n in ds.hspack.lengths[:4]]
+    assert batch["lengths"].tolist() == lengths and len(set(lengths)) > 1
+    t_max = max(lengths)
+    for key in keys:
+        assert tuple(batch[key].shape[:2]) == (4, t_max), (key, batch[key].shape)
+    assert batch["attention_mask"].sum(1).tolist() == lengths
+    for b, n in enumerate(lengths):
+        want = eagle_sample(b)
+        assert torch.equal(batch["input_ids"][b, :n], want["input_ids"])
+        assert (batch["input_ids"][b, n:] == 0).all() and (batch["loss_mask"][b, n:] == 0).all()
+        if name == "fields":
+            assert torch.equal(batch["hidden.final"][b, :n], want["hidden.final"])
+        else:
+            target = batch["hidden_state" if name == "eagle3" else "target"][b, :n]
+            assert torch.equal(target, want["hidden.final"])
+            aux = batch["aux_hidden_state" if name == "eagle3" else "hidden_state"][b, :n]
+            assert torch.equal(aux, torch.cat([want["hidden.1"], want["hidden.3"], want["hidden.5"]], dim=1))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("name", VIEWS)
+def test_loaders_pad_ragged_batches_by_default(eagle_path, workers, name):
+    view, keys = VIEWS[name]
+    ds = HspackDataset(eagle_path, view=view)
+    loader = HspackLoader(ds, sampler=HspackSampler(ds, seed=1), batch_size=3, num_workers=workers)
+    batches = list(loader)
+    assert sum(len(b["lengths"]) for b in batches) == 37
+    for b in batches:
+        assert tuple(b[keys[0]].shape) == (len(b["lengths"]), int(b["lengths"].max()))
+    it = HspackIterableDataset(eagle_path, view=view, seed=1)
+    loader = HspackLoader(it, batch_size=3, num_workers=workers)
+    assert sum(len(b["lengths"]) for b in loader) == 37
+    # The last batch holds one sample: the count behind resume follows the batches' sizes.
+    assert loader.state_dict()["consumed"] == 37
