@@ -224,6 +224,15 @@ def parse_schema(schema: object) -> list:
     return out
 
 
+def plain_name(name: object) -> bool:
+    """A file name with no folder part."""
+    return (
+        isinstance(name, str)
+        and name not in ("", ".", "..")
+        and not any(c in name for c in "/\\\0")
+    )
+
+
 def parse_manifest(root: Path) -> tuple:
     path = root / "manifest.json"
     size = path.stat().st_size
@@ -270,14 +279,7 @@ def parse_manifest(root: Path) -> tuple:
         need(isinstance(s, dict) and set(s) == keys, f"§6 shard {i}: keys")
         need(s["seq"] == i, f"§6: shard list is not numbered 0.. (position {i}, seq {s['seq']})")
         name = s["file"]
-        need(
-            isinstance(name, str)
-            and name not in ("", ".", "..")
-            and "/" not in name
-            and "\\" not in name
-            and "\0" not in name,
-            f"§6 shard {i}: file {name!r} is not a plain name",
-        )
+        need(plain_name(name), f"§6 shard {i}: file {name!r} is not a plain name")
         for k in ("bytes", "first_ordinal", "samples", "chunks", "raw_bytes"):
             need(is_uint(s[k]), f"§6 shard {i}: {k} is not an unsigned integer")
         need(
@@ -311,7 +313,7 @@ def parse_manifest(root: Path) -> tuple:
             isinstance(table, dict) and set(table) == {"file", "bytes", "blake3", "samples"},
             "§6: samples_table keys",
         )
-        need("/" not in table["file"], "§6: samples_table file is not a plain name")
+        need(plain_name(table["file"]), "§6: samples_table file is not a plain name")
         data = (root / table["file"]).read_bytes()
         need(len(data) == table["bytes"], "§6: samples table size differs from the manifest")
         need(

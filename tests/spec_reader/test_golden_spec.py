@@ -346,3 +346,14 @@ def test_value_change_rehashed_is_caught_by_the_value_check(tmp_path):
     field = spec.DTYPES[ds.shards[1].chunks[0].dtype][0]
     sample = ds.shards[1].chunks[0].sample
     assert mismatches(ds, EXPECTED["v1"]) == [(f"golden-{sample}", field)]
+
+
+@pytest.mark.parametrize("bad", ["../x", "a/b", ".hidden", "hidden 2", "-x", "x" * 129])
+def test_field_name_outside_the_rule_rehashed(tmp_path, bad):
+    """§6.1: a manifest holding such a name is rejected even with a matching schema_blake3."""
+    d = Copy(tmp_path, "v2/stacked")
+    d.manifest["schema"]["fields"][2]["name"] = bad
+    d.manifest["schema_blake3"] = b3(spec.canonical_schema_json(d.manifest["schema"])).hex()
+    d.save_manifest()
+    with pytest.raises(SpecError, match="breaks the name rule"):
+        read_dataset(d.root)
