@@ -57,6 +57,8 @@ fi
 echo "== pytest"
 # -rs prints why tests skip (the CudaWriter GPU tests where there is no GPU).
 (cd tools/python/tests && python3 -m pytest -q -rs -p no:cacheprovider .)
+echo "== spec reader: the golden vectors read with FORMAT.md alone, value by value"
+(cd tests/spec_reader && python3 -m pytest -q -p no:cacheprovider .)
 
 echo "== fuzz (short runs: no crash, no panic; seeded with valid files of each kind)"
 secs="${HSPACK_FUZZ_SECONDS:-20}"

@@ -19,11 +19,33 @@ from hspack.torch import (
     partition,
 )
 
+# (first ordinal, samples) of each shard of `eagle_path`: 37 samples, 13 a shard.
 SHARDS = [(0, 13), (13, 13), (26, 11)]
+
+
+def reference_order(shards, seed, epoch, block_size=64, window_blocks=16) -> list:
+    """The epoch order as `hspack.torch.order` documents it, written out here: each shard cut
+    into blocks of `block_size` ordinals, the blocks permuted, then each window of
+    `window_blocks` blocks shuffled sample by sample, all drawn from one PCG64 seeded with
+    `[seed, epoch]`."""
+    g = np.random.Generator(np.random.PCG64([seed, epoch]))
+    runs = [
+        list(range(start, min(start + block_size, first + count)))
+        for first, count in shards
+        for start in range(first, first + count, block_size)
+    ]
+    perm = g.permutation(len(runs))
+    out = []
+    for i in range(0, len(runs), window_blocks):
+        window = np.array([o for j in perm[i : i + window_blocks] for o in runs[j]])
+        g.shuffle(window)
+        out += window.tolist()
+    return out
 
 
 def test_epoch_order_is_a_deterministic_mixing_permutation():
     a = epoch_order(SHARDS, seed=1, epoch=0, block_size=4, window_blocks=2)
+    assert a.tolist() == reference_order(SHARDS, 1, 0, block_size=4, window_blocks=2)
     assert sorted(a.tolist()) == list(range(37))
     assert np.array_equal(a, epoch_order(SHARDS, seed=1, epoch=0, block_size=4, window_blocks=2))
     assert not np.array_equal(a, epoch_order(SHARDS, seed=1, epoch=1, block_size=4, window_blocks=2))
@@ -57,8 +79,8 @@ def test_dataloader_with_two_workers(eagle_path, context):
             n = int(batch["lengths"][b])
             assert torch.equal(batch["hidden.5"][b, :n], eagle_sample(o)["hidden.5"])
             seen.append(o)
-    # Every sample once, in the rank's epoch order.
-    assert seen == ds.state.rank_order(ds.hspack.shard_ranges).tolist()
+    # Every sample once, in the epoch order of seed 4, epoch 0 (one rank).
+    assert seen == reference_order(SHARDS, 4, 0)
     assert sorted(seen) == list(range(37))
 
     mapped = HspackDataset(eagle_path, view="eagle3")
@@ -76,6 +98,7 @@ def test_iterable_resume_gives_exactly_the_rest(eagle_path, workers):
     loader = loader_of(ds)
     loader.set_epoch(2)
     full = [o for b in loader for o in b["ordinal"].tolist()]
+    assert full == reference_order(SHARDS, 7, 2)
     loader.set_epoch(2)
     first = []
     for k, batch in enumerate(loader):
@@ -101,6 +124,7 @@ def test_persistent_workers_follow_set_epoch_and_load_state_dict(eagle_path):
     for e in (0, 1):
         ref.set_epoch(e)
         want[e] = epoch_of(ref)
+        assert want[e] == reference_order(SHARDS, 5, e)
     assert want[0] != want[1]
     ds = HspackIterableDataset(eagle_path, ["input_ids"], seed=5)
     loader = HspackLoader(ds, batch_size=4, num_workers=2, persistent_workers=True, collate_fn=PadCollate())
@@ -117,6 +141,7 @@ def test_sampler_resume(eagle_path):
     sampler = HspackSampler(ds, seed=3)
     loader = HspackLoader(ds, batch_size=5, sampler=sampler, num_workers=2, collate_fn=PadCollate())
     full = [o for b in loader for o in b["ordinal"].tolist()]
+    assert full == reference_order(SHARDS, 3, 0)
     sampler.set_epoch(0)
     it = iter(loader)
     first = next(it)["ordinal"].tolist() + next(it)["ordinal"].tolist()

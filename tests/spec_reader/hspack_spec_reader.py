@@ -1,0 +1,662 @@
+"""A reader of hspack datasets written from format-spec/FORMAT.md alone.
+
+It shares no code with the Rust crate or the `hspack` Python package, so the golden vectors
+are checked against the spec and not against the implementation that wrote them. It checks
+every rule of the spec that a reader can check and raises `SpecError` at the first one that
+fails. Section numbers in the messages refer to FORMAT.md.
+
+Needs the `blake3` and `zstandard` packages and numpy.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import blake3
+import numpy as np
+import zstandard
+
+MIB = 1 << 20
+U64_MAX = (1 << 64) - 1
+
+HEADER_LEN = 128
+FOOTER_LEN = 128
+INDEX_HEADER_LEN = 64
+SAMPLE_ENTRY_LEN = 64
+EXTENT_ENTRY_LEN = 32
+CHUNK_ENTRY_LEN = 96
+KEY_ENTRY_LEN = 16
+
+SHARD_VERSION = 1
+MANIFEST_VERSIONS = (1, 2)
+
+CODECS = {0: "none", 1: "zstd", 2: "zstd-bytegroup"}
+
+# §5: code -> (name, bytes per element, numpy dtype or None where numpy has none).
+DTYPES = {
+    1: ("bool", 1, "|b1"),
+    2: ("u8", 1, "|u1"),
+    3: ("i8", 1, "|i1"),
+    4: ("i16", 2, "<i2"),
+    5: ("i32", 4, "<i4"),
+    6: ("i64", 8, "<i8"),
+    7: ("f16", 2, "<f2"),
+    8: ("bf16", 2, None),
+    9: ("f32", 4, "<f4"),
+    10: ("f64", 8, "<f8"),
+    11: ("f8e4m3fn", 1, None),
+    12: ("f8e5m2", 1, None),
+}
+DTYPE_CODE = {name: code for code, (name, _, _) in DTYPES.items()}
+
+POINTS = ("layer_input", "layer_output", "final_norm")
+FIELD_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}")
+HEX32 = re.compile(r"[0-9a-f]{32}")
+HEX64 = re.compile(r"[0-9a-f]{64}")
+
+
+class SpecError(ValueError):
+    """A dataset breaks a rule of FORMAT.md."""
+
+
+def fail(msg: str) -> None:
+    raise SpecError(msg)
+
+
+def need(cond: bool, msg: str) -> None:
+    if not cond:
+        raise SpecError(msg)
+
+
+def b3(data: bytes) -> bytes:
+    return blake3.blake3(data).digest()
+
+
+def u64(buf: bytes, off: int) -> int:
+    return struct.unpack_from("<Q", buf, off)[0]
+
+
+def u32(buf: bytes, off: int) -> int:
+    return struct.unpack_from("<I", buf, off)[0]
+
+
+def u16(buf: bytes, off: int) -> int:
+    return struct.unpack_from("<H", buf, off)[0]
+
+
+def zero(buf: bytes, start: int, end: int, what: str) -> None:
+    need(buf[start:end] == bytes(end - start), f"{what}: reserved bytes {start}..{end} not zero")
+
+
+def check_word(buf: bytes, covered: int, what: str) -> None:
+    """The check word: first 8 bytes of BLAKE3(bytes 0..covered), stored as LE u64 at `covered`."""
+    want = int.from_bytes(b3(buf[:covered])[:8], "little")
+    need(u64(buf, covered) == want, f"{what}: check word does not match")
+
+
+# ---------------------------------------------------------------- manifest (§6)
+
+
+@dataclass
+class FieldSpec:
+    name: str
+    dtype: int
+    shape: list
+    role: dict
+    row_bytes: int
+
+
+@dataclass
+class ShardSpec:
+    file: str
+    seq: int
+    bytes: int
+    index_blake3: bytes
+    first_ordinal: int
+    samples: int
+    chunks: int
+    raw_bytes: int
+
+
+def canonical_schema_json(schema: dict) -> bytes:
+    """§6.2: compact JSON, keys in the order §6.1 lists them."""
+
+    def role(r: dict) -> dict:
+        out = {"kind": r["kind"]}
+        if r["kind"] == "hidden_state":
+            out["layer"] = r["layer"]
+            out["point"] = r["point"]
+        elif r["kind"] == "hidden_states":
+            out["layers"] = r["layers"]
+            out["point"] = r["point"]
+        return out
+
+    capture = schema.get("capture")
+    if capture is not None:
+        keys = (
+            "model",
+            "revision",
+            "config_hash",
+            "num_layers",
+            "hidden_size",
+            "dtype",
+            "tp_size",
+            "tool",
+            "tool_version",
+        )
+        capture = {k: capture.get(k) for k in keys}
+    canon = {
+        "fields": [
+            {"name": f["name"], "dtype": f["dtype"], "shape": f["shape"], "role": role(f["role"])}
+            for f in schema["fields"]
+        ],
+        "capture": capture,
+    }
+    return json.dumps(canon, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def is_uint(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= U64_MAX
+
+
+def parse_role(role: object, shape: list, where: str) -> dict:
+    need(isinstance(role, dict), f"§6.1 {where}: role is not an object")
+    kind = role.get("kind")
+    if kind in ("token_ids", "loss_mask", "other"):
+        need(set(role) == {"kind"}, f"§6.1 {where}: role {kind} has extra keys")
+    elif kind == "hidden_state":
+        need(set(role) == {"kind", "layer", "point"}, f"§6.1 {where}: hidden_state keys")
+        need(is_uint(role["layer"]), f"§6.1 {where}: layer is not an unsigned integer")
+        need(role["point"] in POINTS, f"§6.1 {where}: unknown point {role['point']!r}")
+    elif kind == "hidden_states":
+        need(set(role) == {"kind", "layers", "point"}, f"§6.1 {where}: hidden_states keys")
+        layers = role["layers"]
+        need(
+            isinstance(layers, list) and layers and all(is_uint(x) for x in layers),
+            f"§6.1 {where}: layers is not a list of unsigned integers",
+        )
+        need(role["point"] in POINTS, f"§6.1 {where}: unknown point {role['point']!r}")
+        need(
+            len(shape) == 2 and shape[0] == len(layers),
+            f"§6.1 {where}: a hidden_states row must have shape [k, H] with k = len(layers)",
+        )
+    else:
+        fail(f"§6.1 {where}: unknown role kind {kind!r}")
+    return role
+
+
+def parse_schema(schema: object) -> list:
+    need(isinstance(schema, dict), "§6.1: schema is not an object")
+    need(set(schema) == {"fields", "capture"}, "§6.1: schema keys are not fields, capture")
+    fields = schema["fields"]
+    need(isinstance(fields, list) and 1 <= len(fields) <= 4096, "§6.1: 1..=4096 fields")
+    out = []
+    names = set()
+    for i, f in enumerate(fields):
+        need(isinstance(f, dict), f"§6.1 field {i}: not an object")
+        need(set(f) == {"name", "dtype", "shape", "role"}, f"§6.1 field {i}: keys")
+        name = f["name"]
+        need(
+            isinstance(name, str) and FIELD_NAME.fullmatch(name) is not None,
+            f"§6.1 field {i}: name {name!r} breaks the name rule",
+        )
+        need(name not in names, f"§6.1: field name {name!r} is not unique")
+        names.add(name)
+        need(f["dtype"] in DTYPE_CODE, f"§6.1 field {name}: unknown dtype {f['dtype']!r}")
+        code = DTYPE_CODE[f["dtype"]]
+        shape = f["shape"]
+        need(
+            isinstance(shape, list) and all(is_uint(d) for d in shape),
+            f"§6.1 field {name}: shape is not a list of unsigned integers",
+        )
+        row = DTYPES[code][1]
+        for d in shape:
+            row *= d
+        need(1 <= row <= 256 * MIB, f"§6.1 field {name}: row of {row} bytes, not 1..=256 MiB")
+        role = parse_role(f["role"], shape, f"field {name}")
+        out.append(FieldSpec(name, code, list(shape), role, row))
+    capture = schema["capture"]
+    need(capture is None or isinstance(capture, dict), "§6.1: capture is not an object or null")
+    return out
+
+
+def plain_name(name: object) -> bool:
+    """A file name with no folder part."""
+    return (
+        isinstance(name, str)
+        and name not in ("", ".", "..")
+        and not any(c in name for c in "/\\\0")
+    )
+
+
+def parse_manifest(root: Path) -> tuple:
+    path = root / "manifest.json"
+    size = path.stat().st_size
+    need(size <= 256 * MIB, "§6: manifest.json is larger than 256 MiB")
+    raw = path.read_bytes()
+    try:
+        m = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise SpecError(f"§6: manifest.json is not UTF-8 JSON: {e}") from e
+    need(isinstance(m, dict), "§6: manifest is not an object")
+    need(m.get("format") == "hspack", '§6: format is not "hspack"')
+    version = m.get("version")
+    need(version in MANIFEST_VERSIONS, f"§9: manifest version {version!r} is not 1 or 2")
+    dataset_id = m.get("dataset_id")
+    need(
+        isinstance(dataset_id, str) and HEX32.fullmatch(dataset_id) is not None,
+        "§6: dataset_id is not 32 hex digits",
+    )
+    fields = parse_schema(m.get("schema"))
+    stacks = any(f.role["kind"] == "hidden_states" for f in fields)
+    need(
+        version == (2 if stacks else 1),
+        "§6.1: a schema with a hidden_states field needs manifest version 2, one without needs 1",
+    )
+    schema_hash = b3(canonical_schema_json(m["schema"]))
+    need(m.get("schema_blake3") == schema_hash.hex(), "§6: schema_blake3 does not match")
+    shards_json = m.get("shards")
+    need(isinstance(shards_json, list), "§6: shards is not a list")
+    shards = []
+    ordinal = 0
+    total_bytes = 0
+    total_raw = 0
+    for i, s in enumerate(shards_json):
+        keys = {
+            "file",
+            "seq",
+            "bytes",
+            "index_blake3",
+            "first_ordinal",
+            "samples",
+            "chunks",
+            "raw_bytes",
+        }
+        need(isinstance(s, dict) and set(s) == keys, f"§6 shard {i}: keys")
+        need(s["seq"] == i, f"§6: shard list is not numbered 0.. (position {i}, seq {s['seq']})")
+        name = s["file"]
+        need(plain_name(name), f"§6 shard {i}: file {name!r} is not a plain name")
+        for k in ("bytes", "first_ordinal", "samples", "chunks", "raw_bytes"):
+            need(is_uint(s[k]), f"§6 shard {i}: {k} is not an unsigned integer")
+        need(
+            isinstance(s["index_blake3"], str) and HEX64.fullmatch(s["index_blake3"]) is not None,
+            f"§6 shard {i}: index_blake3 is not 64 hex digits",
+        )
+        need(s["first_ordinal"] == ordinal, f"§6 shard {i}: first_ordinal is not the running sum")
+        ordinal += s["samples"]
+        total_bytes += s["bytes"]
+        total_raw += s["raw_bytes"]
+        need(
+            ordinal <= U64_MAX and total_bytes <= U64_MAX and total_raw <= U64_MAX,
+            "§6: shard samples, bytes or raw_bytes add up to 2^64 or more",
+        )
+        shards.append(
+            ShardSpec(
+                name,
+                i,
+                s["bytes"],
+                bytes.fromhex(s["index_blake3"]),
+                s["first_ordinal"],
+                s["samples"],
+                s["chunks"],
+                s["raw_bytes"],
+            )
+        )
+    need(m.get("samples") == ordinal, "§6: samples is not the sum of the shards' samples")
+    table = m.get("samples_table")
+    if table is not None:
+        need(
+            isinstance(table, dict) and set(table) == {"file", "bytes", "blake3", "samples"},
+            "§6: samples_table keys",
+        )
+        need(plain_name(table["file"]), "§6: samples_table file is not a plain name")
+        data = (root / table["file"]).read_bytes()
+        need(len(data) == table["bytes"], "§6: samples table size differs from the manifest")
+        need(
+            b3(data).hex() == table["blake3"], "§6: samples table BLAKE3 differs from the manifest"
+        )
+        need(table["samples"] == ordinal, "§6: samples_table samples differs from samples")
+    return m, fields, shards, bytes.fromhex(dataset_id), schema_hash
+
+
+# ---------------------------------------------------------------- codecs (§4)
+
+
+def ungroup(data: bytes, n: int) -> bytes:
+    """Inverse of §4's byte grouping for elements of n bytes."""
+    if n == 1:
+        return data
+    m = len(data) // n
+    body = np.frombuffer(data, dtype=np.uint8, count=m * n).reshape(n, m).T.reshape(-1)
+    return body.tobytes() + data[m * n :]
+
+
+def decode_payload(codec: int, stored: bytes, raw_len: int, elem: int, what: str) -> bytes:
+    if codec == 0:
+        return stored
+    try:
+        params = zstandard.get_frame_parameters(stored)
+    except zstandard.ZstdError as e:
+        raise SpecError(f"§4 {what}: not a zstd frame: {e}") from e
+    declared = params.content_size
+    unknown = zstandard.CONTENTSIZE_UNKNOWN
+    need(
+        declared in (unknown, raw_len), f"§4 {what}: frame declares {declared} bytes, not {raw_len}"
+    )
+    try:
+        out = zstandard.ZstdDecompressor().decompress(
+            stored, max_output_size=raw_len, allow_extra_data=False
+        )
+    except zstandard.ZstdError as e:
+        raise SpecError(f"§4 {what}: frame does not decode: {e}") from e
+    need(
+        len(out) == raw_len, f"§4 {what}: frame decodes to {len(out)} bytes, not raw_len {raw_len}"
+    )
+    return ungroup(out, elem) if codec == 2 else out
+
+
+# ---------------------------------------------------------------- shard (§2, §3)
+
+
+@dataclass
+class Chunk:
+    offset: int
+    raw_len: int
+    stored_len: int
+    row_count: int
+    sample: int
+    row_start: int
+    field: int
+    codec: int
+    dtype: int
+    hash: bytes
+
+
+@dataclass
+class Sample:
+    ordinal: int
+    key: str
+    rows: int
+    loss_rows: int
+    raw_bytes: int
+    fields: dict = field(default_factory=dict)
+
+
+@dataclass
+class Shard:
+    seq: int
+    align_log2: int
+    samples: list
+    chunks: list
+
+
+def read_shard(
+    root: Path, spec: ShardSpec, fields: list, dataset_id: bytes, schema_hash: bytes
+) -> Shard:
+    data = (root / spec.file).read_bytes()
+    n = len(data)
+    where = spec.file
+    need(n == spec.bytes, f"§6 {where}: file is {n} bytes, manifest says {spec.bytes}")
+    need(n >= HEADER_LEN + FOOTER_LEN, f"§2 {where}: shorter than a header and a footer")
+
+    # §2.1 ShardHeader
+    h = data[:HEADER_LEN]
+    need(h[0:8] == b"HSPKSHRD", f"§2.1 {where}: wrong header magic")
+    need(u16(h, 8) == SHARD_VERSION, f"§9 {where}: header version {u16(h, 8)} is not 1")
+    check_word(h, 120, f"§2.1 {where} header")
+    align_log2 = h[10]
+    need(6 <= align_log2 <= 20, f"§2.1 {where}: align_log2 {align_log2} not in 6..=20")
+    zero(h, 11, 12, f"§2.1 {where} header")
+    need(u32(h, 12) == spec.seq, f"§2.1 {where}: header shard_seq is not the manifest position")
+    need(h[16:32] == dataset_id, f"§2.1 {where}: header dataset_id differs from the manifest")
+    need(h[32:64] == schema_hash, f"§2.1 {where}: header schema_hash differs from the schema")
+    zero(h, 64, 120, f"§2.1 {where} header")
+
+    # §2.3 Footer
+    f = data[n - FOOTER_LEN :]
+    need(f[0:8] == b"HSPKFOOT" and f[120:128] == b"HSPKFOOT", f"§2.3 {where}: wrong footer magic")
+    need(u16(f, 8) == SHARD_VERSION, f"§9 {where}: footer version {u16(f, 8)} is not 1")
+    check_word(f, 112, f"§2.3 {where} footer")
+    zero(f, 10, 12, f"§2.3 {where} footer")
+    need(u32(f, 12) == spec.seq, f"§2.3 {where}: footer shard_seq is not the manifest position")
+    need(f[16:32] == dataset_id, f"§2.3 {where}: footer dataset_id differs from the manifest")
+    index_offset, index_len = u64(f, 32), u64(f, 40)
+    need(index_offset >= HEADER_LEN, f"§2.3 {where}: index_offset < 128")
+    need(
+        index_offset + index_len == n - FOOTER_LEN,
+        f"§2.3 {where}: index does not end at the footer",
+    )
+    need(u64(f, 104) == n, f"§2.3 {where}: footer file_len is not the file's length")
+    index = data[index_offset : index_offset + index_len]
+    index_hash = b3(index)
+    need(f[48:80] == index_hash, f"§2.3 {where}: index hash differs from the footer")
+    need(spec.index_blake3 == index_hash, f"§6 {where}: index hash differs from the manifest")
+
+    # §3.1 IndexHeader
+    need(index_len >= INDEX_HEADER_LEN, f"§3 {where}: index shorter than its header")
+    need(index[0:8] == b"HSPKINDX", f"§3.1 {where}: wrong index magic")
+    S, E, C, K, first_ordinal = (u64(index, o) for o in (8, 16, 24, 32, 40))
+    zero(index, 48, 64, f"§3.1 {where} index header")
+    want_len = INDEX_HEADER_LEN + SAMPLE_ENTRY_LEN * S + EXTENT_ENTRY_LEN * E + CHUNK_ENTRY_LEN * C
+    want_len += KEY_ENTRY_LEN * S + K
+    need(
+        index_len == want_len,
+        f"§3 {where}: index_len {index_len} disagrees with its header ({want_len})",
+    )
+    need(u64(f, 80) == S, f"§2.3 {where}: footer sample_count differs from the index")
+    need(u64(f, 88) == C, f"§2.3 {where}: footer chunk_count differs from the index")
+    need(u64(f, 96) == first_ordinal, f"§2.3 {where}: footer first_ordinal differs from the index")
+    need(S == spec.samples, f"§6 {where}: sample count differs from the manifest")
+    need(C == spec.chunks, f"§6 {where}: chunk count differs from the manifest")
+    need(
+        first_ordinal == spec.first_ordinal, f"§6 {where}: first_ordinal differs from the manifest"
+    )
+
+    sample_base = INDEX_HEADER_LEN
+    extent_base = sample_base + SAMPLE_ENTRY_LEN * S
+    chunk_base = extent_base + EXTENT_ENTRY_LEN * E
+    key_base = chunk_base + CHUNK_ENTRY_LEN * C
+    keys_base = key_base + KEY_ENTRY_LEN * S
+    key_bytes = index[keys_base:]
+
+    # §3.4 ChunkEntry, §2.2 ChunkHeader, §2 layout and padding
+    chunks = []
+    decoded = []
+    pos = HEADER_LEN  # end of the last structure laid out
+    align = 1 << align_log2
+    for c in range(C):
+        e = index[chunk_base + CHUNK_ENTRY_LEN * c :][:CHUNK_ENTRY_LEN]
+        ch = Chunk(
+            u64(e, 0),
+            u64(e, 8),
+            u64(e, 16),
+            u64(e, 24),
+            u64(e, 32),
+            u64(e, 40),
+            u16(e, 48),
+            e[50],
+            e[51],
+            e[56:88],
+        )
+        cw = f"{where} chunk {c}"
+        zero(e, 52, 56, f"§3.4 {cw} entry")
+        zero(e, 88, 96, f"§3.4 {cw} entry")
+        need(ch.field < len(fields), f"§3.4 {cw}: field {ch.field} >= field count")
+        need(ch.codec in CODECS, f"§3.4 {cw}: unknown codec {ch.codec}")
+        fs = fields[ch.field]
+        need(ch.dtype == fs.dtype, f"§3.4 {cw}: dtype differs from the field's")
+        need(ch.row_count >= 1, f"§3.4 {cw}: row_count 0")
+        need(
+            ch.raw_len == ch.row_count * fs.row_bytes,
+            f"§3.4 {cw}: raw_len is not row_count x row bytes",
+        )
+        need(ch.raw_len <= 256 * MIB, f"§3.4 {cw}: raw_len over 256 MiB")
+        if ch.codec == 0:
+            need(ch.stored_len == ch.raw_len, f"§3.4 {cw}: codec none with stored_len != raw_len")
+        need(ch.offset >= pos, f"§3.4 {cw}: chunks not sorted by offset, or overlapping")
+        end = ch.offset + HEADER_LEN + ch.stored_len
+        need(end <= index_offset, f"§3.4 {cw}: chunk runs past index_offset")
+        need(
+            data[pos : ch.offset] == bytes(ch.offset - pos),
+            f"§2 {cw}: padding before it is not zero",
+        )
+        if ch.codec == 0:
+            need((ch.offset + HEADER_LEN) % align == 0, f"§2 {cw}: codec none payload not aligned")
+        else:
+            need(ch.offset == pos, f"§2 {cw}: a {CODECS[ch.codec]} chunk is padded")
+
+        hd = data[ch.offset : ch.offset + HEADER_LEN]
+        need(hd[0:8] == b"HSPKCHNK", f"§2.2 {cw}: wrong chunk magic")
+        check_word(hd, 120, f"§2.2 {cw} header")
+        zero(hd, 20, 24, f"§2.2 {cw} header")
+        zero(hd, 96, 120, f"§2.2 {cw} header")
+        need(u32(hd, 8) == c, f"§2.2 {cw}: chunk_id is not its position")
+        need(u32(hd, 12) == spec.seq, f"§2.2 {cw}: shard_seq is not the shard's")
+        same = (
+            hd[16] == ch.codec
+            and hd[17] == ch.dtype
+            and u16(hd, 18) == ch.field
+            and u64(hd, 24) == ch.sample
+            and u64(hd, 32) == ch.row_start
+            and u64(hd, 40) == ch.row_count
+            and u64(hd, 48) == ch.raw_len
+            and u64(hd, 56) == ch.stored_len
+            and hd[64:96] == ch.hash
+        )
+        need(same, f"§2.2 {cw}: header disagrees with its chunk entry")
+        stored = data[ch.offset + HEADER_LEN : end]
+        need(b3(stored) == ch.hash, f"§3.4 {cw}: payload BLAKE3 differs from its entry")
+        raw = decode_payload(ch.codec, stored, ch.raw_len, DTYPES[ch.dtype][1], cw)
+        chunks.append(ch)
+        decoded.append(raw)
+        pos = end
+    need(pos == index_offset, f"§2 {where}: the index does not follow the last payload directly")
+
+    # §3.2 SampleEntry, §3.3 ExtentEntry
+    loss_field = next((i for i, fs in enumerate(fields) if fs.role["kind"] == "loss_mask"), None)
+    samples = []
+    extent_next = 0
+    for s in range(S):
+        e = index[sample_base + SAMPLE_ENTRY_LEN * s :][:SAMPLE_ENTRY_LEN]
+        sw = f"{where} sample {s}"
+        ordinal, rows, key_offset = u64(e, 0), u64(e, 8), u64(e, 16)
+        key_len, extent_count = u32(e, 24), u32(e, 28)
+        extent_start, loss_rows, raw_bytes = u64(e, 32), u64(e, 40), u64(e, 48)
+        zero(e, 56, 64, f"§3.2 {sw} entry")
+        need(ordinal == first_ordinal + s, f"§3.2 {sw}: ordinal is not first_ordinal + position")
+        need(key_offset + key_len <= K, f"§3.2 {sw}: key past the key bytes")
+        try:
+            key = key_bytes[key_offset : key_offset + key_len].decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise SpecError(f"§3.2 {sw}: key is not UTF-8") from exc
+        need(extent_start == extent_next, f"§3.2 {sw}: extent_start is not the running sum")
+        extent_next += extent_count
+        need(extent_next <= E, f"§3.2 {sw}: extents past the extent table")
+        if rows == 0:
+            need(extent_count == 0, f"§3.3 {sw}: a sample with 0 rows has extents")
+        out = {i: bytearray() for i in range(len(fields))}
+        prev = None
+        total = 0
+        for x in range(extent_start, extent_start + extent_count):
+            x_e = index[extent_base + EXTENT_ENTRY_LEN * x :][:EXTENT_ENTRY_LEN]
+            xw = f"{sw} extent {x}"
+            row_start, row_count, chunk_row = u64(x_e, 0), u64(x_e, 8), u64(x_e, 16)
+            chunk, fld = u32(x_e, 24), u16(x_e, 28)
+            zero(x_e, 30, 32, f"§3.3 {xw}")
+            need(row_count >= 1, f"§3.3 {xw}: row_count 0")
+            need(fld < len(fields), f"§3.3 {xw}: field {fld} >= field count")
+            need(chunk < C, f"§3.3 {xw}: chunk {chunk} >= chunk count")
+            need(
+                prev is None or (fld, row_start) > prev,
+                f"§3.3 {xw}: extents not sorted by (field, row_start)",
+            )
+            prev = (fld, row_start)
+            # Each field's rows 0..rows are covered once: sorted extents must be contiguous.
+            need(
+                row_start == len(out[fld]) // fields[fld].row_bytes,
+                f"§3.3 {xw}: a gap or an overlap",
+            )
+            need(row_start + row_count <= rows, f"§3.3 {xw}: past the sample's rows")
+            ch = chunks[chunk]
+            need(ch.field == fld, f"§3.3 {xw}: refers to a chunk of another field")
+            need(chunk_row + row_count <= ch.row_count, f"§3.3 {xw}: past the chunk's rows")
+            if ch.sample == ordinal:
+                need(
+                    ch.row_start + chunk_row == row_start,
+                    f"§3.3 {xw}: chunk rows are other rows of this sample",
+                )
+            rb = fields[fld].row_bytes
+            out[fld] += decoded[chunk][chunk_row * rb : (chunk_row + row_count) * rb]
+            total += row_count * rb
+        for i, fs in enumerate(fields):
+            need(len(out[i]) == rows * fs.row_bytes, f"§3.3 {sw}: field {fs.name} not covered")
+        need(raw_bytes == total, f"§3.2 {sw}: raw_bytes is not the sum of its extents")
+        if loss_field is None:
+            need(loss_rows == U64_MAX, f"§3.2 {sw}: loss_rows is not u64::MAX without a loss mask")
+        else:
+            rb = fields[loss_field].row_bytes
+            m = np.frombuffer(bytes(out[loss_field]), dtype=np.uint8).reshape(rows, rb)
+            nonzero = int(np.count_nonzero(m.any(axis=1)))
+            need(
+                loss_rows == nonzero,
+                f"§3.2 {sw}: loss_rows {loss_rows} but {nonzero} rows have a non-zero mask",
+            )
+        sample = Sample(ordinal, key, rows, loss_rows, raw_bytes)
+        sample.fields = {
+            fields[i].name: decode_field(fields[i], bytes(b), rows) for i, b in out.items()
+        }
+        samples.append(sample)
+
+    # §3.5 KeyEntry
+    seen = []
+    for k in range(S):
+        e = index[key_base + KEY_ENTRY_LEN * k :][:KEY_ENTRY_LEN]
+        h64, sample = u64(e, 0), u32(e, 8)
+        zero(e, 12, 16, f"§3.5 {where} key entry {k}")
+        need(sample < S, f"§3.5 {where} key entry {k}: sample {sample} >= sample count")
+        want = int.from_bytes(b3(samples[sample].key.encode("utf-8"))[:8], "little")
+        need(h64 == want, f"§3.5 {where} key entry {k}: hash is not BLAKE3 of the key")
+        seen.append((h64, sample))
+    need(seen == sorted(seen), f"§3.5 {where}: key entries not sorted by (hash, sample)")
+    need(
+        sorted(s for _, s in seen) == list(range(S)), f"§3.5 {where}: not one key entry per sample"
+    )
+    return Shard(spec.seq, align_log2, samples, chunks)
+
+
+def decode_field(fs: FieldSpec, raw: bytes, rows: int) -> np.ndarray:
+    """Rows of one field as an array of shape [rows, *shape] (§5: little-endian, C order).
+
+    bf16 comes back as its uint16 bit patterns and the fp8 types as uint8 bit patterns.
+    """
+    name, elem, np_dtype = DTYPES[fs.dtype]
+    if np_dtype is None:
+        np_dtype = "<u2" if elem == 2 else "|u1"
+    return np.frombuffer(raw, dtype=np.dtype(np_dtype)).reshape([rows, *fs.shape])
+
+
+@dataclass
+class Dataset:
+    manifest: dict
+    fields: list
+    shards: list
+
+    def samples(self) -> list:
+        return [s for sh in self.shards for s in sh.samples]
+
+
+def read_dataset(root) -> Dataset:
+    """Reads and checks a whole dataset: every structure, hash and payload."""
+    root = Path(root)
+    m, fields, shard_specs, dataset_id, schema_hash = parse_manifest(root)
+    shards = [read_shard(root, s, fields, dataset_id, schema_hash) for s in shard_specs]
+    keys = [s.key for sh in shards for s in sh.samples]
+    need(len(set(keys)) == len(keys), "§3.2: a key is not unique in the dataset")
+    for sh, spec in zip(shards, shard_specs):
+        total = sum(s.raw_bytes for s in sh.samples)
+        need(total == spec.raw_bytes, f"§6 {spec.file}: raw_bytes differs from the manifest")
+    return Dataset(m, fields, shards)
