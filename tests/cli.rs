@@ -315,6 +315,21 @@ fn export_of_a_damaged_sample_exits_1_as_verify_does() {
         t.path(),
     );
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    // `show` reads the same way.
+    let o = hspack(&["show", "ds", "#0"], t.path());
+    assert_eq!(o.status.code(), Some(1), "show: {}", text(&o));
+    assert!(text(&o).contains("hspack verify"), "{}", text(&o));
+    assert_eq!(
+        hspack(&["show", "ds", "no-such-key"], t.path())
+            .status
+            .code(),
+        Some(2)
+    );
+    assert_eq!(
+        hspack(&["show", "ds", "#1"], t.path()).status.code(),
+        Some(0)
+    );
+}
 
 /// The commands between backticks on the demo's `next  :` line.
 fn suggested_commands(out: &str) -> Vec<String> {

@@ -69,13 +69,21 @@ fn number(v: f64) -> String {
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let ds = Dataset::open(&a.dir)?;
+    // Past the manifest, a failed read is damage (exit 1) or an error (exit 2), as in export.
     let s = match a.key.strip_prefix('#').and_then(|n| n.parse::<u64>().ok()) {
-        Some(ordinal) => ds.sample(ordinal)?,
-        None => ds.get_by_key(&a.key)?,
+        Some(ordinal) => ds.sample(ordinal),
+        None => ds.get_by_key(&a.key),
+    };
+    let s = match s {
+        Ok(s) => s,
+        Err(e) => return Ok(super::read_failed(e.into())),
     };
     let mut fields = Vec::new();
     for f in &ds.schema().fields {
-        let t = s.read(&f.name, None)?;
+        let t = match s.read(&f.name, None) {
+            Ok(t) => t,
+            Err(e) => return Ok(super::read_failed(e.into())),
+        };
         let stats = values(&t).filter(|v| !v.is_empty()).map(|v| {
             let min = v.iter().cloned().fold(f64::INFINITY, f64::min);
             let max = v.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
