@@ -157,7 +157,7 @@ def test_specforge_trim_padding(tmp_path):
     save(d, tmp_path / "src" / "rows_0-1" / "data_0.ckpt")
     for how, ds in [("ids", "a"), ("mask", "b")]:
         hspack("convert", tmp_path / "src", tmp_path / ds, "--layout", "specforge",
-               "--layers", "1,2,3,4", "--trim-padding", how, "-q")
+               "--layers", "1,2,3,4", "--num-layers", "4", "--trim-padding", how, "-q")
         got = read_sample(tmp_path / ds, "rows_0-1/data_0", tmp_path)
         same(got["input_ids"], ids[:real])
         same(got["hidden.4"], d["hidden_state"][0, :real])
@@ -196,9 +196,9 @@ def test_modelopt(tmp_path):
         save(d, src / f"conv-{i}.pt")
         convs[f"conv-{i}"] = d
     ds = tmp_path / "ds"
-    hspack("convert", src, ds, "--layout", "modelopt", "--layers", "2,16,29,32", "-q")
+    hspack("convert", src, ds, "--layout", "modelopt", "--layers", "2,16,29,32", "--num-layers", "32", "-q")
     split = tmp_path / "split"
-    hspack("convert", src, split, "--layout", "modelopt", "--layers", "2,16,29,32", "--split-layers", "-q")
+    hspack("convert", src, split, "--layout", "modelopt", "--layers", "2,16,29,32", "--num-layers", "32", "--split-layers", "-q")
     for key, d in convs.items():
         got = read_sample(ds, key, tmp_path)
         same(got["input_ids"], d["input_ids"])
@@ -333,10 +333,13 @@ def test_bad_files_stop_or_are_listed(tmp_path):
     torch.save(good, buf)
     (src / "0" / "data_3.ckpt").write_bytes(buf.getvalue()[:200])
     ds = tmp_path / "ds"
-    p = hspack("convert", src, ds, "--layout", "eagle", "--layers", "9", ok=False)
+    p = hspack("convert", src, ds, "--layout", "eagle", "--layers", "9", "--num-layers", "9", ok=False)
     assert p.returncode == 2 and "data_1.ckpt" in p.stderr, p.stderr
     report = tmp_path / "bad.jsonl"
-    hspack("convert", src, ds, "--layout", "eagle", "--layers", "9", "--skip-bad", "--report", report, "-q")
+    # Skipped files make the run exit 3 (done, with files left out).
+    p = hspack("convert", src, ds, "--layout", "eagle", "--layers", "9", "--num-layers", "9", "--skip-bad",
+               "--report", report, "-q", ok=False)
+    assert p.returncode == 3, p.stderr
     import json
 
     bad = [json.loads(line) for line in report.read_text().splitlines()]
@@ -354,7 +357,7 @@ def test_unsupported_dtypes_only_fail_when_used(tmp_path):
          "big": torch.arange(3).to(torch.uint64)}
     save(d, src / "0" / "data_0.ckpt")
     ds = tmp_path / "ds"
-    hspack("convert", src, ds, "--layout", "eagle", "--layers", "9", "-q")
+    hspack("convert", src, ds, "--layout", "eagle", "--layers", "9", "--num-layers", "9", "-q")
     same(read_sample(ds, "0/data_0", tmp_path)["hidden.9"], d["hidden_state"])
     for field, dtype in [("phase", "complex64"), ("counts", "uint16")]:
         p = hspack("convert", src, tmp_path / f"ds_{field}", "--layout", "generic", "--field", "input_ids=input_ids",
@@ -380,7 +383,7 @@ def test_key_from_stored_id(tmp_path):
             "17": modelopt_dump(src / "1.pt", 3, 17, 91),
             "42": modelopt_dump(src / "2.pt", 4, torch.tensor([42]), 92)}
     ds = tmp_path / "ds"
-    args = ("convert", src, ds, "--layout", "modelopt", "--layers", "2,16,29,32", "--key-from", "conversation_id", "-q")
+    args = ("convert", src, ds, "--layout", "modelopt", "--layers", "2,16,29,32", "--num-layers", "32", "--key-from", "conversation_id", "-q")
     hspack(*args)
     assert sorted(keys(ds)) == sorted(want)
     for key, d in want.items():
@@ -398,11 +401,11 @@ def test_key_from_stored_id(tmp_path):
     assert p.returncode == 2 and "0.pt" in p.stderr and "4.pt" in p.stderr and "conv-a" in p.stderr, p.stderr
     assert sorted(keys(ds)) == sorted(want)
     # Within one run too, and a value that is not a key is refused with the file named.
-    p = hspack("convert", src, tmp_path / "ds2", "--layout", "modelopt", "--layers", "2,16,29,32",
+    p = hspack("convert", src, tmp_path / "ds2", "--layout", "modelopt", "--layers", "2,16,29,32", "--num-layers", "32",
                "--key-from", "conversation_id", ok=False)
     assert p.returncode == 2 and "0.pt" in p.stderr and "4.pt" in p.stderr, p.stderr
     (src / "4.pt").unlink()
-    p = hspack("convert", src, tmp_path / "ds3", "--layout", "modelopt", "--layers", "2,16,29,32",
+    p = hspack("convert", src, tmp_path / "ds3", "--layout", "modelopt", "--layers", "2,16,29,32", "--num-layers", "32",
                "--key-from", "input_ids", ok=False)
     assert p.returncode == 2 and ".pt" in p.stderr and "one integer" in p.stderr, p.stderr
 
