@@ -464,3 +464,35 @@ fn human_output_reads_as_prose() {
         }
     }
 }
+
+#[test]
+fn a_manifest_edited_by_hand_is_damage_and_a_missing_folder_an_error() {
+    let t = tempfile::tempdir().unwrap();
+    assert!(demo(t.path()).status.success());
+    let manifest = t.path().join("ds/manifest.json");
+    let mut m: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
+    m["samples"] = serde_json::json!(m["samples"].as_u64().unwrap() + 1);
+    std::fs::write(&manifest, serde_json::to_vec(&m).unwrap()).unwrap();
+    for args in [
+        &["verify", "ds"][..],
+        &["verify", "--quick", "ds"],
+        &["digest", "ds"],
+    ] {
+        let o = hspack(args, t.path());
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {}", text(&o));
+        assert_eq!(text(&o).matches("DAMAGED").count(), 1, "{}", text(&o));
+        assert_eq!(
+            text(&o).matches("samples").count(),
+            1,
+            "said once: {}",
+            text(&o)
+        );
+    }
+    let o = hspack(&["verify", "--json", "ds"], t.path());
+    assert_eq!(o.status.code(), Some(1));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["ok"], false);
+    let o = hspack(&["verify", "no-such-folder"], t.path());
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+}

@@ -17,7 +17,13 @@ pub struct Args {
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let mut code = ExitCode::SUCCESS;
     for dir in a.dirs {
-        let report = verify(&dir, VerifyOptions::default(), &|_| {})?;
+        let report = match verify(&dir, VerifyOptions::default(), &|_| {}) {
+            Ok(report) => report,
+            Err(e) => {
+                code = super::open_failed(e, false)?;
+                continue;
+            }
+        };
         for n in report.notes() {
             eprintln!("NOTE {}: {n}", dir.display());
         }

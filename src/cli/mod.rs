@@ -90,6 +90,23 @@ pub fn read_failed(e: anyhow::Error) -> ExitCode {
     }
 }
 
+/// A dataset whose manifest cannot be opened: a manifest that is there but fails its checks
+/// (edited, truncated, corrupted) is damage, exit 1, like any other; a folder or manifest that
+/// cannot be read at all is an error, exit 2.
+pub fn open_failed(e: hspack::Error, json: bool) -> anyhow::Result<ExitCode> {
+    if !matches!(e, hspack::Error::Format { .. }) {
+        return Err(e.into());
+    }
+    if json {
+        let v = serde_json::json!({"ok": false, "problems": [e.to_string()]});
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        eprintln!("DAMAGED {e}");
+        eprintln!("the manifest is the root of trust: restore it from an intact copy");
+    }
+    Ok(ExitCode::from(EXIT_DAMAGED))
+}
+
 /// The error and its causes, each said once: hspack's errors put their cause in their own
 /// message and also return it as `source()`, so a cause whose text is already there is not
 /// repeated.

@@ -23,14 +23,15 @@ pub struct Args {
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let start = Instant::now();
-    let total = hspack::Dataset::open(&a.dir)?
-        .manifest()
-        .shards
-        .iter()
-        .map(|s| s.bytes)
-        .sum();
+    let total = match hspack::Dataset::open(&a.dir) {
+        Ok(ds) => ds.manifest().shard_bytes().unwrap_or(0),
+        Err(e) => return super::open_failed(e, a.json),
+    };
     let bar = bytes_bar(total, "verify", a.json || a.quick);
-    let report = verify(&a.dir, VerifyOptions { quick: a.quick }, &|n| bar.inc(n))?;
+    let report = match verify(&a.dir, VerifyOptions { quick: a.quick }, &|n| bar.inc(n)) {
+        Ok(report) => report,
+        Err(e) => return super::open_failed(e, a.json),
+    };
     bar.finish_and_clear();
     let secs = start.elapsed().as_secs_f64();
     if a.json {
