@@ -117,6 +117,19 @@ def test_f32_rows_equal_batched_reference_row_by_row(causal_lm, padding_side):
             torch.testing.assert_close(got[f"hidden.{i}"], single[i][0], rtol=1e-5, atol=1e-5)
 
 
+def test_batch_of_one_is_bitwise_each_sample_alone(causal_lm):
+    """f32 batches round differently from single samples (the test above); with
+    ``batch_size=1``, the per-sample mode, every row is bitwise the sample run alone."""
+    lm = causal_lm.to(torch.float32)
+    samples = make_samples([6, 9, 4], seed=2)
+    single = MemorySink()
+    capture_samples(VisionLanguageWrapper(lm), samples, LAYERS, single, batch_size=1)
+    for s in samples:
+        ref = alone(lm, s.input_ids)
+        for i in LAYERS + [NUM_LAYERS]:
+            assert torch.equal(single[s.key][f"hidden.{i}"], ref[i][0]), (s.key, i)
+
+
 def test_single_sample_f32_is_exact(causal_lm):
     lm = causal_lm.to(torch.float32)
     ids = make_samples([7], seed=3)[0].input_ids

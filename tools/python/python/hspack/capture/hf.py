@@ -15,6 +15,16 @@ positions as the sample run alone. Every captured tensor is checked against the
 batch shape and every sample against its token count; nothing is dropped or
 re-assigned silently.
 
+What is guaranteed, on every device and dtype: each stored row is bitwise the
+row ``output_hidden_states`` gives for the same padded batch (the hooks read
+what the model computes). Whether that equals the sample run alone depends on
+the kernels: they may round differently for another batch shape (f32 on CPU
+does, by about 1e-7; GPU kernels do, in bf16 too; bf16 on CPU in the tests does
+not). The model's own outputs differ the same way, so this is no capture error.
+For per-sample reproducibility, capture with ``batch_size=1``
+(``--batch-size 1``): each sample then runs alone, and its rows are bitwise the
+sample run alone on that device.
+
 Command line::
 
     python -m hspack.capture.hf extract --model PATH --data prompts.jsonl \\
