@@ -46,6 +46,29 @@ def test_the_readme_example_runs_as_written(tmp_path):
     assert len(ds) == 8 and ds.get("req-0")["input_ids"].dtype == torch.int32
 
 
+def test_the_readme_example_runs_in_a_fresh_venv_after_the_documented_install(tmp_path):
+    """The README's install command, as written, in a new virtual environment (seeing this
+    machine's packages, so torch is not downloaded again), then its example."""
+    documented = 'pip install "./tools/python[torch]"'
+    assert documented in README.read_text(), "the README gives another install command"
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    command = documented.replace("pip", f"{venv}/bin/python -m pip", 1)
+    command = command.replace("./tools/python", str(README.parent / "tools/python"))
+    done = subprocess.run(command + " -q --disable-pip-version-check", shell=True, capture_output=True,
+                          text=True, timeout=1200)
+    assert done.returncode == 0, done.stdout + done.stderr
+    script = tmp_path / "example.py"
+    script.write_text(readme_python_example())
+    where = subprocess.run([f"{venv}/bin/python", "-c", "import hspack; print(hspack.__file__)"],
+                           capture_output=True, text=True, timeout=120)
+    assert where.stdout.startswith(str(venv)), where.stdout + where.stderr
+    done = subprocess.run([f"{venv}/bin/python", str(script)], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert len(hspack.open(tmp_path / "ds")) == 8
+
+
 def test_the_readme_installs_the_torch_extra():
     text = README.read_text()
     assert 'pip install "./tools/python[torch]"' in text
