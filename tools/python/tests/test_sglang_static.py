@@ -4,7 +4,8 @@ The wheel is downloaded (``pip download --no-deps``) into a folder under the
 system temp dir keyed by version, opened as a zip and parsed with ``ast``;
 nothing from it is imported. Every entry of ``sglang_names.SGLANG_NAMES`` must
 exist, and the adapter's mode groups must cover ``ForwardMode`` exactly.
-Skipped only when the package index cannot be reached.
+Skipped only when the package index cannot be reached, and never in CI (``CI`` set), where
+``.ci/run`` fetches the wheel first: there a missing wheel fails.
 """
 
 import ast
@@ -40,7 +41,7 @@ def wheel():
         )
         if proc.returncode != 0:
             text = proc.stdout + proc.stderr
-            if _OFFLINE.search(text):
+            if _OFFLINE.search(text) and not os.environ.get("CI"):
                 pytest.skip(f"package index unreachable: {_OFFLINE.search(text).group(0)}")
             pytest.fail(f"pip download sglang=={names.SGLANG_VERSION} failed:\n{text[-2000:]}")
         found = glob.glob(os.path.join(folder, f"sglang-{names.SGLANG_VERSION}-*.whl"))
