@@ -7,74 +7,18 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::*;
+use common::crash_writer::{check_committed, write_until_done};
 use hspack::verify::{verify, VerifyOptions};
-use hspack::{Dataset, DatasetWriter, WriteOptions};
 
 const TOTAL: u64 = 60;
-const HIDDEN: usize = 256;
 const CHILD_ENV: &str = "HSPACK_CRASH_CHILD_DIR";
-
-fn options() -> WriteOptions {
-    WriteOptions {
-        chunk_bytes: Some(8 << 10),
-        shard_samples: 3,
-        durable: true,
-        ..WriteOptions::default()
-    }
-}
-
-fn sample(i: u64) -> Vec<(String, Vec<u8>)> {
-    capture_sample(i, 5 + (i as usize * 13) % 40, HIDDEN)
-}
-
-/// Appends samples `len()..TOTAL`, printing the committed count after each commit.
-fn write_until_done(dir: &std::path::Path) {
-    let mut w = DatasetWriter::open(dir, capture_schema(HIDDEN as u64), options()).unwrap();
-    let start = w.len();
-    for i in start..TOTAL {
-        let committed_before = w.stats().samples;
-        w.append(&format!("req-{i}"), &as_fields(&sample(i)))
-            .unwrap();
-        let committed = w.stats().samples;
-        if committed != committed_before {
-            println!("COMMITTED {committed}");
-        }
-    }
-    let stats = w.finish().unwrap();
-    println!("COMMITTED {}", stats.samples);
-}
 
 /// Runs in the child process only.
 #[test]
 fn crash_child() {
     if let Ok(dir) = std::env::var(CHILD_ENV) {
-        write_until_done(std::path::Path::new(&dir));
+        write_until_done(std::path::Path::new(&dir), TOTAL);
     }
-}
-
-/// Every sample visible is one that was written, with the right bytes, in order.
-fn check_committed(dir: &std::path::Path, at_least: u64) -> u64 {
-    let ds = Dataset::open(dir).unwrap();
-    assert!(
-        ds.len() >= at_least,
-        "{} committed before the kill, {} visible",
-        at_least,
-        ds.len()
-    );
-    assert!(ds.len() <= TOTAL);
-    for i in 0..ds.len() {
-        let s = ds.sample(i).unwrap();
-        assert_eq!(s.key(), format!("req-{i}"));
-        for (name, data) in sample(i) {
-            assert_eq!(
-                s.read(&name, None).unwrap().bytes(),
-                data.as_slice(),
-                "sample {i} {name}"
-            );
-        }
-    }
-    ds.len()
 }
 
 #[test]
@@ -131,13 +75,13 @@ fn sigkill_at_many_points_loses_no_committed_sample() {
                 committed = committed.max(last);
             }
             if std::fs::metadata(dir.path().join("manifest.json")).is_ok() {
-                committed = committed.max(check_committed(dir.path(), committed));
+                committed = committed.max(check_committed(dir.path(), committed, TOTAL));
                 visible_counts.insert(committed);
             }
         }
         // Resume: the writer cleans up and appends the rest; each sample exactly once.
-        write_until_done(dir.path());
-        assert_eq!(check_committed(dir.path(), TOTAL), TOTAL);
+        write_until_done(dir.path(), TOTAL);
+        assert_eq!(check_committed(dir.path(), TOTAL, TOTAL), TOTAL);
         let report = verify(dir.path(), VerifyOptions::default(), &|_| {}).unwrap();
         assert!(report.is_ok(), "round {round}: {:?}", report.problems);
     }

@@ -15,13 +15,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::crash_writer::{self, options, sample, write_until_done, HIDDEN};
 use common::dumps::{check_dataset, write_dumps};
 use common::*;
 use hspack::format::{ChunkHeader, Footer, ShardHeader};
 use hspack::verify::{verify, VerifyOptions};
-use hspack::{Dataset, DatasetWriter, WriteOptions};
+use hspack::{Dataset, DatasetWriter};
 
-const HIDDEN: usize = 256;
 const TOTAL: u64 = 40;
 const CHILD_ENV: &str = "HSPACK_RELIABILITY_CHILD_DIR";
 
@@ -84,64 +84,21 @@ impl Tally {
     }
 }
 
-fn options() -> WriteOptions {
-    WriteOptions {
-        chunk_bytes: Some(8 << 10),
-        shard_samples: 3,
-        durable: true,
-        ..WriteOptions::default()
-    }
-}
-
-fn sample(i: u64) -> SampleBytes {
-    capture_sample(i, 5 + (i as usize * 13) % 40, HIDDEN)
-}
-
-/// Appends samples `len()..TOTAL`, printing the committed count after each commit.
-fn write_until_done(dir: &Path) {
-    let mut w = DatasetWriter::open(dir, capture_schema(HIDDEN as u64), options()).unwrap();
-    for i in w.len()..TOTAL {
-        let before = w.stats().samples;
-        w.append(&format!("req-{i}"), &as_fields(&sample(i)))
-            .unwrap();
-        if w.stats().samples != before {
-            println!("COMMITTED {}", w.stats().samples);
-        }
-    }
-    println!("COMMITTED {}", w.finish().unwrap().samples);
-}
-
 /// Runs in the child process only.
 #[test]
 fn writer_child() {
     if let Ok(dir) = std::env::var(CHILD_ENV) {
-        write_until_done(Path::new(&dir));
+        write_until_done(Path::new(&dir), TOTAL);
     }
 }
 
-/// Samples `0..len` are the ones written, bit for bit, in order; returns `len`.
+/// Samples `0..len` are the ones written, bit for bit, in order, and verify finds nothing;
+/// returns `len`.
 fn check_committed(dir: &Path, at_least: u64) -> u64 {
-    let ds = Dataset::open(dir).unwrap();
-    assert!(
-        ds.len() >= at_least,
-        "{at_least} committed, {} visible",
-        ds.len()
-    );
-    assert!(ds.len() <= TOTAL);
-    for i in 0..ds.len() {
-        let s = ds.sample(i).unwrap();
-        assert_eq!(s.key(), format!("req-{i}"));
-        for (name, data) in sample(i) {
-            assert_eq!(
-                s.read(&name, None).unwrap().bytes(),
-                &data[..],
-                "{i} {name}"
-            );
-        }
-    }
+    let len = crash_writer::check_committed(dir, at_least, TOTAL);
     let report = verify(dir, VerifyOptions::default(), &|_| {}).unwrap();
     assert!(report.is_ok(), "{:?}", report.problems);
-    ds.len()
+    len
 }
 
 fn writer_child_command(dir: &Path) -> Command {
@@ -344,7 +301,7 @@ fn corruption(rng: &mut Rng) -> Tally {
     let mut t = Tally::new("corruption injected by kind");
     let root = tempfile::tempdir().unwrap();
     let pristine = root.path().join("pristine");
-    write_until_done(&pristine);
+    write_until_done(&pristine, TOTAL);
     let digest = verify(&pristine, VerifyOptions::default(), &|_| {})
         .unwrap()
         .digest;
@@ -556,7 +513,7 @@ fn disk_full() -> Tally {
                 0
             };
             disk.grow("64m");
-            write_until_done(&dir);
+            write_until_done(&dir, TOTAL);
             assert_eq!(check_committed(&dir, TOTAL), TOTAL);
             eprintln!("  {size}: full after {committed} committed samples; resumed to {TOTAL}");
         });

@@ -27,12 +27,7 @@ pub fn sync_dir(dir: &Path) -> Result<()> {
 /// Renames a finished, synced temp file over `target` and syncs the folder.
 pub fn publish(temp: &Path, target: &Path, durable: bool) -> Result<()> {
     std::fs::rename(temp, target).map_err(io(target, "rename into place"))?;
-    if durable {
-        if let Some(dir) = target.parent() {
-            sync_dir(dir)?;
-        }
-    }
-    Ok(())
+    sync_parent(target, durable)
 }
 
 /// Publishes a finished, synced temp file as `target`, which must not exist: a file already
@@ -51,23 +46,38 @@ pub fn publish_new(temp: &Path, target: &Path, durable: bool) -> Result<()> {
         Err(_) if target.exists() => return Err(taken()),
         Err(_) => std::fs::rename(temp, target).map_err(io(target, "rename into place"))?,
     }
-    if durable {
-        if let Some(dir) = target.parent() {
-            sync_dir(dir)?;
-        }
-    }
-    Ok(())
+    sync_parent(target, durable)
 }
 
-/// Writes `bytes` to `target` atomically.
-pub fn write_atomic(target: &Path, bytes: &[u8], durable: bool) -> Result<()> {
+fn sync_parent(target: &Path, durable: bool) -> Result<()> {
+    match target.parent() {
+        Some(dir) if durable => sync_dir(dir),
+        _ => Ok(()),
+    }
+}
+
+/// Writes `bytes` to the temp file of `target`, synced when `durable`; returns its path.
+fn write_temp(target: &Path, bytes: &[u8], durable: bool) -> Result<PathBuf> {
     let temp = temp_path(target);
     let mut f = File::create(&temp).map_err(io(&temp, "create"))?;
     f.write_all(bytes).map_err(io(&temp, "write"))?;
     if durable {
         f.sync_all().map_err(io(&temp, "fsync"))?;
     }
-    drop(f);
     failpoint!("atomic-temp-synced");
-    publish(&temp, target, durable)
+    Ok(temp)
+}
+
+/// Writes `bytes` to `target` atomically, replacing what is there.
+pub fn write_atomic(target: &Path, bytes: &[u8], durable: bool) -> Result<()> {
+    publish(&write_temp(target, bytes, durable)?, target, durable)
+}
+
+/// Writes `bytes` to `target` atomically where no file is: never over one (see
+/// [`publish_new`]); the temp file is removed when refused.
+pub fn write_new(target: &Path, bytes: &[u8], durable: bool) -> Result<()> {
+    let temp = write_temp(target, bytes, durable)?;
+    publish_new(&temp, target, durable).inspect_err(|_| {
+        let _ = std::fs::remove_file(&temp);
+    })
 }

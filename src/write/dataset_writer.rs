@@ -11,7 +11,7 @@ use crate::format::manifest::{
 use crate::format::{Codec, Manifest, Schema, DEFAULT_ALIGN_LOG2, MAX_ALIGN_LOG2, MIN_ALIGN_LOG2};
 use crate::read::Dataset;
 
-use super::atomic::{publish_new, sync_dir, temp_path, write_atomic};
+use super::atomic::{sync_dir, write_atomic, write_new};
 use super::lane::{Lanes, ShardLane};
 use super::lock::WriterLock;
 use super::sample::{self, field_names};
@@ -205,7 +205,7 @@ impl DatasetWriter {
             let id = options.dataset_id.unwrap_or_else(|| random_id(&dir));
             let m = Manifest::new(id, schema.clone());
             let bytes = m.encode();
-            create_manifest(&manifest_path, &bytes, options.durable)?;
+            write_new(&manifest_path, &bytes, options.durable)?;
             (m, blake3::hash(&bytes))
         };
         remove_leftovers(&dir, manifest.shards.len() as u32)?;
@@ -334,10 +334,6 @@ impl DatasetWriter {
             shard.abandon();
             return Ok(());
         }
-        if let Err(e) = self.check_manifest_unchanged() {
-            shard.abandon();
-            return Err(e);
-        }
         let place = self.next_place();
         let record = shard.finish(&place, self.options.durable)?;
         let mut next = self.manifest.clone();
@@ -464,26 +460,6 @@ impl Drop for DatasetWriter {
         }
         // The lock is released by `WriterLock`'s own drop, in the owning process only.
     }
-}
-
-/// Creates the manifest of a new dataset where none is: never over one that appeared.
-fn create_manifest(path: &Path, bytes: &[u8], durable: bool) -> Result<()> {
-    use std::io::Write;
-    let temp = temp_path(path);
-    let written = std::fs::File::create(&temp)
-        .and_then(|mut f| {
-            f.write_all(bytes)?;
-            if durable {
-                f.sync_all()?;
-            }
-            Ok(())
-        })
-        .map_err(io(&temp, "write"));
-    written
-        .and_then(|()| publish_new(&temp, path, durable))
-        .inspect_err(|_| {
-            let _ = std::fs::remove_file(&temp);
-        })
 }
 
 /// Rewrites `samples.parquet` of the dataset in `dir` from its shards' indexes, which the

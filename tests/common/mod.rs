@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
+pub mod crash_writer;
 pub mod dumps;
 
 use hspack::{CapturePoint, DType, Field, Role, Schema, WriteOptions};
