@@ -420,8 +420,8 @@ impl DatasetWriter {
         WriteStats {
             samples: self.manifest.samples,
             shards: self.manifest.shards.len() as u64,
-            bytes: self.manifest.shards.iter().map(|s| s.bytes).sum(),
-            raw_bytes: self.manifest.shards.iter().map(|s| s.raw_bytes).sum(),
+            bytes: self.manifest.shard_bytes().unwrap_or(u64::MAX),
+            raw_bytes: self.manifest.raw_bytes().unwrap_or(u64::MAX),
         }
     }
 
