@@ -901,9 +901,10 @@ impl LaneJob<'_> {
                 .collect();
             let raw: u64 = named.iter().map(|(_, b)| b.len() as u64).sum();
             let lane = lanes.last_mut().expect("a group has a lane");
-            let full = lane.len().saturating_add(raw) > self.write.shard_bytes
-                || lane.sample_count() >= self.write.shard_samples;
-            if !lane.is_empty() && full {
+            if self
+                .write
+                .shard_is_full(lane.len(), lane.sample_count(), raw)
+            {
                 lanes.push(self.lanes.open()?);
             }
             lanes

@@ -8,105 +8,18 @@ use crate::failpoint::failpoint;
 use crate::format::manifest::{
     hex, is_leftover, shard_file_name, TableRecord, MANIFEST_FILE, SAMPLES_TABLE_FILE,
 };
-use crate::format::{Codec, Manifest, Schema, DEFAULT_ALIGN_LOG2, MAX_ALIGN_LOG2, MIN_ALIGN_LOG2};
+use crate::format::{Manifest, Schema};
 use crate::read::Dataset;
 
 use super::atomic::{sync_dir, write_atomic, write_new};
 use super::lane::{Lanes, ShardLane};
 use super::lock::WriterLock;
+use super::options::{WriteOptions, WriteStats};
 use super::sample::{self, field_names};
 use super::samples_table::{self, SampleRow};
 use super::shard_writer::{ShardPlace, ShardWriter};
 
 pub use super::lock::LOCK_FILE;
-
-/// Options for writing.
-#[derive(Debug, Clone)]
-pub struct WriteOptions {
-    /// Target bytes of a chunk (a row block); rows are never split. `None` (the default)
-    /// picks by codec: uncompressed, 256 MiB (the largest chunk), so a field of a sample is
-    /// one chunk and reading it is zero-copy; compressed, 2 MiB, so a token range decodes
-    /// little. A token-range read hashes its whole chunk on first touch (`check="once"`):
-    /// datasets read mostly in small random ranges may prefer smaller chunks.
-    pub chunk_bytes: Option<u64>,
-    /// A shard is committed once it holds this many bytes. Default 2 GiB.
-    pub shard_bytes: u64,
-    /// A shard is committed once it holds this many samples. Default 65 536.
-    pub shard_samples: u64,
-    /// Codec of new chunks. Default none (zero-copy reads).
-    pub codec: Codec,
-    /// zstd level for the zstd codecs. Default 3.
-    pub zstd_level: i32,
-    /// log2 of the payload alignment of uncompressed chunks. Default 12 (4 KiB).
-    pub align_log2: u8,
-    /// fsync files and folders at commits. Default true; turn off only for scratch data.
-    pub durable: bool,
-    /// Dataset id of a new dataset; random when `None` (set it only for reproducible files).
-    pub dataset_id: Option<[u8; 16]>,
-}
-
-impl Default for WriteOptions {
-    fn default() -> Self {
-        WriteOptions {
-            chunk_bytes: None,
-            shard_bytes: 2 << 30,
-            shard_samples: 65_536,
-            codec: Codec::None,
-            zstd_level: 3,
-            align_log2: DEFAULT_ALIGN_LOG2,
-            durable: true,
-            dataset_id: None,
-        }
-    }
-}
-
-/// Default chunk target of uncompressed chunks: the largest chunk the format allows.
-pub const RAW_CHUNK_BYTES: u64 = crate::format::index::MAX_CHUNK_BYTES;
-/// Default chunk target of compressed chunks.
-pub const COMPRESSED_CHUNK_BYTES: u64 = 2 << 20;
-
-impl WriteOptions {
-    /// The chunk target in effect: `chunk_bytes`, else the codec's default.
-    pub fn chunk_target(&self) -> u64 {
-        self.chunk_bytes.unwrap_or(match self.codec {
-            Codec::None => RAW_CHUNK_BYTES,
-            _ => COMPRESSED_CHUNK_BYTES,
-        })
-    }
-
-    fn validate(&self) -> Result<()> {
-        let bad = |option, detail: &str| {
-            Err(Error::BadOption {
-                option,
-                detail: detail.to_string(),
-            })
-        };
-        let chunk = self.chunk_target();
-        if chunk == 0 || chunk > crate::format::index::MAX_CHUNK_BYTES {
-            return bad("chunk_bytes", "must be in 1..=268435456 (256 MiB)");
-        }
-        if self.shard_samples == 0 || self.shard_samples > u32::MAX.into() {
-            return bad("shard_samples", "must be in 1..=4294967295");
-        }
-        if !(MIN_ALIGN_LOG2..=MAX_ALIGN_LOG2).contains(&self.align_log2) {
-            return bad("align_log2", "must be in 6..=20");
-        }
-        Ok(())
-    }
-}
-
-/// What a commit or finish leaves behind.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct WriteStats {
-    /// Samples committed.
-    pub samples: u64,
-    /// Shards committed.
-    pub shards: u64,
-    /// Bytes of committed shard files.
-    pub bytes: u64,
-    /// Decoded bytes of committed samples.
-    pub raw_bytes: u64,
-}
 
 /// Writes samples into a dataset folder.
 ///
@@ -274,9 +187,10 @@ impl DatasetWriter {
 
     fn roll_if_full(&mut self, incoming: u64) -> Result<()> {
         if let Some(s) = &self.current {
-            let full_bytes = s.len().saturating_add(incoming) > self.options.shard_bytes;
-            let full_samples = s.sample_count() >= self.options.shard_samples;
-            if s.sample_count() > 0 && (full_bytes || full_samples) {
+            if self
+                .options
+                .shard_is_full(s.len(), s.sample_count(), incoming)
+            {
                 self.commit()?;
             }
         }

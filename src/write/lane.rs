@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 use crate::format::Schema;
 
 use super::atomic::TEMP_SUFFIX;
-use super::dataset_writer::WriteOptions;
+use super::options::WriteOptions;
 use super::sample;
 use super::shard_writer::ShardWriter;
 

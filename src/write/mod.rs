@@ -6,9 +6,11 @@ pub mod dataset_writer;
 pub mod encode;
 pub mod lane;
 pub mod lock;
+pub mod options;
 pub mod sample;
 pub mod samples_table;
 pub mod shard_writer;
 
-pub use dataset_writer::{reindex, DatasetWriter, WriteOptions, WriteStats};
+pub use dataset_writer::{reindex, DatasetWriter};
 pub use lane::{Lanes, ShardLane};
+pub use options::{WriteOptions, WriteStats};

@@ -4,8 +4,8 @@
 use crate::error::{Error, Result};
 use crate::format::{ExtentEntry, Role, Schema};
 
-use super::dataset_writer::WriteOptions;
 use super::encode::encode_sample;
+use super::options::WriteOptions;
 use super::shard_writer::ShardWriter;
 
 /// A sample's fields in schema order, checked.

@@ -11,7 +11,7 @@ use crate::errors::{bad_option, IntoPy};
 
 type Stats = (u64, u64, u64, u64);
 
-fn stats(s: hspack::write::dataset_writer::WriteStats) -> Stats {
+fn stats(s: hspack::write::WriteStats) -> Stats {
     (s.samples, s.shards, s.bytes, s.raw_bytes)
 }
 
