@@ -4,6 +4,7 @@
 //! chunks with an index at the end, and a `samples.parquet` table. [`write::DatasetWriter`]
 //! writes one, [`read::Dataset`] reads it, [`verify`] checks every byte.
 #![deny(missing_docs)]
+#![deny(unsafe_code)]
 
 #[cfg(target_endian = "big")]
 compile_error!("hspack maps little-endian structures directly; big-endian hosts are not supported");
@@ -13,6 +14,7 @@ pub mod convert;
 pub mod error;
 pub mod failpoint;
 pub mod format;
+pub mod io;
 pub mod parallel;
 pub mod read;
 pub mod synth;

@@ -16,11 +16,11 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
-use crate::error::{io, Error, Result};
+use crate::error::{Error, Result};
 use crate::format::manifest::{hex, is_leftover, MANIFEST_FILE};
 use crate::format::{ChunkHeader, ShardHeader};
+use crate::io::lock::LOCK_FILE;
 use crate::read::{Dataset, Shard};
-use crate::write::dataset_writer::LOCK_FILE;
 
 /// What to check.
 #[derive(Debug, Clone, Copy, Default)]
@@ -119,8 +119,17 @@ pub fn verify(
     options: VerifyOptions,
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<Report> {
-    let dir = dir.into();
-    let ds = Dataset::open(&dir)?;
+    verify_dataset(&Dataset::open(dir.into())?, options, progress)
+}
+
+/// [`verify`], for a dataset already open (in any storage). Opens every shard again, so
+/// that nothing the dataset checked before is taken on trust.
+pub fn verify_dataset(
+    opened: &Dataset,
+    options: VerifyOptions,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<Report> {
+    let ds = Dataset::open_in(std::sync::Arc::clone(opened.storage()), Default::default())?;
     let manifest = ds.manifest();
     let schema = ds.schema();
     let mut problems = Vec::new();
@@ -183,17 +192,21 @@ pub fn verify(
 fn check_layout(shard: &Shard, schema: &crate::format::Schema, padding: bool) -> Vec<Error> {
     let mut problems = Vec::new();
     let index = shard.index();
-    let map = shard.map();
     let mut pos = ShardHeader::SIZE as u64;
     let check_gap = |from: u64, to: u64, problems: &mut Vec<Error>| {
-        if !padding {
+        if !padding || from >= to {
             return;
         }
-        if let Some(i) = map[from as usize..to as usize].iter().position(|&b| b != 0) {
-            problems.push(Error::DirtyPadding {
-                shard: shard.path().to_path_buf(),
-                offset: from + i as u64,
-            });
+        match shard.read(from..to) {
+            Ok(gap) => {
+                if let Some(i) = gap.iter().position(|&b| b != 0) {
+                    problems.push(Error::DirtyPadding {
+                        shard: shard.path().to_path_buf(),
+                        offset: from + i as u64,
+                    });
+                }
+            }
+            Err(e) => problems.push(e),
         }
     };
     for c in 0..index.chunk_count() {
@@ -227,16 +240,14 @@ fn files_not_in_use(ds: &Dataset) -> Result<(Vec<PathBuf>, Vec<PathBuf>)> {
         used.insert(t.file.as_str());
     }
     let (mut leftovers, mut unknown) = (Vec::new(), Vec::new());
-    let dir = ds.dir();
-    for entry in std::fs::read_dir(dir).map_err(io(dir, "list"))? {
-        let entry = entry.map_err(io(dir, "list"))?;
-        let name = entry.file_name().to_string_lossy().into_owned();
+    let storage = ds.storage();
+    for name in storage.list()? {
         if used.contains(name.as_str()) {
             continue;
         }
         match is_leftover(&name, manifest.shards.len() as u64) {
-            true => leftovers.push(entry.path()),
-            false => unknown.push(entry.path()),
+            true => leftovers.push(storage.path(&name)),
+            false => unknown.push(storage.path(&name)),
         }
     }
     leftovers.sort();
@@ -246,15 +257,16 @@ fn files_not_in_use(ds: &Dataset) -> Result<(Vec<PathBuf>, Vec<PathBuf>)> {
 
 fn check_samples_table(ds: &Dataset) -> Option<Error> {
     let t = ds.manifest().samples_table.as_ref()?;
-    let path = ds.dir().join(&t.file);
+    let path = ds.storage().path(&t.file);
     let problem = |detail: String| {
         Some(Error::SamplesTable {
             path: path.clone(),
             detail,
         })
     };
-    let bytes = match std::fs::read(&path) {
-        Ok(b) => b,
+    let bytes = match ds.storage().read(&t.file) {
+        Ok(Some(b)) => b,
+        Ok(None) => return problem("the file is missing".into()),
         Err(e) => return problem(format!("cannot read it ({e})")),
     };
     let hash = hex(blake3::hash(&bytes).as_bytes());

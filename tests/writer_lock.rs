@@ -179,7 +179,7 @@ fn a_new_dataset_is_not_created_over_a_manifest_that_appeared() {
     let target = dir.path().join("x");
     std::fs::write(&temp, b"new").unwrap();
     std::fs::write(&target, b"old").unwrap();
-    let err = hspack::write::atomic::publish_new(&temp, &target, false).unwrap_err();
+    let err = hspack::io::local::publish_new(&temp, &target, false).unwrap_err();
     assert!(matches!(err, Error::CommitConflict { .. }), "{err}");
     assert_eq!(std::fs::read(&target).unwrap(), b"old");
 }

@@ -2,7 +2,7 @@
 //! Any bytes as a checked-chunk memo file shared between processes: it opens for as many
 //! chunks as it has bytes or is refused, and flags read back as set.
 
-use hspack::read::mmap::SharedFlags;
+use hspack::io::mmap::SharedFlags;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

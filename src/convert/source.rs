@@ -91,7 +91,7 @@ pub fn open_source_with(path: &Path, limits: Limits) -> Result<SourceFile, Conve
         let inner = gunzip(&backing, path, limits.max_decompressed_bytes, |head| {
             sniff(head).is_some()
         })?;
-        (Backing::Owned(inner), true)
+        (Backing::from_vec(inner), true)
     } else {
         (backing, false)
     };

@@ -221,7 +221,7 @@ impl TorchFile {
         file: &Path,
         limits: Limits,
     ) -> Result<TorchFile, ConvertError> {
-        TorchFile::from_backing(file, Backing::Owned(bytes), limits)
+        TorchFile::from_backing(file, Backing::from_vec(bytes), limits)
     }
 
     pub(crate) fn from_backing(
@@ -236,7 +236,7 @@ impl TorchFile {
                     Some(Sniffed::TorchZip | Sniffed::TorchTar | Sniffed::TorchLegacy)
                 )
             })?;
-            let mut t = TorchFile::from_backing(path, Backing::Owned(inner), limits)?;
+            let mut t = TorchFile::from_backing(path, Backing::from_vec(inner), limits)?;
             t.gzipped = true;
             return Ok(t);
         }

@@ -4,9 +4,10 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
-use crate::error::{format, io, Error, Result};
+use crate::error::{format, Error, Result};
 use crate::format::manifest::MANIFEST_FILE;
-use crate::format::{ExtentEntry, Manifest, SampleEntry, Schema};
+use crate::format::{ChunkHeader, ExtentEntry, Manifest, SampleEntry, Schema};
+use crate::io::Storage;
 
 use super::shard::{CheckPolicy, Shard};
 use super::tensor::{AlignedBytes, Buffer, Tensor};
@@ -27,7 +28,7 @@ pub struct ReadOptions {
 /// use. Share it between threads by reference or `Arc`.
 #[derive(Debug)]
 pub struct Dataset {
-    dir: PathBuf,
+    storage: Arc<dyn Storage>,
     manifest: Manifest,
     manifest_bytes: Vec<u8>,
     dataset_id: [u8; 16],
@@ -43,20 +44,22 @@ impl Dataset {
 
     /// Opens the dataset in folder `dir` with `options`.
     pub fn open_with(dir: impl AsRef<Path>, options: ReadOptions) -> Result<Dataset> {
-        let dir = dir.as_ref().to_path_buf();
-        let path = dir.join(MANIFEST_FILE);
-        let manifest_bytes = match std::fs::read(&path) {
-            Ok(b) => b,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(Error::NotADataset { path: dir })
-            }
-            Err(e) => return Err(io(&path, "read")(e)),
+        Self::open_in(crate::io::local(dir), options)
+    }
+
+    /// Opens the dataset in `storage` with `options`.
+    pub fn open_in(storage: Arc<dyn Storage>, options: ReadOptions) -> Result<Dataset> {
+        let Some(manifest_bytes) = storage.read(MANIFEST_FILE)? else {
+            return Err(Error::NotADataset {
+                path: storage.root().to_path_buf(),
+            });
         };
-        let manifest = Manifest::decode(&manifest_bytes).map_err(format(&path))?;
+        let manifest =
+            Manifest::decode(&manifest_bytes).map_err(format(storage.path(MANIFEST_FILE)))?;
         let shards = manifest.shards.iter().map(|_| OnceLock::new()).collect();
         Ok(Dataset {
             dataset_id: manifest.dataset_id_bytes(),
-            dir,
+            storage,
             manifest,
             manifest_bytes,
             shards,
@@ -64,9 +67,14 @@ impl Dataset {
         })
     }
 
-    /// The folder.
+    /// Where the dataset is: its folder, or a URL.
     pub fn dir(&self) -> &Path {
-        &self.dir
+        self.storage.root()
+    }
+
+    /// The storage the dataset is read from.
+    pub fn storage(&self) -> &Arc<dyn Storage> {
+        &self.storage
     }
 
     /// The manifest.
@@ -107,7 +115,7 @@ impl Dataset {
         }
         let record = &self.manifest.shards[seq];
         let shard = Shard::open(
-            &self.dir.join(&record.file),
+            &*self.storage,
             record,
             self.dataset_id,
             self.schema(),
@@ -187,10 +195,30 @@ impl Dataset {
             .enumerate()
             .map(|(seq, record)| ShardKeys {
                 seq,
-                file: self.dir.join(&record.file),
+                file: self.storage.path(&record.file),
                 ordinals: record.first_ordinal..record.first_ordinal + record.samples,
                 keys: self.shard_keys(seq),
             })
+    }
+
+    /// Every sample's index entry and key, in ordinal order. A shard that cannot be opened
+    /// yields its error in its place (once); the walk goes on with the next shard, so the
+    /// caller decides whether to stop.
+    pub fn samples(&self) -> impl Iterator<Item = Result<SampleInfo<'_>>> + '_ {
+        (0..self.shards.len()).flat_map(move |seq| {
+            let items: Box<dyn Iterator<Item = Result<SampleInfo<'_>>>> = match self.shard(seq) {
+                Ok(shard) => {
+                    let index = shard.index();
+                    Box::new((0..index.sample_count()).filter_map(move |i| {
+                        let entry = index.sample(i)?;
+                        let key = index.key_of(&entry).unwrap_or("");
+                        Some(Ok(SampleInfo { seq, key, entry }))
+                    }))
+                }
+                Err(e) => Box::new(std::iter::once(Err(e))),
+            };
+            items
+        })
     }
 
     /// The sample with `key`; an error names the key when there is none.
@@ -228,6 +256,24 @@ pub struct ShardKeys<'d> {
     pub ordinals: Range<u64>,
     /// The keys in ordinal order, or the error the shard fails to open with.
     pub keys: Result<Vec<&'d str>>,
+}
+
+/// What a shard's index says of one sample, from [`Dataset::samples`].
+#[derive(Debug, Clone, Copy)]
+pub struct SampleInfo<'d> {
+    /// The shard's number.
+    pub seq: usize,
+    /// The key.
+    pub key: &'d str,
+    /// The index entry: ordinal, rows, loss rows, raw bytes.
+    pub entry: SampleEntry,
+}
+
+impl SampleInfo<'_> {
+    /// Rows whose loss mask is set, when the schema has a loss mask.
+    pub fn loss_rows(&self) -> Option<u64> {
+        (self.entry.loss_rows != u64::MAX).then_some(self.entry.loss_rows)
+    }
 }
 
 /// One sample of an open dataset.
@@ -317,18 +363,16 @@ impl<'d> Sample<'d> {
                 .shard
                 .chunk(x.chunk.into(), schema, self.ds.options.check)?;
             if e.codec == crate::format::Codec::None.code() {
-                let base = e.offset as usize + crate::format::ChunkHeader::SIZE;
                 let first = (x.chunk_row + rows.start - x.row_start) as usize;
-                let start = base + first * row_bytes;
+                let start = first * row_bytes;
                 let end = start + (rows.end - rows.start) as usize * row_bytes;
-                debug_assert!(end <= base + stored.len());
+                let view = stored
+                    .slice(start..end)
+                    .expect("the index was validated: extents lie inside their chunks");
                 return Ok(Tensor {
                     dtype: field.dtype,
                     shape,
-                    data: Buffer::Mapped {
-                        map: self.shard.map().clone(),
-                        range: start..end,
-                    },
+                    data: Buffer::File(view),
                 });
             }
         }
@@ -339,6 +383,70 @@ impl<'d> Sample<'d> {
             shape,
             data: Buffer::Owned(out),
         })
+    }
+
+    /// Asks the storage to read ahead every chunk of fields `fields` (numbers). Shards are
+    /// mapped for random access (no readahead), so a cold sample would otherwise fault in
+    /// page by page. With `load`, reads them into the page cache before returning, for
+    /// readers whose tensors another process maps: the disk reads then happen here, in
+    /// parallel across DataLoader workers, not page by page in the trainer.
+    pub fn prefetch(&self, fields: &[usize], load: bool) {
+        let Some(whole) = self.shard.file().whole() else {
+            return;
+        };
+        let index = self.shard.index();
+        for &f in fields {
+            for x in self.extents(f) {
+                if let Some(e) = index.chunk(x.chunk.into()) {
+                    let start = e.offset as usize;
+                    let len = ChunkHeader::SIZE + e.stored_len as usize;
+                    whole.will_need(start..start + len, load);
+                }
+            }
+        }
+    }
+
+    /// Copies rows `rows` of fields `fields` (numbers) into `out`, concatenated along the
+    /// last axis: row r of `out` is row r of every field, in the order given (the EAGLE-3
+    /// auxiliary states, side by side). `out` must hold exactly those rows. One copy from
+    /// the shard for uncompressed chunks.
+    pub fn read_concat_into(
+        &self,
+        fields: &[usize],
+        rows: Range<u64>,
+        out: &mut [u8],
+    ) -> Result<()> {
+        let schema = self.ds.schema();
+        let widths: Vec<usize> = fields
+            .iter()
+            .map(|&f| schema.fields[f].row_bytes() as usize)
+            .collect();
+        let stride: usize = widths.iter().sum();
+        self.check_rows(&rows)?;
+        let want = (rows.end - rows.start) as usize * stride;
+        if out.len() != want {
+            return Err(Error::BadOption {
+                option: "out",
+                detail: format!("buffer holds {} bytes, the rows need {want}", out.len()),
+            });
+        }
+        let mut column = 0;
+        for (&f, &width) in fields.iter().zip(&widths) {
+            for x in self.extents(f) {
+                let lo = x.row_start.max(rows.start);
+                let hi = (x.row_start + x.row_count).min(rows.end);
+                if lo >= hi {
+                    continue;
+                }
+                let t = self.read_field(f, Some(lo..hi))?;
+                for (i, row) in t.bytes().chunks_exact(width).enumerate() {
+                    let at = ((lo - rows.start) as usize + i) * stride + column;
+                    out[at..at + width].copy_from_slice(row);
+                }
+            }
+            column += width;
+        }
+        Ok(())
     }
 
     /// Copies rows `rows` of field number `f` into `out`, which must hold exactly those rows.
@@ -364,7 +472,7 @@ impl<'d> Sample<'d> {
                 .chunk(x.chunk.into(), schema, self.ds.options.check)?;
             let raw = self
                 .shard
-                .decode_chunk(x.chunk.into(), &e, stored, schema)?;
+                .decode_chunk(x.chunk.into(), &e, &stored, schema)?;
             let src = (x.chunk_row + lo - x.row_start) as usize * row_bytes;
             let dst = (lo - rows.start) as usize * row_bytes;
             let n = (hi - lo) as usize * row_bytes;

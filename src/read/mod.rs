@@ -2,10 +2,9 @@
 //! first use, read samples by ordinal or key, fields by name, rows by range.
 
 pub mod dataset;
-pub mod mmap;
 pub mod shard;
 pub mod tensor;
 
-pub use dataset::{Dataset, ReadOptions, Sample, ShardKeys};
+pub use dataset::{Dataset, ReadOptions, Sample, SampleInfo, ShardKeys};
 pub use shard::{CheckPolicy, Shard};
 pub use tensor::{AlignedBytes, Buffer, Tensor};

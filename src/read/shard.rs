@@ -1,10 +1,10 @@
-//! One mapped shard: opened against its manifest record, read chunk by chunk.
+//! One shard: opened against its manifest record, read chunk by chunk through storage
+//! (zero-copy slices of the mapping for a local folder).
 
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-
-use memmap2::Mmap;
 
 use crate::error::{format, ChunkSite, Error, Result};
 use crate::format::manifest::hex;
@@ -12,7 +12,8 @@ use crate::format::{
     ChunkEntry, ChunkHeader, Codec, Footer, Index, SampleEntry, Schema, ShardHeader, ShardRecord,
 };
 
-use super::mmap::{map_file, SharedFlags};
+use crate::io::mmap::SharedFlags;
+use crate::io::{FileBytes, FileReader, Storage};
 
 /// Which chunks were checked: in this process, or in a memo shared between processes.
 enum Checked {
@@ -56,7 +57,8 @@ pub enum CheckPolicy {
 /// A shard whose footer, header and index were checked against the manifest.
 pub struct Shard {
     path: PathBuf,
-    map: Arc<Mmap>,
+    file: Arc<dyn FileReader>,
+    index_bytes: FileBytes,
     header: ShardHeader,
     footer: Footer,
     checked: Checked,
@@ -83,18 +85,20 @@ fn mismatch(
 }
 
 impl Shard {
-    /// Maps `path` and checks footer, header and index against `record`, the dataset id and
-    /// the schema. Costs one hash of the index, not of the data.
+    /// Opens shard `record.file` of `storage` and checks footer, header and index against
+    /// `record`, the dataset id and the schema. Costs one hash of the index, not of the data.
     pub fn open(
-        path: &Path,
+        storage: &dyn Storage,
         record: &ShardRecord,
         dataset_id: [u8; 16],
         schema: &Schema,
         checked_memo: Option<&Path>,
     ) -> Result<Shard> {
-        let map = map_file(path)?;
-        let len = map.len() as u64;
-        let footer = Footer::decode(&map, len).map_err(|e| match len == record.bytes {
+        let path = &storage.path(&record.file);
+        let file = storage.open(&record.file)?;
+        let len = file.len();
+        let tail = file.read(len.saturating_sub(Footer::SIZE as u64)..len)?;
+        let footer = Footer::decode(&tail, len).map_err(|e| match len == record.bytes {
             true => format(path)(e),
             // A short or long file explains a bad footer best.
             false => mismatch(path, "size", record.bytes, len),
@@ -117,9 +121,9 @@ impl Shard {
                 footer.shard_seq,
             ));
         }
-        let index_bytes =
-            &map[footer.index_offset as usize..(footer.index_offset + footer.index_len) as usize];
-        let index_hash = *blake3::hash(index_bytes).as_bytes();
+        let index_end = footer.index_offset.saturating_add(footer.index_len);
+        let index_bytes = file.read(footer.index_offset..index_end)?;
+        let index_hash = *blake3::hash(&index_bytes).as_bytes();
         if hex(&index_hash) != record.index_blake3 {
             return Err(mismatch(
                 path,
@@ -136,7 +140,8 @@ impl Shard {
                 hex(&index_hash),
             ));
         }
-        let header = ShardHeader::decode(&map).map_err(format(path))?;
+        let head = file.read(0..(ShardHeader::SIZE as u64).min(len))?;
+        let header = ShardHeader::decode(&head).map_err(format(path))?;
         if header.dataset_id != dataset_id {
             return Err(Error::ForeignShard {
                 shard: path.to_path_buf(),
@@ -160,7 +165,7 @@ impl Shard {
                 hex(&header.schema_hash),
             ));
         }
-        let index = Index::parse(index_bytes).map_err(format(path))?;
+        let index = Index::parse(&index_bytes).map_err(format(path))?;
         let counts = (
             index.sample_count(),
             index.chunk_count(),
@@ -204,7 +209,8 @@ impl Shard {
         };
         Ok(Shard {
             path: path.to_path_buf(),
-            map,
+            file,
+            index_bytes,
             header,
             footer,
             checked,
@@ -216,9 +222,14 @@ impl Shard {
         &self.path
     }
 
-    /// The mapping.
-    pub fn map(&self) -> &Arc<Mmap> {
-        &self.map
+    /// The file, for ranged reads.
+    pub fn file(&self) -> &Arc<dyn FileReader> {
+        &self.file
+    }
+
+    /// Bytes `range` of the file (zero-copy where the storage maps it).
+    pub fn read(&self, range: Range<u64>) -> Result<FileBytes> {
+        self.file.read(range)
     }
 
     /// The header.
@@ -233,9 +244,7 @@ impl Shard {
 
     /// The index (validated at open).
     pub fn index(&self) -> Index<'_> {
-        let start = self.footer.index_offset as usize;
-        let end = start + self.footer.index_len as usize;
-        Index::parse(&self.map[start..end]).expect("validated when the shard was opened")
+        Index::parse(&self.index_bytes).expect("validated when the shard was opened")
     }
 
     /// Where chunk `c` lies, for error messages.
@@ -264,14 +273,21 @@ impl Shard {
     /// The header check: the chunk header at the offset the index gives must describe the
     /// chunk the index describes, so shifted or swapped chunks are caught.
     pub fn check_chunk_header(&self, c: u64, e: &ChunkEntry, schema: &Schema) -> Result<()> {
-        let at = e.offset as usize;
-        let header =
-            ChunkHeader::decode(&self.map[at..at + ChunkHeader::SIZE]).map_err(|source| {
-                Error::BadChunk {
-                    site: self.site(c, schema),
-                    source,
-                }
-            })?;
+        let bytes = self.read(e.offset..e.offset + ChunkHeader::SIZE as u64)?;
+        self.check_header_bytes(c, e, &bytes, schema)
+    }
+
+    fn check_header_bytes(
+        &self,
+        c: u64,
+        e: &ChunkEntry,
+        bytes: &[u8],
+        schema: &Schema,
+    ) -> Result<()> {
+        let header = ChunkHeader::decode(bytes).map_err(|source| Error::BadChunk {
+            site: self.site(c, schema),
+            source,
+        })?;
         let pairs: [(&'static str, u64, u64); 10] = [
             ("chunk id", c, header.chunk_id.into()),
             (
@@ -310,7 +326,17 @@ impl Shard {
 
     /// Hashes chunk `c`'s stored bytes against the index.
     pub fn check_chunk_hash(&self, c: u64, e: &ChunkEntry, schema: &Schema) -> Result<()> {
-        let hash = blake3::hash(self.stored(e));
+        self.check_stored_hash(c, e, &self.stored(e)?, schema)
+    }
+
+    fn check_stored_hash(
+        &self,
+        c: u64,
+        e: &ChunkEntry,
+        stored: &[u8],
+        schema: &Schema,
+    ) -> Result<()> {
+        let hash = blake3::hash(stored);
         if hash.as_bytes() != &e.hash {
             return Err(Error::ChecksumMismatch {
                 site: self.site(c, schema),
@@ -322,9 +348,9 @@ impl Shard {
         Ok(())
     }
 
-    fn stored(&self, e: &ChunkEntry) -> &[u8] {
-        let start = e.offset as usize + ChunkHeader::SIZE;
-        &self.map[start..start + e.stored_len as usize]
+    fn stored(&self, e: &ChunkEntry) -> Result<FileBytes> {
+        let start = e.offset + ChunkHeader::SIZE as u64;
+        self.read(start..start + e.stored_len)
     }
 
     /// The stored bytes of chunk `c`, checked per `policy`, with its index entry.
@@ -333,7 +359,7 @@ impl Shard {
         c: u64,
         schema: &Schema,
         policy: CheckPolicy,
-    ) -> Result<(ChunkEntry, &[u8])> {
+    ) -> Result<(ChunkEntry, FileBytes)> {
         let e = self.index().chunk(c).ok_or_else(|| Error::BadChunk {
             site: self.site(c, schema),
             source: crate::format::FormatError::Invalid {
@@ -349,13 +375,19 @@ impl Shard {
             CheckPolicy::Once => !seen,
             CheckPolicy::Never => false,
         };
+        // Header and payload in one read.
+        let at = e.offset + ChunkHeader::SIZE as u64;
+        let whole = self.read(e.offset..at + e.stored_len)?;
         if check || !seen {
-            self.check_chunk_header(c, &e, schema)?;
+            self.check_header_bytes(c, &e, &whole[..ChunkHeader::SIZE], schema)?;
         }
+        let stored = whole
+            .slice(ChunkHeader::SIZE..whole.len())
+            .expect("the read holds the header and the payload");
         if check {
-            self.check_chunk_hash(c, &e, schema)?;
+            self.check_stored_hash(c, &e, &stored, schema)?;
         }
-        Ok((e, self.stored(&e)))
+        Ok((e, stored))
     }
 
     /// Decodes chunk `c` (zero-copy for codec none).

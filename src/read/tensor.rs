@@ -1,22 +1,14 @@
-//! Tensors read from a dataset: zero-copy views of the mapping, or owned decoded bytes.
-
-use std::ops::Range;
-use std::sync::Arc;
-
-use memmap2::Mmap;
+//! Tensors read from a dataset: zero-copy views of the shard file, or owned decoded bytes.
 
 use crate::format::DType;
+pub use crate::io::{AlignedBytes, FileBytes};
 
 /// The bytes behind a tensor.
 #[derive(Debug, Clone)]
 pub enum Buffer {
-    /// A range of a mapped shard: zero-copy. The `Arc` keeps the mapping alive.
-    Mapped {
-        /// The mapping.
-        map: Arc<Mmap>,
-        /// Byte range within it.
-        range: Range<usize>,
-    },
+    /// Bytes of the shard file itself: zero-copy (a range of its mapping, for a local
+    /// folder). Holding them keeps the mapping alive.
+    File(FileBytes),
     /// Decoded or gathered bytes, 8-byte aligned.
     Owned(AlignedBytes),
 }
@@ -25,41 +17,22 @@ impl Buffer {
     /// The bytes.
     pub fn as_bytes(&self) -> &[u8] {
         match self {
-            Buffer::Mapped { map, range } => &map[range.clone()],
+            Buffer::File(b) => b,
             Buffer::Owned(b) => b.as_bytes(),
         }
     }
 
-    /// True when the bytes are the mapping itself.
+    /// True when the bytes are the shard's mapping itself.
     pub fn is_mapped(&self) -> bool {
-        matches!(self, Buffer::Mapped { .. })
+        matches!(self, Buffer::File(b) if b.is_mapped())
     }
-}
 
-/// Bytes in 8-byte aligned storage, so every dtype can be viewed in place.
-#[derive(Debug, Clone, Default)]
-pub struct AlignedBytes {
-    words: Vec<u64>,
-    len: usize,
-}
-
-impl AlignedBytes {
-    /// `len` zero bytes.
-    pub fn zeroed(len: usize) -> Self {
-        AlignedBytes {
-            words: vec![0; len.div_ceil(8)],
-            len,
+    /// The shard file's bytes, when the tensor is a view of them.
+    pub fn file_bytes(&self) -> Option<&FileBytes> {
+        match self {
+            Buffer::File(b) => Some(b),
+            Buffer::Owned(_) => None,
         }
-    }
-
-    /// The bytes.
-    pub fn as_bytes(&self) -> &[u8] {
-        &bytemuck::cast_slice(&self.words)[..self.len]
-    }
-
-    /// The bytes, writable.
-    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
-        &mut bytemuck::cast_slice_mut(&mut self.words)[..self.len]
     }
 }
 

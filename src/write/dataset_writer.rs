@@ -1,25 +1,25 @@
 //! Writing a dataset: rolling shards, commits through the manifest, resume on reopen.
 
 use std::collections::HashSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
+use std::sync::Arc;
 
-use crate::error::{format, io, Error, Result};
+use crate::error::{format, Error, Result};
 use crate::failpoint::failpoint;
 use crate::format::manifest::{
     hex, is_leftover, shard_file_name, TableRecord, MANIFEST_FILE, SAMPLES_TABLE_FILE,
 };
 use crate::format::{Manifest, Schema};
-use crate::read::Dataset;
+use crate::io::{temp_name, Storage, WriterLease};
+use crate::read::{Dataset, ReadOptions};
 
-use super::atomic::{sync_dir, write_atomic, write_new};
 use super::lane::{Lanes, ShardLane};
-use super::lock::WriterLock;
 use super::options::{WriteOptions, WriteStats};
 use super::sample::{self, field_names};
 use super::samples_table::{self, SampleRow};
 use super::shard_writer::{ShardPlace, ShardWriter};
 
-pub use super::lock::LOCK_FILE;
+pub use crate::io::lock::LOCK_FILE;
 
 /// Writes samples into a dataset folder.
 ///
@@ -27,7 +27,7 @@ pub use super::lock::LOCK_FILE;
 /// [`DatasetWriter::commit`] and at [`DatasetWriter::finish`]. Dropping a writer without
 /// finishing leaves the dataset as of its last commit. Reopening a dataset resumes it.
 pub struct DatasetWriter {
-    dir: PathBuf,
+    storage: Arc<dyn Storage>,
     manifest: Manifest,
     options: WriteOptions,
     current: Option<ShardWriter>,
@@ -37,13 +37,13 @@ pub struct DatasetWriter {
     /// BLAKE3 of the manifest as this writer last read or wrote it: a commit publishes only
     /// over that one.
     manifest_hash: blake3::Hash,
-    lock: WriterLock,
+    lock: Box<dyn WriterLease>,
 }
 
 impl std::fmt::Debug for DatasetWriter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DatasetWriter")
-            .field("dir", &self.dir)
+            .field("dir", &self.storage.root())
             .finish()
     }
 }
@@ -65,67 +65,69 @@ fn random_id(dir: &Path) -> [u8; 16] {
 impl DatasetWriter {
     /// Creates a dataset in `dir` (which may exist but must hold no dataset).
     pub fn create(dir: impl AsRef<Path>, schema: Schema, options: WriteOptions) -> Result<Self> {
-        let dir = dir.as_ref();
-        if dir.join(MANIFEST_FILE).exists() {
+        Self::create_in(crate::io::local(dir), schema, options)
+    }
+
+    /// Creates a dataset in `storage` (which must hold no dataset).
+    pub fn create_in(
+        storage: Arc<dyn Storage>,
+        schema: Schema,
+        options: WriteOptions,
+    ) -> Result<Self> {
+        if storage.read(MANIFEST_FILE)?.is_some() {
             return Err(Error::AlreadyExists {
-                path: dir.to_path_buf(),
+                path: storage.root().to_path_buf(),
             });
         }
-        Self::open(dir, schema, options)
+        Self::open_in(storage, schema, options)
     }
 
     /// Opens the dataset in `dir` for appending, creating it when there is none. An existing
     /// dataset must have the same schema (capture metadata included); appending resumes after
     /// its last committed sample, and files an interrupted writer left are removed.
     pub fn open(dir: impl AsRef<Path>, schema: Schema, options: WriteOptions) -> Result<Self> {
+        Self::open_in(crate::io::local(dir), schema, options)
+    }
+
+    /// [`DatasetWriter::open`], for a dataset in `storage`.
+    pub fn open_in(
+        storage: Arc<dyn Storage>,
+        schema: Schema,
+        options: WriteOptions,
+    ) -> Result<Self> {
         options.validate()?;
         schema
             .validate()
-            .map_err(format(dir.as_ref().join(MANIFEST_FILE)))?;
-        let dir = dir.as_ref().to_path_buf();
-        std::fs::create_dir_all(&dir).map_err(io(&dir, "create folder"))?;
-        let lock = WriterLock::take(&dir)?;
-        Self::open_locked(dir, schema, options, lock)
-    }
-
-    fn open_locked(
-        dir: PathBuf,
-        schema: Schema,
-        options: WriteOptions,
-        lock: WriterLock,
-    ) -> Result<Self> {
-        let manifest_path = dir.join(MANIFEST_FILE);
+            .map_err(format(storage.path(MANIFEST_FILE)))?;
+        storage.create_root()?;
+        let lock = storage.lock()?;
         let mut keys = HashSet::new();
-        let (manifest, manifest_hash) = if manifest_path.exists() {
-            let ds = Dataset::open(&dir)?;
+        let (manifest, manifest_hash) = if storage.read(MANIFEST_FILE)?.is_some() {
+            let ds = Dataset::open_in(Arc::clone(&storage), ReadOptions::default())?;
             if ds.schema() != &schema {
                 return Err(Error::SchemaMismatch {
-                    path: dir,
+                    path: storage.root().to_path_buf(),
                     detail: describe_difference(ds.schema(), &schema),
                 });
             }
-            for seq in 0..ds.manifest().shards.len() {
-                let shard = ds.shard(seq)?;
-                let index = shard.index();
-                for i in 0..index.sample_count() {
-                    if let Some(key) = index.sample(i).and_then(|s| index.key_of(&s)) {
-                        keys.insert(key.to_string());
-                    }
-                }
+            for s in ds.samples() {
+                keys.insert(s?.key.to_string());
             }
             (ds.manifest().clone(), blake3::hash(ds.manifest_bytes()))
         } else {
-            let id = options.dataset_id.unwrap_or_else(|| random_id(&dir));
+            let id = options
+                .dataset_id
+                .unwrap_or_else(|| random_id(storage.root()));
             let m = Manifest::new(id, schema.clone());
             let bytes = m.encode();
-            write_new(&manifest_path, &bytes, options.durable)?;
+            storage.put_new(MANIFEST_FILE, &bytes, options.durable)?;
             (m, blake3::hash(&bytes))
         };
-        remove_leftovers(&dir, manifest.shards.len() as u32)?;
+        remove_leftovers(&*storage, manifest.shards.len() as u32)?;
         Ok(DatasetWriter {
             schema: std::sync::Arc::new(schema),
             lanes_opened: Default::default(),
-            dir,
+            storage,
             manifest,
             options,
             current: None,
@@ -135,9 +137,14 @@ impl DatasetWriter {
         })
     }
 
-    /// The folder.
+    /// Where the dataset is: its folder, or a URL.
     pub fn dir(&self) -> &Path {
-        &self.dir
+        self.storage.root()
+    }
+
+    /// The storage the dataset is written to.
+    pub fn storage(&self) -> &Arc<dyn Storage> {
+        &self.storage
     }
 
     /// The schema.
@@ -200,7 +207,8 @@ impl DatasetWriter {
     fn current_shard(&mut self) -> Result<&mut ShardWriter> {
         if self.current.is_none() {
             let w = ShardWriter::create(
-                &ShardWriter::temp_for(&self.next_place().path),
+                &*self.storage,
+                &temp_name(&self.next_place().name),
                 self.manifest.dataset_id_bytes(),
                 self.manifest.schema.hash(),
                 self.options.align_log2,
@@ -214,7 +222,7 @@ impl DatasetWriter {
     fn next_place(&self) -> ShardPlace {
         let seq = self.manifest.shards.len() as u32;
         ShardPlace {
-            path: self.dir.join(shard_file_name(seq)),
+            name: shard_file_name(seq),
             seq,
             first_ordinal: self.manifest.samples,
         }
@@ -236,7 +244,7 @@ impl DatasetWriter {
             return Ok(());
         }
         Err(Error::ForkedWriter {
-            path: self.dir.clone(),
+            path: self.storage.root().to_path_buf(),
         })
     }
 
@@ -256,7 +264,7 @@ impl DatasetWriter {
         next.samples_table = None;
         if let Err(e) = self.publish_manifest(next) {
             // Nobody's manifest lists the shard this writer just created: take it back.
-            let _ = std::fs::remove_file(&place.path);
+            let _ = self.storage.delete(&place.name);
             return Err(e);
         }
         Ok(())
@@ -266,7 +274,7 @@ impl DatasetWriter {
     /// committed in the order the caller chooses with [`DatasetWriter::commit_lane`].
     pub fn lanes(&self) -> Lanes {
         Lanes {
-            dir: self.dir.clone(),
+            storage: Arc::clone(&self.storage),
             dataset_id: self.manifest.dataset_id_bytes(),
             schema: std::sync::Arc::clone(&self.schema),
             options: self.options.clone(),
@@ -298,16 +306,12 @@ impl DatasetWriter {
 
     /// Fails unless `manifest.json` is the one this writer last read or wrote.
     fn check_manifest_unchanged(&self) -> Result<()> {
-        let path = self.dir.join(MANIFEST_FILE);
-        let found = match std::fs::read(&path) {
-            Ok(bytes) => bytes,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(Error::CommitConflict {
-                    path,
-                    detail: "the manifest is gone".into(),
-                })
-            }
-            Err(e) => return Err(io(&path, "read")(e)),
+        let path = self.storage.path(MANIFEST_FILE);
+        let Some(found) = self.storage.read(MANIFEST_FILE)? else {
+            return Err(Error::CommitConflict {
+                path,
+                detail: "the manifest is gone".into(),
+            });
         };
         if blake3::hash(&found) != self.manifest_hash {
             return Err(Error::CommitConflict {
@@ -320,9 +324,13 @@ impl DatasetWriter {
 
     /// Publishes `next` over the manifest this writer last wrote, and adopts it.
     fn publish_manifest(&mut self, next: Manifest) -> Result<()> {
-        self.check_manifest_unchanged()?;
         let bytes = next.encode();
-        write_atomic(&self.dir.join(MANIFEST_FILE), &bytes, self.options.durable)?;
+        self.storage.replace(
+            MANIFEST_FILE,
+            &bytes,
+            Some(self.manifest_hash),
+            self.options.durable,
+        )?;
         failpoint!("manifest-published");
         self.manifest = next;
         self.manifest_hash = blake3::hash(&bytes);
@@ -343,10 +351,11 @@ impl DatasetWriter {
     pub fn finish(mut self) -> Result<WriteStats> {
         self.commit()?;
         self.check_manifest_unchanged()?;
-        let rows = sample_rows(&self.dir)?;
-        let path = self.dir.join(SAMPLES_TABLE_FILE);
-        let bytes = samples_table::encode(&rows, &path)?;
-        write_atomic(&path, &bytes, self.options.durable)?;
+        let ds = Dataset::open_in(Arc::clone(&self.storage), ReadOptions::default())?;
+        let rows = sample_rows(&ds)?;
+        let bytes = samples_table::encode(&rows, &self.storage.path(SAMPLES_TABLE_FILE))?;
+        self.storage
+            .replace(SAMPLES_TABLE_FILE, &bytes, None, self.options.durable)?;
         failpoint!("samples-table-published");
         let mut next = self.manifest.clone();
         next.samples_table = Some(TableRecord {
@@ -380,30 +389,32 @@ impl Drop for DatasetWriter {
 /// manifest covers (the table is derived from them): the repair when verify finds the table
 /// missing, stale or damaged. Takes the writer lock like any writer.
 pub fn reindex(dir: impl AsRef<Path>) -> Result<WriteStats> {
-    let dir = dir.as_ref();
-    let schema = Dataset::open(dir)?.schema().clone();
-    DatasetWriter::open(dir, schema, WriteOptions::default())?.finish()
+    reindex_in(crate::io::local(dir))
 }
 
-/// One table row per committed sample of the dataset in `dir`.
-pub fn sample_rows(dir: &Path) -> Result<Vec<SampleRow>> {
-    let ds = Dataset::open(dir)?;
+/// [`reindex`], for a dataset in `storage`.
+pub fn reindex_in(storage: Arc<dyn Storage>) -> Result<WriteStats> {
+    let schema = Dataset::open_in(Arc::clone(&storage), ReadOptions::default())?
+        .schema()
+        .clone();
+    DatasetWriter::open_in(storage, schema, WriteOptions::default())?.finish()
+}
+
+/// One table row per committed sample of `ds`.
+pub fn sample_rows(ds: &Dataset) -> Result<Vec<SampleRow>> {
     let mut rows = Vec::with_capacity(ds.len() as usize);
-    for (seq, record) in ds.manifest().shards.iter().enumerate() {
-        let shard = ds.shard(seq)?;
-        let index = shard.index();
-        for i in 0..index.sample_count() {
-            let Some(s) = index.sample(i) else { continue };
-            rows.push(SampleRow {
-                key: index.key_of(&s).unwrap_or_default().to_string(),
-                ordinal: s.ordinal,
-                shard: record.file.clone(),
-                shard_seq: record.seq,
-                tokens: s.rows,
-                loss_tokens: (s.loss_rows != u64::MAX).then_some(s.loss_rows),
-                bytes: s.raw_bytes,
-            });
-        }
+    for s in ds.samples() {
+        let s = s?;
+        let record = &ds.manifest().shards[s.seq];
+        rows.push(SampleRow {
+            key: s.key.to_string(),
+            ordinal: s.entry.ordinal,
+            shard: record.file.clone(),
+            shard_seq: record.seq,
+            tokens: s.entry.rows,
+            loss_tokens: s.loss_rows(),
+            bytes: s.entry.raw_bytes,
+        });
     }
     Ok(rows)
 }
@@ -421,19 +432,17 @@ fn describe_difference(have: &Schema, given: &Schema) -> String {
 }
 
 /// Removes temp files and shard files past the committed ones: what a crash left.
-fn remove_leftovers(dir: &Path, committed: u32) -> Result<()> {
+fn remove_leftovers(storage: &dyn Storage, committed: u32) -> Result<()> {
     let mut removed = false;
-    for entry in std::fs::read_dir(dir).map_err(io(dir, "list"))? {
-        let entry = entry.map_err(io(dir, "list"))?;
-        let name = entry.file_name().to_string_lossy().into_owned();
+    for name in storage.list()? {
         if is_leftover(&name, committed.into()) {
-            std::fs::remove_file(entry.path()).map_err(io(entry.path(), "remove leftover"))?;
+            storage.delete(&name)?;
             failpoint!("leftover-removed");
             removed = true;
         }
     }
     if removed {
-        sync_dir(dir)?;
+        storage.sync()?;
     }
     Ok(())
 }

@@ -9,14 +9,14 @@
 //! dataset is next opened for writing, like any temp file.
 
 use std::collections::HashSet;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
+use crate::format::manifest::TEMP_SUFFIX;
 use crate::format::Schema;
+use crate::io::Storage;
 
-use super::atomic::TEMP_SUFFIX;
 use super::options::WriteOptions;
 use super::sample;
 use super::shard_writer::ShardWriter;
@@ -24,7 +24,7 @@ use super::shard_writer::ShardWriter;
 /// Opens lanes for one dataset writer; cheap to clone, shareable between threads.
 #[derive(Debug, Clone)]
 pub struct Lanes {
-    pub(super) dir: PathBuf,
+    pub(super) storage: Arc<dyn Storage>,
     pub(super) dataset_id: [u8; 16],
     pub(super) schema: Arc<Schema>,
     pub(super) options: WriteOptions,
@@ -35,11 +35,9 @@ impl Lanes {
     /// Starts a new lane: an empty shard in a temp file of the dataset folder.
     pub fn open(&self) -> Result<ShardLane> {
         let n = self.opened.fetch_add(1, Ordering::Relaxed);
-        let temp = self.dir.join(format!(
-            "lane-{}-{n:06}.hsp{TEMP_SUFFIX}",
-            std::process::id()
-        ));
+        let temp = format!("lane-{}-{n:06}.hsp{TEMP_SUFFIX}", std::process::id());
         let shard = ShardWriter::create(
+            &*self.storage,
             &temp,
             self.dataset_id,
             self.schema.hash(),

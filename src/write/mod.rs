@@ -1,16 +1,16 @@
 //! Writing datasets: row blocks encoded and hashed on a worker pool, shards published
 //! atomically, commits through the manifest, resume on reopen.
 
-pub mod atomic;
 pub mod dataset_writer;
 pub mod encode;
 pub mod lane;
-pub mod lock;
 pub mod options;
 pub mod sample;
 pub mod samples_table;
 pub mod shard_writer;
+pub mod sink;
 
-pub use dataset_writer::{reindex, DatasetWriter};
+pub use dataset_writer::{reindex, reindex_in, DatasetWriter};
 pub use lane::{Lanes, ShardLane};
 pub use options::{WriteOptions, WriteStats};
+pub use sink::{Discard, SampleSink};

@@ -6,26 +6,22 @@
 //! that name the place (the shard header and every chunk header) are written at
 //! [`ShardWriter::finish`]. So several shards can be written at once and committed in order.
 
-use std::fs::File;
-use std::io::{BufWriter, Seek, Write};
-use std::path::{Path, PathBuf};
-
 use rayon::prelude::*;
 
-use crate::error::{io, Result};
+use crate::error::Result;
 use crate::failpoint::failpoint;
 use crate::format::manifest::hex;
 use crate::format::{
     ChunkEntry, ChunkHeader, Codec, ExtentEntry, Footer, IndexBuilder, ShardHeader, ShardRecord,
 };
 
-use super::atomic::{publish_new, temp_path};
+use crate::io::{NewFile, Storage};
+
 use super::encode::EncodedChunk;
 
 /// A shard being written.
 pub struct ShardWriter {
-    temp: PathBuf,
-    out: BufWriter<File>,
+    out: Box<dyn NewFile>,
     pos: u64,
     dataset_id: [u8; 16],
     schema_hash: [u8; 32],
@@ -37,8 +33,8 @@ pub struct ShardWriter {
 /// Where a finished shard goes in its dataset.
 #[derive(Debug, Clone)]
 pub struct ShardPlace {
-    /// The shard file, published by rename.
-    pub path: PathBuf,
+    /// The shard file's name, published where no file is.
+    pub name: String,
     /// Its sequence number: its position in the manifest.
     pub seq: u32,
     /// The ordinal of its first sample.
@@ -46,18 +42,17 @@ pub struct ShardPlace {
 }
 
 impl ShardWriter {
-    /// Starts a shard in the temp file `temp` (a name ending in `.tmp`, so that a writer
-    /// reopening the dataset removes it if this one never finishes).
+    /// Starts a shard in `storage` under the temp name `temp` (a name ending in `.tmp`, so
+    /// that a writer reopening the dataset removes it if this one never finishes).
     pub fn create(
-        temp: &Path,
+        storage: &dyn Storage,
+        temp: &str,
         dataset_id: [u8; 16],
         schema_hash: [u8; 32],
         align_log2: u8,
     ) -> Result<Self> {
-        let file = File::create(temp).map_err(io(temp, "create"))?;
         let mut w = ShardWriter {
-            temp: temp.to_path_buf(),
-            out: BufWriter::with_capacity(1 << 20, file),
+            out: storage.create(temp)?,
             pos: 0,
             dataset_id,
             schema_hash,
@@ -68,11 +63,6 @@ impl ShardWriter {
         // The header is written again at finish, with the shard's sequence number.
         w.put(&[0; ShardHeader::SIZE])?;
         Ok(w)
-    }
-
-    /// The temp file `target` is written as until it is published.
-    pub fn temp_for(target: &Path) -> PathBuf {
-        temp_path(target)
     }
 
     /// Bytes written so far.
@@ -91,7 +81,7 @@ impl ShardWriter {
     }
 
     fn put(&mut self, bytes: &[u8]) -> Result<()> {
-        self.out.write_all(bytes).map_err(io(&self.temp, "write"))?;
+        self.out.write_at(self.pos, bytes)?;
         self.pos += bytes.len() as u64;
         Ok(())
     }
@@ -101,9 +91,7 @@ impl ShardWriter {
     /// pool while their payloads are copied into the file, so hashing and writing overlap;
     /// chunk headers are written at finish. Padding is left as a hole: it reads as zeros.
     pub fn write_chunks(&mut self, chunks: &[EncodedChunk<'_>], dtypes: &[u8]) -> Result<Vec<u32>> {
-        use std::os::unix::fs::FileExt;
         const HEADER: u64 = ChunkHeader::SIZE as u64;
-        self.out.flush().map_err(io(&self.temp, "write"))?;
         let align = 1u64 << self.align_log2;
         let mut places = Vec::with_capacity(chunks.len());
         let mut pos = self.pos;
@@ -115,14 +103,14 @@ impl ShardWriter {
             places.push(pos);
             pos += HEADER + c.stored.len() as u64;
         }
-        let file = self.out.get_ref();
+        let out = &mut self.out;
         let (written, hashes) = crate::parallel::install(|| {
             rayon::join(
                 || {
                     chunks
                         .iter()
                         .zip(&places)
-                        .try_for_each(|(c, &at)| file.write_all_at(&c.stored, at + HEADER))
+                        .try_for_each(|(c, &at)| out.write_at(at + HEADER, &c.stored))
                 },
                 || -> Vec<[u8; 32]> {
                     chunks
@@ -135,7 +123,7 @@ impl ShardWriter {
                 },
             )
         });
-        written.map_err(io(&self.temp, "write"))?;
+        written?;
         let sample = self.index.sample_count();
         let ids = chunks
             .iter()
@@ -157,9 +145,6 @@ impl ShardWriter {
                 })
             })
             .collect();
-        self.out
-            .seek(std::io::SeekFrom::Start(pos))
-            .map_err(io(&self.temp, "seek"))?;
         self.pos = pos;
         Ok(ids)
     }
@@ -181,25 +166,17 @@ impl ShardWriter {
     /// Flushes the payloads written so far to the disk, so that the fsync at finish has little
     /// left to do.
     pub fn sync_data(&mut self) -> Result<()> {
-        self.out.flush().map_err(io(&self.temp, "write"))?;
-        self.out
-            .get_ref()
-            .sync_data()
-            .map_err(io(&self.temp, "fsync"))
+        self.out.sync_data()
     }
 
     /// Writes the headers that name the shard's place, the index and the footer, syncs, and
-    /// renames the file to `place.path`. The shard is not yet part of the dataset: the
+    /// publishes the file as `place.name`. The shard is not yet part of the dataset: the
     /// manifest commits it.
     pub fn finish(mut self, place: &ShardPlace, durable: bool) -> Result<ShardRecord> {
-        use std::os::unix::fs::FileExt;
         let seq = place.seq;
         self.index.rebase(place.first_ordinal);
-        self.out.flush().map_err(io(&self.temp, "write"))?;
         let header = ShardHeader::new(seq, self.dataset_id, self.schema_hash, self.align_log2);
-        let file = self.out.get_ref();
-        file.write_all_at(bytemuck::bytes_of(&header), 0)
-            .map_err(io(&self.temp, "write"))?;
+        self.out.write_at(0, bytemuck::bytes_of(&header))?;
         for (chunk_id, e) in self.index.chunks().iter().enumerate() {
             let header = ChunkHeader {
                 magic: [0; 8],
@@ -219,8 +196,7 @@ impl ShardWriter {
                 check: 0,
             }
             .seal();
-            file.write_all_at(bytemuck::bytes_of(&header), e.offset)
-                .map_err(io(&self.temp, "write"))?;
+            self.out.write_at(e.offset, bytemuck::bytes_of(&header))?;
         }
         let first_ordinal = self.index.header_first_ordinal();
         let samples = self.index.sample_count();
@@ -247,26 +223,17 @@ impl ShardWriter {
         }
         .seal();
         self.put(bytemuck::bytes_of(&footer))?;
-        let file = self
-            .out
-            .into_inner()
-            .map_err(|e| io(&self.temp, "write")(e.into_error()))?;
         if durable {
-            file.sync_all().map_err(io(&self.temp, "fsync"))?;
+            if let Err(e) = self.out.sync_all() {
+                self.out.abandon();
+                return Err(e);
+            }
         }
-        drop(file);
         failpoint!("shard-synced");
-        if let Err(e) = publish_new(&self.temp, &place.path, durable) {
-            let _ = std::fs::remove_file(&self.temp);
-            return Err(e);
-        }
+        self.out.publish_new(&place.name, durable)?;
         failpoint!("shard-published");
         Ok(ShardRecord {
-            file: place
-                .path
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default(),
+            file: place.name.clone(),
             seq,
             bytes: self.pos,
             index_blake3: hex(&index_hash),
@@ -279,8 +246,6 @@ impl ShardWriter {
 
     /// Deletes the unfinished temp file.
     pub fn abandon(self) {
-        let temp = self.temp.clone();
-        drop(self.out);
-        let _ = std::fs::remove_file(temp);
+        self.out.abandon();
     }
 }

@@ -13,7 +13,8 @@ use crate::{Error, Schema};
 use super::driver::{driver, Context, Event, Pinned, Stream};
 use super::error::CaptureError;
 use super::ring::{Ring, Slot};
-use super::sink::{check_sample, SampleSink};
+use super::sink::check_sample;
+use crate::write::SampleSink;
 
 /// Options of a [`CudaWriter`].
 #[derive(Debug, Clone)]

@@ -4,8 +4,7 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use hspack::format::ChunkHeader;
-use hspack::{CheckPolicy, ReadOptions, Sample};
+use hspack::{CheckPolicy, ReadOptions};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
@@ -35,32 +34,6 @@ pub fn readahead_mode(name: &str) -> PyResult<bool> {
     }
 }
 
-/// Asks the kernel to read ahead every chunk of `fields` of the sample. Shards are mapped for
-/// random access (no readahead), so a cold sample would otherwise fault in page by page.
-/// `load`: reads the chunks into the page cache before returning (`MADV_POPULATE_READ`), for
-/// DataLoader workers whose tensors another process maps: the disk reads then happen in the
-/// workers, in parallel, not page by page in the trainer. Falls back to the hint on kernels
-/// without it (before Linux 5.14).
-fn will_need(s: &Sample<'_>, fields: &[usize], load: bool) {
-    let shard = s.shard();
-    let index = shard.index();
-    for &f in fields {
-        for x in s.extents(f) {
-            if let Some(e) = index.chunk(x.chunk.into()) {
-                let (offset, len) = (e.offset as usize, ChunkHeader::SIZE + e.stored_len as usize);
-                let map = shard.map();
-                let loaded = load
-                    && map
-                        .advise_range(memmap2::Advice::PopulateRead, offset, len)
-                        .is_ok();
-                if !loaded {
-                    let _ = map.advise_range(memmap2::Advice::WillNeed, offset, len);
-                }
-            }
-        }
-    }
-}
-
 fn row_range(rows: Option<(u64, u64)>) -> Option<Range<u64>> {
     rows.map(|(a, b)| a..b)
 }
@@ -69,7 +42,7 @@ fn row_range(rows: Option<(u64, u64)>) -> Option<Range<u64>> {
 #[pyclass(module = "hspack._hspack", frozen)]
 pub struct Dataset {
     inner: Arc<hspack::Dataset>,
-    /// `readahead="load"`: see [`will_need`].
+    /// `readahead="load"`: see [`hspack::Sample::prefetch`].
     load: AtomicBool,
 }
 
@@ -89,7 +62,7 @@ impl Dataset {
 impl Dataset {
     /// Opens the dataset in folder `path`; reads the manifest only. `checked_memo`: a folder
     /// shared by processes that should hash each chunk once in all (`check="once"`).
-    /// `readahead`: `"hint"` or `"load"` (see [`will_need`]).
+    /// `readahead`: `"hint"` or `"load"` (see [`hspack::Sample::prefetch`]).
     #[new]
     #[pyo3(signature = (path, check = "once", checked_memo = None, readahead = "hint"))]
     fn new(
@@ -117,7 +90,7 @@ impl Dataset {
         self.inner.len() as usize
     }
 
-    /// Sets the readahead mode: `"hint"` or `"load"` (see [`will_need`]).
+    /// Sets the readahead mode: `"hint"` or `"load"` (see [`hspack::Sample::prefetch`]).
     fn set_readahead(&self, mode: &str) -> PyResult<()> {
         self.load.store(readahead_mode(mode)?, Ordering::Relaxed);
         Ok(())
@@ -168,15 +141,10 @@ impl Dataset {
                 let n = self.inner.len() as usize;
                 let mut rows = Vec::with_capacity(16 * n);
                 let mut loss = Vec::with_capacity(8 * n);
-                for seq in 0..self.inner.manifest().shards.len() {
-                    let index = self.inner.shard(seq)?.index();
-                    for i in 0..index.sample_count() {
-                        let s = index.sample(i);
-                        let r = s.as_ref().map_or(0, |s| s.rows);
-                        let l = s.as_ref().map_or(u64::MAX, |s| s.loss_rows);
-                        rows.extend_from_slice(&r.to_le_bytes());
-                        loss.extend_from_slice(&l.to_le_bytes());
-                    }
+                for s in self.inner.samples() {
+                    let s = s?;
+                    rows.extend_from_slice(&s.entry.rows.to_le_bytes());
+                    loss.extend_from_slice(&s.entry.loss_rows.to_le_bytes());
                 }
                 rows.extend_from_slice(&loss);
                 Ok(rows)
@@ -200,13 +168,13 @@ impl Dataset {
         let tensors = py
             .allow_threads(|| {
                 let s = self.inner.sample(ordinal)?;
-                will_need(&s, &numbers, load);
+                s.prefetch(&numbers, load);
                 let tensors = numbers
                     .iter()
                     .map(|&f| s.read_field(f, row_range(rows)))
                     .collect::<hspack::Result<Vec<_>>>()?;
-                if tensors.iter().any(|t| t.data.is_mapped()) {
-                    crate::origin::register(s.shard().map(), s.shard().path());
+                if let Some(mapped) = tensors.iter().find_map(|t| t.data.file_bytes()) {
+                    crate::origin::register(mapped, s.shard().path());
                 }
                 Ok(tensors)
             })
@@ -234,29 +202,11 @@ impl Dataset {
         let numbers = self.field_numbers(Some(fields))?;
         let mut view = ByteView::new(out, "out")?;
         let out = view.as_mut_slice("out")?;
-        let schema = self.inner.schema();
-        let widths: Vec<usize> = numbers
-            .iter()
-            .map(|&f| schema.fields[f].row_bytes() as usize)
-            .collect();
-        let stride: usize = widths.iter().sum();
-        let n = rows.1.saturating_sub(rows.0) as usize;
         let load = self.load.load(Ordering::Relaxed);
-        if out.len() != n * stride {
-            return Err(bad_option(
-                "out",
-                &format!("holds {} bytes, the rows need {}", out.len(), n * stride),
-            ));
-        }
         py.allow_threads(|| {
             let s = self.inner.sample(ordinal)?;
-            will_need(&s, &numbers, load);
-            let mut column = 0;
-            for (&f, &width) in numbers.iter().zip(&widths) {
-                copy_column(&s, f, rows.0..rows.1, out, stride, column, width)?;
-                column += width;
-            }
-            Ok(())
+            s.prefetch(&numbers, load);
+            s.read_concat_into(&numbers, rows.0..rows.1, out)
         })
         .py_err()
     }
@@ -268,41 +218,10 @@ impl Dataset {
             return Err(bad_option("seq", "no such shard"));
         }
         py.allow_threads(|| {
-            let map = self.inner.shard(seq)?.map();
-            Ok((map.as_ptr() as usize, map.len()))
+            let shard = self.inner.shard(seq)?;
+            let whole = shard.file().whole();
+            Ok(whole.map_or((0, 0), |b| (b.as_ptr() as usize, b.len())))
         })
         .py_err()
     }
-}
-
-/// Copies rows `rows` of field `f` into column bytes `column..column + width` of every
-/// `stride`-byte row of `out`, one chunk at a time, so uncompressed chunks are copied once,
-/// straight from the mapping.
-fn copy_column(
-    s: &Sample<'_>,
-    f: usize,
-    rows: Range<u64>,
-    out: &mut [u8],
-    stride: usize,
-    column: usize,
-    width: usize,
-) -> hspack::Result<()> {
-    if rows.start > rows.end || rows.end > s.rows() {
-        // Let the library name the problem.
-        s.read_field(f, Some(rows.clone()))?;
-    }
-    for x in s.extents(f) {
-        let lo = x.row_start.max(rows.start);
-        let hi = (x.row_start + x.row_count).min(rows.end);
-        if lo >= hi {
-            continue;
-        }
-        let t = s.read_field(f, Some(lo..hi))?;
-        let src = t.bytes();
-        for (i, row) in src.chunks_exact(width).enumerate() {
-            let at = (lo - rows.start) as usize + i;
-            out[at * stride + column..at * stride + column + width].copy_from_slice(row);
-        }
-    }
-    Ok(())
 }

@@ -8,19 +8,18 @@
 //! copy-on-write, without a copy.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::Mutex;
 
-use hspack::read::mmap::{map_private_range, FileId};
-use memmap2::{Mmap, MmapMut};
+use hspack::io::mmap::{map_private_range, FileId};
+use hspack::io::{FileBytes, MappingRef};
+use memmap2::MmapMut;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use crate::errors::IntoPy;
 
 struct Entry {
-    base: usize,
-    len: usize,
-    map: Weak<Mmap>,
+    map: MappingRef,
     path: PathBuf,
     id: FileId,
 }
@@ -31,14 +30,14 @@ fn entries() -> std::sync::MutexGuard<'static, Vec<Entry>> {
     MAPPINGS.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Registers `map`, the mapping of shard file `path`, unless it is registered already.
-pub fn register(map: &Arc<Mmap>, path: &Path) {
-    let base = map.as_ptr() as usize;
+/// Registers the mapping `bytes` lie in, of shard file `path`, unless it is registered
+/// already; bytes that are not mapped are not registered.
+pub fn register(bytes: &FileBytes, path: &Path) {
+    let Some(map) = bytes.mapping() else {
+        return;
+    };
     let mut all = entries();
-    if all
-        .iter()
-        .any(|e| e.base == base && e.map.upgrade().is_some_and(|m| Arc::ptr_eq(&m, map)))
-    {
+    if all.iter().any(|e| e.map.same_as(&map)) {
         return;
     }
     let Ok(file) = std::fs::File::open(path) else {
@@ -47,11 +46,9 @@ pub fn register(map: &Arc<Mmap>, path: &Path) {
     let Ok(id) = FileId::of(&file, path) else {
         return;
     };
-    all.retain(|e| e.map.strong_count() > 0);
+    all.retain(|e| e.map.is_alive());
     all.push(Entry {
-        base,
-        len: map.len(),
-        map: Arc::downgrade(map),
+        map,
         path: path.to_path_buf(),
         id,
     });
@@ -63,14 +60,17 @@ pub fn register(map: &Arc<Mmap>, path: &Path) {
 pub fn origin(addr: usize, len: usize) -> Option<(PathBuf, u64, u64, u64)> {
     let all = entries();
     all.iter()
-        .filter(|e| e.map.strong_count() > 0)
+        .filter(|e| e.map.is_alive())
         .find(|e| {
-            addr >= e.base
+            addr >= e.map.base
                 && addr
                     .checked_add(len)
-                    .is_some_and(|end| end <= e.base + e.len)
+                    .is_some_and(|end| end <= e.map.base + e.map.len)
         })
-        .map(|e| (e.path.clone(), (addr - e.base) as u64, e.id.dev, e.id.ino))
+        .map(|e| {
+            let offset = (addr - e.map.base) as u64;
+            (e.path.clone(), offset, e.id.dev, e.id.ino)
+        })
 }
 
 /// A private (copy-on-write) mapping of a file range, as a writable byte array for numpy;

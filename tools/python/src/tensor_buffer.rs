@@ -2,7 +2,7 @@
 //!
 //! It exports `__array_interface__` (pointer, shape, type string), so `numpy.asarray(buf)`
 //! makes an array over the bytes whose `base` is the buffer object. The object owns the
-//! [`hspack::Tensor`], whose `Arc<Mmap>` keeps a mapped shard alive as long as any array or
+//! [`hspack::Tensor`], whose bytes keep a mapped shard alive as long as any array or
 //! torch tensor made from it exists, even after the dataset is closed.
 
 use hspack::{DType, Tensor};

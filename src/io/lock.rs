@@ -12,7 +12,7 @@
 //! On NFS, Linux maps `flock` to byte-range locks that the server arbitrates (NFSv4, or v3
 //! with the lock manager). Commits do not rely on the lock alone: a shard is published only
 //! where no file is, and the manifest only over the one the writer last read or wrote
-//! (see [`super::dataset_writer`]), so even a broken lock cannot replace committed data.
+//! (see [`crate::write::dataset_writer`]), so even a broken lock cannot replace committed data.
 
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io::{Read, Seek, Write};
@@ -76,6 +76,12 @@ impl WriterLock {
     /// neither release the parent's lock nor delete the parent's files.
     pub fn is_owner(&self) -> bool {
         self.pid == std::process::id()
+    }
+}
+
+impl super::WriterLease for WriterLock {
+    fn is_owner(&self) -> bool {
+        WriterLock::is_owner(self)
     }
 }
 

@@ -1,23 +1,37 @@
-//! Read-only file mappings: the one place the reader uses `unsafe`.
+//! File mappings: with `capture/cuda/`, the only place hspack uses `unsafe`.
+#![allow(unsafe_code)]
 
 use std::fs::File;
 use std::path::Path;
-use std::sync::Arc;
 
 use memmap2::Mmap;
 
+use super::bytes::{Backing, FileBytes};
 use crate::error::{io, Result};
 
-/// Maps `path` read-only.
-pub fn map_file(path: &Path) -> Result<Arc<Mmap>> {
-    let file = File::open(path).map_err(io(path, "open"))?;
-    // SAFETY: a mapping is only sound while nobody truncates or rewrites the file. hspack
-    // never modifies a file after publishing it: shards and manifests are written to a temp
-    // file and renamed into place, so a live mapping keeps the old inode. Another program
-    // truncating a shard under a live mapping would make reads fault (SIGBUS); that is the
-    // documented hazard of reading datasets others are editing in place.
-    let map = unsafe { Mmap::map(&file) }.map_err(io(path, "map"))?;
-    Ok(Arc::new(map))
+/// Maps the file at `path` read-only; an empty file gives empty bytes (some platforms refuse
+/// zero-length mappings).
+///
+/// A mapping is only sound while nobody truncates or rewrites the file. hspack never modifies
+/// a file after publishing it (a new file is written to a temp name and published by link or
+/// rename, so a live mapping keeps the old inode), and only reads the inputs it converts.
+/// Another program truncating a mapped file would make reads fault (SIGBUS): the documented
+/// hazard of reading files others are editing in place.
+pub fn map_path(path: &Path) -> std::io::Result<FileBytes> {
+    let file = File::open(path)?;
+    if file.metadata()?.len() == 0 {
+        return Ok(FileBytes::from_vec(Vec::new()));
+    }
+    // SAFETY: read-only and private to this process; see the hazard above: published files
+    // are never modified in place, and every access is bounds-checked against the length
+    // captured here.
+    let map = unsafe { Mmap::map(&file) }?;
+    Ok(FileBytes::new(Backing::Mapped(map)))
+}
+
+/// [`map_path`], with the error naming the file.
+pub fn map_file(path: &Path) -> Result<FileBytes> {
+    map_path(path).map_err(io(path, "map"))
 }
 
 /// The identity of a file: device and inode numbers. A mapping handed to another process
@@ -63,7 +77,7 @@ pub fn map_private_range(
             ),
         });
     }
-    // SAFETY: as for `map_file`: hspack never rewrites a published file in place, and the
+    // SAFETY: as for `map_path`: hspack never rewrites a published file in place, and the
     // identity and length were just checked. The mapping is private (copy-on-write), so
     // writes through it change this process's pages only, never the file.
     let map = unsafe {

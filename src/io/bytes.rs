@@ -1,0 +1,191 @@
+//! Bytes of a file that never changes: a range of its mapping, or of a copy held in memory.
+//! Slicing is zero-copy; the bytes live as long as any slice of them.
+
+use std::ops::{Deref, Range};
+use std::sync::{Arc, Weak};
+
+use memmap2::Mmap;
+
+/// What holds a file's bytes.
+#[derive(Debug)]
+pub(crate) enum Backing {
+    /// A read-only mapping of the file.
+    Mapped(Mmap),
+    /// A copy in 8-byte aligned memory, so every dtype can be viewed in place.
+    Aligned(AlignedBytes),
+    /// A copy in memory, as produced (e.g. by decompression).
+    Vec(Vec<u8>),
+}
+
+impl Backing {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Backing::Mapped(m) => m,
+            Backing::Aligned(a) => a.as_bytes(),
+            Backing::Vec(v) => v,
+        }
+    }
+}
+
+/// A range of a file's bytes; cheap to clone and to slice.
+#[derive(Debug, Clone)]
+pub struct FileBytes {
+    backing: Arc<Backing>,
+    range: Range<usize>,
+}
+
+impl FileBytes {
+    pub(crate) fn new(backing: Backing) -> FileBytes {
+        let len = backing.bytes().len();
+        FileBytes {
+            backing: Arc::new(backing),
+            range: 0..len,
+        }
+    }
+
+    /// Bytes held in memory, 8-byte aligned (a copy of `bytes`).
+    pub fn copy_of(bytes: &[u8]) -> FileBytes {
+        let mut a = AlignedBytes::zeroed(bytes.len());
+        a.as_bytes_mut().copy_from_slice(bytes);
+        FileBytes::new(Backing::Aligned(a))
+    }
+
+    /// Bytes held in memory, as given (no alignment promised).
+    pub fn from_vec(bytes: Vec<u8>) -> FileBytes {
+        FileBytes::new(Backing::Vec(bytes))
+    }
+
+    /// Bytes `range` of these bytes (relative to them), zero-copy; `None` when out of range.
+    pub fn slice(&self, range: Range<usize>) -> Option<FileBytes> {
+        if range.start > range.end || range.end > self.range.len() {
+            return None;
+        }
+        Some(FileBytes {
+            backing: Arc::clone(&self.backing),
+            range: self.range.start + range.start..self.range.start + range.end,
+        })
+    }
+
+    /// True when the bytes are a mapping of the file (not a copy).
+    pub fn is_mapped(&self) -> bool {
+        matches!(*self.backing, Backing::Mapped(_))
+    }
+
+    /// The whole mapping these bytes lie in, when they are mapped: its address and length,
+    /// and a handle that tells whether it still lives. Lets a process name a view by file
+    /// offset (see `hspack.torch`'s transfer of mapped tensors).
+    pub fn mapping(&self) -> Option<MappingRef> {
+        match &*self.backing {
+            Backing::Mapped(m) => Some(MappingRef {
+                base: m.as_ptr() as usize,
+                len: m.len(),
+                alive: Arc::downgrade(&self.backing),
+            }),
+            _ => None,
+        }
+    }
+
+    /// Asks the kernel to read bytes `range` (relative to these bytes) ahead; with `load`, reads
+    /// them into the page cache before returning (`MADV_POPULATE_READ`, Linux 5.14+; the hint
+    /// where it is missing). Nothing to do for bytes in memory.
+    pub fn will_need(&self, range: Range<usize>, load: bool) {
+        let Backing::Mapped(map) = &*self.backing else {
+            return;
+        };
+        let start = self.range.start + range.start.min(self.range.len());
+        let len = range.len().min(self.range.end - start);
+        if len == 0 {
+            return;
+        }
+        let loaded = load
+            && map
+                .advise_range(memmap2::Advice::PopulateRead, start, len)
+                .is_ok();
+        if !loaded {
+            let _ = map.advise_range(memmap2::Advice::WillNeed, start, len);
+        }
+    }
+}
+
+impl Deref for FileBytes {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        &self.backing.bytes()[self.range.clone()]
+    }
+}
+
+impl AsRef<[u8]> for FileBytes {
+    fn as_ref(&self) -> &[u8] {
+        self
+    }
+}
+
+/// A whole mapping, named by address, with a weak handle on it; see [`FileBytes::mapping`].
+#[derive(Debug, Clone)]
+pub struct MappingRef {
+    /// Address of the mapping's first byte.
+    pub base: usize,
+    /// Length of the mapping.
+    pub len: usize,
+    alive: Weak<Backing>,
+}
+
+impl MappingRef {
+    /// True while some [`FileBytes`] still holds the mapping.
+    pub fn is_alive(&self) -> bool {
+        self.alive.strong_count() > 0
+    }
+
+    /// True when `other` names the same live mapping.
+    pub fn same_as(&self, other: &MappingRef) -> bool {
+        self.base == other.base && Weak::ptr_eq(&self.alive, &other.alive)
+    }
+}
+
+/// Bytes in 8-byte aligned storage, so every dtype can be viewed in place.
+#[derive(Debug, Clone, Default)]
+pub struct AlignedBytes {
+    words: Vec<u64>,
+    len: usize,
+}
+
+impl AlignedBytes {
+    /// `len` zero bytes.
+    pub fn zeroed(len: usize) -> Self {
+        AlignedBytes {
+            words: vec![0; len.div_ceil(8)],
+            len,
+        }
+    }
+
+    /// The bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        &bytemuck::cast_slice(&self.words)[..self.len]
+    }
+
+    /// The bytes, writable.
+    pub fn as_bytes_mut(&mut self) -> &mut [u8] {
+        &mut bytemuck::cast_slice_mut(&mut self.words)[..self.len]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slices_share_the_bytes_and_refuse_out_of_range() {
+        let b = FileBytes::copy_of(b"0123456789");
+        let s = b.slice(2..8).unwrap();
+        assert_eq!(&*s, b"234567");
+        let t = s.slice(1..3).unwrap();
+        assert_eq!(&*t, b"34");
+        assert!(s.slice(5..7).is_none());
+        #[allow(clippy::reversed_empty_ranges)]
+        let backwards = s.slice(3..2);
+        assert!(backwards.is_none());
+        assert!(!b.is_mapped() && b.mapping().is_none());
+        assert_eq!(b.as_ptr() as usize % 8, 0, "copies are 8-byte aligned");
+    }
+}

@@ -1,0 +1,255 @@
+//! A dataset in a local folder: files mapped for reading, published so that a crash never
+//! leaves half of one (temp file in the same folder → fsync → link or rename → fsync folder).
+
+use std::fs::File;
+use std::io::Write;
+use std::ops::Range;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::error::{io, Error, Result};
+use crate::failpoint::failpoint;
+
+use super::bytes::FileBytes;
+use super::lock::WriterLock;
+use super::{FileReader, NewFile, Storage, WriterLease};
+
+pub use crate::format::manifest::TEMP_SUFFIX;
+
+/// A dataset folder.
+#[derive(Debug, Clone)]
+pub struct LocalStorage {
+    dir: PathBuf,
+}
+
+impl LocalStorage {
+    /// The folder `dir` (which need not exist yet).
+    pub fn new(dir: impl Into<PathBuf>) -> LocalStorage {
+        LocalStorage { dir: dir.into() }
+    }
+}
+
+impl Storage for LocalStorage {
+    fn root(&self) -> &Path {
+        &self.dir
+    }
+
+    fn create_root(&self) -> Result<()> {
+        std::fs::create_dir_all(&self.dir).map_err(io(&self.dir, "create folder"))
+    }
+
+    fn list(&self) -> Result<Vec<String>> {
+        let mut names = Vec::new();
+        for entry in std::fs::read_dir(&self.dir).map_err(io(&self.dir, "list"))? {
+            let entry = entry.map_err(io(&self.dir, "list"))?;
+            names.push(entry.file_name().to_string_lossy().into_owned());
+        }
+        Ok(names)
+    }
+
+    fn read(&self, name: &str) -> Result<Option<Vec<u8>>> {
+        let path = self.dir.join(name);
+        match std::fs::read(&path) {
+            Ok(b) => Ok(Some(b)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(io(&path, "read")(e)),
+        }
+    }
+
+    fn open(&self, name: &str) -> Result<Arc<dyn FileReader>> {
+        let path = self.dir.join(name);
+        let bytes = super::mmap::map_file(&path)?;
+        Ok(Arc::new(LocalFile { path, bytes }))
+    }
+
+    fn create(&self, temp: &str) -> Result<Box<dyn NewFile>> {
+        let temp = self.dir.join(temp);
+        let file = File::create(&temp).map_err(io(&temp, "create"))?;
+        Ok(Box::new(LocalNewFile { file, temp }))
+    }
+
+    fn replace(
+        &self,
+        name: &str,
+        bytes: &[u8],
+        expected: Option<blake3::Hash>,
+        durable: bool,
+    ) -> Result<()> {
+        let target = self.dir.join(name);
+        if let Some(expected) = expected {
+            // Not atomic with the rename: the writer lock keeps other hspack writers out.
+            let found = self.read(name)?.ok_or_else(|| Error::CommitConflict {
+                path: target.clone(),
+                detail: "the file is gone".into(),
+            })?;
+            if blake3::hash(&found) != expected {
+                return Err(Error::CommitConflict {
+                    path: target,
+                    detail: "it is not the one this writer last read or wrote".into(),
+                });
+            }
+        }
+        write_atomic(&target, bytes, durable)
+    }
+
+    fn delete(&self, name: &str) -> Result<()> {
+        let path = self.dir.join(name);
+        match std::fs::remove_file(&path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(io(&path, "remove")(e)),
+        }
+    }
+
+    fn sync(&self) -> Result<()> {
+        sync_dir(&self.dir)
+    }
+
+    fn lock(&self) -> Result<Box<dyn WriterLease>> {
+        Ok(Box::new(WriterLock::take(&self.dir)?))
+    }
+}
+
+/// A mapped file of a dataset folder.
+#[derive(Debug)]
+struct LocalFile {
+    path: PathBuf,
+    bytes: FileBytes,
+}
+
+impl FileReader for LocalFile {
+    fn len(&self) -> u64 {
+        self.bytes.len() as u64
+    }
+
+    fn read(&self, range: Range<u64>) -> Result<FileBytes> {
+        usize_range(&range)
+            .and_then(|r| self.bytes.slice(r))
+            .ok_or_else(|| out_of_file(&self.path, &range, self.len()))
+    }
+
+    fn whole(&self) -> Option<FileBytes> {
+        Some(self.bytes.clone())
+    }
+}
+
+pub(crate) fn usize_range(range: &Range<u64>) -> Option<Range<usize>> {
+    Some(usize::try_from(range.start).ok()?..usize::try_from(range.end).ok()?)
+}
+
+/// The error of a read outside a file.
+pub(crate) fn out_of_file(path: &Path, range: &Range<u64>, len: u64) -> Error {
+    Error::Io {
+        path: path.to_path_buf(),
+        op: "read",
+        source: std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            format!(
+                "bytes {}..{} lie outside the file's {len} bytes",
+                range.start, range.end
+            ),
+        ),
+    }
+}
+
+/// A file being written in a dataset folder under its temp name.
+#[derive(Debug)]
+struct LocalNewFile {
+    temp: PathBuf,
+    file: File,
+}
+
+impl NewFile for LocalNewFile {
+    fn write_at(&mut self, offset: u64, bytes: &[u8]) -> Result<()> {
+        self.file
+            .write_all_at(bytes, offset)
+            .map_err(io(&self.temp, "write"))
+    }
+
+    fn sync_data(&mut self) -> Result<()> {
+        self.file.sync_data().map_err(io(&self.temp, "fsync"))
+    }
+
+    fn sync_all(&mut self) -> Result<()> {
+        self.file.sync_all().map_err(io(&self.temp, "fsync"))
+    }
+
+    fn publish_new(self: Box<Self>, name: &str, durable: bool) -> Result<()> {
+        let target = self.temp.with_file_name(name);
+        drop(self.file);
+        let result = publish_new(&self.temp, &target, durable);
+        if result.is_err() {
+            let _ = std::fs::remove_file(&self.temp);
+        }
+        result
+    }
+
+    fn abandon(self: Box<Self>) {
+        drop(self.file);
+        let _ = std::fs::remove_file(&self.temp);
+    }
+}
+
+/// The temp name used while writing `target`.
+pub fn temp_path(target: &Path) -> PathBuf {
+    let mut name = target.file_name().unwrap_or_default().to_os_string();
+    name.push(TEMP_SUFFIX);
+    target.with_file_name(name)
+}
+
+/// Flushes a folder's entries (renames, creations) to disk.
+pub fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io(dir, "fsync folder"))
+}
+
+/// Renames a finished, synced temp file over `target` and syncs the folder.
+pub fn publish(temp: &Path, target: &Path, durable: bool) -> Result<()> {
+    std::fs::rename(temp, target).map_err(io(target, "rename into place"))?;
+    sync_parent(target, durable)
+}
+
+/// Publishes a finished, synced temp file as `target`, which must not exist: a file already
+/// there (another writer's) is never replaced. The temp file is linked to its new name, an
+/// exclusive create that also holds over NFS, then removed. On a filesystem without hard links
+/// it is renamed after a check that `target` is absent (a check the writer lock keeps true).
+/// Refused with [`Error::CommitConflict`], the temp file stays for the caller to remove.
+pub fn publish_new(temp: &Path, target: &Path, durable: bool) -> Result<()> {
+    let taken = || Error::CommitConflict {
+        path: target.to_path_buf(),
+        detail: "a file with this name exists already".into(),
+    };
+    match std::fs::hard_link(temp, target) {
+        Ok(()) => std::fs::remove_file(temp).map_err(io(temp, "remove after publishing"))?,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Err(taken()),
+        Err(_) if target.exists() => return Err(taken()),
+        Err(_) => std::fs::rename(temp, target).map_err(io(target, "rename into place"))?,
+    }
+    sync_parent(target, durable)
+}
+
+fn sync_parent(target: &Path, durable: bool) -> Result<()> {
+    match target.parent() {
+        Some(dir) if durable => sync_dir(dir),
+        _ => Ok(()),
+    }
+}
+
+/// Writes `bytes` to the temp file of `target`, synced when `durable`; returns its path.
+fn write_temp(target: &Path, bytes: &[u8], durable: bool) -> Result<PathBuf> {
+    let temp = temp_path(target);
+    let mut f = File::create(&temp).map_err(io(&temp, "create"))?;
+    f.write_all(bytes).map_err(io(&temp, "write"))?;
+    if durable {
+        f.sync_all().map_err(io(&temp, "fsync"))?;
+    }
+    failpoint!("atomic-temp-synced");
+    Ok(temp)
+}
+
+/// Writes `bytes` to `target` atomically, replacing what is there.
+pub fn write_atomic(target: &Path, bytes: &[u8], durable: bool) -> Result<()> {
+    publish(&write_temp(target, bytes, durable)?, target, durable)
+}

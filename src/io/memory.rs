@@ -1,0 +1,304 @@
+//! A dataset held in memory: the second backend that keeps [`Storage`] honest, and the one
+//! tests use to inject faults (short reads, failed publishes, a writer that dies holding the
+//! lock).
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::error::{Error, Result};
+
+use super::bytes::FileBytes;
+use super::local::{out_of_file, usize_range};
+use super::{FileReader, NewFile, Storage, WriterLease};
+
+/// Faults a [`MemoryStorage`] injects.
+#[derive(Debug, Clone, Default)]
+pub struct Faults {
+    /// Every ranged read of a file whose name contains this returns one byte fewer than asked,
+    /// as a backend cut short would.
+    pub short_reads_of: Option<String>,
+    /// Publishes (new files and replacements) that succeed before every later one fails.
+    pub publishes_before_failure: Option<u32>,
+    /// Deletions fail, as they do for a writer that died before making them: with a failed
+    /// publish, the state a crash leaves.
+    pub deletes_fail: bool,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    files: BTreeMap<String, FileBytes>,
+    faults: Faults,
+    publishes: u32,
+    /// The process holding the writer lock, if any.
+    locked_by: Option<u32>,
+}
+
+/// Files in memory, shared by every clone.
+#[derive(Debug, Clone)]
+pub struct MemoryStorage {
+    root: PathBuf,
+    state: Arc<Mutex<State>>,
+}
+
+impl MemoryStorage {
+    /// An empty storage, named `name` in messages (`memory://name`).
+    pub fn new(name: &str) -> MemoryStorage {
+        MemoryStorage {
+            root: PathBuf::from(format!("memory://{name}")),
+            state: Arc::default(),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Sets the faults to inject from now on (counting publishes from now).
+    pub fn set_faults(&self, faults: Faults) {
+        let mut s = self.state();
+        s.faults = faults;
+        s.publishes = 0;
+    }
+
+    /// The bytes of `name`, if there is such a file.
+    pub fn get(&self, name: &str) -> Option<Vec<u8>> {
+        self.state().files.get(name).map(|b| b.to_vec())
+    }
+
+    /// Puts `bytes` as `name`, over whatever is there: damage, for tests.
+    pub fn overwrite(&self, name: &str, bytes: &[u8]) {
+        self.state()
+            .files
+            .insert(name.to_string(), FileBytes::copy_of(bytes));
+    }
+
+    /// Releases the writer lock as the kernel does when its holder dies: for tests of a
+    /// writer that crashed (forgotten with `std::mem::forget`).
+    pub fn release_lock_of_dead_writer(&self) {
+        self.state().locked_by = None;
+    }
+
+    fn publish(
+        &self,
+        name: &str,
+        bytes: FileBytes,
+        check: impl FnOnce(&State) -> Result<()>,
+    ) -> Result<()> {
+        let mut s = self.state();
+        if let Some(n) = s.faults.publishes_before_failure {
+            if s.publishes >= n {
+                return Err(Error::Io {
+                    path: self.path(name),
+                    op: "publish",
+                    source: std::io::Error::other("injected fault: the publish failed"),
+                });
+            }
+        }
+        check(&s)?;
+        s.publishes += 1;
+        s.files.insert(name.to_string(), bytes);
+        Ok(())
+    }
+}
+
+impl Storage for MemoryStorage {
+    fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn create_root(&self) -> Result<()> {
+        Ok(())
+    }
+
+    fn list(&self) -> Result<Vec<String>> {
+        Ok(self.state().files.keys().cloned().collect())
+    }
+
+    fn read(&self, name: &str) -> Result<Option<Vec<u8>>> {
+        Ok(self.get(name))
+    }
+
+    fn open(&self, name: &str) -> Result<Arc<dyn FileReader>> {
+        let s = self.state();
+        let bytes = s.files.get(name).cloned().ok_or_else(|| Error::Io {
+            path: self.path(name),
+            op: "open",
+            source: std::io::ErrorKind::NotFound.into(),
+        })?;
+        let short = s
+            .faults
+            .short_reads_of
+            .as_deref()
+            .is_some_and(|part| name.contains(part));
+        Ok(Arc::new(MemoryFile {
+            path: self.path(name),
+            bytes,
+            short,
+        }))
+    }
+
+    fn create(&self, temp: &str) -> Result<Box<dyn NewFile>> {
+        Ok(Box::new(MemoryNewFile {
+            storage: self.clone(),
+            temp: temp.to_string(),
+            bytes: Vec::new(),
+        }))
+    }
+
+    fn replace(
+        &self,
+        name: &str,
+        bytes: &[u8],
+        expected: Option<blake3::Hash>,
+        _durable: bool,
+    ) -> Result<()> {
+        let path = self.path(name);
+        self.publish(name, FileBytes::copy_of(bytes), |s| {
+            let Some(expected) = expected else {
+                return Ok(());
+            };
+            match s.files.get(name) {
+                Some(found) if blake3::hash(found) == expected => Ok(()),
+                found => Err(Error::CommitConflict {
+                    path,
+                    detail: match found {
+                        None => "the file is gone".into(),
+                        Some(_) => "it is not the one this writer last read or wrote".into(),
+                    },
+                }),
+            }
+        })
+    }
+
+    fn delete(&self, name: &str) -> Result<()> {
+        let mut s = self.state();
+        if s.faults.deletes_fail {
+            return Err(Error::Io {
+                path: self.path(name),
+                op: "remove",
+                source: std::io::Error::other("injected fault: the deletion failed"),
+            });
+        }
+        s.files.remove(name);
+        Ok(())
+    }
+
+    fn sync(&self) -> Result<()> {
+        Ok(())
+    }
+
+    fn lock(&self) -> Result<Box<dyn WriterLease>> {
+        let mut s = self.state();
+        if let Some(pid) = s.locked_by {
+            return Err(Error::Locked {
+                path: self.root.clone(),
+                holder: format!("pid {pid}, a writer of this memory storage"),
+            });
+        }
+        let pid = std::process::id();
+        s.locked_by = Some(pid);
+        Ok(Box::new(MemoryLease {
+            storage: self.clone(),
+            pid,
+        }))
+    }
+}
+
+#[derive(Debug)]
+struct MemoryFile {
+    path: PathBuf,
+    bytes: FileBytes,
+    short: bool,
+}
+
+impl FileReader for MemoryFile {
+    fn len(&self) -> u64 {
+        self.bytes.len() as u64
+    }
+
+    fn read(&self, range: Range<u64>) -> Result<FileBytes> {
+        let got = usize_range(&range)
+            .and_then(|r| self.bytes.slice(r))
+            .ok_or_else(|| out_of_file(&self.path, &range, self.len()))?;
+        let got = match self.short && !got.is_empty() {
+            true => got.slice(0..got.len() - 1).expect("inside"),
+            false => got,
+        };
+        super::expect_whole(&self.path, &range, got)
+    }
+
+    fn whole(&self) -> Option<FileBytes> {
+        (!self.short).then(|| self.bytes.clone())
+    }
+}
+
+#[derive(Debug)]
+struct MemoryNewFile {
+    storage: MemoryStorage,
+    temp: String,
+    bytes: Vec<u8>,
+}
+
+impl NewFile for MemoryNewFile {
+    fn write_at(&mut self, offset: u64, bytes: &[u8]) -> Result<()> {
+        let range = offset..offset.saturating_add(bytes.len() as u64);
+        let Some(r) = usize_range(&range) else {
+            return Err(out_of_file(
+                &self.storage.path(&self.temp),
+                &range,
+                self.bytes.len() as u64,
+            ));
+        };
+        if self.bytes.len() < r.end {
+            self.bytes.resize(r.end, 0);
+        }
+        self.bytes[r].copy_from_slice(bytes);
+        Ok(())
+    }
+
+    fn sync_data(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    fn sync_all(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    fn publish_new(self: Box<Self>, name: &str, _durable: bool) -> Result<()> {
+        let path = self.storage.path(name);
+        self.storage
+            .publish(name, FileBytes::copy_of(&self.bytes), |s| {
+                match s.files.contains_key(name) {
+                    true => Err(Error::CommitConflict {
+                        path,
+                        detail: "a file with this name exists already".into(),
+                    }),
+                    false => Ok(()),
+                }
+            })
+    }
+
+    fn abandon(self: Box<Self>) {}
+}
+
+#[derive(Debug)]
+struct MemoryLease {
+    storage: MemoryStorage,
+    pid: u32,
+}
+
+impl WriterLease for MemoryLease {
+    fn is_owner(&self) -> bool {
+        self.pid == std::process::id()
+    }
+}
+
+impl Drop for MemoryLease {
+    fn drop(&mut self) {
+        if self.is_owner() {
+            self.storage.state().locked_by = None;
+        }
+    }
+}

@@ -1,0 +1,169 @@
+//! Storage: where a dataset's files live, and the few things hspack asks of it.
+//!
+//! A dataset is a flat set of named files (FORMAT.md §1: a folder, or an object-store
+//! prefix). Files are written whole, published once under their name and never changed
+//! after; only the manifest is replaced, and only over the one its writer last read or wrote.
+//! [`Storage`] is that contract: list the names, read a file (a range of it, or a view of the
+//! whole where the backend can map), publish a new file where none is, replace the manifest
+//! by compare-and-swap, delete, and hold the one-writer lock. Readers, writers and verify go
+//! through it; [`LocalStorage`] is a folder (zero-copy maps, temp → fsync → link or rename →
+//! fsync folder), [`MemoryStorage`] holds files in memory and can inject faults.
+//!
+//! Modelled on tantivy's `Directory` (atomic writes, ranged reads of immutable files) and
+//! lance-io's `Reader` (size known, `get_range`).
+
+pub mod bytes;
+pub mod local;
+pub mod lock;
+pub mod memory;
+pub mod mmap;
+
+use std::fmt::Debug;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::error::Result;
+use crate::failpoint::failpoint;
+
+pub use bytes::{AlignedBytes, FileBytes, MappingRef};
+pub use local::LocalStorage;
+pub use memory::{Faults, MemoryStorage};
+
+/// A published file, for reading: its size is known and its bytes never change.
+pub trait FileReader: Send + Sync + Debug {
+    /// Bytes in the file.
+    fn len(&self) -> u64;
+
+    /// True when the file is empty.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bytes `range`; fails when the range is not inside the file or the backend returns
+    /// fewer bytes than asked (a short read is an error, never fewer bytes).
+    fn read(&self, range: Range<u64>) -> Result<FileBytes>;
+
+    /// The whole file, zero-copy, where the backend holds or maps it whole; `None` elsewhere.
+    fn whole(&self) -> Option<FileBytes>;
+}
+
+/// A file being written under a temp name: bytes written at offsets, then published under
+/// its final name or abandoned.
+pub trait NewFile: Send + Debug {
+    /// Writes `bytes` at `offset`; bytes never written read as zeros.
+    fn write_at(&mut self, offset: u64, bytes: &[u8]) -> Result<()>;
+
+    /// Pushes what was written towards durable storage now, so the final sync has little
+    /// left to do.
+    fn sync_data(&mut self) -> Result<()>;
+
+    /// Makes every byte written durable.
+    fn sync_all(&mut self) -> Result<()>;
+
+    /// Publishes the file as `name` (after [`NewFile::sync_all`] for a durable file), never
+    /// over a file that is there ([`crate::Error::CommitConflict`] then); with `durable`, the
+    /// new name is made durable too. The temp file is gone either way.
+    fn publish_new(self: Box<Self>, name: &str, durable: bool) -> Result<()>;
+
+    /// Deletes the unfinished file.
+    fn abandon(self: Box<Self>);
+}
+
+/// The one-writer lock of a dataset, released when dropped by the process that took it.
+pub trait WriterLease: Send + Sync + Debug {
+    /// True in the process that took the lock; false in a child forked from it, which must
+    /// neither release the lock nor touch the writer's files.
+    fn is_owner(&self) -> bool;
+}
+
+/// Where a dataset's files live.
+pub trait Storage: Send + Sync + Debug {
+    /// Where the dataset is, for messages: a folder, or a URL.
+    fn root(&self) -> &Path;
+
+    /// Where file `name` is, for messages.
+    fn path(&self, name: &str) -> PathBuf {
+        self.root().join(name)
+    }
+
+    /// Makes the root exist, for a new dataset.
+    fn create_root(&self) -> Result<()>;
+
+    /// Names of the files, in no order.
+    fn list(&self) -> Result<Vec<String>>;
+
+    /// The whole of a small file, or `None` when there is none.
+    fn read(&self, name: &str) -> Result<Option<Vec<u8>>>;
+
+    /// A published file, for ranged reads.
+    fn open(&self, name: &str) -> Result<Arc<dyn FileReader>>;
+
+    /// Starts a file under the temp name `temp` (a name [`crate::format::manifest::is_leftover`]
+    /// knows, so that what a crashed writer leaves is removed).
+    fn create(&self, temp: &str) -> Result<Box<dyn NewFile>>;
+
+    /// Publishes `bytes` as `name`, never over a file that is there.
+    fn put_new(&self, name: &str, bytes: &[u8], durable: bool) -> Result<()> {
+        let mut file = self.create(&temp_name(name))?;
+        file.write_at(0, bytes)?;
+        if durable {
+            file.sync_all()?;
+        }
+        failpoint!("atomic-temp-synced");
+        file.publish_new(name, durable)
+    }
+
+    /// Replaces `name` with `bytes` atomically (readers see the old file or the new one),
+    /// only when the file there now hashes to `expected` (BLAKE3); otherwise
+    /// [`crate::Error::CommitConflict`] and nothing changes. `expected: None` replaces
+    /// whatever is there (files derived from committed data, e.g. `samples.parquet`).
+    fn replace(
+        &self,
+        name: &str,
+        bytes: &[u8],
+        expected: Option<blake3::Hash>,
+        durable: bool,
+    ) -> Result<()>;
+
+    /// Deletes `name`; a file already gone is not an error.
+    fn delete(&self, name: &str) -> Result<()>;
+
+    /// Makes the deletions done so far durable.
+    fn sync(&self) -> Result<()>;
+
+    /// Takes the dataset's one-writer lock, or says who holds it ([`crate::Error::Locked`]).
+    fn lock(&self) -> Result<Box<dyn WriterLease>>;
+}
+
+/// The temp name `name` is written under until it is published.
+pub fn temp_name(name: &str) -> String {
+    format!("{name}{}", crate::format::manifest::TEMP_SUFFIX)
+}
+
+/// The storage of `dir`, a folder.
+pub fn local(dir: impl AsRef<Path>) -> Arc<dyn Storage> {
+    Arc::new(LocalStorage::new(dir.as_ref()))
+}
+
+/// `got`, the bytes a backend returned for `range` of `path`, when they are all of them; a
+/// short read is an error, never fewer bytes.
+pub fn expect_whole(path: &Path, range: &Range<u64>, got: FileBytes) -> Result<FileBytes> {
+    let want = range.end.saturating_sub(range.start);
+    if got.len() as u64 == want {
+        return Ok(got);
+    }
+    Err(crate::Error::Io {
+        path: path.to_path_buf(),
+        op: "read",
+        source: std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            format!(
+                "asked for bytes {}..{}, got {}: a short read; retry, and if it persists check the storage",
+                range.start,
+                range.end,
+                got.len()
+            ),
+        ),
+    })
+}

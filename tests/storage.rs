@@ -1,0 +1,349 @@
+//! The reader, writer and verify through both storage backends: a local folder and memory.
+//! The same assertions run on each, and both must write the same bytes. Faults the memory
+//! backend injects (short reads, failed publishes, a writer that dies between publishing a
+//! shard and the manifest) never lose a committed sample and never return wrong bytes.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use hspack::io::{Faults, LocalStorage, MemoryStorage, Storage};
+use hspack::verify::{verify_dataset, VerifyOptions};
+use hspack::{CheckPolicy, Codec, Dataset, DatasetWriter, Error, ReadOptions, WriteOptions};
+
+const HIDDEN: usize = 32;
+
+fn sample(i: u64) -> SampleBytes {
+    capture_sample(i, 1 + (i as usize * 7) % 23, HIDDEN)
+}
+
+/// A backend under test, with a way to damage its files.
+enum Backend {
+    Local(std::path::PathBuf),
+    Memory(MemoryStorage),
+}
+
+impl Backend {
+    fn storage(&self) -> Arc<dyn Storage> {
+        match self {
+            Backend::Local(dir) => Arc::new(LocalStorage::new(dir)),
+            Backend::Memory(m) => Arc::new(m.clone()),
+        }
+    }
+
+    /// Puts `bytes` as file `name`, over what is there: damage.
+    fn overwrite(&self, name: &str, bytes: &[u8]) {
+        match self {
+            Backend::Local(dir) => std::fs::write(dir.join(name), bytes).unwrap(),
+            Backend::Memory(m) => m.overwrite(name, bytes),
+        }
+    }
+}
+
+/// Both backends, each with a name for messages; the tempdir lives as long as the list.
+fn backends() -> (tempfile::TempDir, Vec<(&'static str, Backend)>) {
+    let dir = tempfile::tempdir().unwrap();
+    let local = Backend::Local(dir.path().join("ds"));
+    let memory = Backend::Memory(MemoryStorage::new("ds"));
+    (dir, vec![("local", local), ("memory", memory)])
+}
+
+fn write(storage: &Arc<dyn Storage>, range: std::ops::Range<u64>, options: WriteOptions) {
+    let mut w =
+        DatasetWriter::open_in(storage.clone(), capture_schema(HIDDEN as u64), options).unwrap();
+    for i in range {
+        w.append(&format!("s{i}"), &as_fields(&sample(i))).unwrap();
+    }
+    w.finish().unwrap();
+}
+
+fn open(storage: &Arc<dyn Storage>) -> Dataset {
+    Dataset::open_in(storage.clone(), ReadOptions::default()).unwrap()
+}
+
+/// Every sample `0..n` reads back bit for bit, by ordinal and by key, whole and by rows.
+fn check_all(name: &str, ds: &Dataset, n: u64) {
+    assert_eq!(ds.len(), n, "{name}");
+    for i in 0..n {
+        let s = ds.sample(i).unwrap();
+        assert_eq!(s.key(), format!("s{i}"), "{name}");
+        let by_key = ds.get_by_key(&format!("s{i}")).unwrap();
+        assert_eq!(by_key.ordinal(), i, "{name}");
+        for (field, data) in sample(i) {
+            assert_eq!(
+                s.read(&field, None).unwrap().bytes(),
+                &data[..],
+                "{name} {i}"
+            );
+            let rows = s.rows();
+            if rows >= 2 {
+                let f = ds.field_index(&field).unwrap();
+                let width = ds.schema().fields[f].row_bytes() as usize;
+                let part = s.read(&field, Some(1..rows)).unwrap();
+                assert_eq!(part.bytes(), &data[width..], "{name} {i} {field}");
+            }
+        }
+    }
+}
+
+#[test]
+fn both_backends_write_the_same_bytes_and_read_them_back() {
+    for codec in [Codec::None, Codec::Zstd] {
+        let (_dir, all) = backends();
+        let options = WriteOptions {
+            codec,
+            ..small_options()
+        };
+        for (name, backend) in &all {
+            let storage = &backend.storage();
+            write(storage, 0..12, options.clone());
+            let ds = open(storage);
+            check_all(name, &ds, 12);
+            assert!(ds.manifest().shards.len() >= 3, "{name}: several shards");
+            let report = verify_dataset(&ds, VerifyOptions::default(), &|_| {}).unwrap();
+            assert!(report.is_ok(), "{name}: {:?}", report.problems);
+            assert!(report.chunks > 0 && report.bytes_hashed > 0, "{name}");
+        }
+        let names = |s: &Arc<dyn Storage>| {
+            let mut n = s.list().unwrap();
+            n.sort();
+            n
+        };
+        let (local, memory) = (&all[0].1.storage(), &all[1].1.storage());
+        assert_eq!(names(local), names(memory));
+        for file in names(local) {
+            assert_eq!(
+                local.read(&file).unwrap(),
+                memory.read(&file).unwrap(),
+                "{file} differs between the backends"
+            );
+        }
+    }
+}
+
+#[test]
+fn resume_duplicates_and_the_lock_hold_on_both_backends() {
+    let (_dir, all) = backends();
+    for (name, backend) in &all {
+        let storage = &backend.storage();
+        write(storage, 0..4, small_options());
+        let schema = capture_schema(HIDDEN as u64);
+        let mut w =
+            DatasetWriter::open_in(storage.clone(), schema.clone(), small_options()).unwrap();
+        assert!(w.contains_key("s3"), "{name}: keys of committed samples");
+        let err = w.append("s1", &as_fields(&sample(1))).unwrap_err();
+        assert!(matches!(err, Error::DuplicateKey { .. }), "{name}: {err}");
+        let second = DatasetWriter::open_in(storage.clone(), schema, small_options());
+        assert!(
+            matches!(second, Err(Error::Locked { .. })),
+            "{name}: a second writer is refused"
+        );
+        for i in 4..9 {
+            w.append(&format!("s{i}"), &as_fields(&sample(i))).unwrap();
+        }
+        drop(w); // uncommitted samples are gone, committed ones stay
+        let ds = open(storage);
+        assert!((4..9).contains(&ds.len()), "{name}: {}", ds.len());
+        check_all(name, &ds, ds.len());
+        let next = ds.len();
+        drop(ds);
+        write(storage, next..10, small_options());
+        check_all(name, &open(storage), 10);
+    }
+}
+
+#[test]
+fn damage_is_named_on_both_backends() {
+    let (_dir, all) = backends();
+    for (name, backend) in &all {
+        let storage = &backend.storage();
+        write(storage, 0..6, small_options());
+        let ds = open(storage);
+        let shard = ds.manifest().shards[1].file.clone();
+        let mut bytes = storage.read(&shard).unwrap().unwrap();
+        // A payload byte of the first chunk (payloads start at the 4 KiB alignment).
+        bytes[4096] ^= 0x40;
+        drop(ds);
+        backend.overwrite(&shard, &bytes);
+        let ds = open(storage);
+        let report = verify_dataset(&ds, VerifyOptions::default(), &|_| {}).unwrap();
+        assert_eq!(report.problems.len(), 1, "{name}: {:?}", report.problems);
+        let msg = report.problems[0].to_string();
+        assert!(
+            msg.contains(&shard) && msg.contains("sample"),
+            "{name}: {msg}"
+        );
+        let quick = verify_dataset(&ds, VerifyOptions { quick: true }, &|_| {}).unwrap();
+        assert!(quick.is_ok(), "{name}: the quick check reads no payload");
+        let first = ds.manifest().shards[1].first_ordinal;
+        let s = ds.sample(first).unwrap();
+        let err = ["input_ids", "loss_mask", "hidden.2", "hidden.30"]
+            .iter()
+            .find_map(|f| s.read(f, None).err())
+            .expect("the damaged chunk fails to read");
+        assert!(
+            matches!(err, Error::ChecksumMismatch { .. }),
+            "{name}: {err}"
+        );
+    }
+}
+
+#[test]
+fn a_short_read_is_an_error_never_fewer_bytes() {
+    let m = MemoryStorage::new("short");
+    let storage: Arc<dyn Storage> = Arc::new(m.clone());
+    write(&storage, 0..6, small_options());
+    m.set_faults(Faults {
+        short_reads_of: Some("shard-000001".into()),
+        ..Faults::default()
+    });
+    let ds = Dataset::open_in(
+        storage.clone(),
+        ReadOptions {
+            check: CheckPolicy::Never,
+            ..ReadOptions::default()
+        },
+    )
+    .unwrap();
+    // Shard 0 reads; shard 1 fails to open, naming the file and the short read.
+    assert_eq!(ds.sample(0).unwrap().key(), "s0");
+    let first = ds.manifest().shards[1].first_ordinal;
+    let err = ds.sample(first).unwrap_err().to_string();
+    assert!(
+        err.contains("shard-000001") && err.contains("short read"),
+        "{err}"
+    );
+    let report = verify_dataset(&ds, VerifyOptions::default(), &|_| {}).unwrap();
+    assert!(!report.is_ok());
+    assert!(report
+        .problems
+        .iter()
+        .all(|p| p.to_string().contains("shard-000001")));
+}
+
+/// Appends samples `0..total`, committing every `every`; returns the samples committed when
+/// the first error came (and the error), or `total` when none came.
+fn write_until_failure(storage: &Arc<dyn Storage>, total: u64, every: u64) -> (u64, Option<Error>) {
+    let mut w = match DatasetWriter::open_in(
+        storage.clone(),
+        capture_schema(HIDDEN as u64),
+        small_options(),
+    ) {
+        Ok(w) => w,
+        Err(e) => return (0, Some(e)),
+    };
+    let start = w.len();
+    for i in start..total {
+        let committed = w.stats().samples;
+        let step = w
+            .append(&format!("s{i}"), &as_fields(&sample(i)))
+            .and_then(|_| match (i + 1) % every {
+                0 => w.commit().map(drop),
+                _ => Ok(()),
+            });
+        if let Err(e) = step {
+            // The writer "dies" here: nothing it would do on drop happens.
+            std::mem::forget(w);
+            return (committed, Some(e));
+        }
+    }
+    let committed = w.stats().samples;
+    match w.finish() {
+        Ok(stats) => (stats.samples, None),
+        // A failed finish may have committed the last shard, or not.
+        Err(e) => (committed, Some(e)),
+    }
+}
+
+#[test]
+fn a_failed_publish_at_any_step_loses_no_committed_sample() {
+    const TOTAL: u64 = 14;
+    for fail_after in 0.. {
+        let m = MemoryStorage::new("faults");
+        let storage: Arc<dyn Storage> = Arc::new(m.clone());
+        // The first run dies at the failed publish, its deletions failing too: the state a
+        // crash between publishing a shard and publishing the manifest leaves.
+        m.set_faults(Faults {
+            publishes_before_failure: Some(fail_after),
+            deletes_fail: true,
+            ..Faults::default()
+        });
+        let (committed, err) = write_until_failure(&storage, TOTAL, 3);
+        let Some(err) = err else {
+            // Past the run's last publish: every one of them was made to fail in turn.
+            assert!(
+                fail_after >= 10,
+                "a run publishes a manifest and shards, {fail_after}"
+            );
+            break;
+        };
+        assert!(err.to_string().contains("injected fault"), "{err}");
+        m.set_faults(Faults::default());
+        m.release_lock_of_dead_writer();
+        if m.get("manifest.json").is_none() {
+            assert_eq!(committed, 0);
+        } else {
+            let ds = open(&storage);
+            assert!(
+                ds.len() >= committed,
+                "{fail_after}: {} < {committed}",
+                ds.len()
+            );
+            check_all("after the failure", &ds, ds.len());
+            let report = verify_dataset(&ds, VerifyOptions::default(), &|_| {}).unwrap();
+            assert!(report.is_ok(), "{fail_after}: {:?}", report.problems);
+        }
+        // A second run removes what the first left and completes the dataset.
+        let (done, err) = write_until_failure(&storage, TOTAL, 3);
+        assert!(err.is_none(), "{fail_after}: {err:?}");
+        assert_eq!(done, TOTAL);
+        let ds = open(&storage);
+        check_all("after the rerun", &ds, TOTAL);
+        let report = verify_dataset(&ds, VerifyOptions::default(), &|_| {}).unwrap();
+        assert!(
+            report.is_ok() && report.leftovers.is_empty(),
+            "{fail_after}: {report:?}"
+        );
+    }
+}
+
+#[test]
+fn a_shard_published_without_its_manifest_is_a_leftover_not_damage() {
+    let m = MemoryStorage::new("orphan");
+    let storage: Arc<dyn Storage> = Arc::new(m.clone());
+    write(&storage, 0..5, small_options()); // one shard, the table, the manifest
+                                            // The next commit publishes its shard, then fails to publish the manifest, and cannot
+                                            // take the shard back.
+    m.set_faults(Faults {
+        publishes_before_failure: Some(1),
+        deletes_fail: true,
+        ..Faults::default()
+    });
+    let mut w = DatasetWriter::open_in(
+        storage.clone(),
+        capture_schema(HIDDEN as u64),
+        small_options(),
+    )
+    .unwrap();
+    for i in 5..8 {
+        w.append(&format!("s{i}"), &as_fields(&sample(i))).unwrap();
+    }
+    let err = w.commit().unwrap_err();
+    assert!(err.to_string().contains("manifest.json"), "{err}");
+    std::mem::forget(w);
+    m.set_faults(Faults::default());
+    m.release_lock_of_dead_writer();
+    assert!(
+        m.get("shard-000001.hsp").is_some(),
+        "the orphan shard is there"
+    );
+    let ds = open(&storage);
+    check_all("with an orphan shard", &ds, 5);
+    let report = verify_dataset(&ds, VerifyOptions::default(), &|_| {}).unwrap();
+    assert!(report.is_ok(), "{:?}", report.problems);
+    assert_eq!(report.leftovers.len(), 1, "{report:?}");
+    // The next writer removes it and writes its own shard 1.
+    write(&storage, 5..9, small_options());
+    check_all("after the next writer", &open(&storage), 9);
+}
