@@ -221,6 +221,22 @@ pub enum Error {
         /// Folder.
         path: PathBuf,
     },
+    /// The storage cannot do what was asked.
+    #[error("{}: {detail}", path.display())]
+    Unsupported {
+        /// The dataset or file.
+        path: PathBuf,
+        /// What it cannot do, and what to do instead.
+        detail: String,
+    },
+    /// A copy was refused before anything was sent.
+    #[error("cannot copy to {}: {detail}", path.display())]
+    CopyRefused {
+        /// The destination.
+        path: PathBuf,
+        /// Why, and what to do instead.
+        detail: String,
+    },
     /// A bad option value.
     #[error("option {option}: {detail}")]
     BadOption {

@@ -18,6 +18,7 @@ pub mod io;
 pub mod parallel;
 pub mod read;
 pub mod synth;
+pub mod transfer;
 pub mod verify;
 pub mod write;
 

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod convert;
+mod cp;
 mod demo;
 mod digest;
 mod export;
@@ -41,6 +42,11 @@ enum Command {
     Reindex(reindex::Args),
     /// Write one sample's fields to a .safetensors file or .npy files.
     Export(export::Args),
+    /// Copy a dataset between folders and object storage (s3://, gs://, az://), proving every
+    /// chunk; the manifest goes last, and a rerun resumes.
+    Cp(cp::Args),
+    /// Like cp, onto an earlier copy of a dataset that grew: sends the new shards only.
+    Sync(cp::Args),
     /// Turn hidden-state dumps (SpecForge, EAGLE, ModelOpt, speculators, ad-hoc) into a dataset.
     Convert(Box<convert::Args>),
 }
@@ -64,6 +70,8 @@ pub fn main() -> ExitCode {
         Command::Export(a) => export::run(a),
         Command::Reindex(a) => reindex::run(a),
         Command::Convert(a) => convert::run(*a),
+        Command::Cp(a) => cp::run(a, hspack::transfer::CopyMode::Copy),
+        Command::Sync(a) => cp::run(a, hspack::transfer::CopyMode::Sync),
     };
     match result {
         Ok(code) => code,

@@ -17,6 +17,8 @@ pub mod local;
 pub mod lock;
 pub mod memory;
 pub mod mmap;
+pub mod object;
+pub mod runtime;
 
 use std::fmt::Debug;
 use std::ops::Range;
@@ -29,6 +31,7 @@ use crate::failpoint::failpoint;
 pub use bytes::{AlignedBytes, FileBytes, MappingRef};
 pub use local::LocalStorage;
 pub use memory::{Faults, MemoryStorage};
+pub use object::ObjectStorage;
 
 /// A published file, for reading: its size is known and its bytes never change.
 pub trait FileReader: Send + Sync + Debug {
@@ -144,6 +147,25 @@ pub fn temp_name(name: &str) -> String {
 /// The storage of `dir`, a folder.
 pub fn local(dir: impl AsRef<Path>) -> Arc<dyn Storage> {
     Arc::new(LocalStorage::new(dir.as_ref()))
+}
+
+/// The storage at `location`: a URL (`s3://bucket/prefix`, `gs://`, `az://`, `http(s)://`,
+/// `file://`) or a folder.
+pub fn open_location(location: impl AsRef<Path>) -> Result<Arc<dyn Storage>> {
+    let location = location.as_ref();
+    let text = location.to_string_lossy();
+    match text.split_once("://") {
+        Some(("file", path)) => Ok(local(path)),
+        Some((scheme, _)) if is_scheme(scheme) => Ok(Arc::new(ObjectStorage::open(&text)?)),
+        _ => Ok(local(location)),
+    }
+}
+
+/// True for a URL scheme (RFC 3986: a letter, then letters, digits, `+`, `-`, `.`).
+fn is_scheme(s: &str) -> bool {
+    let mut chars = s.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+        && chars.all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c))
 }
 
 /// `got`, the bytes a backend returned for `range` of `path`, when they are all of them; a

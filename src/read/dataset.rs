@@ -44,7 +44,7 @@ impl Dataset {
 
     /// Opens the dataset in folder `dir` with `options`.
     pub fn open_with(dir: impl AsRef<Path>, options: ReadOptions) -> Result<Dataset> {
-        Self::open_in(crate::io::local(dir), options)
+        Self::open_in(crate::io::open_location(dir)?, options)
     }
 
     /// Opens the dataset in `storage` with `options`.

@@ -324,6 +324,20 @@ impl Shard {
         Ok(())
     }
 
+    /// Checks chunk `c` as held in `bytes` (its header, then its stored payload, as in the
+    /// file): the header against the index entry `e`, the payload against its hash.
+    pub fn check_chunk_bytes(
+        &self,
+        c: u64,
+        e: &ChunkEntry,
+        bytes: &[u8],
+        schema: &Schema,
+    ) -> Result<()> {
+        let (header, stored) = bytes.split_at(ChunkHeader::SIZE.min(bytes.len()));
+        self.check_header_bytes(c, e, header, schema)?;
+        self.check_stored_hash(c, e, stored, schema)
+    }
+
     /// Hashes chunk `c`'s stored bytes against the index.
     pub fn check_chunk_hash(&self, c: u64, e: &ChunkEntry, schema: &Schema) -> Result<()> {
         self.check_stored_hash(c, e, &self.stored(e)?, schema)

@@ -65,7 +65,7 @@ fn random_id(dir: &Path) -> [u8; 16] {
 impl DatasetWriter {
     /// Creates a dataset in `dir` (which may exist but must hold no dataset).
     pub fn create(dir: impl AsRef<Path>, schema: Schema, options: WriteOptions) -> Result<Self> {
-        Self::create_in(crate::io::local(dir), schema, options)
+        Self::create_in(crate::io::open_location(dir)?, schema, options)
     }
 
     /// Creates a dataset in `storage` (which must hold no dataset).
@@ -86,7 +86,7 @@ impl DatasetWriter {
     /// dataset must have the same schema (capture metadata included); appending resumes after
     /// its last committed sample, and files an interrupted writer left are removed.
     pub fn open(dir: impl AsRef<Path>, schema: Schema, options: WriteOptions) -> Result<Self> {
-        Self::open_in(crate::io::local(dir), schema, options)
+        Self::open_in(crate::io::open_location(dir)?, schema, options)
     }
 
     /// [`DatasetWriter::open`], for a dataset in `storage`.
@@ -389,7 +389,7 @@ impl Drop for DatasetWriter {
 /// manifest covers (the table is derived from them): the repair when verify finds the table
 /// missing, stale or damaged. Takes the writer lock like any writer.
 pub fn reindex(dir: impl AsRef<Path>) -> Result<WriteStats> {
-    reindex_in(crate::io::local(dir))
+    reindex_in(crate::io::open_location(dir)?)
 }
 
 /// [`reindex`], for a dataset in `storage`.

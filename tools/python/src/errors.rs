@@ -243,6 +243,22 @@ impl Context {
                     ..c
                 },
             ),
+            Error::Unsupported { path, detail } => (
+                "Unsupported",
+                Context {
+                    path: text(path),
+                    detail: Some(detail.clone()),
+                    ..c
+                },
+            ),
+            Error::CopyRefused { path, detail } => (
+                "CopyRefused",
+                Context {
+                    path: text(path),
+                    detail: Some(detail.clone()),
+                    ..c
+                },
+            ),
             Error::BadOption { option, detail } => (
                 "BadOption",
                 Context {

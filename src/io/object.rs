@@ -1,0 +1,586 @@
+//! A dataset under an object-store prefix: `s3://`, `gs://`, `az://` and `http(s)://`
+//! (read-only), through the `object_store` crate. Credentials, region and endpoint come from
+//! the usual environment variables (`AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`, ...); plain
+//! `http` is allowed for an endpoint on this machine only.
+//!
+//! Reads fetch byte ranges: opening a file fetches its last [`TAIL`] bytes (which tell its
+//! size, and hold a shard's footer and usually its index), later reads only the ranges asked
+//! for. Transient errors are retried with backoff by `object_store` (bounded: 10 retries,
+//! 3 minutes); a short read is an error. A new file is published with `If-None-Match: *`
+//! (a single put) or, when larger than [`PART`], by a multipart upload started only where no
+//! object is; the manifest is replaced with `If-Match` on the ETag of the one read.
+
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use object_store::path::Path as ObjectPath;
+use object_store::{
+    GetOptions, GetRange, ObjectStore, ObjectStoreExt, ObjectStoreScheme, PutMode, PutOptions,
+    PutPayload, UpdateVersion, WriteMultipart,
+};
+
+use crate::error::{Error, Result};
+use crate::format::manifest::TEMP_SUFFIX;
+
+use super::bytes::FileBytes;
+use super::runtime::{block_on, runtime};
+use super::{expect_whole, FileReader, NewFile, Storage, WriterLease};
+
+/// Bytes fetched from the end of a file when it is opened.
+pub const TAIL: u64 = 64 << 10;
+/// Part size of multipart uploads; files up to this size go up in one put.
+pub const PART: usize = 32 << 20;
+/// Parts of one upload in flight at once.
+const PARTS_IN_FLIGHT: usize = 8;
+
+/// A dataset under an object-store URL.
+#[derive(Debug, Clone)]
+pub struct ObjectStorage {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    url: url::Url,
+    root: PathBuf,
+    prefix: ObjectPath,
+    read_only: bool,
+    /// The store of this process (rebuilt in a forked child, whose connections would hang).
+    store: Mutex<Option<(u32, Arc<dyn ObjectStore>)>>,
+}
+
+fn other(path: &Path, op: &'static str, detail: impl std::fmt::Display) -> Error {
+    Error::Io {
+        path: path.to_path_buf(),
+        op,
+        source: std::io::Error::other(detail.to_string()),
+    }
+}
+
+/// An `object_store` error as hspack's, naming the object.
+fn object_error(path: &Path, op: &'static str, e: object_store::Error) -> Error {
+    use std::io::ErrorKind;
+    let kind = match &e {
+        object_store::Error::NotFound { .. } => ErrorKind::NotFound,
+        object_store::Error::AlreadyExists { .. } => ErrorKind::AlreadyExists,
+        object_store::Error::PermissionDenied { .. } => ErrorKind::PermissionDenied,
+        object_store::Error::Unauthenticated { .. } => ErrorKind::PermissionDenied,
+        _ => ErrorKind::Other,
+    };
+    Error::Io {
+        path: path.to_path_buf(),
+        op,
+        source: std::io::Error::new(kind, e),
+    }
+}
+
+fn is_not_found(e: &object_store::Error) -> bool {
+    matches!(e, object_store::Error::NotFound { .. })
+}
+
+fn is_conflict(e: &object_store::Error) -> bool {
+    matches!(
+        e,
+        object_store::Error::AlreadyExists { .. } | object_store::Error::Precondition { .. }
+    )
+}
+
+/// True when `endpoint` is plain http to this machine.
+fn local_http(endpoint: &str) -> bool {
+    url::Url::parse(endpoint).is_ok_and(|u| {
+        u.scheme() == "http"
+            && matches!(
+                u.host_str(),
+                Some("localhost" | "127.0.0.1" | "[::1]" | "::1")
+            )
+    })
+}
+
+impl ObjectStorage {
+    /// The dataset at `location`, a URL (`s3://bucket/prefix`, `gs://`, `az://`,
+    /// `https://`).
+    pub fn open(location: &str) -> Result<ObjectStorage> {
+        let root = PathBuf::from(location.trim_end_matches('/'));
+        let url = url::Url::parse(location).map_err(|e| Error::Unsupported {
+            path: root.clone(),
+            detail: format!("not a URL ({e})"),
+        })?;
+        let (scheme, prefix) = ObjectStoreScheme::parse(&url).map_err(|e| Error::Unsupported {
+            path: root.clone(),
+            detail: format!(
+                "{e}; hspack reads s3://, gs://, az://, http(s):// and file:// URLs and folders"
+            ),
+        })?;
+        let read_only = scheme == ObjectStoreScheme::Http;
+        let storage = ObjectStorage {
+            inner: Arc::new(Inner {
+                prefix: prefix.clone(),
+                url,
+                root,
+                read_only,
+                store: Mutex::new(None),
+            }),
+        };
+        storage.store()?; // configuration errors now, not at the first read
+        Ok(storage)
+    }
+
+    fn store(&self) -> Result<Arc<dyn ObjectStore>> {
+        let pid = std::process::id();
+        let mut slot = self.inner.store.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((owner, store)) = &*slot {
+            if *owner == pid {
+                return Ok(Arc::clone(store));
+            }
+        }
+        if let Some((_, inherited)) = slot.take() {
+            // Its connections belong to the parent's runtime: never touched, never dropped.
+            std::mem::forget(inherited);
+        }
+        let store = build_store(&self.inner.url, &self.inner.root)?;
+        *slot = Some((pid, Arc::clone(&store)));
+        Ok(store)
+    }
+
+    fn object(&self, name: &str) -> ObjectPath {
+        self.inner.prefix.clone().join(name)
+    }
+
+    fn writable(&self, name: &str) -> Result<()> {
+        match self.inner.read_only {
+            true => Err(Error::Unsupported {
+                path: self.path(name),
+                detail: "datasets served over http(s) are read-only; copy to s3://, gs://, \
+                         az:// or a folder to write"
+                    .into(),
+            }),
+            false => Ok(()),
+        }
+    }
+
+    fn run<T>(
+        &self,
+        name: &str,
+        op: &'static str,
+        f: impl std::future::Future<Output = object_store::Result<T>>,
+    ) -> Result<object_store::Result<T>> {
+        block_on(f).map_err(|e| other(&self.path(name), op, e))
+    }
+}
+
+fn build_store(url: &url::Url, root: &Path) -> Result<Arc<dyn ObjectStore>> {
+    let bad = |e: object_store::Error| Error::Unsupported {
+        path: root.to_path_buf(),
+        detail: format!("cannot use this storage: {e}"),
+    };
+    let (scheme, _) = ObjectStoreScheme::parse(url).map_err(|e| Error::Unsupported {
+        path: root.to_path_buf(),
+        detail: e.to_string(),
+    })?;
+    let store: Arc<dyn ObjectStore> = match scheme {
+        ObjectStoreScheme::AmazonS3 => {
+            let endpoint = ["AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT"]
+                .iter()
+                .find_map(|k| std::env::var(k).ok());
+            let mut b = object_store::aws::AmazonS3Builder::from_env().with_url(url.as_str());
+            if let Some(endpoint) = &endpoint {
+                b = b.with_endpoint(endpoint);
+                if local_http(endpoint) {
+                    b = b
+                        .with_allow_http(true)
+                        .with_virtual_hosted_style_request(false);
+                }
+            }
+            if std::env::var("AWS_REGION").is_err() && std::env::var("AWS_DEFAULT_REGION").is_err()
+            {
+                b = b.with_region("us-east-1");
+            }
+            Arc::new(b.build().map_err(bad)?)
+        }
+        ObjectStoreScheme::GoogleCloudStorage => Arc::new(
+            object_store::gcp::GoogleCloudStorageBuilder::from_env()
+                .with_url(url.as_str())
+                .build()
+                .map_err(bad)?,
+        ),
+        ObjectStoreScheme::MicrosoftAzure => Arc::new(
+            object_store::azure::MicrosoftAzureBuilder::from_env()
+                .with_url(url.as_str())
+                .build()
+                .map_err(bad)?,
+        ),
+        ObjectStoreScheme::Http => {
+            let origin = &url[..url::Position::BeforePath];
+            let options =
+                object_store::ClientOptions::new().with_allow_http(url.scheme() == "http");
+            Arc::new(
+                object_store::http::HttpBuilder::new()
+                    .with_url(origin)
+                    .with_client_options(options)
+                    .build()
+                    .map_err(bad)?,
+            )
+        }
+        other => {
+            return Err(Error::Unsupported {
+                path: root.to_path_buf(),
+                detail: format!("{other:?} URLs are not datasets hspack opens"),
+            })
+        }
+    };
+    Ok(store)
+}
+
+impl Storage for ObjectStorage {
+    fn root(&self) -> &Path {
+        &self.inner.root
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        PathBuf::from(format!("{}/{name}", self.inner.root.display()))
+    }
+
+    fn create_root(&self) -> Result<()> {
+        self.writable("")
+    }
+
+    fn list(&self) -> Result<Vec<String>> {
+        let store = self.store()?;
+        let listed = self.run("", "list", async {
+            store.list_with_delimiter(Some(&self.inner.prefix)).await
+        })?;
+        let listed = listed.map_err(|e| object_error(self.root(), "list", e))?;
+        Ok(listed
+            .objects
+            .into_iter()
+            .filter_map(|o| o.location.filename().map(str::to_string))
+            .collect())
+    }
+
+    fn read(&self, name: &str) -> Result<Option<Vec<u8>>> {
+        let store = self.store()?;
+        let path = self.object(name);
+        let got = self.run(name, "read", async {
+            store.get(&path).await?.bytes().await
+        })?;
+        match got {
+            Ok(b) => Ok(Some(b.to_vec())),
+            Err(e) if is_not_found(&e) => Ok(None),
+            Err(e) => Err(object_error(&self.path(name), "read", e)),
+        }
+    }
+
+    fn open(&self, name: &str) -> Result<Arc<dyn FileReader>> {
+        let store = self.store()?;
+        let path = self.object(name);
+        let shown = self.path(name);
+        let fetched = self.run(name, "open", async {
+            let options = GetOptions {
+                range: Some(GetRange::Suffix(TAIL)),
+                ..GetOptions::default()
+            };
+            let got = store.get_opts(&path, options).await?;
+            let (range, size) = (got.range.clone(), got.meta.size);
+            Ok((range, size, got.bytes().await?))
+        })?;
+        let (len, tail) = match fetched {
+            Ok((range, size, bytes)) => {
+                let tail = expect_whole(&shown, &range, FileBytes::copy_of(&bytes))?;
+                (size, Some((range.start, tail)))
+            }
+            Err(e) if is_not_found(&e) => return Err(object_error(&shown, "open", e)),
+            // An empty object has no suffix to fetch: ask for its size alone.
+            Err(_) => {
+                let meta = self.run(name, "open", store.head(&path))?;
+                let meta = meta.map_err(|e| object_error(&shown, "open", e))?;
+                (meta.size, None)
+            }
+        };
+        Ok(Arc::new(ObjectFile {
+            storage: self.clone(),
+            path,
+            shown,
+            len,
+            tail,
+        }))
+    }
+
+    fn create(&self, temp: &str) -> Result<Box<dyn NewFile>> {
+        let name = temp.strip_suffix(TEMP_SUFFIX).unwrap_or(temp);
+        self.writable(name)?;
+        Ok(Box::new(ObjectNewFile {
+            storage: self.clone(),
+            name: name.to_string(),
+            buf: Vec::new(),
+            len: 0,
+            upload: None,
+        }))
+    }
+
+    fn replace(
+        &self,
+        name: &str,
+        bytes: &[u8],
+        expected: Option<blake3::Hash>,
+        _durable: bool,
+    ) -> Result<()> {
+        self.writable(name)?;
+        let store = self.store()?;
+        let path = self.object(name);
+        let shown = self.path(name);
+        let conflict = |detail: &str| Error::CommitConflict {
+            path: shown.clone(),
+            detail: detail.into(),
+        };
+        let mode = match expected {
+            None => PutMode::Overwrite,
+            Some(expected) => {
+                let got = self.run(name, "read", async {
+                    let got = store.get(&path).await?;
+                    let meta = got.meta.clone();
+                    Ok((meta, got.bytes().await?))
+                })?;
+                let (meta, found) = match got {
+                    Ok(x) => x,
+                    Err(e) if is_not_found(&e) => return Err(conflict("the file is gone")),
+                    Err(e) => return Err(object_error(&shown, "read", e)),
+                };
+                if blake3::hash(&found) != expected {
+                    return Err(conflict("it is not the one this writer last read or wrote"));
+                }
+                PutMode::Update(UpdateVersion {
+                    e_tag: meta.e_tag,
+                    version: meta.version,
+                })
+            }
+        };
+        let payload = PutPayload::from(bytes.to_vec());
+        let put = self.run(name, "replace", async {
+            store.put_opts(&path, payload, PutOptions::from(mode)).await
+        })?;
+        match put {
+            Ok(_) => Ok(()),
+            Err(e) if is_conflict(&e) => Err(conflict("it changed while it was being replaced")),
+            Err(e) => Err(object_error(&shown, "replace", e)),
+        }
+    }
+
+    fn delete(&self, name: &str) -> Result<()> {
+        self.writable(name)?;
+        let store = self.store()?;
+        let path = self.object(name);
+        match self.run(name, "remove", async { store.delete(&path).await })? {
+            Ok(()) => Ok(()),
+            Err(e) if is_not_found(&e) => Ok(()),
+            Err(e) => Err(object_error(&self.path(name), "remove", e)),
+        }
+    }
+
+    fn sync(&self) -> Result<()> {
+        Ok(())
+    }
+
+    fn lock(&self) -> Result<Box<dyn WriterLease>> {
+        Err(Error::Unsupported {
+            path: self.root().to_path_buf(),
+            detail: "writing samples straight into object storage is not supported yet: write \
+                     the dataset to a local folder (e.g. /dev/shm or NVMe) and copy it with \
+                     `hspack cp FOLDER URL`, which proves every chunk and publishes the \
+                     manifest last"
+                .into(),
+        })
+    }
+}
+
+/// A published object, read by ranges.
+#[derive(Debug)]
+struct ObjectFile {
+    storage: ObjectStorage,
+    path: ObjectPath,
+    shown: PathBuf,
+    len: u64,
+    /// The last bytes, fetched at open: (their offset, the bytes).
+    tail: Option<(u64, FileBytes)>,
+}
+
+impl FileReader for ObjectFile {
+    fn len(&self) -> u64 {
+        self.len
+    }
+
+    fn read(&self, range: Range<u64>) -> Result<FileBytes> {
+        if range.start > range.end || range.end > self.len {
+            return Err(super::local::out_of_file(&self.shown, &range, self.len));
+        }
+        if let Some((at, tail)) = &self.tail {
+            if range.start >= *at {
+                let r = (range.start - at) as usize..(range.end - at) as usize;
+                if let Some(b) = tail.slice(r) {
+                    return Ok(b);
+                }
+            }
+        }
+        if range.is_empty() {
+            return Ok(FileBytes::from_vec(Vec::new()));
+        }
+        let store = self.storage.store()?;
+        let got = block_on(store.get_range(&self.path, range.clone()))
+            .map_err(|e| other(&self.shown, "read", e))?
+            .map_err(|e| {
+                other(
+                    &self.shown,
+                    "read",
+                    format!("bytes {}..{}: {e}", range.start, range.end),
+                )
+            })?;
+        expect_whole(&self.shown, &range, FileBytes::copy_of(&got))
+    }
+
+    fn whole(&self) -> Option<FileBytes> {
+        match &self.tail {
+            Some((0, tail)) => Some(tail.clone()),
+            _ => None,
+        }
+    }
+}
+
+/// A new object: bytes taken in order, put at once or, past [`PART`], uploaded in parts.
+struct ObjectNewFile {
+    storage: ObjectStorage,
+    name: String,
+    buf: Vec<u8>,
+    len: u64,
+    upload: Option<WriteMultipart>,
+}
+
+impl std::fmt::Debug for ObjectNewFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ObjectNewFile")
+            .field("name", &self.name)
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl ObjectNewFile {
+    fn shown(&self) -> PathBuf {
+        self.storage.path(&self.name)
+    }
+
+    /// Starts the multipart upload, where no object is.
+    fn start_upload(&mut self) -> Result<()> {
+        let store = self.storage.store()?;
+        let path = self.storage.object(&self.name);
+        let shown = self.shown();
+        let head = self.storage.run(&self.name, "publish", store.head(&path))?;
+        match head {
+            Ok(_) => {
+                return Err(Error::CommitConflict {
+                    path: shown,
+                    detail: "an object with this name exists already".into(),
+                })
+            }
+            Err(e) if is_not_found(&e) => {}
+            Err(e) => return Err(object_error(&shown, "publish", e)),
+        }
+        let upload = self
+            .storage
+            .run(&self.name, "publish", store.put_multipart(&path))?
+            .map_err(|e| object_error(&shown, "publish", e))?;
+        self.upload = Some(WriteMultipart::new_with_chunk_size(upload, PART));
+        Ok(())
+    }
+
+    /// Hands the buffered bytes to the upload, waiting while too many parts are in flight.
+    fn send(&mut self) -> Result<()> {
+        let shown = self.shown();
+        let rt = runtime().map_err(|e| other(&shown, "publish", e))?;
+        let upload = self.upload.as_mut().expect("started");
+        {
+            let _in_runtime = rt.enter();
+            upload.write(&self.buf);
+        }
+        self.buf.clear();
+        rt.block_on(upload.wait_for_capacity(PARTS_IN_FLIGHT))
+            .map_err(|e| object_error(&shown, "publish", e))
+    }
+}
+
+impl NewFile for ObjectNewFile {
+    fn write_at(&mut self, offset: u64, bytes: &[u8]) -> Result<()> {
+        if offset != self.len {
+            return Err(Error::Unsupported {
+                path: self.shown(),
+                detail: format!(
+                    "object storage takes a new file's bytes in order (asked to write at \
+                     {offset}, {} bytes written)",
+                    self.len
+                ),
+            });
+        }
+        self.buf.extend_from_slice(bytes);
+        self.len += bytes.len() as u64;
+        if self.buf.len() >= PART {
+            if self.upload.is_none() {
+                self.start_upload()?;
+            }
+            self.send()?;
+        }
+        Ok(())
+    }
+
+    fn sync_data(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    fn sync_all(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    fn publish_new(mut self: Box<Self>, name: &str, _durable: bool) -> Result<()> {
+        let shown = self.storage.path(name);
+        if name != self.name {
+            return Err(Error::Unsupported {
+                path: shown,
+                detail: format!(
+                    "a new object is published under the name it was started for ({})",
+                    self.name
+                ),
+            });
+        }
+        if self.upload.is_some() {
+            if !self.buf.is_empty() {
+                self.send()?;
+            }
+            let upload = self.upload.take().expect("started");
+            return self
+                .storage
+                .run(name, "publish", upload.finish())?
+                .map(drop)
+                .map_err(|e| object_error(&shown, "publish", e));
+        }
+        let store = self.storage.store()?;
+        let path = self.storage.object(name);
+        let payload = PutPayload::from(std::mem::take(&mut self.buf));
+        let put = self.storage.run(name, "publish", async {
+            store
+                .put_opts(&path, payload, PutOptions::from(PutMode::Create))
+                .await
+        })?;
+        match put {
+            Ok(_) => Ok(()),
+            Err(e) if is_conflict(&e) => Err(Error::CommitConflict {
+                path: shown,
+                detail: "an object with this name exists already".into(),
+            }),
+            Err(e) => Err(object_error(&shown, "publish", e)),
+        }
+    }
+
+    fn abandon(mut self: Box<Self>) {
+        if let Some(upload) = self.upload.take() {
+            let _ = block_on(upload.abort());
+        }
+    }
+}

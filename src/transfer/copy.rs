@@ -1,0 +1,370 @@
+//! `hspack cp` and `hspack sync`: a dataset copied from any storage to any storage, proven.
+//!
+//! Each shard is read from the source once and checked as it passes: its size, footer and
+//! index against the source manifest, every chunk header against the index, every payload
+//! against its BLAKE3, every padding byte zero. Then what landed is proven: the shard is
+//! opened again at the destination (size, footer, header, index hash against the manifest)
+//! and, unless `reread` is off, every chunk read back and hashed. The samples table is copied
+//! and checked against its hash. The manifest goes last: until it is published the destination
+//! is not a dataset, so an interrupted copy is never taken for one, and a rerun sends only
+//! the shards that are not already there, whole and right.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use rayon::prelude::*;
+
+use crate::error::{format, Error, Result};
+use crate::format::manifest::{hex, MANIFEST_FILE};
+use crate::format::{ChunkHeader, Manifest, ShardHeader, ShardRecord};
+use crate::io::{temp_name, Storage};
+use crate::read::{Dataset, Shard};
+
+/// What the destination may hold already.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CopyMode {
+    /// No dataset, or this one (a copy being resumed or already done): `hspack cp`.
+    #[default]
+    Copy,
+    /// Also an earlier state of this dataset, whose shards are a prefix of the source's: only
+    /// the new shards and the new manifest are sent (`hspack sync`).
+    Sync,
+}
+
+/// How to copy.
+#[derive(Debug, Clone, Copy)]
+pub struct CopyOptions {
+    /// What the destination may hold.
+    pub mode: CopyMode,
+    /// Read every chunk back from the destination and hash it (default true). Off, a sent
+    /// shard is proven by its size, footer, header and index hash only.
+    pub reread: bool,
+    /// Shards copied at once.
+    pub jobs: usize,
+}
+
+impl Default for CopyOptions {
+    fn default() -> Self {
+        CopyOptions {
+            mode: CopyMode::Copy,
+            reread: true,
+            jobs: 4,
+        }
+    }
+}
+
+/// What a copy did.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct CopyReport {
+    /// Shards in the source.
+    pub shards: u64,
+    /// Samples in the source.
+    pub samples: u64,
+    /// Shards sent.
+    pub shards_sent: u64,
+    /// Bytes of the shards sent.
+    pub bytes_sent: u64,
+    /// Shards found at the destination, whole and right, and not sent again.
+    pub shards_present: u64,
+    /// Bytes of those.
+    pub bytes_present: u64,
+    /// Shards found at the destination that were not right (another dataset's, or cut
+    /// short), replaced: bytes sent again.
+    pub shards_replaced: Vec<String>,
+    /// Chunks checked against their BLAKE3 as they passed.
+    pub chunks_checked: u64,
+    /// Bytes read back from the destination and hashed.
+    pub bytes_reread: u64,
+    /// True when this run published the manifest (false: the destination had it already).
+    pub manifest_published: bool,
+    /// The dataset digest, the same at both ends.
+    pub digest: String,
+}
+
+/// Copies `src` to `dst`; see the module's documentation. `progress` is called with bytes as
+/// they are sent or found present.
+pub fn copy(
+    src: &Dataset,
+    dst: &Arc<dyn Storage>,
+    options: &CopyOptions,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<CopyReport> {
+    let manifest = src.manifest();
+    let existing = destination_manifest(src, dst, options.mode)?;
+    dst.create_root()?;
+    let present: HashSet<String> = dst.list()?.into_iter().collect();
+    let listed: HashSet<&str> = existing
+        .as_ref()
+        .map(|(m, _)| m.shards.iter().map(|s| s.file.as_str()).collect())
+        .unwrap_or_default();
+    let stats = Stats::default();
+    let replaced = std::sync::Mutex::new(Vec::new());
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(options.jobs.max(1))
+        .build()
+        .map_err(|e| Error::BadOption {
+            option: "jobs",
+            detail: e.to_string(),
+        })?;
+    pool.install(|| {
+        manifest
+            .shards
+            .par_iter()
+            .enumerate()
+            .try_for_each(|(seq, record)| {
+                let at_dst = present.contains(&record.file);
+                if at_dst {
+                    match check_at(src, dst, record) {
+                        Ok(_) => {
+                            stats.shards_present.fetch_add(1, Ordering::Relaxed);
+                            stats
+                                .bytes_present
+                                .fetch_add(record.bytes, Ordering::Relaxed);
+                            progress(record.bytes);
+                            return Ok(());
+                        }
+                        // A shard the destination's own manifest lists is its committed data:
+                        // damage there is for `hspack repair`, never silently overwritten.
+                        Err(e) if listed.contains(record.file.as_str()) => return Err(e),
+                        Err(_) => {
+                            dst.delete(&record.file)?;
+                            replaced
+                                .lock()
+                                .unwrap_or_else(|e| e.into_inner())
+                                .push(record.file.clone());
+                        }
+                    }
+                }
+                send_shard(src, seq, dst, &stats, progress)?;
+                prove(src, dst, record, options.reread, &stats)?;
+                stats.shards_sent.fetch_add(1, Ordering::Relaxed);
+                stats.bytes_sent.fetch_add(record.bytes, Ordering::Relaxed);
+                Ok(())
+            })
+    })?;
+    copy_samples_table(src, dst)?;
+    let published = publish_manifest(src, dst, existing.as_ref().map(|(_, h)| *h))?;
+    let mut replaced = replaced.into_inner().unwrap_or_else(|e| e.into_inner());
+    replaced.sort();
+    Ok(CopyReport {
+        shards: manifest.shards.len() as u64,
+        samples: manifest.samples,
+        shards_sent: stats.shards_sent.into_inner(),
+        bytes_sent: stats.bytes_sent.into_inner(),
+        shards_present: stats.shards_present.into_inner(),
+        bytes_present: stats.bytes_present.into_inner(),
+        shards_replaced: replaced,
+        chunks_checked: stats.chunks_checked.into_inner(),
+        bytes_reread: stats.bytes_reread.into_inner(),
+        manifest_published: published,
+        digest: hex(blake3::hash(src.manifest_bytes()).as_bytes()),
+    })
+}
+
+#[derive(Default)]
+struct Stats {
+    shards_sent: AtomicU64,
+    bytes_sent: AtomicU64,
+    shards_present: AtomicU64,
+    bytes_present: AtomicU64,
+    chunks_checked: AtomicU64,
+    bytes_reread: AtomicU64,
+}
+
+/// The destination's manifest and its hash, when it has one this copy may go on from;
+/// refuses the others before anything is sent.
+fn destination_manifest(
+    src: &Dataset,
+    dst: &Arc<dyn Storage>,
+    mode: CopyMode,
+) -> Result<Option<(Manifest, blake3::Hash)>> {
+    let Some(bytes) = dst.read(MANIFEST_FILE)? else {
+        return Ok(None);
+    };
+    let refuse = |detail: String| Error::CopyRefused {
+        path: dst.root().to_path_buf(),
+        detail,
+    };
+    let theirs = Manifest::decode(&bytes).map_err(|e| {
+        refuse(format!(
+            "it holds a manifest.json that does not decode ({e}); nothing was sent: choose \
+             an empty destination"
+        ))
+    })?;
+    let ours = src.manifest();
+    let found = Some((theirs.clone(), blake3::hash(&bytes)));
+    if bytes == src.manifest_bytes() {
+        return Ok(found);
+    }
+    let prefix = theirs.dataset_id == ours.dataset_id
+        && theirs.schema == ours.schema
+        && theirs.shards.len() <= ours.shards.len()
+        && theirs.shards.iter().zip(&ours.shards).all(|(a, b)| a == b);
+    match (prefix, mode) {
+        (true, CopyMode::Sync) => Ok(found),
+        (true, CopyMode::Copy) => Err(refuse(format!(
+            "it holds an earlier state of this dataset ({} of the source's {} shards); \
+             nothing was sent: `hspack sync` sends the new shards and the new manifest",
+            theirs.shards.len(),
+            ours.shards.len()
+        ))),
+        (false, _) => Err(refuse(format!(
+            "it holds another dataset (id {}, {} samples), or one that is not an earlier state \
+             of the source (id {}); nothing was sent or replaced: choose an empty destination",
+            theirs.dataset_id, theirs.samples, ours.dataset_id
+        ))),
+    }
+}
+
+/// Opens shard `record` at the destination and checks it against the source's manifest.
+fn check_at(src: &Dataset, dst: &Arc<dyn Storage>, record: &ShardRecord) -> Result<Shard> {
+    Shard::open(
+        &**dst,
+        record,
+        src.manifest().dataset_id_bytes(),
+        src.schema(),
+        None,
+    )
+}
+
+/// Streams shard `seq` to the destination, checking every chunk as it passes, and publishes
+/// it where no file is.
+fn send_shard(
+    src: &Dataset,
+    seq: usize,
+    dst: &Arc<dyn Storage>,
+    stats: &Stats,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<()> {
+    let shard = src.shard(seq)?;
+    let record = &src.manifest().shards[seq];
+    let schema = src.schema();
+    let mut out = dst.create(&temp_name(&record.file))?;
+    let mut pos = 0u64;
+    let mut put = |bytes: &[u8], pos: &mut u64| -> Result<()> {
+        out.write_at(*pos, bytes)?;
+        *pos += bytes.len() as u64;
+        progress(bytes.len() as u64);
+        Ok(())
+    };
+    put(&shard.read(0..ShardHeader::SIZE as u64)?, &mut pos)?;
+    let zero_gap = |from: u64, to: u64| -> Result<crate::io::FileBytes> {
+        let gap = shard.read(from..to)?;
+        if let Some(i) = gap.iter().position(|&b| b != 0) {
+            return Err(Error::DirtyPadding {
+                shard: shard.path().to_path_buf(),
+                offset: from + i as u64,
+            });
+        }
+        Ok(gap)
+    };
+    let index = shard.index();
+    for c in 0..index.chunk_count() {
+        let e = index.chunk(c).expect("in range");
+        put(&zero_gap(pos, e.offset)?, &mut pos)?;
+        let end = e.offset + ChunkHeader::SIZE as u64 + e.stored_len;
+        let bytes = shard.read(e.offset..end)?;
+        shard.check_chunk_bytes(c, &e, &bytes, schema)?;
+        stats.chunks_checked.fetch_add(1, Ordering::Relaxed);
+        put(&bytes, &mut pos)?;
+    }
+    let index_at = shard.footer().index_offset;
+    put(&zero_gap(pos, index_at)?, &mut pos)?;
+    // The index and footer were checked against the manifest when the shard was opened.
+    put(&shard.read(index_at..record.bytes)?, &mut pos)?;
+    out.sync_all()?;
+    match out.publish_new(&record.file, true) {
+        Ok(()) => Ok(()),
+        // Another copy published it meanwhile: right, or an error below.
+        Err(Error::CommitConflict { .. }) => check_at(src, dst, record).map(drop),
+        Err(e) => Err(e),
+    }
+}
+
+/// Proves what landed: the shard opens at the destination against the manifest, and with
+/// `reread` every chunk hashes right.
+fn prove(
+    src: &Dataset,
+    dst: &Arc<dyn Storage>,
+    record: &ShardRecord,
+    reread: bool,
+    stats: &Stats,
+) -> Result<()> {
+    let landed = check_at(src, dst, record)?;
+    if !reread {
+        return Ok(());
+    }
+    let index = landed.index();
+    for c in 0..index.chunk_count() {
+        let e = index.chunk(c).expect("in range");
+        landed.check_chunk_hash(c, &e, src.schema())?;
+        stats
+            .bytes_reread
+            .fetch_add(ChunkHeader::SIZE as u64 + e.stored_len, Ordering::Relaxed);
+    }
+    Ok(())
+}
+
+/// Copies `samples.parquet`, checked against its hash in the manifest at both ends.
+fn copy_samples_table(src: &Dataset, dst: &Arc<dyn Storage>) -> Result<()> {
+    let Some(t) = &src.manifest().samples_table else {
+        return Ok(());
+    };
+    let want = t.blake3.as_str();
+    let hash = |b: &[u8]| hex(blake3::hash(b).as_bytes());
+    if dst.read(&t.file)?.is_some_and(|b| hash(&b) == want) {
+        return Ok(());
+    }
+    let bytes = src.storage().read(&t.file)?.unwrap_or_default();
+    if hash(&bytes) != want || bytes.len() as u64 != t.bytes {
+        return Err(Error::SamplesTable {
+            path: src.storage().path(&t.file),
+            detail: "it does not match its hash in the manifest; run `hspack reindex` on the \
+                     source, then copy again"
+                .into(),
+        });
+    }
+    dst.replace(&t.file, &bytes, None, true)?;
+    match dst.read(&t.file)? {
+        Some(landed) if hash(&landed) == want => Ok(()),
+        _ => Err(Error::SamplesTable {
+            path: dst.path(&t.file),
+            detail: "what landed does not match its hash; copy again".into(),
+        }),
+    }
+}
+
+/// Publishes the source's manifest at the destination, last: where none is, or over the
+/// earlier state whose hash is `existing` (never over anything else). False when the
+/// destination has it already.
+fn publish_manifest(
+    src: &Dataset,
+    dst: &Arc<dyn Storage>,
+    existing: Option<blake3::Hash>,
+) -> Result<bool> {
+    let bytes = src.manifest_bytes();
+    let published = match existing {
+        None => {
+            dst.put_new(MANIFEST_FILE, bytes, true)?;
+            true
+        }
+        Some(hash) if hash == blake3::hash(bytes) => false,
+        Some(hash) => {
+            dst.replace(MANIFEST_FILE, bytes, Some(hash), true)?;
+            true
+        }
+    };
+    let landed = dst.read(MANIFEST_FILE)?.unwrap_or_default();
+    if landed != bytes {
+        return Err(format(dst.path(MANIFEST_FILE))(
+            crate::format::FormatError::Invalid {
+                structure: "manifest",
+                what: "bytes read back",
+                value: landed.len() as u64,
+                rule: "the source's manifest, byte for byte".into(),
+            },
+        ));
+    }
+    Ok(published)
+}
