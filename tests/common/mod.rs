@@ -3,6 +3,7 @@
 
 pub mod crash_writer;
 pub mod dumps;
+pub mod moto;
 
 use hspack::{CapturePoint, DType, Field, Role, Schema, WriteOptions};
 
