@@ -14,53 +14,19 @@ use rayon::prelude::*;
 use crate::failpoint::failpoint;
 use crate::format::manifest::MANIFEST_FILE;
 use crate::read::Dataset;
-use crate::write::{DatasetWriter, WriteOptions};
+use crate::write::DatasetWriter;
 
 use super::groups::check_duplicates;
 use super::keys::{misnamed, KeyLog};
 use super::lanes::{write_in_lanes, GroupDone, LaneOptions, Outcome};
-use super::layout::{derive_schema, specs_for, LayoutError, LayoutOptions, Preset};
-use super::prepare::{Decoder, SplitBy, Trim};
+use super::layout::{derive_schema, specs_for, LayoutError};
+use super::prepare::Decoder;
 use super::report::{BadFile, BadLog, Progress, Report};
+use super::spec::{ConvertOptions, ConvertSpec, SpecError};
 use super::units::{plan, Inputs, Unit};
-use super::{ConvertError, Limits};
+use super::ConvertError;
 
 pub use super::report::REPORT_FILE;
-
-/// What to convert and how.
-#[derive(Debug, Clone)]
-pub struct ConvertOptions {
-    /// Source folder (walked recursively) or file.
-    pub src: PathBuf,
-    /// Dataset folder, created or resumed.
-    pub dst: PathBuf,
-    /// The layout of the source files.
-    pub preset: Preset,
-    /// Layer ids, points, model, generic fields.
-    pub layout: LayoutOptions,
-    /// Group files into one sample by a pattern with `{key}` and `{part}`.
-    pub group_by: Option<String>,
-    /// Split each file into requests.
-    pub split_by: Option<SplitBy>,
-    /// The file beside each batch holding its split tensor: a name with `{stem}`.
-    pub split_file: Option<String>,
-    /// Take each file's sample key from this stored value (e.g. `conversation_id`).
-    pub key_from: Option<String>,
-    /// Drop padding rows.
-    pub trim: Option<Trim>,
-    /// Delete each source file once its samples are committed and verified.
-    pub delete_source: bool,
-    /// List bad files in the report and go on, instead of stopping.
-    pub skip_bad: bool,
-    /// Where bad files are listed (default: `REPORT_FILE` in `dst`).
-    pub report_path: Option<PathBuf>,
-    /// Decoding threads.
-    pub jobs: usize,
-    /// Writer options.
-    pub write: WriteOptions,
-    /// Limits for reading source files.
-    pub limits: Limits,
-}
 
 /// Why a run stopped.
 #[derive(Debug, thiserror::Error)]
@@ -121,6 +87,9 @@ pub enum RunError {
         /// Cause.
         source: std::io::Error,
     },
+    /// The spec is wrong: an option, or options together.
+    #[error(transparent)]
+    Spec(#[from] SpecError),
     /// Options contradict each other.
     #[error("{0}")]
     BadOptions(String),
@@ -142,12 +111,14 @@ fn is_layout_flag_error(e: &LayoutError) -> bool {
     )
 }
 
-/// Runs a conversion. `progress` is called on the calling thread.
+/// Runs a conversion. `progress` is called on the calling thread. The spec is checked
+/// first ([`ConvertSpec::check`]); a spec that fails touches nothing.
 ///
 /// A run that fails before committing anything to a folder that held no dataset leaves no
 /// dataset behind: the manifest (and key log) it created go, and the folder too when the run
 /// created it and nothing else is in it.
-pub fn run(o: &ConvertOptions, progress: &mut dyn FnMut(Progress)) -> Result<Report, RunError> {
+pub fn run(spec: &ConvertSpec, progress: &mut dyn FnMut(Progress)) -> Result<Report, RunError> {
+    let o = &spec.resolve()?;
     let fresh = !o.dst.join(MANIFEST_FILE).exists();
     let folder_existed = o.dst.exists();
     let result = convert(o, progress);
@@ -185,28 +156,6 @@ fn remove_empty_dataset(o: &ConvertOptions, folder_existed: bool) {
 
 fn convert(o: &ConvertOptions, progress: &mut dyn FnMut(Progress)) -> Result<Report, RunError> {
     let started = Instant::now();
-    if o.delete_source && !o.write.durable {
-        return Err(RunError::BadOptions(
-            "--delete-source needs durable commits: sources are deleted only after their shard is fsynced".into(),
-        ));
-    }
-    if o.split_file.is_some() && (o.split_by.is_none() || o.group_by.is_some()) {
-        return Err(RunError::BadOptions(
-            "a split file beside each batch (--split-by-file) needs --split-by lengths[:TENSOR] \
-             or cu_seqlens[:TENSOR], and does not combine with --group-by"
-                .into(),
-        ));
-    }
-    if o.split_file
-        .as_deref()
-        .is_some_and(|p| !p.contains("{stem}") || p.contains('/'))
-    {
-        return Err(RunError::BadOptions(
-            "--split-by-file takes a file name with {stem}, the batch file's name without its \
-             extension, e.g. '{stem}.lens.pt'"
-                .into(),
-        ));
-    }
     let plan = plan(
         &o.src,
         o.preset,

@@ -32,6 +32,7 @@ pub mod prepare;
 pub mod report;
 pub mod safetensors_file;
 mod source;
+pub mod spec;
 mod strided;
 pub mod torch_file;
 pub mod torch_legacy;
@@ -39,7 +40,7 @@ pub mod torch_zip;
 pub mod units;
 
 pub use error::ConvertError;
-pub use job::{run, ConvertOptions, RunError};
+pub use job::{run, RunError};
 pub use layout::{FieldSpec, LayoutOptions, Op, Preset};
 pub use limits::Limits;
 pub use npy::NpyFile;
@@ -50,4 +51,5 @@ pub use safetensors_file::SafetensorsFile;
 pub use source::{
     open_source, open_source_with, SourceFile, SourceFormat, SourceTensor, TensorInfo,
 };
+pub use spec::{ConvertSpec, Mapping, SpecError};
 pub use torch_file::{load_torch, load_torch_with, TorchFile, TorchFormat};

@@ -12,8 +12,10 @@ use super::layout::{check_field, field_bytes, field_part, FieldSpec, Part};
 use super::units::{Inputs, Unit};
 use super::Limits;
 
-/// How one file packs several requests along the token dimension.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// How one file packs several requests along the token dimension. In JSON:
+/// `{"lengths": TENSOR}` or `{"cu_seqlens": TENSOR}`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum SplitBy {
     /// A tensor of per-request lengths: `[n]`, summing to the tokens.
     Lengths(String),
@@ -21,12 +23,15 @@ pub enum SplitBy {
     CuSeqlens(String),
 }
 
-/// Which rows are padding, when the user asks to drop them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Which rows are padding, when the user asks to drop them. In JSON: `"mask"` or
+/// `{"ids": {"pad": PAD}}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Trim {
     /// Rows after the last non-zero loss-mask row.
+    #[serde(rename = "mask")]
     LossMask,
     /// Trailing rows whose token id equals the pad id.
+    #[serde(rename = "ids")]
     TokenIds {
         /// The pad token id.
         pad: i64,
