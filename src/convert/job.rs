@@ -6,7 +6,7 @@
 //! any interruption continues where the last commit left off and never appends a sample twice.
 
 use std::collections::{HashMap, HashSet};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
 
 use rayon::prelude::*;
@@ -17,12 +17,13 @@ use crate::read::Dataset;
 use crate::write::DatasetWriter;
 
 use super::groups::check_duplicates;
-use super::keys::{misnamed, KeyLog};
+use super::keys::{misnamed, KeyError, KeyLog};
 use super::lanes::{write_in_lanes, GroupDone, LaneOptions, Outcome};
 use super::layout::{derive_schema, specs_for, LayoutError};
 use super::prepare::Decoder;
 use super::report::{BadFile, BadLog, Progress, Report};
 use super::spec::{ConvertOptions, ConvertSpec, SpecError};
+use super::unit_error::UnitError;
 use super::units::{plan, Inputs, Unit};
 use super::ConvertError;
 
@@ -33,12 +34,13 @@ pub use super::report::REPORT_FILE;
 #[non_exhaustive]
 pub enum RunError {
     /// A source file is bad; rerun with `--skip-bad` to list it and go on.
-    #[error("{}: {error}; fix or remove the file, or rerun with --skip-bad to list it in a report and go on", file.display())]
+    #[error("{}: {}; fix or remove the file, or rerun with --skip-bad to list it in a report and go on", file.display(), error.detail())]
     BadFile {
-        /// The file.
+        /// The file at fault ([`UnitError::file`]).
         file: PathBuf,
         /// Why.
-        error: String,
+        #[source]
+        error: Box<UnitError>,
     },
     /// The layout cannot map the source (a flag is missing or wrong).
     #[error("{}: {error}", file.display())]
@@ -90,9 +92,9 @@ pub enum RunError {
     /// The spec is wrong: an option, or options together.
     #[error(transparent)]
     Spec(#[from] SpecError),
-    /// Options contradict each other.
-    #[error("{0}")]
-    BadOptions(String),
+    /// `--key-from` names no value of the first unit's files (a mistake in the flag).
+    #[error(transparent)]
+    KeyFrom(KeyError),
     /// A bug: a thread failed while converting these files. Nothing of their run was
     /// committed; a rerun resumes before them.
     #[error("internal error while converting {}: {detail}; please report it with the file", file.display())]
@@ -279,31 +281,18 @@ impl<'o> Run<'o> {
         })
     }
 
-    /// Records a bad unit, or stops the run without `skip_bad`. An error that starts with
-    /// one of `files` (as reader errors start with theirs) is that file's; others are `files[0]`'s.
-    fn bad<'p>(
-        &mut self,
-        files: impl IntoIterator<Item = &'p Path>,
-        error: String,
-    ) -> Result<(), RunError> {
-        let mut files = files.into_iter();
-        let first = files.next().unwrap_or(Path::new(""));
-        let (file, error) = std::iter::once(first)
-            .chain(files)
-            .find_map(|f| {
-                let rest = error.strip_prefix(&format!("{}: ", f.display()))?;
-                Some((f, rest.to_string()))
-            })
-            .unwrap_or((first, error));
+    /// Records a bad unit, or stops the run without `skip_bad`.
+    fn bad(&mut self, error: UnitError) -> Result<(), RunError> {
+        let file = error.file().to_path_buf();
         let Some(f) = self.report_file.as_mut() else {
             return Err(RunError::BadFile {
-                file: file.to_path_buf(),
-                error,
+                file,
+                error: Box::new(error),
             });
         };
         let entry = BadFile {
-            file: file.to_path_buf(),
-            error,
+            file,
+            error: error.detail(),
         };
         f.write(&entry)?;
         self.report.bad.push(entry);
@@ -319,7 +308,7 @@ impl<'o> Run<'o> {
             let inputs = match Inputs::open(u, o.limits) {
                 Ok(i) => i,
                 Err(e) => {
-                    self.bad(u.paths(), e.to_string())?;
+                    self.bad(e.into())?;
                     self.bad_units.insert(u.key.clone());
                     continue;
                 }
@@ -330,7 +319,7 @@ impl<'o> Run<'o> {
             match derived {
                 Ok((specs, schema)) => {
                     if let Some(e) = o.key_from.as_deref().and_then(|k| misnamed(&inputs, k)) {
-                        return Err(RunError::BadOptions(e));
+                        return Err(RunError::KeyFrom(e));
                     }
                     return Ok(Some(Decoder {
                         specs,
@@ -345,8 +334,9 @@ impl<'o> Run<'o> {
                 Err(LayoutError::MissingTensor { tensor, .. })
                     if inputs.unsupported(&tensor).is_some() =>
                 {
-                    let e = inputs.unsupported(&tensor).map(|e| e.to_string());
-                    self.bad(u.paths(), e.unwrap_or_default())?;
+                    if let Some(e) = inputs.unsupported(&tensor) {
+                        self.bad(e.into())?;
+                    }
                     self.bad_units.insert(u.key.clone());
                 }
                 Err(e) if is_layout_flag_error(&e) => {
@@ -356,7 +346,10 @@ impl<'o> Run<'o> {
                     })
                 }
                 Err(e) => {
-                    self.bad(u.paths(), e.to_string())?;
+                    self.bad(UnitError::Unit {
+                        file: first.clone(),
+                        problem: Box::new(e.into()),
+                    })?;
                     self.bad_units.insert(u.key.clone());
                 }
             }
@@ -376,7 +369,7 @@ impl<'o> Run<'o> {
         for (unit, outcome) in units.iter().zip(done.outcomes) {
             let file = &unit.files[0].1;
             match outcome {
-                Outcome::Bad(e) => self.bad(unit.paths(), e)?,
+                Outcome::Bad(e) => self.bad(e)?,
                 Outcome::Converted {
                     key,
                     stored_key,

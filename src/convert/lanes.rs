@@ -18,6 +18,7 @@ use super::groups::shard_groups;
 use super::job::RunError;
 use super::prepare::{Decoder, Prepared};
 use super::report::Progress;
+use super::unit_error::UnitError;
 use super::units::Unit;
 
 /// How the lanes run.
@@ -165,8 +166,8 @@ pub(super) enum Outcome {
         /// The sample keys, when read one per request (`key_from` naming a list of ids).
         request_keys: Vec<String>,
     },
-    /// Why the unit's file is bad.
-    Bad(String),
+    /// Why the unit is bad.
+    Bad(UnitError),
 }
 
 /// What every writing thread shares.

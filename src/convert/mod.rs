@@ -37,6 +37,7 @@ mod strided;
 pub mod torch_file;
 pub mod torch_legacy;
 pub mod torch_zip;
+pub mod unit_error;
 pub mod units;
 
 pub use error::ConvertError;
@@ -53,3 +54,4 @@ pub use source::{
 };
 pub use spec::{ConvertSpec, Mapping, SpecError};
 pub use torch_file::{load_torch, load_torch_with, TorchFile, TorchFormat};
+pub use unit_error::UnitError;
