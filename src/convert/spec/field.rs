@@ -41,6 +41,89 @@ pub fn parse_point(s: &str) -> Result<CapturePoint, SpecError> {
     }
 }
 
+/// What is wrong with a field of the generic layout ([`SpecError::Field`] names the field).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum FieldProblem {
+    /// Not `NAME=TENSOR...`.
+    #[error("expected NAME=TENSOR[:OPTION]...")]
+    Syntax,
+    /// An empty tensor name in `SRC1+SRC2+...`.
+    #[error("a stacked source is TENSOR+TENSOR+...")]
+    StackedSource,
+    /// An option's value that is not a number.
+    #[error("`{value}` is not a number")]
+    NotANumber {
+        /// What was given.
+        value: String,
+    },
+    /// A `part=` that is not `K/N`.
+    #[error("part=K/N, e.g. part=0/3")]
+    Part,
+    /// An `axis=` that is not an integer.
+    #[error("axis `{value}` is not an integer")]
+    Axis {
+        /// What was given.
+        value: String,
+    },
+    /// A `point=` that is none of the three.
+    #[error("unknown capture point `{value}`: use layer-input, layer-output or final-norm")]
+    Point {
+        /// What was given.
+        value: String,
+    },
+    /// A `layers=` that is not a list of ids.
+    #[error("layers `{value}` is not a list of layer ids, e.g. layers=2,30,58")]
+    Layers {
+        /// What was given.
+        value: String,
+    },
+    /// An empty `layers`.
+    #[error("layers= needs at least one id")]
+    NoLayers,
+    /// A `stack=` that is neither `concat` nor `axis`.
+    #[error("stack `{value}`: use concat or axis")]
+    Stack {
+        /// What was given.
+        value: String,
+    },
+    /// An option that does not exist.
+    #[error("unknown option `{option}`")]
+    UnknownOption {
+        /// The option.
+        option: String,
+    },
+    /// Both `part=` and `index=`.
+    #[error("give part or index, not both")]
+    PartAndIndex,
+    /// `layers=` with `role=` or `layer=`.
+    #[error("layers= makes a stacked hidden-state field: drop role= and layer=")]
+    StackedRole,
+    /// Not one source tensor per layer.
+    #[error("{sources} source tensors for {layers} layers: give one tensor per layer, or one holding them all")]
+    SourceCount {
+        /// Source tensors given.
+        sources: usize,
+        /// Layers given.
+        layers: usize,
+    },
+    /// `stack=` with one source tensor per layer.
+    #[error("stack= is for one source tensor holding every layer")]
+    StackWithSources,
+    /// Several sources or `stack=` without `layers=`.
+    #[error("several source tensors or stack= need layers=L0,L1,...")]
+    SourcesNeedLayers,
+    /// A hidden state without a layer id.
+    #[error("a hidden state needs a layer id: name it hidden.{{id}} or add :layer=ID")]
+    NoLayerId,
+    /// A role that does not exist.
+    #[error("unknown role `{role}`: ids, mask, hidden or other")]
+    UnknownRole {
+        /// What was given.
+        role: String,
+    },
+}
+
 /// One field of the generic layout, as the user gave it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(untagged)]
@@ -115,39 +198,42 @@ struct Decl {
     optional: bool,
 }
 
-fn number(v: &str) -> Result<u64, String> {
-    v.parse::<u64>()
-        .map_err(|_| format!("`{v}` is not a number"))
+fn number(v: &str) -> Result<u64, FieldProblem> {
+    v.parse::<u64>().map_err(|_| FieldProblem::NotANumber {
+        value: v.to_string(),
+    })
 }
 
-fn part(v: &str) -> Result<(u64, u64), String> {
-    let (i, n) = v
-        .split_once('/')
-        .ok_or_else(|| "part=K/N, e.g. part=0/3".to_string())?;
+fn part(v: &str) -> Result<(u64, u64), FieldProblem> {
+    let (i, n) = v.split_once('/').ok_or(FieldProblem::Part)?;
     Ok((number(i)?, number(n)?))
 }
 
-fn stack(v: &str) -> Result<Stack, String> {
+fn stack(v: &str) -> Result<Stack, FieldProblem> {
     match v {
         "concat" => Ok(Stack::Concat),
         "axis" => Ok(Stack::Axis),
-        _ => Err(format!("stack `{v}`: use concat or axis")),
+        _ => Err(FieldProblem::Stack {
+            value: v.to_string(),
+        }),
     }
 }
 
-fn point(v: &str) -> Result<CapturePoint, String> {
-    parse_point(v).map_err(|e| e.to_string())
+fn point(v: &str) -> Result<CapturePoint, FieldProblem> {
+    parse_point(v).map_err(|_| FieldProblem::Point {
+        value: v.to_string(),
+    })
 }
 
 /// `SRC` or `SRC1+SRC2+...`: the first source and the others.
-fn sources(first: String, more: Vec<String>) -> Result<(String, Vec<String>), String> {
+fn sources(first: String, more: Vec<String>) -> Result<(String, Vec<String>), FieldProblem> {
     if first.is_empty() && !more.is_empty() || more.iter().any(String::is_empty) {
-        return Err("a stacked source is TENSOR+TENSOR+...".into());
+        return Err(FieldProblem::StackedSource);
     }
     Ok((first, more))
 }
 
-fn split_sources(s: &str) -> Result<(String, Vec<String>), String> {
+fn split_sources(s: &str) -> Result<(String, Vec<String>), FieldProblem> {
     let mut all = s.split('+').map(str::to_string);
     let first = all.next().unwrap_or_default();
     sources(first, all.collect())
@@ -204,19 +290,17 @@ impl FieldArg {
             FieldArg::Object(o) => Decl::of_object(o),
         };
         decl.and_then(|d| d.resolve(points, num_layers))
-            .map_err(|detail| SpecError::Field {
+            .map_err(|problem| SpecError::Field {
                 field: self.text(),
-                detail,
+                problem,
             })
     }
 }
 
 impl Decl {
     /// Parses `NAME=SRC[:OPTION]...`.
-    fn parse(arg: &str) -> Result<Decl, String> {
-        let (name, rest) = arg
-            .split_once('=')
-            .ok_or_else(|| "expected NAME=TENSOR[:OPTION]...".to_string())?;
+    fn parse(arg: &str) -> Result<Decl, FieldProblem> {
+        let (name, rest) = arg.split_once('=').ok_or(FieldProblem::Syntax)?;
         let mut parts = rest.split(':');
         let (source, more) = split_sources(parts.next().unwrap_or_default())?;
         let mut d = Decl {
@@ -231,10 +315,9 @@ impl Decl {
                 "part" => d.part = Some(part(v)?),
                 "index" => d.index = Some(number(v)?),
                 "axis" => {
-                    d.axis = Some(
-                        v.parse::<i64>()
-                            .map_err(|_| format!("axis `{v}` is not an integer"))?,
-                    )
+                    d.axis = Some(v.parse::<i64>().map_err(|_| FieldProblem::Axis {
+                        value: v.to_string(),
+                    })?)
                 }
                 "role" => d.role = Some(v.to_string()),
                 "layer" => d.layer = Some(number(v)? as u32),
@@ -245,20 +328,24 @@ impl Decl {
                         .split(',')
                         .map(|x| x.trim().parse::<u32>())
                         .collect::<Result<Vec<_>, _>>()
-                        .map_err(|_| {
-                            format!("layers `{v}` is not a list of layer ids, e.g. layers=2,30,58")
+                        .map_err(|_| FieldProblem::Layers {
+                            value: v.to_string(),
                         })?;
                     d.layers = Some(ids);
                 }
                 "stack" => d.stack = Some(stack(v)?),
-                _ => return Err(format!("unknown option `{k}`")),
+                _ => {
+                    return Err(FieldProblem::UnknownOption {
+                        option: k.to_string(),
+                    })
+                }
             }
         }
         Ok(d)
     }
 
     /// The options of an object, checked in the order `--field` text lists them.
-    fn of_object(o: &FieldObject) -> Result<Decl, String> {
+    fn of_object(o: &FieldObject) -> Result<Decl, FieldProblem> {
         let (source, more) = match &o.source {
             Sources::One(s) => split_sources(s)?,
             Sources::Many(v) => {
@@ -286,7 +373,7 @@ impl Decl {
         self,
         points: &[CapturePoint],
         num_layers: Option<u32>,
-    ) -> Result<FieldSpec, String> {
+    ) -> Result<FieldSpec, FieldProblem> {
         let Decl {
             name,
             source,
@@ -299,7 +386,7 @@ impl Decl {
             ..
         } = self;
         let op = match (self.part, self.index) {
-            (Some(_), Some(_)) => return Err("give part or index, not both".into()),
+            (Some(_), Some(_)) => return Err(FieldProblem::PartAndIndex),
             (Some((index, of)), None) => Op::Part {
                 index,
                 of,
@@ -326,22 +413,19 @@ impl Decl {
         });
         if let Some(ids) = layers {
             if ids.is_empty() {
-                return Err("layers= needs at least one id".into());
+                return Err(FieldProblem::NoLayers);
             }
             if role_name != "hidden" || layer.is_some() {
-                return Err(
-                    "layers= makes a stacked hidden-state field: drop role= and layer=".into(),
-                );
+                return Err(FieldProblem::StackedRole);
             }
             if !more.is_empty() && more.len() + 1 != ids.len() {
-                return Err(format!(
-                    "{} source tensors for {} layers: give one tensor per layer, or one holding them all",
-                    more.len() + 1,
-                    ids.len()
-                ));
+                return Err(FieldProblem::SourceCount {
+                    sources: more.len() + 1,
+                    layers: ids.len(),
+                });
             }
             if !more.is_empty() && stack.is_some() {
-                return Err("stack= is for one source tensor holding every layer".into());
+                return Err(FieldProblem::StackWithSources);
             }
             let point = point.unwrap_or(match points {
                 [p] => *p,
@@ -362,17 +446,14 @@ impl Decl {
             });
         }
         if !more.is_empty() || stack.is_some() {
-            return Err("several source tensors or stack= need layers=L0,L1,...".into());
+            return Err(FieldProblem::SourcesNeedLayers);
         }
         let role = match role_name.as_str() {
             "ids" => Role::TokenIds,
             "mask" => Role::LossMask,
             "other" => Role::Other,
             "hidden" => {
-                let layer = layer.or(named_layer).ok_or_else(|| {
-                    "a hidden state needs a layer id: name it hidden.{id} or add :layer=ID"
-                        .to_string()
-                })?;
+                let layer = layer.or(named_layer).ok_or(FieldProblem::NoLayerId)?;
                 let point = point.unwrap_or(match points {
                     [p] => *p,
                     _ if num_layers == Some(layer) => CapturePoint::FinalNorm,
@@ -380,7 +461,11 @@ impl Decl {
                 });
                 Role::HiddenState { layer, point }
             }
-            r => return Err(format!("unknown role `{r}`: ids, mask, hidden or other")),
+            r => {
+                return Err(FieldProblem::UnknownRole {
+                    role: r.to_string(),
+                })
+            }
         };
         Ok(FieldSpec {
             name,

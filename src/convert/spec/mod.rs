@@ -18,7 +18,7 @@ use super::layout::{LayoutOptions, Preset};
 use super::prepare::{SplitBy, Trim};
 use super::Limits;
 
-pub use field::{parse_point, FieldArg, FieldObject, Sources};
+pub use field::{parse_point, FieldArg, FieldObject, FieldProblem, Sources};
 pub use mapping::Mapping;
 
 /// What to convert and how: every option of `hspack convert`, as serde data.
@@ -155,12 +155,12 @@ pub enum SpecError {
         value: String,
     },
     /// A field of the generic layout that does not parse or contradicts itself.
-    #[error("--field {field}: {detail}")]
+    #[error("--field {field}: {problem}")]
     Field {
         /// The field, in `--field` syntax.
         field: String,
         /// What is wrong and what to give.
-        detail: String,
+        problem: FieldProblem,
     },
     /// Fields given for a preset layout.
     #[error("--field (or fields in a --mapping file) needs --layout generic")]

@@ -175,6 +175,19 @@ fn a_field_object_is_named_in_field_syntax() {
     let mut spec = ConvertSpec::new("src", "dst", Preset::Generic);
     spec.merge_mapping(m, Path::new("m.json")).unwrap();
     let e = spec.check().unwrap_err();
+    assert!(
+        matches!(
+            &e,
+            SpecError::Field {
+                problem: FieldProblem::SourceCount {
+                    sources: 2,
+                    layers: 3
+                },
+                ..
+            }
+        ),
+        "{e:?}"
+    );
     assert_eq!(
         e.to_string(),
         "--field aux=a+b:layers=1,2,3: 2 source tensors for 3 layers: give one tensor per \
