@@ -1,11 +1,13 @@
 //! Planning: which units the run converts, and the groups of consecutive units whose shards one
 //! thread writes.
 
+use std::collections::HashSet;
 use std::ops::Range;
 
-use crate::write::WriteOptions;
+use crate::write::{DatasetWriter, WriteOptions};
 
 use super::job::RunError;
+use super::keys::KeyLog;
 use super::units::Unit;
 
 /// Groups are planned no smaller than this unless shards are.
@@ -28,6 +30,35 @@ pub(super) fn check_duplicates(units: &[Unit], split: bool) -> Result<(), RunErr
         }
     }
     Ok(())
+}
+
+/// The units this run converts, and those it skips whole because the dataset holds their
+/// samples (by the unit's key, or the key the key log says it gave); units found bad are in
+/// neither. Split units are never skipped whole: their keys are known only once decoded.
+pub(super) fn to_convert(
+    units: Vec<Unit>,
+    bad: &HashSet<String>,
+    keys: Option<&KeyLog>,
+    writer: &DatasetWriter,
+    split: bool,
+) -> (Vec<Unit>, Vec<Unit>) {
+    let mut todo = Vec::with_capacity(units.len());
+    let mut present = Vec::new();
+    for u in units {
+        if bad.contains(&u.key) {
+            continue;
+        }
+        let key = match keys {
+            Some(log) => log.key_of(&u.key),
+            None => Some(u.key.as_str()),
+        };
+        if !split && key.is_some_and(|k| writer.contains_key(k)) {
+            present.push(u);
+        } else {
+            todo.push(u);
+        }
+    }
+    (todo, present)
 }
 
 /// Consecutive units whose shards one thread writes. Each group is planned to fill one shard

@@ -16,7 +16,7 @@ use crate::format::manifest::MANIFEST_FILE;
 use crate::read::Dataset;
 use crate::write::DatasetWriter;
 
-use super::groups::check_duplicates;
+use super::groups::{check_duplicates, to_convert};
 use super::keys::{misnamed, KeyError, KeyLog};
 use super::lanes::{write_in_lanes, GroupDone, LaneOptions, Outcome};
 use super::layout::{derive_schema, specs_for, LayoutError};
@@ -189,23 +189,13 @@ fn convert(o: &ConvertOptions, progress: &mut dyn FnMut(Progress)) -> Result<Rep
         return Ok(run.report);
     };
     let mut writer = DatasetWriter::open(&o.dst, decoder.schema.clone(), o.write.clone())?;
-    let split = o.split_by.is_some();
-    let mut todo = Vec::with_capacity(plan.units.len());
-    let mut present = Vec::new();
-    for u in plan.units {
-        if run.bad_units.contains(&u.key) {
-            continue;
-        }
-        let key = match &run.keys {
-            Some(log) => log.key_of(&u.key),
-            None => Some(u.key.as_str()),
-        };
-        if !split && key.is_some_and(|k| writer.contains_key(k)) {
-            present.push(u);
-        } else {
-            todo.push(u);
-        }
-    }
+    let (todo, present) = to_convert(
+        plan.units,
+        &run.bad_units,
+        run.keys.as_ref(),
+        &writer,
+        o.split_by.is_some(),
+    );
     run.report.present = present.len() as u64;
     run.verified = writer.stats().shards;
     if o.delete_source && !present.is_empty() {
