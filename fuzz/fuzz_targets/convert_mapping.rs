@@ -1,22 +1,22 @@
 #![no_main]
 
-use hspack::convert::layout::{field_shape, LayoutOptions};
-use hspack::convert::layouts::generic::{parse_field, Mapping};
+use hspack::convert::layout::field_shape;
+use hspack::convert::spec::{FieldArg, Mapping};
 use libfuzzer_sys::fuzz_target;
 
-// The generic layout's `--field` syntax and the `--mapping` file: parse, then take the shape
-// of a few source tensors, never panicking.
+// The generic layout's `--field` syntax and the `--mapping` file: parse and resolve, then take
+// the shape of a few source tensors, never panicking.
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
-    let options = LayoutOptions::default();
-    let mut flags = vec![text.to_string()];
+    let mut fields = vec![FieldArg::Flag(text.to_string())];
     if let Ok(m) = Mapping::parse(text, std::path::Path::new("fuzz.json")) {
-        flags.extend(m.fields.iter().map(|f| f.to_flag()));
+        fields.extend(m.fields);
     }
-    for flag in flags {
-        if let Ok(spec) = parse_field(&flag, &options) {
+    for field in fields {
+        let _ = field.text();
+        if let Ok(spec) = field.resolve(&[], None) {
             for shape in [
                 &[1, 4, 12][..],
                 &[4, 3, 4],

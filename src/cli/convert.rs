@@ -3,12 +3,8 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::{bail, Context};
-use hspack::convert::layouts::generic::{parse_field, parse_point, Mapping, MappingSplit};
-use hspack::convert::{
-    self, ConvertOptions, LayoutOptions, Limits, Preset, Progress, SplitBy, Trim,
-};
-use hspack::{Codec, WriteOptions};
+use hspack::convert::spec::FieldArg;
+use hspack::convert::{self, ConvertSpec, Mapping, Preset, Progress};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use super::{gbps, human_bytes, EXIT_SKIPPED};
@@ -160,157 +156,48 @@ enum LayoutArg {
     Generic,
 }
 
-/// Fills the flags a mapping file sets, refusing a key also given as a flag.
-fn merge_mapping(a: &mut Args) -> anyhow::Result<()> {
-    let Some(path) = a.mapping.clone() else {
-        return Ok(());
-    };
-    let m = Mapping::read(&path)?;
-    let both = |key: &str, flag: &str| {
-        anyhow::anyhow!(
-            "{}: the mapping file sets `{key}` and so does {flag}: give it in one place",
-            path.display()
-        )
-    };
-    fn take<T>(
-        slot: &mut Option<T>,
-        value: Option<T>,
-        err: impl FnOnce() -> anyhow::Error,
-    ) -> anyhow::Result<()> {
-        if let Some(v) = value {
-            if slot.is_some() {
-                return Err(err());
-            }
-            *slot = Some(v);
-        }
-        Ok(())
-    }
-    if !m.fields.is_empty() {
-        if !a.fields.is_empty() {
-            return Err(both("fields", "--field"));
-        }
-        a.fields = m.fields.iter().map(|f| f.to_flag()).collect();
-    }
-    take(&mut a.group_by, m.group_by, || {
-        both("group_by", "--group-by")
-    })?;
-    let split = m.split_by.map(|s| match s {
-        MappingSplit::Lengths(t) => format!("lengths:{t}"),
-        MappingSplit::CuSeqlens(t) => format!("cu_seqlens:{t}"),
-    });
-    take(&mut a.split_by, split, || both("split_by", "--split-by"))?;
-    take(&mut a.split_by_file, m.split_by_file, || {
-        both("split_by_file", "--split-by-file")
-    })?;
-    take(&mut a.key_from, m.key_from, || {
-        both("key_from", "--key-from")
-    })?;
-    take(&mut a.num_layers, m.num_layers, || {
-        both("num_layers", "--num-layers")
-    })?;
-    take(&mut a.model, m.model, || both("model", "--model"))?;
-    if let Some(layers) = m.layers {
-        if !a.layers.is_empty() {
-            return Err(both("layers", "--layers"));
-        }
-        a.layers = layers;
-    }
-    if let Some(points) = m.points {
-        if !a.point.is_empty() {
-            return Err(both("points", "--point"));
-        }
-        a.point = points;
-    }
-    Ok(())
-}
-
-fn options(a: &Args) -> anyhow::Result<ConvertOptions> {
-    let preset = match a.layout {
+/// The spec the flags and the `--mapping` file give; a key of the file whose flag is given too
+/// is refused.
+fn spec(a: &Args) -> anyhow::Result<ConvertSpec> {
+    let mapping = a.mapping.as_deref().map(Mapping::read).transpose()?;
+    let layout = match a.layout {
         LayoutArg::Specforge => Preset::SpecForge,
         LayoutArg::Eagle => Preset::Eagle,
         LayoutArg::Modelopt => Preset::ModelOpt,
         LayoutArg::Speculators => Preset::Speculators,
         LayoutArg::Generic => Preset::Generic,
     };
-    let mut layout = LayoutOptions {
+    let mut spec = ConvertSpec {
+        fields: a.fields.iter().cloned().map(FieldArg::Flag).collect(),
         layers: a.layers.clone(),
-        points: a
-            .point
-            .iter()
-            .map(|p| parse_point(p))
-            .collect::<Result<_, _>>()?,
+        points: a.point.clone(),
         num_layers: a.num_layers,
         model: a.model.clone(),
         hidden_size: a.hidden_size,
-        fields: Vec::new(),
         split_layers: a.split_layers,
-    };
-    if !a.fields.is_empty() && preset != Preset::Generic {
-        bail!("--field (or fields in a --mapping file) needs --layout generic");
-    }
-    layout.fields = a
-        .fields
-        .iter()
-        .map(|f| parse_field(f, &layout))
-        .collect::<Result<_, _>>()?;
-    let split_by = match a
-        .split_by
-        .as_deref()
-        .map(|s| s.split_once(':').unwrap_or((s, "")))
-    {
-        None => None,
-        Some(("lengths", t)) => Some(SplitBy::Lengths(t.into())),
-        Some(("cu_seqlens", t)) => Some(SplitBy::CuSeqlens(t.into())),
-        Some(_) => bail!(
-            "--split-by takes lengths:TENSOR or cu_seqlens:TENSOR (TENSOR left out: the bare \
-             tensor of a --split-by-file file)"
-        ),
-    };
-    let trim = match a.trim_padding.as_deref() {
-        None => None,
-        Some("mask") => Some(Trim::LossMask),
-        Some("ids") => Some(Trim::TokenIds { pad: 0 }),
-        Some(s) => match s.strip_prefix("ids:").map(str::parse::<i64>) {
-            Some(Ok(pad)) => Some(Trim::TokenIds { pad }),
-            _ => bail!("--trim-padding takes mask, ids or ids:PAD"),
-        },
-    };
-    let codec = Codec::from_name(&a.codec).with_context(|| {
-        format!(
-            "unknown codec {}: use none, zstd or zstd-bytegroup",
-            a.codec
-        )
-    })?;
-    Ok(ConvertOptions {
-        src: a.src.clone(),
-        dst: a.dst.clone(),
-        preset,
-        layout,
         group_by: a.group_by.clone(),
-        split_by,
-        split_file: a.split_by_file.clone(),
+        split_by: a.split_by.as_deref().map(str::parse).transpose()?,
+        split_by_file: a.split_by_file.clone(),
         key_from: a.key_from.clone(),
-        trim,
+        trim_padding: a.trim_padding.as_deref().map(str::parse).transpose()?,
         delete_source: a.delete_source,
         skip_bad: a.skip_bad,
-        report_path: a.report.clone(),
-        jobs: a
-            .jobs
-            .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get())),
-        write: WriteOptions {
-            shard_bytes: a.shard_mib.max(1) << 20,
-            shard_samples: a.shard_samples,
-            codec,
-            durable: !a.no_fsync,
-            ..WriteOptions::default()
-        },
-        limits: Limits::default(),
-    })
+        report: a.report.clone(),
+        jobs: a.jobs,
+        shard_mib: a.shard_mib,
+        shard_samples: a.shard_samples,
+        codec: a.codec.clone(),
+        fsync: !a.no_fsync,
+        ..ConvertSpec::new(&a.src, &a.dst, layout)
+    };
+    if let (Some(m), Some(path)) = (mapping, &a.mapping) {
+        spec.merge_mapping(m, path)?;
+    }
+    Ok(spec)
 }
 
-pub fn run(mut a: Args) -> anyhow::Result<ExitCode> {
-    merge_mapping(&mut a)?;
-    let o = options(&a)?;
+pub fn run(a: Args) -> anyhow::Result<ExitCode> {
+    let spec = spec(&a)?;
     let bar = ProgressBar::new(0);
     if a.quiet || a.json {
         bar.set_draw_target(ProgressDrawTarget::hidden());
@@ -323,7 +210,7 @@ pub fn run(mut a: Args) -> anyhow::Result<ExitCode> {
         .progress_chars("=> "),
     );
     let (mut done, mut total) = (0u64, 0u64);
-    let report = convert::run(&o, &mut |p| match p {
+    let report = convert::run(&spec, &mut |p| match p {
         Progress::Start { units, bytes } => {
             total = units;
             bar.set_length(bytes);
@@ -344,7 +231,7 @@ pub fn run(mut a: Args) -> anyhow::Result<ExitCode> {
             "samples": r.samples, "samples_already_present": r.samples_present,
             "source_bytes": r.source_bytes, "ignored": r.ignored, "deleted": r.deleted,
             "bad": r.bad, "report": r.report_path,
-            "dataset": {"path": o.dst, "samples": r.stats.samples, "shards": r.stats.shards,
+            "dataset": {"path": spec.dst, "samples": r.stats.samples, "shards": r.stats.shards,
                         "bytes": r.stats.bytes},
             "seconds": secs,
         });
@@ -370,13 +257,13 @@ pub fn run(mut a: Args) -> anyhow::Result<ExitCode> {
         ),
         format!(
             "dataset   {}: {} samples in {} shards, {}",
-            o.dst.display(),
+            spec.dst.display(),
             r.stats.samples,
             r.stats.shards,
             human_bytes(r.stats.bytes)
         ),
     ];
-    if o.delete_source {
+    if spec.delete_source {
         lines.push(format!("deleted   {} source files", r.deleted));
     }
     if !r.bad.is_empty() {

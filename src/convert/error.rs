@@ -1,6 +1,6 @@
 //! Errors raised while reading foreign hidden-state dumps.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Why a source file could not be read.
 ///
@@ -333,6 +333,46 @@ pub enum ConvertError {
 }
 
 impl ConvertError {
+    /// The file the error is about: every message starts with it.
+    pub fn file(&self) -> &Path {
+        match self {
+            ConvertError::Io { file, .. }
+            | ConvertError::UnknownFormat { file, .. }
+            | ConvertError::GzipNotADump { file, .. }
+            | ConvertError::GzipTooLarge { file, .. }
+            | ConvertError::TruncatedZip { file, .. }
+            | ConvertError::TruncatedStorage { file, .. }
+            | ConvertError::NotATorchFile { file, .. }
+            | ConvertError::LegacyTarFormat { file, .. }
+            | ConvertError::Truncated { file, .. }
+            | ConvertError::DeclaredSizeTooLarge { file, .. }
+            | ConvertError::Malformed { file, .. }
+            | ConvertError::RefusedGlobal { file, .. }
+            | ConvertError::UnsupportedOpcode { file, .. }
+            | ConvertError::BadCall { file, .. }
+            | ConvertError::PickleTooComplex { file, .. }
+            | ConvertError::UnsafeEntryName { file, .. }
+            | ConvertError::CompressedEntry { file, .. }
+            | ConvertError::OverlappingEntries { file, .. }
+            | ConvertError::ChecksumMismatch { file, .. }
+            | ConvertError::Missing { file, .. }
+            | ConvertError::MissingPart { file, .. }
+            | ConvertError::UnsupportedDType { file, .. }
+            | ConvertError::TensorOutOfBounds { file, .. }
+            | ConvertError::UnsupportedArray { file, .. } => file,
+        }
+    }
+
+    /// The message without the file it starts with, for lists that name the file apart
+    /// (the bad-file report).
+    pub fn detail(&self) -> String {
+        let text = self.to_string();
+        let file = format!("{}: ", self.file().display());
+        match text.strip_prefix(&file) {
+            Some(rest) => rest.to_string(),
+            None => text,
+        }
+    }
     /// Shorthand for [`ConvertError::Truncated`].
     pub(crate) fn truncated(
         file: &std::path::Path,
@@ -373,4 +413,32 @@ fn hex(bytes: &[u8]) -> String {
     }
     let hex: Vec<String> = bytes.iter().map(|b| format!("{b:02x}")).collect();
     hex.join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_message_starts_with_its_file() {
+        let file = PathBuf::from("/src/a.pt");
+        let errors = [
+            ConvertError::UnknownFormat { file: file.clone() },
+            ConvertError::truncated(&file, "a header", 3, 8, 5),
+            ConvertError::MissingPart {
+                file: file.clone(),
+                group: "g".into(),
+                part: "L2".into(),
+                wanted: "L2".into(),
+            },
+            ConvertError::Io {
+                file: file.clone(),
+                source: std::io::Error::other("gone"),
+            },
+        ];
+        for e in errors {
+            assert_eq!(e.file(), file);
+            assert_eq!(e.to_string(), format!("/src/a.pt: {}", e.detail()));
+        }
+    }
 }

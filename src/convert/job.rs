@@ -1,141 +1,46 @@
-//! The conversion job: plan units, cut them into runs that fill a shard each, let every
-//! thread decode its run into its own shard (a [`ShardLane`]), commit the shards in source
-//! order, delete sources once their shard is durable and verified, and report.
+//! The conversion job: plan units, write them in lanes (`lanes.rs`), commit the shards
+//! in source order, delete sources once their shard is durable and verified, and report
+//! ([`super::report`]).
 //!
-//! Writes into one file do not get faster with more threads; writes into several files do, so
-//! threads write shards, not samples. Ordinals follow the source order whatever the threads.
-//! Memory is bounded: a thread holds one decoded unit at a time, and at most `1.5 × jobs`
-//! runs are started ahead of the next commit. Resuming is by key: a unit whose key the dataset
-//! already holds is skipped, so a rerun after any interruption continues where the last commit
-//! left off and never appends a sample twice.
+//! Resuming is by key: a unit whose key the dataset already holds is skipped, so a rerun after
+//! any interruption continues where the last commit left off and never appends a sample twice.
 
-use crate::failpoint::failpoint;
-use std::collections::{BTreeMap, HashMap, HashSet};
-use std::io::Write;
-use std::ops::Range;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Mutex};
-use std::time::{Duration, Instant};
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::time::Instant;
 
 use rayon::prelude::*;
 
+use crate::failpoint::failpoint;
 use crate::format::manifest::MANIFEST_FILE;
 use crate::read::Dataset;
-use crate::write::{DatasetWriter, Lanes, ShardLane, WriteOptions, WriteStats};
+use crate::write::DatasetWriter;
 
-use super::keys::{misnamed, KeyLog};
-use super::layout::{derive_schema, specs_for, LayoutError, LayoutOptions, Preset};
-use super::prepare::{Decoder, Prepared, SplitBy, Trim};
+use super::groups::{check_duplicates, to_convert};
+use super::keys::{misnamed, KeyError, KeyLog};
+use super::lanes::{write_in_lanes, GroupDone, LaneOptions, Outcome};
+use super::layout::{derive_schema, specs_for, LayoutError};
+use super::prepare::Decoder;
+use super::report::{BadFile, BadLog, Progress, Report};
+use super::spec::{ConvertOptions, ConvertSpec, SpecError};
+use super::unit_error::UnitError;
 use super::units::{plan, Inputs, Unit};
-use super::{ConvertError, Limits};
+use super::ConvertError;
 
-/// Default name of the bad-file report, in the destination folder.
-pub const REPORT_FILE: &str = "convert-report.jsonl";
-
-/// What to convert and how.
-#[derive(Debug, Clone)]
-pub struct ConvertOptions {
-    /// Source folder (walked recursively) or file.
-    pub src: PathBuf,
-    /// Dataset folder, created or resumed.
-    pub dst: PathBuf,
-    /// The layout of the source files.
-    pub preset: Preset,
-    /// Layer ids, points, model, generic fields.
-    pub layout: LayoutOptions,
-    /// Group files into one sample by a pattern with `{key}` and `{part}`.
-    pub group_by: Option<String>,
-    /// Split each file into requests.
-    pub split_by: Option<SplitBy>,
-    /// The file beside each batch holding its split tensor: a name with `{stem}`.
-    pub split_file: Option<String>,
-    /// Take each file's sample key from this stored value (e.g. `conversation_id`).
-    pub key_from: Option<String>,
-    /// Drop padding rows.
-    pub trim: Option<Trim>,
-    /// Delete each source file once its samples are committed and verified.
-    pub delete_source: bool,
-    /// List bad files in the report and go on, instead of stopping.
-    pub skip_bad: bool,
-    /// Where bad files are listed (default: `REPORT_FILE` in `dst`).
-    pub report_path: Option<PathBuf>,
-    /// Decoding threads.
-    pub jobs: usize,
-    /// Writer options.
-    pub write: WriteOptions,
-    /// Limits for reading source files.
-    pub limits: Limits,
-}
-
-/// Progress events, sent from the calling thread.
-#[derive(Debug, Clone, Copy)]
-pub enum Progress {
-    /// The work ahead: source files and their bytes.
-    Start {
-        /// Units to convert.
-        units: u64,
-        /// Their bytes.
-        bytes: u64,
-    },
-    /// One more unit done (converted, present or bad), of `bytes` source bytes.
-    Advance {
-        /// Source bytes of the unit.
-        bytes: u64,
-    },
-}
-
-/// A source file that could not be converted.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct BadFile {
-    /// The file at fault: the one whose content is bad, or that is missing from its group
-    /// (else the first of the group).
-    pub file: PathBuf,
-    /// Why.
-    pub error: String,
-}
-
-/// What a run did.
-#[derive(Debug, Clone)]
-pub struct Report {
-    /// Units (files, or groups of files) found.
-    pub units: u64,
-    /// Units converted in this run.
-    pub converted: u64,
-    /// Units whose samples the dataset already held: skipped, nothing appended.
-    pub present: u64,
-    /// Samples appended in this run.
-    pub samples: u64,
-    /// Samples of this run's units skipped because the dataset already held their keys.
-    pub samples_present: u64,
-    /// Source bytes of the converted units.
-    pub source_bytes: u64,
-    /// Files skipped as bad (only with `skip_bad`): a run that skipped any did not convert
-    /// everything.
-    pub bad: Vec<BadFile>,
-    /// Where bad files are listed, when `skip_bad`.
-    pub report_path: Option<PathBuf>,
-    /// Files the layout did not take.
-    pub ignored: u64,
-    /// Source files deleted.
-    pub deleted: u64,
-    /// The dataset after the run.
-    pub stats: WriteStats,
-    /// Wall time.
-    pub elapsed: Duration,
-}
+pub use super::report::REPORT_FILE;
 
 /// Why a run stopped.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum RunError {
     /// A source file is bad; rerun with `--skip-bad` to list it and go on.
-    #[error("{}: {error}; fix or remove the file, or rerun with --skip-bad to list it in a report and go on", file.display())]
+    #[error("{}: {}; fix or remove the file, or rerun with --skip-bad to list it in a report and go on", file.display(), error.detail())]
     BadFile {
-        /// The file.
+        /// The file at fault ([`UnitError::file`]).
         file: PathBuf,
         /// Why.
-        error: String,
+        #[source]
+        error: Box<UnitError>,
     },
     /// The layout cannot map the source (a flag is missing or wrong).
     #[error("{}: {error}", file.display())]
@@ -184,9 +89,12 @@ pub enum RunError {
         /// Cause.
         source: std::io::Error,
     },
-    /// Options contradict each other.
-    #[error("{0}")]
-    BadOptions(String),
+    /// The spec is wrong: an option, or options together.
+    #[error(transparent)]
+    Spec(#[from] SpecError),
+    /// `--key-from` names no value of the first unit's files (a mistake in the flag).
+    #[error(transparent)]
+    KeyFrom(KeyError),
     /// A bug: a thread failed while converting these files. Nothing of their run was
     /// committed; a rerun resumes before them.
     #[error("internal error while converting {}: {detail}; please report it with the file", file.display())]
@@ -205,12 +113,14 @@ fn is_layout_flag_error(e: &LayoutError) -> bool {
     )
 }
 
-/// Runs a conversion. `progress` is called on the calling thread.
+/// Runs a conversion. `progress` is called on the calling thread. The spec is checked
+/// first ([`ConvertSpec::check`]); a spec that fails touches nothing.
 ///
 /// A run that fails before committing anything to a folder that held no dataset leaves no
 /// dataset behind: the manifest (and key log) it created go, and the folder too when the run
 /// created it and nothing else is in it.
-pub fn run(o: &ConvertOptions, progress: &mut dyn FnMut(Progress)) -> Result<Report, RunError> {
+pub fn run(spec: &ConvertSpec, progress: &mut dyn FnMut(Progress)) -> Result<Report, RunError> {
+    let o = &spec.resolve()?;
     let fresh = !o.dst.join(MANIFEST_FILE).exists();
     let folder_existed = o.dst.exists();
     let result = convert(o, progress);
@@ -248,28 +158,6 @@ fn remove_empty_dataset(o: &ConvertOptions, folder_existed: bool) {
 
 fn convert(o: &ConvertOptions, progress: &mut dyn FnMut(Progress)) -> Result<Report, RunError> {
     let started = Instant::now();
-    if o.delete_source && !o.write.durable {
-        return Err(RunError::BadOptions(
-            "--delete-source needs durable commits: sources are deleted only after their shard is fsynced".into(),
-        ));
-    }
-    if o.split_file.is_some() && (o.split_by.is_none() || o.group_by.is_some()) {
-        return Err(RunError::BadOptions(
-            "a split file beside each batch (--split-by-file) needs --split-by lengths[:TENSOR] \
-             or cu_seqlens[:TENSOR], and does not combine with --group-by"
-                .into(),
-        ));
-    }
-    if o.split_file
-        .as_deref()
-        .is_some_and(|p| !p.contains("{stem}") || p.contains('/'))
-    {
-        return Err(RunError::BadOptions(
-            "--split-by-file takes a file name with {stem}, the batch file's name without its \
-             extension, e.g. '{stem}.lens.pt'"
-                .into(),
-        ));
-    }
     let plan = plan(
         &o.src,
         o.preset,
@@ -301,23 +189,13 @@ fn convert(o: &ConvertOptions, progress: &mut dyn FnMut(Progress)) -> Result<Rep
         return Ok(run.report);
     };
     let mut writer = DatasetWriter::open(&o.dst, decoder.schema.clone(), o.write.clone())?;
-    let split = o.split_by.is_some();
-    let mut todo = Vec::with_capacity(plan.units.len());
-    let mut present = Vec::new();
-    for u in plan.units {
-        if run.bad_units.contains(&u.key) {
-            continue;
-        }
-        let key = match &run.keys {
-            Some(log) => log.key_of(&u.key),
-            None => Some(u.key.as_str()),
-        };
-        if !split && key.is_some_and(|k| writer.contains_key(k)) {
-            present.push(u);
-        } else {
-            todo.push(u);
-        }
-    }
+    let (todo, present) = to_convert(
+        plan.units,
+        &run.bad_units,
+        run.keys.as_ref(),
+        &writer,
+        o.split_by.is_some(),
+    );
     run.report.present = present.len() as u64;
     run.verified = writer.stats().shards;
     if o.delete_source && !present.is_empty() {
@@ -332,36 +210,34 @@ fn convert(o: &ConvertOptions, progress: &mut dyn FnMut(Progress)) -> Result<Rep
         units: todo.len() as u64,
         bytes: todo.iter().map(|u| u.bytes).sum(),
     });
-    run.pipeline(&decoder, &todo, &mut writer, progress)?;
+    let lanes = LaneOptions {
+        jobs: o.jobs,
+        write: &o.write,
+        stop_at_bad: !o.skip_bad,
+        // Units whose samples the dataset holds were left out of `todo` by key, except split
+        // units (keys known only once decoded) and keys taken from the files: with those, a
+        // sample already committed is skipped as it comes, even when the key log is gone.
+        skip_present: o.split_by.is_some() || o.key_from.is_some(),
+    };
+    write_in_lanes(
+        &decoder,
+        &todo,
+        &mut writer,
+        lanes,
+        progress,
+        &mut |units, done, writer| run.commit_group(units, done, writer),
+    )?;
     let stats = writer.finish()?;
     run.report.stats = stats;
     run.report.elapsed = started.elapsed();
     Ok(run.report)
 }
 
-fn check_duplicates(units: &[Unit], split: bool) -> Result<(), RunError> {
-    if split {
-        return Ok(());
-    }
-    // Units are sorted by key and grouped, so equal keys can only come from one group: a
-    // group of unnamed parts holds two files with one key (`a.pt` and `a.pt.gz`).
-    for u in units {
-        if u.files.len() > 1 && u.files.iter().all(|(p, _)| p.is_empty()) {
-            return Err(RunError::DuplicateKey {
-                key: u.key.clone(),
-                a: u.files[0].1.clone(),
-                b: u.files[1].1.clone(),
-            });
-        }
-    }
-    Ok(())
-}
-
 struct Run<'o> {
     o: &'o ConvertOptions,
     report: Report,
-    report_file: Option<std::fs::File>,
-    bad_units: std::collections::HashSet<String>,
+    report_file: Option<BadLog>,
+    bad_units: HashSet<String>,
     verified: u64,
     /// With `key_from`, which unit gave which key.
     keys: Option<KeyLog>,
@@ -376,44 +252,10 @@ impl<'o> Run<'o> {
                 .clone()
                 .unwrap_or_else(|| o.dst.join(REPORT_FILE))
         });
-        let report_file = match &report_path {
-            Some(p) => {
-                if let Some(parent) = p.parent() {
-                    std::fs::create_dir_all(parent).map_err(|source| RunError::Io {
-                        path: parent.to_path_buf(),
-                        op: "create",
-                        source,
-                    })?;
-                }
-                Some(std::fs::File::create(p).map_err(|source| RunError::Io {
-                    path: p.clone(),
-                    op: "create",
-                    source,
-                })?)
-            }
-            None => None,
-        };
+        let report_file = report_path.as_deref().map(BadLog::create).transpose()?;
         Ok(Run {
             o,
-            report: Report {
-                units: 0,
-                converted: 0,
-                present: 0,
-                samples: 0,
-                samples_present: 0,
-                source_bytes: 0,
-                bad: Vec::new(),
-                report_path,
-                ignored,
-                deleted: 0,
-                stats: WriteStats {
-                    samples: 0,
-                    shards: 0,
-                    bytes: 0,
-                    raw_bytes: 0,
-                },
-                elapsed: Duration::ZERO,
-            },
+            report: Report::new(report_path, ignored),
             report_file,
             bad_units: Default::default(),
             request_keys: HashMap::new(),
@@ -429,41 +271,20 @@ impl<'o> Run<'o> {
         })
     }
 
-    /// Records a bad unit, or stops the run without `skip_bad`. An error that starts with
-    /// one of `files` (as reader errors start with theirs) is that file's; others are `files[0]`'s.
-    fn bad<'p>(
-        &mut self,
-        files: impl IntoIterator<Item = &'p Path>,
-        error: String,
-    ) -> Result<(), RunError> {
-        let mut files = files.into_iter();
-        let first = files.next().unwrap_or(Path::new(""));
-        let (file, error) = std::iter::once(first)
-            .chain(files)
-            .find_map(|f| {
-                let rest = error.strip_prefix(&format!("{}: ", f.display()))?;
-                Some((f, rest.to_string()))
-            })
-            .unwrap_or((first, error));
+    /// Records a bad unit, or stops the run without `skip_bad`.
+    fn bad(&mut self, error: UnitError) -> Result<(), RunError> {
+        let file = error.file().to_path_buf();
         let Some(f) = self.report_file.as_mut() else {
             return Err(RunError::BadFile {
-                file: file.to_path_buf(),
-                error,
+                file,
+                error: Box::new(error),
             });
         };
         let entry = BadFile {
-            file: file.to_path_buf(),
-            error,
+            file,
+            error: error.detail(),
         };
-        let path = self.report.report_path.clone().unwrap_or_default();
-        let line = serde_json::to_string(&entry).unwrap_or_default();
-        writeln!(f, "{line}")
-            .and_then(|_| f.flush())
-            .map_err(|source| RunError::Io {
-                path,
-                op: "write",
-                source,
-            })?;
+        f.write(&entry)?;
         self.report.bad.push(entry);
         Ok(())
     }
@@ -477,7 +298,7 @@ impl<'o> Run<'o> {
             let inputs = match Inputs::open(u, o.limits) {
                 Ok(i) => i,
                 Err(e) => {
-                    self.bad(u.paths(), e.to_string())?;
+                    self.bad(e.into())?;
                     self.bad_units.insert(u.key.clone());
                     continue;
                 }
@@ -488,7 +309,7 @@ impl<'o> Run<'o> {
             match derived {
                 Ok((specs, schema)) => {
                     if let Some(e) = o.key_from.as_deref().and_then(|k| misnamed(&inputs, k)) {
-                        return Err(RunError::BadOptions(e));
+                        return Err(RunError::KeyFrom(e));
                     }
                     return Ok(Some(Decoder {
                         specs,
@@ -503,8 +324,9 @@ impl<'o> Run<'o> {
                 Err(LayoutError::MissingTensor { tensor, .. })
                     if inputs.unsupported(&tensor).is_some() =>
                 {
-                    let e = inputs.unsupported(&tensor).map(|e| e.to_string());
-                    self.bad(u.paths(), e.unwrap_or_default())?;
+                    if let Some(e) = inputs.unsupported(&tensor) {
+                        self.bad(e.into())?;
+                    }
                     self.bad_units.insert(u.key.clone());
                 }
                 Err(e) if is_layout_flag_error(&e) => {
@@ -514,96 +336,15 @@ impl<'o> Run<'o> {
                     })
                 }
                 Err(e) => {
-                    self.bad(u.paths(), e.to_string())?;
+                    self.bad(UnitError::Unit {
+                        file: first.clone(),
+                        problem: Box::new(e.into()),
+                    })?;
                     self.bad_units.insert(u.key.clone());
                 }
             }
         }
         Ok(None)
-    }
-
-    fn pipeline(
-        &mut self,
-        decoder: &Decoder,
-        todo: &[Unit],
-        writer: &mut DatasetWriter,
-        progress: &mut dyn FnMut(Progress),
-    ) -> Result<(), RunError> {
-        let jobs = self.o.jobs.max(1);
-        let groups = shard_groups(todo, &self.o.write, jobs);
-        // Groups started ahead of the next commit: enough to keep every thread busy while one
-        // finishes late, few enough that uncommitted shards stay a bounded share of the disk.
-        let window = jobs + jobs.div_ceil(2);
-        // Units whose samples the dataset holds were left out of `todo` by key, except split
-        // units (keys known only once decoded) and keys taken from the files: with those, a
-        // sample already committed is skipped as it comes, even when the key log is gone.
-        let present = if self.o.split_by.is_some() || self.o.key_from.is_some() {
-            writer.keys().map(str::to_string).collect()
-        } else {
-            HashSet::new()
-        };
-        let lane = LaneJob {
-            decoder,
-            todo,
-            lanes: writer.lanes(),
-            write: &self.o.write,
-            stop_at_bad: !self.o.skip_bad,
-            present: &present,
-            stop: AtomicBool::new(false),
-        };
-        let (job_tx, job_rx) = mpsc::channel::<usize>();
-        let job_rx = Mutex::new(job_rx);
-        std::thread::scope(|scope| {
-            // Owned by this closure: however it returns, the queue closes and the threads end.
-            let job_tx = job_tx;
-            let (msg_tx, msg_rx) = mpsc::channel::<Message>();
-            for _ in 0..jobs {
-                let msg_tx = msg_tx.clone();
-                let (job_rx, lane, groups) = (&job_rx, &lane, &groups);
-                scope.spawn(move || loop {
-                    let next = job_rx.lock().map(|rx| rx.recv());
-                    let Ok(Ok(g)) = next else { break };
-                    let first = &todo[groups[g].start].files[0].1;
-                    let done = caught(first, || lane.run(groups[g].clone(), &msg_tx));
-                    if msg_tx.send(Message::Group(g, done)).is_err() {
-                        break;
-                    }
-                });
-            }
-            drop(msg_tx);
-            let stopping = |e: RunError| {
-                lane.stop.store(true, Ordering::Relaxed);
-                Err(e)
-            };
-            let mut fed = 0;
-            let mut ready = BTreeMap::new();
-            for next in 0..groups.len() {
-                while fed < groups.len() && fed < next + window {
-                    let _ = job_tx.send(fed);
-                    fed += 1;
-                }
-                let done = loop {
-                    if let Some(done) = ready.remove(&next) {
-                        break done;
-                    }
-                    match msg_rx.recv() {
-                        Ok(Message::Unit { bytes }) => progress(Progress::Advance { bytes }),
-                        Ok(Message::Group(g, done)) => {
-                            ready.insert(g, done);
-                        }
-                        Err(_) => unreachable!("workers stay while groups are queued"),
-                    }
-                };
-                let committed = match done {
-                    Ok(done) => self.commit_group(&todo[groups[next].clone()], done, writer),
-                    Err(e) => Err(e),
-                };
-                if let Err(e) = committed {
-                    return stopping(e);
-                }
-            }
-            Ok(())
-        })
     }
 
     /// Records what a group's units gave, commits its shards in order, and with
@@ -618,7 +359,7 @@ impl<'o> Run<'o> {
         for (unit, outcome) in units.iter().zip(done.outcomes) {
             let file = &unit.files[0].1;
             match outcome {
-                Outcome::Bad(e) => self.bad(unit.paths(), e)?,
+                Outcome::Bad(e) => self.bad(e)?,
                 Outcome::Converted {
                     key,
                     stored_key,
@@ -730,217 +471,5 @@ impl<'o> Run<'o> {
             }
         }
         Ok(())
-    }
-}
-
-/// Consecutive units whose shards one thread writes. Each group is planned to fill one shard
-/// (its source bytes under the shard size, its units under the shard's sample count); the
-/// shard size shrinks, down to `MIN_GROUP_BYTES`, so that every thread gets several groups.
-fn shard_groups(todo: &[Unit], write: &WriteOptions, jobs: usize) -> Vec<Range<usize>> {
-    let total: u64 = todo.iter().map(|u| u.bytes).sum();
-    // Under the shard size by a margin: a shard also holds headers and alignment padding, and
-    // a group that overflows its shard gets a second one.
-    let full = write.shard_bytes - write.shard_bytes / 8;
-    let target = (total / (4 * jobs as u64)).clamp(MIN_GROUP_BYTES.min(full), full.max(1));
-    let mut groups = Vec::new();
-    let (mut start, mut bytes) = (0, 0u64);
-    for (i, u) in todo.iter().enumerate() {
-        let count = (i - start) as u64;
-        if count > 0 && (bytes + u.bytes > target || count >= write.shard_samples) {
-            groups.push(start..i);
-            (start, bytes) = (i, 0);
-        }
-        bytes += u.bytes;
-    }
-    if start < todo.len() {
-        groups.push(start..todo.len());
-    }
-    groups
-}
-
-/// Runs `f`, turning a panic (a bug) into an error naming `file`: a thread that panicked must
-/// end the run with an error, not leave the committing thread waiting for its group.
-fn caught<T>(file: &Path, f: impl FnOnce() -> Result<T, RunError>) -> Result<T, RunError> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|panic| {
-        let detail = match (panic.downcast_ref::<&str>(), panic.downcast_ref::<String>()) {
-            (Some(s), _) => s.to_string(),
-            (_, Some(s)) => s.clone(),
-            _ => "a thread panicked".into(),
-        };
-        Err(RunError::Internal {
-            file: file.to_path_buf(),
-            detail,
-        })
-    })
-}
-
-/// Groups are planned no smaller than this unless shards are.
-const MIN_GROUP_BYTES: u64 = 64 << 20;
-
-/// From the threads writing groups to the thread committing them.
-enum Message {
-    /// A unit was decoded and written (or found bad), of `bytes` source bytes.
-    Unit { bytes: u64 },
-    /// A group is written.
-    Group(usize, Result<GroupDone, RunError>),
-}
-
-/// A written group: its shards, and what became of each unit, in order. A group stopped at a
-/// bad unit (without `--skip-bad`) ends with that unit.
-struct GroupDone {
-    lanes: Vec<ShardLane>,
-    outcomes: Vec<Outcome>,
-}
-
-enum Outcome {
-    /// Samples appended, and samples skipped as committed before, of the unit's key.
-    Converted {
-        key: String,
-        /// Whether `key` was read from the files and goes to the key log.
-        stored_key: bool,
-        appended: u64,
-        present: u64,
-        /// The sample keys, when read one per request (`key_from` naming a list of ids).
-        request_keys: Vec<String>,
-    },
-    /// Why the unit's file is bad.
-    Bad(String),
-}
-
-/// What every writing thread shares.
-struct LaneJob<'a> {
-    decoder: &'a Decoder,
-    todo: &'a [Unit],
-    lanes: Lanes,
-    write: &'a WriteOptions,
-    stop_at_bad: bool,
-    /// Keys committed before this run, with split units or `--key-from` (others are skipped
-    /// whole before the run).
-    present: &'a HashSet<String>,
-    /// Set when the run fails: threads leave their groups.
-    stop: AtomicBool,
-}
-
-impl LaneJob<'_> {
-    /// Decodes the group's units one at a time and appends their samples to its shards.
-    fn run(&self, group: Range<usize>, msg: &mpsc::Sender<Message>) -> Result<GroupDone, RunError> {
-        let mut done = GroupDone {
-            lanes: vec![self.lanes.open()?],
-            outcomes: Vec::with_capacity(group.len()),
-        };
-        let mut first_unit_of: HashMap<String, &Path> = HashMap::new();
-        for unit in &self.todo[group] {
-            if self.stop.load(Ordering::Relaxed) {
-                break;
-            }
-            let outcome = match self.decoder.prepare(unit) {
-                Ok(p) => {
-                    let file = &unit.files[0].1;
-                    let per_request = self.decoder.key_from.is_some() && !p.stored_key;
-                    let keys: Vec<&String> = match per_request {
-                        true => p.samples.iter().map(|s| &s.0).collect(),
-                        false => vec![&p.key],
-                    };
-                    for key in keys {
-                        if let Some(other) = first_unit_of.insert(key.clone(), file) {
-                            return Err(RunError::DuplicateKey {
-                                key: key.clone(),
-                                a: other.to_path_buf(),
-                                b: file.clone(),
-                            });
-                        }
-                    }
-                    let outcome = self.append(&p, &mut done.lanes);
-                    self.decoder.recycle(p);
-                    outcome?
-                }
-                Err(e) => Outcome::Bad(e),
-            };
-            let stop = self.stop_at_bad && matches!(outcome, Outcome::Bad(_));
-            done.outcomes.push(outcome);
-            let _ = msg.send(Message::Unit { bytes: unit.bytes });
-            if stop {
-                break;
-            }
-        }
-        if self.write.durable {
-            for lane in &mut done.lanes {
-                lane.sync_data()?;
-            }
-        }
-        Ok(done)
-    }
-
-    fn append(&self, p: &Prepared, lanes: &mut Vec<ShardLane>) -> Result<Outcome, RunError> {
-        let decoder = self.decoder;
-        let mut fields = Vec::with_capacity(decoder.specs.len());
-        for f in 0..decoder.specs.len() {
-            match decoder.field(p, f) {
-                Ok(b) => fields.push(b),
-                Err(e) => return Ok(Outcome::Bad(e)),
-            }
-        }
-        let (mut appended, mut present) = (0, 0);
-        for (key, rows) in &p.samples {
-            if self.present.contains(key) {
-                present += 1;
-                continue;
-            }
-            let named: Vec<(&str, &[u8])> = decoder
-                .schema
-                .fields
-                .iter()
-                .zip(&fields)
-                .map(|(f, b)| {
-                    let rb = f.row_bytes() as usize;
-                    (
-                        f.name.as_str(),
-                        &b[rows.start as usize * rb..rows.end as usize * rb],
-                    )
-                })
-                .collect();
-            let raw: u64 = named.iter().map(|(_, b)| b.len() as u64).sum();
-            let lane = lanes.last_mut().expect("a group has a lane");
-            if self
-                .write
-                .shard_is_full(lane.len(), lane.sample_count(), raw)
-            {
-                lanes.push(self.lanes.open()?);
-            }
-            lanes
-                .last_mut()
-                .expect("a group has a lane")
-                .append(key, &named)?;
-            appended += 1;
-        }
-        let per_request = decoder.key_from.is_some() && !p.stored_key;
-        Ok(Outcome::Converted {
-            key: p.key.clone(),
-            stored_key: p.stored_key,
-            appended,
-            present,
-            request_keys: match per_request {
-                true => p.samples.iter().map(|s| s.0.clone()).collect(),
-                false => Vec::new(),
-            },
-        })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_panic_becomes_an_error_naming_the_file() {
-        let file = Path::new("/src/rows_0-16/data_3.ckpt");
-        let e = caught::<()>(file, || panic!("index {} out of range", 7)).unwrap_err();
-        let text = e.to_string();
-        assert!(matches!(e, RunError::Internal { .. }), "{e:?}");
-        assert!(
-            text.contains("data_3.ckpt") && text.contains("index 7 out of range"),
-            "{text}"
-        );
-        assert_eq!(caught(file, || Ok(5)).unwrap(), 5);
     }
 }

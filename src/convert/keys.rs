@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use super::pickle::Value;
 use super::units::Inputs;
-use super::SourceFile;
+use super::{ConvertError, SourceFile};
 use crate::format::DType;
 
 /// File name of the key log, in the dataset folder.
@@ -28,22 +28,172 @@ pub enum StoredKeys {
     PerRequest(Vec<String>),
 }
 
+/// Why a unit's stored key cannot be read.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum KeyError {
+    /// The file holding the value could not be read, or the group lacks its part.
+    #[error(transparent)]
+    Source(#[from] ConvertError),
+    /// The value under `--key-from NAME` is absent or not a key.
+    #[error("{}: --key-from {name}: {problem}", file.display())]
+    Value {
+        /// The file that holds, or lacks, the value.
+        file: PathBuf,
+        /// The `--key-from` name.
+        name: String,
+        /// What is wrong and what to give.
+        problem: KeyProblem,
+    },
+}
+
+/// What is wrong with a stored key.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum KeyProblem {
+    /// No value of that name in the file.
+    #[error(
+        "the file holds no value `{inner}`; name a value every file holds, or leave \
+         --key-from out to key samples by file name"
+    )]
+    NoValue {
+        /// The name inside the file.
+        inner: String,
+    },
+    /// In a group, the value named without its part.
+    #[error(
+        "in a group of files, values are named PART.NAME like the fields' tensors: give \
+         --key-from {part}.{name}"
+    )]
+    Unqualified {
+        /// The part whose file holds the value.
+        part: String,
+        /// The name given.
+        name: String,
+    },
+    /// In a group, no part holds the value.
+    #[error(
+        "no part of this group holds it; in a group of files, values are named PART.NAME \
+         (the parts here: {parts})"
+    )]
+    NoPart {
+        /// The group's parts, comma-separated.
+        parts: String,
+    },
+    /// A list of ids for a file that is not split.
+    #[error(
+        "the value is {kind} of {count} ids, one per request: give --split-by to split the \
+         file into its requests, each keyed by its id; without it, name a str, an int or a \
+         one-element integer tensor"
+    )]
+    ListUnsplit {
+        /// `a list` or `a tuple`.
+        kind: &'static str,
+        /// Its length.
+        count: usize,
+    },
+    /// An entry of a list of ids that is not one.
+    #[error("entry {index} is {kind}, not a str or an int")]
+    Entry {
+        /// Its place in the list.
+        index: usize,
+        /// What it is.
+        kind: &'static str,
+    },
+    /// A value that is no key.
+    #[error(
+        "the value is {kind}, not a str, an int, a one-element integer tensor, or (with \
+         --split-by) a list of ids; name another value"
+    )]
+    NotAKey {
+        /// What it is.
+        kind: &'static str,
+    },
+    /// A tensor that holds no key.
+    #[error(
+        "tensor `{inner}` is {dtype} {shape:?}; a key tensor holds one integer, or (with \
+         --split-by) one integer per request"
+    )]
+    Tensor {
+        /// The tensor's name inside the file.
+        inner: String,
+        /// Its dtype.
+        dtype: DType,
+        /// Its shape.
+        shape: Vec<u64>,
+    },
+    /// Not one id per request.
+    #[error(
+        "holds {ids} ids but the file splits into {requests} requests; every request needs its id"
+    )]
+    Count {
+        /// Ids stored.
+        ids: usize,
+        /// Requests of the file.
+        requests: usize,
+    },
+    /// One id for two requests.
+    #[error("id `{id}` is there twice; every request needs its own id")]
+    Twice {
+        /// The id.
+        id: String,
+    },
+    /// An empty key.
+    #[error("the stored key is empty; every sample needs a key")]
+    Empty,
+}
+
+impl KeyError {
+    /// The file the error is about.
+    pub fn file(&self) -> &Path {
+        match self {
+            KeyError::Source(e) => e.file(),
+            KeyError::Value { file, .. } => file,
+        }
+    }
+
+    /// The message without the file it starts with.
+    pub fn detail(&self) -> String {
+        match self {
+            KeyError::Source(e) => e.detail(),
+            KeyError::Value { name, problem, .. } => format!("--key-from {name}: {problem}"),
+        }
+    }
+}
+
+/// A [`KeyError`] about the value `name` in `file`.
+fn problem(file: &Path, name: &str, problem: KeyProblem) -> KeyError {
+    KeyError::Value {
+        file: file.to_path_buf(),
+        name: name.to_string(),
+        problem,
+    }
+}
+
 /// The key(s) stored under `name` in the unit's files (dotted for nested dicts and lists).
 /// `requests` is the number of requests when the unit is split: a list, tuple or 1-D tensor
 /// then gives one key per request. In a group of files, `name` is `PART.NAME` (or `PART` for
-/// a file holding only the value), as field sources are; errors start with the file that
-/// holds, or lacks, the value.
+/// a file holding only the value), as field sources are; errors name the file that holds, or
+/// lacks, the value.
 pub fn stored_keys(
     inputs: &Inputs,
     name: &str,
     requests: Option<usize>,
-) -> Result<StoredKeys, String> {
+) -> Result<StoredKeys, KeyError> {
     let grouped = inputs.files().iter().any(|(p, _)| !p.is_empty());
     for (part, f) in inputs.files() {
         let Some(inner) = super::units::in_part(part, name) else {
             continue;
         };
-        let at = |e: String| format!("{}: {e}", f.path().display());
+        let no_value = || {
+            problem(
+                f.path(),
+                name,
+                KeyProblem::NoValue {
+                    inner: inner.to_string(),
+                },
+            )
+        };
         if let Some(t) = f.as_torch() {
             let mut v = Some(t.value());
             for seg in inner.split('.').filter(|_| !inner.is_empty()) {
@@ -54,30 +204,37 @@ pub fn stored_keys(
             }
             let Some(v) = v else {
                 if grouped {
-                    return Err(at(no_value(name, inner)));
+                    return Err(no_value());
                 }
                 continue;
             };
-            return value_keys(f, name, inner, v, requests).map_err(at);
+            return value_keys(f, name, inner, v, requests);
         }
         if f.tensors().iter().any(|t| t.name == inner) {
-            return tensor_keys(f, name, inner, requests).map_err(at);
+            return tensor_keys(f, name, inner, requests);
         }
         if grouped {
-            return Err(at(no_value(name, inner)));
+            return Err(no_value());
         }
     }
     if let Some(missing) = inputs.missing_part_of(name) {
-        return Err(missing.to_string());
+        return Err(missing.into());
     }
-    Err(misnamed(inputs, name)
-        .unwrap_or_else(|| format!("{}: {}", inputs.path().display(), no_value(name, name))))
+    Err(misnamed(inputs, name).unwrap_or_else(|| {
+        problem(
+            inputs.path(),
+            name,
+            KeyProblem::NoValue {
+                inner: name.to_string(),
+            },
+        )
+    }))
 }
 
 /// Why `name` names no value in a group of files whose parts it does not start with, as
 /// `--key-from rids` for the `meta` part's `rids`; `None` when it does, or the files are not
 /// grouped. A mistake in the flag, found on the first unit.
-pub fn misnamed(inputs: &Inputs, name: &str) -> Option<String> {
+pub fn misnamed(inputs: &Inputs, name: &str) -> Option<KeyError> {
     let grouped = inputs.files().iter().any(|(p, _)| !p.is_empty());
     let in_a_part = inputs
         .files()
@@ -93,27 +250,24 @@ pub fn misnamed(inputs: &Inputs, name: &str) -> Option<String> {
             None => f.tensors().iter().any(|t| t.name == name),
         };
         if held {
-            return Some(format!(
-                "{}: --key-from {name}: in a group of files, values are named PART.NAME like \
-                 the fields' tensors: give --key-from {part}.{name}",
-                f.path().display()
+            return Some(problem(
+                f.path(),
+                name,
+                KeyProblem::Unqualified {
+                    part: part.clone(),
+                    name: name.to_string(),
+                },
             ));
         }
     }
     let parts: Vec<&str> = inputs.files().iter().map(|(p, _)| p.as_str()).collect();
-    Some(format!(
-        "{}: --key-from {name}: no part of this group holds it; in a group of files, values are \
-         named PART.NAME (the parts here: {})",
-        inputs.path().display(),
-        parts.join(", ")
+    Some(problem(
+        inputs.path(),
+        name,
+        KeyProblem::NoPart {
+            parts: parts.join(", "),
+        },
     ))
-}
-
-fn no_value(name: &str, inner: &str) -> String {
-    format!(
-        "--key-from {name}: the file holds no value `{inner}`; name a value every file holds, or \
-         leave --key-from out to key samples by file name"
-    )
 }
 
 fn value_keys(
@@ -122,71 +276,60 @@ fn value_keys(
     inner: &str,
     v: &Value,
     requests: Option<usize>,
-) -> Result<StoredKeys, String> {
-    let one = |key: String| check(name, key).map(StoredKeys::One);
+) -> Result<StoredKeys, KeyError> {
+    let at = |p| problem(f.path(), name, p);
+    let one = |key: String| check(key).map(StoredKeys::One).map_err(at);
     match v {
         Value::Str(s) => one(s.clone()),
         Value::Int(i) => one(i.to_string()),
         Value::Tensor(_) => tensor_keys(f, name, inner, requests),
         Value::List(items) | Value::Tuple(items) => {
             let Some(n) = requests else {
-                return Err(format!(
-                    "--key-from {name}: the value is {} of {} ids, one per request: give \
-                     --split-by to split the file into its requests, each keyed by its id; \
-                     without it, name a str, an int or a one-element integer tensor",
-                    kind(v),
-                    items.len()
-                ));
+                return Err(at(KeyProblem::ListUnsplit {
+                    kind: kind(v),
+                    count: items.len(),
+                }));
             };
             let mut keys = Vec::with_capacity(items.len());
-            for (j, item) in items.iter().enumerate() {
+            for (index, item) in items.iter().enumerate() {
                 keys.push(match item {
                     Value::Str(s) => s.clone(),
                     Value::Int(i) => i.to_string(),
                     other => {
-                        return Err(format!(
-                            "--key-from {name}: entry {j} is {}, not a str or an int",
-                            kind(other)
-                        ))
+                        return Err(at(KeyProblem::Entry {
+                            index,
+                            kind: kind(other),
+                        }))
                     }
                 });
             }
-            per_request(name, keys, n)
+            per_request(keys, n).map_err(at)
         }
-        other => Err(format!(
-            "--key-from {name}: the value is {}, not a str, an int, a one-element integer \
-             tensor, or (with --split-by) a list of ids; name another value",
-            kind(other)
-        )),
+        other => Err(at(KeyProblem::NotAKey { kind: kind(other) })),
     }
 }
 
 /// One key per request, checked: as many as requests, none empty, none twice.
-fn per_request(name: &str, keys: Vec<String>, requests: usize) -> Result<StoredKeys, String> {
+fn per_request(keys: Vec<String>, requests: usize) -> Result<StoredKeys, KeyProblem> {
     if keys.len() != requests {
-        return Err(format!(
-            "--key-from {name}: holds {} ids but the file splits into {requests} requests; \
-             every request needs its id",
-            keys.len()
-        ));
+        return Err(KeyProblem::Count {
+            ids: keys.len(),
+            requests,
+        });
     }
     let mut seen = std::collections::HashSet::with_capacity(keys.len());
     for k in &keys {
-        check(name, k.clone())?;
+        check(k.clone())?;
         if !seen.insert(k.as_str()) {
-            return Err(format!(
-                "--key-from {name}: id `{k}` is there twice; every request needs its own id"
-            ));
+            return Err(KeyProblem::Twice { id: k.clone() });
         }
     }
     Ok(StoredKeys::PerRequest(keys))
 }
 
-fn check(name: &str, key: String) -> Result<String, String> {
+fn check(key: String) -> Result<String, KeyProblem> {
     if key.is_empty() {
-        return Err(format!(
-            "--key-from {name}: the stored key is empty; every sample needs a key"
-        ));
+        return Err(KeyProblem::Empty);
     }
     Ok(key)
 }
@@ -196,21 +339,26 @@ fn tensor_keys(
     name: &str,
     inner: &str,
     requests: Option<usize>,
-) -> Result<StoredKeys, String> {
-    let t = f.tensor(inner).map_err(|e| e.to_string())?;
+) -> Result<StoredKeys, KeyError> {
+    let t = f.tensor(inner)?;
     let ints = super::prepare::ints(&t.bytes, t.dtype).filter(|_| t.dtype != DType::Bool);
     let bad = || {
-        format!(
-            "--key-from {name}: tensor `{inner}` is {} {:?}; a key tensor holds one integer, or \
-             (with --split-by) one integer per request",
-            t.dtype, t.shape
+        problem(
+            f.path(),
+            name,
+            KeyProblem::Tensor {
+                inner: inner.to_string(),
+                dtype: t.dtype,
+                shape: t.shape.clone(),
+            },
         )
     };
     let ints = ints.ok_or_else(bad)?;
     match requests {
         // A 1-D tensor of one id for a batch of several is one key, for all its requests.
         Some(n) if t.shape.len() == 1 && (ints.len() != 1 || n == 1) => {
-            per_request(name, ints.iter().map(i64::to_string).collect(), n)
+            per_request(ints.iter().map(i64::to_string).collect(), n)
+                .map_err(|p| problem(f.path(), name, p))
         }
         _ if ints.len() == 1 => Ok(StoredKeys::One(ints[0].to_string())),
         _ => Err(bad()),

@@ -158,8 +158,9 @@ impl FieldSpec {
     }
 }
 
-/// The dump layouts hspack knows, and the generic mapping.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The dump layouts hspack knows, and the generic mapping. In JSON, by [`Preset::name`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 #[non_exhaustive]
 pub enum Preset {
     /// SpecForge offline data: `rows_*/data_N.ckpt[.gz]`.

@@ -1,7 +1,8 @@
 //! Bounds on what a source file may make the reader allocate.
 
 /// Bounds applied while reading a source file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
 pub struct Limits {
     /// Largest decompressed size of a gzip-compressed file, in bytes.
     pub max_decompressed_bytes: u64,

@@ -13,12 +13,15 @@
 //!
 //! [`run`] converts a tree of dumps into a dataset: [`units`] finds and groups the files,
 //! [`layout`] and [`layouts`] map their tensors to fields, [`prepare`] decodes them on worker
-//! threads and [`job`] appends, resumes, verifies and deletes sources.
+//! threads, `lanes` writes them into shards on several threads and [`job`] commits,
+//! resumes, verifies and deletes sources; [`report`] says what a run did.
 
 mod bytes;
 mod error;
+mod groups;
 pub mod job;
 pub mod keys;
+mod lanes;
 pub mod layout;
 pub mod layouts;
 mod limits;
@@ -26,23 +29,29 @@ mod mapped;
 pub mod npy;
 pub mod pickle;
 pub mod prepare;
+pub mod report;
 pub mod safetensors_file;
 mod source;
+pub mod spec;
 mod strided;
 pub mod torch_file;
 pub mod torch_legacy;
 pub mod torch_zip;
+pub mod unit_error;
 pub mod units;
 
 pub use error::ConvertError;
-pub use job::{run, ConvertOptions, Progress, Report, RunError};
+pub use job::{run, RunError};
 pub use layout::{FieldSpec, LayoutOptions, Op, Preset};
 pub use limits::Limits;
 pub use npy::NpyFile;
 pub use pickle::{TensorRef, Value};
 pub use prepare::{SplitBy, Trim};
+pub use report::{BadFile, Progress, Report, REPORT_FILE};
 pub use safetensors_file::SafetensorsFile;
 pub use source::{
     open_source, open_source_with, SourceFile, SourceFormat, SourceTensor, TensorInfo,
 };
+pub use spec::{ConvertSpec, Mapping, SpecError};
 pub use torch_file::{load_torch, load_torch_with, TorchFile, TorchFormat};
+pub use unit_error::UnitError;

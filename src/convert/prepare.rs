@@ -9,11 +9,14 @@ use crate::format::{DType, Field, Schema};
 
 use super::keys::{stored_keys, StoredKeys};
 use super::layout::{check_field, field_bytes, field_part, FieldSpec, Part};
+use super::unit_error::{unit_error, SplitError, UnitError, UnitProblem};
 use super::units::{Inputs, Unit};
 use super::Limits;
 
-/// How one file packs several requests along the token dimension.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// How one file packs several requests along the token dimension. In JSON:
+/// `{"lengths": TENSOR}` or `{"cu_seqlens": TENSOR}`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum SplitBy {
     /// A tensor of per-request lengths: `[n]`, summing to the tokens.
     Lengths(String),
@@ -21,12 +24,15 @@ pub enum SplitBy {
     CuSeqlens(String),
 }
 
-/// Which rows are padding, when the user asks to drop them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Which rows are padding, when the user asks to drop them. In JSON: `"mask"` or
+/// `{"ids": {"pad": PAD}}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Trim {
     /// Rows after the last non-zero loss-mask row.
+    #[serde(rename = "mask")]
     LossMask,
     /// Trailing rows whose token id equals the pad id.
+    #[serde(rename = "ids")]
     TokenIds {
         /// The pad token id.
         pad: i64,
@@ -172,32 +178,39 @@ impl Decoder {
     }
 
     /// The bytes of field `f` of a prepared unit.
-    pub fn field<'a>(&self, p: &'a Prepared, f: usize) -> Result<Cow<'a, [u8]>, String> {
+    pub fn field<'a>(&self, p: &'a Prepared, f: usize) -> Result<Cow<'a, [u8]>, UnitError> {
         match &p.pieces[f] {
             Piece::Owned(v) => Ok(Cow::Borrowed(v)),
             Piece::Anon(m, len) => Ok(Cow::Borrowed(&m[..*len])),
             Piece::Mapped => {
                 let spec = &self.specs[f];
-                let t = p.inputs.tensor(&spec.source).map_err(|e| e.to_string())?;
-                field_bytes(spec, &t.shape, t.dtype.size(), t.bytes).map_err(|e| e.to_string())
+                let t = p.inputs.tensor(&spec.source)?;
+                field_bytes(spec, &t.shape, t.dtype.size(), t.bytes)
+                    .map_err(|e| unit_error(&p.inputs, e))
             }
         }
     }
 
     /// Opens and checks `unit`; an error is the reason the file is bad.
-    pub fn prepare(&self, unit: &Unit) -> Result<Prepared, String> {
-        let inputs = Inputs::open(unit, self.limits).map_err(|e| e.to_string())?;
+    pub fn prepare(&self, unit: &Unit) -> Result<Prepared, UnitError> {
+        let inputs = Inputs::open(unit, self.limits)?;
         let mut pieces = Vec::with_capacity(self.specs.len());
         let mut rows = None;
         for (spec, field) in self.specs.iter().zip(&self.schema.fields) {
-            let t = inputs.tensor(&spec.source).map_err(|e| e.to_string())?;
-            let r = check_field(field, spec, t.dtype, &t.shape).map_err(|e| e.to_string())?;
+            let t = inputs.tensor(&spec.source)?;
+            let r =
+                check_field(field, spec, t.dtype, &t.shape).map_err(|e| unit_error(&inputs, e))?;
             match rows {
                 None => rows = Some(r),
                 Some(prev) if prev != r => {
-                    return Err(format!(
-                        "field `{}` (tensor `{}`) has {r} tokens, earlier fields have {prev}",
-                        spec.name, spec.source
+                    return Err(unit_error(
+                        &inputs,
+                        UnitProblem::Tokens {
+                            field: spec.name.clone(),
+                            tensor: spec.source.clone(),
+                            rows: r,
+                            earlier: prev,
+                        },
                     ))
                 }
                 _ => {}
@@ -207,7 +220,8 @@ impl Decoder {
                 pieces.push(self.stacked(&inputs, spec, field, r)?);
                 continue;
             }
-            let part = field_part(spec, &t.shape, t.dtype.size()).map_err(|e| e.to_string())?;
+            let part =
+                field_part(spec, &t.shape, t.dtype.size()).map_err(|e| unit_error(&inputs, e))?;
             pieces.push(match (part, t.bytes) {
                 (Part::Range(r), Cow::Borrowed(b)) => {
                     touch(&b[r]);
@@ -258,20 +272,34 @@ impl Decoder {
         spec: &FieldSpec,
         field: &Field,
         rows: u64,
-    ) -> Result<Piece, String> {
+    ) -> Result<Piece, UnitError> {
         let mut layers = Vec::with_capacity(field.shape.first().copied().unwrap_or(0) as usize);
         for name in spec.sources() {
-            let t = inputs.tensor(name).map_err(|e| e.to_string())?;
-            let r = check_field(field, spec, t.dtype, &t.shape)
-                .map_err(|e| format!("{e} (tensor `{name}`)"))?;
+            let t = inputs.tensor(name)?;
+            let r = check_field(field, spec, t.dtype, &t.shape).map_err(|error| {
+                unit_error(
+                    inputs,
+                    UnitProblem::Layer {
+                        tensor: name.to_string(),
+                        error,
+                    },
+                )
+            })?;
             if r != rows {
-                return Err(format!(
-                    "tensor `{name}` has {r} tokens, `{}` has {rows}: field `{}` stacks them",
-                    spec.source, spec.name
+                return Err(unit_error(
+                    inputs,
+                    UnitProblem::LayerTokens {
+                        tensor: name.to_string(),
+                        rows: r,
+                        first: spec.source.clone(),
+                        first_rows: rows,
+                        field: spec.name.clone(),
+                    },
                 ));
             }
             layers.push(
-                field_bytes(spec, &t.shape, t.dtype.size(), t.bytes).map_err(|e| e.to_string())?,
+                field_bytes(spec, &t.shape, t.dtype.size(), t.bytes)
+                    .map_err(|e| unit_error(inputs, e))?,
             );
         }
         let row = field.shape.get(1).copied().unwrap_or(1) as usize * field.dtype.size();
@@ -288,7 +316,7 @@ impl Decoder {
         }))
     }
 
-    fn split(&self, unit: &Unit, inputs: &Inputs, rows: u64) -> Result<Vec<Range<u64>>, String> {
+    fn split(&self, unit: &Unit, inputs: &Inputs, rows: u64) -> Result<Vec<Range<u64>>, UnitError> {
         let Some(by) = &self.split_by else {
             return Ok(std::iter::once(0..rows).collect());
         };
@@ -296,21 +324,28 @@ impl Decoder {
             SplitBy::Lengths(n) | SplitBy::CuSeqlens(n) => n,
         };
         let Some(path) = &unit.split_file else {
-            let t = inputs.tensor(name).map_err(|e| e.to_string())?;
-            return bounds(by, name, &t.bytes, t.dtype, rows);
+            let t = inputs.tensor(name)?;
+            return bounds(by, name, &t.bytes, t.dtype, rows)
+                .map_err(|e| unit_error(inputs, UnitProblem::Split(e)));
         };
         // The split lies in a file beside the batch: errors name both.
-        let both = |e: String| {
-            format!(
-                "split file {} of this batch: {e}; each batch needs its split file (--split-by-file)",
-                path.display()
-            )
+        let both = |error| UnitError::SplitFile {
+            file: inputs.path().to_path_buf(),
+            split: path.clone(),
+            error: Box::new(error),
         };
-        let file = super::open_source_with(path, self.limits).map_err(|e| both(e.to_string()))?;
-        let t = file.tensor(name).map_err(|e| both(e.to_string()))?;
+        let file =
+            super::open_source_with(path, self.limits).map_err(|e| both(SplitError::Source(e)))?;
+        let t = file.tensor(name).map_err(|e| both(SplitError::Source(e)))?;
         bounds(by, name, &t.bytes, t.dtype, rows).map_err(both)
     }
-    fn trimmed(&self, p: &Prepared, trim: Trim, range: Range<u64>) -> Result<Range<u64>, String> {
+
+    fn trimmed(
+        &self,
+        p: &Prepared,
+        trim: Trim,
+        range: Range<u64>,
+    ) -> Result<Range<u64>, UnitError> {
         let role = match trim {
             Trim::LossMask => crate::format::Role::LossMask,
             Trim::TokenIds { .. } => crate::format::Role::TokenIds,
@@ -320,7 +355,7 @@ impl Decoder {
             .fields
             .iter()
             .position(|f| f.role == role)
-            .ok_or("--trim-padding needs a loss mask or token id field in the layout")?;
+            .ok_or_else(|| unit_error(&p.inputs, UnitProblem::TrimNeedsField))?;
         let field = &self.schema.fields[f];
         let rb = field.row_bytes() as usize;
         let bytes = self.field(p, f)?;
@@ -331,8 +366,12 @@ impl Decoder {
                 .rposition(|r| r.iter().any(|&b| b != 0))
                 .map_or(0, |i| i + 1),
             Trim::TokenIds { pad } => {
-                let ids = ints(rows, field.dtype)
-                    .ok_or_else(|| format!("token ids are {}, not integers", field.dtype))?;
+                let ids = ints(rows, field.dtype).ok_or_else(|| {
+                    unit_error(
+                        &p.inputs,
+                        UnitProblem::TrimNotIntegers { dtype: field.dtype },
+                    )
+                })?;
                 ids.iter().rposition(|&v| v != pad).map_or(0, |i| i + 1)
             }
         };
@@ -347,16 +386,18 @@ fn bounds(
     bytes: &[u8],
     dtype: DType,
     rows: u64,
-) -> Result<Vec<Range<u64>>, String> {
-    let values =
-        ints(bytes, dtype).ok_or_else(|| format!("`{name}` is {dtype}, not an integer tensor"))?;
+) -> Result<Vec<Range<u64>>, SplitError> {
+    let values = ints(bytes, dtype).ok_or_else(|| SplitError::NotIntegers {
+        tensor: name.to_string(),
+        dtype,
+    })?;
     let mut bounds = Vec::with_capacity(values.len() + 1);
     match by {
         SplitBy::Lengths(_) => {
             bounds.push(0i64);
             for v in &values {
                 let last = *bounds.last().unwrap_or(&0);
-                bounds.push(last.checked_add(*v).ok_or("lengths overflow")?);
+                bounds.push(last.checked_add(*v).ok_or(SplitError::Overflow)?);
             }
         }
         SplitBy::CuSeqlens(_) => bounds = values,
@@ -365,10 +406,11 @@ fn bounds(
         || bounds.last() != Some(&(rows as i64))
         || bounds.windows(2).any(|w| w[1] < w[0])
     {
-        return Err(format!(
-            "`{name}` does not split the {rows} tokens: the offsets must rise from 0 to {rows}, got {} values",
-            bounds.len()
-        ));
+        return Err(SplitError::Bounds {
+            tensor: name.to_string(),
+            rows,
+            values: bounds.len(),
+        });
     }
     Ok(bounds
         .windows(2)

@@ -1,0 +1,309 @@
+//! The lane pipeline: threads decode runs of units into shards of their own (a
+//! [`ShardLane`] each), and the calling thread commits the shards in source order.
+//!
+//! Writes into one file do not get faster with more threads; writes into several files do, so
+//! threads write shards, not samples. Ordinals follow the source order whatever the threads.
+//! Memory is bounded: a thread holds one decoded unit at a time, and at most `1.5 × jobs`
+//! groups are started ahead of the next commit.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::ops::Range;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Mutex};
+
+use crate::write::{DatasetWriter, Lanes, ShardLane, WriteOptions};
+
+use super::groups::shard_groups;
+use super::job::RunError;
+use super::prepare::{Decoder, Prepared};
+use super::report::Progress;
+use super::unit_error::UnitError;
+use super::units::Unit;
+
+/// How the lanes run.
+pub(super) struct LaneOptions<'a> {
+    /// Threads, each writing its own shards.
+    pub jobs: usize,
+    /// Writer options: the shard size and sample count, fsync.
+    pub write: &'a WriteOptions,
+    /// End a group at its first bad unit (without `--skip-bad`).
+    pub stop_at_bad: bool,
+    /// Skip samples whose keys the dataset holds as they come.
+    pub skip_present: bool,
+}
+
+/// Commits a written group of units: records what they gave, commits its shards.
+pub(super) type Commit<'c> =
+    dyn FnMut(&[Unit], GroupDone, &mut DatasetWriter) -> Result<(), RunError> + 'c;
+
+/// Writes `todo` into shards on `lanes.jobs` threads, a group of units each (planned by
+/// [`shard_groups`]), and hands each written group to `commit` in source order.
+pub(super) fn write_in_lanes(
+    decoder: &Decoder,
+    todo: &[Unit],
+    writer: &mut DatasetWriter,
+    lanes: LaneOptions<'_>,
+    progress: &mut dyn FnMut(Progress),
+    commit: &mut Commit<'_>,
+) -> Result<(), RunError> {
+    let jobs = lanes.jobs.max(1);
+    let groups = shard_groups(todo, lanes.write, jobs);
+    // Groups started ahead of the next commit: enough to keep every thread busy while one
+    // finishes late, few enough that uncommitted shards stay a bounded share of the disk.
+    let window = jobs + jobs.div_ceil(2);
+    // Units whose samples the dataset holds were left out of `todo` by key, except split
+    // units (keys known only once decoded) and keys taken from the files: with those, a
+    // sample already committed is skipped as it comes, even when the key log is gone.
+    let present = if lanes.skip_present {
+        writer.keys().map(str::to_string).collect()
+    } else {
+        HashSet::new()
+    };
+    let lane = LaneJob {
+        decoder,
+        todo,
+        lanes: writer.lanes(),
+        write: lanes.write,
+        stop_at_bad: lanes.stop_at_bad,
+        present: &present,
+        stop: AtomicBool::new(false),
+    };
+    let (job_tx, job_rx) = mpsc::channel::<usize>();
+    let job_rx = Mutex::new(job_rx);
+    std::thread::scope(|scope| {
+        // Owned by this closure: however it returns, the queue closes and the threads end.
+        let job_tx = job_tx;
+        let (msg_tx, msg_rx) = mpsc::channel::<Message>();
+        for _ in 0..jobs {
+            let msg_tx = msg_tx.clone();
+            let (job_rx, lane, groups) = (&job_rx, &lane, &groups);
+            scope.spawn(move || loop {
+                let next = job_rx.lock().map(|rx| rx.recv());
+                let Ok(Ok(g)) = next else { break };
+                let first = &todo[groups[g].start].files[0].1;
+                let done = caught(first, || lane.run(groups[g].clone(), &msg_tx));
+                if msg_tx.send(Message::Group(g, done)).is_err() {
+                    break;
+                }
+            });
+        }
+        drop(msg_tx);
+        let stopping = |e: RunError| {
+            lane.stop.store(true, Ordering::Relaxed);
+            Err(e)
+        };
+        let mut fed = 0;
+        let mut ready = BTreeMap::new();
+        for next in 0..groups.len() {
+            while fed < groups.len() && fed < next + window {
+                let _ = job_tx.send(fed);
+                fed += 1;
+            }
+            let done = loop {
+                if let Some(done) = ready.remove(&next) {
+                    break done;
+                }
+                match msg_rx.recv() {
+                    Ok(Message::Unit { bytes }) => progress(Progress::Advance { bytes }),
+                    Ok(Message::Group(g, done)) => {
+                        ready.insert(g, done);
+                    }
+                    Err(_) => unreachable!("workers stay while groups are queued"),
+                }
+            };
+            let committed = match done {
+                Ok(done) => commit(&todo[groups[next].clone()], done, writer),
+                Err(e) => Err(e),
+            };
+            if let Err(e) = committed {
+                return stopping(e);
+            }
+        }
+        Ok(())
+    })
+}
+
+/// Runs `f`, turning a panic (a bug) into an error naming `file`: a thread that panicked must
+/// end the run with an error, not leave the committing thread waiting for its group.
+fn caught<T>(file: &Path, f: impl FnOnce() -> Result<T, RunError>) -> Result<T, RunError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|panic| {
+        let detail = match (panic.downcast_ref::<&str>(), panic.downcast_ref::<String>()) {
+            (Some(s), _) => s.to_string(),
+            (_, Some(s)) => s.clone(),
+            _ => "a thread panicked".into(),
+        };
+        Err(RunError::Internal {
+            file: file.to_path_buf(),
+            detail,
+        })
+    })
+}
+
+/// From the threads writing groups to the thread committing them.
+enum Message {
+    /// A unit was decoded and written (or found bad), of `bytes` source bytes.
+    Unit { bytes: u64 },
+    /// A group is written.
+    Group(usize, Result<GroupDone, RunError>),
+}
+
+/// A written group: its shards, and what became of each unit, in order. A group stopped at a
+/// bad unit (without `--skip-bad`) ends with that unit.
+pub(super) struct GroupDone {
+    pub lanes: Vec<ShardLane>,
+    pub outcomes: Vec<Outcome>,
+}
+
+pub(super) enum Outcome {
+    /// Samples appended, and samples skipped as committed before, of the unit's key.
+    Converted {
+        key: String,
+        /// Whether `key` was read from the files and goes to the key log.
+        stored_key: bool,
+        appended: u64,
+        present: u64,
+        /// The sample keys, when read one per request (`key_from` naming a list of ids).
+        request_keys: Vec<String>,
+    },
+    /// Why the unit is bad.
+    Bad(UnitError),
+}
+
+/// What every writing thread shares.
+struct LaneJob<'a> {
+    decoder: &'a Decoder,
+    todo: &'a [Unit],
+    lanes: Lanes,
+    write: &'a WriteOptions,
+    stop_at_bad: bool,
+    /// Keys committed before this run, with split units or `--key-from` (others are skipped
+    /// whole before the run).
+    present: &'a HashSet<String>,
+    /// Set when the run fails: threads leave their groups.
+    stop: AtomicBool,
+}
+
+impl LaneJob<'_> {
+    /// Decodes the group's units one at a time and appends their samples to its shards.
+    fn run(&self, group: Range<usize>, msg: &mpsc::Sender<Message>) -> Result<GroupDone, RunError> {
+        let mut done = GroupDone {
+            lanes: vec![self.lanes.open()?],
+            outcomes: Vec::with_capacity(group.len()),
+        };
+        let mut first_unit_of: HashMap<String, &Path> = HashMap::new();
+        for unit in &self.todo[group] {
+            if self.stop.load(Ordering::Relaxed) {
+                break;
+            }
+            let outcome = match self.decoder.prepare(unit) {
+                Ok(p) => {
+                    let file = &unit.files[0].1;
+                    let per_request = self.decoder.key_from.is_some() && !p.stored_key;
+                    let keys: Vec<&String> = match per_request {
+                        true => p.samples.iter().map(|s| &s.0).collect(),
+                        false => vec![&p.key],
+                    };
+                    for key in keys {
+                        if let Some(other) = first_unit_of.insert(key.clone(), file) {
+                            return Err(RunError::DuplicateKey {
+                                key: key.clone(),
+                                a: other.to_path_buf(),
+                                b: file.clone(),
+                            });
+                        }
+                    }
+                    let outcome = self.append(&p, &mut done.lanes);
+                    self.decoder.recycle(p);
+                    outcome?
+                }
+                Err(e) => Outcome::Bad(e),
+            };
+            let stop = self.stop_at_bad && matches!(outcome, Outcome::Bad(_));
+            done.outcomes.push(outcome);
+            let _ = msg.send(Message::Unit { bytes: unit.bytes });
+            if stop {
+                break;
+            }
+        }
+        if self.write.durable {
+            for lane in &mut done.lanes {
+                lane.sync_data()?;
+            }
+        }
+        Ok(done)
+    }
+
+    fn append(&self, p: &Prepared, lanes: &mut Vec<ShardLane>) -> Result<Outcome, RunError> {
+        let decoder = self.decoder;
+        let mut fields = Vec::with_capacity(decoder.specs.len());
+        for f in 0..decoder.specs.len() {
+            match decoder.field(p, f) {
+                Ok(b) => fields.push(b),
+                Err(e) => return Ok(Outcome::Bad(e)),
+            }
+        }
+        let (mut appended, mut present) = (0, 0);
+        for (key, rows) in &p.samples {
+            if self.present.contains(key) {
+                present += 1;
+                continue;
+            }
+            let named: Vec<(&str, &[u8])> = decoder
+                .schema
+                .fields
+                .iter()
+                .zip(&fields)
+                .map(|(f, b)| {
+                    let rb = f.row_bytes() as usize;
+                    (
+                        f.name.as_str(),
+                        &b[rows.start as usize * rb..rows.end as usize * rb],
+                    )
+                })
+                .collect();
+            let raw: u64 = named.iter().map(|(_, b)| b.len() as u64).sum();
+            let lane = lanes.last_mut().expect("a group has a lane");
+            if self
+                .write
+                .shard_is_full(lane.len(), lane.sample_count(), raw)
+            {
+                lanes.push(self.lanes.open()?);
+            }
+            lanes
+                .last_mut()
+                .expect("a group has a lane")
+                .append(key, &named)?;
+            appended += 1;
+        }
+        let per_request = decoder.key_from.is_some() && !p.stored_key;
+        Ok(Outcome::Converted {
+            key: p.key.clone(),
+            stored_key: p.stored_key,
+            appended,
+            present,
+            request_keys: match per_request {
+                true => p.samples.iter().map(|s| s.0.clone()).collect(),
+                false => Vec::new(),
+            },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panic_becomes_an_error_naming_the_file() {
+        let file = Path::new("/src/rows_0-16/data_3.ckpt");
+        let e = caught::<()>(file, || panic!("index {} out of range", 7)).unwrap_err();
+        let text = e.to_string();
+        assert!(matches!(e, RunError::Internal { .. }), "{e:?}");
+        assert!(
+            text.contains("data_3.ckpt") && text.contains("index 7 out of range"),
+            "{text}"
+        );
+        assert_eq!(caught(file, || Ok(5)).unwrap(), 5);
+    }
+}

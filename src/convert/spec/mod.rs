@@ -1,0 +1,378 @@
+//! The whole description of a conversion job ([`ConvertSpec`]), whichever face fills it:
+//! `hspack convert`'s flags, a `--mapping` file ([`Mapping`]), or a library caller. The faces
+//! only parse; [`ConvertSpec::check`] checks the spec in one place, and resolves it into what
+//! the job runs.
+
+mod field;
+mod mapping;
+#[cfg(test)]
+mod tests;
+
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use crate::format::{CapturePoint, Codec};
+use crate::write::WriteOptions;
+
+use super::layout::{LayoutOptions, Preset};
+use super::prepare::{SplitBy, Trim};
+use super::Limits;
+
+pub use field::{parse_point, FieldArg, FieldObject, FieldProblem, Sources};
+pub use mapping::Mapping;
+
+/// What to convert and how: every option of `hspack convert`, as serde data.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConvertSpec {
+    /// Source folder (walked recursively) or file.
+    pub src: PathBuf,
+    /// Dataset folder, created or resumed.
+    pub dst: PathBuf,
+    /// The layout of the source files.
+    pub layout: Preset,
+    /// Fields of the generic layout (`--field`).
+    #[serde(default)]
+    pub fields: Vec<FieldArg>,
+    /// Layer ids of the captured hidden states, in the layout's order (`--layers`).
+    #[serde(default)]
+    pub layers: Vec<u32>,
+    /// Capture points: one for all layers or one per layer (`--point`), as written:
+    /// `layer-input`, `layer-output` or `final-norm`.
+    #[serde(default)]
+    pub points: Vec<String>,
+    /// Decoder layers of the model: this id means the final-norm output (`--num-layers`).
+    #[serde(default)]
+    pub num_layers: Option<u32>,
+    /// Model name or path for the capture metadata (`--model`).
+    #[serde(default)]
+    pub model: Option<String>,
+    /// Expected hidden size: files with another are refused (`--hidden-size`).
+    #[serde(default)]
+    pub hidden_size: Option<u64>,
+    /// One field per layer instead of the presets' stacked fields (`--split-layers`).
+    #[serde(default)]
+    pub split_layers: bool,
+    /// Join files into one sample by a pattern with `{key}` and `{part}` (`--group-by`).
+    #[serde(default)]
+    pub group_by: Option<String>,
+    /// Split each file into requests (`--split-by`).
+    #[serde(default)]
+    pub split_by: Option<SplitBy>,
+    /// The file beside each batch holding its split tensor: a name with `{stem}`
+    /// (`--split-by-file`).
+    #[serde(default)]
+    pub split_by_file: Option<String>,
+    /// Key each sample by this value stored in its file (`--key-from`).
+    #[serde(default)]
+    pub key_from: Option<String>,
+    /// Drop padding rows (`--trim-padding`).
+    #[serde(default)]
+    pub trim_padding: Option<Trim>,
+    /// Delete each source file once its samples are committed and verified
+    /// (`--delete-source`).
+    #[serde(default)]
+    pub delete_source: bool,
+    /// List bad files in the report and go on, instead of stopping (`--skip-bad`).
+    #[serde(default)]
+    pub skip_bad: bool,
+    /// Where bad files are listed (`--report`; default `convert-report.jsonl` in `dst`).
+    #[serde(default)]
+    pub report: Option<PathBuf>,
+    /// Decoding threads (`--jobs`; default the cores).
+    #[serde(default)]
+    pub jobs: Option<usize>,
+    /// Largest shard, in MiB (`--shard-mib`).
+    #[serde(default = "default_shard_mib")]
+    pub shard_mib: u64,
+    /// Commit a shard once it holds this many samples (`--shard-samples`).
+    #[serde(default = "default_shard_samples")]
+    pub shard_samples: u64,
+    /// Chunk codec: none, zstd or zstd-bytegroup (`--codec`).
+    #[serde(default = "default_codec")]
+    pub codec: String,
+    /// fsync at commits; off (`--no-fsync`) for scratch data only.
+    #[serde(default = "default_fsync")]
+    pub fsync: bool,
+    /// Limits for reading source files.
+    #[serde(default)]
+    pub limits: Limits,
+}
+
+fn default_shard_mib() -> u64 {
+    2048
+}
+
+fn default_shard_samples() -> u64 {
+    65_536
+}
+
+fn default_codec() -> String {
+    "none".into()
+}
+
+fn default_fsync() -> bool {
+    true
+}
+
+/// Why a spec cannot run. Each names the option at fault ([`SpecError::option`]) and says
+/// what it takes.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SpecError {
+    /// The mapping file cannot be read.
+    #[error("{}: cannot read the mapping file: {source}", file.display())]
+    MappingUnreadable {
+        /// The mapping file.
+        file: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The mapping file is not JSON with the keys of one.
+    #[error("{}: not a mapping file: {source}; see the generic layout in the README for its keys", file.display())]
+    NotAMapping {
+        /// The mapping file.
+        file: PathBuf,
+        /// Where the JSON is wrong.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The mapping file sets a key whose flag is given too.
+    #[error("{}: the mapping file sets `{key}` and so does {flag}: give it in one place", file.display())]
+    Twice {
+        /// The mapping file.
+        file: PathBuf,
+        /// The key, as the mapping file and the spec name it.
+        key: &'static str,
+        /// The flag.
+        flag: &'static str,
+    },
+    /// A capture point that is none of the three.
+    #[error("unknown capture point `{value}`: use layer-input, layer-output or final-norm")]
+    Point {
+        /// What was given.
+        value: String,
+    },
+    /// A field of the generic layout that does not parse or contradicts itself.
+    #[error("--field {field}: {problem}")]
+    Field {
+        /// The field, in `--field` syntax.
+        field: String,
+        /// What is wrong and what to give.
+        problem: FieldProblem,
+    },
+    /// Fields given for a preset layout.
+    #[error("--field (or fields in a --mapping file) needs --layout generic")]
+    FieldsNeedGeneric,
+    /// A `--split-by` that is neither `lengths:` nor `cu_seqlens:`.
+    #[error(
+        "--split-by takes lengths:TENSOR or cu_seqlens:TENSOR (TENSOR left out: the bare \
+         tensor of a --split-by-file file)"
+    )]
+    SplitBy {
+        /// What was given.
+        value: String,
+    },
+    /// A `--trim-padding` that is neither `mask` nor `ids[:PAD]`.
+    #[error("--trim-padding takes mask, ids or ids:PAD")]
+    Trim {
+        /// What was given.
+        value: String,
+    },
+    /// An unknown codec.
+    #[error("unknown codec {name}: use none, zstd or zstd-bytegroup")]
+    Codec {
+        /// What was given.
+        name: String,
+    },
+    /// Deleting sources without fsync.
+    #[error("--delete-source needs durable commits: sources are deleted only after their shard is fsynced")]
+    DeleteNeedsFsync,
+    /// A split file without `--split-by`, or with `--group-by`.
+    #[error(
+        "a split file beside each batch (--split-by-file) needs --split-by lengths[:TENSOR] \
+         or cu_seqlens[:TENSOR], and does not combine with --group-by"
+    )]
+    SplitFileAlone,
+    /// A split-file pattern that is not a file name with `{stem}`.
+    #[error(
+        "--split-by-file takes a file name with {{stem}}, the batch file's name without its \
+         extension, e.g. '{{stem}}.lens.pt'"
+    )]
+    SplitFileName {
+        /// What was given.
+        pattern: String,
+    },
+}
+
+impl SpecError {
+    /// The option at fault, as [`ConvertSpec`] (and a mapping file) names it.
+    pub fn option(&self) -> &'static str {
+        match self {
+            SpecError::MappingUnreadable { .. } | SpecError::NotAMapping { .. } => "mapping",
+            SpecError::Twice { key, .. } => key,
+            SpecError::Point { .. } => "points",
+            SpecError::Field { .. } | SpecError::FieldsNeedGeneric => "fields",
+            SpecError::SplitBy { .. } => "split_by",
+            SpecError::Trim { .. } => "trim_padding",
+            SpecError::Codec { .. } => "codec",
+            SpecError::DeleteNeedsFsync => "delete_source",
+            SpecError::SplitFileAlone | SpecError::SplitFileName { .. } => "split_by_file",
+        }
+    }
+}
+
+impl FromStr for SplitBy {
+    type Err = SpecError;
+
+    /// `lengths:TENSOR` or `cu_seqlens:TENSOR` (`TENSOR` may be empty: the bare tensor of a
+    /// split file).
+    fn from_str(s: &str) -> Result<SplitBy, SpecError> {
+        match s.split_once(':').unwrap_or((s, "")) {
+            ("lengths", t) => Ok(SplitBy::Lengths(t.into())),
+            ("cu_seqlens", t) => Ok(SplitBy::CuSeqlens(t.into())),
+            _ => Err(SpecError::SplitBy { value: s.into() }),
+        }
+    }
+}
+
+impl FromStr for Trim {
+    type Err = SpecError;
+
+    /// `mask`, `ids` or `ids:PAD`.
+    fn from_str(s: &str) -> Result<Trim, SpecError> {
+        match s {
+            "mask" => Ok(Trim::LossMask),
+            "ids" => Ok(Trim::TokenIds { pad: 0 }),
+            _ => match s.strip_prefix("ids:").map(str::parse::<i64>) {
+                Some(Ok(pad)) => Ok(Trim::TokenIds { pad }),
+                _ => Err(SpecError::Trim { value: s.into() }),
+            },
+        }
+    }
+}
+
+/// A checked spec, resolved into what the job runs.
+#[derive(Debug, Clone)]
+pub(crate) struct ConvertOptions {
+    pub src: PathBuf,
+    pub dst: PathBuf,
+    pub preset: Preset,
+    /// Layer ids, points, model, the generic layout's fields resolved.
+    pub layout: LayoutOptions,
+    pub group_by: Option<String>,
+    pub split_by: Option<SplitBy>,
+    pub split_file: Option<String>,
+    pub key_from: Option<String>,
+    pub trim: Option<Trim>,
+    pub delete_source: bool,
+    pub skip_bad: bool,
+    pub report_path: Option<PathBuf>,
+    pub jobs: usize,
+    pub write: WriteOptions,
+    pub limits: Limits,
+}
+
+impl ConvertSpec {
+    /// A spec with every option at its default.
+    pub fn new(src: impl Into<PathBuf>, dst: impl Into<PathBuf>, layout: Preset) -> ConvertSpec {
+        ConvertSpec {
+            src: src.into(),
+            dst: dst.into(),
+            layout,
+            fields: Vec::new(),
+            layers: Vec::new(),
+            points: Vec::new(),
+            num_layers: None,
+            model: None,
+            hidden_size: None,
+            split_layers: false,
+            group_by: None,
+            split_by: None,
+            split_by_file: None,
+            key_from: None,
+            trim_padding: None,
+            delete_source: false,
+            skip_bad: false,
+            report: None,
+            jobs: None,
+            shard_mib: default_shard_mib(),
+            shard_samples: default_shard_samples(),
+            codec: default_codec(),
+            fsync: default_fsync(),
+            limits: Limits::default(),
+        }
+    }
+
+    /// Checks the spec: every option alone and the options together. What the source files
+    /// must agree with (layer counts, tensor names) is checked on the first file, by the job.
+    pub fn check(&self) -> Result<(), SpecError> {
+        self.resolve().map(drop)
+    }
+
+    /// Checks the spec and resolves it: capture points parsed, the generic layout's fields
+    /// resolved against them, the writer's options.
+    pub(crate) fn resolve(&self) -> Result<ConvertOptions, SpecError> {
+        let points = self
+            .points
+            .iter()
+            .map(|p| parse_point(p))
+            .collect::<Result<Vec<CapturePoint>, _>>()?;
+        if !self.fields.is_empty() && self.layout != Preset::Generic {
+            return Err(SpecError::FieldsNeedGeneric);
+        }
+        let fields = self
+            .fields
+            .iter()
+            .map(|f| f.resolve(&points, self.num_layers))
+            .collect::<Result<_, _>>()?;
+        let codec = Codec::from_name(&self.codec).ok_or_else(|| SpecError::Codec {
+            name: self.codec.clone(),
+        })?;
+        if self.delete_source && !self.fsync {
+            return Err(SpecError::DeleteNeedsFsync);
+        }
+        if self.split_by_file.is_some() && (self.split_by.is_none() || self.group_by.is_some()) {
+            return Err(SpecError::SplitFileAlone);
+        }
+        if let Some(p) = &self.split_by_file {
+            if !p.contains("{stem}") || p.contains('/') {
+                return Err(SpecError::SplitFileName { pattern: p.clone() });
+            }
+        }
+        Ok(ConvertOptions {
+            src: self.src.clone(),
+            dst: self.dst.clone(),
+            preset: self.layout,
+            layout: LayoutOptions {
+                layers: self.layers.clone(),
+                points,
+                num_layers: self.num_layers,
+                model: self.model.clone(),
+                hidden_size: self.hidden_size,
+                fields,
+                split_layers: self.split_layers,
+            },
+            group_by: self.group_by.clone(),
+            split_by: self.split_by.clone(),
+            split_file: self.split_by_file.clone(),
+            key_from: self.key_from.clone(),
+            trim: self.trim_padding,
+            delete_source: self.delete_source,
+            skip_bad: self.skip_bad,
+            report_path: self.report.clone(),
+            jobs: self
+                .jobs
+                .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get())),
+            write: WriteOptions {
+                shard_bytes: self.shard_mib.max(1) << 20,
+                shard_samples: self.shard_samples,
+                codec,
+                durable: self.fsync,
+                ..WriteOptions::default()
+            },
+            limits: self.limits,
+        })
+    }
+}

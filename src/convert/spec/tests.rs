@@ -1,0 +1,214 @@
+use std::path::Path;
+
+use super::*;
+use crate::format::Role;
+
+fn flags() -> ConvertSpec {
+    ConvertSpec {
+        fields: vec![
+            FieldArg::Flag("input_ids=ids".into()),
+            FieldArg::Flag("aux=aux.0+aux.1+aux.2:layers=2,30,58:point=layer-output".into()),
+            FieldArg::Flag("hidden.61=final".into()),
+        ],
+        split_by: Some("lengths:lens".parse().unwrap()),
+        num_layers: Some(61),
+        model: Some("org/model".into()),
+        ..ConvertSpec::new("src", "dst", Preset::Generic)
+    }
+}
+
+const MAPPING: &str = r#"{
+  "fields": [
+    "input_ids=ids",
+    {"name": "aux", "source": ["aux.0", "aux.1", "aux.2"], "layers": [2, 30, 58],
+     "point": "layer-output"},
+    {"name": "hidden.61", "source": "final"}
+  ],
+  "split_by": {"lengths": "lens"},
+  "num_layers": 61,
+  "model": "org/model"
+}"#;
+
+fn from_mapping() -> ConvertSpec {
+    let mut spec = ConvertSpec::new("src", "dst", Preset::Generic);
+    let m = Mapping::parse(MAPPING, Path::new("m.json")).unwrap();
+    spec.merge_mapping(m, Path::new("m.json")).unwrap();
+    spec
+}
+
+#[test]
+fn flags_and_a_mapping_file_give_the_same_job() {
+    let (a, b) = (
+        flags().resolve().unwrap(),
+        from_mapping().resolve().unwrap(),
+    );
+    assert_eq!(a.layout.fields, b.layout.fields);
+    assert_eq!(a.layout.num_layers, b.layout.num_layers);
+    assert_eq!(a.layout.model, b.layout.model);
+    assert_eq!(a.split_by, b.split_by);
+    assert_eq!(a.split_by, Some(SplitBy::Lengths("lens".into())));
+    let roles: Vec<&Role> = a.layout.fields.iter().map(|f| &f.role).collect();
+    assert_eq!(
+        roles,
+        [
+            &Role::TokenIds,
+            &Role::HiddenStates {
+                layers: vec![2, 30, 58],
+                point: CapturePoint::LayerOutput
+            },
+            // The id equal to num_layers is the final-norm output.
+            &Role::HiddenState {
+                layer: 61,
+                point: CapturePoint::FinalNorm
+            },
+        ]
+    );
+    // Everything but the fields' spelling is the same spec.
+    let (mut a, b) = (flags(), from_mapping());
+    a.fields = b.fields.clone();
+    assert_eq!(a, b);
+}
+
+#[test]
+fn a_spec_round_trips_through_json_with_defaults_filled() {
+    let spec = flags();
+    let json = serde_json::to_string(&spec).unwrap();
+    assert_eq!(serde_json::from_str::<ConvertSpec>(&json).unwrap(), spec);
+    let min: ConvertSpec =
+        serde_json::from_str(r#"{"src": "src", "dst": "dst", "layout": "specforge"}"#).unwrap();
+    assert_eq!(min, ConvertSpec::new("src", "dst", Preset::SpecForge));
+    let o = min.resolve().unwrap();
+    assert_eq!(o.write.shard_bytes, 2048 << 20);
+    assert!(o.write.durable);
+    let e = serde_json::from_str::<ConvertSpec>(
+        r#"{"src": "s", "dst": "d", "layout": "generic", "trim": "mask"}"#,
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("`trim`"), "{e}");
+}
+
+#[test]
+fn a_bad_spec_is_refused_naming_the_option() {
+    let base = || ConvertSpec::new("src", "dst", Preset::Generic);
+    let cases: Vec<(ConvertSpec, &str, &str)> = vec![
+        (
+            ConvertSpec {
+                split_by_file: Some("lens.pt".into()),
+                split_by: Some(SplitBy::Lengths(String::new())),
+                ..base()
+            },
+            "split_by_file",
+            "--split-by-file takes a file name with {stem}",
+        ),
+        (
+            ConvertSpec {
+                split_by_file: Some("{stem}.lens.pt".into()),
+                ..base()
+            },
+            "split_by_file",
+            "needs --split-by",
+        ),
+        (
+            ConvertSpec {
+                delete_source: true,
+                fsync: false,
+                ..base()
+            },
+            "delete_source",
+            "--delete-source needs durable commits",
+        ),
+        (
+            ConvertSpec {
+                codec: "lz4".into(),
+                ..base()
+            },
+            "codec",
+            "unknown codec lz4",
+        ),
+        (
+            ConvertSpec {
+                points: vec!["middle".into()],
+                ..base()
+            },
+            "points",
+            "unknown capture point `middle`",
+        ),
+        (
+            ConvertSpec {
+                fields: vec![FieldArg::Flag("x=t:part=1/3:index=0".into())],
+                ..base()
+            },
+            "fields",
+            "--field x=t:part=1/3:index=0: give part or index, not both",
+        ),
+        (
+            ConvertSpec {
+                fields: vec![FieldArg::Flag("x=t".into())],
+                ..ConvertSpec::new("src", "dst", Preset::Eagle)
+            },
+            "fields",
+            "needs --layout generic",
+        ),
+    ];
+    for (spec, option, message) in cases {
+        let e = spec.check().unwrap_err();
+        assert_eq!(e.option(), option, "{e}");
+        assert!(e.to_string().contains(message), "{e}");
+    }
+    assert!("lengths".parse::<SplitBy>().is_ok());
+    let e = "offsets:t".parse::<SplitBy>().unwrap_err();
+    assert_eq!(e.option(), "split_by");
+    assert_eq!("ids:7".parse::<Trim>().unwrap(), Trim::TokenIds { pad: 7 });
+    assert_eq!(
+        "ids:x".parse::<Trim>().unwrap_err().option(),
+        "trim_padding"
+    );
+}
+
+#[test]
+fn a_field_object_is_named_in_field_syntax() {
+    let m = Mapping::parse(
+        r#"{"fields": [{"name": "aux", "source": ["a", "b"], "layers": [1, 2, 3]}]}"#,
+        Path::new("m.json"),
+    )
+    .unwrap();
+    let mut spec = ConvertSpec::new("src", "dst", Preset::Generic);
+    spec.merge_mapping(m, Path::new("m.json")).unwrap();
+    let e = spec.check().unwrap_err();
+    assert!(
+        matches!(
+            &e,
+            SpecError::Field {
+                problem: FieldProblem::SourceCount {
+                    sources: 2,
+                    layers: 3
+                },
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert_eq!(
+        e.to_string(),
+        "--field aux=a+b:layers=1,2,3: 2 source tensors for 3 layers: give one tensor per \
+         layer, or one holding them all"
+    );
+}
+
+#[test]
+fn a_mapping_key_given_as_a_flag_too_is_refused() {
+    let mut spec = flags();
+    let m = Mapping::parse(MAPPING, Path::new("m.json")).unwrap();
+    let e = spec.merge_mapping(m, Path::new("m.json")).unwrap_err();
+    assert_eq!(e.option(), "fields");
+    assert_eq!(
+        e.to_string(),
+        "m.json: the mapping file sets `fields` and so does --field: give it in one place"
+    );
+    let e = Mapping::parse(r#"{"feilds": []}"#, Path::new("m.json")).unwrap_err();
+    assert!(
+        e.to_string()
+            .starts_with("m.json: not a mapping file: unknown field `feilds`"),
+        "{e}"
+    );
+}
