@@ -150,7 +150,7 @@ pub enum Error {
         len: u64,
     },
     /// A key that no sample has.
-    #[error("no sample has key `{key}`: list the keys with `hspack ls`")]
+    #[error("no sample has key `{key}`: list the keys with `hspack ls DATASET`")]
     NoSuchKey {
         /// Key asked for.
         key: String,
@@ -186,7 +186,7 @@ pub enum Error {
         detail: String,
     },
     /// A key already in the dataset.
-    #[error("sample key `{key}` is already in the dataset: keys are unique (skip it with `contains_key` to resume)")]
+    #[error("sample key `{key}` is already in the dataset: keys are unique (skip it with `contains_key`, in Python `Writer.contains`, to resume)")]
     DuplicateKey {
         /// Key.
         key: String,

@@ -6,7 +6,7 @@
 
 use half::bf16;
 
-use crate::format::{CaptureInfo, CapturePoint, DType, Field, Role, Schema};
+use crate::format::{eagle3, CaptureInfo, CapturePoint, DType, Field, Role, Schema};
 
 /// A small, fast, deterministic generator (SplitMix64).
 #[derive(Debug, Clone)]
@@ -73,12 +73,12 @@ pub fn activations(rng: &mut Rng, rows: usize, scales: &[f32]) -> Vec<u8> {
 /// `input_ids` (i32), `loss_mask` (u8) and `hidden.{layer}` (bf16) fields.
 pub fn capture_schema(model: &str, num_layers: u32, hidden: u64, layers: &[u32]) -> Schema {
     let mut fields = vec![
-        Field::new("input_ids", DType::I32, &[], Role::TokenIds),
-        Field::new("loss_mask", DType::U8, &[], Role::LossMask),
+        Field::new(eagle3::INPUT_IDS, DType::I32, &[], Role::TokenIds),
+        Field::new(eagle3::LOSS_MASK, DType::U8, &[], Role::LossMask),
     ];
     for &layer in layers {
         fields.push(Field::new(
-            format!("hidden.{layer}"),
+            eagle3::hidden_field(layer),
             DType::BF16,
             &[hidden],
             Role::HiddenState {
@@ -112,8 +112,8 @@ pub fn capture_sample(rng: &mut Rng, rows: usize, scales: &[Vec<f32>]) -> Vec<(S
     let prompt = rows * 3 / 10;
     let mask: Vec<u8> = (0..rows).map(|r| u8::from(r >= prompt)).collect();
     let mut out = vec![
-        ("input_ids".to_string(), ids),
-        ("loss_mask".to_string(), mask),
+        (eagle3::INPUT_IDS.to_string(), ids),
+        (eagle3::LOSS_MASK.to_string(), mask),
     ];
     for (i, s) in scales.iter().enumerate() {
         out.push((format!("#{i}"), activations(rng, rows, s)));
@@ -130,7 +130,7 @@ pub fn named_capture_sample(
 ) -> Vec<(String, Vec<u8>)> {
     let mut s = capture_sample(rng, rows, scales);
     for (entry, layer) in s[2..].iter_mut().zip(layers) {
-        entry.0 = format!("hidden.{layer}");
+        entry.0 = eagle3::hidden_field(*layer);
     }
     s
 }

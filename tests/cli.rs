@@ -1,26 +1,14 @@
 //! The built `hspack` binary, run in temp folders.
 
+mod common;
+
 use std::path::Path;
 use std::process::{Command, Output};
 
-fn hspack(args: &[&str], cwd: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_hspack"))
-        .args(args)
-        .current_dir(cwd)
-        .output()
-        .unwrap()
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
+use common::cli::{hspack_in, text};
 
 fn demo(cwd: &Path) -> Output {
-    hspack(
+    hspack_in(
         &[
             "demo",
             "--out",
@@ -60,22 +48,22 @@ fn demo_writes_verifies_and_reads_back() {
 fn info_ls_show_and_export() {
     let t = tempfile::tempdir().unwrap();
     assert!(demo(t.path()).status.success());
-    let o = hspack(&["info", "ds", "--json"], t.path());
+    let o = hspack_in(&["info", "ds", "--json"], t.path());
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["samples"], 5);
     assert_eq!(v["schema"]["fields"][2]["role"]["point"], "layer_input");
-    let o = hspack(&["ls", "ds", "--json"], t.path());
+    let o = hspack_in(&["ls", "ds", "--json"], t.path());
     let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&o.stdout)
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     assert_eq!(lines.len(), 5);
     assert_eq!(lines[3]["key"], "demo-00003");
-    let o = hspack(&["show", "ds", "demo-00001", "--json"], t.path());
+    let o = hspack_in(&["show", "ds", "demo-00001", "--json"], t.path());
     assert!(o.status.success(), "{}", text(&o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["fields"][2]["name"], "hidden.2");
-    let o = hspack(
+    let o = hspack_in(
         &[
             "export",
             "ds",
@@ -92,7 +80,7 @@ fn info_ls_show_and_export() {
     let n = u64::from_le_bytes(st[..8].try_into().unwrap()) as usize;
     let header: serde_json::Value = serde_json::from_slice(&st[8..8 + n]).unwrap();
     assert_eq!(header["hidden.58"]["dtype"], "BF16");
-    let o = hspack(
+    let o = hspack_in(
         &[
             "export",
             "ds",
@@ -111,7 +99,7 @@ fn info_ls_show_and_export() {
     assert!(npy.starts_with(b"\x93NUMPY"));
     assert!(String::from_utf8_lossy(&npy[..128]).contains("'descr': '<u2'"));
     assert!(!t.path().join("npy/loss_mask.npy").exists());
-    let o = hspack(&["show", "ds", "no-such-key"], t.path());
+    let o = hspack_in(&["show", "ds", "no-such-key"], t.path());
     assert_eq!(o.status.code(), Some(2));
     assert!(text(&o).contains("no sample has key `no-such-key`"));
 }
@@ -120,7 +108,7 @@ fn info_ls_show_and_export() {
 fn verify_and_digest_exit_codes_name_the_damage() {
     let t = tempfile::tempdir().unwrap();
     assert!(demo(t.path()).status.success());
-    let o = hspack(&["verify", "ds"], t.path());
+    let o = hspack_in(&["verify", "ds"], t.path());
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     // A copy has the same digest.
     std::fs::create_dir(t.path().join("copy")).unwrap();
@@ -128,8 +116,8 @@ fn verify_and_digest_exit_codes_name_the_damage() {
         let e = e.unwrap();
         std::fs::copy(e.path(), t.path().join("copy").join(e.file_name())).unwrap();
     }
-    let a = hspack(&["digest", "ds"], t.path());
-    let b = hspack(&["digest", "copy"], t.path());
+    let a = hspack_in(&["digest", "ds"], t.path());
+    let b = hspack_in(&["digest", "copy"], t.path());
     let first = |o: &Output| {
         String::from_utf8_lossy(&o.stdout)
             .split_whitespace()
@@ -144,7 +132,7 @@ fn verify_and_digest_exit_codes_name_the_damage() {
     let mut bytes = std::fs::read(&shard).unwrap();
     bytes[4096 + 1] ^= 1; // the first payload: input_ids of sample 0
     std::fs::write(&shard, bytes).unwrap();
-    let o = hspack(&["verify", "copy", "--json"], t.path());
+    let o = hspack_in(&["verify", "copy", "--json"], t.path());
     assert_eq!(o.status.code(), Some(1));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["ok"], false);
@@ -152,16 +140,19 @@ fn verify_and_digest_exit_codes_name_the_damage() {
         v["problems"][0].as_str().unwrap().contains("demo-00000"),
         "{v}"
     );
-    assert_eq!(hspack(&["digest", "copy"], t.path()).status.code(), Some(1));
+    assert_eq!(
+        hspack_in(&["digest", "copy"], t.path()).status.code(),
+        Some(1)
+    );
     // Quick verify does not read payloads.
     assert_eq!(
-        hspack(&["verify", "copy", "--quick"], t.path())
+        hspack_in(&["verify", "copy", "--quick"], t.path())
             .status
             .code(),
         Some(0)
     );
     // Not a dataset: exit 2 with a hint.
-    let o = hspack(&["verify", "nowhere"], t.path());
+    let o = hspack_in(&["verify", "nowhere"], t.path());
     assert_eq!(o.status.code(), Some(2));
     assert!(text(&o).contains("not an hspack dataset"), "{}", text(&o));
 }
@@ -203,7 +194,7 @@ fn export_refuses_a_field_name_that_leaves_the_output_folder() {
         m.schema_blake3 = hex(&m.schema.hash());
         std::fs::write(&path, m.encode()).unwrap();
         let before = files_under(t.path());
-        let o = hspack(
+        let o = hspack_in(
             &["export", "ds", "#0", "--to", "npy", "--out", "a/b/out"],
             t.path(),
         );
@@ -226,7 +217,7 @@ fn info_refuses_shard_sizes_that_add_up_past_2_64() {
         let e = e.unwrap();
         std::fs::copy(e.path(), ds.join(e.file_name())).unwrap();
     }
-    let o = hspack(&["info", "ds", "--json"], t.path());
+    let o = hspack_in(&["info", "ds", "--json"], t.path());
     assert!(o.status.success(), "{}", text(&o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let bytes = v["bytes"].as_u64().unwrap();
@@ -239,7 +230,7 @@ fn info_refuses_shard_sizes_that_add_up_past_2_64() {
         bad["shards"][0][field] = u64::MAX.into();
         std::fs::write(ds.join("manifest.json"), serde_json::to_vec(&bad).unwrap()).unwrap();
         for args in [&["info", "ds"][..], &["info", "ds", "--json"]] {
-            let o = hspack(args, t.path());
+            let o = hspack_in(args, t.path());
             assert_eq!(o.status.code(), Some(2), "{}", text(&o));
             let e = text(&o);
             assert!(e.contains(&format!("shard {field} is {}", u64::MAX)), "{e}");
@@ -250,7 +241,7 @@ fn info_refuses_shard_sizes_that_add_up_past_2_64() {
     // A size that fits is still printed.
     m["shards"][0]["bytes"] = (u64::MAX - bytes).into();
     std::fs::write(ds.join("manifest.json"), serde_json::to_vec(&m).unwrap()).unwrap();
-    let o = hspack(&["info", "ds", "--json"], t.path());
+    let o = hspack_in(&["info", "ds", "--json"], t.path());
     assert!(o.status.success(), "{}", text(&o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert!(v["bytes"].as_u64().unwrap() > u64::MAX - bytes);
@@ -262,7 +253,7 @@ fn reindex_rewrites_a_lost_or_damaged_samples_table() {
     assert!(demo(t.path()).status.success());
     let table = t.path().join("ds/samples.parquet");
     let good = std::fs::read(&table).unwrap();
-    let digest = text(&hspack(&["digest", "ds"], t.path()));
+    let digest = text(&hspack_in(&["digest", "ds"], t.path()));
     for damage in ["flip", "remove"] {
         match damage {
             "flip" => {
@@ -272,16 +263,16 @@ fn reindex_rewrites_a_lost_or_damaged_samples_table() {
             }
             _ => std::fs::remove_file(&table).unwrap(),
         }
-        let o = hspack(&["verify", "ds"], t.path());
+        let o = hspack_in(&["verify", "ds"], t.path());
         assert_eq!(o.status.code(), Some(1), "{damage}: {}", text(&o));
         assert!(text(&o).contains("hspack reindex"), "{}", text(&o));
-        let o = hspack(&["reindex", "ds"], t.path());
+        let o = hspack_in(&["reindex", "ds"], t.path());
         assert!(o.status.success(), "{}", text(&o));
         assert!(text(&o).contains("5 samples"), "{}", text(&o));
-        let o = hspack(&["verify", "ds"], t.path());
+        let o = hspack_in(&["verify", "ds"], t.path());
         assert_eq!(o.status.code(), Some(0), "{damage}: {}", text(&o));
         assert_eq!(std::fs::read(&table).unwrap(), good, "the same table again");
-        assert_eq!(text(&hspack(&["digest", "ds"], t.path())), digest);
+        assert_eq!(text(&hspack_in(&["digest", "ds"], t.path())), digest);
     }
 }
 
@@ -293,9 +284,12 @@ fn export_of_a_damaged_sample_exits_1_as_verify_does() {
     let mut bytes = std::fs::read(&shard).unwrap();
     bytes[4096 + 1] ^= 1; // the first payload: input_ids of sample 0
     std::fs::write(&shard, bytes).unwrap();
-    assert_eq!(hspack(&["verify", "ds"], t.path()).status.code(), Some(1));
+    assert_eq!(
+        hspack_in(&["verify", "ds"], t.path()).status.code(),
+        Some(1)
+    );
     for to in ["npy", "safetensors"] {
-        let o = hspack(
+        let o = hspack_in(
             &["export", "ds", "#0", "--to", to, "--out", "out"],
             t.path(),
         );
@@ -304,29 +298,29 @@ fn export_of_a_damaged_sample_exits_1_as_verify_does() {
         assert!(text(&o).contains("hspack verify"), "{}", text(&o));
     }
     // Errors that are not damage stay exit 2.
-    let o = hspack(
+    let o = hspack_in(
         &["export", "ds", "no-such-key", "--to", "npy", "--out", "out"],
         t.path(),
     );
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     // An intact sample of the damaged dataset exports.
-    let o = hspack(
+    let o = hspack_in(
         &["export", "ds", "#1", "--to", "npy", "--out", "out1"],
         t.path(),
     );
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     // `show` reads the same way.
-    let o = hspack(&["show", "ds", "#0"], t.path());
+    let o = hspack_in(&["show", "ds", "#0"], t.path());
     assert_eq!(o.status.code(), Some(1), "show: {}", text(&o));
     assert!(text(&o).contains("hspack verify"), "{}", text(&o));
     assert_eq!(
-        hspack(&["show", "ds", "no-such-key"], t.path())
+        hspack_in(&["show", "ds", "no-such-key"], t.path())
             .status
             .code(),
         Some(2)
     );
     assert_eq!(
-        hspack(&["show", "ds", "#1"], t.path()).status.code(),
+        hspack_in(&["show", "ds", "#1"], t.path()).status.code(),
         Some(0)
     );
 }
@@ -388,7 +382,7 @@ fn demo_says_where_it_writes_and_suggests_commands_that_run() {
 #[test]
 fn the_demo_folder_is_git_ignored() {
     let t = tempfile::tempdir().unwrap();
-    let help = String::from_utf8(hspack(&["demo", "--help"], t.path()).stdout).unwrap();
+    let help = String::from_utf8(hspack_in(&["demo", "--help"], t.path()).stdout).unwrap();
     let out = help
         .lines()
         .skip_while(|l| !l.trim_start().starts_with("--out"))
@@ -407,7 +401,7 @@ fn the_demo_folder_is_git_ignored() {
 #[test]
 fn human_output_reads_as_prose() {
     let t = tempfile::tempdir().unwrap();
-    let o = hspack(
+    let o = hspack_in(
         &[
             "demo",
             "--out",
@@ -426,7 +420,7 @@ fn human_output_reads_as_prose() {
     let demo = text(&o);
     assert!(o.status.success(), "{demo}");
     assert!(demo.contains("write : 1 sample, 1 shard,"), "{demo}");
-    let o = hspack(&["info", "ds"], t.path());
+    let o = hspack_in(&["info", "ds"], t.path());
     let info = text(&o);
     assert!(o.status.success(), "{info}");
     assert_eq!(info.matches("61 layers").count(), 1, "{info}");
@@ -438,7 +432,7 @@ fn human_output_reads_as_prose() {
     ] {
         assert!(info.contains(line), "missing `{line}`: {info}");
     }
-    let o = hspack(&["show", "ds", "demo-00000"], t.path());
+    let o = hspack_in(&["show", "ds", "demo-00000"], t.path());
     let show = text(&o);
     assert!(o.status.success(), "{show}");
     assert!(show.contains(": 1 token, "), "{show}");
@@ -446,7 +440,7 @@ fn human_output_reads_as_prose() {
         show.contains("1 loss token\n") || show.contains("0 loss tokens\n"),
         "{show}"
     );
-    let o = hspack(&["ls", "ds"], t.path());
+    let o = hspack_in(&["ls", "ds"], t.path());
     let ls = text(&o);
     assert!(o.status.success(), "{ls}");
     for output in [&demo, &info, &show, &ls] {
@@ -479,7 +473,7 @@ fn a_manifest_edited_by_hand_is_damage_and_a_missing_folder_an_error() {
         &["verify", "--quick", "ds"],
         &["digest", "ds"],
     ] {
-        let o = hspack(args, t.path());
+        let o = hspack_in(args, t.path());
         assert_eq!(o.status.code(), Some(1), "{args:?}: {}", text(&o));
         assert_eq!(text(&o).matches("DAMAGED").count(), 1, "{}", text(&o));
         assert_eq!(
@@ -489,10 +483,10 @@ fn a_manifest_edited_by_hand_is_damage_and_a_missing_folder_an_error() {
             text(&o)
         );
     }
-    let o = hspack(&["verify", "--json", "ds"], t.path());
+    let o = hspack_in(&["verify", "--json", "ds"], t.path());
     assert_eq!(o.status.code(), Some(1));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["ok"], false);
-    let o = hspack(&["verify", "no-such-folder"], t.path());
+    let o = hspack_in(&["verify", "no-such-folder"], t.path());
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
 }

@@ -1,9 +1,12 @@
 //! Every file in `tests/bad_files/convert/` (written by `make_bad_files.py` there) is read
 //! and must fail with the right error, without panicking and without running anything.
 
+mod common;
+
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use common::pt_fixtures;
 use hspack::convert::torch_file::{gzip_limit, GZIP_MIN_LIMIT};
 use hspack::convert::{load_torch, open_source, open_source_with, ConvertError, Limits};
 
@@ -251,12 +254,6 @@ fn an_unsupported_dtype_fails_only_the_tensor() {
     assert!(msg.contains("re-save"), "{msg}");
 }
 
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/pt")
-        .join(name)
-}
-
 /// A gzip of `head` followed by zeros up to `total` bytes, compressed as it is produced.
 fn gzip_of(head: &[u8], total: usize) -> Vec<u8> {
     let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
@@ -349,8 +346,14 @@ fn genuine_gzip_files_still_convert() {
     let tmp = tempfile::tempdir().unwrap();
     // torch.save fixtures, zip and legacy, and a gzip of a plain one, read like the plain file.
     for (gz, plain) in [
-        (fixture("specforge.ckpt.gz"), fixture("specforge.ckpt")),
-        (fixture("nested_legacy.pt.gz"), fixture("nested_legacy.pt")),
+        (
+            pt_fixtures().join("specforge.ckpt.gz"),
+            pt_fixtures().join("specforge.ckpt"),
+        ),
+        (
+            pt_fixtures().join("nested_legacy.pt.gz"),
+            pt_fixtures().join("nested_legacy.pt"),
+        ),
         (
             {
                 let mut enc =
@@ -387,7 +390,7 @@ fn genuine_gzip_files_still_convert() {
 #[test]
 fn a_truncated_torch_zip_says_where_it_ends() {
     // Real torch output (entries closed by data descriptors), cut at several places.
-    let raw = std::fs::read(fixture("specforge.ckpt")).unwrap();
+    let raw = std::fs::read(pt_fixtures().join("specforge.ckpt")).unwrap();
     let tmp = tempfile::tempdir().unwrap();
     let start = |name: &str| {
         raw.windows(name.len())

@@ -3,38 +3,17 @@
 
 mod common;
 
+use common::cli::{hspack, text};
 use common::dumps::{check_dataset, write_dumps, V};
+use common::{pt_fixtures, s};
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use hspack::Dataset;
 use safetensors::Dtype;
-
-fn hspack(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_hspack"))
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pt")
-}
 
 fn unhex(h: &str) -> Vec<u8> {
     (0..h.len())
@@ -45,7 +24,7 @@ fn unhex(h: &str) -> Vec<u8> {
 
 /// `expected.json`: file → tensor → raw bytes, as torch.load returned them.
 fn expected(file: &str) -> BTreeMap<String, Vec<u8>> {
-    let text = std::fs::read_to_string(fixtures().join("expected.json")).unwrap();
+    let text = std::fs::read_to_string(pt_fixtures().join("expected.json")).unwrap();
     let all: serde_json::Value = serde_json::from_str(&text).unwrap();
     all[file]
         .as_object()
@@ -66,7 +45,7 @@ fn specforge_fixtures_convert_bit_for_bit() {
         ("specforge_zip64.ckpt", "data_2.ckpt"),
     ];
     for (from, to) in files {
-        std::fs::copy(fixtures().join(from), src.join(to)).unwrap();
+        std::fs::copy(pt_fixtures().join(from), src.join(to)).unwrap();
     }
     let src = t.path().join("src");
     for split in [false, true] {
@@ -368,7 +347,7 @@ fn modelopt_keys_from_the_stored_conversation_id() {
         ("modelopt_tensor.pt", "42"),
     ];
     for (i, (from, _)) in files.iter().enumerate() {
-        std::fs::copy(fixtures().join(from), src.join(format!("{i}.pt"))).unwrap();
+        std::fs::copy(pt_fixtures().join(from), src.join(format!("{i}.pt"))).unwrap();
     }
     let ds = t.path().join("ds");
     let args = |ds: &Path| {
@@ -407,7 +386,7 @@ fn modelopt_keys_from_the_stored_conversation_id() {
     );
     assert_eq!(Dataset::open(&ds).unwrap().len(), 3);
     // Two files with one stored key: an error naming both, in a rerun and in a fresh run.
-    std::fs::copy(fixtures().join("modelopt_str.pt"), src.join("9.pt")).unwrap();
+    std::fs::copy(pt_fixtures().join("modelopt_str.pt"), src.join("9.pt")).unwrap();
     for ds in [ds.clone(), t.path().join("fresh")] {
         let o = args(&ds);
         assert_eq!(o.status.code(), Some(2), "{}", text(&o));
@@ -437,7 +416,7 @@ fn generic_stacks_one_tensor_per_layer() {
     let t = tempfile::tempdir().unwrap();
     let src = t.path().join("src");
     std::fs::create_dir_all(&src).unwrap();
-    std::fs::copy(fixtures().join("aux_list.pt"), src.join("a.pt")).unwrap();
+    std::fs::copy(pt_fixtures().join("aux_list.pt"), src.join("a.pt")).unwrap();
     let ds = t.path().join("ds");
     let o = hspack(&[
         "convert",
@@ -468,7 +447,7 @@ fn split_by_a_file_beside_the_batch() {
     let t = tempfile::tempdir().unwrap();
     let src = t.path().join("src");
     std::fs::create_dir_all(&src).unwrap();
-    std::fs::copy(fixtures().join("aux_list.pt"), src.join("b.pt")).unwrap();
+    std::fs::copy(pt_fixtures().join("aux_list.pt"), src.join("b.pt")).unwrap();
     let lens = V {
         dtype: Dtype::I32,
         shape: vec![2],
@@ -521,7 +500,7 @@ fn mapping_file_holds_the_flags_and_refuses_conflicts() {
     let t = tempfile::tempdir().unwrap();
     let src = t.path().join("src");
     std::fs::create_dir_all(&src).unwrap();
-    std::fs::copy(fixtures().join("aux_list.pt"), src.join("b.pt")).unwrap();
+    std::fs::copy(pt_fixtures().join("aux_list.pt"), src.join("b.pt")).unwrap();
     let mapping = t.path().join("mapping.json");
     std::fs::write(
         &mapping,
@@ -665,7 +644,7 @@ fn per_forward_pass_dumps_key_each_request_by_its_id() {
     let src = t.path().join("src");
     std::fs::create_dir_all(&src).unwrap();
     // A list of str ids (torch), and an integer tensor of ids (safetensors).
-    std::fs::copy(fixtures().join("fwd_pass.pt"), src.join("00000.pt")).unwrap();
+    std::fs::copy(pt_fixtures().join("fwd_pass.pt"), src.join("00000.pt")).unwrap();
     write_fwd_safetensors(&src.join("00001.safetensors"), &[7, 9], &[1, 2]);
     let ds = t.path().join("ds");
     let o = hspack(&fwd_args(&src, &ds, &["--key-from", "rids"]));
@@ -722,7 +701,7 @@ fn per_forward_pass_dumps_key_each_request_by_its_id() {
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(text(&o).contains("--split-by"), "{}", text(&o));
     // Two passes giving one request id: an error naming both files.
-    std::fs::copy(fixtures().join("fwd_pass.pt"), src.join("00002.pt")).unwrap();
+    std::fs::copy(pt_fixtures().join("fwd_pass.pt"), src.join("00002.pt")).unwrap();
     let o = hspack(&fwd_args(
         &src,
         &t.path().join("dup"),
@@ -742,13 +721,13 @@ fn grouped_files_name_values_as_fields_and_errors_name_the_file_at_fault() {
     let src = t.path().join("src");
     std::fs::create_dir_all(&src).unwrap();
     std::fs::copy(
-        fixtures().join("fwd_pass.pt"),
+        pt_fixtures().join("fwd_pass.pt"),
         src.join("fwd_00000_meta.pt"),
     )
     .unwrap();
     // A bare int32 tensor of 5 entries, one per token.
     std::fs::copy(
-        fixtures().join("bare_tensor.pt"),
+        pt_fixtures().join("bare_tensor.pt"),
         src.join("fwd_00000_L2.pt"),
     )
     .unwrap();
@@ -810,7 +789,7 @@ fn grouped_files_name_values_as_fields_and_errors_name_the_file_at_fault() {
     );
     // A group lacking a part: the missing file is named, not another file of the group.
     std::fs::copy(
-        fixtures().join("fwd_pass.pt"),
+        pt_fixtures().join("fwd_pass.pt"),
         src.join("fwd_00002_meta.pt"),
     )
     .unwrap();
@@ -839,7 +818,11 @@ fn the_last_layer_is_the_final_norm_only_when_num_layers_says_so() {
     let t = tempfile::tempdir().unwrap();
     let src = t.path().join("src/rows_0-1");
     std::fs::create_dir_all(&src).unwrap();
-    std::fs::copy(fixtures().join("specforge.ckpt"), src.join("data_0.ckpt")).unwrap();
+    std::fs::copy(
+        pt_fixtures().join("specforge.ckpt"),
+        src.join("data_0.ckpt"),
+    )
+    .unwrap();
     let src = t.path().join("src");
     let run = |ds: &Path, extra: &[&str]| {
         let mut a = vec![
@@ -895,7 +878,7 @@ fn a_split_rerun_reports_what_it_skipped() {
     let t = tempfile::tempdir().unwrap();
     let src = t.path().join("src");
     std::fs::create_dir_all(&src).unwrap();
-    std::fs::copy(fixtures().join("fwd_pass.pt"), src.join("a.pt")).unwrap();
+    std::fs::copy(pt_fixtures().join("fwd_pass.pt"), src.join("a.pt")).unwrap();
     let ds = t.path().join("ds");
     let o = hspack(&fwd_args(&src, &ds, &[]));
     assert!(o.status.success(), "{}", text(&o));

@@ -1,9 +1,12 @@
 //! Every fixture written by `tests/fixtures/pt/make_fixtures.py` is read with hspack's
 //! reader and each tensor compared bit for bit with what torch/numpy/safetensors loaded.
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+mod common;
 
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use common::pt_fixtures;
 use hspack::convert::{open_source, ConvertError, SourceFile, Value};
 use serde::Deserialize;
 
@@ -14,12 +17,8 @@ struct Expected {
     hex: String,
 }
 
-fn dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pt")
-}
-
 fn expected() -> BTreeMap<String, BTreeMap<String, Expected>> {
-    let text = std::fs::read_to_string(dir().join("expected.json")).unwrap();
+    let text = std::fs::read_to_string(pt_fixtures().join("expected.json")).unwrap();
     serde_json::from_str(&text).unwrap()
 }
 
@@ -28,7 +27,7 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 fn check_file(name: &str, want: &BTreeMap<String, Expected>) -> SourceFile {
-    let src = open_source(&dir().join(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let src = open_source(&pt_fixtures().join(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
     let listed: BTreeMap<String, _> = src
         .tensors()
         .into_iter()
@@ -57,7 +56,7 @@ fn check_file(name: &str, want: &BTreeMap<String, Expected>) -> SourceFile {
 #[test]
 fn every_fixture_matches_torch() {
     let all = expected();
-    let on_disk: Vec<String> = std::fs::read_dir(dir())
+    let on_disk: Vec<String> = std::fs::read_dir(pt_fixtures())
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())
         .filter(|n| !n.ends_with(".py") && n != "expected.json")
@@ -75,11 +74,11 @@ fn every_fixture_matches_torch() {
 
 #[test]
 fn contiguous_little_endian_tensors_are_borrowed() {
-    let src = open_source(&dir().join("specforge.ckpt")).unwrap();
+    let src = open_source(&pt_fixtures().join("specforge.ckpt")).unwrap();
     let t = src.tensor("hidden_state").unwrap();
     assert!(matches!(t.bytes, std::borrow::Cow::Borrowed(_)));
     assert_eq!(t.shape, vec![1, 6, 16]);
-    let views = open_source(&dir().join("views.pt")).unwrap();
+    let views = open_source(&pt_fixtures().join("views.pt")).unwrap();
     assert!(matches!(
         views.tensor("transposed").unwrap().bytes,
         std::borrow::Cow::Owned(_)
@@ -92,25 +91,25 @@ fn contiguous_little_endian_tensors_are_borrowed() {
 
 #[test]
 fn gzip_and_formats_are_reported() {
-    let gz = open_source(&dir().join("specforge.ckpt.gz")).unwrap();
+    let gz = open_source(&pt_fixtures().join("specforge.ckpt.gz")).unwrap();
     assert!(gz.gzipped());
     let torch = gz.as_torch().unwrap();
     assert!(matches!(
         torch.format(),
         hspack::convert::TorchFormat::Zip { .. }
     ));
-    let legacy = open_source(&dir().join("nested_legacy.pt")).unwrap();
+    let legacy = open_source(&pt_fixtures().join("nested_legacy.pt")).unwrap();
     assert_eq!(
         legacy.as_torch().unwrap().format(),
         &hspack::convert::TorchFormat::Legacy
     );
-    let be = hspack::convert::load_torch(&dir().join("views_big_endian.pt")).unwrap();
+    let be = hspack::convert::load_torch(&pt_fixtures().join("views_big_endian.pt")).unwrap();
     assert_eq!(be.byte_order(), hspack::convert::torch_zip::ByteOrder::Big);
 }
 
 #[test]
 fn value_tree_keeps_non_tensor_data() {
-    let f = hspack::convert::load_torch(&dir().join("nested.pt")).unwrap();
+    let f = hspack::convert::load_torch(&pt_fixtures().join("nested.pt")).unwrap();
     let meta = f.value().get("meta").unwrap();
     assert_eq!(meta.get("n"), Some(&Value::Int(3)));
     assert_eq!(meta.get("name").and_then(Value::as_str), Some("x"));
@@ -136,7 +135,7 @@ fn value_tree_keeps_non_tensor_data() {
 #[test]
 fn shared_storages_are_one_storage() {
     for name in ["shared.pt", "shared_legacy.pt"] {
-        let f = hspack::convert::load_torch(&dir().join(name)).unwrap();
+        let f = hspack::convert::load_torch(&pt_fixtures().join(name)).unwrap();
         let items = f.value().items().unwrap();
         let keys: Vec<_> = items
             .iter()
@@ -161,7 +160,7 @@ fn every_prefix_of_every_fixture_is_handled() {
         "numpy.pt",
         "specforge.ckpt.gz",
     ] {
-        let bytes = std::fs::read(dir().join(name)).unwrap();
+        let bytes = std::fs::read(pt_fixtures().join(name)).unwrap();
         let want = &all[name];
         let step = if bytes.len() > 2000 { 3 } else { 1 };
         for cut in (0..bytes.len()).step_by(step) {

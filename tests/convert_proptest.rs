@@ -1,7 +1,10 @@
 //! Property tests: no input makes a parser panic, and what is written can be read back.
 
+mod common;
+
 use std::path::Path;
 
+use common::{dtype_strategy, pt_fixtures};
 use hspack::convert::pickle::{self, Value};
 use hspack::convert::torch_zip::Archive;
 use hspack::convert::{npy, safetensors_file, Limits, TorchFile};
@@ -34,15 +37,6 @@ fn feed(bytes: &[u8]) {
     }
 }
 
-fn fixture(name: &str) -> Vec<u8> {
-    std::fs::read(
-        Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/fixtures/pt")
-            .join(name),
-    )
-    .unwrap()
-}
-
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
 
@@ -73,7 +67,7 @@ proptest! {
         flips in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..8),
     ) {
         let name = ["specforge.ckpt", "views_legacy.pt", "hs_0.safetensors", "numpy.pt", "views_big_endian.pt"][which];
-        let mut bytes = fixture(name);
+        let mut bytes = std::fs::read(pt_fixtures().join(name)).unwrap();
         for (at, v) in flips {
             let i = at.index(bytes.len());
             bytes[i] ^= v | 1;
@@ -155,10 +149,6 @@ fn value_strategy() -> impl Strategy<Value = Value> {
             )),
         ]
     })
-}
-
-fn dtype_strategy() -> impl Strategy<Value = DType> {
-    proptest::sample::select(DType::ALL.to_vec())
 }
 
 fn st_name(d: DType) -> &'static str {

@@ -2,7 +2,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use common::*;
 use hspack::format::Footer;
@@ -30,16 +30,6 @@ fn dataset(codec: Codec) -> (tempfile::TempDir, Vec<SampleBytes>) {
     }
     w.finish().unwrap();
     (dir, samples)
-}
-
-fn shard_path(dir: &Path, seq: u32) -> PathBuf {
-    dir.join(format!("shard-{seq:06}.hsp"))
-}
-
-fn flip(path: &Path, offset: u64) {
-    let mut b = std::fs::read(path).unwrap();
-    b[offset as usize] ^= 0x10;
-    std::fs::write(path, b).unwrap();
 }
 
 /// Offset of the payload of chunk `c` of shard `seq`.

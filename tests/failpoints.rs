@@ -11,7 +11,7 @@ use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use common::dumps::{check_dataset, write_dumps};
+use common::dumps::{check_dataset, convert_command, write_dumps};
 use common::*;
 use hspack::failpoint::ALL;
 use hspack::verify::{verify, VerifyOptions};
@@ -166,25 +166,11 @@ fn a_writer_crashed_at_every_failpoint_loses_no_committed_sample() {
 }
 
 fn convert(src: &Path, ds: &Path, failpoints: &str) -> Option<String> {
-    let out = Command::new(env!("CARGO_BIN_EXE_hspack"))
-        .args(["convert", s(src), s(ds), "--layout", "generic"])
-        .args(["--field", "input_ids=ids", "--field", "hidden.7=h"])
-        .args([
-            "--shard-samples",
-            "3",
-            "-q",
-            "--delete-source",
-            "--jobs",
-            "2",
-        ])
+    let out = convert_command(src, ds)
         .env("FAILPOINTS", failpoints)
         .output()
         .unwrap();
     crash_point(&out.stderr)
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
 }
 
 #[test]

@@ -160,25 +160,11 @@ fn writer_kills(rng: &mut Rng, kills: u64) -> Tally {
     t
 }
 
+/// [`common::dumps::convert_command`], printing nothing.
 fn convert_command(src: &Path, ds: &Path) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_hspack"));
-    c.args(["convert", s(src), s(ds), "--layout", "generic"])
-        .args(["--field", "input_ids=ids", "--field", "hidden.7=h"])
-        .args([
-            "--shard-samples",
-            "3",
-            "-q",
-            "--delete-source",
-            "--jobs",
-            "2",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
+    let mut c = common::dumps::convert_command(src, ds);
+    c.stdout(Stdio::null()).stderr(Stdio::null());
     c
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
 }
 
 fn convert_kills(rng: &mut Rng, kills: u64) -> Tally {

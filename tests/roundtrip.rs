@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use hspack::read::Buffer;
-use hspack::{Codec, DType, Dataset, DatasetWriter, Field, Role, Schema, WriteOptions};
+use hspack::{Codec, Dataset, DatasetWriter, Field, Role, Schema, WriteOptions};
 use proptest::prelude::*;
 
 #[test]
@@ -124,10 +124,6 @@ fn bad_samples_are_refused_with_their_field_named() {
     let s = capture_sample(1, 3, 8);
     let e = w.append("k", &as_fields(&s[..3])).unwrap_err().to_string();
     assert!(e.contains("hidden.30") && e.contains("missing"), "{e}");
-}
-
-fn dtype_strategy() -> impl Strategy<Value = DType> {
-    proptest::sample::select(DType::ALL.to_vec())
 }
 
 proptest! {

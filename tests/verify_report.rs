@@ -4,8 +4,9 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
+use common::cli::{hspack_in, stderr, stdout, text};
 use common::*;
 use hspack::error::ChunkSite;
 use hspack::verify::{verify, Report, VerifyOptions};
@@ -40,38 +41,8 @@ fn dataset() -> tempfile::TempDir {
     dir
 }
 
-fn shard_path(dir: &Path, seq: u32) -> PathBuf {
-    dir.join(format!("shard-{seq:06}.hsp"))
-}
-
-fn flip(path: &Path, offset: u64) {
-    let mut b = std::fs::read(path).unwrap();
-    b[offset as usize] ^= 0x10;
-    std::fs::write(path, b).unwrap();
-}
-
 fn check(dir: &Path, quick: bool) -> Report {
     verify(dir, VerifyOptions { quick }, &|_| {}).unwrap()
-}
-
-fn hspack(args: &[&str], cwd: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_hspack"))
-        .args(args)
-        .current_dir(cwd)
-        .output()
-        .unwrap()
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn text(o: &Output) -> String {
-    format!("{}{}", stdout(o), stderr(o))
 }
 
 fn names(paths: &[PathBuf]) -> Vec<String> {
@@ -123,7 +94,7 @@ fn files_of_an_interrupted_writer_are_a_note_not_damage() {
         assert_eq!(names(&r.unknown_files), ["notes.txt"]);
     }
 
-    let o = hspack(&["verify", "."], dir);
+    let o = hspack_in(&["verify", "."], dir);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     let out = stdout(&o);
     assert!(!out.contains("DAMAGED"), "{out}");
@@ -139,7 +110,7 @@ fn files_of_an_interrupted_writer_are_a_note_not_damage() {
     }
     assert!(!out.contains(".hspack-writer.lock"), "{out}");
 
-    let o = hspack(&["verify", ".", "--json"], dir);
+    let o = hspack_in(&["verify", ".", "--json"], dir);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["ok"], true);
@@ -148,15 +119,15 @@ fn files_of_an_interrupted_writer_are_a_note_not_damage() {
     assert_eq!(v["unknown_files"].as_array().unwrap().len(), 1, "{v}");
     assert!(v["digest"].is_string(), "{v}");
 
-    let o = hspack(&["verify", ".", "--quick"], dir);
+    let o = hspack_in(&["verify", ".", "--quick"], dir);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
-    let o = hspack(&["digest", "."], dir);
+    let o = hspack_in(&["digest", "."], dir);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
 
     // Damage of committed data is still damage, beside the note.
     let len = std::fs::metadata(shard_path(dir, 1)).unwrap().len();
     flip(&shard_path(dir, 1), len - 200);
-    let o = hspack(&["verify", ".", "--quick"], dir);
+    let o = hspack_in(&["verify", ".", "--quick"], dir);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(stdout(&o).contains("DAMAGED"), "{}", text(&o));
     assert!(stdout(&o).contains(LEFTOVER_NOTE), "{}", text(&o));
@@ -221,7 +192,7 @@ fn verify_says_what_it_did_with_plurals_right() {
     let t = tempfile::tempdir().unwrap();
     write(&t.path().join("one"), 1, 4);
     write(&t.path().join("two"), 8, 4);
-    let o = hspack(&["verify", "two", "--quick"], t.path());
+    let o = hspack_in(&["verify", "two", "--quick"], t.path());
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     let chunks: u64 = Dataset::open(t.path().join("two"))
         .unwrap()
@@ -238,11 +209,11 @@ fn verify_says_what_it_did_with_plurals_right() {
         "{out}"
     );
     assert!(!out.contains("hashed"), "{out}");
-    let o = hspack(&["verify", "two", "--quick", "--json"], t.path());
+    let o = hspack_in(&["verify", "two", "--quick", "--json"], t.path());
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["chunk_headers"], chunks, "{v}");
 
-    let o = hspack(&["verify", "one"], t.path());
+    let o = hspack_in(&["verify", "one"], t.path());
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     let out = stdout(&o);
     assert!(out.contains("of 1 shard, 1 sample, "), "{out}");
@@ -254,10 +225,10 @@ fn verify_says_what_it_did_with_plurals_right() {
         .chunk(0)
         .unwrap();
     flip(&t.path().join("one/shard-000000.hsp"), e.offset + 130);
-    let o = hspack(&["verify", "one"], t.path());
+    let o = hspack_in(&["verify", "one"], t.path());
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(stdout(&o).contains(": 1 problem\n"), "{}", text(&o));
-    let o = hspack(&["digest", "one"], t.path());
+    let o = hspack_in(&["digest", "one"], t.path());
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(stderr(&o).contains("1 problem,"), "{}", text(&o));
 }
@@ -287,7 +258,7 @@ fn a_damaged_shard_does_not_hide_the_keys_of_the_others() {
     assert!(err.to_string().contains("shard-000000.hsp"), "{err}");
     drop(ds);
 
-    let o = hspack(&["ls", "."], dir);
+    let o = hspack_in(&["ls", "."], dir);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     let out = stdout(&o);
     for k in ["req-4", "req-5", "req-6", "req-7"] {
@@ -299,10 +270,10 @@ fn a_damaged_shard_does_not_hide_the_keys_of_the_others() {
         "{}",
         text(&o)
     );
-    let o = hspack(&["ls", ".", "--json"], dir);
+    let o = hspack_in(&["ls", ".", "--json"], dir);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert_eq!(stdout(&o).lines().count(), 4, "{}", text(&o));
-    let o = hspack(&["show", ".", "req-5"], dir);
+    let o = hspack_in(&["show", ".", "req-5"], dir);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
 }
 
@@ -318,7 +289,7 @@ fn an_os_error_is_said_once() {
     std::fs::rename(dir.join("manifest.json"), dir.join("m")).unwrap();
     std::fs::create_dir(dir.join("manifest.json")).unwrap();
     for cmd in ["verify", "digest", "ls"] {
-        let o = hspack(&[cmd, "."], dir);
+        let o = hspack_in(&[cmd, "."], dir);
         assert_eq!(o.status.code(), Some(2), "{cmd}: {}", text(&o));
         assert!(stderr(&o).contains("manifest.json"), "{}", text(&o));
         os(&o);
@@ -328,10 +299,10 @@ fn an_os_error_is_said_once() {
     // A shard cannot be read: that is damage (exit 1), named once.
     std::fs::remove_file(shard_path(dir, 1)).unwrap();
     std::fs::create_dir(shard_path(dir, 1)).unwrap();
-    let o = hspack(&["verify", "."], dir);
+    let o = hspack_in(&["verify", "."], dir);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     os(&o);
-    let o = hspack(&["show", ".", "req-5"], dir);
+    let o = hspack_in(&["show", ".", "req-5"], dir);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     os(&o);
 }

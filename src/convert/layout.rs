@@ -21,7 +21,7 @@
 
 use std::borrow::Cow;
 
-use crate::format::{CaptureInfo, CapturePoint, DType, Field, Role, Schema};
+use crate::format::{eagle3, CaptureInfo, CapturePoint, DType, Field, Role, Schema};
 
 use super::layouts;
 use super::TensorInfo;
@@ -419,7 +419,7 @@ pub fn hidden_roles(
         .zip(points)
         .map(|(&layer, point)| {
             (
-                format!("hidden.{layer}"),
+                eagle3::hidden_field(layer),
                 Role::HiddenState { layer, point },
             )
         })

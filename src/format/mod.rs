@@ -4,6 +4,7 @@
 
 pub mod codec;
 pub mod dtype;
+pub mod eagle3;
 pub mod error;
 pub mod index;
 pub mod layout;

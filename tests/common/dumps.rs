@@ -4,6 +4,7 @@
 use std::borrow::Cow;
 use std::collections::HashSet;
 use std::path::Path;
+use std::process::Command;
 
 use hspack::Dataset;
 use safetensors::{Dtype, View};
@@ -88,4 +89,27 @@ pub fn check_dataset(ds: &Path) -> HashSet<String> {
         assert!(keys.insert(s.key().to_string()), "duplicate {}", s.key());
     }
     keys
+}
+
+/// `hspack convert` of the dumps in `src` into `ds`: the generic layout (`ids`, `h` as
+/// `input_ids`, `hidden.7`), 3 samples a shard, 2 jobs, `--delete-source`, quiet.
+pub fn convert_command(src: &Path, ds: &Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_hspack"));
+    c.args([
+        "convert",
+        super::s(src),
+        super::s(ds),
+        "--layout",
+        "generic",
+    ])
+    .args(["--field", "input_ids=ids", "--field", "hidden.7=h"])
+    .args([
+        "--shard-samples",
+        "3",
+        "-q",
+        "--delete-source",
+        "--jobs",
+        "2",
+    ]);
+    c
 }

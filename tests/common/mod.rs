@@ -1,11 +1,15 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
+pub mod cli;
 pub mod crash_writer;
 pub mod dumps;
 pub mod moto;
 
+use std::path::{Path, PathBuf};
+
 use hspack::{CapturePoint, DType, Field, Role, Schema, WriteOptions};
+use proptest::strategy::Strategy;
 
 /// A schema like a capture's: token ids, loss mask, two hidden-state layers of width `hidden`.
 pub fn capture_schema(hidden: u64) -> Schema {
@@ -80,4 +84,32 @@ pub fn small_options() -> WriteOptions {
         dataset_id: Some([9; 16]),
         ..WriteOptions::default()
     }
+}
+
+/// `p` as a command-line argument.
+pub fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// Shard `seq` of the dataset in `dir`.
+pub fn shard_path(dir: &Path, seq: u32) -> PathBuf {
+    dir.join(format!("shard-{seq:06}.hsp"))
+}
+
+/// Flips one bit of the byte at `offset` of the file at `path`.
+pub fn flip(path: &Path, offset: u64) {
+    let mut b = std::fs::read(path).unwrap();
+    b[offset as usize] ^= 0x10;
+    std::fs::write(path, b).unwrap();
+}
+
+/// The torch fixtures written by `tests/fixtures/pt/make_fixtures.py`, and their
+/// `expected.json`.
+pub fn pt_fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pt")
+}
+
+/// Any dtype.
+pub fn dtype_strategy() -> impl Strategy<Value = DType> {
+    proptest::sample::select(DType::ALL.to_vec())
 }

@@ -11,6 +11,7 @@
 //! `hidden_state` is the model's last hidden state, HF `hidden_states[-1]`: the final-norm
 //! output by default (give the model's layer count as its id, as the capture tools do).
 
+use crate::format::eagle3::SAVED;
 use crate::format::CapturePoint;
 
 use super::super::layout::{hidden_roles, FieldSpec, LayoutError, LayoutOptions};
@@ -25,14 +26,14 @@ pub fn specs(
     let roles = hidden_roles(
         "eagle",
         1,
-        "hidden_state",
+        SAVED.target,
         options,
         &[Some(CapturePoint::FinalNorm)],
     )?;
     let (name, role) = &roles[0];
     Ok(vec![
-        ids("input_ids"),
-        mask("loss_mask"),
-        FieldSpec::new(name, "hidden_state", role.clone()),
+        ids(SAVED.input_ids),
+        mask(SAVED.loss_mask),
+        FieldSpec::new(name, SAVED.target, role.clone()),
     ])
 }

@@ -8,19 +8,20 @@ pub mod modelopt;
 pub mod specforge;
 pub mod speculators;
 
+use crate::format::eagle3;
 use crate::format::Role;
 
 use super::layout::{find, FieldSpec, LayoutError, Op, Stack};
 use super::TensorInfo;
 
-/// `input_ids` from `source`.
+/// The token-id field ([`eagle3::INPUT_IDS`]) from `source`.
 pub(crate) fn ids(source: &str) -> FieldSpec {
-    FieldSpec::new("input_ids", source, Role::TokenIds)
+    FieldSpec::new(eagle3::INPUT_IDS, source, Role::TokenIds)
 }
 
-/// `loss_mask` from `source`.
+/// The loss-mask field ([`eagle3::LOSS_MASK`]) from `source`.
 pub(crate) fn mask(source: &str) -> FieldSpec {
-    FieldSpec::new("loss_mask", source, Role::LossMask)
+    FieldSpec::new(eagle3::LOSS_MASK, source, Role::LossMask)
 }
 
 /// How many hidden-size parts the last axis of `concat` holds, given one state `single`.
@@ -53,9 +54,6 @@ pub(crate) fn part(i: u64, of: u64) -> Op {
         axis: -1,
     }
 }
-
-/// Name of the presets' stacked field of auxiliary layers.
-pub const AUX_FIELD: &str = "aux_hidden_state";
 
 /// One role stacking the layers of `roles` (from [`super::layout::hidden_roles`]); they must
 /// share a capture point.

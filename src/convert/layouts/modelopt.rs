@@ -17,11 +17,12 @@
 //! `aux_hidden_state` is one stacked field (role `hidden_states`) holding the source bytes as
 //! they are; `--split-layers` writes one field `hidden.{l}` per aux layer instead.
 
+use crate::format::eagle3::{AUX_HIDDEN_STATE, MODELOPT_SAVED as SAVED};
 use crate::format::CapturePoint;
 
 use super::super::layout::{find, hidden_roles, FieldSpec, LayoutError, LayoutOptions};
 use super::super::TensorInfo;
-use super::{ids, layer_fields, mask, part, parts, AUX_FIELD};
+use super::{ids, layer_fields, mask, part, parts};
 use crate::convert::layout::Stack;
 
 /// The specs for a ModelOpt file.
@@ -29,29 +30,29 @@ pub fn specs(
     tensors: &[TensorInfo],
     options: &LayoutOptions,
 ) -> Result<Vec<FieldSpec>, LayoutError> {
-    let k = parts(tensors, "aux_hidden_states", "hidden_states")?.unwrap_or(0);
+    let k = parts(tensors, SAVED.aux, SAVED.target)?.unwrap_or(0);
     let mut defaults = vec![Some(CapturePoint::LayerInput); k as usize];
     defaults.push(Some(CapturePoint::FinalNorm));
     let roles = hidden_roles(
         "modelopt",
         k as usize + 1,
-        if k > 0 {
-            "the aux_hidden_states parts, then hidden_states"
+        &if k > 0 {
+            format!("the {} parts, then {}", SAVED.aux, SAVED.target)
         } else {
-            "hidden_states"
+            SAVED.target.to_string()
         },
         options,
         &defaults,
     )?;
-    let mut out = vec![ids("input_ids")];
-    if find(tensors, "loss_mask").is_some() {
-        out.push(mask("loss_mask"));
+    let mut out = vec![ids(SAVED.input_ids)];
+    if find(tensors, SAVED.loss_mask).is_some() {
+        out.push(mask(SAVED.loss_mask));
     }
     if k > 0 {
         out.extend(layer_fields(
             "modelopt",
-            AUX_FIELD,
-            "aux_hidden_states",
+            AUX_HIDDEN_STATE,
+            SAVED.aux,
             &roles[..k as usize],
             Stack::Concat,
             options.split_layers,
@@ -59,6 +60,6 @@ pub fn specs(
         )?);
     }
     let (name, role) = &roles[k as usize];
-    out.push(FieldSpec::new(name, "hidden_states", role.clone()));
+    out.push(FieldSpec::new(name, SAVED.target, role.clone()));
     Ok(out)
 }

@@ -21,11 +21,12 @@
 //! de-interleaves the layers).
 //! Rows past the real length (batches padded to one length) are kept unless `--trim-padding`.
 
+use crate::format::eagle3::{AUX_HIDDEN_STATE, SAVED};
 use crate::format::CapturePoint;
 
 use super::super::layout::{hidden_roles, FieldSpec, LayoutError, LayoutOptions};
 use super::super::TensorInfo;
-use super::{ids, layer_fields, mask, part, parts, AUX_FIELD};
+use super::{ids, layer_fields, mask, part, parts};
 use crate::convert::layout::Stack;
 
 /// The specs for a SpecForge file.
@@ -33,27 +34,27 @@ pub fn specs(
     tensors: &[TensorInfo],
     options: &LayoutOptions,
 ) -> Result<Vec<FieldSpec>, LayoutError> {
-    let k = parts(tensors, "aux_hidden_state", "hidden_state")?.unwrap_or(3);
+    let k = parts(tensors, SAVED.aux, SAVED.target)?.unwrap_or(3);
     let mut defaults = vec![Some(CapturePoint::LayerInput); k as usize];
     defaults.push(Some(CapturePoint::FinalNorm));
     let roles = hidden_roles(
         "specforge",
         k as usize + 1,
-        "the aux_hidden_state parts, then hidden_state",
+        &format!("the {} parts, then {}", SAVED.aux, SAVED.target),
         options,
         &defaults,
     )?;
-    let mut out = vec![ids("input_ids"), mask("loss_mask")];
+    let mut out = vec![ids(SAVED.input_ids), mask(SAVED.loss_mask)];
     out.extend(layer_fields(
         "specforge",
-        AUX_FIELD,
-        "aux_hidden_state",
+        AUX_HIDDEN_STATE,
+        SAVED.aux,
         &roles[..k as usize],
         Stack::Concat,
         options.split_layers,
         |i| part(i, k),
     )?);
     let (name, role) = &roles[k as usize];
-    out.push(FieldSpec::new(name, "hidden_state", role.clone()));
+    out.push(FieldSpec::new(name, SAVED.target, role.clone()));
     Ok(out)
 }

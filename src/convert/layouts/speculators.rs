@@ -21,20 +21,24 @@
 
 use super::super::layout::{find, hidden_roles, FieldSpec, LayoutError, LayoutOptions, Op};
 use super::super::TensorInfo;
-use super::{ids, mask, stacked_role, AUX_FIELD};
+use super::{ids, mask, stacked_role};
 use crate::convert::layout::Stack;
+use crate::format::eagle3::{
+    AUX_HIDDEN_STATE, INPUT_IDS, LOSS_MASK, SPECULATORS_HIDDEN_STATES as HIDDEN_STATES,
+    SPECULATORS_TOKEN_IDS as TOKEN_IDS,
+};
 
 /// The specs for a speculators file.
 pub fn specs(
     tensors: &[TensorInfo],
     options: &LayoutOptions,
 ) -> Result<Vec<FieldSpec>, LayoutError> {
-    let hs = find(tensors, "hidden_states");
+    let hs = find(tensors, HIDDEN_STATES);
     let layers = match hs.map(|t| t.shape.as_slice()) {
         Some([.., l, _]) if hs.is_some_and(|t| t.shape.len() >= 3) => *l,
         Some(s) => {
             return Err(LayoutError::Shape {
-                tensor: "hidden_states".into(),
+                tensor: HIDDEN_STATES.into(),
                 got: format!("shape {s:?}"),
                 expected: "[T, n_layers, H]".into(),
             })
@@ -44,18 +48,18 @@ pub fn specs(
     let roles = hidden_roles(
         "speculators",
         layers as usize,
-        "hidden_states[:, j] for each j",
+        &format!("{HIDDEN_STATES}[:, j] for each j"),
         options,
         &vec![None; layers as usize],
     )?;
-    let token = if find(tensors, "token_ids").is_some() {
-        "token_ids"
+    let token = if find(tensors, TOKEN_IDS).is_some() {
+        TOKEN_IDS
     } else {
-        "input_ids"
+        INPUT_IDS
     };
     let mut out = vec![ids(token)];
-    if find(tensors, "loss_mask").is_some() {
-        out.push(mask("loss_mask"));
+    if find(tensors, LOSS_MASK).is_some() {
+        out.push(mask(LOSS_MASK));
     }
     let index = |j: usize| Op::Index {
         index: j as u64,
@@ -63,7 +67,7 @@ pub fn specs(
     };
     if !options.split_layers {
         if let Ok(role) = stacked_role("speculators", &roles) {
-            out.push(FieldSpec::new("hidden_states", "hidden_states", role).stacked(Stack::Axis));
+            out.push(FieldSpec::new(HIDDEN_STATES, HIDDEN_STATES, role).stacked(Stack::Axis));
             return Ok(out);
         }
         if let [aux @ .., (name, last)] = roles.as_slice() {
@@ -75,19 +79,19 @@ pub fn specs(
                     axis: -2,
                 };
                 out.push(
-                    FieldSpec::new(AUX_FIELD, "hidden_states", role)
+                    FieldSpec::new(AUX_HIDDEN_STATE, HIDDEN_STATES, role)
                         .with_op(first)
                         .stacked(Stack::Axis),
                 );
                 out.push(
-                    FieldSpec::new(name, "hidden_states", last.clone()).with_op(index(aux.len())),
+                    FieldSpec::new(name, HIDDEN_STATES, last.clone()).with_op(index(aux.len())),
                 );
                 return Ok(out);
             }
         }
     }
     for (j, (name, role)) in roles.iter().enumerate() {
-        out.push(FieldSpec::new(name, "hidden_states", role.clone()).with_op(index(j)));
+        out.push(FieldSpec::new(name, HIDDEN_STATES, role.clone()).with_op(index(j)));
     }
     Ok(out)
 }

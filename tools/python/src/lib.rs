@@ -8,6 +8,7 @@ mod borrowed;
 #[cfg(feature = "cuda")]
 mod cuda_writer;
 mod dataset;
+mod eagle3;
 mod errors;
 mod origin;
 mod tensor_buffer;
@@ -22,6 +23,7 @@ fn _hspack(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("HspackError", py.get_type::<errors::HspackError>())?;
     m.add("ERROR_CONTEXT", errors::CONTEXT.to_vec())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("EAGLE3", eagle3::names(py)?)?;
     m.add_class::<dataset::Dataset>()?;
     m.add_class::<writer::Writer>()?;
     m.add_class::<tensor_buffer::TensorBuffer>()?;

@@ -219,7 +219,7 @@ class Dataset:
         there is none."""
         i = self.native.find(key)
         if i is None:
-            raise make_error("NoSuchKey", f"no sample has key `{key}`: list the keys with `hspack ls`", key=key)
+            raise make_error("NoSuchKey", f"no sample has key `{key}`: list the keys with `hspack ls DATASET`", key=key)
         return self.read(i, fields, rows, copy)
 
     def _mapping_range(self, shard: int) -> tuple[int, int]:

@@ -4,6 +4,8 @@ from typing import Any, Sequence
 
 __version__: str
 ERROR_CONTEXT: list[str]
+# The EAGLE-3 names (`hspack::format::eagle3`): {"fields": {...}, "view": {...}, "specforge_item": {...}}.
+EAGLE3: dict[str, dict[str, str]]
 
 class HspackError(Exception):
     kind: str

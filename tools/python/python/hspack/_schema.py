@@ -5,6 +5,9 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ._errors import make_error
+from ._hspack import EAGLE3
+
+_NAMES = EAGLE3["fields"]
 
 POINTS = ("layer_input", "layer_output", "final_norm")
 
@@ -29,11 +32,11 @@ def hidden_state(layer: int, width: int, point: str = "layer_input", dtype: str 
     if point not in POINTS:
         raise make_error("BadOption", f"option point: must be one of {', '.join(POINTS)}", option="point")
     if name is None:
-        name = "hidden.final" if point == "final_norm" else f"hidden.{layer}"
+        name = _NAMES["hidden_final"] if point == "final_norm" else f"{_NAMES['hidden_prefix']}{layer}"
     return field(name, dtype, [width], {"kind": "hidden_state", "layer": int(layer), "point": point})
 
 
-def hidden_states(layers: Sequence[int], width: int, point: str = "layer_input", dtype: str = "bf16", name: str = "aux_hidden_state") -> dict:
+def hidden_states(layers: Sequence[int], width: int, point: str = "layer_input", dtype: str = "bf16", name: str = _NAMES["aux"]) -> dict:
     """A field stacking the hidden states of decoder layers `layers` (row shape
     `[len(layers), width]`), taken at `point`. A row read flat is the layers concatenated
     on the last dim: EAGLE-3's `aux_hidden_state [T, k*H]`, which `hspack.torch`'s EAGLE-3 view
@@ -46,12 +49,12 @@ def hidden_states(layers: Sequence[int], width: int, point: str = "layer_input",
     return field(name, dtype, [len(layers), width], {"kind": "hidden_states", "layers": layers, "point": point})
 
 
-def token_ids(name: str = "input_ids", dtype: str = "i32") -> dict:
+def token_ids(name: str = _NAMES["input_ids"], dtype: str = "i32") -> dict:
     """The token-id field: one id per row."""
     return field(name, dtype, [], "token_ids")
 
 
-def loss_mask(name: str = "loss_mask", dtype: str = "u8") -> dict:
+def loss_mask(name: str = _NAMES["loss_mask"], dtype: str = "u8") -> dict:
     """The loss-mask field: one value per row, non-zero where the loss counts."""
     return field(name, dtype, [], "loss_mask")
 

@@ -24,6 +24,8 @@ from typing import Iterable, List, Sequence, Tuple
 
 import torch
 
+from .._hspack import EAGLE3
+
 __all__ = [
     "CapturePoints",
     "DTYPE_NAMES",
@@ -36,9 +38,11 @@ __all__ = [
     "model_shape",
 ]
 
-TOKEN_FIELD = "input_ids"
-LOSS_MASK_FIELD = "loss_mask"
-STACKED_FIELD = "aux_hidden_state"
+# The field names, as the Rust side defines them (`hspack::format::eagle3`).
+TOKEN_FIELD = EAGLE3["fields"]["input_ids"]
+LOSS_MASK_FIELD = EAGLE3["fields"]["loss_mask"]
+STACKED_FIELD = EAGLE3["fields"]["aux"]
+HIDDEN_PREFIX = EAGLE3["fields"]["hidden_prefix"]
 
 DTYPE_NAMES = {
     torch.bfloat16: "bf16",
@@ -105,7 +109,7 @@ class CapturePoints:
     @staticmethod
     def field(layer_id: int) -> str:
         """The dataset field holding id ``layer_id``."""
-        return f"hidden.{layer_id}"
+        return f"{HIDDEN_PREFIX}{layer_id}"
 
     def point(self, layer_id: int) -> str:
         """``layer_input`` or ``final_norm``."""

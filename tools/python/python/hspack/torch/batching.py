@@ -9,8 +9,13 @@ import numpy as np
 import torch
 import torch.utils.data as tud
 
+from .._hspack import EAGLE3
 from . import order as _order
 from .views import shared_empty
+
+# Token ids and the attention mask, named as the Rust side names them (`hspack::format::eagle3`).
+_INPUT_IDS = EAGLE3["fields"]["input_ids"]
+_ATTENTION_MASK = EAGLE3["specforge_item"]["attention_mask"]
 
 
 def pack(ordinals: np.ndarray, lengths: np.ndarray, max_tokens: int) -> list[list[int]]:
@@ -118,7 +123,7 @@ class PadCollate:
     like SpecForge's dataset items) are collated on their token dim, into `[B, T_max, ...]`
     as SpecForge's collator does."""
 
-    def __init__(self, max_len: int | None = None, pad_id: int = 0, length_key: str = "input_ids", pad_to_multiple_of: int | None = None):
+    def __init__(self, max_len: int | None = None, pad_id: int = 0, length_key: str = _INPUT_IDS, pad_to_multiple_of: int | None = None):
         self.max_len, self.pad_id, self.length_key = max_len, pad_id, length_key
         self.multiple = pad_to_multiple_of
 
@@ -136,7 +141,7 @@ class PadCollate:
         for name, v in first.items():
             if torch.is_tensor(v) and v.dim() >= 1 and v.shape[0] == first[key].shape[0]:
                 batch = shared_empty((len(samples), t_max, *v.shape[1:]), v.dtype)
-                fill = self.pad_id if name == "input_ids" else 0
+                fill = self.pad_id if name == _INPUT_IDS else 0
                 for b, (s, n) in enumerate(zip(samples, lengths)):
                     batch[b, :n] = s[name][:n]
                     if n < t_max:
@@ -150,7 +155,7 @@ class PadCollate:
         for b, n in enumerate(lengths):
             mask[b, :n] = 1
             mask[b, n:] = 0
-        out["attention_mask"] = mask
+        out[_ATTENTION_MASK] = mask
         out["lengths"] = torch.tensor(lengths, dtype=torch.int64)
         return out
 

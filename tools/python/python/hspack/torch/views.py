@@ -12,6 +12,11 @@ from typing import Any, Sequence
 
 from .._errors import make_error
 from .._dtypes import torch_dtypes
+from .._hspack import EAGLE3
+
+# The keys of the two EAGLE-3 layouts, as the Rust side defines them (`hspack::format::eagle3`).
+_VIEW = EAGLE3["view"]
+_SPECFORGE = EAGLE3["specforge_item"]
 
 
 def shared_empty(shape: Sequence[int], dtype: Any) -> Any:
@@ -142,14 +147,14 @@ class Eagle3View:
         ids = parts[ids_field] if ids_field else None
         mask = parts[mask_field] if mask_field else torch.ones(n, dtype=torch.int64)
         if self.layout == "hspack":
-            return {"input_ids": ids, "loss_mask": mask, "aux_hidden_state": out, "hidden_state": parts[target], "ordinal": ordinal}
+            return {_VIEW["input_ids"]: ids, _VIEW["loss_mask"]: mask, _VIEW["aux"]: out, _VIEW["target"]: parts[target], "ordinal": ordinal}
         mask = mask.clone()
         if n:
             mask[-1] = 0
         return {
-            "input_ids": ids[None],
-            "loss_mask": mask[None],
-            "attention_mask": torch.ones((1, n), dtype=torch.int64),
-            "hidden_state": out[None],
-            "target": parts[target][None],
+            _SPECFORGE["input_ids"]: ids[None],
+            _SPECFORGE["loss_mask"]: mask[None],
+            _SPECFORGE["attention_mask"]: torch.ones((1, n), dtype=torch.int64),
+            _SPECFORGE["aux"]: out[None],
+            _SPECFORGE["target"]: parts[target][None],
         }
