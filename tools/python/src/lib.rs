@@ -12,6 +12,7 @@ mod eagle3;
 mod errors;
 mod origin;
 mod tensor_buffer;
+mod transfer;
 mod verify;
 mod writer;
 
@@ -28,6 +29,7 @@ fn _hspack(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<writer::Writer>()?;
     m.add_class::<tensor_buffer::TensorBuffer>()?;
     m.add_function(wrap_pyfunction!(verify::verify, m)?)?;
+    m.add_function(wrap_pyfunction!(transfer::copy, m)?)?;
     m.add_function(wrap_pyfunction!(origin::origin, m)?)?;
     m.add_function(wrap_pyfunction!(origin::map_private, m)?)?;
     m.add_class::<origin::PrivateMap>()?;

@@ -14,7 +14,7 @@ from ._dataset import Dataset, Sample, open
 from ._errors import HspackError
 from ._hspack import __version__
 from ._schema import field, hidden_state, hidden_states, loss_mask, token_ids
-from ._verify import verify
+from ._verify import copy, verify
 from ._writer import Writer
 
 __all__ = [
@@ -23,6 +23,7 @@ __all__ = [
     "Sample",
     "Writer",
     "__version__",
+    "copy",
     "field",
     "hidden_state",
     "hidden_states",

@@ -1,7 +1,8 @@
-"""`hspack.verify`: the full check of a dataset after a transfer."""
+"""`hspack.verify`: the full check of a dataset after a transfer; `hspack.copy`, the transfer."""
 
 from __future__ import annotations
 
+import json
 import os
 
 from . import _hspack
@@ -16,3 +17,15 @@ def verify(path: str | os.PathLike, quick: bool = False) -> dict:
     sample, field and rows where it can. Raises `HspackError` only when the manifest cannot
     be read."""
     return _hspack.verify(os.fspath(path), quick)
+
+
+def copy(src: str | os.PathLike, dst: str | os.PathLike, *, sync: bool = False, reread: bool = True, jobs: int = 4) -> dict:
+    """Copies the dataset at `src` to `dst`, each a folder or a URL (`s3://bucket/prefix`,
+    `gs://`, `az://`; `https://` as a source): every chunk is checked against its BLAKE3 as it
+    passes, what landed is read back (`reread`), and the manifest is published last, so an
+    interrupted copy is never taken for a dataset and a rerun sends only what is missing.
+    `sync`: `dst` may hold an earlier state of the dataset; only the new shards are sent.
+
+    Returns the report: `shards_sent`, `bytes_sent`, `shards_present`, `bytes_present`,
+    `shards_replaced`, `chunks_checked`, `bytes_reread`, `manifest_published`, `digest`."""
+    return json.loads(_hspack.copy(os.fspath(src), os.fspath(dst), sync, reread, jobs))

@@ -1,0 +1,35 @@
+//! `copy`: a dataset copied between folders and object storage, proven (`hspack cp`/`sync`).
+
+use hspack::transfer::{copy as copy_dataset, CopyMode, CopyOptions};
+use pyo3::prelude::*;
+
+use crate::errors::{bad_option, IntoPy};
+
+/// Copies the dataset at `src` to `dst` (folders or URLs) and returns the report as JSON.
+#[pyfunction]
+#[pyo3(signature = (src, dst, sync = false, reread = true, jobs = 4))]
+pub fn copy(
+    py: Python<'_>,
+    src: std::path::PathBuf,
+    dst: std::path::PathBuf,
+    sync: bool,
+    reread: bool,
+    jobs: usize,
+) -> PyResult<String> {
+    if jobs == 0 {
+        return Err(bad_option("jobs", "must be at least 1"));
+    }
+    let options = CopyOptions {
+        mode: if sync { CopyMode::Sync } else { CopyMode::Copy },
+        reread,
+        jobs,
+    };
+    let report = py
+        .allow_threads(|| {
+            let src = hspack::Dataset::open(&src)?;
+            let dst = hspack::io::open_location(&dst)?;
+            copy_dataset(&src, &dst, &options, &|_| {})
+        })
+        .py_err()?;
+    Ok(serde_json::to_string(&report).expect("a report is plain data"))
+}
