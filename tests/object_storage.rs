@@ -91,6 +91,7 @@ fn datasets_in_s3() {
     resume_and_refusals(&local, tmp.path());
     conditional_puts_refuse_to_clobber();
     damage_at_rest_is_named();
+    repair_replaces_what_is_damaged(&local);
     writers_say_how_to_get_data_there();
     let big = tmp.path().join("big");
     let mut w = DatasetWriter::open(&big, capture_schema(2048), options()).unwrap();
@@ -215,6 +216,37 @@ fn damage_at_rest_is_named() {
     assert!(err.is_damage(), "{err}");
     let dst = open_location("s3://hspack-test/from-damaged").unwrap();
     assert!(dst.read("manifest.json").unwrap().is_none());
+}
+
+fn repair_replaces_what_is_damaged(local: &str) {
+    // s3://hspack-test/rt has a flipped byte in shard 2 (above); the local folder is intact.
+    let out = Command::new(env!("CARGO_BIN_EXE_hspack"))
+        .args(["repair", "s3://hspack-test/rt", "--from", local, "--json"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        report["shards_replaced"],
+        serde_json::json!(["shard-000002.hsp"])
+    );
+    assert_eq!(report["problems_found"].as_array().unwrap().len(), 1);
+    assert_eq!(report["problems_left"], serde_json::json!([]));
+    assert_eq!(digest("s3://hspack-test/rt"), digest(local));
+    // A copy of another dataset is refused as a source.
+    let other = tempfile::tempdir().unwrap();
+    local_dataset(other.path(), 3);
+    let ds = Dataset::open("s3://hspack-test/rt").unwrap();
+    let err = hspack::transfer::repair(&ds, &Dataset::open(other.path()).unwrap()).unwrap_err();
+    assert!(
+        err.to_string().contains("not a copy of the same dataset"),
+        "{err}"
+    );
 }
 
 fn writers_say_how_to_get_data_there() {

@@ -13,6 +13,7 @@ mod info;
 mod ls;
 mod progress;
 mod reindex;
+mod repair;
 mod show;
 mod verify;
 
@@ -47,6 +48,9 @@ enum Command {
     Cp(cp::Args),
     /// Like cp, onto an earlier copy of a dataset that grew: sends the new shards only.
     Sync(cp::Args),
+    /// Replace what verify finds damaged in a copy from an intact copy (same digest), then
+    /// verify again.
+    Repair(repair::Args),
     /// Turn hidden-state dumps (SpecForge, EAGLE, ModelOpt, speculators, ad-hoc) into a dataset.
     Convert(Box<convert::Args>),
 }
@@ -72,6 +76,7 @@ pub fn main() -> ExitCode {
         Command::Convert(a) => convert::run(*a),
         Command::Cp(a) => cp::run(a, hspack::transfer::CopyMode::Copy),
         Command::Sync(a) => cp::run(a, hspack::transfer::CopyMode::Sync),
+        Command::Repair(a) => repair::run(a),
     };
     match result {
         Ok(code) => code,

@@ -163,7 +163,7 @@ pub fn copy(
 }
 
 #[derive(Default)]
-struct Stats {
+pub(crate) struct Stats {
     shards_sent: AtomicU64,
     bytes_sent: AtomicU64,
     shards_present: AtomicU64,
@@ -218,7 +218,11 @@ fn destination_manifest(
 }
 
 /// Opens shard `record` at the destination and checks it against the source's manifest.
-fn check_at(src: &Dataset, dst: &Arc<dyn Storage>, record: &ShardRecord) -> Result<Shard> {
+pub(crate) fn check_at(
+    src: &Dataset,
+    dst: &Arc<dyn Storage>,
+    record: &ShardRecord,
+) -> Result<Shard> {
     Shard::open(
         &**dst,
         record,
@@ -230,7 +234,7 @@ fn check_at(src: &Dataset, dst: &Arc<dyn Storage>, record: &ShardRecord) -> Resu
 
 /// Streams shard `seq` to the destination, checking every chunk as it passes, and publishes
 /// it where no file is.
-fn send_shard(
+pub(crate) fn send_shard(
     src: &Dataset,
     seq: usize,
     dst: &Arc<dyn Storage>,
@@ -284,7 +288,7 @@ fn send_shard(
 
 /// Proves what landed: the shard opens at the destination against the manifest, and with
 /// `reread` every chunk hashes right.
-fn prove(
+pub(crate) fn prove(
     src: &Dataset,
     dst: &Arc<dyn Storage>,
     record: &ShardRecord,
@@ -307,7 +311,7 @@ fn prove(
 }
 
 /// Copies `samples.parquet`, checked against its hash in the manifest at both ends.
-fn copy_samples_table(src: &Dataset, dst: &Arc<dyn Storage>) -> Result<()> {
+pub(crate) fn copy_samples_table(src: &Dataset, dst: &Arc<dyn Storage>) -> Result<()> {
     let Some(t) = &src.manifest().samples_table else {
         return Ok(());
     };

@@ -1,0 +1,70 @@
+//! `hspack repair`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use hspack::transfer::repair;
+use hspack::verify::count;
+
+use super::EXIT_DAMAGED;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The damaged copy: a folder or a URL.
+    damaged: PathBuf,
+    /// An intact copy of the same dataset (same digest): a folder or a URL.
+    #[arg(long)]
+    from: PathBuf,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(a: Args) -> anyhow::Result<ExitCode> {
+    let damaged = match hspack::Dataset::open(&a.damaged) {
+        Ok(ds) => ds,
+        Err(e) => return super::open_failed(e, a.json),
+    };
+    let good = hspack::Dataset::open(&a.from)?;
+    let report = repair(&damaged, &good)?;
+    let ok = report.problems_left.is_empty();
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        for p in &report.problems_found {
+            println!("FOUND {p}");
+        }
+        for f in &report.shards_replaced {
+            println!(
+                "REPLACED {}/{f} from {}",
+                a.damaged.display(),
+                a.from.display()
+            );
+        }
+        if report.samples_table_replaced {
+            println!("REPLACED the samples table from {}", a.from.display());
+        }
+        for p in &report.problems_left {
+            println!("DAMAGED {p}");
+        }
+        let verdict = match (report.problems_found.len(), ok) {
+            (0, _) => "nothing to repair: OK".to_string(),
+            (_, true) => format!(
+                "{} repaired ({} replaced); verified: OK",
+                count(report.problems_found.len() as u64, "problem"),
+                count(report.shards_replaced.len() as u64, "shard"),
+            ),
+            (_, false) => format!(
+                "{} left after the repair",
+                count(report.problems_left.len() as u64, "problem")
+            ),
+        };
+        println!("{}: {verdict}", a.damaged.display());
+        println!("digest {}", report.digest);
+    }
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(EXIT_DAMAGED)
+    })
+}

@@ -1,0 +1,115 @@
+//! `hspack repair`: what verify finds damaged in one copy, replaced from another copy of the
+//! same dataset (the same digest), then verified again.
+//!
+//! The unit replaced is the shard file: a damaged shard is deleted and sent again from the
+//! good copy, every chunk checked as it passes and read back where it landed, as `hspack cp`
+//! does. A damaged or missing samples table is copied again. The manifest, the root of trust,
+//! is never replaced: the two copies must already share it byte for byte.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::read::Dataset;
+use crate::verify::{verify_dataset, Report, VerifyOptions};
+
+use super::copy::{check_at, copy_samples_table, prove, send_shard, Stats};
+
+/// What a repair did.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct RepairReport {
+    /// Problems the first verification found, as text.
+    pub problems_found: Vec<String>,
+    /// Shard files replaced from the good copy.
+    pub shards_replaced: Vec<String>,
+    /// True when the samples table was copied again.
+    pub samples_table_replaced: bool,
+    /// Problems left after the repair (empty when it worked).
+    pub problems_left: Vec<String>,
+    /// The dataset digest.
+    pub digest: String,
+}
+
+/// The file a problem is in.
+fn problem_file(e: &Error) -> Option<&Path> {
+    match e {
+        Error::ChecksumMismatch { site, .. }
+        | Error::ChunkMisplaced { site, .. }
+        | Error::BadChunk { site, .. } => Some(&site.shard),
+        Error::ShardMismatch { shard, .. }
+        | Error::ForeignShard { shard, .. }
+        | Error::DirtyPadding { shard, .. } => Some(shard),
+        Error::Io { path, .. } | Error::Format { path, .. } | Error::SamplesTable { path, .. } => {
+            Some(path)
+        }
+        _ => None,
+    }
+}
+
+/// Repairs `damaged` from `good`, two copies of one dataset.
+pub fn repair(damaged: &Dataset, good: &Dataset) -> Result<RepairReport> {
+    if damaged.manifest_bytes() != good.manifest_bytes() {
+        return Err(Error::CopyRefused {
+            path: damaged.dir().to_path_buf(),
+            detail: format!(
+                "{} is not a copy of the same dataset (their manifests differ); repair takes \
+                 its parts only from a copy with the same digest",
+                good.dir().display()
+            ),
+        });
+    }
+    let first = verify_dataset(damaged, VerifyOptions::default(), &|_| {})?;
+    let intact = verify_dataset(good, VerifyOptions::default(), &|_| {})?;
+    if !intact.is_ok() {
+        return Err(Error::CopyRefused {
+            path: damaged.dir().to_path_buf(),
+            detail: format!(
+                "the copy to repair from, {}, is damaged too ({}); repair from an intact copy",
+                good.dir().display(),
+                intact.problems[0]
+            ),
+        });
+    }
+    let mut report = RepairReport {
+        problems_found: first.problems.iter().map(Error::to_string).collect(),
+        digest: first.digest.clone(),
+        ..RepairReport::default()
+    };
+    if first.is_ok() {
+        return Ok(report);
+    }
+    let names = damaged_files(&first);
+    let dst: Arc<dyn crate::io::Storage> = Arc::clone(damaged.storage());
+    let stats = Stats::default();
+    for (seq, record) in damaged.manifest().shards.iter().enumerate() {
+        if !names.contains(record.file.as_str()) {
+            continue;
+        }
+        dst.delete(&record.file)?;
+        send_shard(good, seq, &dst, &stats, &|_| {})?;
+        prove(good, &dst, record, true, &stats)?;
+        check_at(good, &dst, record)?;
+        report.shards_replaced.push(record.file.clone());
+    }
+    if let Some(t) = &damaged.manifest().samples_table {
+        if names.contains(t.file.as_str()) {
+            dst.delete(&t.file)?;
+            copy_samples_table(good, &dst)?;
+            report.samples_table_replaced = true;
+        }
+    }
+    let after = verify_dataset(damaged, VerifyOptions::default(), &|_| {})?;
+    report.problems_left = after.problems.iter().map(Error::to_string).collect();
+    Ok(report)
+}
+
+/// The names of the files `report`'s problems are in.
+fn damaged_files(report: &Report) -> BTreeSet<&str> {
+    report
+        .problems
+        .iter()
+        .filter_map(problem_file)
+        .filter_map(|p| p.file_name()?.to_str())
+        .collect()
+}
