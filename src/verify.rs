@@ -189,7 +189,11 @@ pub fn verify_dataset(
 
 /// Every chunk header against its index entry (the header bytes only), and with `padding`
 /// the padding between header, chunks and index, which must be zero.
-fn check_layout(shard: &Shard, schema: &crate::format::Schema, padding: bool) -> Vec<Error> {
+pub(crate) fn check_layout(
+    shard: &Shard,
+    schema: &crate::format::Schema,
+    padding: bool,
+) -> Vec<Error> {
     let mut problems = Vec::new();
     let index = shard.index();
     let mut pos = ShardHeader::SIZE as u64;

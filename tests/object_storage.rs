@@ -12,12 +12,13 @@ use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 
+use common::fault_proxy::FaultProxy;
 use common::moto::Moto;
 use common::*;
 use hspack::io::{open_location, Storage};
 use hspack::transfer::{copy, CopyMode, CopyOptions};
 use hspack::verify::{verify_dataset, VerifyOptions};
-use hspack::{Dataset, DatasetWriter, Error, WriteOptions};
+use hspack::{CheckPolicy, Dataset, DatasetWriter, Error, ReadOptions, WriteOptions};
 
 const HIDDEN: usize = 64;
 
@@ -93,6 +94,7 @@ fn datasets_in_s3() {
     damage_at_rest_is_named();
     repair_replaces_what_is_damaged(&local);
     writers_say_how_to_get_data_there();
+    faults_are_retried_or_named(&local, &moto);
     let big = tmp.path().join("big");
     let mut w = DatasetWriter::open(&big, capture_schema(2048), options()).unwrap();
     for i in 0..16u64 {
@@ -247,6 +249,86 @@ fn repair_replaces_what_is_damaged(local: &str) {
         err.to_string().contains("not a copy of the same dataset"),
         "{err}"
     );
+}
+
+/// Through a proxy that flips bytes, cuts connections and stalls, in both directions: every
+/// read returns the right bytes or an error naming the object; every copy either completes
+/// intact or publishes no manifest.
+fn faults_are_retried_or_named(local: &str, moto: &Moto) {
+    let proxy = FaultProxy::start(moto.port, 7, 3);
+    let through = |on: bool| {
+        let endpoint = match on {
+            true => proxy.endpoint(),
+            false => moto.endpoint(),
+        };
+        std::env::set_var("AWS_ENDPOINT_URL", endpoint);
+    };
+    let truth = Dataset::open(local).unwrap();
+    let fields = truth.schema().fields.len();
+    let (mut right, mut named, mut wrong) = (0, 0, 0);
+    through(true);
+    for _ in 0..3 {
+        let options = ReadOptions {
+            check: CheckPolicy::Always,
+            ..ReadOptions::default()
+        };
+        let remote = match Dataset::open_with("s3://hspack-test/rt", options) {
+            Ok(ds) => ds,
+            Err(e) => {
+                assert!(e.to_string().contains("s3://hspack-test/rt"), "{e}");
+                named += 1;
+                continue;
+            }
+        };
+        for i in 0..truth.len() {
+            for f in 0..fields {
+                let want = truth.sample(i).unwrap().read_field(f, None).unwrap();
+                match remote.sample(i).and_then(|s| s.read_field(f, None)) {
+                    Ok(t) if t.bytes() == want.bytes() => right += 1,
+                    Ok(_) => wrong += 1,
+                    Err(e) => {
+                        assert!(e.to_string().contains("s3://hspack-test/rt"), "{e}");
+                        named += 1;
+                    }
+                }
+            }
+        }
+    }
+    let want = digest(local);
+    let (mut done, mut refused) = (0, 0);
+    for round in 0..6 {
+        let dst = format!("s3://hspack-test/faulty-{round}");
+        through(true);
+        let result = cp(local, &dst, CopyMode::Copy);
+        through(false);
+        match result {
+            Ok(_) => {
+                assert_eq!(digest(&dst), want, "round {round}");
+                done += 1;
+            }
+            Err(e) => {
+                let at = open_location(&dst).unwrap();
+                assert!(
+                    at.read("manifest.json").unwrap().is_none(),
+                    "round {round}: {e}"
+                );
+                refused += 1;
+                // The rerun, without faults, completes it.
+                cp(local, &dst, CopyMode::Copy).unwrap();
+                assert_eq!(digest(&dst), want, "round {round}");
+            }
+        }
+    }
+    through(false);
+    let injected = proxy.injected.load(std::sync::atomic::Ordering::Relaxed);
+    eprintln!(
+        "faulty proxy: {injected} faults injected; reads: {right} right, {named} failed naming \
+         the object, {wrong} wrong; copies: {done} completed intact, {refused} failed with no \
+         manifest published (then completed by a rerun)"
+    );
+    assert_eq!(wrong, 0, "wrong bytes returned");
+    assert!(injected >= 10, "{injected} faults");
+    assert!(right > 0 && done + refused == 6);
 }
 
 fn writers_say_how_to_get_data_there() {

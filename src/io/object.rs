@@ -183,7 +183,11 @@ fn build_store(url: &url::Url, root: &Path) -> Result<Arc<dyn ObjectStore>> {
             let endpoint = ["AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT"]
                 .iter()
                 .find_map(|k| std::env::var(k).ok());
-            let mut b = object_store::aws::AmazonS3Builder::from_env().with_url(url.as_str());
+            // The server checks each upload against its SHA-256: bytes damaged on the way
+            // are refused there.
+            let mut b = object_store::aws::AmazonS3Builder::from_env()
+                .with_url(url.as_str())
+                .with_checksum_algorithm(object_store::aws::Checksum::SHA256);
             if let Some(endpoint) = &endpoint {
                 b = b.with_endpoint(endpoint);
                 if local_http(endpoint) {

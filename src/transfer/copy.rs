@@ -96,7 +96,7 @@ pub fn copy(
     let present: HashSet<String> = dst.list()?.into_iter().collect();
     let listed: HashSet<&str> = existing
         .as_ref()
-        .map(|(m, _)| m.shards.iter().map(|s| s.file.as_str()).collect())
+        .map(|(m, _, _)| m.shards.iter().map(|s| s.file.as_str()).collect())
         .unwrap_or_default();
     let stats = Stats::default();
     let replaced = std::sync::Mutex::new(Vec::new());
@@ -115,8 +115,10 @@ pub fn copy(
             .try_for_each(|(seq, record)| {
                 let at_dst = present.contains(&record.file);
                 if at_dst {
-                    match check_at(src, dst, record) {
-                        Ok(_) => {
+                    // Proven as a sent shard is: a copy killed between a put and its proof
+                    // leaves a shard that no run has read back yet.
+                    match prove(src, dst, record, options.reread, &stats) {
+                        Ok(()) => {
                             stats.shards_present.fetch_add(1, Ordering::Relaxed);
                             stats
                                 .bytes_present
@@ -137,14 +139,18 @@ pub fn copy(
                     }
                 }
                 send_shard(src, seq, dst, &stats, progress)?;
-                prove(src, dst, record, options.reread, &stats)?;
+                if let Err(e) = prove(src, dst, record, options.reread, &stats) {
+                    // What landed is not what was sent: never to be taken for the shard.
+                    let _ = dst.delete(&record.file);
+                    return Err(e);
+                }
                 stats.shards_sent.fetch_add(1, Ordering::Relaxed);
                 stats.bytes_sent.fetch_add(record.bytes, Ordering::Relaxed);
                 Ok(())
             })
     })?;
     copy_samples_table(src, dst)?;
-    let published = publish_manifest(src, dst, existing.as_ref().map(|(_, h)| *h))?;
+    let published = publish_manifest(src, dst, existing.as_ref())?;
     let mut replaced = replaced.into_inner().unwrap_or_else(|e| e.into_inner());
     replaced.sort();
     Ok(CopyReport {
@@ -178,7 +184,7 @@ fn destination_manifest(
     src: &Dataset,
     dst: &Arc<dyn Storage>,
     mode: CopyMode,
-) -> Result<Option<(Manifest, blake3::Hash)>> {
+) -> Result<Option<(Manifest, blake3::Hash, Vec<u8>)>> {
     let Some(bytes) = dst.read(MANIFEST_FILE)? else {
         return Ok(None);
     };
@@ -193,7 +199,7 @@ fn destination_manifest(
         ))
     })?;
     let ours = src.manifest();
-    let found = Some((theirs.clone(), blake3::hash(&bytes)));
+    let found = Some((theirs.clone(), blake3::hash(&bytes), bytes.clone()));
     if bytes == src.manifest_bytes() {
         return Ok(found);
     }
@@ -286,8 +292,10 @@ pub(crate) fn send_shard(
     }
 }
 
-/// Proves what landed: the shard opens at the destination against the manifest, and with
-/// `reread` every chunk hashes right.
+/// Proves what landed: the shard opens at the destination against the manifest; with
+/// `reread`, it is checked as verify checks it (every chunk header and payload hash, every
+/// padding byte zero): the bytes the hash tree does not cover are zero and the others are
+/// covered, so a shard that passes is the source's, byte for byte.
 pub(crate) fn prove(
     src: &Dataset,
     dst: &Arc<dyn Storage>,
@@ -299,14 +307,20 @@ pub(crate) fn prove(
     if !reread {
         return Ok(());
     }
+    if let Some(first) = crate::verify::check_layout(&landed, src.schema(), true)
+        .into_iter()
+        .next()
+    {
+        return Err(first);
+    }
     let index = landed.index();
     for c in 0..index.chunk_count() {
         let e = index.chunk(c).expect("in range");
         landed.check_chunk_hash(c, &e, src.schema())?;
-        stats
-            .bytes_reread
-            .fetch_add(ChunkHeader::SIZE as u64 + e.stored_len, Ordering::Relaxed);
     }
+    stats
+        .bytes_reread
+        .fetch_add(record.bytes, Ordering::Relaxed);
     Ok(())
 }
 
@@ -345,8 +359,10 @@ pub(crate) fn copy_samples_table(src: &Dataset, dst: &Arc<dyn Storage>) -> Resul
 fn publish_manifest(
     src: &Dataset,
     dst: &Arc<dyn Storage>,
-    existing: Option<blake3::Hash>,
+    existing: Option<&(Manifest, blake3::Hash, Vec<u8>)>,
 ) -> Result<bool> {
+    let previous: &[u8] = existing.map_or(&[], |(_, _, b)| b);
+    let existing = existing.map(|(_, h, _)| *h);
     let bytes = src.manifest_bytes();
     let published = match existing {
         None => {
@@ -361,6 +377,11 @@ fn publish_manifest(
     };
     let landed = dst.read(MANIFEST_FILE)?.unwrap_or_default();
     if landed != bytes {
+        // Damaged on the way: taken back, so that nothing takes it for the dataset.
+        match existing {
+            None => dst.delete(MANIFEST_FILE)?,
+            Some(_) => dst.replace(MANIFEST_FILE, previous, None, true)?,
+        }
         return Err(format(dst.path(MANIFEST_FILE))(
             crate::format::FormatError::Invalid {
                 structure: "manifest",

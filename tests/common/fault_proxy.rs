@@ -1,0 +1,139 @@
+//! A TCP proxy that injects faults between a client and a server: on some connections it
+//! flips a byte, drops the connection mid-stream (a cut-off body or request) or stalls, in
+//! either direction. Faults are drawn from a seeded generator, so a run can be replayed.
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What happens to one direction of one connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    None,
+    /// Byte `at` of the stream is flipped.
+    Flip(u64),
+    /// The connection is cut after `at` bytes.
+    Drop(u64),
+    /// Nothing is forwarded for this long after the first bytes.
+    Stall(Duration),
+}
+
+/// A running proxy; it stops accepting when dropped.
+pub struct FaultProxy {
+    /// Its port on 127.0.0.1.
+    pub port: u16,
+    /// Faults injected so far.
+    pub injected: Arc<AtomicU64>,
+    on: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
+}
+
+impl FaultProxy {
+    /// Proxies 127.0.0.1:`server`; about one connection direction in `one_in` gets a fault.
+    pub fn start(server: u16, seed: u64, one_in: u64) -> FaultProxy {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let injected = Arc::new(AtomicU64::new(0));
+        let on = Arc::new(AtomicBool::new(true));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (inj, on2, stop2) = (injected.clone(), on.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut rng = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+            for client in listener.incoming() {
+                if stop2.load(Ordering::Relaxed) {
+                    break;
+                }
+                let Ok(client) = client else { continue };
+                let Ok(upstream) = TcpStream::connect(("127.0.0.1", server)) else {
+                    continue;
+                };
+                let mut draw = || {
+                    rng ^= rng << 13;
+                    rng ^= rng >> 7;
+                    rng ^= rng << 17;
+                    rng
+                };
+                let mut fault = |on: bool| -> Fault {
+                    let r = draw();
+                    if !on || r % one_in != 0 {
+                        return Fault::None;
+                    }
+                    let at = (r >> 16) % 40_000;
+                    match (r >> 8) % 3 {
+                        0 => Fault::Flip(at),
+                        1 => Fault::Drop(at),
+                        _ => Fault::Stall(Duration::from_millis(300 + at % 700)),
+                    }
+                };
+                let enabled = on2.load(Ordering::Relaxed);
+                let (up, down) = (fault(enabled), fault(enabled));
+                for f in [up, down] {
+                    if f != Fault::None {
+                        inj.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                let (c2, u2) = (client.try_clone().unwrap(), upstream.try_clone().unwrap());
+                std::thread::spawn(move || pump(client, upstream, up));
+                std::thread::spawn(move || pump(u2, c2, down));
+            }
+        });
+        FaultProxy {
+            port,
+            injected,
+            on,
+            stop,
+        }
+    }
+
+    /// The endpoint URL.
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Turns fault injection on or off for new connections.
+    pub fn set_faults(&self, on: bool) {
+        self.on.store(on, Ordering::Relaxed);
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = TcpStream::connect(("127.0.0.1", self.port)); // wakes the accept loop
+    }
+}
+
+/// Copies `from` to `to`, applying `fault`; closes both when either side ends.
+fn pump(mut from: TcpStream, mut to: TcpStream, fault: Fault) {
+    let mut buf = vec![0u8; 16 << 10];
+    let mut pos = 0u64;
+    let mut stalled = false;
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let chunk = &mut buf[..n];
+        let end = pos + n as u64;
+        match fault {
+            Fault::Flip(at) if (pos..end).contains(&at) => chunk[(at - pos) as usize] ^= 0x20,
+            Fault::Drop(at) if (pos..end).contains(&at) => {
+                let _ = to.write_all(&chunk[..(at - pos) as usize]);
+                break;
+            }
+            Fault::Stall(d) if !stalled => {
+                stalled = true;
+                std::thread::sleep(d);
+            }
+            _ => {}
+        }
+        if to.write_all(chunk).is_err() {
+            break;
+        }
+        pos = end;
+    }
+    let _ = from.shutdown(Shutdown::Both);
+    let _ = to.shutdown(Shutdown::Both);
+}
