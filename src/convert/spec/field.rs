@@ -23,6 +23,7 @@
 //!   layer-input (the HF `hidden_states[i]` convention);
 //! - `optional`: leave the field out when the first file lacks the tensor.
 
+use crate::format::eagle3;
 use crate::format::{CapturePoint, Role};
 
 use super::super::layout::{FieldSpec, Op, Stack};
@@ -398,14 +399,12 @@ impl Decl {
             },
             (None, None) => Op::Whole,
         };
-        let named_layer = name
-            .strip_prefix("hidden.")
-            .and_then(|l| l.parse::<u32>().ok());
+        let named_layer = eagle3::hidden_field_layer(&name);
         let role_name = self.role.unwrap_or_else(|| {
             match name.as_str() {
                 _ if layers.is_some() => "hidden",
-                "input_ids" => "ids",
-                "loss_mask" => "mask",
+                eagle3::INPUT_IDS => "ids",
+                eagle3::LOSS_MASK => "mask",
                 _ if named_layer.is_some() || layer.is_some() => "hidden",
                 _ => "other",
             }
