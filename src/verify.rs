@@ -155,17 +155,32 @@ pub fn verify_dataset(
         unknown_files,
         digest: hex(blake3::hash(ds.manifest_bytes()).as_bytes()),
     };
+    // Shards a storage maps are hashed chunk by chunk on every core; the others (object
+    // storage) are scanned in file order, several shards at once, in large reads.
+    let mapped = |s: &Arc<Shard>| s.file().whole().is_some();
+    let hashed = AtomicU64::new(0);
+    let scanned: Vec<Vec<Error>> = crate::parallel::install(|| {
+        shards
+            .par_iter()
+            .map(|shard| {
+                let hash = !options.quick && !mapped(shard);
+                let (found, bytes) = check_layout(shard, schema, !options.quick, hash, progress);
+                hashed.fetch_add(bytes, Ordering::Relaxed);
+                found
+            })
+            .collect()
+    });
+    problems.extend(scanned.into_iter().flatten());
     for shard in &shards {
-        problems.extend(check_layout(shard, schema, !options.quick));
         report.chunk_headers += shard.footer().chunk_count;
     }
     if !options.quick {
         let jobs: Vec<(usize, u64)> = shards
             .iter()
             .enumerate()
+            .filter(|(_, s)| mapped(s))
             .flat_map(|(i, s)| (0..s.footer().chunk_count).map(move |c| (i, c)))
             .collect();
-        let hashed = AtomicU64::new(0);
         let mut found: Vec<(usize, u64, Error)> = crate::parallel::install(|| {
             jobs.par_iter()
                 .filter_map(|&(i, c)| {
@@ -180,28 +195,39 @@ pub fn verify_dataset(
         });
         found.sort_by_key(|(i, c, _)| (*i, *c));
         problems.extend(found.into_iter().map(|(_, _, e)| e));
-        report.chunks = jobs.len() as u64;
+        report.chunks = shards.iter().map(|s| s.footer().chunk_count).sum();
         report.bytes_hashed = hashed.into_inner();
     }
     report.problems = problems;
     Ok(report)
 }
 
-/// Every chunk header against its index entry (the header bytes only), and with `padding`
-/// the padding between header, chunks and index, which must be zero.
+/// Every chunk header against its index entry; with `padding` the padding between header,
+/// chunks and index, which must be zero; with `hash` every payload against its BLAKE3 too
+/// (`progress` gets the bytes hashed). Reading all of it, the shard is scanned in file order,
+/// fetched [`SCAN_AHEAD`](crate::read::shard::SCAN_AHEAD) bytes at a time from a storage that
+/// cannot map. Returns the problems and the payload bytes hashed.
 pub(crate) fn check_layout(
     shard: &Shard,
     schema: &crate::format::Schema,
     padding: bool,
-) -> Vec<Error> {
+    hash: bool,
+    progress: &(dyn Fn(u64) + Sync),
+) -> (Vec<Error>, u64) {
     let mut problems = Vec::new();
+    let mut hashed = 0;
     let index = shard.index();
+    let index_at = shard.footer().index_offset;
+    let scan = |range: std::ops::Range<u64>| match padding || hash {
+        true => shard.scan_to(range, index_at),
+        false => Ok(()),
+    };
     let mut pos = ShardHeader::SIZE as u64;
     let check_gap = |from: u64, to: u64, problems: &mut Vec<Error>| {
         if !padding || from >= to {
             return;
         }
-        match shard.read(from..to) {
+        match scan(from..to).and_then(|()| shard.read(from..to)) {
             Ok(gap) => {
                 if let Some(i) = gap.iter().position(|&b| b != 0) {
                     problems.push(Error::DirtyPadding {
@@ -216,13 +242,25 @@ pub(crate) fn check_layout(
     for c in 0..index.chunk_count() {
         let Some(e) = index.chunk(c) else { break };
         check_gap(pos, e.offset, &mut problems);
-        if let Err(err) = shard.check_chunk_header(c, &e, schema) {
+        let end = e.offset + ChunkHeader::SIZE as u64 + e.stored_len;
+        let checked = match hash {
+            true => scan(e.offset..end)
+                .and_then(|()| shard.read(e.offset..end))
+                .and_then(|bytes| {
+                    hashed += e.stored_len;
+                    progress(e.stored_len);
+                    shard.check_chunk_bytes(c, &e, &bytes, schema)
+                }),
+            false => shard.check_chunk_header(c, &e, schema),
+        };
+        if let Err(err) = checked {
             problems.push(err);
         }
-        pos = e.offset + ChunkHeader::SIZE as u64 + e.stored_len;
+        pos = end;
     }
-    check_gap(pos, shard.footer().index_offset, &mut problems);
-    problems
+    check_gap(pos, index_at, &mut problems);
+    shard.forget_ahead();
+    (problems, hashed)
 }
 
 /// The files of the folder that no committed data uses: those an interrupted writer left,

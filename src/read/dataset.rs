@@ -12,6 +12,9 @@ use crate::io::Storage;
 use super::shard::{CheckPolicy, Shard};
 use super::tensor::{AlignedBytes, Buffer, Tensor};
 
+/// The largest span of a sample's chunks [`Sample::prefetch`] fetches in one request.
+pub const MAX_PREFETCH: u64 = 256 << 20;
+
 /// Options for reading.
 #[derive(Debug, Clone, Default)]
 pub struct ReadOptions {
@@ -390,11 +393,25 @@ impl<'d> Sample<'d> {
     /// page by page. With `load`, reads them into the page cache before returning, for
     /// readers whose tensors another process maps: the disk reads then happen here, in
     /// parallel across DataLoader workers, not page by page in the trainer.
-    pub fn prefetch(&self, fields: &[usize], load: bool) {
-        let Some(whole) = self.shard.file().whole() else {
-            return;
-        };
+    ///
+    /// From a storage that cannot map (object storage), fetches the span of those chunks in
+    /// one request, kept for the reads that follow, when it is at most [`MAX_PREFETCH`].
+    pub fn prefetch(&self, fields: &[usize], load: bool) -> Result<()> {
         let index = self.shard.index();
+        let Some(whole) = self.shard.file().whole() else {
+            let chunks = fields
+                .iter()
+                .flat_map(|&f| self.extents(f))
+                .filter_map(|x| index.chunk(x.chunk.into()));
+            let span = chunks.fold(None, |acc: Option<Range<u64>>, e| {
+                let r = e.offset..e.offset + ChunkHeader::SIZE as u64 + e.stored_len;
+                Some(acc.map_or(r.clone(), |a| a.start.min(r.start)..a.end.max(r.end)))
+            });
+            return match span {
+                Some(r) if r.end - r.start <= MAX_PREFETCH => self.shard.fetch_ahead(r),
+                _ => Ok(()),
+            };
+        };
         for &f in fields {
             for x in self.extents(f) {
                 if let Some(e) = index.chunk(x.chunk.into()) {
@@ -404,6 +421,7 @@ impl<'d> Sample<'d> {
                 }
             }
         }
+        Ok(())
     }
 
     /// Copies rows `rows` of fields `fields` (numbers) into `out`, concatenated along the

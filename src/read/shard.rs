@@ -41,6 +41,9 @@ impl Checked {
     }
 }
 
+/// Bytes a scan in file order fetches at once from a storage that cannot map.
+pub const SCAN_AHEAD: u64 = 64 << 20;
+
 /// When chunk payloads are hashed on read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CheckPolicy {
@@ -62,6 +65,8 @@ pub struct Shard {
     header: ShardHeader,
     footer: Footer,
     checked: Checked,
+    /// Bytes fetched ahead from a storage that cannot map (see [`Shard::fetch_ahead`]).
+    window: std::sync::Mutex<Option<(u64, FileBytes)>>,
 }
 
 impl std::fmt::Debug for Shard {
@@ -214,6 +219,7 @@ impl Shard {
             header,
             footer,
             checked,
+            window: std::sync::Mutex::new(None),
         })
     }
 
@@ -229,7 +235,56 @@ impl Shard {
 
     /// Bytes `range` of the file (zero-copy where the storage maps it).
     pub fn read(&self, range: Range<u64>) -> Result<FileBytes> {
+        let window = self.window.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((at, bytes)) = &*window {
+            if range.start >= *at && range.start <= range.end {
+                let r = (range.start - at) as usize..(range.end - at) as usize;
+                if let Some(hit) = bytes.slice(r) {
+                    return Ok(hit);
+                }
+            }
+        }
+        drop(window);
         self.file.read(range)
+    }
+
+    /// Fetches bytes `range` in one read and keeps them for the reads that follow, replacing
+    /// what was kept: a sample's chunks, or the next stretch of a scan, in one request
+    /// instead of one each. Nothing to do where the storage maps the file.
+    pub fn fetch_ahead(&self, range: Range<u64>) -> Result<()> {
+        if self.file.whole().is_some() || range.is_empty() {
+            return Ok(());
+        }
+        let end = range.end.min(self.file.len());
+        let bytes = self.file.read(range.start..end)?;
+        *self.window.lock().unwrap_or_else(|e| e.into_inner()) = Some((range.start, bytes));
+        Ok(())
+    }
+
+    /// Drops the bytes [`Shard::fetch_ahead`] kept.
+    pub fn forget_ahead(&self) {
+        *self.window.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
+    /// True when `range` is among the bytes kept ahead (or the file is mapped).
+    fn ahead_holds(&self, range: &Range<u64>) -> bool {
+        if self.file.whole().is_some() {
+            return true;
+        }
+        let window = self.window.lock().unwrap_or_else(|e| e.into_inner());
+        window
+            .as_ref()
+            .is_some_and(|(at, b)| range.start >= *at && range.end <= at + b.len() as u64)
+    }
+
+    /// Makes sure the bytes `range` are kept ahead, fetching from its start at least
+    /// [`SCAN_AHEAD`] bytes (not past `limit`): for scans in file order (verify, copies).
+    pub fn scan_to(&self, range: Range<u64>, limit: u64) -> Result<()> {
+        if self.ahead_holds(&range) {
+            return Ok(());
+        }
+        let end = range.end.max((range.start + SCAN_AHEAD).min(limit));
+        self.fetch_ahead(range.start..end)
     }
 
     /// The header.

@@ -270,17 +270,20 @@ pub(crate) fn send_shard(
         Ok(gap)
     };
     let index = shard.index();
+    let index_at = shard.footer().index_offset;
     for c in 0..index.chunk_count() {
         let e = index.chunk(c).expect("in range");
+        shard.scan_to(pos..e.offset, index_at)?;
         put(&zero_gap(pos, e.offset)?, &mut pos)?;
         let end = e.offset + ChunkHeader::SIZE as u64 + e.stored_len;
+        shard.scan_to(pos..end, index_at)?;
         let bytes = shard.read(e.offset..end)?;
         shard.check_chunk_bytes(c, &e, &bytes, schema)?;
         stats.chunks_checked.fetch_add(1, Ordering::Relaxed);
         put(&bytes, &mut pos)?;
     }
-    let index_at = shard.footer().index_offset;
     put(&zero_gap(pos, index_at)?, &mut pos)?;
+    shard.forget_ahead();
     // The index and footer were checked against the manifest when the shard was opened.
     put(&shard.read(index_at..record.bytes)?, &mut pos)?;
     out.sync_all()?;
@@ -307,16 +310,9 @@ pub(crate) fn prove(
     if !reread {
         return Ok(());
     }
-    if let Some(first) = crate::verify::check_layout(&landed, src.schema(), true)
-        .into_iter()
-        .next()
-    {
+    let (problems, _) = crate::verify::check_layout(&landed, src.schema(), true, true, &|_| {});
+    if let Some(first) = problems.into_iter().next() {
         return Err(first);
-    }
-    let index = landed.index();
-    for c in 0..index.chunk_count() {
-        let e = index.chunk(c).expect("in range");
-        landed.check_chunk_hash(c, &e, src.schema())?;
     }
     stats
         .bytes_reread

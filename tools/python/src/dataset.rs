@@ -168,7 +168,7 @@ impl Dataset {
         let tensors = py
             .allow_threads(|| {
                 let s = self.inner.sample(ordinal)?;
-                s.prefetch(&numbers, load);
+                s.prefetch(&numbers, load)?;
                 let tensors = numbers
                     .iter()
                     .map(|&f| s.read_field(f, row_range(rows)))
@@ -205,7 +205,7 @@ impl Dataset {
         let load = self.load.load(Ordering::Relaxed);
         py.allow_threads(|| {
             let s = self.inner.sample(ordinal)?;
-            s.prefetch(&numbers, load);
+            s.prefetch(&numbers, load)?;
             s.read_concat_into(&numbers, rows.0..rows.1, out)
         })
         .py_err()
