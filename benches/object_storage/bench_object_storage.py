@@ -8,7 +8,8 @@ server, interleaved round by round (A, B, C, ... then again), ``--rounds`` times
 - check:    ``hspack verify s3://…/hs-R`` (every chunk's BLAKE3)
             vs ``rclone check --download DS moto:…/rc-R`` (every byte compared)
 - random sample reads: ``hspack.open(url)[i]`` for random i, S3 vs the local folder, with the
-  GET requests per sample counted from the server's log.
+  GET requests per sample counted from the server's log;
+- a PyTorch DataLoader over ``HspackDataset(url)`` vs the folder, 0 and 2 workers.
 
 hspack ``--jobs 4`` and rclone ``--transfers 4`` (its default); rclone also gets
 ``--s3-chunk-size 32M`` (hspack's part size) and ``--s3-upload-concurrency 8`` (hspack's parts in
@@ -114,6 +115,20 @@ def main():
                 reads[where].append((time.perf_counter() - start) / a.reads)
                 if where == "s3":
                     gets.append((open(log.name).read().count('"GET /bench/') - before) / a.reads)
+        # A DataLoader over the URL against one over the folder: every sample, every field,
+        # 0 workers and 2 (fork), interleaved.
+        import torch
+        from hspack.torch import HspackDataset
+
+        loaders = {}
+        for r in range(a.rounds):
+            for workers in (0, 2):
+                for where, path in (("local", ds), ("s3", "s3://bench/hs-0")):
+                    d = HspackDataset(path)
+                    start = time.perf_counter()
+                    n = sum(1 for _ in torch.utils.data.DataLoader(d, batch_size=None, num_workers=workers))
+                    assert n == a.samples
+                    loaders.setdefault((where, workers), []).append(time.perf_counter() - start)
     finally:
         server.terminate()
         shutil.rmtree(work, ignore_errors=True)
@@ -134,6 +149,11 @@ def main():
     for k, v in reads.items():
         print(f"| {k} | {1e3 * min(v):.2f} | {1e3 * statistics.median(v):.2f} |")
     print(f"S3 GET requests per sample (median of rounds, manifest and shard opens included): {statistics.median(gets):.2f}")
+    print()
+    print("| DataLoader, one epoch (every sample, every field) | min s | median s | GB/s (median) |")
+    print("|---|---:|---:|---:|")
+    for (where, workers), v in loaders.items():
+        print(f"| {where}, {workers} workers | {min(v):.2f} | {statistics.median(v):.2f} | {size / 1e9 / statistics.median(v):.3f} |")
 
 
 if __name__ == "__main__":

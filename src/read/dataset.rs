@@ -395,7 +395,9 @@ impl<'d> Sample<'d> {
     /// parallel across DataLoader workers, not page by page in the trainer.
     ///
     /// From a storage that cannot map (object storage), fetches the span of those chunks in
-    /// one request, kept for the reads that follow, when it is at most [`MAX_PREFETCH`].
+    /// one request, kept for the reads that follow, when it is at most [`MAX_PREFETCH`]: until
+    /// the next prefetch in the shard or [`Shard::forget_ahead`](super::Shard::forget_ahead),
+    /// which a reader of many shards calls after the sample.
     pub fn prefetch(&self, fields: &[usize], load: bool) -> Result<()> {
         let index = self.shard.index();
         let Some(whole) = self.shard.file().whole() else {

@@ -172,7 +172,10 @@ impl Dataset {
                 let tensors = numbers
                     .iter()
                     .map(|&f| s.read_field(f, row_range(rows)))
-                    .collect::<hspack::Result<Vec<_>>>()?;
+                    .collect::<hspack::Result<Vec<_>>>();
+                // What prefetch kept (object storage) is not kept past the sample.
+                s.shard().forget_ahead();
+                let tensors = tensors?;
                 if let Some(mapped) = tensors.iter().find_map(|t| t.data.file_bytes()) {
                     crate::origin::register(mapped, s.shard().path());
                 }
@@ -206,7 +209,9 @@ impl Dataset {
         py.allow_threads(|| {
             let s = self.inner.sample(ordinal)?;
             s.prefetch(&numbers, load)?;
-            s.read_concat_into(&numbers, rows.0..rows.1, out)
+            let read = s.read_concat_into(&numbers, rows.0..rows.1, out);
+            s.shard().forget_ahead();
+            read
         })
         .py_err()
     }
