@@ -16,6 +16,7 @@ pub mod failpoint;
 pub mod format;
 pub mod io;
 pub mod parallel;
+mod per_process;
 pub mod read;
 pub mod synth;
 pub mod transfer;

@@ -7,41 +7,25 @@
 //! pool: every parallel section runs through [`install`], on a pool that belongs to the
 //! current process id.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use rayon::{ThreadPool, ThreadPoolBuilder};
 
-static POOL: Mutex<Option<(u32, Arc<ThreadPool>)>> = Mutex::new(None);
+use crate::per_process::PerProcess;
+
+static POOL: PerProcess<ThreadPool> = PerProcess::new();
 
 /// This process's pool, built on first use in each process.
 fn pool() -> Arc<ThreadPool> {
-    let pid = std::process::id();
-    // A child forked while another thread held this lock would find it poisoned or held;
-    // the lock is only held to read or set one pointer, so poisoning is all that can be seen.
-    let mut slot = POOL.lock().unwrap_or_else(|p| p.into_inner());
-    match &*slot {
-        Some((owner, pool)) if *owner == pid => Arc::clone(pool),
-        _ => {
-            let build = |threads| {
-                ThreadPoolBuilder::new()
-                    .num_threads(threads)
-                    .thread_name(|i| format!("hspack-{i}"))
-                    .build()
-            };
-            // When the machine refuses threads, one is tried before giving up.
-            let pool = Arc::new(
-                build(0)
-                    .or_else(|_| build(1))
-                    .expect("hspack: the operating system refused to start a worker thread"),
-            );
-            // The parent's pool has no threads here: dropping it would signal threads that do
-            // not exist, so it is left as it is.
-            if let Some(old) = slot.replace((pid, Arc::clone(&pool))) {
-                std::mem::forget(old);
-            }
-            pool
-        }
-    }
+    let build = |threads| {
+        ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("hspack-{i}"))
+            .build()
+    };
+    // When the machine refuses threads, one is tried before giving up.
+    POOL.get(|| build(0).or_else(|_| build(1)))
+        .expect("hspack: the operating system refused to start a worker thread")
 }
 
 /// Runs `op` on this process's pool: rayon's parallel iterators and `join` inside it use

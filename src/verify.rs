@@ -157,7 +157,7 @@ pub fn verify_dataset(
     };
     // Shards a storage maps are hashed chunk by chunk on every core; the others (object
     // storage) are scanned in file order, several shards at once, in large reads.
-    let mapped = |s: &Arc<Shard>| s.file().whole().is_some();
+    let mapped = |s: &Arc<Shard>| s.is_mapped();
     let hashed = AtomicU64::new(0);
     let scanned: Vec<Vec<Error>> = crate::parallel::install(|| {
         shards
@@ -227,16 +227,8 @@ pub(crate) fn check_layout(
         if !padding || from >= to {
             return;
         }
-        match scan(from..to).and_then(|()| shard.read(from..to)) {
-            Ok(gap) => {
-                if let Some(i) = gap.iter().position(|&b| b != 0) {
-                    problems.push(Error::DirtyPadding {
-                        shard: shard.path().to_path_buf(),
-                        offset: from + i as u64,
-                    });
-                }
-            }
-            Err(e) => problems.push(e),
+        if let Err(e) = scan(from..to).and_then(|()| shard.padding(from, to)) {
+            problems.push(e);
         }
     };
     for c in 0..index.chunk_count() {

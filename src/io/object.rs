@@ -12,7 +12,7 @@
 
 use std::ops::Range;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use object_store::path::Path as ObjectPath;
 use object_store::{
@@ -22,6 +22,7 @@ use object_store::{
 
 use crate::error::{Error, Result};
 use crate::format::manifest::TEMP_SUFFIX;
+use crate::per_process::PerProcess;
 
 use super::bytes::FileBytes;
 use super::runtime::{block_on, runtime};
@@ -47,7 +48,7 @@ struct Inner {
     prefix: ObjectPath,
     read_only: bool,
     /// The store of this process (rebuilt in a forked child, whose connections would hang).
-    store: Mutex<Option<(u32, Arc<dyn ObjectStore>)>>,
+    store: PerProcess<Arc<dyn ObjectStore>>,
 }
 
 fn other(path: &Path, op: &'static str, detail: impl std::fmt::Display) -> Error {
@@ -119,7 +120,7 @@ impl ObjectStorage {
                 url,
                 root,
                 read_only,
-                store: Mutex::new(None),
+                store: PerProcess::new(),
             }),
         };
         storage.store()?; // configuration errors now, not at the first read
@@ -127,20 +128,9 @@ impl ObjectStorage {
     }
 
     fn store(&self) -> Result<Arc<dyn ObjectStore>> {
-        let pid = std::process::id();
-        let mut slot = self.inner.store.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((owner, store)) = &*slot {
-            if *owner == pid {
-                return Ok(Arc::clone(store));
-            }
-        }
-        if let Some((_, inherited)) = slot.take() {
-            // Its connections belong to the parent's runtime: never touched, never dropped.
-            std::mem::forget(inherited);
-        }
-        let store = build_store(&self.inner.url, &self.inner.root)?;
-        *slot = Some((pid, Arc::clone(&store)));
-        Ok(store)
+        let inner = &self.inner;
+        let store = inner.store.get(|| build_store(&inner.url, &inner.root))?;
+        Ok(Arc::clone(&store))
     }
 
     fn object(&self, name: &str) -> ObjectPath {

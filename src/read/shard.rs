@@ -65,6 +65,8 @@ pub struct Shard {
     header: ShardHeader,
     footer: Footer,
     checked: Checked,
+    /// True when the storage maps the file: reads are slices, nothing is fetched ahead.
+    mapped: bool,
     /// Bytes fetched ahead from a storage that cannot map (see [`Shard::fetch_ahead`]).
     window: std::sync::Mutex<Option<(u64, FileBytes)>>,
 }
@@ -214,6 +216,7 @@ impl Shard {
         };
         Ok(Shard {
             path: path.to_path_buf(),
+            mapped: file.whole().is_some(),
             file,
             index_bytes,
             header,
@@ -233,26 +236,35 @@ impl Shard {
         &self.file
     }
 
+    /// True when the storage maps the file (a local folder): reads are zero-copy slices.
+    pub fn is_mapped(&self) -> bool {
+        self.mapped
+    }
+
     /// Bytes `range` of the file (zero-copy where the storage maps it).
     pub fn read(&self, range: Range<u64>) -> Result<FileBytes> {
-        let window = self.window.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((at, bytes)) = &*window {
-            if range.start >= *at && range.start <= range.end {
-                let r = (range.start - at) as usize..(range.end - at) as usize;
-                if let Some(hit) = bytes.slice(r) {
-                    return Ok(hit);
-                }
-            }
+        match self.kept(&range) {
+            Some(hit) => Ok(hit),
+            None => self.file.read(range),
         }
-        drop(window);
-        self.file.read(range)
+    }
+
+    /// Bytes `range` from what [`Shard::fetch_ahead`] kept, if they are there.
+    fn kept(&self, range: &Range<u64>) -> Option<FileBytes> {
+        if self.mapped || range.start > range.end {
+            return None;
+        }
+        let window = self.window.lock().unwrap_or_else(|e| e.into_inner());
+        let (at, bytes) = window.as_ref()?;
+        let start = range.start.checked_sub(*at)?;
+        bytes.slice(start as usize..(range.end - at) as usize)
     }
 
     /// Fetches bytes `range` in one read and keeps them for the reads that follow, replacing
     /// what was kept: a sample's chunks, or the next stretch of a scan, in one request
     /// instead of one each. Nothing to do where the storage maps the file.
     pub fn fetch_ahead(&self, range: Range<u64>) -> Result<()> {
-        if self.file.whole().is_some() || range.is_empty() {
+        if self.mapped || range.is_empty() {
             return Ok(());
         }
         let end = range.end.min(self.file.len());
@@ -261,26 +273,28 @@ impl Shard {
         Ok(())
     }
 
+    /// Bytes `from..to` of padding (between the header, chunks and index), which must be zero:
+    /// [`Error::DirtyPadding`] names the first that is not.
+    pub fn padding(&self, from: u64, to: u64) -> Result<FileBytes> {
+        let gap = self.read(from..to)?;
+        match gap.iter().position(|&b| b != 0) {
+            Some(i) => Err(Error::DirtyPadding {
+                shard: self.path.clone(),
+                offset: from + i as u64,
+            }),
+            None => Ok(gap),
+        }
+    }
+
     /// Drops the bytes [`Shard::fetch_ahead`] kept.
     pub fn forget_ahead(&self) {
         *self.window.lock().unwrap_or_else(|e| e.into_inner()) = None;
     }
 
-    /// True when `range` is among the bytes kept ahead (or the file is mapped).
-    fn ahead_holds(&self, range: &Range<u64>) -> bool {
-        if self.file.whole().is_some() {
-            return true;
-        }
-        let window = self.window.lock().unwrap_or_else(|e| e.into_inner());
-        window
-            .as_ref()
-            .is_some_and(|(at, b)| range.start >= *at && range.end <= at + b.len() as u64)
-    }
-
     /// Makes sure the bytes `range` are kept ahead, fetching from its start at least
     /// [`SCAN_AHEAD`] bytes (not past `limit`): for scans in file order (verify, copies).
     pub fn scan_to(&self, range: Range<u64>, limit: u64) -> Result<()> {
-        if self.ahead_holds(&range) {
+        if self.mapped || self.kept(&range).is_some() {
             return Ok(());
         }
         let end = range.end.max((range.start + SCAN_AHEAD).min(limit));

@@ -259,22 +259,12 @@ pub(crate) fn send_shard(
         Ok(())
     };
     put(&shard.read(0..ShardHeader::SIZE as u64)?, &mut pos)?;
-    let zero_gap = |from: u64, to: u64| -> Result<crate::io::FileBytes> {
-        let gap = shard.read(from..to)?;
-        if let Some(i) = gap.iter().position(|&b| b != 0) {
-            return Err(Error::DirtyPadding {
-                shard: shard.path().to_path_buf(),
-                offset: from + i as u64,
-            });
-        }
-        Ok(gap)
-    };
     let index = shard.index();
     let index_at = shard.footer().index_offset;
     for c in 0..index.chunk_count() {
         let e = index.chunk(c).expect("in range");
         shard.scan_to(pos..e.offset, index_at)?;
-        put(&zero_gap(pos, e.offset)?, &mut pos)?;
+        put(&shard.padding(pos, e.offset)?, &mut pos)?;
         let end = e.offset + ChunkHeader::SIZE as u64 + e.stored_len;
         shard.scan_to(pos..end, index_at)?;
         let bytes = shard.read(e.offset..end)?;
@@ -282,7 +272,7 @@ pub(crate) fn send_shard(
         stats.chunks_checked.fetch_add(1, Ordering::Relaxed);
         put(&bytes, &mut pos)?;
     }
-    put(&zero_gap(pos, index_at)?, &mut pos)?;
+    put(&shard.padding(pos, index_at)?, &mut pos)?;
     shard.forget_ahead();
     // The index and footer were checked against the manifest when the shard was opened.
     put(&shard.read(index_at..record.bytes)?, &mut pos)?;
