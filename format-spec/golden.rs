@@ -2,12 +2,14 @@
 //!
 //! `v1/`: three small datasets, one per codec, each with a field of every dtype and samples
 //! whose lengths sit at row-block boundaries ±1, over two shards. `v2/stacked`: a dataset
-//! with a stacked-layer field (manifest version 2). Deterministic: a fixed dataset id and
+//! with a stacked-layer field (manifest version 2). `v3/leased`: the v1 schema written under a
+//! writer lease (manifest version 3: `writer.lease`, shard and table names after it). Deterministic: a fixed dataset id and
 //! generated data, so the bytes only change when the format does.
 
 use std::path::{Path, PathBuf};
 
 use hspack::format::{CapturePoint, DType};
+use hspack::io::Storage;
 use hspack::synth::Rng;
 use hspack::{Codec, DatasetWriter, Field, Role, Schema, WriteOptions};
 
@@ -57,7 +59,7 @@ pub fn stacked_schema() -> Schema {
     ])
 }
 
-/// Writes every golden dataset under `root`: `v1/{codec}` and `v2/stacked`.
+/// Writes every golden dataset under `root`: `v1/{codec}`, `v2/stacked` and `v3/leased`.
 pub fn write_all(root: &Path) -> hspack::Result<()> {
     let v1 = root.join("v1");
     for codec in Codec::ALL {
@@ -73,11 +75,45 @@ pub fn write_all(root: &Path) -> hspack::Result<()> {
         stacked_schema(),
         Codec::None,
         *b"hspack-golden-v2",
-    )
+    )?;
+    write_leased(&root.join("v3").join("leased"))
 }
+
+/// `v3/leased`: the v1 schema written under a writer lease (manifest version 3), as a writer
+/// into object storage writes it; files from memory storage, so the lease is fixed.
+fn write_leased(dir: &Path) -> hspack::Result<()> {
+    let memory = hspack::io::MemoryStorage::new("golden-v3");
+    memory.lease_as(LEASE);
+    let storage: std::sync::Arc<dyn Storage> = std::sync::Arc::new(memory.clone());
+    write_into(storage, schema(), Codec::None, *b"hspack-golden-v3")?;
+    let _ = std::fs::remove_dir_all(dir);
+    let failed = |path: &Path, op| {
+        let path = path.to_path_buf();
+        move |source| hspack::Error::Io { path, op, source }
+    };
+    std::fs::create_dir_all(dir).map_err(failed(dir, "create"))?;
+    for name in memory.list()? {
+        let bytes = memory.get(&name).unwrap_or_default();
+        let path = dir.join(&name);
+        std::fs::write(&path, bytes).map_err(failed(&path, "write"))?;
+    }
+    Ok(())
+}
+
+/// The writer lease of `v3/leased`.
+pub const LEASE: &str = "6c6561736564676f6c64656e2d763321";
 
 fn write_one(dir: &Path, schema: Schema, codec: Codec, id: [u8; 16]) -> hspack::Result<()> {
     let _ = std::fs::remove_dir_all(dir);
+    write_into(hspack::io::open_location(dir)?, schema, codec, id)
+}
+
+fn write_into(
+    storage: std::sync::Arc<dyn Storage>,
+    schema: Schema,
+    codec: Codec,
+    id: [u8; 16],
+) -> hspack::Result<()> {
     let options = WriteOptions {
         chunk_bytes: Some(96),
         shard_samples: 5,
@@ -87,7 +123,7 @@ fn write_one(dir: &Path, schema: Schema, codec: Codec, id: [u8; 16]) -> hspack::
         dataset_id: Some(id),
         ..WriteOptions::default()
     };
-    let mut w = DatasetWriter::create(dir, schema.clone(), options)?;
+    let mut w = DatasetWriter::create_in(storage, schema.clone(), options)?;
     let mut rng = Rng::new(1);
     for (i, &rows) in LENGTHS.iter().enumerate() {
         let data: Vec<Vec<u8>> = schema

@@ -200,7 +200,7 @@ pub enum Error {
         detail: String,
     },
     /// Another writer holds the dataset.
-    #[error("{}: another writer holds this dataset ({holder}); wait for it to finish, or stop it (the lock is released when its process ends)", path.display())]
+    #[error("{}: another writer holds this dataset ({holder}); wait for it to finish, or stop it (a folder's lock is released when its process ends; a lease in object storage expires once its writer stops renewing it)", path.display())]
     Locked {
         /// Folder.
         path: PathBuf,

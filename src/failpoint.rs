@@ -32,3 +32,11 @@ pub fn crash(name: &str) -> ! {
     eprintln!("hspack: failpoint {name}: crashing");
     std::process::abort()
 }
+
+/// Sets failpoint `name` of this process to `action`, a `fail` crate action (`pause` holds
+/// every thread that reaches it until the point is set again, e.g. to `off`): for tests that
+/// stage a race at a publish step.
+#[cfg(feature = "failpoints")]
+pub fn set(name: &str, action: &str) -> Result<(), String> {
+    fail::cfg(name, action)
+}

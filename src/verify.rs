@@ -17,7 +17,7 @@ use std::sync::Arc;
 use rayon::prelude::*;
 
 use crate::error::{Error, Result};
-use crate::format::manifest::{hex, is_leftover, MANIFEST_FILE};
+use crate::format::manifest::{hex, MANIFEST_FILE};
 use crate::format::{ChunkHeader, ShardHeader};
 use crate::io::lock::LOCK_FILE;
 use crate::read::{Dataset, Shard};
@@ -266,6 +266,7 @@ fn files_not_in_use(ds: &Dataset) -> Result<(Vec<PathBuf>, Vec<PathBuf>)> {
         .chain([
             MANIFEST_FILE,
             LOCK_FILE,
+            crate::io::object_lease::LEASE_FILE,
             crate::convert::keys::KEYS_FILE,
             crate::convert::job::REPORT_FILE,
         ])
@@ -279,7 +280,7 @@ fn files_not_in_use(ds: &Dataset) -> Result<(Vec<PathBuf>, Vec<PathBuf>)> {
         if used.contains(name.as_str()) {
             continue;
         }
-        match is_leftover(&name, manifest.shards.len() as u64) {
+        match manifest.is_leftover(&name) {
             true => leftovers.push(storage.path(&name)),
             false => unknown.push(storage.path(&name)),
         }

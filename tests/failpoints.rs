@@ -203,3 +203,84 @@ fn convert_crashed_at_every_failpoint_loses_no_sample() {
     }
     eprintln!("convert failpoints: {hits} crashes, each checked and resumed");
 }
+
+/// A writer into S3 paused after publishing a shard and before listing it, while another
+/// writer takes its lease over (it hung past the lease's life) and removes that shard as a
+/// leftover: the paused writer's commit must then fail, never list the removed shard.
+#[test]
+fn a_writer_taken_over_mid_commit_never_lists_a_removed_shard() {
+    let Some(moto) = common::moto::Moto::start() else {
+        return;
+    };
+    moto.bucket("hspack-fence");
+    let url = "s3://hspack-fence/ds";
+    let storage = hspack::io::open_location(url).unwrap();
+    let no_sync = WriteOptions {
+        durable: false,
+        ..options()
+    };
+    let mut stale =
+        DatasetWriter::create(url, capture_schema(HIDDEN as u64), no_sync.clone()).unwrap();
+    stale.append("first", &as_fields(&sample(0))).unwrap();
+    stale.commit().unwrap();
+    stale.append("stale", &as_fields(&sample(1))).unwrap();
+    let listed = || {
+        Dataset::open(url)
+            .unwrap()
+            .manifest()
+            .shards
+            .iter()
+            .map(|s| s.file.clone())
+            .collect::<Vec<_>>()
+    };
+    let unlisted = |storage: &dyn hspack::io::Storage| {
+        let listed = listed();
+        storage
+            .list()
+            .unwrap()
+            .into_iter()
+            .filter(|n| n.starts_with("shard-") && !listed.contains(n))
+            .collect::<Vec<_>>()
+    };
+
+    hspack::failpoint::set("shard-published", "pause").unwrap();
+    let paused = std::thread::spawn(move || stale.commit().map(drop));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while unlisted(&*storage).is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the shard was never published"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // The lease, as another machine sees it once it expired; that machine's writer opens.
+    let expired = br#"{"token":"00","host":"elsewhere","pid":1,"expires_unix_ms":0}"#;
+    storage
+        .replace(hspack::io::object_lease::LEASE_FILE, expired, None, false)
+        .unwrap();
+    let mut next = DatasetWriter::open(url, capture_schema(HIDDEN as u64), no_sync).unwrap();
+    assert_eq!(
+        unlisted(&*storage),
+        Vec::<String>::new(),
+        "the leftover is removed"
+    );
+    hspack::failpoint::set("shard-published", "off").unwrap();
+
+    let err = paused.join().unwrap().unwrap_err();
+    assert!(
+        matches!(err, hspack::Error::CommitConflict { .. }),
+        "the paused writer's commit went through: {err}"
+    );
+    for name in listed() {
+        assert!(storage.open(&name).is_ok(), "{name} is listed but gone");
+    }
+    next.append("next", &as_fields(&sample(2))).unwrap();
+    next.finish().unwrap();
+    let ds = Dataset::open(url).unwrap();
+    let keys: Vec<String> = (0..ds.len())
+        .map(|i| ds.sample(i).unwrap().key().to_string())
+        .collect();
+    assert_eq!(keys, ["first", "next"]);
+    let report = hspack::verify::verify_dataset(&ds, VerifyOptions::default(), &|_| {}).unwrap();
+    assert!(report.is_ok(), "{:?}", report.problems);
+}

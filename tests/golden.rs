@@ -25,6 +25,7 @@ fn datasets() -> Vec<String> {
         .map(|c| format!("v1/{}", c.name()))
         .collect();
     v.push("v2/stacked".into());
+    v.push("v3/leased".into());
     v
 }
 
@@ -87,6 +88,38 @@ fn golden_vectors_read_back_and_verify() {
             }
         }
     }
+}
+
+#[test]
+fn leased_golden_vector_is_version_3_and_reads_as_v1_does() {
+    let dir = root().join("v3/leased");
+    let report = verify(&dir, VerifyOptions::default(), &|_| {}).unwrap();
+    assert!(report.is_ok(), "{:?}", report.problems);
+    assert!(report.leftovers.is_empty() && report.unknown_files.is_empty());
+    let ds = Dataset::open(&dir).unwrap();
+    assert_eq!(ds.manifest().version, 3);
+    assert_eq!(ds.manifest().writer.lease.as_deref(), Some(golden::LEASE));
+    assert_eq!(
+        ds.manifest().shards[1].file,
+        "shard-000001-6c6561736564676f.hsp"
+    );
+    // The same samples as v1/none, written without a lease.
+    let v1 = Dataset::open(root().join("v1/none")).unwrap();
+    assert_eq!(ds.len(), v1.len());
+    for i in 0..ds.len() {
+        let (a, b) = (ds.sample(i).unwrap(), v1.sample(i).unwrap());
+        assert_eq!(a.key(), b.key());
+        for f in &ds.schema().fields {
+            let x = a.read(&f.name, None).unwrap();
+            let y = b.read(&f.name, None).unwrap();
+            assert_eq!(x.bytes(), y.bytes());
+        }
+    }
+    // A version-2 manifest cannot carry a lease.
+    let mut m = ds.manifest().clone();
+    m.version = 2;
+    let err = hspack::format::Manifest::decode(&m.encode()).unwrap_err();
+    assert!(err.to_string().contains("writer.lease"), "{err}");
 }
 
 #[test]

@@ -93,7 +93,10 @@ fn datasets_in_s3() {
     conditional_puts_refuse_to_clobber();
     damage_at_rest_is_named();
     repair_replaces_what_is_damaged(&local);
-    writers_say_how_to_get_data_there();
+    writers_write_into_s3(&local);
+    a_writer_taken_over_cannot_commit();
+    killed_writers_lose_no_committed_sample();
+    convert_into_s3(tmp.path());
     faults_are_retried_or_named(&local, &moto);
     let big = tmp.path().join("big");
     let mut w = DatasetWriter::open(&big, capture_schema(2048), options()).unwrap();
@@ -331,12 +334,235 @@ fn faults_are_retried_or_named(local: &str, moto: &Moto) {
     assert!(right > 0 && done + refused == 6);
 }
 
-fn writers_say_how_to_get_data_there() {
-    let err = DatasetWriter::open("s3://hspack-test/w", capture_schema(8), options()).unwrap_err();
+/// Samples written straight into S3: under a lease, in shards named after it, uploaded in
+/// parts when large; a second writer is refused while the lease lives.
+fn writers_write_into_s3(local: &str) {
+    let url = "s3://hspack-test/w";
+    let mut w = DatasetWriter::create(url, capture_schema(HIDDEN as u64), options()).unwrap();
+    for i in 0..14 {
+        w.append(&format!("s{i}"), &as_fields(&sample(i))).unwrap();
+    }
+    let err = DatasetWriter::open(url, capture_schema(HIDDEN as u64), options()).unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, Error::Locked { .. }), "{msg}");
     assert!(
-        matches!(err, Error::Unsupported { .. }) && err.to_string().contains("hspack cp"),
-        "{err}"
+        msg.contains(&format!("pid {}", std::process::id())),
+        "{msg}"
     );
+    assert!(msg.contains(".hspack-writer.lease"), "{msg}");
+    w.finish().unwrap();
+    digest(url);
+    same_samples(&Dataset::open(local).unwrap(), &Dataset::open(url).unwrap());
+    let ds = Dataset::open(url).unwrap();
+    let m = ds.manifest();
+    assert_eq!(m.version, 3);
+    let lease = m.writer.lease.clone().expect("a lease in the manifest");
+    assert_eq!(m.shards.len(), 4);
+    for s in &m.shards {
+        assert_eq!(s.file, format!("shard-{:06}-{}.hsp", s.seq, &lease[..16]));
+    }
+    let table = m.samples_table.as_ref().unwrap();
+    assert_eq!(table.file, format!("samples-{}.parquet", &lease[..16]));
+
+    // A shard larger than one part goes up in parts, from the spool file.
+    let big = "s3://hspack-test/big-shard";
+    let schema = capture_schema(4096);
+    let many = WriteOptions {
+        shard_samples: 1000,
+        ..options()
+    };
+    let mut w = DatasetWriter::create(big, schema.clone(), many).unwrap();
+    let written: Vec<SampleBytes> = (0..4).map(|i| capture_sample(i, 1200, 4096)).collect();
+    for (i, s) in written.iter().enumerate() {
+        w.append(&format!("b{i}"), &as_fields(s)).unwrap();
+    }
+    w.finish().unwrap();
+    let ds = Dataset::open(big).unwrap();
+    assert_eq!(ds.manifest().shards.len(), 1);
+    assert!(ds.manifest().shards[0].bytes > hspack::io::object::PART as u64);
+    for (i, s) in written.iter().enumerate() {
+        let got = ds.sample(i as u64).unwrap();
+        for (name, bytes) in s {
+            assert_eq!(
+                got.read(name, None).unwrap().bytes(),
+                &bytes[..],
+                "b{i} {name}"
+            );
+        }
+    }
+    digest(big);
+}
+
+/// A writer whose lease was taken over (it hung past the lease's life) fails its next commit,
+/// and what it published is never listed; the new holder's samples are intact.
+fn a_writer_taken_over_cannot_commit() {
+    let url = "s3://hspack-test/w";
+    let storage = open_location(url).unwrap();
+    let mut stale = DatasetWriter::open(url, capture_schema(HIDDEN as u64), options()).unwrap();
+    stale.append("stale", &as_fields(&sample(100))).unwrap();
+    // Its lease, as another machine sees it once it expired.
+    let expired = br#"{"token":"00","host":"elsewhere","pid":1,"expires_unix_ms":0}"#;
+    storage
+        .replace(hspack::io::object_lease::LEASE_FILE, expired, None, false)
+        .unwrap();
+    let mut next = DatasetWriter::open(url, capture_schema(HIDDEN as u64), options()).unwrap();
+    next.append("next", &as_fields(&sample(101))).unwrap();
+    next.commit().unwrap();
+    let err = stale.commit().unwrap_err();
+    assert!(matches!(err, Error::CommitConflict { .. }), "{err}");
+    drop(stale);
+    next.finish().unwrap();
+    let ds = Dataset::open(url).unwrap();
+    assert_eq!(ds.len(), 15);
+    assert_eq!(ds.sample(14).unwrap().key(), "next");
+    assert!(ds.find("stale").unwrap().is_none());
+    let report = verify_dataset(&ds, VerifyOptions::default(), &|_| {}).unwrap();
+    assert!(report.is_ok(), "{:?}", report.problems);
+    // The stale writer's shard is a leftover, removed by the next writer to open.
+    let stale_shards = |names: Vec<String>| {
+        let listed: Vec<&str> = ds
+            .manifest()
+            .shards
+            .iter()
+            .map(|s| s.file.as_str())
+            .collect();
+        names
+            .into_iter()
+            .filter(|n| n.starts_with("shard-") && !listed.contains(&n.as_str()))
+            .count()
+    };
+    assert_eq!(stale_shards(storage.list().unwrap()), 1);
+    DatasetWriter::open(url, capture_schema(HIDDEN as u64), options())
+        .unwrap()
+        .finish()
+        .unwrap();
+    assert_eq!(stale_shards(storage.list().unwrap()), 0);
+}
+
+/// `hspack convert` into S3: every sample bit for bit, sources deleted only once committed
+/// there; a rerun with more dumps appends; options that keep a local file beside the dataset
+/// are refused with what to do.
+fn convert_into_s3(tmp: &Path) {
+    use common::dumps::{check_dataset, convert_command, write_dumps};
+    let url = "s3://hspack-test/converted";
+    let src = tmp.join("dumps");
+    write_dumps(&src, 0..10);
+    let out = convert_command(&src, Path::new(url)).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(check_dataset(Path::new(url)).len(), 10);
+    assert_eq!(
+        std::fs::read_dir(&src).unwrap().count(),
+        0,
+        "sources deleted"
+    );
+    write_dumps(&src, 10..17);
+    let out = convert_command(&src, Path::new(url)).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(check_dataset(Path::new(url)).len(), 17);
+    digest(url);
+    write_dumps(&src, 17..18);
+    let out = convert_command(&src, Path::new(url))
+        .args(["--key-from", "id"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("hspack cp"), "{err}");
+    assert_eq!(check_dataset(Path::new(url)).len(), 17);
+}
+
+const KILLED_WRITER_URL: &str = "HSPACK_S3_WRITER_URL";
+
+/// Runs in the child process only: the writer `killed_writers_lose_no_committed_sample` kills.
+#[test]
+fn s3_writer_child() {
+    if let Ok(url) = std::env::var(KILLED_WRITER_URL) {
+        common::crash_writer::write_until_done(Path::new(&url), 40);
+    }
+}
+
+/// Writers into S3 killed at several points: every committed sample survives; the next
+/// writer is refused while the dead one's lease lives, then takes over and finishes.
+fn killed_writers_lose_no_committed_sample() {
+    use std::io::{BufRead, BufReader};
+    let url = "s3://hspack-test/killed-writers";
+    let exe = std::env::current_exe().unwrap();
+    let (mut committed, mut refused, mut kills) = (0, 0, 0);
+    for round in 0..12u64 {
+        let mut child = Command::new(&exe)
+            .args([
+                "s3_writer_child",
+                "--exact",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(KILLED_WRITER_URL, url)
+            .env("HSPACK_WRITER_LEASE_SECS", "1")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = BufReader::new(child.stdout.take().unwrap());
+        let mut seen = 0;
+        let mut lines = out.lines().map_while(Result::ok);
+        let wait_for = 1 + round % 3;
+        for line in lines.by_ref() {
+            if let Some(n) = line.strip_prefix("COMMITTED ") {
+                committed = committed.max(n.parse::<u64>().unwrap());
+                seen += 1;
+                if seen == wait_for {
+                    break;
+                }
+            }
+        }
+        if child.try_wait().unwrap().is_none() {
+            child.kill().unwrap();
+            kills += 1;
+        }
+        let status = child.wait().unwrap();
+        let mut err = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+        if err.contains("Locked {") && err.contains(".hspack-writer.lease") {
+            refused += 1;
+            std::thread::sleep(std::time::Duration::from_millis(1200));
+        } else {
+            assert!(status.success() || !err.contains("panicked"), "{err}");
+        }
+        if storage_has_manifest(url) {
+            committed = committed.max(common::crash_writer::check_committed(
+                Path::new(url),
+                committed,
+                40,
+            ));
+        }
+        if committed == 40 {
+            break;
+        }
+    }
+    assert!(kills >= 3, "{kills} kills");
+    assert!(
+        refused >= 1,
+        "a dead writer's live lease refused the next one"
+    );
+    std::thread::sleep(std::time::Duration::from_millis(1200));
+    common::crash_writer::write_until_done(Path::new(url), 40);
+    common::crash_writer::check_committed(Path::new(url), 40, 40);
+    digest(url);
+}
+
+fn storage_has_manifest(url: &str) -> bool {
+    open_location(url)
+        .unwrap()
+        .read("manifest.json")
+        .unwrap()
+        .is_some()
 }
 
 fn killed_copies_never_publish_a_partial_dataset(local: &str) {

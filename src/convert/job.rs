@@ -6,7 +6,7 @@
 //! any interruption continues where the last commit left off and never appends a sample twice.
 
 use std::collections::{HashMap, HashSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use rayon::prelude::*;
@@ -121,7 +121,7 @@ fn is_layout_flag_error(e: &LayoutError) -> bool {
 /// created it and nothing else is in it.
 pub fn run(spec: &ConvertSpec, progress: &mut dyn FnMut(Progress)) -> Result<Report, RunError> {
     let o = &spec.resolve()?;
-    let fresh = !o.dst.join(MANIFEST_FILE).exists();
+    let fresh = !has_dataset(&o.dst)?;
     let folder_existed = o.dst.exists();
     let result = convert(o, progress);
     if result.is_err() && fresh {
@@ -130,18 +130,23 @@ pub fn run(spec: &ConvertSpec, progress: &mut dyn FnMut(Progress)) -> Result<Rep
     result
 }
 
+/// True when `dst` (a folder or a URL) holds a dataset.
+fn has_dataset(dst: &Path) -> Result<bool, RunError> {
+    Ok(crate::io::open_location(dst)?
+        .read(MANIFEST_FILE)?
+        .is_some())
+}
+
 /// Removes the dataset a failed run created in `o.dst` when it holds no shard: the manifest,
 /// the key log, an empty bad-file report, and the folder when the run created it and it is
 /// then empty. Best effort: the run's own error is what the caller sees.
 fn remove_empty_dataset(o: &ConvertOptions, folder_existed: bool) {
-    let manifest = o.dst.join(MANIFEST_FILE);
-    if manifest.exists() {
-        match Dataset::open(&o.dst) {
-            Ok(ds) if ds.manifest().shards.is_empty() => {}
-            _ => return,
+    if let Ok(ds) = Dataset::open(&o.dst) {
+        if !ds.manifest().shards.is_empty() {
+            return;
         }
-        let _ = std::fs::remove_file(&manifest);
-        let _ = std::fs::remove_file(o.dst.join(super::keys::KEYS_FILE));
+        let _ = ds.storage().delete(MANIFEST_FILE);
+        let _ = ds.storage().delete(super::keys::KEYS_FILE);
     }
     let report = o
         .report_path
@@ -167,7 +172,7 @@ fn convert(o: &ConvertOptions, progress: &mut dyn FnMut(Progress)) -> Result<Rep
     check_duplicates(&plan.units, o.split_by.is_some())?;
     let mut run = Run::new(o, plan.ignored.len() as u64)?;
     if plan.units.is_empty() {
-        if o.dst.join(MANIFEST_FILE).exists() {
+        if has_dataset(&o.dst)? {
             run.report.stats = DatasetWriter::open(
                 &o.dst,
                 Dataset::open(&o.dst)?.schema().clone(),

@@ -9,9 +9,12 @@ use serde::{Deserialize, Serialize};
 use super::{FormatError, Schema, MIN_VERSION};
 
 /// Newest manifest version this code reads. Version 2 adds stacked-layer fields
-/// ([`super::Role::HiddenStates`]); a manifest is written with the lowest version its schema
-/// needs ([`Schema::manifest_version`]). Shard bytes are the same in both.
-pub const MANIFEST_VERSION: u16 = 2;
+/// ([`super::Role::HiddenStates`]), version 3 the writer lease ([`WriterInfo::lease`]); a
+/// manifest is written with the lowest version it needs ([`Manifest::needed_version`]).
+/// Shard bytes are the same in all.
+pub const MANIFEST_VERSION: u16 = 3;
+/// The manifest version that carries [`WriterInfo::lease`].
+pub const LEASE_VERSION: u16 = 3;
 
 /// Name of the manifest file in a dataset folder.
 pub const MANIFEST_FILE: &str = "manifest.json";
@@ -63,6 +66,11 @@ pub struct WriterInfo {
     pub tool: String,
     /// Tool version.
     pub version: String,
+    /// The lease of the writer that last wrote the manifest into object storage (manifest
+    /// version 3): a writer that takes a dataset over writes its own, so the commits of the
+    /// one it took over from find the manifest changed and fail. Readers ignore it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease: Option<String>,
 }
 
 /// The manifest of a dataset.
@@ -104,8 +112,25 @@ impl Manifest {
             writer: WriterInfo {
                 tool: "hspack".into(),
                 version: env!("CARGO_PKG_VERSION").into(),
+                lease: None,
             },
         }
+    }
+
+    /// The lowest version that holds this manifest: 3 with a writer lease, else what the
+    /// schema needs.
+    pub fn needed_version(&self) -> u16 {
+        match self.writer.lease {
+            Some(_) => LEASE_VERSION.max(self.schema.manifest_version()),
+            None => self.schema.manifest_version(),
+        }
+    }
+
+    /// Records the lease of the writer about to write the manifest, raising the version to
+    /// one that carries it.
+    pub fn set_lease(&mut self, token: &str) {
+        self.writer.lease = Some(token.to_string());
+        self.version = self.version.max(self.needed_version());
     }
 
     /// The dataset id as bytes.
@@ -191,6 +216,24 @@ impl Manifest {
                 ),
             });
         }
+        if self.version < self.needed_version() {
+            return Err(FormatError::Json {
+                structure: S,
+                detail: format!(
+                    "`version` is {} but `writer.lease` needs version {LEASE_VERSION}",
+                    self.version
+                ),
+            });
+        }
+        if let Some(lease) = &self.writer.lease {
+            if lease.is_empty() || lease.len() > 64 || !lease.bytes().all(|b| b.is_ascii_hexdigit())
+            {
+                return Err(FormatError::Json {
+                    structure: S,
+                    detail: "`writer.lease` must be 1 to 64 hex digits".into(),
+                });
+            }
+        }
         if unhex(&self.dataset_id).map(|b| b.len()) != Some(16) {
             return Err(FormatError::Json {
                 structure: S,
@@ -275,25 +318,48 @@ fn total(
         })
 }
 
-/// The name of shard `seq`'s file.
-pub fn shard_file_name(seq: u32) -> String {
-    format!("shard-{seq:06}.hsp")
+/// The name of shard `seq`'s file: `shard-NNNNNN.hsp`, or, from a writer holding a lease
+/// (object storage), `shard-NNNNNN-LLLLLLLLLLLLLLLL.hsp` (the lease's first 16 hex digits), so
+/// that a writer whose lease was taken over never publishes under a name the new holder uses.
+pub fn shard_file_name(seq: u32, lease: Option<&str>) -> String {
+    match lease {
+        None => format!("shard-{seq:06}.hsp"),
+        Some(lease) => format!("shard-{seq:06}-{}.hsp", lease_in_name(lease)),
+    }
+}
+
+/// The name of the samples table: `samples.parquet`, or, from a writer holding a lease,
+/// `samples-LLLLLLLLLLLLLLLL.parquet`.
+pub fn samples_table_file_name(lease: Option<&str>) -> String {
+    match lease {
+        None => SAMPLES_TABLE_FILE.into(),
+        Some(lease) => format!("samples-{}.parquet", lease_in_name(lease)),
+    }
 }
 
 /// Suffix of files being written: a writer publishes them under their final name, or a
 /// writer that next opens the dataset deletes them.
 pub const TEMP_SUFFIX: &str = ".tmp";
 
-/// True for a file that a writer interrupted before committing leaves in a dataset folder
-/// whose manifest lists `committed_shards` shards: a temp file, or a shard file numbered past
-/// the committed ones. A writer that opens the dataset removes exactly these; verify notes them.
-pub fn is_leftover(name: &str, committed_shards: u64) -> bool {
-    let past = name
-        .strip_prefix("shard-")
-        .and_then(|n| n.strip_suffix(".hsp"))
-        .and_then(|n| n.parse::<u32>().ok())
-        .is_some_and(|seq| u64::from(seq) >= committed_shards);
-    name.ends_with(TEMP_SUFFIX) || past
+/// Hex digits of the writer lease in the names of the files a leased writer publishes.
+const LEASE_IN_NAMES: usize = 16;
+
+impl Manifest {
+    /// True for a file that an interrupted writer, or one whose lease was taken over, leaves
+    /// in the dataset: a temp file, a shard file the manifest does not list, or a samples
+    /// table that is not the manifest's. A writer that opens the dataset removes exactly
+    /// these; verify notes them.
+    pub fn is_leftover(&self, name: &str) -> bool {
+        let shard = name.starts_with("shard-") && name.ends_with(".hsp");
+        let table = name.starts_with("samples") && name.ends_with(".parquet");
+        name.ends_with(TEMP_SUFFIX)
+            || (shard && !self.shards.iter().any(|s| s.file == name))
+            || (table && self.samples_table.as_ref().is_none_or(|t| t.file != name))
+    }
+}
+
+fn lease_in_name(lease: &str) -> &str {
+    lease.get(..LEASE_IN_NAMES).unwrap_or(lease)
 }
 
 /// True for a name with no folder part and no special meaning.
@@ -330,7 +396,7 @@ mod tests {
         let schema = Schema::new(vec![Field::new("ids", DType::I32, &[], Role::TokenIds)]);
         let mut m = Manifest::new([7; 16], schema);
         m.shards.push(ShardRecord {
-            file: shard_file_name(0),
+            file: shard_file_name(0, None),
             seq: 0,
             bytes: 4096,
             index_blake3: hex(&[1; 32]),
@@ -361,11 +427,20 @@ mod tests {
         m.shards[0].file = "../etc/passwd".into();
         assert!(Manifest::decode(&m.encode()).is_err());
         let mut m = manifest();
-        m.version = 3;
+        m.version = MANIFEST_VERSION + 1;
         assert!(matches!(
             Manifest::decode(&m.encode()),
             Err(FormatError::UnsupportedVersion { .. })
         ));
+        let mut m = manifest();
+        m.set_lease("00ff");
+        assert_eq!(m.version, LEASE_VERSION);
+        assert!(Manifest::decode(&m.encode()).is_ok());
+        m.writer.lease = Some("lease/../x".into());
+        assert!(Manifest::decode(&m.encode()).is_err());
+        m.writer.lease = Some("00ff".into());
+        m.version = 1;
+        assert!(Manifest::decode(&m.encode()).is_err());
         let mut m = manifest();
         m.schema.fields[0].dtype = DType::I64;
         assert!(Manifest::decode(&m.encode()).is_err());
@@ -378,7 +453,7 @@ mod tests {
         let mut second = m.shards[0].clone();
         second.seq = 1;
         second.first_ordinal = 3;
-        second.file = shard_file_name(1);
+        second.file = shard_file_name(1, None);
         m.shards.push(second);
         m.samples = 6;
         assert_eq!(m.shard_bytes(), Ok(8192));

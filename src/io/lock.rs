@@ -118,7 +118,7 @@ fn holder_text(file: &mut File) -> String {
     }
 }
 
-fn host_name() -> String {
+pub(crate) fn host_name() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
         .unwrap_or_else(|_| "this host".into())

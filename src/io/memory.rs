@@ -33,6 +33,8 @@ struct State {
     publishes: u32,
     /// The process holding the writer lock, if any.
     locked_by: Option<u32>,
+    /// The token of the leases handed out, as object storage's are ([`MemoryStorage::lease_as`]).
+    lease: Option<String>,
 }
 
 /// Files in memory, shared by every clone.
@@ -72,6 +74,12 @@ impl MemoryStorage {
         self.state()
             .files
             .insert(name.to_string(), FileBytes::copy_of(bytes));
+    }
+
+    /// Hands out writer locks that are leases with `token`, as object storage does: writers
+    /// then fence the manifest with it and name their files after it.
+    pub fn lease_as(&self, token: &str) {
+        self.state().lease = Some(token.to_string());
     }
 
     /// Releases the writer lock as the kernel does when its holder dies: for tests of a
@@ -202,6 +210,7 @@ impl Storage for MemoryStorage {
         Ok(Box::new(MemoryLease {
             storage: self.clone(),
             pid,
+            token: s.lease.clone(),
         }))
     }
 }
@@ -287,11 +296,16 @@ impl NewFile for MemoryNewFile {
 struct MemoryLease {
     storage: MemoryStorage,
     pid: u32,
+    token: Option<String>,
 }
 
 impl WriterLease for MemoryLease {
     fn is_owner(&self) -> bool {
         self.pid == std::process::id()
+    }
+
+    fn token(&self) -> Option<&str> {
+        self.token.as_deref()
     }
 }
 

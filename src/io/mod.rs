@@ -18,6 +18,7 @@ pub mod lock;
 pub mod memory;
 pub mod mmap;
 pub mod object;
+pub mod object_lease;
 pub mod runtime;
 
 use std::fmt::Debug;
@@ -78,6 +79,19 @@ pub trait WriterLease: Send + Sync + Debug {
     /// True in the process that took the lock; false in a child forked from it, which must
     /// neither release the lock nor touch the writer's files.
     fn is_owner(&self) -> bool;
+
+    /// The token a writer writes into the manifest (`writer.lease`) where the lock is a lease
+    /// that can expire and be taken over (object storage): a writer that takes a dataset over
+    /// writes its token first, so the commits of the writer it took over from fail. `None`
+    /// where the lock alone keeps other writers out while its holder lives.
+    fn token(&self) -> Option<&str> {
+        None
+    }
+
+    /// Fails when the lock is known to be lost (a lease another writer took over).
+    fn check(&self) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// Where a dataset's files live.
@@ -139,6 +153,27 @@ pub trait Storage: Send + Sync + Debug {
     fn lock(&self) -> Result<Box<dyn WriterLease>>;
 }
 
+/// 16 bytes no other call returns: the time, the process and `salt`, hashed.
+pub fn unique_id(salt: &[u8]) -> [u8; 16] {
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let mut h = blake3::Hasher::new();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    h.update(&now.as_nanos().to_le_bytes());
+    h.update(&std::process::id().to_le_bytes());
+    h.update(
+        &CALLS
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            .to_le_bytes(),
+    );
+    h.update(lock::host_name().as_bytes());
+    h.update(salt);
+    let mut id = [0u8; 16];
+    id.copy_from_slice(&h.finalize().as_bytes()[..16]);
+    id
+}
+
 /// The temp name `name` is written under until it is published.
 pub fn temp_name(name: &str) -> String {
     format!("{name}{}", crate::format::manifest::TEMP_SUFFIX)
@@ -156,9 +191,16 @@ pub fn open_location(location: impl AsRef<Path>) -> Result<Arc<dyn Storage>> {
     let text = location.to_string_lossy();
     match text.split_once("://") {
         Some(("file", path)) => Ok(local(path)),
-        Some((scheme, _)) if is_scheme(scheme) => Ok(Arc::new(ObjectStorage::open(&text)?)),
+        _ if is_remote(location) => Ok(Arc::new(ObjectStorage::open(&text)?)),
         _ => Ok(local(location)),
     }
+}
+
+/// True when `location` is a URL of object storage (`s3://`, `gs://`, `az://`, `http(s)://`),
+/// not a folder (`file://` URLs are folders).
+pub fn is_remote(location: &Path) -> bool {
+    let text = location.to_string_lossy();
+    matches!(text.split_once("://"), Some((scheme, _)) if scheme != "file" && is_scheme(scheme))
 }
 
 /// True for a URL scheme (RFC 3986: a letter, then letters, digits, `+`, `-`, `.`).

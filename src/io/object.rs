@@ -11,6 +11,7 @@
 //! object is; the manifest is replaced with `If-Match` on the ETag of the one read.
 
 use std::ops::Range;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -51,7 +52,7 @@ struct Inner {
     store: PerProcess<Arc<dyn ObjectStore>>,
 }
 
-fn other(path: &Path, op: &'static str, detail: impl std::fmt::Display) -> Error {
+pub(super) fn other(path: &Path, op: &'static str, detail: impl std::fmt::Display) -> Error {
     Error::Io {
         path: path.to_path_buf(),
         op,
@@ -60,7 +61,7 @@ fn other(path: &Path, op: &'static str, detail: impl std::fmt::Display) -> Error
 }
 
 /// An `object_store` error as hspack's, naming the object.
-fn object_error(path: &Path, op: &'static str, e: object_store::Error) -> Error {
+pub(super) fn object_error(path: &Path, op: &'static str, e: object_store::Error) -> Error {
     use std::io::ErrorKind;
     let kind = match &e {
         object_store::Error::NotFound { .. } => ErrorKind::NotFound,
@@ -76,11 +77,11 @@ fn object_error(path: &Path, op: &'static str, e: object_store::Error) -> Error 
     }
 }
 
-fn is_not_found(e: &object_store::Error) -> bool {
+pub(super) fn is_not_found(e: &object_store::Error) -> bool {
     matches!(e, object_store::Error::NotFound { .. })
 }
 
-fn is_conflict(e: &object_store::Error) -> bool {
+pub(super) fn is_conflict(e: &object_store::Error) -> bool {
     matches!(
         e,
         object_store::Error::AlreadyExists { .. } | object_store::Error::Precondition { .. }
@@ -127,17 +128,17 @@ impl ObjectStorage {
         Ok(storage)
     }
 
-    fn store(&self) -> Result<Arc<dyn ObjectStore>> {
+    pub(super) fn store(&self) -> Result<Arc<dyn ObjectStore>> {
         let inner = &self.inner;
         let store = inner.store.get(|| build_store(&inner.url, &inner.root))?;
         Ok(Arc::clone(&store))
     }
 
-    fn object(&self, name: &str) -> ObjectPath {
+    pub(super) fn object(&self, name: &str) -> ObjectPath {
         self.inner.prefix.clone().join(name)
     }
 
-    fn writable(&self, name: &str) -> Result<()> {
+    pub(super) fn writable(&self, name: &str) -> Result<()> {
         match self.inner.read_only {
             true => Err(Error::Unsupported {
                 path: self.path(name),
@@ -149,7 +150,7 @@ impl ObjectStorage {
         }
     }
 
-    fn run<T>(
+    pub(super) fn run<T>(
         &self,
         name: &str,
         op: &'static str,
@@ -309,6 +310,7 @@ impl Storage for ObjectStorage {
             buf: Vec::new(),
             len: 0,
             upload: None,
+            spool: None,
         }))
     }
 
@@ -376,14 +378,7 @@ impl Storage for ObjectStorage {
     }
 
     fn lock(&self) -> Result<Box<dyn WriterLease>> {
-        Err(Error::Unsupported {
-            path: self.root().to_path_buf(),
-            detail: "writing samples straight into object storage is not supported yet: write \
-                     the dataset to a local folder (e.g. /dev/shm or NVMe) and copy it with \
-                     `hspack cp FOLDER URL`, which proves every chunk and publishes the \
-                     manifest last"
-                .into(),
-        })
+        Ok(Box::new(super::object_lease::ObjectLease::take(self)?))
     }
 }
 
@@ -439,13 +434,17 @@ impl FileReader for ObjectFile {
     }
 }
 
-/// A new object: bytes taken in order, put at once or, past [`PART`], uploaded in parts.
+/// A new object. Bytes written in order are put at once or, past [`PART`], uploaded in parts
+/// as they come (a copy); a file written out of order (a shard, whose headers are written
+/// last) goes to a spool file in the temp folder (`TMPDIR`), unlinked from the start so a
+/// crash leaves nothing, and is uploaded when published.
 struct ObjectNewFile {
     storage: ObjectStorage,
     name: String,
     buf: Vec<u8>,
     len: u64,
     upload: Option<WriteMultipart>,
+    spool: Option<std::fs::File>,
 }
 
 impl std::fmt::Debug for ObjectNewFile {
@@ -499,10 +498,69 @@ impl ObjectNewFile {
         rt.block_on(upload.wait_for_capacity(PARTS_IN_FLIGHT))
             .map_err(|e| object_error(&shown, "publish", e))
     }
+
+    /// Moves what was written so far into a new spool file, which takes every later write.
+    fn start_spool(&mut self) -> Result<()> {
+        let dir = std::env::temp_dir();
+        let spool_error = |e: std::io::Error| Error::Io {
+            path: dir.clone(),
+            op: "create a spool file (set TMPDIR to a folder with room for a shard)",
+            source: e,
+        };
+        let id = crate::format::manifest::hex(&super::unique_id(self.name.as_bytes()));
+        let path = dir.join(format!(".hspack-spool-{id}"));
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(spool_error)?;
+        // Unlinked now: the space is freed when the file is closed, however the process ends.
+        std::fs::remove_file(&path).map_err(spool_error)?;
+        file.write_all_at(&self.buf, 0).map_err(spool_error)?;
+        self.buf = Vec::new();
+        self.spool = Some(file);
+        Ok(())
+    }
+
+    /// Uploads the spool file: one put, or parts read back from it in turn.
+    fn upload_spool(&mut self, spool: std::fs::File) -> Result<()> {
+        let read_error = |e: std::io::Error| Error::Io {
+            path: std::env::temp_dir(),
+            op: "read the spool file",
+            source: e,
+        };
+        if self.len <= PART as u64 {
+            self.buf = vec![0; self.len as usize];
+            return spool.read_exact_at(&mut self.buf, 0).map_err(read_error);
+        }
+        self.start_upload()?;
+        let mut at = 0;
+        while at < self.len {
+            let n = (self.len - at).min(PART as u64) as usize;
+            self.buf.resize(n, 0);
+            spool.read_exact_at(&mut self.buf, at).map_err(read_error)?;
+            self.send()?;
+            at += n as u64;
+        }
+        Ok(())
+    }
 }
 
 impl NewFile for ObjectNewFile {
     fn write_at(&mut self, offset: u64, bytes: &[u8]) -> Result<()> {
+        if offset != self.len && self.upload.is_none() && self.spool.is_none() {
+            self.start_spool()?;
+        }
+        if let Some(spool) = &self.spool {
+            spool.write_all_at(bytes, offset).map_err(|e| Error::Io {
+                path: std::env::temp_dir(),
+                op: "write the spool file (set TMPDIR to a folder with room for a shard)",
+                source: e,
+            })?;
+            self.len = self.len.max(offset + bytes.len() as u64);
+            return Ok(());
+        }
         if offset != self.len {
             return Err(Error::Unsupported {
                 path: self.shown(),
@@ -534,6 +592,13 @@ impl NewFile for ObjectNewFile {
 
     fn publish_new(mut self: Box<Self>, name: &str, _durable: bool) -> Result<()> {
         let shown = self.storage.path(name);
+        if self.upload.is_none() {
+            // Nothing went up yet: the object can still take any name.
+            self.name = name.to_string();
+        }
+        if let Some(spool) = self.spool.take() {
+            self.upload_spool(spool)?;
+        }
         if name != self.name {
             return Err(Error::Unsupported {
                 path: shown,

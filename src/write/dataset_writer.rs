@@ -7,7 +7,7 @@ use std::sync::Arc;
 use crate::error::{format, Error, Result};
 use crate::failpoint::failpoint;
 use crate::format::manifest::{
-    hex, is_leftover, shard_file_name, TableRecord, MANIFEST_FILE, SAMPLES_TABLE_FILE,
+    hex, samples_table_file_name, shard_file_name, TableRecord, MANIFEST_FILE,
 };
 use crate::format::{Manifest, Schema};
 use crate::io::{temp_name, Storage, WriterLease};
@@ -46,20 +46,6 @@ impl std::fmt::Debug for DatasetWriter {
             .field("dir", &self.storage.root())
             .finish()
     }
-}
-
-fn random_id(dir: &Path) -> [u8; 16] {
-    let mut h = blake3::Hasher::new();
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    h.update(&now.as_nanos().to_le_bytes());
-    h.update(&std::process::id().to_le_bytes());
-    h.update(dir.as_os_str().as_encoded_bytes());
-    h.update(&(&h as *const _ as usize).to_le_bytes());
-    let mut id = [0u8; 16];
-    id.copy_from_slice(&h.finalize().as_bytes()[..16]);
-    id
 }
 
 impl DatasetWriter {
@@ -115,16 +101,18 @@ impl DatasetWriter {
             }
             (ds.manifest().clone(), blake3::hash(ds.manifest_bytes()))
         } else {
-            let id = options
-                .dataset_id
-                .unwrap_or_else(|| random_id(storage.root()));
-            let m = Manifest::new(id, schema.clone());
+            let id = options.dataset_id.unwrap_or_else(|| {
+                crate::io::unique_id(storage.root().as_os_str().as_encoded_bytes())
+            });
+            let mut m = Manifest::new(id, schema.clone());
+            if let Some(token) = lock.token() {
+                m.set_lease(token);
+            }
             let bytes = m.encode();
             storage.put_new(MANIFEST_FILE, &bytes, options.durable)?;
             (m, blake3::hash(&bytes))
         };
-        remove_leftovers(&*storage, manifest.shards.len() as u32)?;
-        Ok(DatasetWriter {
+        let mut writer = DatasetWriter {
             schema: std::sync::Arc::new(schema),
             lanes_opened: Default::default(),
             storage,
@@ -134,7 +122,26 @@ impl DatasetWriter {
             keys,
             manifest_hash,
             lock,
-        })
+        };
+        writer.fence()?;
+        remove_leftovers(&*writer.storage, &writer.manifest)?;
+        Ok(writer)
+    }
+
+    /// Where the lock is a lease that can be taken over, writes this writer's token into the
+    /// manifest before anything else, so the commits of a writer it took over from fail
+    /// (their manifest is no longer the one there) and the leftovers removed next can never
+    /// be listed by one of them.
+    fn fence(&mut self) -> Result<()> {
+        let Some(token) = self.lock.token() else {
+            return Ok(());
+        };
+        if self.manifest.writer.lease.as_deref() == Some(token) {
+            return Ok(());
+        }
+        let mut next = self.manifest.clone();
+        next.set_lease(token);
+        self.publish_manifest(next)
     }
 
     /// Where the dataset is: its folder, or a URL.
@@ -222,7 +229,7 @@ impl DatasetWriter {
     fn next_place(&self) -> ShardPlace {
         let seq = self.manifest.shards.len() as u32;
         ShardPlace {
-            name: shard_file_name(seq),
+            name: shard_file_name(seq, self.lock.token()),
             seq,
             first_ordinal: self.manifest.samples,
         }
@@ -256,18 +263,33 @@ impl DatasetWriter {
             shard.abandon();
             return Ok(());
         }
+        if let Err(e) = self.lock.check() {
+            shard.abandon();
+            return Err(e);
+        }
         let place = self.next_place();
         let record = shard.finish(&place, self.options.durable)?;
         let mut next = self.manifest.clone();
         next.samples += record.samples;
         next.shards.push(record);
         next.samples_table = None;
-        if let Err(e) = self.publish_manifest(next) {
-            // Nobody's manifest lists the shard this writer just created: take it back.
-            let _ = self.storage.delete(&place.name);
-            return Err(e);
+        let Err(e) = self.publish_manifest(next.clone()) else {
+            return Ok(());
+        };
+        // A replacement can land and still report an error (a lost response, a retried
+        // conditional put that then finds its own write): what is there decides.
+        if self.storage.read(MANIFEST_FILE).ok().flatten() == Some(next.encode()) {
+            self.manifest_hash = blake3::hash(&next.encode());
+            self.manifest = next;
+            return Ok(());
         }
-        Ok(())
+        // Nobody's manifest lists the shard this writer just created: take it back, unless
+        // the lock is a lease another writer may have taken over, which may by now have put
+        // a shard of its own under that name (the next writer removes it as a leftover).
+        if self.lock.token().is_none() {
+            let _ = self.storage.delete(&place.name);
+        }
+        Err(e)
     }
 
     /// A maker of [`ShardLane`]s: shards written on other threads, at the same time, and
@@ -353,13 +375,15 @@ impl DatasetWriter {
         self.check_manifest_unchanged()?;
         let ds = Dataset::open_in(Arc::clone(&self.storage), ReadOptions::default())?;
         let rows = sample_rows(&ds)?;
-        let bytes = samples_table::encode(&rows, &self.storage.path(SAMPLES_TABLE_FILE))?;
+        let table = samples_table_file_name(self.lock.token());
+        let bytes = samples_table::encode(&rows, &self.storage.path(&table))?;
+        self.lock.check()?;
         self.storage
-            .replace(SAMPLES_TABLE_FILE, &bytes, None, self.options.durable)?;
+            .replace(&table, &bytes, None, self.options.durable)?;
         failpoint!("samples-table-published");
         let mut next = self.manifest.clone();
         next.samples_table = Some(TableRecord {
-            file: SAMPLES_TABLE_FILE.into(),
+            file: table,
             bytes: bytes.len() as u64,
             blake3: hex(blake3::hash(&bytes).as_bytes()),
             samples: rows.len() as u64,
@@ -431,11 +455,11 @@ fn describe_difference(have: &Schema, given: &Schema) -> String {
     }
 }
 
-/// Removes temp files and shard files past the committed ones: what a crash left.
-fn remove_leftovers(storage: &dyn Storage, committed: u32) -> Result<()> {
+/// Removes what an interrupted writer left ([`Manifest::is_leftover`]).
+fn remove_leftovers(storage: &dyn Storage, manifest: &Manifest) -> Result<()> {
     let mut removed = false;
     for name in storage.list()? {
-        if is_leftover(&name, committed.into()) {
+        if manifest.is_leftover(&name) {
             storage.delete(&name)?;
             failpoint!("leftover-removed");
             removed = true;

@@ -76,7 +76,8 @@ pub fn write_dumps(dir: &Path, range: std::ops::Range<usize>) {
 /// Keys in the dataset, checking each sample's bytes; panics on a duplicate.
 pub fn check_dataset(ds: &Path) -> HashSet<String> {
     let mut keys = HashSet::new();
-    if !ds.join("manifest.json").exists() {
+    let storage = hspack::io::open_location(ds).unwrap();
+    if storage.read("manifest.json").unwrap().is_none() {
         return keys;
     }
     let d = Dataset::open(ds).unwrap();

@@ -32,7 +32,8 @@ CHUNK_ENTRY_LEN = 96
 KEY_ENTRY_LEN = 16
 
 SHARD_VERSION = 1
-MANIFEST_VERSIONS = (1, 2)
+MANIFEST_VERSIONS = (1, 2, 3)
+HEX_LEASE = re.compile(r"[0-9a-fA-F]{1,64}")
 
 CODECS = {0: "none", 1: "zstd", 2: "zstd-bytegroup"}
 
@@ -245,7 +246,7 @@ def parse_manifest(root: Path) -> tuple:
     need(isinstance(m, dict), "§6: manifest is not an object")
     need(m.get("format") == "hspack", '§6: format is not "hspack"')
     version = m.get("version")
-    need(version in MANIFEST_VERSIONS, f"§9: manifest version {version!r} is not 1 or 2")
+    need(version in MANIFEST_VERSIONS, f"§9: manifest version {version!r} is not 1, 2 or 3")
     dataset_id = m.get("dataset_id")
     need(
         isinstance(dataset_id, str) and HEX32.fullmatch(dataset_id) is not None,
@@ -253,10 +254,20 @@ def parse_manifest(root: Path) -> tuple:
     )
     fields = parse_schema(m.get("schema"))
     stacks = any(f.role["kind"] == "hidden_states" for f in fields)
+    writer = m.get("writer")
+    need(isinstance(writer, dict), "§6: writer is not an object")
+    lease = writer.get("lease")
     need(
-        version == (2 if stacks else 1),
-        "§6.1: a schema with a hidden_states field needs manifest version 2, one without needs 1",
+        lease is None or (isinstance(lease, str) and HEX_LEASE.fullmatch(lease) is not None),
+        "§6: writer.lease is not 1 to 64 hex digits",
     )
+    if lease is not None:
+        need(version == 3, "§6: a manifest with writer.lease needs manifest version 3")
+    else:
+        need(
+            version == (2 if stacks else 1),
+            "§6.1: a schema with a hidden_states field needs manifest version 2, one without needs 1",
+        )
     schema_hash = b3(canonical_schema_json(m["schema"]))
     need(m.get("schema_blake3") == schema_hash.hex(), "§6: schema_blake3 does not match")
     shards_json = m.get("shards")

@@ -25,9 +25,14 @@ DATASETS = {
     "v1/zstd": (gen.v1_schema(), 1, b"hspack-golden-v1", 1),
     "v1/zstd-bytegroup": (gen.v1_schema(), 2, b"hspack-golden-v1", 1),
     "v2/stacked": (gen.v2_schema(), 0, b"hspack-golden-v2", 2),
+    "v3/leased": (gen.v1_schema(), 0, b"hspack-golden-v3", 3),
 }
 
-EXPECTED = {"v1": gen.samples(gen.v1_schema()), "v2": gen.samples(gen.v2_schema())}
+EXPECTED = {
+    "v1": gen.samples(gen.v1_schema()),
+    "v2": gen.samples(gen.v2_schema()),
+    "v3": gen.samples(gen.v1_schema()),
+}
 
 
 def mismatches(ds: spec.Dataset, expected: list) -> list:
@@ -304,6 +309,22 @@ def test_manifest_version_2_without_stacked_field(tmp_path):
     d.manifest["version"] = 2
     d.save_manifest()
     with pytest.raises(SpecError, match="needs manifest version 2, one without needs 1"):
+        read_dataset(d.root)
+
+
+def test_manifest_lease_without_version_3(tmp_path):
+    d = Copy(tmp_path, "v3/leased")
+    d.manifest["version"] = 1
+    d.save_manifest()
+    with pytest.raises(SpecError, match="writer.lease needs manifest version 3"):
+        read_dataset(d.root)
+
+
+def test_manifest_lease_not_hex(tmp_path):
+    d = Copy(tmp_path, "v3/leased")
+    d.manifest["writer"]["lease"] = "not-hex"
+    d.save_manifest()
+    with pytest.raises(SpecError, match="writer.lease is not 1 to 64 hex digits"):
         read_dataset(d.root)
 
 

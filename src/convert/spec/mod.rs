@@ -186,6 +186,14 @@ pub enum SpecError {
         /// What was given.
         name: String,
     },
+    /// An option that keeps a local file beside the dataset, for a dataset in object storage.
+    #[error("{option} keeps a file beside the dataset, which in object storage cannot be appended to: {what}")]
+    NeedsLocalFile {
+        /// The option.
+        option: &'static str,
+        /// What to do instead.
+        what: &'static str,
+    },
     /// Deleting sources without fsync.
     #[error("--delete-source needs durable commits: sources are deleted only after their shard is fsynced")]
     DeleteNeedsFsync,
@@ -218,6 +226,7 @@ impl SpecError {
             SpecError::Trim { .. } => "trim_padding",
             SpecError::Codec { .. } => "codec",
             SpecError::DeleteNeedsFsync => "delete_source",
+            SpecError::NeedsLocalFile { option, .. } => option,
             SpecError::SplitFileAlone | SpecError::SplitFileName { .. } => "split_by_file",
         }
     }
@@ -332,6 +341,20 @@ impl ConvertSpec {
         })?;
         if self.delete_source && !self.fsync {
             return Err(SpecError::DeleteNeedsFsync);
+        }
+        if crate::io::is_remote(&self.dst) {
+            if self.key_from.is_some() {
+                return Err(SpecError::NeedsLocalFile {
+                    option: "key_from",
+                    what: "convert into a folder, then `hspack cp FOLDER URL`",
+                });
+            }
+            if self.skip_bad && self.report.is_none() {
+                return Err(SpecError::NeedsLocalFile {
+                    option: "skip_bad",
+                    what: "name a local file for the list of bad files with --report",
+                });
+            }
         }
         if self.split_by_file.is_some() && (self.split_by.is_none() || self.group_by.is_some()) {
             return Err(SpecError::SplitFileAlone);

@@ -1,0 +1,267 @@
+//! One writer per dataset in object storage: a lease object, `.hspack-writer.lease`, taken
+//! with a conditional put and renewed while the writer lives.
+//!
+//! Object stores have no lock a dead process releases, so the lease expires instead: its
+//! holder rewrites it every third of [`lease_ttl`] (`If-Match` on the ETag it wrote last); a
+//! writer that finds it unexpired is refused ([`Error::Locked`], naming the holder), one that
+//! finds it expired (its writer died, or hung for longer than the TTL) takes it over with
+//! `If-Match` on the ETag it read, so of two contenders one wins. A writer dropped normally
+//! marks its lease expired. Expiry compares the holder's clock with the contender's, so
+//! clocks that disagree by more than the TTL make a takeover early or late: nothing more.
+//!
+//! Safety does not rest on the lease or on clocks. A writer that takes a dataset over first
+//! writes its token into the manifest (`writer.lease`, FORMAT.md §6) by compare-and-swap, and
+//! only then removes what the previous writer left; every commit replaces the manifest only
+//! over the one its writer last wrote. So a writer whose lease was taken over (it hung past
+//! the TTL, its network was cut) fails its next commit with [`Error::CommitConflict`] and can
+//! never list a shard the new holder removed.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use object_store::{ObjectStoreExt, PutMode, PutOptions, PutPayload, UpdateVersion};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+use super::object::{is_conflict, is_not_found, object_error, ObjectStorage};
+use super::{Storage, WriterLease};
+
+/// Name of the lease object in the dataset's prefix.
+pub const LEASE_FILE: &str = ".hspack-writer.lease";
+
+/// How long a lease lasts unless renewed: 60 s, or `HSPACK_WRITER_LEASE_SECS`.
+pub fn lease_ttl() -> Duration {
+    let secs = std::env::var("HSPACK_WRITER_LEASE_SECS")
+        .ok()
+        .and_then(|s| s.parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s > 0.0)
+        .unwrap_or(60.0);
+    Duration::from_secs_f64(secs)
+}
+
+/// What the lease object holds.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct LeaseText {
+    token: String,
+    host: String,
+    pid: u32,
+    /// Milliseconds since the Unix epoch, by the holder's clock; 0 once released.
+    expires_unix_ms: u64,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis() as u64
+}
+
+/// A held lease: renewed on a thread of the process that took it.
+#[derive(Debug)]
+pub struct ObjectLease {
+    token: String,
+    pid: u32,
+    state: Arc<Held>,
+    /// Dropped to stop the renewing thread.
+    stop: Option<mpsc::Sender<()>>,
+}
+
+#[derive(Debug)]
+struct Held {
+    storage: ObjectStorage,
+    text: Mutex<(LeaseText, UpdateVersion)>,
+    lost: AtomicBool,
+}
+
+impl ObjectLease {
+    /// Takes the lease of the dataset in `storage`, or says who holds it.
+    pub fn take(storage: &ObjectStorage) -> Result<ObjectLease> {
+        storage.writable(LEASE_FILE)?;
+        let token = hex16(super::unique_id(
+            storage.root().as_os_str().as_encoded_bytes(),
+        ));
+        let ttl = lease_ttl();
+        for _ in 0..8 {
+            let found = read(storage)?;
+            let mode = match &found {
+                None => PutMode::Create,
+                Some((text, version)) => {
+                    let now = now_ms();
+                    if text.expires_unix_ms > now {
+                        return Err(Error::Locked {
+                            path: storage.root().to_path_buf(),
+                            holder: format!(
+                                "pid {} on {}, by its lease {LEASE_FILE}, which expires in {:.0} s \
+                                 unless that writer renews it",
+                                text.pid,
+                                text.host,
+                                (text.expires_unix_ms - now) as f64 / 1000.0
+                            ),
+                        });
+                    }
+                    PutMode::Update(version.clone())
+                }
+            };
+            let text = LeaseText {
+                token: token.clone(),
+                host: super::lock::host_name(),
+                pid: std::process::id(),
+                expires_unix_ms: now_ms() + ttl.as_millis() as u64,
+            };
+            match put(storage, &text, mode)? {
+                Some(version) => {
+                    let state = Arc::new(Held {
+                        storage: storage.clone(),
+                        text: Mutex::new((text, version)),
+                        lost: AtomicBool::new(false),
+                    });
+                    let (stop, stopped) = mpsc::channel();
+                    let renewing = Arc::clone(&state);
+                    std::thread::Builder::new()
+                        .name("hspack-lease".into())
+                        .spawn(move || renew_until_stopped(&renewing, &stopped, ttl))
+                        .map_err(|e| super::object::other(storage.root(), "lease", e))?;
+                    return Ok(ObjectLease {
+                        token,
+                        pid: std::process::id(),
+                        state,
+                        stop: Some(stop),
+                    });
+                }
+                // Another writer put or renewed the lease between our read and our put.
+                None => continue,
+            }
+        }
+        Err(Error::Locked {
+            path: storage.root().to_path_buf(),
+            holder: format!("writers racing for its lease {LEASE_FILE}"),
+        })
+    }
+}
+
+fn hex16(bytes: [u8; 16]) -> String {
+    crate::format::manifest::hex(&bytes)
+}
+
+/// The lease object and its version, or `None` when there is none.
+fn read(storage: &ObjectStorage) -> Result<Option<(LeaseText, UpdateVersion)>> {
+    let store = storage.store()?;
+    let path = storage.object(LEASE_FILE);
+    let shown = storage.path(LEASE_FILE);
+    let got = storage.run(LEASE_FILE, "read", async {
+        let got = store.get(&path).await?;
+        let meta = got.meta.clone();
+        Ok((meta, got.bytes().await?))
+    })?;
+    let (meta, bytes) = match got {
+        Ok(x) => x,
+        Err(e) if is_not_found(&e) => return Ok(None),
+        Err(e) => return Err(object_error(&shown, "read", e)),
+    };
+    let version = UpdateVersion {
+        e_tag: meta.e_tag,
+        version: meta.version,
+    };
+    // A lease object that is not one of ours (damaged, or cut short) has expired: it can be
+    // taken over, with `If-Match` like any other.
+    let text = serde_json::from_slice(&bytes).unwrap_or(LeaseText {
+        token: String::new(),
+        host: "unknown".into(),
+        pid: 0,
+        expires_unix_ms: 0,
+    });
+    Ok(Some((text, version)))
+}
+
+/// Puts `text` under `mode`: its new version, or `None` when the condition failed.
+fn put(storage: &ObjectStorage, text: &LeaseText, mode: PutMode) -> Result<Option<UpdateVersion>> {
+    let store = storage.store()?;
+    let path = storage.object(LEASE_FILE);
+    let shown = storage.path(LEASE_FILE);
+    let bytes = serde_json::to_vec(text).expect("a lease always serializes");
+    let put = storage.run(LEASE_FILE, "lease", async {
+        store
+            .put_opts(&path, PutPayload::from(bytes), PutOptions::from(mode))
+            .await
+    })?;
+    match put {
+        Ok(r) => Ok(Some(UpdateVersion {
+            e_tag: r.e_tag,
+            version: r.version,
+        })),
+        Err(e) if is_conflict(&e) => Ok(None),
+        Err(e) => Err(object_error(&shown, "lease", e)),
+    }
+}
+
+/// Rewrites the lease every third of `ttl` until stopped or lost. A failed renewal is tried
+/// again at the next tick; a lease another writer took over is marked lost.
+fn renew_until_stopped(held: &Held, stopped: &mpsc::Receiver<()>, ttl: Duration) {
+    loop {
+        match stopped.recv_timeout(ttl / 3) {
+            Err(RecvTimeoutError::Timeout) => {}
+            _ => return,
+        }
+        let mut guard = held.text.lock().unwrap_or_else(|e| e.into_inner());
+        let (text, version) = &mut *guard;
+        let mut next = text.clone();
+        next.expires_unix_ms = now_ms() + ttl.as_millis() as u64;
+        match put(&held.storage, &next, PutMode::Update(version.clone())) {
+            Ok(Some(v)) => {
+                *text = next;
+                *version = v;
+            }
+            Ok(None) => {
+                held.lost.store(true, Ordering::SeqCst);
+                return;
+            }
+            Err(_) => {}
+        }
+    }
+}
+
+impl WriterLease for ObjectLease {
+    fn is_owner(&self) -> bool {
+        std::process::id() == self.pid
+    }
+
+    fn token(&self) -> Option<&str> {
+        Some(&self.token)
+    }
+
+    fn check(&self) -> Result<()> {
+        if !self.state.lost.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        Err(Error::CommitConflict {
+            path: self.state.storage.path(LEASE_FILE),
+            detail: "this writer's lease expired and another writer took it over".into(),
+        })
+    }
+}
+
+impl Drop for ObjectLease {
+    fn drop(&mut self) {
+        if !self.is_owner() {
+            // A forked child's copy: the lease is the parent's.
+            return;
+        }
+        drop(self.stop.take());
+        if self.state.lost.load(Ordering::SeqCst) {
+            return;
+        }
+        // Released: marked expired, over the version this writer wrote last only.
+        let guard = self.state.text.lock().unwrap_or_else(|e| e.into_inner());
+        let (text, version) = &*guard;
+        let mut released = text.clone();
+        released.expires_unix_ms = 0;
+        let _ = put(
+            &self.state.storage,
+            &released,
+            PutMode::Update(version.clone()),
+        );
+    }
+}
