@@ -116,7 +116,7 @@ pub trait Storage: Send + Sync + Debug {
     /// A published file, for ranged reads.
     fn open(&self, name: &str) -> Result<Arc<dyn FileReader>>;
 
-    /// Starts a file under the temp name `temp` (a name [`crate::format::manifest::is_leftover`]
+    /// Starts a file under the temp name `temp` (a name [`crate::format::Manifest::is_leftover`]
     /// knows, so that what a crashed writer leaves is removed).
     fn create(&self, temp: &str) -> Result<Box<dyn NewFile>>;
 

@@ -46,12 +46,17 @@ class VisionLanguageWrapper(nn.Module):
         self.language_model = lm
 
 
-@pytest.fixture(scope="module")
-def causal_lm():
+def causal_lm_for_tests():
+    """A 61-layer DeepSeek-V3 of random weights, tiny dimensions."""
     from transformers import DeepseekV3ForCausalLM
 
     torch.manual_seed(0)
     return DeepseekV3ForCausalLM(tiny_config()).eval()
+
+
+@pytest.fixture(scope="module")
+def causal_lm():
+    return causal_lm_for_tests()
 
 
 def make_samples(lengths, seed=1):

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import hspack
-from conftest import eagle_sample, write_eagle
+from conftest import H, eagle_sample, eagle_schema, write_eagle
 from hspack.torch import HspackDataset, HspackIterableDataset, HspackLoader
 
 
@@ -120,6 +120,47 @@ def test_dataloader_workers_over_s3_see_every_sample_once(remote, context):
     assert [s["ordinal"] for s in loader] == list(range(37))
 
 
-def test_writing_straight_to_s3_says_what_to_do(s3):
-    with pytest.raises(hspack.HspackError, match="hspack cp"):
-        hspack.Writer(f"{s3}/direct", [hspack.token_ids()])
+def test_a_writer_writes_straight_into_s3(s3):
+    url = f"{s3}/direct"
+    write_eagle(url, 20, shard_samples=7)
+    ds = hspack.open(url)
+    assert len(ds) == 20 and len(ds.manifest["shards"]) == 3
+    assert ds.manifest["version"] == 3 and ds.manifest["writer"]["lease"]
+    for i in range(20):
+        got = ds.get(f"s{i:04d}")
+        for name, t in eagle_sample(i).items():
+            assert torch.equal(got[name], t), (i, name)
+    assert hspack.verify(url)["ok"]
+    # One writer at a time: the second is refused while the first holds the lease.
+    capture = {"model": "test/model", "num_layers": 8, "hidden_size": H, "dtype": "bf16"}
+    with hspack.Writer(url, eagle_schema(), capture, durable=False) as w:
+        with pytest.raises(hspack.HspackError, match="hspack-writer.lease"):
+            hspack.Writer(url, eagle_schema(), capture)
+        w.append("s9999", **eagle_sample(9999))
+    assert len(hspack.open(url)) == 21
+
+
+def test_hf_capture_writes_straight_into_s3(s3, tmp_path):
+    from test_capture_hf import LAYERS, alone, causal_lm_for_tests, chat_tokenizer
+
+    from hspack.capture.hf import extract
+
+    lm = causal_lm_for_tests().to(torch.bfloat16)
+    lm.save_pretrained(tmp_path / "model")
+    chat_tokenizer().save_pretrained(tmp_path / "model")
+    data = tmp_path / "prompts.jsonl"
+    data.write_text('{"id": "a", "input_ids": [5, 6, 7, 8], "loss_mask": [0, 0, 1, 1]}\n'
+                    '{"id": "b", "input_ids": [9, 3], "loss_mask": [1, 1]}\n')
+    url = f"{s3}/hf-capture"
+    assert extract(str(tmp_path / "model"), str(data), LAYERS, url, batch_size=2) == 2
+    ds = hspack.open(url)
+    assert sorted(ds.keys()) == ["a", "b"]
+    from transformers import AutoModelForCausalLM
+
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "model", dtype=torch.bfloat16).eval()
+    ref = alone(loaded, [5, 6, 7, 8])
+    for layer in LAYERS:
+        assert torch.equal(ds.get("a")[f"hidden.{layer}"], ref[layer][0]), layer
+    # A rerun resumes from what is in S3: nothing new.
+    assert extract(str(tmp_path / "model"), str(data), LAYERS, url, batch_size=2) == 0
+    assert hspack.verify(url)["ok"]
