@@ -128,6 +128,16 @@ fn round_trip(local: &str, tmp: &Path) {
         &Dataset::open(local).unwrap(),
         &Dataset::open("s3://hspack-test/rt").unwrap(),
     );
+    // Over plain http(s) (read-only) from a static file server: ranged GETs only.
+    let server = common::http_files::HttpFiles::start(Path::new(local).parent().unwrap());
+    let http = format!("{}/local", server.url());
+    same_samples(
+        &Dataset::open(local).unwrap(),
+        &Dataset::open(&http).unwrap(),
+    );
+    assert_eq!(digest(&http), d);
+    let err = DatasetWriter::open(&http, capture_schema(HIDDEN as u64), options()).unwrap_err();
+    assert!(err.to_string().contains("read-only"), "{err}");
     // Token ranges of a remote sample: only those rows.
     let remote = Dataset::open("s3://hspack-test/rt").unwrap();
     let s = remote.sample(5).unwrap();

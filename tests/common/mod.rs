@@ -5,6 +5,7 @@ pub mod cli;
 pub mod crash_writer;
 pub mod dumps;
 pub mod fault_proxy;
+pub mod http_files;
 pub mod moto;
 
 use std::path::{Path, PathBuf};
