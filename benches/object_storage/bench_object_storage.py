@@ -9,7 +9,9 @@ server, interleaved round by round (A, B, C, ... then again), ``--rounds`` times
             vs ``rclone check --download DS moto:…/rc-R`` (every byte compared)
 - random sample reads: ``hspack.open(url)[i]`` for random i, S3 vs the local folder, with the
   GET requests per sample counted from the server's log;
-- a PyTorch DataLoader over ``HspackDataset(url)`` vs the folder, 0 and 2 workers.
+- a PyTorch DataLoader over ``HspackDataset(url)`` vs the folder, 0 and 2 workers;
+- writing: ``hspack.Writer(s3://…)`` (shards spooled and uploaded as they roll) vs
+  ``hspack.Writer(folder)`` then ``hspack cp folder s3://…``, vs ``hspack.Writer(folder)`` alone.
 
 hspack ``--jobs 4`` and rclone ``--transfers 4`` (its default); rclone also gets
 ``--s3-chunk-size 32M`` (hspack's part size) and ``--s3-upload-concurrency 8`` (hspack's parts in
@@ -129,6 +131,30 @@ def main():
                     n = sum(1 for _ in torch.utils.data.DataLoader(d, batch_size=None, num_workers=workers))
                     assert n == a.samples
                     loaders.setdefault((where, workers), []).append(time.perf_counter() - start)
+        # Writing the same samples straight into S3, against a folder then `hspack cp`.
+        src = hspack.open(ds)
+        samples = [(src.keys()[i], src[i]) for i in range(a.samples)]
+        fields = src.manifest["schema"]["fields"]
+        writes = {"Writer into s3://": [], "Writer into a folder + hspack cp": [], "Writer into a folder": []}
+
+        def write(out):
+            with hspack.Writer(out, fields, durable=False, shard_samples=4) as w:
+                for key, tensors in samples:
+                    w.append(key, **tensors)
+
+        for r in range(a.rounds):
+            start = time.perf_counter()
+            write(f"s3://bench/w-{r}")
+            writes["Writer into s3://"].append(time.perf_counter() - start)
+            folder = os.path.join(work, f"w-{r}")
+            start = time.perf_counter()
+            write(folder)
+            middle = time.perf_counter()
+            subprocess.run([a.bin, "cp", "--jobs", "4", folder, f"s3://bench/wc-{r}"], check=True, env=env, stdout=subprocess.DEVNULL)
+            writes["Writer into a folder + hspack cp"].append(time.perf_counter() - start)
+            writes["Writer into a folder"].append(middle - start)
+            shutil.rmtree(folder)
+        assert len(hspack.open("s3://bench/w-0")) == a.samples
     finally:
         server.terminate()
         shutil.rmtree(work, ignore_errors=True)
@@ -154,6 +180,11 @@ def main():
     print("|---|---:|---:|---:|")
     for (where, workers), v in loaders.items():
         print(f"| {where}, {workers} workers | {min(v):.2f} | {statistics.median(v):.2f} | {size / 1e9 / statistics.median(v):.3f} |")
+    print()
+    print("| writing the samples (4 a shard, no fsync) | min s | median s | GB/s (median) |")
+    print("|---|---:|---:|---:|")
+    for k, v in writes.items():
+        print(f"| {k} | {min(v):.2f} | {statistics.median(v):.2f} | {size / 1e9 / statistics.median(v):.3f} |")
 
 
 if __name__ == "__main__":
