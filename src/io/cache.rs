@@ -124,6 +124,12 @@ fn add(counter: &AtomicU64, n: u64) {
 /// A block file's contents: the keyed checksum, then the payload.
 type BlockFile = Arc<Vec<u8>>;
 
+/// A block: its file's key and its number.
+type BlockId = ([u8; 32], u64);
+
+/// Blocks verified lately, oldest first.
+type Recent = VecDeque<(BlockId, BlockFile)>;
+
 /// A folder of cached blocks; cheap to clone (clones share the counters).
 #[derive(Debug, Clone)]
 pub struct ChunkCache {
@@ -145,7 +151,7 @@ struct CacheInner {
     /// One eviction at a time in this process.
     evicting: Mutex<()>,
     /// Blocks verified lately: (key, block number) and the block file.
-    recent: Mutex<VecDeque<(([u8; 32], u64), BlockFile)>>,
+    recent: Mutex<Recent>,
     /// Numbers temp names apart within this process.
     temps: AtomicU64,
 }
@@ -255,11 +261,11 @@ impl ChunkCache {
         *h.finalize().as_bytes()
     }
 
-    fn recent(&self) -> std::sync::MutexGuard<'_, VecDeque<(([u8; 32], u64), BlockFile)>> {
+    fn recent(&self) -> std::sync::MutexGuard<'_, Recent> {
         self.inner.recent.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn remember(&self, id: ([u8; 32], u64), file: BlockFile) {
+    fn remember(&self, id: BlockId, file: BlockFile) {
         let mut recent = self.recent();
         recent.retain(|(i, _)| *i != id);
         if recent.len() >= RECENT {
