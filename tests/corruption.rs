@@ -419,6 +419,7 @@ fn a_shared_memo_spares_other_readers_the_hash_and_only_holds_checked_chunks() {
         let options = ReadOptions {
             check: CheckPolicy::Once,
             checked_memo: Some(memo.path().to_path_buf()),
+            ..ReadOptions::default()
         };
         Dataset::open_with(dir.path(), options).unwrap()
     };
@@ -459,6 +460,7 @@ fn a_shared_memo_spares_other_readers_the_hash_and_only_holds_checked_chunks() {
     let options = ReadOptions {
         check: CheckPolicy::Once,
         checked_memo: Some(other.path().to_path_buf()),
+        ..ReadOptions::default()
     };
     let ds = Dataset::open_with(dir.path(), options).unwrap();
     let e = ds.sample(0).unwrap_err().to_string();

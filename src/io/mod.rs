@@ -13,6 +13,7 @@
 //! lance-io's `Reader` (size known, `get_range`).
 
 pub mod bytes;
+pub mod cache;
 pub mod local;
 pub mod lock;
 pub mod memory;

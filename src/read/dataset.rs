@@ -7,6 +7,7 @@ use std::sync::{Arc, OnceLock};
 use crate::error::{format, Error, Result};
 use crate::format::manifest::MANIFEST_FILE;
 use crate::format::{ChunkHeader, ExtentEntry, Manifest, SampleEntry, Schema};
+use crate::io::cache::{CacheOptions, CachedStorage, ChunkCache};
 use crate::io::Storage;
 
 use super::shard::{CheckPolicy, Shard};
@@ -25,6 +26,11 @@ pub struct ReadOptions {
     /// DataLoader workers of one training run hash each chunk once in all, not once each and
     /// every epoch. One small file per shard (a byte per chunk). `None`: per process.
     pub checked_memo: Option<PathBuf>,
+    /// A local folder that keeps the blocks of files read from object storage, shared by
+    /// every process given the same folder, so later epochs read local disk
+    /// ([`crate::io::cache`]). Files a storage maps, as a local folder's are, are read in
+    /// place and never cached. Used by [`Dataset::open_with`]. `None`: no cache.
+    pub cache: Option<CacheOptions>,
 }
 
 /// An open dataset. Opening reads the manifest only; shards are mapped and checked on first
@@ -37,6 +43,7 @@ pub struct Dataset {
     dataset_id: [u8; 16],
     shards: Vec<OnceLock<Arc<Shard>>>,
     options: ReadOptions,
+    cache: Option<ChunkCache>,
 }
 
 impl Dataset {
@@ -45,9 +52,17 @@ impl Dataset {
         Self::open_with(dir, ReadOptions::default())
     }
 
-    /// Opens the dataset in folder `dir` with `options`.
+    /// Opens the dataset in folder `dir` with `options`; with `options.cache`, reads go
+    /// through that cache.
     pub fn open_with(dir: impl AsRef<Path>, options: ReadOptions) -> Result<Dataset> {
-        Self::open_in(crate::io::open_location(dir)?, options)
+        let storage = crate::io::open_location(dir)?;
+        let Some(cache) = options.cache.clone().map(ChunkCache::new) else {
+            return Self::open_in(storage, options);
+        };
+        let storage = Arc::new(CachedStorage::new(storage, cache.clone()));
+        let mut ds = Self::open_in(storage, options)?;
+        ds.cache = Some(cache);
+        Ok(ds)
     }
 
     /// Opens the dataset in `storage` with `options`.
@@ -67,6 +82,7 @@ impl Dataset {
             manifest_bytes,
             shards,
             options,
+            cache: None,
         })
     }
 
@@ -108,6 +124,11 @@ impl Dataset {
     /// The read options.
     pub fn options(&self) -> &ReadOptions {
         &self.options
+    }
+
+    /// The block cache reads go through ([`ReadOptions::cache`]), for its counters.
+    pub fn cache(&self) -> Option<&ChunkCache> {
+        self.cache.as_ref()
     }
 
     /// Shard `seq`, mapped and checked on first use.

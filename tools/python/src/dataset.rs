@@ -4,6 +4,7 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use hspack::io::cache::{CacheOptions, DEFAULT_MAX_BYTES};
 use hspack::{CheckPolicy, ReadOptions};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -62,20 +63,38 @@ impl Dataset {
 impl Dataset {
     /// Opens the dataset in folder `path`; reads the manifest only. `checked_memo`: a folder
     /// shared by processes that should hash each chunk once in all (`check="once"`).
-    /// `readahead`: `"hint"` or `"load"` (see [`hspack::Sample::prefetch`]).
+    /// `readahead`: `"hint"` or `"load"` (see [`hspack::Sample::prefetch`]). `cache_dir`: a
+    /// folder that keeps the blocks read from object storage, shared by processes given the
+    /// same folder; `cache_bytes` bounds it (default [`DEFAULT_MAX_BYTES`]).
     #[new]
-    #[pyo3(signature = (path, check = "once", checked_memo = None, readahead = "hint"))]
+    #[pyo3(signature = (path, check = "once", checked_memo = None, readahead = "hint", cache_dir = None, cache_bytes = None))]
     fn new(
         py: Python<'_>,
         path: std::path::PathBuf,
         check: &str,
         checked_memo: Option<std::path::PathBuf>,
         readahead: &str,
+        cache_dir: Option<std::path::PathBuf>,
+        cache_bytes: Option<u64>,
     ) -> PyResult<Self> {
         let load = readahead_mode(readahead)?;
+        let cache = match (cache_dir, cache_bytes) {
+            (Some(dir), bytes) => Some(CacheOptions {
+                dir,
+                max_bytes: bytes.unwrap_or(DEFAULT_MAX_BYTES),
+            }),
+            (None, None) => None,
+            (None, Some(_)) => {
+                return Err(bad_option(
+                    "cache_bytes",
+                    "bounds the cache in cache_dir: give cache_dir too",
+                ))
+            }
+        };
         let options = ReadOptions {
             check: check_policy(check)?,
             checked_memo,
+            cache,
         };
         let inner = py
             .allow_threads(|| hspack::Dataset::open_with(&path, options))
@@ -84,6 +103,27 @@ impl Dataset {
             inner: Arc::new(inner),
             load: AtomicBool::new(load),
         })
+    }
+
+    /// The block cache's counters in this process (`hits`, `misses`, `fetches`,
+    /// `fetched_bytes`, `served_bytes`, `passed_bytes`, `damaged`, `evicted`,
+    /// `failed_writes`), or None without a cache.
+    fn cache_stats(&self) -> Option<std::collections::BTreeMap<&'static str, u64>> {
+        let s = self.inner.cache()?.stats();
+        Some(
+            [
+                ("hits", s.hits),
+                ("misses", s.misses),
+                ("fetches", s.fetches),
+                ("fetched_bytes", s.fetched_bytes),
+                ("served_bytes", s.served_bytes),
+                ("passed_bytes", s.passed_bytes),
+                ("damaged", s.damaged),
+                ("evicted", s.evicted),
+                ("failed_writes", s.failed_writes),
+            ]
+            .into(),
+        )
     }
 
     fn __len__(&self) -> usize {

@@ -49,7 +49,7 @@ class Dataset:
     process that unpickles it (DataLoader workers, fork or spawn).
     """
 
-    def __init__(self, path: str | os.PathLike, check: str = "once", format: str = "torch", *, checked_memo: str | None = None, readahead: str = "hint"):
+    def __init__(self, path: str | os.PathLike, check: str = "once", format: str = "torch", *, checked_memo: str | None = None, readahead: str = "hint", cache_dir: str | os.PathLike | None = None, cache_bytes: int | None = None):
         if check not in CHECKS:
             raise make_error("BadOption", "option check: must be \"once\", \"always\" or \"never\"", option="check")
         if format not in FORMATS:
@@ -62,6 +62,8 @@ class Dataset:
         self.check = check
         self.format = format
         self.checked_memo = checked_memo
+        self.cache_dir = None if cache_dir is None else os.fspath(cache_dir)
+        self.cache_bytes = cache_bytes
         self._native: _hspack.Dataset | None = None
         self._schema: dict | None = None
         self._lengths: tuple | None = None
@@ -72,8 +74,15 @@ class Dataset:
     def native(self) -> _hspack.Dataset:
         """The native dataset, opened on first use."""
         if self._native is None:
-            self._native = _hspack.Dataset(self.path, self.check, self.checked_memo, self._readahead)
+            self._native = _hspack.Dataset(self.path, self.check, self.checked_memo, self._readahead, self.cache_dir, self.cache_bytes)
         return self._native
+
+    def cache_stats(self) -> dict[str, int] | None:
+        """What the block cache (`cache_dir`) did in this process: `hits` and `misses`
+        (blocks), `fetches` and `fetched_bytes` (reads of the object store), `served_bytes`
+        (from the cache), `passed_bytes` (file tails, held since open), `damaged` (blocks
+        fetched again), `evicted`, `failed_writes`; None without a cache."""
+        return self.native.cache_stats()
 
     @property
     def readahead(self) -> str:
@@ -92,11 +101,13 @@ class Dataset:
         self._native = None
 
     def __getstate__(self) -> dict:
-        return {"path": self.path, "check": self.check, "format": self.format, "checked_memo": self.checked_memo, "_readahead": self._readahead}
+        return {"path": self.path, "check": self.check, "format": self.format, "checked_memo": self.checked_memo, "_readahead": self._readahead, "cache_dir": self.cache_dir, "cache_bytes": self.cache_bytes}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self.__dict__.setdefault("_readahead", "hint")
+        self.__dict__.setdefault("cache_dir", None)
+        self.__dict__.setdefault("cache_bytes", None)
         self._native = None
         self._schema = None
         self._lengths = None
@@ -227,7 +238,7 @@ class Dataset:
         return self.native.mapping_range(shard)
 
 
-def open(path: str | os.PathLike, check: str = "once", format: str = "torch", *, checked_memo: str | None = None, readahead: str = "hint") -> Dataset:
+def open(path: str | os.PathLike, check: str = "once", format: str = "torch", *, checked_memo: str | None = None, readahead: str = "hint", cache_dir: str | os.PathLike | None = None, cache_bytes: int | None = None) -> Dataset:
     """Opens the dataset in folder `path`. Reads only the manifest; shards are mapped and
     checked on first use.
 
@@ -243,5 +254,12 @@ def open(path: str | os.PathLike, check: str = "once", format: str = "torch", *,
     (default); `"load"` returns once they are in the page cache, so the disk reads happen in
     the reading process: DataLoader workers whose tensors the trainer maps use it
     (`hspack.torch` sets it), so cold reads run in parallel in the workers.
+    `cache_dir`: for a dataset in object storage (`s3://`, ...), a local folder that keeps
+    the blocks read (4 MiB each), so later epochs read local disk instead of the network;
+    processes given the same folder (DataLoader workers, later runs) share it. Every cached
+    block is checked against its checksum on each use (a damaged one is fetched again), and
+    chunks are checked per `check` as always. `cache_bytes` bounds the folder (default
+    64 GiB): past it the least recently used blocks are deleted. A local folder is mapped
+    and read in place, never cached. `Dataset.cache_stats()` says what the cache did.
     """
-    return Dataset(path, check=check, format=format, checked_memo=checked_memo, readahead=readahead)
+    return Dataset(path, check=check, format=format, checked_memo=checked_memo, readahead=readahead, cache_dir=cache_dir, cache_bytes=cache_bytes)

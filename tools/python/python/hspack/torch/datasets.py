@@ -125,7 +125,10 @@ class _Reopening:
 
     With `check="once"`, the object makes a checked-chunk memo folder (in `/dev/shm` when
     there is one) that its workers share: each chunk is hashed once for the whole run, not
-    once per worker and epoch. The folder is removed when the object is collected."""
+    once per worker and epoch. The folder is removed when the object is collected.
+
+    `cache_dir` and `cache_bytes` are `hspack.open`'s: for a dataset in object storage, a
+    block cache the workers share (and later runs too: the folder is kept)."""
 
     def _make_memo(self) -> None:
         self.checked_memo: str | None = None
@@ -138,7 +141,7 @@ class _Reopening:
     def hspack(self) -> Dataset:
         """The underlying `hspack.Dataset`, opened on first use in each process."""
         if self._ds is None:
-            self._ds = Dataset(self.path, check=self.check, checked_memo=self.checked_memo)
+            self._ds = Dataset(self.path, check=self.check, checked_memo=self.checked_memo, cache_dir=self.cache_dir, cache_bytes=self.cache_bytes)
         if self.transfer == "map" and tud.get_worker_info() is not None:  # a worker, forked or spawned
             if not _transfer.installed():
                 _transfer.install()
@@ -164,8 +167,9 @@ class HspackDataset(_Reopening, tud.Dataset):
     ranges that the main process maps privately (`hspack.torch.transfer`); `"copy"` leaves
     them to torch's shared-memory copy."""
 
-    def __init__(self, path: str | os.PathLike, fields: Sequence[str] | None = None, *, view: Any = None, max_len: int | None = None, check: str = "once", transfer: str = "map"):
+    def __init__(self, path: str | os.PathLike, fields: Sequence[str] | None = None, *, view: Any = None, max_len: int | None = None, check: str = "once", transfer: str = "map", cache_dir: str | os.PathLike | None = None, cache_bytes: int | None = None):
         self.path, self.check = os.fspath(path), check
+        self.cache_dir, self.cache_bytes = cache_dir, cache_bytes
         self.transfer = _transfer_option(transfer)
         self.view = make_view(view, fields, max_len)
         self._ds: Dataset | None = None
@@ -225,8 +229,9 @@ class HspackIterableDataset(_Reopening, tud.IterableDataset):
     (`persistent_workers=True`) follow `set_epoch` and `load_state_dict` too. `transfer` is
     as for `HspackDataset`."""
 
-    def __init__(self, path: str | os.PathLike, fields: Sequence[str] | None = None, *, view: Any = None, max_len: int | None = None, check: str = "once", transfer: str = "map", shuffle: bool = True, seed: int = 0, batch_size: int = 1, block_size: int = 64, window_blocks: int = 16, drop_last: bool = False, pad: bool = False, rank: int | None = None, world_size: int | None = None):
+    def __init__(self, path: str | os.PathLike, fields: Sequence[str] | None = None, *, view: Any = None, max_len: int | None = None, check: str = "once", transfer: str = "map", shuffle: bool = True, seed: int = 0, batch_size: int = 1, block_size: int = 64, window_blocks: int = 16, drop_last: bool = False, pad: bool = False, rank: int | None = None, world_size: int | None = None, cache_dir: str | os.PathLike | None = None, cache_bytes: int | None = None):
         self.path, self.check = os.fspath(path), check
+        self.cache_dir, self.cache_bytes = cache_dir, cache_bytes
         self.transfer = _transfer_option(transfer)
         self.view = make_view(view, fields, max_len)
         self.batch_size = batch_size
