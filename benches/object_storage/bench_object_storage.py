@@ -9,7 +9,8 @@ server, interleaved round by round (A, B, C, ... then again), ``--rounds`` times
             vs ``rclone check --download DS moto:…/rc-R`` (every byte compared)
 - random sample reads: ``hspack.open(url)[i]`` for random i, S3 vs the local folder, with the
   GET requests per sample counted from the server's log;
-- a PyTorch DataLoader over ``HspackDataset(url)`` vs the folder, 0 and 2 workers;
+- a PyTorch DataLoader over ``HspackDataset(url)`` vs the folder, 0 and 2 workers, and over
+  the URL through a local block cache (``cache_dir``): its first epoch and its second;
 - writing: ``hspack.Writer(s3://…)`` (shards spooled and uploaded as they roll) vs
   ``hspack.Writer(folder)`` then ``hspack cp folder s3://…``, vs ``hspack.Writer(folder)`` alone.
 
@@ -131,6 +132,15 @@ def main():
                     n = sum(1 for _ in torch.utils.data.DataLoader(d, batch_size=None, num_workers=workers))
                     assert n == a.samples
                     loaders.setdefault((where, workers), []).append(time.perf_counter() - start)
+            # Through the local block cache: a first epoch fills it, a second reads only it.
+            cache = os.path.join(work, f"cache-{r}")
+            for epoch in ("first", "second"):
+                d = HspackDataset("s3://bench/hs-0", cache_dir=cache)
+                start = time.perf_counter()
+                n = sum(1 for _ in torch.utils.data.DataLoader(d, batch_size=None, num_workers=0))
+                assert n == a.samples
+                loaders.setdefault((f"s3 + cache_dir, {epoch} epoch", 0), []).append(time.perf_counter() - start)
+            shutil.rmtree(cache)
         # Writing the same samples straight into S3, against a folder then `hspack cp`.
         src = hspack.open(ds)
         samples = [(src.keys()[i], src[i]) for i in range(a.samples)]

@@ -19,6 +19,15 @@ chunk it reads. The last row is a reference for the cold rows: the hspack shards
 plain `pread`s after dropping the cache, on as many threads as there are workers (deeper
 queues, as the workers' `MADV_POPULATE_READ` makes, can beat it on some disks).
 
+Every loader runs with 0 workers (the loop reads in the trainer process) and with
+``--workers`` workers, so each peer is also measured in its best configuration. Runs are
+interleaved: each round runs every (loader, workers) once, in the same order, and there are
+``--rounds`` rounds (default 5) warm (after one warm-up pass each) and as many cold (the files
+of the loader evicted with ``posix_fadvise(DONTNEED)`` before each run, checked with
+``fincore``). The table gives min and median GB/s of hidden states; ratios compare medians:
+hspack's view with workers against each peer's best configuration. The load average is
+printed before and after.
+
     python benches/python/bench_loader.py --out bench.md                  # ~1 GB a format
     python benches/python/bench_loader.py --gb 20 --workers 8 --out bench.md  # bigger runs
 """
@@ -29,6 +38,7 @@ import argparse
 import mmap
 import os
 import shutil
+import statistics
 import tempfile
 import time
 
@@ -140,18 +150,20 @@ def read_files(files, threads):
     return nbytes, time.perf_counter() - t0
 
 
-def drop_cache(files):
-    try:
-        os.sync()
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-        return "drop_caches"
-    except OSError:
-        for p in files:
-            fd = os.open(p, os.O_RDONLY)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            os.close(fd)
-        return "posix_fadvise(DONTNEED)"
+def evict(files):
+    """Drops `files` from the page cache (`posix_fadvise(DONTNEED)`, file by file) and returns
+    the bytes still resident by `fincore` (0 when it is missing)."""
+    os.sync()
+    for p in files:
+        fd = os.open(p, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+    if not shutil.which("fincore"):
+        return 0
+    import subprocess
+
+    out = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES", *files], capture_output=True, text=True).stdout
+    return sum(int(x) for x in out.split())
 
 
 def main():
@@ -162,9 +174,12 @@ def main():
     ap.add_argument("--min-tokens", type=int, default=128)
     ap.add_argument("--max-tokens", type=int, default=4096)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--no-cold", action="store_true", help="warm runs only")
     ap.add_argument("--dir", default=None, help="scratch folder (default: a temp folder)")
     ap.add_argument("--out", required=True, help="markdown file for the table")
     args = ap.parse_args()
+    load_before = os.getloadavg()
     root = tempfile.mkdtemp(prefix="hspack-bench-", dir=args.dir)
     try:
         lengths = make_samples(args)
@@ -175,49 +190,73 @@ def main():
         st = sorted(f"{root}/st/{f}" for f in os.listdir(f"{root}/st"))
         hs_files = [f"{root}/hspack/{f}" for f in os.listdir(f"{root}/hspack")]
         hl_files = [f"{root}/hspack-layers/{f}" for f in os.listdir(f"{root}/hspack-layers")]
+
         def same(ds):
             return lambda: ds
 
         def fresh(path):  # a new dataset object each run: a new checked-chunk memo
             return lambda: HspackDataset(path, view="eagle3")
 
+        ours = "hspack eagle3 view"
         loaders = {
-            "hspack eagle3 view": (same(HspackDataset(f"{root}/hspack", view="eagle3")), hs_files),
+            ours: (same(HspackDataset(f"{root}/hspack", view="eagle3")), hs_files),
             "hspack eagle3 view, first epoch (hashes every chunk)": (fresh(f"{root}/hspack"), hs_files),
-            "hspack eagle3 view, check=never": (same(HspackDataset(f"{root}/hspack", view="eagle3", check="never")), hs_files),
             "hspack eagle3 view, one field per layer": (same(HspackDataset(f"{root}/hspack-layers", view="eagle3")), hl_files),
             "torch.load .ckpt": (same(Files(ck, "load")), ck),
             "torch.load(mmap=True)": (same(Files(ck, "mmap")), ck),
             "safetensors load_file": (same(Files(st, "safetensors")), st),
         }
-        rows, how = [], ""
+        configs = [(name, w) for name in loaders for w in (0, args.workers)]
+        results = {}  # (cache, name, workers) -> [GB/s, ...]
+        resident = []
         staging, _keep = staging_buffer(max(lengths) * args.hidden * (len(args.layers) - 1))
-        for cache in ("warm", "cold"):
-            for name, (make, files) in loaders.items():
-                if cache == "warm":
-                    run(make(), args.workers, staging)  # fill the page cache (and a memo)
-                else:
-                    how = drop_cache(files)
-                n, nbytes, secs = run(make(), args.workers, staging)
-                rows.append((cache, name, n / secs, nbytes / secs / 1e9))
-                print(rows[-1])
-        how = drop_cache(hs_files)
-        nbytes, secs = read_files(hs_files, args.workers)
-        reference = nbytes / secs / 1e9
-        print(("cold", "pread reference", reference))
-        ours = {c: next(r for r in rows if r[0] == c and r[1] == "hspack eagle3 view") for c in ("warm", "cold")}
+        for cache in ("warm",) if args.no_cold else ("warm", "cold"):
+            if cache == "warm":
+                for name, w in configs:  # fill the page cache (and the memos)
+                    run(loaders[name][0](), w, staging)
+            for r in range(args.rounds):
+                for name, w in configs:
+                    make, files = loaders[name]
+                    if cache == "cold":
+                        resident.append(evict(files))
+                    n, nbytes, secs = run(make(), w, staging)
+                    assert n == len(lengths)
+                    results.setdefault((cache, name, w), []).append(nbytes / secs / 1e9)
+                print(f"{cache} round {r + 1}/{args.rounds} done")
+        reference = None
+        if not args.no_cold:
+            evict(hs_files)
+            nbytes, secs = read_files(hs_files, args.workers)
+            reference = nbytes / secs / 1e9
+        load_after = os.getloadavg()
+        med = {k: statistics.median(v) for k, v in results.items()}
         lines = [
             f"hidden {args.hidden}, layers {args.layers}, {len(lengths)} samples of {args.min_tokens}-{args.max_tokens} tokens, "
             f"{sum(lengths) * 2 * args.hidden * len(args.layers) / 1e9:.2f} GB of hidden states a format; DataLoader batch_size=None, "
-            f"num_workers={args.workers}, prefetch_factor=4; the loop copies each hidden state into a reused buffer; cold cache via {how}; {os.cpu_count()} CPUs.",
+            f"prefetch_factor=4 with workers; the loop copies each hidden state into a reused buffer; {args.rounds} rounds, interleaved; "
+            f"{os.cpu_count()} CPUs; load average before {load_before}, after {load_after}"
+            + ("" if args.no_cold else f"; cold: evicted with posix_fadvise(DONTNEED), fincore found at most {max(resident)} bytes resident before a run")
+            + ".",
             "",
-            "| cache | loader | samples/s | GB/s | hspack / peer |",
-            "|---|---|---:|---:|---:|",
+            "| cache | loader | workers | min GB/s | median GB/s | hspack view with workers / this |",
+            "|---|---|---:|---:|---:|---:|",
         ]
-        for cache, name, sps, gbs in rows:
-            ratio = ours[cache][2] / sps
-            lines.append(f"| {cache} | {name} | {sps:.1f} | {gbs:.2f} | {ratio:.2f}x |")
-        lines.append(f"| cold | reference: the hspack shards read with `pread`, {args.workers} threads | | {reference:.2f} | |")
+        for (cache, name, w), v in results.items():
+            ratio = med[(cache, ours, args.workers)] / med[(cache, name, w)]
+            lines.append(f"| {cache} | {name} | {w} | {min(v):.2f} | {med[(cache, name, w)]:.2f} | {ratio:.2f}x |")
+        if reference is not None:
+            lines.append(f"| cold | reference: the hspack shards read with `pread`, {args.workers} threads | | | {reference:.2f} | |")
+        lines.append("")
+        for cache in ("warm",) if args.no_cold else ("warm", "cold"):
+            for name in loaders:
+                if name.startswith("hspack"):
+                    continue
+                best = max((0, args.workers), key=lambda w: med[(cache, name, w)])
+                lines.append(
+                    f"- {cache}: hspack view, {args.workers} workers, vs {name} in its best configuration ({best} workers): "
+                    f"{med[(cache, ours, args.workers)] / med[(cache, name, best)]:.2f}x; hspack's own best: "
+                    f"{max(med[(cache, ours, w)] for w in (0, args.workers)) / med[(cache, name, best)]:.2f}x"
+                )
         text = "\n".join(lines) + "\n"
         print(text)
         with open(args.out, "w") as f:

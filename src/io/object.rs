@@ -382,28 +382,6 @@ impl Storage for ObjectStorage {
     }
 }
 
-/// Ranges of at least this many bytes are fetched in parts, at once.
-pub const PARALLEL_READ_PART: u64 = 8 << 20;
-/// Parts a long range is fetched in, at most (more only where parts would pass
-/// [`PARALLEL_READ_PART`] × 4).
-const PARALLEL_READS: u64 = 8;
-
-/// `range` cut into parts fetched at once: one part below 2 × [`PARALLEL_READ_PART`], else
-/// up to [`PARALLEL_READS`] parts of at least [`PARALLEL_READ_PART`] bytes.
-fn split_for_parallel_reads(range: &Range<u64>) -> Vec<Range<u64>> {
-    let len = range.end - range.start;
-    if len < 2 * PARALLEL_READ_PART {
-        return vec![range.clone()];
-    }
-    let part = len
-        .div_ceil(PARALLEL_READS)
-        .clamp(PARALLEL_READ_PART, 4 * PARALLEL_READ_PART);
-    (range.start..range.end)
-        .step_by(part as usize)
-        .map(|a| a..(a + part).min(range.end))
-        .collect()
-}
-
 /// A published object, read by ranges.
 #[derive(Debug)]
 struct ObjectFile {
@@ -436,39 +414,16 @@ impl FileReader for ObjectFile {
             return Ok(FileBytes::from_vec(Vec::new()));
         }
         let store = self.storage.store()?;
-        let failed = |r: &Range<u64>, e: &dyn std::fmt::Display| {
-            other(
-                &self.shown,
-                "read",
-                format!("bytes {}..{}: {e}", r.start, r.end),
-            )
-        };
-        let parts = split_for_parallel_reads(&range);
-        if parts.len() == 1 {
-            let got = block_on(store.get_range(&self.path, range.clone()))
-                .map_err(|e| other(&self.shown, "read", e))?
-                .map_err(|e| failed(&range, &e))?;
-            return expect_whole(&self.shown, &range, FileBytes::copy_of(&got));
-        }
-        // A long range: its parts fetched at once, on as many connections.
-        let rt = runtime().map_err(|e| other(&self.shown, "read", e))?;
-        let fetches: Vec<_> = parts
-            .iter()
-            .map(|r| {
-                let (store, path, r) = (Arc::clone(&store), self.path.clone(), r.clone());
-                rt.spawn(async move { store.get_range(&path, r).await })
-            })
-            .collect();
-        let mut whole = Vec::with_capacity((range.end - range.start) as usize);
-        for (fetch, r) in fetches.into_iter().zip(&parts) {
-            let got = rt
-                .block_on(fetch)
-                .map_err(|e| failed(r, &e))?
-                .map_err(|e| failed(r, &e))?;
-            let got = expect_whole(&self.shown, r, FileBytes::copy_of(&got))?;
-            whole.extend_from_slice(&got);
-        }
-        Ok(FileBytes::from_vec(whole))
+        let got = block_on(store.get_range(&self.path, range.clone()))
+            .map_err(|e| other(&self.shown, "read", e))?
+            .map_err(|e| {
+                other(
+                    &self.shown,
+                    "read",
+                    format!("bytes {}..{}: {e}", range.start, range.end),
+                )
+            })?;
+        expect_whole(&self.shown, &range, FileBytes::copy_of(&got))
     }
 
     fn whole(&self) -> Option<FileBytes> {
@@ -689,33 +644,3 @@ impl NewFile for ObjectNewFile {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn long_ranges_are_cut_into_parts_that_cover_them_exactly() {
-        assert_eq!(split_for_parallel_reads(&(5..100)), vec![5..100]);
-        let short = 0..2 * PARALLEL_READ_PART - 1;
-        assert_eq!(split_for_parallel_reads(&short), vec![short.clone()]);
-        for range in [
-            0..2 * PARALLEL_READ_PART,
-            7..64 << 20,
-            3..(256 << 20) + 5,
-            1..(1 << 30),
-        ] {
-            let parts = split_for_parallel_reads(&range);
-            assert!(parts.len() > 1);
-            assert_eq!(parts[0].start, range.start);
-            assert_eq!(parts.last().unwrap().end, range.end);
-            for w in parts.windows(2) {
-                assert_eq!(w[0].end, w[1].start);
-            }
-            for p in &parts[..parts.len() - 1] {
-                assert!(p.end - p.start >= PARALLEL_READ_PART);
-            }
-            assert!(parts.len() as u64 <= 1 + ((range.end - range.start) / PARALLEL_READ_PART));
-        }
-        assert_eq!(split_for_parallel_reads(&(0..64 << 20)).len(), 8);
-    }
-}
