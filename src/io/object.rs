@@ -643,4 +643,3 @@ impl NewFile for ObjectNewFile {
         }
     }
 }
-
