@@ -502,23 +502,64 @@ impl<'d> Sample<'d> {
                 detail: format!("buffer holds {} bytes, the rows need {want}", out.len()),
             });
         }
-        for x in self.extents(f) {
+        // Each extent the rows touch, with the part of `out` it fills (extents are in row
+        // order and do not overlap: the index was validated).
+        let extents = self.extents(f);
+        let mut pieces = Vec::new();
+        let mut rest = out;
+        let mut at = rows.start;
+        for x in &extents {
             let lo = x.row_start.max(rows.start);
             let hi = (x.row_start + x.row_count).min(rows.end);
             if lo >= hi {
                 continue;
             }
+            let Some(skip) = lo.checked_sub(at) else {
+                return Err(Error::BadChunk {
+                    site: self.shard.site(x.chunk.into(), schema),
+                    source: crate::format::FormatError::Invalid {
+                        structure: "shard index",
+                        what: "extent row_start",
+                        value: x.row_start,
+                        rule: "extents of a field in row order, not overlapping".into(),
+                    },
+                });
+            };
+            let (dst, tail) = std::mem::take(&mut rest)[skip as usize * row_bytes..]
+                .split_at_mut((hi - lo) as usize * row_bytes);
+            rest = tail;
+            at = hi;
+            pieces.push((x, lo, dst));
+        }
+        let fill = |(x, lo, dst): (&ExtentEntry, u64, &mut [u8])| -> Result<()> {
             let (e, stored) = self
                 .shard
                 .chunk(x.chunk.into(), schema, self.ds.options.check)?;
+            let src = (x.chunk_row + lo - x.row_start) as usize * row_bytes;
+            if src == 0 && dst.len() as u64 == e.raw_len {
+                // The whole chunk: decoded straight into place.
+                return self
+                    .shard
+                    .decode_chunk_into(x.chunk.into(), &e, &stored, schema, dst);
+            }
             let raw = self
                 .shard
                 .decode_chunk(x.chunk.into(), &e, &stored, schema)?;
-            let src = (x.chunk_row + lo - x.row_start) as usize * row_bytes;
-            let dst = (lo - rows.start) as usize * row_bytes;
-            let n = (hi - lo) as usize * row_bytes;
-            out[dst..dst + n].copy_from_slice(&raw[src..src + n]);
+            dst.copy_from_slice(&raw[src..src + dst.len()]);
+            Ok(())
+        };
+        let index = self.shard.index();
+        let compressed = pieces.len() > 1
+            && pieces.iter().any(|(x, _, _)| {
+                index
+                    .chunk(x.chunk.into())
+                    .is_some_and(|e| e.codec != crate::format::Codec::None.code())
+            });
+        if compressed {
+            // Chunks decoded on the thread pool, each into its own part of `out`.
+            use rayon::prelude::*;
+            return crate::parallel::install(|| pieces.into_par_iter().try_for_each(fill));
         }
-        Ok(())
+        pieces.into_iter().try_for_each(fill)
     }
 }

@@ -473,6 +473,31 @@ impl Shard {
         Ok((e, stored))
     }
 
+    /// Decodes chunk `c` into `out`, exactly its raw length.
+    pub fn decode_chunk_into(
+        &self,
+        c: u64,
+        e: &ChunkEntry,
+        stored: &[u8],
+        schema: &Schema,
+        out: &mut [u8],
+    ) -> Result<()> {
+        let codec = Codec::from_code(e.codec).unwrap_or(Codec::None);
+        let elem = schema
+            .field(e.field.into())
+            .map(|f| f.dtype.size())
+            .unwrap_or(1);
+        thread_local! {
+            static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+        }
+        SCRATCH
+            .with(|scratch| codec.decode_into(stored, out, elem, &mut scratch.borrow_mut()))
+            .map_err(|source| Error::BadChunk {
+                site: self.site(c, schema),
+                source,
+            })
+    }
+
     /// Decodes chunk `c` (zero-copy for codec none).
     pub fn decode_chunk<'a>(
         &'a self,
