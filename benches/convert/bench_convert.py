@@ -12,8 +12,9 @@ hidden size H per token, ragged T), then times on the same tree, from the page c
   ``--hspack-args=--split-layers`` the three aux layers made contiguous each, as hspack then
   writes them) to one output file with ``numpy.tofile``; no index, no checksums, no resume.
 
-Each is run ``--repeat`` times (default 3) and the median wall time is reported. Prints a
-markdown table with GB/s (source bytes / wall time) and ratios. Run from the crate
+After a warm-up round, the tools run interleaved, one of each a round, each round starting
+one tool later (A B C, B C A, ...), for ``--repeat`` rounds (default 5); prints the load average, min and median wall time, GB/s (source bytes /
+median time) and ratios of the medians, as a markdown table. Run from the crate
 root after ``cargo build --release``:
 
     python3 benches/convert/bench_convert.py --gb 2 --dir /dev/shm
@@ -22,6 +23,7 @@ root after ``cargo build --release``:
 import argparse
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -82,18 +84,22 @@ def fsync_tree(root):
             os.close(fd)
 
 
-REPEAT = 3
+REPEAT = 5
 
 
-def timed(fn, cleanup):
-    """Median wall time of ``REPEAT`` runs, ``cleanup`` after each."""
-    times = []
-    for _ in range(REPEAT):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-        cleanup()
-    return sorted(times)[len(times) // 2]
+def interleaved(tools):
+    """Runs every ``(name, run, cleanup)`` of ``tools`` once per round, in turn, ``REPEAT``
+    rounds, each round starting one tool later (A B C, B C A, C A B, ...) so that no tool
+    always follows the same one (the tool after the naive loop, which frees 2 GB of tmpfs and
+    a Python process, runs slow); the wall times of each."""
+    times = {name: [] for name, _, _ in tools}
+    for r in range(REPEAT):
+        for name, run, cleanup in tools[r % len(tools):] + tools[: r % len(tools)]:
+            start = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - start)
+            cleanup()
+    return times
 
 
 def main():
@@ -104,7 +110,7 @@ def main():
     ap.add_argument("--bin", default=None, help="hspack binary (default target/release/hspack)")
     ap.add_argument("--jobs", type=int, default=None)
     ap.add_argument("--skip-naive", action="store_true")
-    ap.add_argument("--repeat", type=int, default=3, help="runs per tool; the median is reported")
+    ap.add_argument("--repeat", type=int, default=5, help="interleaved rounds (every tool once a round)")
     ap.add_argument("--hspack-args", default="", help="more hspack convert arguments, e.g. --split-layers")
     a = ap.parse_args()
     global REPEAT
@@ -124,33 +130,40 @@ def main():
         files, total = generate(src, int(a.gb * 1e9), a.hidden, 0)
         print(f"generated {files} files, {total / 1e9:.2f} GB in {time.perf_counter() - t0:.1f} s under {work}",
               file=sys.stderr)
-        rows = []
         copy = os.path.join(work, "copy")
         rm_copy = lambda: shutil.rmtree(copy)  # noqa: E731
-        secs = timed(lambda: subprocess.run(["cp", "-r", src, copy], check=True), rm_copy)
-        rows.append(("`cp -r`", secs))
-        secs = timed(lambda: (subprocess.run(["cp", "-r", src, copy], check=True), fsync_tree(copy)), rm_copy)
-        rows.append(("`cp -r`, then fsync every file (durable, as hspack commits)", secs))
         ds = os.path.join(work, "ds")
         cmd = [binary, "convert", src, ds, "--layout", "specforge", "--layers", "2,30,58,61",
                "--num-layers", "61", "-q"]
         if a.jobs:
             cmd += ["--jobs", str(a.jobs)]
         cmd += a.hspack_args.split()
-        secs = timed(lambda: subprocess.run(cmd, check=True), lambda: shutil.rmtree(ds))
-        rows.append(("`hspack convert`", secs))
+        ours = "`hspack convert`"
+        tools = [
+            ("`cp -r`", lambda: subprocess.run(["cp", "-r", src, copy], check=True), rm_copy),
+            ("`cp -r`, then fsync every file (durable, as hspack commits)",
+             lambda: (subprocess.run(["cp", "-r", src, copy], check=True), fsync_tree(copy)), rm_copy),
+            (ours, lambda: subprocess.run(cmd, check=True), lambda: shutil.rmtree(ds)),
+        ]
         if not a.skip_naive:
             out = os.path.join(work, "naive.bin")
             split = "--split-layers" in a.hspack_args.split()
-            secs = timed(lambda: naive(src, out, a.hidden, split), lambda: os.remove(out))
-            rows.append(("naive Python (`torch.load` + `numpy.tofile`)", secs))
-        ours = dict(rows)["`hspack convert`"]
+            tools.append(("naive Python (`torch.load` + `numpy.tofile`)",
+                          lambda: naive(src, out, a.hidden, split), lambda: os.remove(out)))
+        for _, run, cleanup in tools:  # a warm-up round: the page cache, the binaries
+            run()
+            cleanup()
+        load_before = os.getloadavg()
+        times = interleaved(tools)
+        load_after = os.getloadavg()
+        med = {name: statistics.median(v) for name, v in times.items()}
         print(f"\n{files} SpecForge files, hidden {a.hidden}, 4 layers, bf16, {total / 1e9:.2f} GB, "
-              f"in {base}, {os.cpu_count()} cores, median of {REPEAT} runs\n")
-        print("| tool | seconds | GB/s | hspack speed / tool speed |")
-        print("|---|---:|---:|---:|")
-        for name, secs in rows:
-            print(f"| {name} | {secs:.2f} | {total / secs / 1e9:.2f} | {secs / ours:.2f}x |")
+              f"in {base}, {os.cpu_count()} cores, {REPEAT} rounds interleaved after a warm-up round; "
+              f"load average before {load_before}, after {load_after}\n")
+        print("| tool | min s | median s | GB/s (median) | hspack speed / tool speed (medians) |")
+        print("|---|---:|---:|---:|---:|")
+        for name, v in times.items():
+            print(f"| {name} | {min(v):.2f} | {med[name]:.2f} | {total / med[name] / 1e9:.2f} | {med[name] / med[ours]:.2f}x |")
         more = f" --hspack-args={a.hspack_args}" if a.hspack_args else ""
         print(f"\ncommand: `python3 benches/convert/bench_convert.py --gb {a.gb:g} --dir {base}{more}`")
         print(f"hspack: `{' '.join(os.path.basename(c) if c == binary else c for c in cmd)}`")
