@@ -9,9 +9,11 @@
 //! - `zstd -d -c FRAMES > /dev/null`: the same frames, one thread (zstd decompresses on one).
 //!
 //! Both read from the page cache (a warm-up pass first). Prints the load average, min and
-//! median GB/s of decoded bytes, and the ratio of the medians.
+//! median GB/s of decoded bytes, and the ratio of the medians. Then the latency of a random
+//! 16-row read (what a sampler of token windows asks) against the chunk size, with and
+//! without compression: a compressed chunk is decoded whole to read any row of it.
 //!
-//! `cargo bench --bench decode_vs_zstd` (`HSPACK_BENCH_MB=512 ROUNDS=5` by default; needs
+//! `cargo bench --bench decode_vs_zstd` (`HSPACK_BENCH_MB=512 ROUNDS=5 CHUNK_KB=2048` by default; needs
 //! `zstd` on the PATH).
 
 use std::io::Write;
@@ -43,11 +45,8 @@ fn load_average() -> String {
         .unwrap_or_else(|_| "?".into())
 }
 
-fn main() {
-    let budget = env("HSPACK_BENCH_MB", 512) << 20;
-    let rounds = env("ROUNDS", 5);
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("ds");
+/// A dataset of `budget` bytes of activation-like samples in `dir`.
+fn write(dir: &std::path::Path, budget: usize, codec: Codec, chunk_bytes: u64) -> usize {
     let schema = Schema::new(vec![Field::new(
         "hidden",
         DType::BF16,
@@ -55,12 +54,12 @@ fn main() {
         Role::Other,
     )]);
     let options = WriteOptions {
-        codec: Codec::ZstdByteGroup,
-        chunk_bytes: Some(2 << 20),
+        codec,
+        chunk_bytes: Some(chunk_bytes),
         durable: false,
         ..WriteOptions::default()
     };
-    let mut w = DatasetWriter::create(&dir, schema, options).unwrap();
+    let mut w = DatasetWriter::create(dir, schema, options).unwrap();
     let mut rng = Rng::new(7);
     let scales = channel_scales(&mut rng, HIDDEN);
     let mut raw = 0usize;
@@ -72,6 +71,41 @@ fn main() {
             .unwrap();
     }
     w.finish().unwrap();
+    raw
+}
+
+/// Median and 99th percentile microseconds of random 16-row reads of the dataset in `dir`,
+/// and its compression ratio (raw bytes / shard bytes).
+fn random_reads(dir: &std::path::Path) -> (f64, f64, f64) {
+    let ds = Dataset::open(dir).unwrap();
+    let m = ds.manifest();
+    let ratio = m.raw_bytes().unwrap() as f64 / m.shard_bytes().unwrap() as f64;
+    let mut rng = Rng::new(3);
+    let mut us: Vec<f64> = (0..400)
+        .map(|_| {
+            let s = ds.sample(rng.range(0, ds.len() - 1)).unwrap();
+            let start = rng.range(0, s.rows() - 16);
+            let t = Instant::now();
+            let got = s.read_field(0, Some(start..start + 16)).unwrap();
+            // The rows copied out, as a trainer's batch copy would: a view of a mapped chunk
+            // is touched here, not only located.
+            let copied = got.bytes().to_vec();
+            let us = t.elapsed().as_secs_f64() * 1e6;
+            assert_eq!(copied.len(), 16 * HIDDEN * 2);
+            us
+        })
+        .collect();
+    us.sort_by(f64::total_cmp);
+    (us[us.len() / 2], us[us.len() * 99 / 100], ratio)
+}
+
+fn main() {
+    let budget = env("HSPACK_BENCH_MB", 512) << 20;
+    let rounds = env("ROUNDS", 5);
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("ds");
+    let chunk = (env("CHUNK_KB", 2048) as u64) << 10;
+    let raw = write(&dir, budget, Codec::ZstdByteGroup, chunk);
 
     // The stored frames, concatenated, for the command line tool.
     let ds = Dataset::open(&dir).unwrap();
@@ -139,7 +173,8 @@ fn main() {
         results[2].1.push(cli());
     }
     println!(
-        "zstd-bytegroup level 3, 2 MiB chunks: {:.0} MiB decoded from {:.0} MiB in {chunks} frames ({:.2}x); {rounds} rounds, interleaved; {} CPUs; load average before {before}, after {}",
+        "zstd-bytegroup level 3, {} KiB chunks: {:.0} MiB decoded from {:.0} MiB in {chunks} frames ({:.2}x); {rounds} rounds, interleaved; {} CPUs; load average before {before}, after {}",
+        chunk >> 10,
         raw as f64 / (1 << 20) as f64,
         stored as f64 / (1 << 20) as f64,
         raw as f64 / stored as f64,
@@ -157,5 +192,24 @@ fn main() {
             median(v),
             median(v) / peer
         );
+    }
+
+    println!();
+    println!("Random 16-row reads copied out (400 after 400 of warm-up, from the page cache, each chunk hashed on its first read), by chunk size:");
+    println!();
+    println!("| codec | chunk | raw / stored | p50 µs | p99 µs |");
+    println!("|---|---:|---:|---:|---:|");
+    for chunk in [256u64 << 10, 1 << 20, 2 << 20, 8 << 20] {
+        for codec in [Codec::None, Codec::ZstdByteGroup] {
+            let dir = tmp.path().join(format!("lat-{}-{chunk}", codec.name()));
+            write(&dir, 64 << 20, codec, chunk);
+            random_reads(&dir); // warm: the page cache
+            let (p50, p99, ratio) = random_reads(&dir);
+            println!(
+                "| {} | {} KiB | {ratio:.2}x | {p50:.0} | {p99:.0} |",
+                codec.name(),
+                chunk >> 10
+            );
+        }
     }
 }
