@@ -14,7 +14,9 @@ TOOL = "hspack.python"
 
 
 class Writer:
-    """Writes (or resumes) the dataset in folder `path`.
+    """Writes (or resumes) the dataset in folder `path`, or at an object-storage URL
+    (`s3://bucket/prefix`, `gs://`, `az://`): there each shard is spooled in `TMPDIR` and
+    uploaded when it rolls, and one writer at a time holds the dataset's lease.
 
     `schema` is a list of fields (dicts or `hspack.field` / `hidden_state` / `token_ids` /
     `loss_mask`); `capture` optionally describes the capture (`model`, `num_layers`,
