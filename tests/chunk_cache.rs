@@ -63,25 +63,6 @@ fn stats(ds: &Dataset) -> CacheStats {
     ds.cache().expect("a cache").stats()
 }
 
-/// Reads every field of every sample of `b` and checks it against `a`, bitwise; calls
-/// `after` after each sample.
-fn same_samples(a: &Dataset, b: &Dataset, mut after: impl FnMut(u64)) {
-    assert_eq!(a.len(), b.len());
-    for i in 0..a.len() {
-        let (x, y) = (a.sample(i).unwrap(), b.sample(i).unwrap());
-        assert_eq!(x.key(), y.key());
-        for f in 0..a.schema().fields.len() {
-            let (tx, ty) = (
-                x.read_field(f, None).unwrap(),
-                y.read_field(f, None).unwrap(),
-            );
-            assert_eq!(tx.bytes(), ty.bytes(), "sample {i} field {f}");
-            assert_eq!(tx.shape, ty.shape);
-        }
-        after(i);
-    }
-}
-
 fn block_files(dir: &Path) -> Vec<PathBuf> {
     let mut v: Vec<_> = std::fs::read_dir(dir)
         .map(|d| d.flatten().map(|e| e.path()).collect())

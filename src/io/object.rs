@@ -158,6 +158,29 @@ impl ObjectStorage {
     ) -> Result<object_store::Result<T>> {
         block_on(f).map_err(|e| other(&self.path(name), op, e))
     }
+
+    /// The whole of `name` and the version it was read at (for a put `If-Match` on it), or
+    /// `None` when there is no such object.
+    pub(super) fn read_versioned(&self, name: &str) -> Result<Option<(Vec<u8>, UpdateVersion)>> {
+        let store = self.store()?;
+        let path = self.object(name);
+        let got = self.run(name, "read", async {
+            let got = store.get(&path).await?;
+            let meta = got.meta.clone();
+            Ok((meta, got.bytes().await?))
+        })?;
+        match got {
+            Ok((meta, bytes)) => Ok(Some((
+                bytes.to_vec(),
+                UpdateVersion {
+                    e_tag: meta.e_tag,
+                    version: meta.version,
+                },
+            ))),
+            Err(e) if is_not_found(&e) => Ok(None),
+            Err(e) => Err(object_error(&self.path(name), "read", e)),
+        }
+    }
 }
 
 fn build_store(url: &url::Url, root: &Path) -> Result<Arc<dyn ObjectStore>> {
@@ -332,23 +355,13 @@ impl Storage for ObjectStorage {
         let mode = match expected {
             None => PutMode::Overwrite,
             Some(expected) => {
-                let got = self.run(name, "read", async {
-                    let got = store.get(&path).await?;
-                    let meta = got.meta.clone();
-                    Ok((meta, got.bytes().await?))
-                })?;
-                let (meta, found) = match got {
-                    Ok(x) => x,
-                    Err(e) if is_not_found(&e) => return Err(conflict("the file is gone")),
-                    Err(e) => return Err(object_error(&shown, "read", e)),
+                let Some((found, version)) = self.read_versioned(name)? else {
+                    return Err(conflict("the file is gone"));
                 };
                 if blake3::hash(&found) != expected {
                     return Err(conflict("it is not the one this writer last read or wrote"));
                 }
-                PutMode::Update(UpdateVersion {
-                    e_tag: meta.e_tag,
-                    version: meta.version,
-                })
+                PutMode::Update(version)
             }
         };
         let payload = PutPayload::from(bytes.to_vec());

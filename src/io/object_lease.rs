@@ -21,12 +21,12 @@ use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use object_store::{ObjectStoreExt, PutMode, PutOptions, PutPayload, UpdateVersion};
+use object_store::{PutMode, PutOptions, PutPayload, UpdateVersion};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 
-use super::object::{is_conflict, is_not_found, object_error, ObjectStorage};
+use super::object::{is_conflict, object_error, ObjectStorage};
 use super::{Storage, WriterLease};
 
 /// Name of the lease object in the dataset's prefix.
@@ -148,22 +148,8 @@ fn hex16(bytes: [u8; 16]) -> String {
 
 /// The lease object and its version, or `None` when there is none.
 fn read(storage: &ObjectStorage) -> Result<Option<(LeaseText, UpdateVersion)>> {
-    let store = storage.store()?;
-    let path = storage.object(LEASE_FILE);
-    let shown = storage.path(LEASE_FILE);
-    let got = storage.run(LEASE_FILE, "read", async {
-        let got = store.get(&path).await?;
-        let meta = got.meta.clone();
-        Ok((meta, got.bytes().await?))
-    })?;
-    let (meta, bytes) = match got {
-        Ok(x) => x,
-        Err(e) if is_not_found(&e) => return Ok(None),
-        Err(e) => return Err(object_error(&shown, "read", e)),
-    };
-    let version = UpdateVersion {
-        e_tag: meta.e_tag,
-        version: meta.version,
+    let Some((bytes, version)) = storage.read_versioned(LEASE_FILE)? else {
+        return Ok(None);
     };
     // A lease object that is not one of ours (damaged, or cut short) has expired: it can be
     // taken over, with `If-Match` like any other.

@@ -278,8 +278,9 @@ impl DatasetWriter {
         };
         // A replacement can land and still report an error (a lost response, a retried
         // conditional put that then finds its own write): what is there decides.
-        if self.storage.read(MANIFEST_FILE).ok().flatten() == Some(next.encode()) {
-            self.manifest_hash = blake3::hash(&next.encode());
+        let bytes = next.encode();
+        if self.storage.read(MANIFEST_FILE).ok().flatten().as_ref() == Some(&bytes) {
+            self.manifest_hash = blake3::hash(&bytes);
             self.manifest = next;
             return Ok(());
         }

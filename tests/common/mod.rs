@@ -115,3 +115,22 @@ pub fn pt_fixtures() -> PathBuf {
 pub fn dtype_strategy() -> impl Strategy<Value = DType> {
     proptest::sample::select(DType::ALL.to_vec())
 }
+
+/// Reads every field of every sample of `b` and checks it against `a`, bitwise; calls
+/// `after` after each sample.
+pub fn same_samples(a: &hspack::Dataset, b: &hspack::Dataset, mut after: impl FnMut(u64)) {
+    assert_eq!(a.len(), b.len());
+    for i in 0..a.len() {
+        let (x, y) = (a.sample(i).unwrap(), b.sample(i).unwrap());
+        assert_eq!(x.key(), y.key());
+        for f in 0..a.schema().fields.len() {
+            let (tx, ty) = (
+                x.read_field(f, None).unwrap(),
+                y.read_field(f, None).unwrap(),
+            );
+            assert_eq!(tx.bytes(), ty.bytes(), "sample {i} field {f}");
+            assert_eq!(tx.shape, ty.shape);
+        }
+        after(i);
+    }
+}
