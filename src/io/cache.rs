@@ -48,6 +48,9 @@ pub const TAIL: u64 = super::object::TAIL;
 /// The cache's size when none is given: 64 GiB.
 pub const DEFAULT_MAX_BYTES: u64 = 64 << 30;
 
+/// Temp files this process has created, for their names.
+static TEMPS: AtomicU64 = AtomicU64::new(0);
+
 /// Bytes of the checksum at the start of each block file.
 const CHECKSUM: usize = 32;
 
@@ -152,8 +155,6 @@ struct CacheInner {
     evicting: Mutex<()>,
     /// Blocks verified lately: (key, block number) and the block file.
     recent: Mutex<Recent>,
-    /// Numbers temp names apart within this process.
-    temps: AtomicU64,
 }
 
 impl std::fmt::Debug for CacheInner {
@@ -189,7 +190,6 @@ impl ChunkCache {
                 scanned: AtomicBool::new(false),
                 evicting: Mutex::new(()),
                 recent: Mutex::new(VecDeque::new()),
-                temps: AtomicU64::new(0),
             }),
         }
     }
@@ -328,14 +328,16 @@ impl ChunkCache {
         }
     }
 
-    /// Writes `bytes` under a temp name beside `path`, then renames it to `path`. No fsync:
+    /// Writes `bytes` under a temp name beside `path`, then renames it to `path`. The temp
+    /// name is unique in the folder: the process id and a counter shared by every cache of
+    /// the process (two caches of one process on one folder must not share a temp). No fsync:
     /// a block damaged by a crash fails its checksum and is fetched again.
     fn publish(&self, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         let name = path.file_name().unwrap_or_default().to_string_lossy();
         let temp = self.inner.dir.join(format!(
             ".{name}.{}.{}.tmp",
             std::process::id(),
-            self.inner.temps.fetch_add(1, Ordering::Relaxed)
+            TEMPS.fetch_add(1, Ordering::Relaxed)
         ));
         let written = File::create(&temp)
             .and_then(|mut f| f.write_all(bytes))
