@@ -191,6 +191,16 @@ pub enum Error {
         /// Key.
         key: String,
     },
+    /// A commit of a writer sharing its dataset found one of its keys committed by another.
+    #[error("{}: sample key `{key}` was committed first by another writer sharing the dataset, so this writer's commit of {samples} samples was refused and none of them is committed; give each writer its own keys, then append what is missing again (`contains_key`, in Python `Writer.contains`, says which)", path.display())]
+    KeyTaken {
+        /// The dataset.
+        path: PathBuf,
+        /// The key.
+        key: String,
+        /// Samples of the refused commit.
+        samples: u64,
+    },
     /// Appending with a schema other than the dataset's.
     #[error("{}: the dataset's schema differs from the one given ({detail}); write to a new folder", path.display())]
     SchemaMismatch {

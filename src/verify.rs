@@ -266,6 +266,7 @@ fn files_not_in_use(ds: &Dataset) -> Result<(Vec<PathBuf>, Vec<PathBuf>)> {
         .chain([
             MANIFEST_FILE,
             LOCK_FILE,
+            crate::io::lock::COMMIT_LOCK_FILE,
             crate::io::object_lease::LEASE_FILE,
             crate::convert::keys::KEYS_FILE,
             crate::convert::job::REPORT_FILE,

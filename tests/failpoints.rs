@@ -284,3 +284,146 @@ fn a_writer_taken_over_mid_commit_never_lists_a_removed_shard() {
     let report = hspack::verify::verify_dataset(&ds, VerifyOptions::default(), &|_| {}).unwrap();
     assert!(report.is_ok(), "{:?}", report.problems);
 }
+
+/// Runs in the child processes of the shared-writer test only.
+#[test]
+fn shared_writer_child() {
+    let _scenario = fail::FailScenario::setup();
+    common::shared_writer::child_main();
+}
+
+/// One of four writers sharing a folder crashes at each step of a commit in turn (holding
+/// the commit lock): the others finish, every sample committed is there once and intact,
+/// verify finds nothing wrong; the crashed writer, rerun, completes its part.
+#[test]
+fn a_shared_writer_crashed_at_every_commit_step_costs_the_others_nothing() {
+    use common::shared_writer::{check, committed, spawn, verify_clean, write_rank};
+    const COUNT: u64 = 12;
+    for point in [
+        "shard-synced",
+        "shard-published",
+        "manifest-published",
+        "samples-table-published",
+    ] {
+        let tmp = tempfile::tempdir().unwrap();
+        let (dir, go) = (tmp.path().join("ds"), tmp.path().join("go"));
+        let crash = match point {
+            "samples-table-published" => format!("{point}=return"),
+            _ => format!("{point}=1*off->return"),
+        };
+        let children: Vec<_> = (0..4)
+            .map(|rank| {
+                let failpoints = if rank == 0 { crash.as_str() } else { "" };
+                spawn(
+                    "shared_writer_child",
+                    &dir,
+                    rank,
+                    COUNT,
+                    &go,
+                    &[("FAILPOINTS", failpoints)],
+                )
+            })
+            .collect();
+        std::fs::write(&go, b"").unwrap();
+        let outs: Vec<_> = children
+            .into_iter()
+            .map(|c| c.wait_with_output().unwrap())
+            .collect();
+        assert_eq!(crash_point(&outs[0].stderr).as_deref(), Some(point));
+        for out in &outs[1..] {
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let counts = check(&dir);
+        assert!((1..4).all(|r| counts[&r] == COUNT), "{point}: {counts:?}");
+        let crashed = counts.get(&0).copied().unwrap_or(0);
+        assert!(crashed >= committed(&outs[0]), "{point}: {counts:?}");
+        if point == "samples-table-published" {
+            assert_eq!(
+                crashed, COUNT,
+                "its samples were committed before the table"
+            );
+        } else {
+            assert!(crashed < COUNT, "{point}: {counts:?}");
+        }
+        verify_clean(&dir);
+        write_rank(&dir, 0, COUNT);
+        assert!((0..4).all(|r| check(&dir)[&r] == COUNT), "{point}");
+        verify_clean(&dir);
+    }
+}
+
+/// A writer sharing a dataset in S3 pauses after publishing a shard, holding the commit
+/// lease, until the lease expires (it hung) and another writer commits: the paused writer's
+/// commit must then fail, and its shard is never listed.
+#[test]
+fn a_shared_writer_that_hung_past_its_commit_lease_never_commits() {
+    let Some(moto) = common::moto::Moto::start() else {
+        return;
+    };
+    moto.bucket("hspack-shared-fence");
+    let url = "s3://hspack-shared-fence/ds";
+    let storage = hspack::io::open_location(url).unwrap();
+    let shared = WriteOptions {
+        durable: false,
+        shared: true,
+        ..options()
+    };
+    let schema = capture_schema(common::shared_writer::HIDDEN as u64);
+    let mut hung = DatasetWriter::open(url, schema, shared).unwrap();
+    let fields = common::shared_writer::sample(0, 0);
+    hung.append("hung", &as_fields(&fields)).unwrap();
+    hspack::failpoint::set("shard-published", "pause").unwrap();
+    let paused = std::thread::spawn(move || hung.commit().map(drop));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !storage
+        .list()
+        .unwrap()
+        .iter()
+        .any(|n| n.starts_with("shard-"))
+    {
+        assert!(std::time::Instant::now() < deadline, "never published");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // The commit lease, as another machine sees it once it expired.
+    let expired = br#"{"token":"00","host":"elsewhere","pid":1,"expires_unix_ms":0,"shared":true}"#;
+    storage
+        .replace(hspack::io::object_lease::LEASE_FILE, expired, None, false)
+        .unwrap();
+    // Another writer (a process of its own: the pause holds every thread of this one)
+    // commits one sample.
+    let tmp = tempfile::tempdir().unwrap();
+    let go = tmp.path().join("go");
+    std::fs::write(&go, b"").unwrap();
+    let other = common::shared_writer::spawn(
+        "shared_writer_child",
+        std::path::Path::new(url),
+        1,
+        1,
+        &go,
+        &[],
+    )
+    .wait_with_output()
+    .unwrap();
+    assert!(
+        other.status.success(),
+        "{}",
+        String::from_utf8_lossy(&other.stderr)
+    );
+    hspack::failpoint::set("shard-published", "off").unwrap();
+    let err = paused.join().unwrap().unwrap_err();
+    assert!(
+        matches!(err, hspack::Error::CommitConflict { .. }),
+        "the hung writer's commit went through: {err}"
+    );
+    let ds = Dataset::open(url).unwrap();
+    let keys: Vec<String> = (0..ds.len())
+        .map(|i| ds.sample(i).unwrap().key().to_string())
+        .collect();
+    assert_eq!(keys, [common::shared_writer::key(1, 0)]);
+    let report = hspack::verify::verify_dataset(&ds, VerifyOptions::default(), &|_| {}).unwrap();
+    assert!(report.is_ok(), "{:?}", report.problems);
+}

@@ -80,6 +80,7 @@ fn datasets_in_s3() {
     writers_write_into_s3(&local);
     a_writer_taken_over_cannot_commit();
     killed_writers_lose_no_committed_sample();
+    shared_writers_write_into_s3();
     convert_into_s3(tmp.path());
     faults_are_retried_or_named(&local, &moto);
     let big = tmp.path().join("big");
@@ -555,6 +556,63 @@ fn killed_writers_lose_no_committed_sample() {
     common::crash_writer::write_until_done(Path::new(url), 40);
     common::crash_writer::check_committed(Path::new(url), 40, 40);
     digest(url);
+}
+
+/// Runs in the child processes of `shared_writers_write_into_s3` only.
+#[test]
+fn s3_shared_writer_child() {
+    common::shared_writer::child_main();
+}
+
+/// Eight writers sharing one dataset in S3, each in its own process, one of them killed
+/// after its second commit: every sample of the others lands once, the killed one's
+/// committed samples stay, ordinals dense, verify clean; the killed rank, rerun, completes.
+fn shared_writers_write_into_s3() {
+    use common::shared_writer::{check, rank_changes, spawn, verify_clean, write_rank};
+    use std::io::{BufRead, BufReader};
+    const RANKS: u64 = 8;
+    const COUNT: u64 = 12;
+    let url = Path::new("s3://hspack-test/shared");
+    let tmp = tempfile::tempdir().unwrap();
+    let go = tmp.path().join("go");
+    let mut children: Vec<_> = (0..RANKS)
+        .map(|r| {
+            spawn(
+                "s3_shared_writer_child",
+                url,
+                r,
+                COUNT,
+                &go,
+                &[("HSPACK_WRITER_LEASE_SECS", "2")],
+            )
+        })
+        .collect();
+    std::fs::write(&go, b"").unwrap();
+    let out = BufReader::new(children[0].stdout.take().unwrap());
+    let commits = out
+        .lines()
+        .map_while(Result::ok)
+        .filter(|l| l.starts_with("COMMITTED "))
+        .take(2)
+        .count();
+    assert_eq!(commits, 2);
+    children[0].kill().unwrap();
+    for child in children {
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success() || !err.contains("panicked"), "{err}");
+    }
+    let counts = check(url);
+    assert!((1..RANKS).all(|r| counts[&r] == COUNT), "{counts:?}");
+    let killed = counts.get(&0).copied().unwrap_or(0);
+    assert!((6..COUNT).contains(&killed), "{counts:?}");
+    verify_clean(url);
+    let changes = rank_changes(url);
+    assert!(changes >= RANKS as usize, "{changes} rank changes");
+    write_rank(url, 0, COUNT);
+    assert!((0..RANKS).all(|r| check(url)[&r] == COUNT));
+    verify_clean(url);
+    eprintln!("{RANKS} writers into S3, one killed: rank changes along the shards {changes}");
 }
 
 fn storage_has_manifest(url: &str) -> bool {

@@ -509,6 +509,14 @@ impl Storage for CachedStorage {
     fn lock(&self) -> Result<Box<dyn WriterLease>> {
         self.inner.lock()
     }
+
+    fn join(&self, alone: &mut dyn FnMut() -> Result<()>) -> Result<Box<dyn WriterLease>> {
+        self.inner.join(alone)
+    }
+
+    fn commit_lock(&self) -> Result<Box<dyn WriterLease>> {
+        self.inner.commit_lock()
+    }
 }
 
 /// A file read through the cache.

@@ -109,6 +109,14 @@ impl Storage for LocalStorage {
     fn lock(&self) -> Result<Box<dyn WriterLease>> {
         Ok(Box::new(WriterLock::take(&self.dir)?))
     }
+
+    fn join(&self, alone: &mut dyn FnMut() -> Result<()>) -> Result<Box<dyn WriterLease>> {
+        Ok(Box::new(super::lock::SharedLock::join(&self.dir, alone)?))
+    }
+
+    fn commit_lock(&self) -> Result<Box<dyn WriterLease>> {
+        Ok(Box::new(super::lock::CommitLock::take(&self.dir)?))
+    }
 }
 
 /// A mapped file of a dataset folder.

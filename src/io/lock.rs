@@ -1,4 +1,5 @@
-//! One writer per dataset: an OS file lock on `.hspack-writer.lock`, held for the writer's life.
+//! One writer per dataset: an OS file lock on `.hspack-writer.lock`, held for the writer's life;
+//! or several that share it ([`SharedLock`], each commit under the [`CommitLock`]).
 //!
 //! The lock is `flock(2)` on the lock file (through [`std::fs::File::try_lock`]), so it is
 //! taken atomically, is released by the kernel when the holding process dies however it dies,
@@ -38,13 +39,7 @@ impl WriterLock {
         let path = dir.join(LOCK_FILE);
         // Each retry follows a holder that deleted the file between our open and our lock.
         for _ in 0..64 {
-            let mut file = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .open(&path)
-                .map_err(io(&path, "open lock file"))?;
+            let mut file = open_lock_file(&path)?;
             match file.try_lock() {
                 Ok(()) => {}
                 Err(TryLockError::WouldBlock) => {
@@ -94,6 +89,137 @@ impl Drop for WriterLock {
             let _ = self.file.unlock();
         }
     }
+}
+
+/// Name of the lock file that orders the commits of writers sharing a dataset.
+pub const COMMIT_LOCK_FILE: &str = ".hspack-commit.lock";
+
+/// How long a writer joining a dataset waits for one that is removing leftovers.
+const JOIN_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// One of several writers appending to a dataset at once (`WriteOptions::shared`): a shared
+/// `flock` on [`LOCK_FILE`], held for the writer's life. A sole writer (which needs the lock
+/// exclusively) is refused while any is there, and they are refused while it is.
+#[derive(Debug)]
+pub struct SharedLock {
+    file: File,
+    path: PathBuf,
+    pid: u32,
+}
+
+impl SharedLock {
+    /// Joins the writers of the dataset in `dir`. When none is there, `alone` runs first,
+    /// with the lock held exclusively (it removes what interrupted writers left, which is
+    /// safe only while no live writer has files in progress).
+    pub fn join(dir: &Path, alone: &mut dyn FnMut() -> Result<()>) -> Result<Self> {
+        let path = dir.join(LOCK_FILE);
+        let deadline = std::time::Instant::now() + JOIN_WAIT;
+        loop {
+            let mut file = open_lock_file(&path)?;
+            match file.try_lock() {
+                Ok(()) if still_named(&file, &path)? => {
+                    let text = format!(
+                        "writers sharing the dataset, the first of them pid {} on {}\n",
+                        std::process::id(),
+                        host_name()
+                    );
+                    file.set_len(0)
+                        .and_then(|()| file.rewind())
+                        .and_then(|()| file.write_all(text.as_bytes()))
+                        .map_err(io(&path, "write lock holder"))?;
+                    alone()?;
+                    // Exclusive to shared never conflicts: no other writer can slip in.
+                    file.lock_shared().map_err(io(&path, "lock"))?;
+                    return Ok(SharedLock::held(file, path));
+                }
+                Ok(()) => continue,
+                Err(TryLockError::WouldBlock) => {}
+                Err(TryLockError::Error(e)) => return Err(io(&path, "lock")(e)),
+            }
+            match file.try_lock_shared() {
+                Ok(()) if still_named(&file, &path)? => return Ok(SharedLock::held(file, path)),
+                Ok(()) => continue,
+                // A sole writer (refused at once), or a joining one removing leftovers.
+                Err(TryLockError::WouldBlock) => {
+                    let holder = holder_text(&mut file);
+                    if holder.starts_with("pid ") || std::time::Instant::now() >= deadline {
+                        return Err(Error::Locked {
+                            path: dir.to_path_buf(),
+                            holder,
+                        });
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                Err(TryLockError::Error(e)) => return Err(io(&path, "lock")(e)),
+            }
+        }
+    }
+
+    fn held(file: File, path: PathBuf) -> SharedLock {
+        SharedLock {
+            file,
+            path,
+            pid: std::process::id(),
+        }
+    }
+}
+
+impl super::WriterLease for SharedLock {
+    fn is_owner(&self) -> bool {
+        self.pid == std::process::id()
+    }
+}
+
+impl Drop for SharedLock {
+    fn drop(&mut self) {
+        // The last writer out (the only one that can lock exclusively) deletes the file, as
+        // a sole writer does; a failed try gives up this writer's shared lock, as leaving does.
+        if self.pid == std::process::id()
+            && self.file.try_lock().is_ok()
+            && still_named(&self.file, &self.path).unwrap_or(false)
+        {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// The lock that orders the commits of writers sharing a dataset: an exclusive `flock` on
+/// [`COMMIT_LOCK_FILE`], waited for, held from reading the manifest to replacing it. The
+/// file is never deleted (a writer waiting on it must not end up holding a file no other
+/// writer sees).
+#[derive(Debug)]
+pub struct CommitLock {
+    _file: File,
+    pid: u32,
+}
+
+impl CommitLock {
+    /// Takes the commit lock of the dataset in `dir`, waiting for the writer holding it.
+    pub fn take(dir: &Path) -> Result<Self> {
+        let path = dir.join(COMMIT_LOCK_FILE);
+        let file = open_lock_file(&path)?;
+        file.lock().map_err(io(&path, "lock"))?;
+        Ok(CommitLock {
+            _file: file,
+            pid: std::process::id(),
+        })
+    }
+}
+
+impl super::WriterLease for CommitLock {
+    fn is_owner(&self) -> bool {
+        self.pid == std::process::id()
+    }
+}
+
+fn open_lock_file(path: &Path) -> Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .map_err(io(path, "open lock file"))
 }
 
 /// True when `path` still names the file `file` is open on.

@@ -152,6 +152,30 @@ pub trait Storage: Send + Sync + Debug {
 
     /// Takes the dataset's one-writer lock, or says who holds it ([`crate::Error::Locked`]).
     fn lock(&self) -> Result<Box<dyn WriterLease>>;
+
+    /// Joins the dataset as one of several writers appending at once
+    /// (`WriteOptions::shared`), for the writer's life; refused while a sole writer holds
+    /// it. `alone` runs first where this writer is the only one and may remove what
+    /// interrupted writers left (a folder; in object storage leftovers are only removed by
+    /// a sole writer).
+    fn join(&self, alone: &mut dyn FnMut() -> Result<()>) -> Result<Box<dyn WriterLease>> {
+        let _ = alone;
+        Err(self.no_shared_writers())
+    }
+
+    /// Takes the lock that orders the commits of writers sharing the dataset, waiting for the
+    /// one that holds it; held from reading the manifest to replacing it.
+    fn commit_lock(&self) -> Result<Box<dyn WriterLease>> {
+        Err(self.no_shared_writers())
+    }
+
+    /// The refusal of a storage that takes one writer at a time only.
+    fn no_shared_writers(&self) -> crate::Error {
+        crate::Error::Unsupported {
+            path: self.root().to_path_buf(),
+            detail: "this storage takes one writer at a time; write with shared off".into(),
+        }
+    }
 }
 
 /// 16 bytes no other call returns: the time, the process and `salt`, hashed.

@@ -393,6 +393,17 @@ impl Storage for ObjectStorage {
     fn lock(&self) -> Result<Box<dyn WriterLease>> {
         Ok(Box::new(super::object_lease::ObjectLease::take(self)?))
     }
+
+    fn join(&self, _alone: &mut dyn FnMut() -> Result<()>) -> Result<Box<dyn WriterLease>> {
+        super::object_lease::join(self)?;
+        Ok(Box::<super::object_lease::Member>::default())
+    }
+
+    fn commit_lock(&self) -> Result<Box<dyn WriterLease>> {
+        Ok(Box::new(super::object_lease::ObjectLease::take_shared(
+            self,
+        )?))
+    }
 }
 
 /// A published object, read by ranges.

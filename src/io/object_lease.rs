@@ -50,6 +50,76 @@ struct LeaseText {
     pid: u32,
     /// Milliseconds since the Unix epoch, by the holder's clock; 0 once released.
     expires_unix_ms: u64,
+    /// Held for one commit by one of several writers sharing the dataset
+    /// (`WriteOptions::shared`), who wait for each other; a sole writer holds it for its life.
+    #[serde(default)]
+    shared: bool,
+}
+
+impl LeaseText {
+    fn live(&self) -> bool {
+        self.expires_unix_ms > now_ms()
+    }
+
+    /// Who holds it, for [`Error::Locked`].
+    fn holder(&self, storage: &ObjectStorage) -> Error {
+        Error::Locked {
+            path: storage.root().to_path_buf(),
+            holder: format!(
+                "pid {} on {}, by its lease {LEASE_FILE}, which expires in {:.0} s unless that \
+                 writer renews it{}",
+                self.pid,
+                self.host,
+                self.expires_unix_ms.saturating_sub(now_ms()) as f64 / 1000.0,
+                match self.shared {
+                    true => " (a writer sharing the dataset, committing)",
+                    false => "",
+                }
+            ),
+        }
+    }
+}
+
+/// How long a writer sharing a dataset waits for the commit lease: 600 s, or
+/// `HSPACK_COMMIT_WAIT_SECS`.
+pub fn commit_wait() -> Duration {
+    let secs = std::env::var("HSPACK_COMMIT_WAIT_SECS")
+        .ok()
+        .and_then(|s| s.parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s >= 0.0)
+        .unwrap_or(600.0);
+    Duration::from_secs_f64(secs)
+}
+
+/// A writer sharing a dataset in object storage, between its commits: it holds nothing.
+#[derive(Debug)]
+pub struct Member {
+    pid: u32,
+}
+
+impl Default for Member {
+    /// A member of this process.
+    fn default() -> Member {
+        Member {
+            pid: std::process::id(),
+        }
+    }
+}
+
+impl WriterLease for Member {
+    fn is_owner(&self) -> bool {
+        self.pid == std::process::id()
+    }
+}
+
+/// Joins the dataset in `storage` as one of several writers: refused while a sole writer
+/// holds its lease. Nothing is held: each commit takes the lease ([`ObjectLease::take_shared`]).
+pub fn join(storage: &ObjectStorage) -> Result<()> {
+    storage.writable(LEASE_FILE)?;
+    match read(storage)? {
+        Some((text, _)) if text.live() && !text.shared => Err(text.holder(storage)),
+        _ => Ok(()),
+    }
 }
 
 fn now_ms() -> u64 {
@@ -79,6 +149,35 @@ struct Held {
 impl ObjectLease {
     /// Takes the lease of the dataset in `storage`, or says who holds it.
     pub fn take(storage: &ObjectStorage) -> Result<ObjectLease> {
+        ObjectLease::try_take(storage, false)?.map_err(|held| held.holder(storage))
+    }
+
+    /// Takes the lease for one commit of a writer sharing the dataset, waiting while other
+    /// such writers hold it (up to [`commit_wait`]); refused at once by a sole writer's.
+    pub fn take_shared(storage: &ObjectStorage) -> Result<ObjectLease> {
+        let deadline = std::time::Instant::now() + commit_wait();
+        let mut pause = Duration::from_millis(20);
+        loop {
+            match ObjectLease::try_take(storage, true)? {
+                Ok(lease) => return Ok(lease),
+                Err(held) if !held.shared || std::time::Instant::now() >= deadline => {
+                    return Err(held.holder(storage))
+                }
+                Err(_) => {
+                    // Jittered, so waiting writers do not poll in step.
+                    let jitter = u64::from(super::unique_id(b"pause")[0]);
+                    std::thread::sleep(pause + Duration::from_millis(jitter % 20));
+                    pause = (pause * 2).min(Duration::from_millis(200));
+                }
+            }
+        }
+    }
+
+    /// Takes the lease, or returns what the live holder wrote.
+    fn try_take(
+        storage: &ObjectStorage,
+        shared: bool,
+    ) -> Result<std::result::Result<ObjectLease, LeaseText>> {
         storage.writable(LEASE_FILE)?;
         let token = hex16(super::unique_id(
             storage.root().as_os_str().as_encoded_bytes(),
@@ -89,18 +188,8 @@ impl ObjectLease {
             let mode = match &found {
                 None => PutMode::Create,
                 Some((text, version)) => {
-                    let now = now_ms();
-                    if text.expires_unix_ms > now {
-                        return Err(Error::Locked {
-                            path: storage.root().to_path_buf(),
-                            holder: format!(
-                                "pid {} on {}, by its lease {LEASE_FILE}, which expires in {:.0} s \
-                                 unless that writer renews it",
-                                text.pid,
-                                text.host,
-                                (text.expires_unix_ms - now) as f64 / 1000.0
-                            ),
-                        });
+                    if text.live() {
+                        return Ok(Err(text.clone()));
                     }
                     PutMode::Update(version.clone())
                 }
@@ -110,6 +199,7 @@ impl ObjectLease {
                 host: super::lock::host_name(),
                 pid: std::process::id(),
                 expires_unix_ms: now_ms() + ttl.as_millis() as u64,
+                shared,
             };
             match put(storage, &text, mode)? {
                 Some(version) => {
@@ -124,12 +214,12 @@ impl ObjectLease {
                         .name("hspack-lease".into())
                         .spawn(move || renew_until_stopped(&renewing, &stopped, ttl))
                         .map_err(|e| super::object::other(storage.root(), "lease", e))?;
-                    return Ok(ObjectLease {
+                    return Ok(Ok(ObjectLease {
                         token,
                         pid: std::process::id(),
                         state,
                         stop: Some(stop),
-                    });
+                    }));
                 }
                 // Another writer put or renewed the lease between our read and our put.
                 None => continue,
@@ -158,6 +248,7 @@ fn read(storage: &ObjectStorage) -> Result<Option<(LeaseText, UpdateVersion)>> {
         host: "unknown".into(),
         pid: 0,
         expires_unix_ms: 0,
+        shared: false,
     });
     Ok(Some((text, version)))
 }

@@ -26,19 +26,34 @@ pub use crate::io::lock::LOCK_FILE;
 /// Samples become visible to readers when their shard is committed: when it fills, at
 /// [`DatasetWriter::commit`] and at [`DatasetWriter::finish`]. Dropping a writer without
 /// finishing leaves the dataset as of its last commit. Reopening a dataset resumes it.
+///
+/// One writer holds a dataset, unless every writer opens it with [`WriteOptions::shared`]:
+/// then each writes its shards apart and commits them in turn, under the dataset's commit
+/// lock, after whatever the others committed.
 pub struct DatasetWriter {
     storage: Arc<dyn Storage>,
     manifest: Manifest,
     options: WriteOptions,
     current: Option<ShardWriter>,
     keys: HashSet<String>,
+    /// Keys of the open shard's samples: forgotten again if its commit fails.
+    current_keys: Vec<String>,
+    /// Keys of this writer's failed commit that another writer committed first.
+    taken: HashSet<String>,
     schema: std::sync::Arc<Schema>,
     lanes_opened: std::sync::Arc<std::sync::atomic::AtomicU64>,
     /// BLAKE3 of the manifest as this writer last read or wrote it: a commit publishes only
     /// over that one.
     manifest_hash: blake3::Hash,
     lock: Box<dyn WriterLease>,
+    /// Hex digits no other writer has, in the names of this writer's files when it shares
+    /// the dataset.
+    tag: String,
 }
+
+/// What [`DatasetWriter::append`] returns for a writer sharing its dataset: the ordinal is
+/// given at commit, after what the other writers committed.
+pub const ORDINAL_AT_COMMIT: u64 = u64::MAX;
 
 impl std::fmt::Debug for DatasetWriter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -86,7 +101,22 @@ impl DatasetWriter {
             .validate()
             .map_err(format(storage.path(MANIFEST_FILE)))?;
         storage.create_root()?;
-        let lock = storage.lock()?;
+        let lock = match options.shared {
+            false => storage.lock()?,
+            true => storage.join(&mut || match storage.read(MANIFEST_FILE)? {
+                Some(bytes) => remove_leftovers(
+                    &*storage,
+                    &Manifest::decode(&bytes).map_err(format(storage.path(MANIFEST_FILE)))?,
+                ),
+                None => Ok(()),
+            })?,
+        };
+        // Writers sharing the dataset read (or create) its manifest one at a time.
+        let commit = match options.shared {
+            true => Some(storage.commit_lock()?),
+            false => None,
+        };
+        let token = commit.as_ref().and_then(|c| c.token()).or(lock.token());
         let mut keys = HashSet::new();
         let (manifest, manifest_hash) = if storage.read(MANIFEST_FILE)?.is_some() {
             let ds = Dataset::open_in(Arc::clone(&storage), ReadOptions::default())?;
@@ -105,13 +135,17 @@ impl DatasetWriter {
                 crate::io::unique_id(storage.root().as_os_str().as_encoded_bytes())
             });
             let mut m = Manifest::new(id, schema.clone());
-            if let Some(token) = lock.token() {
+            if let Some(token) = token {
                 m.set_lease(token);
             }
             let bytes = m.encode();
             storage.put_new(MANIFEST_FILE, &bytes, options.durable)?;
             (m, blake3::hash(&bytes))
         };
+        drop(commit);
+        let tag = hex(&crate::io::unique_id(
+            storage.root().as_os_str().as_encoded_bytes(),
+        ));
         let mut writer = DatasetWriter {
             schema: std::sync::Arc::new(schema),
             lanes_opened: Default::default(),
@@ -120,11 +154,16 @@ impl DatasetWriter {
             options,
             current: None,
             keys,
+            current_keys: Vec::new(),
+            taken: HashSet::new(),
             manifest_hash,
             lock,
+            tag,
         };
-        writer.fence()?;
-        remove_leftovers(&*writer.storage, &writer.manifest)?;
+        if !writer.options.shared {
+            writer.fence()?;
+            remove_leftovers(&*writer.storage, &writer.manifest)?;
+        }
         Ok(writer)
     }
 
@@ -169,7 +208,8 @@ impl DatasetWriter {
         self.keys.iter().map(String::as_str)
     }
 
-    /// Samples appended, committed or not.
+    /// Samples appended, committed or not (with [`WriteOptions::shared`]: the samples of the
+    /// dataset as of this writer's last commit, and its own since).
     pub fn len(&self) -> u64 {
         self.manifest.samples + self.current.as_ref().map_or(0, |s| s.sample_count())
     }
@@ -180,7 +220,8 @@ impl DatasetWriter {
     }
 
     /// Appends a sample: `fields` gives bytes (little-endian, C order) for every field of the
-    /// schema, by name; every field must hold the same number of rows. Returns the ordinal.
+    /// schema, by name; every field must hold the same number of rows. Returns the ordinal,
+    /// or [`ORDINAL_AT_COMMIT`] for a writer sharing the dataset.
     pub fn append(&mut self, key: &str, fields: &[(&str, &[u8])]) -> Result<u64> {
         self.check_owner()?;
         if self.keys.contains(key) {
@@ -191,11 +232,15 @@ impl DatasetWriter {
         let schema = std::sync::Arc::clone(&self.schema);
         let checked = sample::check(&schema, key, fields)?;
         self.roll_if_full(checked.raw)?;
-        let ordinal = self.len();
+        let ordinal = match self.options.shared {
+            true => ORDINAL_AT_COMMIT,
+            false => self.len(),
+        };
         let options = self.options.clone();
         let shard = self.current_shard()?;
         sample::write(shard, &schema, &options, key, &checked)?;
         self.keys.insert(key.to_string());
+        self.current_keys.push(key.to_string());
         Ok(ordinal)
     }
 
@@ -215,7 +260,7 @@ impl DatasetWriter {
         if self.current.is_none() {
             let w = ShardWriter::create(
                 &*self.storage,
-                &temp_name(&self.next_place().name),
+                &temp_name(&self.next_place(None).name),
                 self.manifest.dataset_id_bytes(),
                 self.manifest.schema.hash(),
                 self.options.align_log2,
@@ -225,21 +270,39 @@ impl DatasetWriter {
         Ok(self.current.as_mut().expect("just set"))
     }
 
-    /// Where the next committed shard goes.
-    fn next_place(&self) -> ShardPlace {
+    /// Where the next committed shard goes, as this writer sees the manifest. Under `commit`,
+    /// the lock a writer sharing the dataset commits under, the name carries its token.
+    fn next_place(&self, commit: Option<&dyn WriterLease>) -> ShardPlace {
         let seq = self.manifest.shards.len() as u32;
         ShardPlace {
-            name: shard_file_name(seq, self.lock.token()),
+            name: shard_file_name(seq, self.name_tag(commit)),
             seq,
             first_ordinal: self.manifest.samples,
         }
     }
 
+    /// What names this writer's files apart from other writers': the token of the lease it
+    /// commits under, or, sharing a folder, its tag.
+    fn name_tag<'a>(&'a self, commit: Option<&'a dyn WriterLease>) -> Option<&'a str> {
+        commit
+            .and_then(|c| c.token())
+            .or(self.lock.token())
+            .or(self.options.shared.then_some(self.tag.as_str()))
+    }
+
     /// Commits the open shard: after this, its samples survive a crash and readers see them.
     pub fn commit(&mut self) -> Result<WriteStats> {
         self.check_owner()?;
+        let keys = std::mem::take(&mut self.current_keys);
         if let Some(shard) = self.current.take() {
-            self.commit_shard(shard)?;
+            if let Err(e) = self.commit_shard(shard, &HashSet::new()) {
+                // Not committed: a resumed run must not skip these samples (those another
+                // writer committed first are there, though).
+                for k in keys.iter().filter(|k| !self.taken.contains(*k)) {
+                    self.keys.remove(k);
+                }
+                return Err(e);
+            }
         }
         Ok(self.stats())
     }
@@ -258,21 +321,30 @@ impl DatasetWriter {
     /// Publishes the shard, then a manifest that lists it. The shard goes only where no file
     /// is and the manifest only over the one this writer last wrote, so a second writer
     /// (were the lock ever broken) can make a commit fail but never replace committed data.
-    fn commit_shard(&mut self, shard: ShardWriter) -> Result<()> {
+    /// A writer sharing the dataset does this under its commit lock, after catching up with
+    /// what the others committed; `lane_keys` are the shard's keys when it is a lane's.
+    fn commit_shard(&mut self, shard: ShardWriter, lane_keys: &HashSet<String>) -> Result<()> {
         if shard.sample_count() == 0 {
             shard.abandon();
             return Ok(());
         }
-        if let Err(e) = self.lock.check() {
-            shard.abandon();
-            return Err(e);
-        }
-        let place = self.next_place();
+        let commit = match self.begin_commit(lane_keys, shard.sample_count()) {
+            Ok(commit) => commit,
+            Err(e) => {
+                shard.abandon();
+                return Err(e);
+            }
+        };
+        let commit = commit.as_deref();
+        let place = self.next_place(commit);
         let record = shard.finish(&place, self.options.durable)?;
         let mut next = self.manifest.clone();
         next.samples += record.samples;
         next.shards.push(record);
         next.samples_table = None;
+        if let Some(token) = commit.and_then(|c| c.token()) {
+            next.set_lease(token);
+        }
         let Err(e) = self.publish_manifest(next.clone()) else {
             return Ok(());
         };
@@ -287,10 +359,63 @@ impl DatasetWriter {
         // Nobody's manifest lists the shard this writer just created: take it back, unless
         // the lock is a lease another writer may have taken over, which may by now have put
         // a shard of its own under that name (the next writer removes it as a leftover).
-        if self.lock.token().is_none() {
+        if self.lock.token().is_none() && commit.and_then(|c| c.token()).is_none() {
             let _ = self.storage.delete(&place.name);
         }
         Err(e)
+    }
+
+    /// Checks that this writer may commit; for a writer sharing the dataset, takes the
+    /// commit lock (returned: hold it until the manifest is replaced) and catches up.
+    fn begin_commit(
+        &mut self,
+        lane_keys: &HashSet<String>,
+        samples: u64,
+    ) -> Result<Option<Box<dyn WriterLease>>> {
+        self.lock.check()?;
+        if !self.options.shared {
+            return Ok(None);
+        }
+        let commit = self.storage.commit_lock()?;
+        self.catch_up(lane_keys, samples)?;
+        Ok(Some(commit))
+    }
+
+    /// Adopts the manifest as the other writers sharing the dataset left it: their shards
+    /// must follow the ones this writer saw, and none of their keys may be one this writer
+    /// appended ([`Error::KeyTaken`], for a commit of `samples`; `lane_keys` too). Reads the
+    /// indexes of their new shards only.
+    fn catch_up(&mut self, lane_keys: &HashSet<String>, samples: u64) -> Result<()> {
+        let ds = Dataset::open_in(Arc::clone(&self.storage), ReadOptions::default())?;
+        let found = ds.manifest();
+        let seen = &self.manifest.shards;
+        if found.dataset_id != self.manifest.dataset_id
+            || found.schema_blake3 != self.manifest.schema_blake3
+            || found.shards.get(..seen.len()) != Some(seen)
+        {
+            return Err(Error::CommitConflict {
+                path: self.storage.path(MANIFEST_FILE),
+                detail: "the manifest no longer lists the shards this writer saw committed".into(),
+            });
+        }
+        self.taken.clear();
+        for ordinal in self.manifest.samples..found.samples {
+            let key = ds.sample(ordinal)?.key().to_string();
+            if self.keys.contains(&key) || lane_keys.contains(&key) {
+                self.taken.insert(key.clone());
+            }
+            self.keys.insert(key);
+        }
+        self.manifest_hash = blake3::hash(ds.manifest_bytes());
+        self.manifest = found.clone();
+        match self.taken.iter().min() {
+            Some(key) => Err(Error::KeyTaken {
+                path: self.storage.root().to_path_buf(),
+                key: key.clone(),
+                samples,
+            }),
+            None => Ok(()),
+        }
     }
 
     /// A maker of [`ShardLane`]s: shards written on other threads, at the same time, and
@@ -302,6 +427,7 @@ impl DatasetWriter {
             schema: std::sync::Arc::clone(&self.schema),
             options: self.options.clone(),
             opened: std::sync::Arc::clone(&self.lanes_opened),
+            tag: self.tag.clone(),
         }
     }
 
@@ -321,7 +447,7 @@ impl DatasetWriter {
         }
         self.commit()?;
         if let Some(shard) = lane.shard.take() {
-            self.commit_shard(shard)?;
+            self.commit_shard(shard, &lane.keys)?;
             self.keys.extend(std::mem::take(&mut lane.keys));
         }
         Ok(self.stats())
@@ -370,19 +496,27 @@ impl DatasetWriter {
         }
     }
 
-    /// Commits, writes `samples.parquet`, and releases the dataset.
+    /// Commits, writes `samples.parquet`, and releases the dataset. A writer sharing the
+    /// dataset writes a table of every sample committed so far (the next commit of another
+    /// writer drops it from the manifest; the last writer to finish leaves a whole one).
     pub fn finish(mut self) -> Result<WriteStats> {
         self.commit()?;
-        self.check_manifest_unchanged()?;
+        let commit = self.begin_commit(&HashSet::new(), 0)?;
+        if commit.is_none() {
+            self.check_manifest_unchanged()?;
+        }
         let ds = Dataset::open_in(Arc::clone(&self.storage), ReadOptions::default())?;
         let rows = sample_rows(&ds)?;
-        let table = samples_table_file_name(self.lock.token());
+        let table = samples_table_file_name(self.name_tag(commit.as_deref()));
         let bytes = samples_table::encode(&rows, &self.storage.path(&table))?;
         self.lock.check()?;
         self.storage
             .replace(&table, &bytes, None, self.options.durable)?;
         failpoint!("samples-table-published");
         let mut next = self.manifest.clone();
+        if let Some(token) = commit.as_deref().and_then(|c| c.token()) {
+            next.set_lease(token);
+        }
         next.samples_table = Some(TableRecord {
             file: table,
             bytes: bytes.len() as u64,
@@ -390,6 +524,15 @@ impl DatasetWriter {
             samples: rows.len() as u64,
         });
         self.publish_manifest(next)?;
+        if commit.is_some() {
+            // The tables earlier writers left, which commits dropped from the manifest: all
+            // tables are published under the commit lock, so none is in progress.
+            for name in self.storage.list()? {
+                if name.ends_with(".parquet") && self.manifest.is_leftover(&name) {
+                    self.storage.delete(&name)?;
+                }
+            }
+        }
         Ok(self.stats())
     }
 }
@@ -445,7 +588,13 @@ pub fn sample_rows(ds: &Dataset) -> Result<Vec<SampleRow>> {
 }
 
 fn describe_difference(have: &Schema, given: &Schema) -> String {
-    if have.fields != given.fields {
+    let differing = have.fields.iter().zip(&given.fields).find(|(a, b)| a != b);
+    if let (true, Some((a, b))) = (have.fields.len() == given.fields.len(), differing) {
+        format!(
+            "field `{}`: the dataset's is {:?} {:?} {:?}, the given one {:?} {:?} {:?}",
+            a.name, a.dtype, a.shape, a.role, b.dtype, b.shape, b.role
+        )
+    } else if have.fields != given.fields {
         format!(
             "dataset fields: {}; given: {}",
             field_names(have),

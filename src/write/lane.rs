@@ -29,13 +29,16 @@ pub struct Lanes {
     pub(super) schema: Arc<Schema>,
     pub(super) options: WriteOptions,
     pub(super) opened: Arc<AtomicU64>,
+    /// The writer's tag, so lanes of writers on other hosts sharing the folder never share
+    /// a temp name.
+    pub(super) tag: String,
 }
 
 impl Lanes {
     /// Starts a new lane: an empty shard in a temp file of the dataset folder.
     pub fn open(&self) -> Result<ShardLane> {
         let n = self.opened.fetch_add(1, Ordering::Relaxed);
-        let temp = format!("lane-{}-{n:06}.hsp{TEMP_SUFFIX}", std::process::id());
+        let temp = format!("lane-{}-{n:06}.hsp{TEMP_SUFFIX}", self.tag);
         let shard = ShardWriter::create(
             &*self.storage,
             &temp,

@@ -10,7 +10,7 @@ pub mod samples_table;
 pub mod shard_writer;
 pub mod sink;
 
-pub use dataset_writer::{reindex, reindex_in, DatasetWriter};
+pub use dataset_writer::{reindex, reindex_in, DatasetWriter, ORDINAL_AT_COMMIT};
 pub use lane::{Lanes, ShardLane};
 pub use options::{WriteOptions, WriteStats};
 pub use sink::{Discard, SampleSink};

@@ -26,6 +26,14 @@ pub struct WriteOptions {
     pub durable: bool,
     /// Dataset id of a new dataset; random when `None` (set it only for reproducible files).
     pub dataset_id: Option<[u8; 16]>,
+    /// Let other writers append to the dataset at the same time: the ranks of one job, or
+    /// processes on several nodes sharing a folder or a bucket, each opening its own writer
+    /// with `shared` on. Each commit takes the dataset's commit lock for a moment, reads the
+    /// manifest, and appends its shard after what the others committed, so a sample's ordinal
+    /// is known only once it is committed (find samples by key). Keys must differ across the
+    /// writers: a commit holding a key another writer committed first is refused. Default off:
+    /// one writer holds the dataset, and a second is refused.
+    pub shared: bool,
 }
 
 impl Default for WriteOptions {
@@ -39,6 +47,7 @@ impl Default for WriteOptions {
             align_log2: DEFAULT_ALIGN_LOG2,
             durable: true,
             dataset_id: None,
+            shared: false,
         }
     }
 }

@@ -7,6 +7,7 @@ pub mod dumps;
 pub mod fault_proxy;
 pub mod http_files;
 pub mod moto;
+pub mod shared_writer;
 
 use std::path::{Path, PathBuf};
 

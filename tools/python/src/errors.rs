@@ -212,6 +212,14 @@ impl Context {
                     ..c
                 },
             ),
+            Error::KeyTaken { path, key, .. } => (
+                "KeyTaken",
+                Context {
+                    path: text(path),
+                    key: Some(key.clone()),
+                    ..c
+                },
+            ),
             Error::SchemaMismatch { path, detail } => (
                 "SchemaMismatch",
                 Context {

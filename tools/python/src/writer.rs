@@ -29,6 +29,7 @@ pub(crate) fn write_options(options: Option<&Bound<'_, PyDict>>) -> PyResult<Wri
             "zstd_level" => o.zstd_level = v.extract()?,
             "align_log2" => o.align_log2 = v.extract()?,
             "durable" => o.durable = v.extract()?,
+            "shared" => o.shared = v.extract()?,
             "codec" => {
                 let name: String = v.extract()?;
                 o.codec = Codec::from_name(&name).ok_or_else(|| {
@@ -38,7 +39,7 @@ pub(crate) fn write_options(options: Option<&Bound<'_, PyDict>>) -> PyResult<Wri
             other => {
                 return Err(bad_option(
                     "options",
-                    &format!("unknown option `{other}`; known: chunk_bytes, shard_bytes, shard_samples, codec, zstd_level, align_log2, durable"),
+                    &format!("unknown option `{other}`; known: chunk_bytes, shard_bytes, shard_samples, codec, zstd_level, align_log2, durable, shared"),
                 ))
             }
         }
@@ -100,13 +101,13 @@ impl Writer {
     }
 
     /// Appends a sample: `fields` is `[(name, buffer)]`, each buffer C-contiguous bytes.
-    /// Returns the ordinal.
+    /// Returns the ordinal, or `None` for a writer sharing the dataset (given at commit).
     fn append(
         &self,
         py: Python<'_>,
         key: &str,
         fields: Vec<(String, Bound<'_, PyAny>)>,
-    ) -> PyResult<u64> {
+    ) -> PyResult<Option<u64>> {
         let views = fields
             .iter()
             .map(|(name, obj)| ByteView::new(obj, name))
@@ -116,7 +117,8 @@ impl Writer {
             .zip(&views)
             .map(|((name, _), v)| (name.as_str(), v.as_slice()))
             .collect();
-        self.with(py, |w| w.append(key, &pairs))
+        let ordinal = self.with(py, |w| w.append(key, &pairs))?;
+        Ok((ordinal != hspack::write::ORDINAL_AT_COMMIT).then_some(ordinal))
     }
 
     /// True when a sample with `key` was appended (committed or not).

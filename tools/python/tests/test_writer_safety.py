@@ -80,6 +80,42 @@ def test_four_spawned_writers_racing_200_times_never_lose_a_sample(tmp_path):
     print(f"{TRIALS} trials x {WRITERS} writers: {sum(len(v) - 1 for v in finished.values())} finished, {refusals} refused, 0 lost")
 
 
+def _rank(root: str, rank: int, count: int, barrier) -> None:
+    barrier.wait()
+    with hspack.Writer(root, schema(), shared=True, shard_samples=2, durable=False) as w:
+        for i in range(count):
+            assert w.append(f"r{rank}-{i}", **sample(1000 * rank + i)) is None
+
+
+def test_ranks_of_a_job_share_one_dataset(tmp_path):
+    """Four spawned processes append to one dataset with `shared=True`: every sample once,
+    bit for bit, found by key; verify clean; a sole writer is refused while they write."""
+    count = 15
+    ctx = mp.get_context("spawn")
+    barrier = ctx.Barrier(WRITERS + 1)
+    procs = [ctx.Process(target=_rank, args=(str(tmp_path / "ds"), r, count, barrier)) for r in range(WRITERS)]
+    for p in procs:
+        p.start()
+    barrier.wait()
+    for p in procs:
+        p.join(timeout=600)
+        assert p.exitcode == 0
+    ds = hspack.open(tmp_path / "ds")
+    assert len(ds) == WRITERS * count
+    assert sorted(ds.keys()) == sorted(f"r{r}-{i}" for r in range(WRITERS) for i in range(count))
+    for r in range(WRITERS):
+        for i in range(count):
+            got, want = ds.get(f"r{r}-{i}"), sample(1000 * r + i)
+            for name, t in want.items():
+                assert torch.equal(got[name].view(torch.uint8), t.view(torch.uint8)), (r, i, name)
+    assert hspack.verify(tmp_path / "ds")["ok"]
+    shared = hspack.Writer(tmp_path / "ds", schema(), shared=True)
+    with pytest.raises(hspack.HspackError) as e:
+        hspack.Writer(tmp_path / "ds", schema())
+    assert e.value.kind == "Locked"
+    shared.finish()
+
+
 def test_a_second_writer_in_one_process_is_refused(tmp_path):
     path = tmp_path / "ds"
     one_sample_dataset(path)

@@ -21,7 +21,14 @@ class Writer:
     `schema` is a list of fields (dicts or `hspack.field` / `hidden_state` / `token_ids` /
     `loss_mask`); `capture` optionally describes the capture (`model`, `num_layers`,
     `hidden_size`, `dtype`, ...). Options: `chunk_bytes`, `shard_bytes`, `shard_samples`,
-    `codec` (`"none"`, `"zstd"`, `"zstd-bytegroup"`), `zstd_level`, `align_log2`, `durable`.
+    `codec` (`"none"`, `"zstd"`, `"zstd-bytegroup"`), `zstd_level`, `align_log2`, `durable`,
+    `shared`.
+
+    `shared=True` lets several writers append to one dataset at once (the ranks of a job, or
+    processes on several nodes sharing a folder or a bucket), each opening its own `Writer`
+    with it: every commit takes the dataset's commit lock for a moment and appends after what
+    the others committed. Keys must differ across writers; ordinals are given at commit, so
+    `append` returns `None`.
 
     Reopening an existing dataset resumes it (same schema required); skip done samples with
     `contains(key)`. As a context manager it finishes (commits) on success and leaves the
@@ -40,9 +47,10 @@ class Writer:
             doc["capture"] = capture
         self._native = _hspack.Writer(self.path, json.dumps(doc), create, options)
 
-    def append(self, key: str, **tensors: Any) -> int:
+    def append(self, key: str, **tensors: Any) -> int | None:
         """Appends sample `key` with one tensor per field (`[rows, *row shape]`, the field's
-        dtype, CPU). Contiguous inputs are read in place. Returns the ordinal."""
+        dtype, CPU). Contiguous inputs are read in place. Returns the ordinal (`None` with
+        `shared=True`: it is given at commit)."""
         from ._errors import make_error
 
         parts = []
