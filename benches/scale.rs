@@ -1,0 +1,187 @@
+//! Datasets of many samples: what opening, random reads by ordinal and by key, a reader's
+//! memory and a commit cost as the sample and shard counts grow.
+//!
+//! Samples are index-heavy and payload-light (1 row of a 4-byte token field, codec zstd, so no
+//! chunk is padded to 4 KiB): what is measured is the manifest and the shard indexes, which
+//! is what grows with the sample count. For each (samples, shards) it writes a dataset into
+//! `HSPACK_SCALE_DIR` (default the temp folder), then, with the page cache warm:
+//! - `open`: `Dataset::open` (reads and checks the manifest), min of 5;
+//! - random reads of `READS` (default 2000) samples by ordinal (`sample(o)` and its field
+//!   read), then by key (`get_by_key`), each from a freshly opened dataset: total time, p50
+//!   and p99 per read; the first read of a shard maps it and hashes and checks its index;
+//! - the reader's resident memory grown by those reads (VmRSS).
+//!
+//! Then commits: a dataset grown one 1-sample shard a commit (no fsync: the metadata cost
+//! alone) to `COMMITS` (default 10000) shards, printing the commit time (median of the 10
+//! around each point) and the manifest's size at 10, 100, 1000 and 10000 shards.
+//!
+//! `cargo bench --bench scale` (`SCALE_MAX=10000000` samples at most; `READS=2000`).
+
+use std::time::Instant;
+
+use hspack::{Codec, DType, Dataset, DatasetWriter, Field, Role, Schema, WriteOptions};
+
+fn env(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn schema() -> Schema {
+    Schema::new(vec![Field::new("input_ids", DType::I32, &[], Role::TokenIds)])
+}
+
+fn key(i: u64) -> String {
+    format!("prompt-{i:09}")
+}
+
+fn rss_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        .unwrap_or(0)
+        * 1024
+}
+
+fn percentile(v: &mut [f64], p: f64) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
+/// A small deterministic generator.
+struct Lcg(u64);
+
+impl Lcg {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 33) % n
+    }
+}
+
+fn write(dir: &std::path::Path, samples: u64, shards: u64) -> f64 {
+    let options = WriteOptions {
+        codec: Codec::Zstd,
+        shard_samples: samples.div_ceil(shards),
+        durable: false,
+        ..WriteOptions::default()
+    };
+    let t = Instant::now();
+    let mut w = DatasetWriter::create(dir, schema(), options).unwrap();
+    for i in 0..samples {
+        let ids = (i as u32).to_le_bytes();
+        w.append(&key(i), &[("input_ids", &ids[..])]).unwrap();
+    }
+    w.commit().unwrap();
+    drop(w); // no samples table: it is not what is measured
+    t.elapsed().as_secs_f64()
+}
+
+fn reads(dir: &std::path::Path, samples: u64, n: u64, by_key: bool) -> (f64, f64, f64, u64) {
+    let before = rss_bytes();
+    let ds = Dataset::open(dir).unwrap();
+    let mut rng = Lcg(7 + by_key as u64);
+    let mut each = Vec::with_capacity(n as usize);
+    let t = Instant::now();
+    for _ in 0..n {
+        let o = rng.below(samples);
+        let t = Instant::now();
+        let s = match by_key {
+            false => ds.sample(o).unwrap(),
+            true => ds.get_by_key(&key(o)).unwrap(),
+        };
+        let ids = s.read("input_ids", None).unwrap();
+        assert_eq!(ids.bytes(), &(o as u32).to_le_bytes()[..]);
+        each.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    let total = t.elapsed().as_secs_f64();
+    let grown = rss_bytes().saturating_sub(before);
+    (
+        total,
+        percentile(&mut each, 0.5),
+        percentile(&mut each, 0.99),
+        grown,
+    )
+}
+
+fn commits(dir: &std::path::Path, max: u64) {
+    let options = WriteOptions {
+        codec: Codec::Zstd,
+        shard_samples: 1,
+        durable: false,
+        ..WriteOptions::default()
+    };
+    let mut w = DatasetWriter::create(dir, schema(), options).unwrap();
+    let mut times = Vec::new();
+    println!("\n| shards | commit ms (median of 10) | manifest bytes |\n|---:|---:|---:|");
+    for i in 0..max {
+        let ids = (i as u32).to_le_bytes();
+        w.append(&key(i), &[("input_ids", &ids[..])]).unwrap();
+        let t = Instant::now();
+        w.commit().unwrap();
+        times.push(t.elapsed().as_secs_f64() * 1e3);
+        let n = i + 1;
+        if [10, 100, 1000, 10_000, 100_000].contains(&n) {
+            let last = &mut times[(n as usize).saturating_sub(10)..].to_vec();
+            let bytes = std::fs::metadata(dir.join("manifest.json")).unwrap().len();
+            println!("| {n} | {:.3} | {bytes} |", percentile(last, 0.5));
+        }
+    }
+}
+
+fn main() {
+    let max = env("SCALE_MAX", 10_000_000);
+    let n = env("READS", 2000);
+    let base = std::env::var_os("HSPACK_SCALE_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir);
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!(
+        "load average: {}; {} cpus; reads: {n} random samples, warm page cache",
+        load.trim(),
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+    println!(
+        "\n| samples | shards | write s | shard MB | open ms (min of 5) | by ordinal: total s, p50 ms, p99 ms | by key: total s, p50 ms, p99 ms | reader RSS grown MB |"
+    );
+    println!("|---:|---:|---:|---:|---:|---|---|---:|");
+    for (samples, shards) in [
+        (10_000u64, 1_000u64),
+        (1_000_000, 1_000),
+        (1_000_000, 10_000),
+        (10_000_000, 1_000),
+    ] {
+        if samples > max {
+            continue;
+        }
+        let tmp = tempfile::tempdir_in(&base).unwrap();
+        let dir = tmp.path().join("ds");
+        let wrote = write(&dir, samples, shards);
+        let ds = Dataset::open(&dir).unwrap();
+        let shard_mb = ds.manifest().shard_bytes().unwrap() as f64 / 1e6;
+        assert_eq!(ds.len(), samples);
+        drop(ds);
+        let open = (0..5)
+            .map(|_| {
+                let t = Instant::now();
+                let ds = Dataset::open(&dir).unwrap();
+                let e = t.elapsed().as_secs_f64() * 1e3;
+                assert_eq!(ds.len(), samples);
+                e
+            })
+            .fold(f64::MAX, f64::min);
+        let (ot, o50, o99, orss) = reads(&dir, samples, n, false);
+        let (kt, k50, k99, krss) = reads(&dir, samples, n, true);
+        println!(
+            "| {samples} | {shards} | {wrote:.1} | {shard_mb:.0} | {open:.2} | {ot:.2}, {o50:.3}, {o99:.2} | {kt:.2}, {k50:.3}, {k99:.2} | {:.0} |",
+            orss.max(krss) as f64 / 1e6
+        );
+    }
+    let tmp = tempfile::tempdir_in(&base).unwrap();
+    commits(&tmp.path().join("commits"), env("COMMITS", 10_000));
+}
