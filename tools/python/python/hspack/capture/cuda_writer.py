@@ -133,6 +133,15 @@ class CudaWriter:
     sample larger than the ring goes through a one-off pinned buffer. `discard=True` drops the
     bytes instead of writing them (to measure the copy path). Other options (`chunk_bytes`,
     `codec`, `durable`, ...) go to the dataset writer.
+
+    Size `slot_bytes` to at least the largest field of a sample (rows × row bytes, e.g.
+    8192 × 7168 × 2 = 117 MB): a field split over slots is joined by a host copy.
+
+    One dataset writer stores about 2–3 GB/s (it encodes, hashes and writes one file on one
+    thread). `writers=N` opens N of them, sharing the dataset (`shared=True`), each with its
+    own ring of `slots` and its own shard files, and deals samples to them in turn: N times
+    the storage rate. The dataset's order is then the order of the writers' commits, not of
+    `append` (find samples by key).
     """
 
     def __init__(
@@ -146,6 +155,7 @@ class CudaWriter:
         slot_bytes: int = 64 << 20,
         create: bool = False,
         discard: bool = False,
+        writers: int = 1,
         **options: Any,
     ):
         from .. import _hspack
@@ -168,7 +178,15 @@ class CudaWriter:
             from .._errors import make_error
 
             raise make_error("BadOption", "option path: give a folder, or discard=True", option="path")
-        self._native = native(self.path or "", json.dumps(doc), self.device, slots, slot_bytes, create, discard, options)
+        if not isinstance(writers, int) or writers < 1:
+            from .._errors import make_error
+
+            raise make_error("BadOption", f"option writers: {writers!r}; give 1 or more", option="writers")
+        if writers > 1:
+            options = {**options, "shared": True}
+        self._natives = [native(self.path or "", json.dumps(doc), self.device, slots, slot_bytes, create and i == 0, discard, options) for i in range(writers)]
+        self._native = self._natives[0]
+        self._dealt = 0
 
     def append(self, key: str, stream: int | None = None, overwrite: bool = False, **tensors: Any) -> None:
         """Queues sample `key`: one GPU tensor per field (`[rows, *row shape]`, the field's
@@ -194,31 +212,48 @@ class CudaWriter:
             seen_stream = seen_stream if s is None else s
         if stream is None:
             stream = seen_stream if seen_stream is not None else _torch_current_stream(self.device)
-        self._native.append(key, parts, int(stream), bool(overwrite), tuple(owners))
+        if len(self._natives) > 1 and self.contains(key):
+            from .._errors import make_error
+
+            raise make_error("DuplicateKey", f"sample key `{key}` was given to this writer already", key=key)
+        native = self._natives[self._dealt % len(self._natives)]
+        native.append(key, parts, int(stream), bool(overwrite), tuple(owners))
+        self._dealt += 1
 
     def contains(self, key: str) -> bool:
         """True when sample `key` was given to this writer or is in the dataset."""
-        return self._native.contains(key)
+        return any(n.contains(key) for n in self._natives)
 
     __contains__ = contains
 
     def stats(self) -> dict:
         """Counters: `slots`, `slot_bytes`, `busy`, `waits` (appends that blocked),
         `wait_seconds`, `append_seconds` (all time in append), `bytes_copied`, `samples_given`, `samples_written`, `oversize`,
-        `unwritten` (samples lost to an error, which the next call raised)."""
-        return dict(zip(STATS, self._native.stats()))
+        `unwritten` (samples lost to an error, which the next call raised). With `writers=N`,
+        summed over the writers (`slot_bytes` is one slot's)."""
+        return _summed([n.stats() for n in self._natives])
 
     def flush(self) -> None:
         """Blocks until every sample given so far is written (or raises its error)."""
-        self._native.flush()
+        for n in self._natives:
+            n.flush()
 
     def commit(self) -> None:
         """Flushes and commits: what was given so far survives a crash and is readable."""
-        self._native.commit()
+        for n in self._natives:
+            n.commit()
 
     def finish(self) -> dict:
         """Flushes, commits, writes the samples table and closes. Returns `stats()`."""
-        return dict(zip(STATS, self._native.finish()))
+        got, error = [], None
+        for n in self._natives:
+            try:
+                got.append(n.finish())
+            except Exception as e:  # finish the others, then raise the first error
+                error = error or e
+        if error is not None:
+            raise error
+        return _summed(got)
 
     close = finish
 
@@ -229,7 +264,18 @@ class CudaWriter:
         if exc_type is None:
             self.finish()
         else:
-            self._native.abort()
+            for n in self._natives:
+                n.abort()
+
+
+def _summed(stats: list) -> dict:
+    """Counters of several writers added up; `slot_bytes` is one slot's."""
+    out = dict(zip(STATS, stats[0]))
+    for more in stats[1:]:
+        for name, value in zip(STATS, more):
+            if name != "slot_bytes":
+                out[name] += value
+    return out
 
 
 def _torch_current_device() -> int:
