@@ -29,7 +29,12 @@ fn env(name: &str, default: u64) -> u64 {
 }
 
 fn schema() -> Schema {
-    Schema::new(vec![Field::new("input_ids", DType::I32, &[], Role::TokenIds)])
+    Schema::new(vec![Field::new(
+        "input_ids",
+        DType::I32,
+        &[],
+        Role::TokenIds,
+    )])
 }
 
 fn key(i: u64) -> String {

@@ -15,6 +15,10 @@ use crate::per_process::PerProcess;
 
 static POOL: PerProcess<ThreadPool> = PerProcess::new();
 
+/// Bytes of work below which a section runs on the calling thread: waking the pool's threads
+/// (and their spinning while idle) costs more than they save on a sample of a few tokens.
+pub const WORTH_THE_POOL: u64 = 1 << 20;
+
 /// This process's pool, built on first use in each process.
 fn pool() -> Arc<ThreadPool> {
     let build = |threads| {

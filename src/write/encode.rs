@@ -55,27 +55,28 @@ pub fn encode_sample<'a>(
             start += count;
         }
     }
-    crate::parallel::install(|| {
-        jobs.into_par_iter()
-            .map(|(field, row_start, row_count, elem, raw)| {
-                let (stored, hash): (Cow<[u8]>, _) = match codec {
-                    Codec::None => (Cow::Borrowed(raw), None),
-                    _ => {
-                        let stored = codec.encode(raw, elem, level);
-                        let hash = *blake3::hash(&stored).as_bytes();
-                        (Cow::Owned(stored), Some(hash))
-                    }
-                };
-                EncodedChunk {
-                    field,
-                    row_start,
-                    row_count,
-                    raw_len: raw.len() as u64,
-                    codec,
-                    stored,
-                    hash,
-                }
-            })
-            .collect()
-    })
+    let encode = |(field, row_start, row_count, elem, raw): (u16, u64, u64, usize, &'a [u8])| {
+        let (stored, hash): (Cow<[u8]>, _) = match codec {
+            Codec::None => (Cow::Borrowed(raw), None),
+            _ => {
+                let stored = codec.encode(raw, elem, level);
+                let hash = *blake3::hash(&stored).as_bytes();
+                (Cow::Owned(stored), Some(hash))
+            }
+        };
+        EncodedChunk {
+            field,
+            row_start,
+            row_count,
+            raw_len: raw.len() as u64,
+            codec,
+            stored,
+            hash,
+        }
+    };
+    let bytes: usize = jobs.iter().map(|j| j.4.len()).sum();
+    if codec == Codec::None || (bytes as u64) < crate::parallel::WORTH_THE_POOL {
+        return jobs.into_iter().map(encode).collect();
+    }
+    crate::parallel::install(|| jobs.into_par_iter().map(encode).collect())
 }

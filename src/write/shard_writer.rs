@@ -104,25 +104,30 @@ impl ShardWriter {
             pos += HEADER + c.stored.len() as u64;
         }
         let out = &mut self.out;
-        let (written, hashes) = crate::parallel::install(|| {
-            rayon::join(
-                || {
-                    chunks
-                        .iter()
-                        .zip(&places)
-                        .try_for_each(|(c, &at)| out.write_at(at + HEADER, &c.stored))
-                },
-                || -> Vec<[u8; 32]> {
-                    chunks
-                        .par_iter()
-                        .map(|c| {
-                            c.hash
-                                .unwrap_or_else(|| *blake3::hash(&c.stored).as_bytes())
-                        })
-                        .collect()
-                },
-            )
-        });
+        let bytes: u64 = chunks.iter().map(|c| c.stored.len() as u64).sum();
+        let hash = |c: &EncodedChunk<'_>| {
+            c.hash
+                .unwrap_or_else(|| *blake3::hash(&c.stored).as_bytes())
+        };
+        let (written, hashes) = if bytes < crate::parallel::WORTH_THE_POOL {
+            let written = chunks
+                .iter()
+                .zip(&places)
+                .try_for_each(|(c, &at)| out.write_at(at + HEADER, &c.stored));
+            (written, chunks.iter().map(hash).collect())
+        } else {
+            crate::parallel::install(|| {
+                rayon::join(
+                    || {
+                        chunks
+                            .iter()
+                            .zip(&places)
+                            .try_for_each(|(c, &at)| out.write_at(at + HEADER, &c.stored))
+                    },
+                    || -> Vec<[u8; 32]> { chunks.par_iter().map(hash).collect() },
+                )
+            })
+        };
         written?;
         let sample = self.index.sample_count();
         let ids = chunks
