@@ -528,3 +528,49 @@ fn every_user_error_names_what_to_fix() {
         Err(Error::Io { .. })
     ));
 }
+
+/// A dataset of many shards looks keys up through its key directory: every key is found,
+/// with the right sample; a shard damaged before the directory is built does not hide the
+/// others' keys, and its own keys, and keys in no shard, get its error (the key may be there).
+#[test]
+fn lookups_by_key_over_many_shards_survive_a_damaged_shard() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = WriteOptions {
+        shard_samples: 2,
+        ..small_options()
+    };
+    let mut w = DatasetWriter::create(dir.path(), capture_schema(HIDDEN as u64), options).unwrap();
+    for i in 0..30u64 {
+        w.append(&format!("k{i}"), &as_fields(&capture_sample(i, 3, HIDDEN)))
+            .unwrap();
+    }
+    w.finish().unwrap();
+    let ds = Dataset::open(dir.path()).unwrap();
+    assert_eq!(ds.manifest().shards.len(), 15);
+    for i in (0..30u64).rev() {
+        let s = ds.get_by_key(&format!("k{i}")).unwrap();
+        assert_eq!((s.ordinal(), s.key()), (i, format!("k{i}").as_str()));
+        let ids = s.read("input_ids", None).unwrap();
+        assert_eq!(ids.bytes(), &capture_sample(i, 3, HIDDEN)[0].1[..]);
+    }
+    assert!(matches!(
+        ds.get_by_key("nope"),
+        Err(Error::NoSuchKey { .. })
+    ));
+
+    // Shard 3 (k6, k7): a byte of its index flipped.
+    let path = shard_path(dir.path(), 3);
+    let len = std::fs::metadata(&path).unwrap().len();
+    flip(&path, len - Footer::SIZE as u64 - 20);
+    let ds = Dataset::open(dir.path()).unwrap();
+    for i in [0u64, 5, 8, 29] {
+        assert_eq!(ds.get_by_key(&format!("k{i}")).unwrap().ordinal(), i);
+    }
+    for key in ["k6", "k7", "nope"] {
+        let err = ds.get_by_key(key).unwrap_err();
+        assert!(
+            !matches!(err, Error::NoSuchKey { .. }) && err.to_string().contains("shard-000003"),
+            "{key}: {err}"
+        );
+    }
+}

@@ -10,6 +10,7 @@ use crate::format::{ChunkHeader, ExtentEntry, Manifest, SampleEntry, Schema};
 use crate::io::cache::{CacheOptions, CachedStorage, ChunkCache};
 use crate::io::Storage;
 
+use super::key_directory::{self, KeyDirectory};
 use super::shard::{CheckPolicy, Shard};
 use super::tensor::{AlignedBytes, Buffer, Tensor};
 
@@ -44,6 +45,8 @@ pub struct Dataset {
     shards: Vec<OnceLock<Arc<Shard>>>,
     options: ReadOptions,
     cache: Option<ChunkCache>,
+    /// Which shards hold a key, built on the first lookup by key of a dataset of many shards.
+    key_directory: OnceLock<KeyDirectory>,
 }
 
 impl Dataset {
@@ -83,6 +86,7 @@ impl Dataset {
             shards,
             options,
             cache: None,
+            key_directory: OnceLock::new(),
         })
     }
 
@@ -184,8 +188,24 @@ impl Dataset {
     /// of the others: the key is looked up in every shard that opens, and only when it is in
     /// none of them is the first shard's error returned (the key may be in that shard).
     pub fn find(&self, key: &str) -> Result<Option<Sample<'_>>> {
+        if self.shards.len() > key_directory::FROM_SHARDS {
+            let directory = self.key_directory.get_or_init(|| KeyDirectory::build(self));
+            let hash = crate::format::key_hash(key);
+            let candidates = directory.shards_for(hash);
+            return self.find_in(key, candidates.chain(directory.unindexed().iter().copied()));
+        }
+        self.find_in(key, 0..self.shards.len())
+    }
+
+    /// The sample with `key` in one of `shards`; the first error of a shard that fails to
+    /// open, when the key is in none of those that open.
+    fn find_in(
+        &self,
+        key: &str,
+        shards: impl Iterator<Item = usize>,
+    ) -> Result<Option<Sample<'_>>> {
         let mut failed = None;
-        for seq in 0..self.shards.len() {
+        for seq in shards {
             match self.shard(seq) {
                 Ok(shard) => {
                     if let Some(local) = shard.index().find_key(key) {

@@ -2,6 +2,7 @@
 //! first use, read samples by ordinal or key, fields by name, rows by range.
 
 pub mod dataset;
+mod key_directory;
 pub mod shard;
 pub mod tensor;
 
