@@ -28,18 +28,8 @@ import time
 import torch
 
 import hspack
+from cuda_capture import HIDDEN, LAYERS, names, schema  # the same capture as the other CUDA benchmark
 from hspack.capture import CudaWriter
-
-HIDDEN = 7168
-LAYERS = (2, 20, 40, 60)
-
-
-def schema():
-    return [hspack.hidden_state(layer, HIDDEN) for layer in LAYERS]
-
-
-def names():
-    return [f["name"] for f in schema()]
 
 
 class TorchPinned:
