@@ -107,6 +107,21 @@ impl FileBytes {
     }
 }
 
+impl FileBytes {
+    /// Drops bytes `range` (relative to these bytes) of a mapping from this process's memory;
+    /// they are read again on the next access. Nothing to do for bytes in memory.
+    pub fn release(&self, range: Range<usize>) {
+        let Backing::Mapped(map) = &*self.backing else {
+            return;
+        };
+        let start = self.range.start + range.start.min(self.range.len());
+        let len = range.len().min(self.range.end - start);
+        if len > 0 {
+            super::mmap::release(map, start, len);
+        }
+    }
+}
+
 impl Deref for FileBytes {
     type Target = [u8];
 

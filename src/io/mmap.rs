@@ -29,6 +29,17 @@ pub fn map_path(path: &Path) -> std::io::Result<FileBytes> {
     Ok(FileBytes::new(Backing::Mapped(map)))
 }
 
+/// Drops bytes `start..start + len` of a read-only file mapping from this process's memory
+/// (`MADV_DONTNEED`): the next access reads them again from the page cache or the file. For
+/// reads that pass over a file once (verify), so that what the process holds stays small.
+pub(super) fn release(map: &Mmap, start: usize, len: usize) {
+    // SAFETY: `map` is a read-only mapping of a file that is never modified in place (see
+    // `map_path`), so it has no private pages to lose: dropped pages read back the same bytes
+    // on the next access, through any live slice of the mapping. The range is within it (the
+    // caller's bounds), and a refusal is harmless (the pages just stay).
+    let _ = unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, len) };
+}
+
 /// [`map_path`], with the error naming the file.
 pub fn map_file(path: &Path) -> Result<FileBytes> {
     map_path(path).map_err(io(path, "map"))

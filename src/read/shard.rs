@@ -241,6 +241,18 @@ impl Shard {
         self.mapped
     }
 
+    /// Drops bytes `range` of a mapped shard from this process's memory (they are read again
+    /// on the next access): for passes over a whole shard, such as verify's.
+    pub fn release(&self, range: Range<u64>) {
+        if let (Some(whole), Ok(start), Ok(end)) = (
+            self.file.whole(),
+            usize::try_from(range.start),
+            usize::try_from(range.end),
+        ) {
+            whole.release(start..end);
+        }
+    }
+
     /// Bytes `range` of the file (zero-copy where the storage maps it).
     pub fn read(&self, range: Range<u64>) -> Result<FileBytes> {
         match self.kept(&range) {

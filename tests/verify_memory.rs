@@ -1,0 +1,62 @@
+//! Verify passes over every byte of a dataset once, so the memory it holds must not grow with
+//! the dataset: a 512 MB dataset is fully verified with the process's peak resident memory
+//! (reset just before) under 160 MB. Alone in its test binary, so no other test's memory counts.
+
+mod common;
+
+use hspack::verify::{verify, VerifyOptions};
+use hspack::{DType, DatasetWriter, Field, Role, Schema, WriteOptions};
+
+fn status(field: &str) -> u64 {
+    let text = std::fs::read_to_string("/proc/self/status").unwrap();
+    let kb: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap();
+    kb << 10
+}
+
+#[test]
+fn verify_holds_little_memory_whatever_the_dataset_size() {
+    const SAMPLES: u64 = 64;
+    const ROWS: usize = 1024;
+    const HIDDEN: u64 = 4096; // 8 MiB a sample
+    let dir = tempfile::tempdir().unwrap();
+    let schema = Schema::new(vec![Field::new(
+        "hidden",
+        DType::BF16,
+        &[HIDDEN],
+        Role::Other,
+    )]);
+    let options = WriteOptions {
+        durable: false,
+        ..WriteOptions::default()
+    };
+    let mut w = DatasetWriter::create(dir.path(), schema, options).unwrap();
+    for i in 0..SAMPLES {
+        let bytes = common::bytes(i, ROWS * HIDDEN as usize * 2);
+        w.append(&format!("s{i}"), &[("hidden", &bytes[..])])
+            .unwrap();
+    }
+    w.finish().unwrap();
+    // Reset the peak (Linux: "5" to clear_refs), so that only verify's counts.
+    let reset = std::fs::write("/proc/self/clear_refs", "5").is_ok();
+    let before = status("VmHWM:");
+    let report = verify(dir.path(), VerifyOptions::default(), &|_| {}).unwrap();
+    assert!(report.is_ok(), "{:?}", report.problems);
+    assert_eq!(report.bytes_hashed, SAMPLES * ROWS as u64 * HIDDEN * 2);
+    let peak = status("VmHWM:");
+    eprintln!(
+        "verify of {} MB: peak resident {} MB (before {} MB, peak reset: {reset})",
+        report.bytes_hashed >> 20,
+        peak >> 20,
+        before >> 20
+    );
+    assert!(
+        peak < 160 << 20,
+        "verify held {} MB at its peak for a {} MB dataset",
+        peak >> 20,
+        report.bytes_hashed >> 20
+    );
+}
