@@ -1,8 +1,12 @@
 //! hspack against the tools users already trust, on the same bytes in the same run.
 //!
 //! `cargo bench --bench peers` (env `HSPACK_BENCH_GB`, default 1, sets the dataset size;
-//! `HSPACK_BENCH_DIR` the folder, default the system temp dir). Prints a markdown table of
-//! ratios, hspack / peer, and writes it to `target/bench-peers.md`. Peers: `cp`, `cat`,
+//! `HSPACK_BENCH_DIR` the folder, default the system temp dir; `ROUNDS`, default 5). Each
+//! round writes the dataset again and runs every measure and its peers on it, interleaved
+//! (the first of the read group rotates each round). Prints a markdown table of medians and
+//! bests (of the rates: the best is the shortest time), the ratio of the medians, hspack /
+//! peer, and the load average, and writes it to `target/bench-peers.md`. The open and lookup
+//! latencies at the end have no peer and run once. Peers: `cp`, `cat`,
 //! `b3sum --num-threads 2` (install with `cargo install b3sum`), `sha256sum`.
 
 use std::path::{Path, PathBuf};
@@ -13,13 +17,24 @@ use hspack::synth::{capture_schema, channel_scales, named_capture_sample, Rng};
 use hspack::verify::{verify, VerifyOptions};
 use hspack::{Codec, DType, Dataset, DatasetWriter, Field, Role, Schema, WriteOptions};
 
+/// A measure: its median and best value over the rounds (the same twice for one run), and
+/// its peer's.
 struct Row {
     what: String,
-    ours: f64,
-    peer: Option<(String, f64)>,
+    ours: (f64, f64),
+    peer: Option<(String, (f64, f64))>,
     unit: &'static str,
     higher_is_better: bool,
 }
+
+const WRITE: &str = "write, fsync'd";
+const CP: &str = "cp + sync of its first shard";
+const VERIFY: &str = "verify, warm cache";
+const B3SUM: &str = "b3sum --num-threads 2";
+const SHA: &str = "sha256sum";
+const READ_ONCE: &str = "sequential read into a buffer, warm cache, chunks hashed once";
+const READ_NEVER: &str = "sequential read into a buffer, warm cache, CheckPolicy::Never";
+const CAT: &str = "cat > /dev/null";
 
 fn secs(f: impl FnOnce()) -> f64 {
     let t = Instant::now();
@@ -162,7 +177,7 @@ fn latency(dir: &Path, n: u64, rows: &mut Vec<Row>) {
     ] {
         rows.push(Row {
             what,
-            ours: v,
+            ours: (v, v),
             peer: None,
             unit: "",
             higher_is_better: false,
@@ -207,12 +222,13 @@ fn main() {
         total as f64 / 1e9,
         work.path().display()
     );
-    let mut rows = Vec::new();
-
-    // Write (fsync'd) vs cp of the same bytes (+ sync).
-    let t_write = secs(|| {
+    let rounds: usize = std::env::var("ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5);
+    let write = |dir: &Path| {
         let mut w = DatasetWriter::create(
-            &dir,
+            dir,
             schema.clone(),
             WriteOptions {
                 codec: Codec::None,
@@ -225,102 +241,93 @@ fn main() {
             w.append(&format!("s{i}"), &f).unwrap();
         }
         w.finish().unwrap();
-    });
-    drop(samples);
-    let files = shards(&dir);
-    let shard_bytes: u64 = files
-        .iter()
-        .map(|f| std::fs::metadata(f).unwrap().len())
-        .sum();
-    let copy = work.path().join("copy.hsp");
-    let t_cp = run(
-        "sh",
-        &[
-            "-c",
-            &format!(
-                "cp {} {} && sync {}",
-                files[0],
-                copy.display(),
-                copy.display()
-            ),
-        ],
-    );
-    rows.push(Row {
-        what: "write (GB/s), fsync'd".into(),
-        ours: total as f64 / t_write / 1e9,
-        peer: t_cp.map(|t| ("cp + sync".into(), shard_bytes as f64 / t / 1e9)),
-        unit: "GB/s",
-        higher_is_better: true,
-    });
-    let _ = std::fs::remove_file(&copy);
-
-    // Warm the cache, then verify vs b3sum and sha256sum.
-    let _ = run(
-        "cat",
-        &files
+    };
+    // Every measure and its peers, round after round (A, B, A, B, ...), each round on a
+    // dataset written in that round; within a group the first to run rotates.
+    let mut rates: Vec<(String, Vec<f64>)> = Vec::new();
+    let mut add = |name: &str, rate: f64| match rates.iter_mut().find(|(n, _)| n == name) {
+        Some((_, v)) => v.push(rate),
+        None => rates.push((name.to_string(), vec![rate])),
+    };
+    for round in 0..rounds {
+        let _ = std::fs::remove_dir_all(&dir);
+        add(WRITE, total as f64 / secs(|| write(&dir)) / 1e9);
+        let files = shards(&dir);
+        let first = std::fs::metadata(&files[0]).unwrap().len();
+        let copy = work.path().join("copy.hsp");
+        let cp = format!(
+            "cp {} {} && sync {}",
+            files[0],
+            copy.display(),
+            copy.display()
+        );
+        add(
+            CP,
+            run("sh", &["-c", &cp]).map_or(f64::NAN, |t| first as f64 / t / 1e9),
+        );
+        let _ = std::fs::remove_file(&copy);
+        let shard_bytes: u64 = files
             .iter()
-            .map(String::as_str)
-            .chain(["/dev/null"])
-            .collect::<Vec<_>>()[..files.len()],
-    );
-    let mut best = f64::MAX;
-    for _ in 0..3 {
-        best = best.min(secs(|| {
-            assert!(verify(&dir, VerifyOptions::default(), &|_| {})
-                .unwrap()
-                .is_ok())
-        }));
-    }
-    let ours = shard_bytes as f64 / best / 1e9;
-    let mut args = vec!["--num-threads", "2"];
-    args.extend(files.iter().map(String::as_str));
-    let b3 = (0..3)
-        .filter_map(|_| run("b3sum", &args))
-        .fold(None, |m: Option<f64>, t| Some(m.map_or(t, |m| m.min(t))));
-    rows.push(Row {
-        what: "verify (GB/s), warm cache".into(),
-        ours,
-        peer: Some((
-            "b3sum --num-threads 2".into(),
-            b3.map_or(f64::NAN, |t| shard_bytes as f64 / t / 1e9),
-        )),
-        unit: "GB/s",
-        higher_is_better: true,
-    });
-    let sha = run(
-        "sha256sum",
-        &files.iter().map(String::as_str).collect::<Vec<_>>(),
-    );
-    rows.push(Row {
-        what: "verify (GB/s), warm cache".into(),
-        ours,
-        peer: sha.map(|t| ("sha256sum".into(), shard_bytes as f64 / t / 1e9)),
-        unit: "GB/s",
-        higher_is_better: true,
-    });
-
-    // Sequential read of every field of every sample vs cat > /dev/null.
-    let t_cat = run(
-        "sh",
-        &["-c", &format!("cat {} > /dev/null", files.join(" "))],
-    );
-    for (check, label) in [
-        (hspack::CheckPolicy::Once, "chunks hashed once"),
-        (hspack::CheckPolicy::Never, "CheckPolicy::Never"),
-    ] {
-        let ds = Dataset::open_with(
-            &dir,
-            hspack::ReadOptions {
+            .map(|f| std::fs::metadata(f).unwrap().len())
+            .sum();
+        let cat = format!("cat {} > /dev/null", files.join(" "));
+        let _ = run("sh", &["-c", &cat]); // warm
+        let mut b3 = vec!["--num-threads", "2"];
+        b3.extend(files.iter().map(String::as_str));
+        let sha: Vec<&str> = files.iter().map(String::as_str).collect();
+        let read = |check| {
+            let options = hspack::ReadOptions {
                 check,
                 ..Default::default()
-            },
-        )
-        .unwrap();
-        let (read, t) = read_everything(&ds);
+            };
+            let (bytes, t) = read_everything(&Dataset::open_with(&dir, options).unwrap());
+            Some(t * shard_bytes as f64 / bytes as f64)
+        };
+        type Timed<'a> = (&'static str, Box<dyn Fn() -> Option<f64> + 'a>);
+        let mut group: Vec<Timed> = vec![
+            (
+                VERIFY,
+                Box::new(|| {
+                    Some(secs(|| {
+                        assert!(verify(&dir, VerifyOptions::default(), &|_| {})
+                            .unwrap()
+                            .is_ok())
+                    }))
+                }),
+            ),
+            (B3SUM, Box::new(|| run("b3sum", &b3))),
+            (SHA, Box::new(|| run("sha256sum", &sha))),
+            (READ_ONCE, Box::new(|| read(hspack::CheckPolicy::Once))),
+            (READ_NEVER, Box::new(|| read(hspack::CheckPolicy::Never))),
+            (CAT, Box::new(|| run("sh", &["-c", &cat]))),
+        ];
+        let lead = round % group.len();
+        group.rotate_left(lead);
+        for (name, timed) in &group {
+            add(
+                name,
+                timed().map_or(f64::NAN, |t| shard_bytes as f64 / t / 1e9),
+            );
+        }
+        eprintln!("round {} of {rounds} done", round + 1);
+    }
+    let series = |name: &str| {
+        let mut v = rates.iter().find(|(n, _)| n == name).unwrap().1.clone();
+        v.sort_by(f64::total_cmp);
+        (v[v.len() / 2], v[v.len() - 1]) // (median rate, best rate = min time)
+    };
+    let mut rows = Vec::new();
+    for (ours, peer) in [
+        (WRITE, CP),
+        (VERIFY, B3SUM),
+        (VERIFY, SHA),
+        (READ_ONCE, CAT),
+        (READ_NEVER, CAT),
+    ] {
         rows.push(Row {
-            what: format!("sequential read into a buffer (GB/s), warm cache, {label}"),
-            ours: read as f64 / t / 1e9,
-            peer: t_cat.map(|t| ("cat > /dev/null".into(), shard_bytes as f64 / t / 1e9)),
+            what: format!("{ours} (GB/s)"),
+            ours: series(ours),
+            peer: Some((peer.to_string(), series(peer))),
             unit: "GB/s",
             higher_is_better: true,
         });
@@ -332,23 +339,26 @@ fn main() {
         latency(&d, n, &mut rows);
     }
 
-    let mut table = String::from(
-        "| measure | hspack | peer | peer value | ratio (hspack / peer) |\n|---|---|---|---|---|\n",
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let mut table = format!(
+        "load average at the end: {}\n\n| measure | hspack median (best) | peer | peer median (best) | ratio of medians (hspack / peer) |\n|---|---|---|---|---|\n",
+        load.trim()
     );
     for r in &rows {
+        let (median, best) = r.ours;
         match &r.peer {
-            Some((name, v)) => {
+            Some((name, (v, v_best))) => {
                 let ratio = if r.higher_is_better {
-                    r.ours / v
+                    median / v
                 } else {
-                    v / r.ours
+                    v / median
                 };
                 table += &format!(
-                    "| {} | {:.3} {} | {name} | {v:.3} | {ratio:.2}× |\n",
-                    r.what, r.ours, r.unit
+                    "| {} | {median:.3} ({best:.3}) {} | {name} | {v:.3} ({v_best:.3}) | {ratio:.2}× |\n",
+                    r.what, r.unit
                 );
             }
-            None => table += &format!("| {} | {:.2} | | | |\n", r.what, r.ours),
+            None => table += &format!("| {} | {median:.2} | | | |\n", r.what),
         }
     }
     println!("{table}");
