@@ -34,11 +34,16 @@ pub const LEASE_FILE: &str = ".hspack-writer.lease";
 
 /// How long a lease lasts unless renewed: 60 s, or `HSPACK_WRITER_LEASE_SECS`.
 pub fn lease_ttl() -> Duration {
-    let secs = std::env::var("HSPACK_WRITER_LEASE_SECS")
+    env_seconds("HSPACK_WRITER_LEASE_SECS", 60.0, false)
+}
+
+/// The seconds the variable `name` gives (zero only `with_zero`), else `default`.
+fn env_seconds(name: &str, default: f64, with_zero: bool) -> Duration {
+    let secs = std::env::var(name)
         .ok()
         .and_then(|s| s.parse::<f64>().ok())
-        .filter(|s| s.is_finite() && *s > 0.0)
-        .unwrap_or(60.0);
+        .filter(|s| s.is_finite() && (*s > 0.0 || (with_zero && *s == 0.0)))
+        .unwrap_or(default);
     Duration::from_secs_f64(secs)
 }
 
@@ -83,12 +88,7 @@ impl LeaseText {
 /// How long a writer sharing a dataset waits for the commit lease: 600 s, or
 /// `HSPACK_COMMIT_WAIT_SECS`.
 pub fn commit_wait() -> Duration {
-    let secs = std::env::var("HSPACK_COMMIT_WAIT_SECS")
-        .ok()
-        .and_then(|s| s.parse::<f64>().ok())
-        .filter(|s| s.is_finite() && *s >= 0.0)
-        .unwrap_or(600.0);
-    Duration::from_secs_f64(secs)
+    env_seconds("HSPACK_COMMIT_WAIT_SECS", 600.0, true)
 }
 
 /// A writer sharing a dataset in object storage, between its commits: it holds nothing.
