@@ -1,10 +1,14 @@
 //! Writes the golden test vectors: `hspack-golden [OUT]` (default `format-spec/golden`).
 //!
-//! `v1/`: three small datasets, one per codec, each with a field of every dtype and samples
-//! whose lengths sit at row-block boundaries ±1, over two shards. `v2/stacked`: a dataset
-//! with a stacked-layer field (manifest version 2). `v3/leased`: the v1 schema written under a
-//! writer lease (manifest version 3: `writer.lease`, shard and table names after it). Deterministic: a fixed dataset id and
-//! generated data, so the bytes only change when the format does.
+//! What this writes is manifest version 4: `v4/segments`, a field of every dtype and samples
+//! whose lengths sit at row-block boundaries ±1, one sample a shard, so that 8 commits'
+//! segments are merged into one of level 1 and a ninth follows; `v4/stacked`, a dataset with a
+//! stacked-layer field; `v4/leased`, written under a writer lease (`writer.lease`, file names
+//! after it). Deterministic: a fixed dataset id and generated data, so the bytes only change
+//! when the format does.
+//!
+//! The older vectors are kept as they were written, to be read: `v1/` (one dataset per codec,
+//! two shards), `v2/stacked` (manifest version 2), `v3/leased` (manifest version 3).
 
 use std::path::{Path, PathBuf};
 
@@ -60,23 +64,26 @@ pub fn stacked_schema() -> Schema {
 }
 
 /// Writes every golden dataset under `root`: `v1/{codec}`, `v2/stacked` and `v3/leased`.
+/// The folders [`write_all`] writes, relative to its root.
+pub const WRITTEN: [&str; 3] = ["v4/segments", "v4/stacked", "v4/leased"];
+
 pub fn write_all(root: &Path) -> hspack::Result<()> {
-    let v1 = root.join("v1");
-    for codec in Codec::ALL {
-        write_one(
-            &v1.join(codec.name()),
-            schema(),
-            codec,
-            *b"hspack-golden-v1",
-        )?;
-    }
+    let v4 = root.join("v4");
     write_one(
-        &root.join("v2").join("stacked"),
-        stacked_schema(),
+        &v4.join("segments"),
+        schema(),
         Codec::None,
-        *b"hspack-golden-v2",
+        *b"hspack-golden-v4",
+        1,
     )?;
-    write_leased(&root.join("v3").join("leased"))
+    write_one(
+        &v4.join("stacked"),
+        stacked_schema(),
+        Codec::Zstd,
+        *b"hspack-golden-v4",
+        5,
+    )?;
+    write_leased(&v4.join("leased"))
 }
 
 /// `v3/leased`: the v1 schema written under a writer lease (manifest version 3), as a writer
@@ -85,7 +92,7 @@ fn write_leased(dir: &Path) -> hspack::Result<()> {
     let memory = hspack::io::MemoryStorage::new("golden-v3");
     memory.lease_as(LEASE);
     let storage: std::sync::Arc<dyn Storage> = std::sync::Arc::new(memory.clone());
-    write_into(storage, schema(), Codec::None, *b"hspack-golden-v3")?;
+    write_into(storage, schema(), Codec::None, *b"hspack-golden-v4", 5)?;
     let _ = std::fs::remove_dir_all(dir);
     let failed = |path: &Path, op| {
         let path = path.to_path_buf();
@@ -103,9 +110,21 @@ fn write_leased(dir: &Path) -> hspack::Result<()> {
 /// The writer lease of `v3/leased`.
 pub const LEASE: &str = "6c6561736564676f6c64656e2d763321";
 
-fn write_one(dir: &Path, schema: Schema, codec: Codec, id: [u8; 16]) -> hspack::Result<()> {
+fn write_one(
+    dir: &Path,
+    schema: Schema,
+    codec: Codec,
+    id: [u8; 16],
+    shard_samples: u64,
+) -> hspack::Result<()> {
     let _ = std::fs::remove_dir_all(dir);
-    write_into(hspack::io::open_location(dir)?, schema, codec, id)
+    write_into(
+        hspack::io::open_location(dir)?,
+        schema,
+        codec,
+        id,
+        shard_samples,
+    )
 }
 
 fn write_into(
@@ -113,10 +132,11 @@ fn write_into(
     schema: Schema,
     codec: Codec,
     id: [u8; 16],
+    shard_samples: u64,
 ) -> hspack::Result<()> {
     let options = WriteOptions {
         chunk_bytes: Some(96),
-        shard_samples: 5,
+        shard_samples,
         codec,
         align_log2: 6,
         durable: false,

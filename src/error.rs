@@ -141,6 +141,14 @@ pub enum Error {
         /// What is wrong.
         detail: String,
     },
+    /// A key run (manifest version 4) does not match its segment or its shards.
+    #[error("{}: {detail}: rewrite it from the shards with `hspack reindex DATASET`, or restore it from a copy with `hspack repair`", path.display())]
+    KeyRun {
+        /// Key run file.
+        path: PathBuf,
+        /// What is wrong.
+        detail: String,
+    },
     /// An ordinal past the end.
     #[error("sample {ordinal} does not exist: the dataset has {len} samples (0..{len})")]
     NoSuchSample {
@@ -262,7 +270,7 @@ impl Error {
     /// that `verify` reports as a problem (exit code 1 in the command line), rather than a
     /// wrong argument or an unreadable input: a checksum or chunk that does not match its
     /// index, dirty padding, a shard replaced, foreign, undecodable or missing, a damaged
-    /// samples table.
+    /// samples table or key run.
     pub fn is_damage(&self) -> bool {
         match self {
             Error::ChecksumMismatch { .. }
@@ -272,6 +280,7 @@ impl Error {
             | Error::ShardMismatch { .. }
             | Error::ForeignShard { .. }
             | Error::SamplesTable { .. }
+            | Error::KeyRun { .. }
             | Error::Format { .. } => true,
             Error::Io { source, .. } => source.kind() == std::io::ErrorKind::NotFound,
             _ => false,

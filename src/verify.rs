@@ -141,7 +141,8 @@ pub fn verify_dataset(
         }
     }
     let (leftovers, unknown_files) = files_not_in_use(&ds)?;
-    problems.extend(check_samples_table(&ds));
+    problems.extend(check_samples_tables(&ds));
+    problems.extend(check_key_runs(&ds));
     let mut report = Report {
         shards: manifest.shards.len() as u64,
         samples: manifest.samples,
@@ -274,9 +275,7 @@ fn files_not_in_use(ds: &Dataset) -> Result<(Vec<PathBuf>, Vec<PathBuf>)> {
             crate::convert::job::REPORT_FILE,
         ])
         .collect();
-    if let Some(t) = &manifest.samples_table {
-        used.insert(t.file.as_str());
-    }
+    used.extend(manifest.listed_files().iter().map(|f| f.file));
     let (mut leftovers, mut unknown) = (Vec::new(), Vec::new());
     let storage = ds.storage();
     for name in storage.list()? {
@@ -293,39 +292,109 @@ fn files_not_in_use(ds: &Dataset) -> Result<(Vec<PathBuf>, Vec<PathBuf>)> {
     Ok((leftovers, unknown))
 }
 
-fn check_samples_table(ds: &Dataset) -> Option<Error> {
-    let t = ds.manifest().samples_table.as_ref()?;
-    let path = ds.storage().path(&t.file);
-    let problem = |detail: String| {
-        Some(Error::SamplesTable {
-            path: path.clone(),
+/// The samples table (versions 1 to 3) or its parts (version 4), each against its length and
+/// hash. A table is checked as everything else is, by its hash in the manifest; its parquet is
+/// never decoded here (a decoder fed hostile bytes is a risk the hash makes needless).
+fn check_samples_tables(ds: &Dataset) -> Vec<Error> {
+    let manifest = ds.manifest();
+    let mut problems = Vec::new();
+    for t in manifest.table_files() {
+        let problem = |detail: String| Error::SamplesTable {
+            path: ds.storage().path(&t.file),
             detail,
-        })
-    };
-    let bytes = match ds.storage().read(&t.file) {
+        };
+        if let Err(detail) = read_listed(ds, &t.file, t.bytes, &t.blake3) {
+            problems.push(problem(detail));
+        }
+        if let Some(whole) = manifest
+            .samples_table
+            .as_ref()
+            .filter(|w| w.samples != ds.len())
+        {
+            problems.push(problem(format!(
+                "the manifest records {} rows, the dataset has {} samples",
+                whole.samples,
+                ds.len()
+            )));
+        }
+    }
+    problems
+}
+
+/// Every key run (version 4) against its length and hash, its rules (§6.4), and the keys of
+/// its segment's shards: one entry per sample, none missing, none more.
+fn check_key_runs(ds: &Dataset) -> Vec<Error> {
+    let manifest = ds.manifest();
+    let mut problems = Vec::new();
+    for (g, files) in manifest.segments.iter().zip(&manifest.segment_files) {
+        let Some(run) = &files.keys else { continue };
+        let problem = |detail: String| Error::KeyRun {
+            path: ds.storage().path(&run.file),
+            detail,
+        };
+        let bytes = match read_listed(ds, &run.file, run.bytes, &run.blake3) {
+            Ok(bytes) => bytes,
+            Err(detail) => {
+                problems.push(problem(detail));
+                continue;
+            }
+        };
+        let ordinals = g.first_ordinal..g.first_ordinal + g.samples;
+        let found = match crate::format::segment::decode_key_run(&bytes, ordinals) {
+            Ok(found) => found,
+            Err(e) => {
+                problems.push(problem(e.to_string()));
+                continue;
+            }
+        };
+        let mut want = Vec::with_capacity(found.len());
+        let seqs = g.first_seq as usize..(g.first_seq + g.shards) as usize;
+        // A shard that does not open is reported on its own; its keys cannot be compared.
+        let Ok(opened) = seqs.map(|seq| ds.shard(seq)).collect::<Result<Vec<_>>>() else {
+            continue;
+        };
+        for shard in opened {
+            let index = shard.index();
+            want.extend((0..index.sample_count()).filter_map(|i| {
+                let entry = index.sample(i)?;
+                Some(crate::format::segment::KeyRunEntry {
+                    hash: crate::format::key_hash(index.key_of(&entry)?),
+                    ordinal: entry.ordinal,
+                })
+            }));
+        }
+        want.sort_unstable();
+        if let Some(i) = (0..want.len().max(found.len())).find(|&i| want.get(i) != found.get(i)) {
+            problems.push(problem(format!(
+                "entry {i} is {:?}, the shards' key tables give {:?}",
+                found.get(i),
+                want.get(i)
+            )));
+        }
+    }
+    problems
+}
+
+/// The bytes of a file the manifest lists, or why they are not what it records.
+fn read_listed(
+    ds: &Dataset,
+    file: &str,
+    bytes: u64,
+    blake3: &str,
+) -> std::result::Result<Vec<u8>, String> {
+    let found = match ds.storage().read(file) {
         Ok(Some(b)) => b,
-        Ok(None) => return problem("the file is missing".into()),
-        Err(e) => return problem(format!("cannot read it ({e})")),
+        Ok(None) => return Err("the file is missing".into()),
+        Err(e) => return Err(format!("cannot read it ({e})")),
     };
-    let hash = hex(blake3::hash(&bytes).as_bytes());
-    if bytes.len() as u64 != t.bytes || hash != t.blake3 {
-        return problem(format!(
-            "{} bytes hashing to {hash}, the manifest records {} bytes hashing to {}",
-            bytes.len(),
-            t.bytes,
-            t.blake3
+    let hash = hex(blake3::hash(&found).as_bytes());
+    if found.len() as u64 != bytes || hash != blake3.to_ascii_lowercase() {
+        return Err(format!(
+            "{} bytes hashing to {hash}, the manifest records {bytes} bytes hashing to {blake3}",
+            found.len(),
         ));
     }
-    // The table is checked as everything else is, by its hash in the manifest; its parquet
-    // is never decoded here (a decoder fed hostile bytes is a risk the hash makes needless).
-    if t.samples != ds.len() {
-        return problem(format!(
-            "the manifest records {} rows, the dataset has {} samples",
-            t.samples,
-            ds.len()
-        ));
-    }
-    None
+    Ok(found)
 }
 
 /// The dataset digest of `dir` after a full verification: one line that two intact copies

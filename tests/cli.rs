@@ -189,7 +189,7 @@ fn export_refuses_a_field_name_that_leaves_the_output_folder() {
     for hostile in ["../../PWN", absolute.as_str()] {
         // The writer refuses such a name, so edit a real manifest: everything else stays
         // consistent (schema hash included), only the naming rule stands in the way.
-        let mut m: Manifest = serde_json::from_slice(&original).unwrap();
+        let mut m = Manifest::decode(&original).unwrap();
         m.schema.fields[0].name = hostile.to_string();
         m.schema_blake3 = hex(&m.schema.hash());
         std::fs::write(&path, m.encode()).unwrap();
@@ -248,32 +248,45 @@ fn info_refuses_shard_sizes_that_add_up_past_2_64() {
 }
 
 #[test]
-fn reindex_rewrites_a_lost_or_damaged_samples_table() {
+fn reindex_rewrites_a_lost_or_damaged_table_part_or_key_run() {
     let t = tempfile::tempdir().unwrap();
     assert!(demo(t.path()).status.success());
-    let table = t.path().join("ds/samples.parquet");
-    let good = std::fs::read(&table).unwrap();
+    let info: serde_json::Value =
+        serde_json::from_slice(&hspack_in(&["info", "ds", "--json"], t.path()).stdout).unwrap();
+    let part = info["table_files"][0].as_str().unwrap().to_string();
+    let run = std::fs::read_dir(t.path().join("ds"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .find(|n| n.starts_with("keys-"))
+        .unwrap();
     let digest = text(&hspack_in(&["digest", "ds"], t.path()));
-    for damage in ["flip", "remove"] {
-        match damage {
-            "flip" => {
-                let mut bad = good.clone();
-                bad[good.len() / 2] ^= 1;
-                std::fs::write(&table, bad).unwrap();
+    for name in [part, run] {
+        let file = t.path().join("ds").join(&name);
+        let good = std::fs::read(&file).unwrap();
+        for damage in ["flip", "remove"] {
+            match damage {
+                "flip" => {
+                    let mut bad = good.clone();
+                    bad[good.len() / 2] ^= 1;
+                    std::fs::write(&file, bad).unwrap();
+                }
+                _ => std::fs::remove_file(&file).unwrap(),
             }
-            _ => std::fs::remove_file(&table).unwrap(),
+            let o = hspack_in(&["verify", "ds"], t.path());
+            assert_eq!(o.status.code(), Some(1), "{name} {damage}: {}", text(&o));
+            assert!(text(&o).contains("hspack reindex"), "{}", text(&o));
+            assert!(text(&o).contains(&name), "{}", text(&o));
+            let o = hspack_in(&["reindex", "ds"], t.path());
+            assert!(o.status.success(), "{}", text(&o));
+            assert!(text(&o).contains(&name), "{}", text(&o));
+            let o = hspack_in(&["verify", "ds"], t.path());
+            assert_eq!(o.status.code(), Some(0), "{name} {damage}: {}", text(&o));
+            assert_eq!(std::fs::read(&file).unwrap(), good, "the same file again");
+            assert_eq!(text(&hspack_in(&["digest", "ds"], t.path())), digest);
         }
-        let o = hspack_in(&["verify", "ds"], t.path());
-        assert_eq!(o.status.code(), Some(1), "{damage}: {}", text(&o));
-        assert!(text(&o).contains("hspack reindex"), "{}", text(&o));
-        let o = hspack_in(&["reindex", "ds"], t.path());
-        assert!(o.status.success(), "{}", text(&o));
-        assert!(text(&o).contains("5 samples"), "{}", text(&o));
-        let o = hspack_in(&["verify", "ds"], t.path());
-        assert_eq!(o.status.code(), Some(0), "{damage}: {}", text(&o));
-        assert_eq!(std::fs::read(&table).unwrap(), good, "the same table again");
-        assert_eq!(text(&hspack_in(&["digest", "ds"], t.path())), digest);
     }
+    let o = hspack_in(&["reindex", "ds"], t.path());
+    assert!(text(&o).contains("nothing rewritten"), "{}", text(&o));
 }
 
 #[test]

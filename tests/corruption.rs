@@ -144,19 +144,27 @@ fn bit_flips_in_the_manifest_are_refused() {
     let (dir, _) = dataset(Codec::None);
     let path = dir.path().join("manifest.json");
     let text = std::fs::read_to_string(&path).unwrap();
-    // A changed index hash: the shard no longer matches.
-    let m: hspack::format::Manifest = serde_json::from_str(&text).unwrap();
-    let h = &m.shards[0].index_blake3;
-    let bad = format!("{}{}", if h.starts_with('0') { "1" } else { "0" }, &h[1..]);
-    std::fs::write(&path, text.replace(h.as_str(), &bad)).unwrap();
-    let ds = Dataset::open(dir.path()).unwrap();
-    assert!(matches!(
-        ds.sample(0),
-        Err(Error::ShardMismatch {
-            what: "index blake3",
-            ..
-        })
-    ));
+    let other = |h: &str| format!("{}{}", if h.starts_with('0') { "1" } else { "0" }, &h[1..]);
+    // A changed segment hash: the segment no longer matches, and nothing opens.
+    let m = hspack::format::Manifest::decode(text.as_bytes()).unwrap();
+    let segment = &m.segments[0];
+    std::fs::write(
+        &path,
+        text.replace(&segment.blake3, &other(&segment.blake3)),
+    )
+    .unwrap();
+    let err = Dataset::open(dir.path()).unwrap_err();
+    assert!(matches!(err, Error::Format { .. }), "{err}");
+    assert!(err.to_string().contains(&segment.file), "{err}");
+    // A changed index hash in the segment: the segment no longer hashes to its entry.
+    std::fs::write(&path, &text).unwrap();
+    let segment_path = dir.path().join(&segment.file);
+    let segment_text = std::fs::read_to_string(&segment_path).unwrap();
+    let h = segment_text.split("\"index_blake3\": \"").nth(1).unwrap()[..64].to_string();
+    std::fs::write(&segment_path, segment_text.replace(&h, &other(&h))).unwrap();
+    let err = Dataset::open(dir.path()).unwrap_err();
+    assert!(err.to_string().contains("BLAKE3 differs"), "{err}");
+    std::fs::write(&segment_path, &segment_text).unwrap();
     // A changed sample count: the manifest contradicts itself.
     std::fs::write(&path, text.replace("\"samples\": 8", "\"samples\": 9")).unwrap();
     assert!(matches!(
@@ -288,10 +296,10 @@ fn a_shard_from_another_dataset_is_named() {
 }
 
 #[test]
-fn a_stale_manifest_and_a_stale_samples_table_are_reported() {
+fn a_stale_manifest_and_a_stale_key_run_are_reported() {
     let (dir, _) = dataset(Codec::None);
     let old_manifest = std::fs::read(dir.path().join("manifest.json")).unwrap();
-    let old_table = std::fs::read(dir.path().join("samples.parquet")).unwrap();
+    let old_run = std::fs::read(dir.path().join("keys-000001-000001.bin")).unwrap();
     let mut w = DatasetWriter::open(
         dir.path(),
         capture_schema(HIDDEN as u64),
@@ -315,18 +323,27 @@ fn a_stale_manifest_and_a_stale_samples_table_are_reported() {
     // its commit leaves, and is reported as such.
     let new_manifest = std::fs::read(dir.path().join("manifest.json")).unwrap();
     std::fs::write(dir.path().join("manifest.json"), &old_manifest).unwrap();
-    std::fs::write(dir.path().join("samples.parquet"), &old_table).unwrap();
     let r = verify(dir.path(), VerifyOptions::default(), &|_| {}).unwrap();
     assert!(r.is_ok(), "{:?}", r.problems);
-    assert!(
-        matches!(&r.leftovers[..], [shard] if shard.ends_with("shard-000002.hsp")),
-        "{:?}",
-        r.leftovers
-    );
-    // An old samples table beside the new manifest.
+    let names: Vec<String> = (r.leftovers.iter())
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    for new in [
+        "shard-000002.hsp",
+        "segment-000002-000002.json",
+        "keys-000002-000002.bin",
+        "samples-000002-000002.parquet",
+    ] {
+        assert!(names.iter().any(|n| n == new), "{new} not in {names:?}");
+    }
+    // A key run of an earlier dataset beside the new manifest (a run of another segment,
+    // whose ordinals lie elsewhere).
     std::fs::write(dir.path().join("manifest.json"), &new_manifest).unwrap();
+    let run = dir.path().join("keys-000002-000002.bin");
+    std::fs::write(&run, &old_run).unwrap();
     let p = problems(dir.path());
-    assert!(matches!(&p[..], [Error::SamplesTable { .. }]), "{p:?}");
+    assert!(matches!(&p[..], [Error::KeyRun { .. }]), "{p:?}");
+    assert!(p[0].to_string().contains("keys-000002-000002.bin"), "{p:?}");
 }
 
 #[test]
@@ -539,7 +556,8 @@ fn lookups_by_key_over_many_shards_survive_a_damaged_shard() {
         shard_samples: 2,
         ..small_options()
     };
-    let mut w = DatasetWriter::create(dir.path(), capture_schema(HIDDEN as u64), options).unwrap();
+    let mut w =
+        DatasetWriter::create(dir.path(), capture_schema(HIDDEN as u64), options.clone()).unwrap();
     for i in 0..30u64 {
         w.append(&format!("k{i}"), &as_fields(&capture_sample(i, 3, HIDDEN)))
             .unwrap();
@@ -566,11 +584,46 @@ fn lookups_by_key_over_many_shards_survive_a_damaged_shard() {
     for i in [0u64, 5, 8, 29] {
         assert_eq!(ds.get_by_key(&format!("k{i}")).unwrap().ordinal(), i);
     }
-    for key in ["k6", "k7", "nope"] {
+    for key in ["k6", "k7"] {
         let err = ds.get_by_key(key).unwrap_err();
         assert!(
             !matches!(err, Error::NoSuchKey { .. }) && err.to_string().contains("shard-000003"),
             "{key}: {err}"
         );
     }
+    // The key runs, covered by the manifest, say that no shard holds "nope".
+    assert!(matches!(
+        ds.get_by_key("nope"),
+        Err(Error::NoSuchKey { .. })
+    ));
+
+    // A damaged key run is not trusted: its segment's shards are searched instead.
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = DatasetWriter::create(dir.path(), capture_schema(HIDDEN as u64), options).unwrap();
+    for i in 0..30u64 {
+        w.append(&format!("k{i}"), &as_fields(&capture_sample(i, 3, HIDDEN)))
+            .unwrap();
+    }
+    w.finish().unwrap();
+    let ds = Dataset::open(dir.path()).unwrap();
+    let runs: Vec<String> = (ds.manifest().segment_files.iter())
+        .map(|f| f.keys.as_ref().unwrap().file.clone())
+        .collect();
+    assert!(
+        runs.len() > 1 && runs[0] == "keys-000000-000007.bin",
+        "{runs:?}"
+    );
+    let run = dir.path().join(&runs[0]);
+    let mut bytes = std::fs::read(&run).unwrap();
+    bytes.swap(0, 16 * 5); // two hashes exchanged: every lookup of them would miss
+    bytes[3] ^= 0x40;
+    std::fs::write(&run, bytes).unwrap();
+    let ds = Dataset::open(dir.path()).unwrap();
+    for i in 0..30u64 {
+        assert_eq!(ds.get_by_key(&format!("k{i}")).unwrap().ordinal(), i);
+    }
+    assert!(matches!(
+        ds.get_by_key("nope"),
+        Err(Error::NoSuchKey { .. })
+    ));
 }

@@ -18,17 +18,6 @@ fn committed() -> PathBuf {
     root().join("v1")
 }
 
-/// Every golden dataset folder, relative to the root.
-fn datasets() -> Vec<String> {
-    let mut v: Vec<String> = Codec::ALL
-        .iter()
-        .map(|c| format!("v1/{}", c.name()))
-        .collect();
-    v.push("v2/stacked".into());
-    v.push("v3/leased".into());
-    v
-}
-
 fn files(dir: &Path) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(dir)
         .unwrap()
@@ -42,8 +31,8 @@ fn files(dir: &Path) -> Vec<String> {
 fn golden_vectors_are_current() {
     let fresh = tempfile::tempdir().unwrap();
     golden::write_all(fresh.path()).unwrap();
-    for set in datasets() {
-        let (a, b) = (root().join(&set), fresh.path().join(&set));
+    for set in golden::WRITTEN {
+        let (a, b) = (root().join(set), fresh.path().join(set));
         assert_eq!(files(&a), files(&b), "{set}: file lists differ");
         for name in files(&a) {
             let (x, y) = (
@@ -134,4 +123,98 @@ fn stacked_golden_vector_is_version_2_and_reads_back() {
     let t = s.read("aux_hidden_state", None).unwrap();
     assert_eq!(t.shape, vec![16, 3, 4]);
     assert_eq!(t.bytes().len(), 16 * 3 * 4 * 2);
+}
+
+/// The samples of `a` and `b` are the same: keys and every field's bytes.
+fn same_samples(a: &Dataset, b: &Dataset) {
+    assert_eq!(a.len(), b.len());
+    for i in 0..a.len() {
+        let (x, y) = (a.sample(i).unwrap(), b.sample(i).unwrap());
+        assert_eq!(x.key(), y.key());
+        for f in &a.schema().fields {
+            let (p, q) = (
+                x.read(&f.name, None).unwrap(),
+                y.read(&f.name, None).unwrap(),
+            );
+            assert_eq!(p.bytes(), q.bytes(), "sample {i} field {}", f.name);
+        }
+    }
+}
+
+#[test]
+fn segments_golden_vectors_are_version_4_and_read_as_v1_does() {
+    for (set, older) in [
+        ("v4/segments", "v1/none"),
+        ("v4/stacked", "v2/stacked"),
+        ("v4/leased", "v3/leased"),
+    ] {
+        let dir = root().join(set);
+        let report = verify(&dir, VerifyOptions::default(), &|_| {}).unwrap();
+        assert!(report.is_ok(), "{set}: {:?}", report.problems);
+        assert!(report.leftovers.is_empty() && report.unknown_files.is_empty());
+        let ds = Dataset::open(&dir).unwrap();
+        assert_eq!(ds.manifest().version, 4);
+        same_samples(&ds, &Dataset::open(root().join(older)).unwrap());
+        for i in 0..ds.len() {
+            let s = ds.get_by_key(&format!("golden-{i}")).unwrap();
+            assert_eq!(s.ordinal(), i);
+        }
+        assert!(ds.get_by_key("golden-99").is_err());
+        // One table part per commit, never merged.
+        let rows: u64 = ds.manifest().table_files().iter().map(|t| t.samples).sum();
+        assert_eq!(rows, ds.len());
+        assert_eq!(
+            ds.manifest().table_files().len(),
+            ds.manifest().shards.len()
+        );
+    }
+    // Nine commits of one shard each: the first eight merged into one segment of level 1.
+    let ds = Dataset::open(root().join("v4/segments")).unwrap();
+    let m = ds.manifest();
+    let shape: Vec<(u8, u32, u32, &str)> = (m.segments.iter())
+        .map(|g| (g.level, g.first_seq, g.shards, g.file.as_str()))
+        .collect();
+    assert_eq!(
+        shape,
+        [
+            (1, 0, 8, "segment-000000-000007.json"),
+            (0, 8, 1, "segment-000008-000008.json")
+        ]
+    );
+    let leased = Dataset::open(root().join("v4/leased")).unwrap();
+    assert_eq!(
+        leased.manifest().segments[0].file,
+        "segment-000000-000000-6c6561736564676f.json"
+    );
+}
+
+#[test]
+fn a_writer_appending_to_a_version_1_dataset_writes_version_4() {
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().join("ds");
+    std::fs::create_dir(&dir).unwrap();
+    for name in files(&root().join("v1/none")) {
+        std::fs::copy(root().join("v1/none").join(&name), dir.join(&name)).unwrap();
+    }
+    let v1 = Dataset::open(&dir).unwrap();
+    assert_eq!(v1.manifest().version, 1);
+    let mut w = hspack::DatasetWriter::open(&dir, golden::schema(), Default::default()).unwrap();
+    // One row of zeros in every field.
+    let fields: Vec<(String, Vec<u8>)> = (golden::schema().fields.iter())
+        .map(|f| (f.name.clone(), vec![0u8; f.row_bytes() as usize]))
+        .collect();
+    let fields: Vec<(&str, &[u8])> = fields.iter().map(|(n, b)| (n.as_str(), &b[..])).collect();
+    w.append("new", &fields).unwrap();
+    w.finish().unwrap();
+    let ds = Dataset::open(&dir).unwrap();
+    let m = ds.manifest();
+    assert_eq!(m.version, 4);
+    assert_eq!(ds.len(), v1.len() + 1);
+    // The earlier shards: one segment, whose part is the earlier table, kept as it was.
+    assert_eq!((m.segments[0].first_seq, m.segments[0].shards), (0, 2));
+    assert_eq!(m.table_files()[0].file, "samples.parquet");
+    assert_eq!(ds.get_by_key("new").unwrap().ordinal(), v1.len());
+    assert_eq!(ds.get_by_key("golden-3").unwrap().ordinal(), 3);
+    let report = verify(&dir, VerifyOptions::default(), &|_| {}).unwrap();
+    assert!(report.is_ok() && report.leftovers.is_empty(), "{report:?}");
 }

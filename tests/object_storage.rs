@@ -356,14 +356,27 @@ fn writers_write_into_s3(local: &str) {
     );
     let ds = Dataset::open(url).unwrap();
     let m = ds.manifest();
-    assert_eq!(m.version, 3);
+    assert_eq!(m.version, 4);
     let lease = m.writer.lease.clone().expect("a lease in the manifest");
     assert_eq!(m.shards.len(), 4);
     for s in &m.shards {
         assert_eq!(s.file, format!("shard-{:06}-{}.hsp", s.seq, &lease[..16]));
     }
-    let table = m.samples_table.as_ref().unwrap();
-    assert_eq!(table.file, format!("samples-{}.parquet", &lease[..16]));
+    for t in m.table_files() {
+        assert!(
+            t.file.ends_with(&format!("-{}.parquet", &lease[..16])),
+            "{}",
+            t.file
+        );
+    }
+    for g in &m.segments {
+        assert!(
+            g.file.ends_with(&format!("-{}.json", &lease[..16])),
+            "{}",
+            g.file
+        );
+    }
+    assert_eq!(ds.get_by_key("s3").unwrap().ordinal(), 3);
 
     // A shard larger than one part goes up in parts, from the spool file.
     let big = "s3://hspack-test/big-shard";

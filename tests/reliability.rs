@@ -307,7 +307,7 @@ fn corruption(rng: &mut Rng) -> Tally {
     ];
     let kinds = structures.iter().copied().chain([
         "manifest byte",
-        "samples.parquet byte",
+        "samples table part byte",
         "shard truncated",
         "shard deleted",
         "bytes appended to a shard",
@@ -318,11 +318,11 @@ fn corruption(rng: &mut Rng) -> Tally {
             copy_dir(&pristine, &dir);
             let shard = dir.join(&shards[rng.below(shards.len() as u64) as usize]);
             let what = match kind {
-                "manifest byte" | "samples.parquet byte" => {
-                    let file = dir.join(
-                        kind.trim_end_matches(" byte")
-                            .replace("manifest", "manifest.json"),
-                    );
+                "manifest byte" | "samples table part byte" => {
+                    let file = dir.join(match kind {
+                        "manifest byte" => "manifest.json",
+                        _ => "samples-000000-000000.parquet",
+                    });
                     let mut bytes = std::fs::read(&file).unwrap();
                     let at = rng.below(bytes.len() as u64) as usize;
                     bytes[at] ^= 1 << rng.below(8);

@@ -312,11 +312,11 @@ fn a_failed_publish_at_any_step_loses_no_committed_sample() {
 fn a_shard_published_without_its_manifest_is_a_leftover_not_damage() {
     let m = MemoryStorage::new("orphan");
     let storage: Arc<dyn Storage> = Arc::new(m.clone());
-    write(&storage, 0..5, small_options()); // one shard, the table, the manifest
-                                            // The next commit publishes its shard, then fails to publish the manifest, and cannot
-                                            // take the shard back.
+    write(&storage, 0..5, small_options()); // one shard, its segment, the manifest
+                                            // The next commit publishes its shard, table part, key run and segment, then fails to
+                                            // publish the manifest, and cannot take the shard back.
     m.set_faults(Faults {
-        publishes_before_failure: Some(1),
+        publishes_before_failure: Some(4),
         deletes_fail: true,
         ..Faults::default()
     });
@@ -342,8 +342,8 @@ fn a_shard_published_without_its_manifest_is_a_leftover_not_damage() {
     check_all("with an orphan shard", &ds, 5);
     let report = verify_dataset(&ds, VerifyOptions::default(), &|_| {}).unwrap();
     assert!(report.is_ok(), "{:?}", report.problems);
-    assert_eq!(report.leftovers.len(), 1, "{report:?}");
-    // The next writer removes it and writes its own shard 1.
+    assert_eq!(report.leftovers.len(), 4, "{report:?}");
+    // The next writer removes them and writes its own shard 1.
     write(&storage, 5..9, small_options());
     check_all("after the next writer", &open(&storage), 9);
 }

@@ -56,10 +56,8 @@ fn names(paths: &[PathBuf]) -> Vec<String> {
 /// that lists it; plus one file hspack knows nothing of.
 fn interrupt(dir: &Path) {
     let manifest = std::fs::read(dir.join("manifest.json")).unwrap();
-    let table = std::fs::read(dir.join("samples.parquet")).unwrap();
     write(dir, 12, 4);
     std::fs::write(dir.join("manifest.json"), manifest).unwrap();
-    std::fs::write(dir.join("samples.parquet"), table).unwrap();
     std::fs::write(dir.join("shard-000003.hsp.tmp"), [7u8; 300]).unwrap();
     std::fs::write(dir.join("lane-0-000001.hsp.tmp"), [7u8; 100]).unwrap();
     std::fs::write(dir.join("manifest.json.tmp"), b"{").unwrap();
@@ -85,8 +83,11 @@ fn files_of_an_interrupted_writer_are_a_note_not_damage() {
         assert_eq!(
             names(&r.leftovers),
             [
+                "keys-000002-000002.bin",
                 "lane-0-000001.hsp.tmp",
                 "manifest.json.tmp",
+                "samples-000002-000002.parquet",
+                "segment-000002-000002.json",
                 "shard-000002.hsp",
                 "shard-000003.hsp.tmp"
             ]
@@ -102,6 +103,7 @@ fn files_of_an_interrupted_writer_are_a_note_not_damage() {
     for f in [
         "lane-0-000001.hsp.tmp",
         "manifest.json.tmp",
+        "segment-000002-000002.json",
         "shard-000002.hsp",
         "shard-000003.hsp.tmp",
         "notes.txt",
@@ -115,7 +117,7 @@ fn files_of_an_interrupted_writer_are_a_note_not_damage() {
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["ok"], true);
     assert_eq!(v["problems"].as_array().unwrap().len(), 0, "{v}");
-    assert_eq!(v["leftovers"].as_array().unwrap().len(), 4, "{v}");
+    assert_eq!(v["leftovers"].as_array().unwrap().len(), 7, "{v}");
     assert_eq!(v["unknown_files"].as_array().unwrap().len(), 1, "{v}");
     assert!(v["digest"].is_string(), "{v}");
 

@@ -42,6 +42,8 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             "raw_bytes": raw,
             "schema": m.schema,
             "samples_table": m.samples_table,
+            "segments": m.segments.len(),
+            "table_files": m.table_files().iter().map(|t| &t.file).collect::<Vec<_>>(),
             "manifest_blake3": manifest_hash,
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
@@ -56,6 +58,19 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         human_bytes(bytes),
         human_bytes(raw)
     );
+    let tables = m.table_files();
+    match (m.is_segmented(), tables.as_slice()) {
+        (true, _) => println!(
+            "table     {} in {} (pandas: `pd.concat(map(pd.read_parquet, FILES))`, \
+             FILES from `hspack info --json`'s table_files)",
+            count(m.samples, "row"),
+            count(tables.len() as u64, "part")
+        ),
+        (false, [t]) => println!("table     {}", t.file),
+        (false, _) => {
+            println!("table     none (the writer did not finish; `hspack reindex` writes it)")
+        }
+    }
     if let Some(c) = &m.schema.capture {
         println!(
             "capture   {}: {}, hidden {}, {}, tensor-parallel {}; by {} {}",

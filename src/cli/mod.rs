@@ -39,7 +39,7 @@ enum Command {
     Verify(verify::Args),
     /// Verify, then print the dataset digest: one line that two intact copies share.
     Digest(digest::Args),
-    /// Rewrite samples.parquet from the shards' indexes (when verify finds it missing or damaged).
+    /// Rewrite key runs and samples table parts from the shards' indexes (when verify finds one missing or damaged).
     Reindex(reindex::Args),
     /// Write one sample's fields to a .safetensors file or .npy files.
     Export(export::Args),

@@ -10,12 +10,17 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
-    let stats = hspack::write::reindex(&a.dir)?;
-    println!(
-        "{}: samples.parquet rewritten from {} shards, {} samples",
-        a.dir.display(),
-        stats.shards,
-        stats.samples
-    );
+    let rewritten = hspack::write::reindex(&a.dir)?;
+    match rewritten.is_empty() {
+        true => println!(
+            "{}: every key run and samples table part is intact; nothing rewritten",
+            a.dir.display()
+        ),
+        false => println!(
+            "{}: rewritten from the shards: {}",
+            a.dir.display(),
+            rewritten.join(", ")
+        ),
+    }
     Ok(ExitCode::SUCCESS)
 }

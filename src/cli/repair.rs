@@ -41,8 +41,12 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                 a.from.display()
             );
         }
-        if report.samples_table_replaced {
-            println!("REPLACED the samples table from {}", a.from.display());
+        for f in &report.files_replaced {
+            println!(
+                "REPLACED {}/{f} from {}",
+                a.damaged.display(),
+                a.from.display()
+            );
         }
         for p in &report.problems_left {
             println!("DAMAGED {p}");

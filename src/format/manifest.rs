@@ -3,18 +3,24 @@
 //! It names every committed shard with its size, the BLAKE3 of its index (which holds the
 //! BLAKE3 of every chunk) and its sample range, plus the schema and the samples table. The
 //! dataset digest is the BLAKE3 of the manifest's bytes.
+//!
+//! From version 4 the file lists segments ([`super::segment`]), which list the shards: the
+//! file decoded alone holds no shards until a reader adds the segments' ([`Manifest::add_segment`]).
 
 use serde::{Deserialize, Serialize};
 
+use super::segment::{check_file, Segment, SegmentFiles, SegmentRef, MAX_LEVEL};
 use super::{FormatError, Schema, MIN_VERSION};
 
 /// Newest manifest version this code reads. Version 2 adds stacked-layer fields
-/// ([`super::Role::HiddenStates`]), version 3 the writer lease ([`WriterInfo::lease`]); a
-/// manifest is written with the lowest version it needs ([`Manifest::needed_version`]).
-/// Shard bytes are the same in all.
-pub const MANIFEST_VERSION: u16 = 3;
+/// ([`super::Role::HiddenStates`]), version 3 the writer lease ([`WriterInfo::lease`]),
+/// version 4 segments instead of a shard list ([`SEGMENTS_VERSION`]). Shard bytes are the same
+/// in all.
+pub const MANIFEST_VERSION: u16 = 4;
 /// The manifest version that carries [`WriterInfo::lease`].
 pub const LEASE_VERSION: u16 = 3;
+/// The manifest version that lists segments: what this code writes.
+pub const SEGMENTS_VERSION: u16 = 4;
 
 /// Name of the manifest file in a dataset folder.
 pub const MANIFEST_FILE: &str = "manifest.json";
@@ -74,7 +80,7 @@ pub struct WriterInfo {
 }
 
 /// The manifest of a dataset.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Manifest {
     /// Always `hspack`.
     pub format: String,
@@ -86,14 +92,60 @@ pub struct Manifest {
     pub schema: Schema,
     /// BLAKE3 of the schema's canonical JSON, hex.
     pub schema_blake3: String,
-    /// Committed shards, in sequence order.
+    /// Committed shards, in sequence order (version 4: those of the segments added so far).
     pub shards: Vec<ShardRecord>,
     /// Samples in all shards.
     pub samples: u64,
-    /// The samples table, when it covers every sample.
+    /// The samples table, when it covers every sample (versions 1 to 3).
     pub samples_table: Option<TableRecord>,
     /// Which tool wrote the dataset.
     pub writer: WriterInfo,
+    /// The segments (version 4), in shard order.
+    pub segments: Vec<SegmentRef>,
+    /// What each segment names besides its shards, once added ([`Manifest::add_segment`]).
+    pub segment_files: Vec<SegmentFiles>,
+}
+
+/// The manifest file as parsed, before its rules are checked: fields a version lacks are
+/// `None`, so that a version-4 manifest with a shard list is refused, not taken for empty.
+#[derive(Deserialize)]
+struct ManifestFile {
+    format: String,
+    version: u16,
+    dataset_id: String,
+    schema: Schema,
+    schema_blake3: String,
+    shards: Option<Vec<ShardRecord>>,
+    segments: Option<Vec<SegmentRef>>,
+    samples: u64,
+    #[serde(default, deserialize_with = "present")]
+    samples_table: Option<Option<TableRecord>>,
+    writer: WriterInfo,
+}
+
+/// `Some` for a field that is there, even as `null`.
+fn present<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
+    d: D,
+) -> Result<Option<T>, D::Error> {
+    T::deserialize(d).map(Some)
+}
+
+/// The manifest file as written: the fields of its version, in their order.
+#[derive(Serialize)]
+struct ManifestView<'a> {
+    format: &'a str,
+    version: u16,
+    dataset_id: &'a str,
+    schema: &'a Schema,
+    schema_blake3: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    shards: Option<&'a [ShardRecord]>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    segments: Option<&'a [SegmentRef]>,
+    samples: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    samples_table: Option<&'a Option<TableRecord>>,
+    writer: &'a WriterInfo,
 }
 
 impl Manifest {
@@ -102,7 +154,7 @@ impl Manifest {
         let schema_blake3 = hex(&schema.hash());
         Manifest {
             format: FORMAT_NAME.into(),
-            version: schema.manifest_version(),
+            version: SEGMENTS_VERSION,
             dataset_id: hex(&dataset_id),
             schema,
             schema_blake3,
@@ -114,16 +166,41 @@ impl Manifest {
                 version: env!("CARGO_PKG_VERSION").into(),
                 lease: None,
             },
+            segments: Vec::new(),
+            segment_files: Vec::new(),
         }
     }
 
-    /// The lowest version that holds this manifest: 3 with a writer lease, else what the
-    /// schema needs.
+    /// True for a manifest that lists segments (version 4 on): what writers write now.
+    pub fn is_segmented(&self) -> bool {
+        self.version >= SEGMENTS_VERSION
+    }
+
+    /// The lowest version that holds this manifest: 4 with segments; else 3 with a writer
+    /// lease, else what the schema needs.
     pub fn needed_version(&self) -> u16 {
-        match self.writer.lease {
+        let unsegmented = match self.writer.lease {
             Some(_) => LEASE_VERSION.max(self.schema.manifest_version()),
             None => self.schema.manifest_version(),
+        };
+        match self.is_segmented() {
+            true => SEGMENTS_VERSION,
+            false => unsegmented,
         }
+    }
+
+    /// Adds a decoded segment: its shards join [`Manifest::shards`], the rest
+    /// [`Manifest::segment_files`]. A reader adds every segment of [`Manifest::segments`] in
+    /// order, then checks the whole with [`Manifest::validate_shards`].
+    pub fn add_segment(&mut self, segment: Segment) {
+        let (shards, files) = segment.into_parts();
+        self.shards.extend(shards);
+        self.segment_files.push(files);
+    }
+
+    /// True once every segment the manifest lists was added.
+    pub fn is_complete(&self) -> bool {
+        self.segment_files.len() == self.segments.len()
     }
 
     /// Records the lease of the writer about to write the manifest, raising the version to
@@ -145,9 +222,23 @@ impl Manifest {
         out
     }
 
-    /// The bytes written to `manifest.json`: pretty JSON and a final newline.
+    /// The bytes written to `manifest.json`: pretty JSON and a final newline. Version 4 lists
+    /// the segments and none of the shards, so its size does not grow with them.
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = serde_json::to_vec_pretty(self).expect("a manifest always serializes");
+        let segmented = self.is_segmented();
+        let view = ManifestView {
+            format: &self.format,
+            version: self.version,
+            dataset_id: &self.dataset_id,
+            schema: &self.schema,
+            schema_blake3: &self.schema_blake3,
+            shards: (!segmented).then_some(&self.shards[..]),
+            segments: segmented.then_some(&self.segments[..]),
+            samples: self.samples,
+            samples_table: (!segmented).then_some(&self.samples_table),
+            writer: &self.writer,
+        };
+        let mut out = serde_json::to_vec_pretty(&view).expect("a manifest always serializes");
         out.push(b'\n');
         out
     }
@@ -175,16 +266,72 @@ impl Manifest {
                 rule: format!("at most {MAX_MANIFEST_BYTES} bytes"),
             });
         }
-        let m: Manifest = serde_json::from_slice(bytes).map_err(|e| FormatError::Json {
+        let f: ManifestFile = serde_json::from_slice(bytes).map_err(|e| FormatError::Json {
             structure: S,
             detail: format!("{e}; the manifest is damaged: restore it from the source copy"),
         })?;
-        m.validate()?;
+        if !(MIN_VERSION..=MANIFEST_VERSION).contains(&f.version) {
+            return Err(FormatError::UnsupportedVersion {
+                structure: S,
+                found: f.version.into(),
+                min: MIN_VERSION.into(),
+                max: MANIFEST_VERSION.into(),
+            });
+        }
+        let segmented = f.version >= SEGMENTS_VERSION;
+        let json = |detail: &str| FormatError::Json {
+            structure: S,
+            detail: detail.into(),
+        };
+        match segmented {
+            true if f.shards.is_some() || f.samples_table.is_some() => {
+                return Err(json(
+                    "a version 4 manifest lists segments, not `shards` or a `samples_table`",
+                ))
+            }
+            true if f.segments.is_none() => return Err(json("missing field `segments`")),
+            false if f.segments.is_some() => {
+                return Err(json("`segments` needs manifest version 4"))
+            }
+            false if f.shards.is_none() => return Err(json("missing field `shards`")),
+            false if f.samples_table.is_none() => {
+                return Err(json("missing field `samples_table`"))
+            }
+            _ => {}
+        }
+        let m = Manifest {
+            format: f.format,
+            version: f.version,
+            dataset_id: f.dataset_id,
+            schema: f.schema,
+            schema_blake3: f.schema_blake3,
+            shards: f.shards.unwrap_or_default(),
+            samples: f.samples,
+            samples_table: f.samples_table.flatten(),
+            writer: f.writer,
+            segments: f.segments.unwrap_or_default(),
+            segment_files: Vec::new(),
+        };
+        m.validate_root()?;
+        if !segmented {
+            m.validate_shards()?;
+        }
         Ok(m)
     }
 
-    /// Checks what JSON parsing alone cannot: version, ids, contiguous shards and ordinals.
+    /// Checks everything: [`Manifest::validate_root`], then, once every segment was added,
+    /// [`Manifest::validate_shards`].
     pub fn validate(&self) -> Result<(), FormatError> {
+        self.validate_root()?;
+        if self.is_complete() {
+            self.validate_shards()?;
+        }
+        Ok(())
+    }
+
+    /// Checks what JSON parsing alone cannot, in the manifest file itself: version, ids,
+    /// schema, the segments' running sums.
+    pub fn validate_root(&self) -> Result<(), FormatError> {
         const S: &str = "manifest";
         let invalid = |what, value: u64, rule: String| FormatError::Invalid {
             structure: S,
@@ -247,6 +394,68 @@ impl Manifest {
                 detail: "`schema_blake3` does not match the schema: the manifest was edited or is damaged".into(),
             });
         }
+        if let Some(t) = &self.samples_table {
+            check_file(&t.file, &t.blake3, S)?;
+        }
+        let (mut next_seq, mut next_ordinal) = (0u64, 0u64);
+        for g in &self.segments {
+            check_file(&g.file, &g.blake3, S)?;
+            if g.level > MAX_LEVEL {
+                return Err(invalid(
+                    "segment level",
+                    g.level.into(),
+                    format!("at most {MAX_LEVEL}"),
+                ));
+            }
+            if g.shards == 0 {
+                return Err(invalid("segment shards", 0, "at least 1".into()));
+            }
+            if u64::from(g.first_seq) != next_seq {
+                return Err(invalid(
+                    "segment first_seq",
+                    g.first_seq.into(),
+                    format!("{next_seq}, the count of shards before it"),
+                ));
+            }
+            if g.first_ordinal != next_ordinal {
+                return Err(invalid(
+                    "segment first_ordinal",
+                    g.first_ordinal,
+                    format!("{next_ordinal}, the count of samples before it"),
+                ));
+            }
+            next_seq += u64::from(g.shards);
+            next_ordinal = next_ordinal.checked_add(g.samples).ok_or_else(|| {
+                invalid("segment samples", g.samples, "a total below 2^64".into())
+            })?;
+        }
+        if next_seq > u64::from(u32::MAX) {
+            return Err(invalid(
+                "segment shards",
+                next_seq,
+                "a total below 2^32".into(),
+            ));
+        }
+        if self.is_segmented() && self.samples != next_ordinal {
+            return Err(invalid(
+                "samples",
+                self.samples,
+                format!("{next_ordinal}, the sum over segments"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Checks the shard list: numbered from 0, ordinals running, plain names, sums below
+    /// 2^64 and equal to `samples`.
+    pub fn validate_shards(&self) -> Result<(), FormatError> {
+        const S: &str = "manifest";
+        let invalid = |what, value: u64, rule: String| FormatError::Invalid {
+            structure: S,
+            what,
+            value,
+            rule,
+        };
         let mut next_ordinal = 0u64;
         for (i, s) in self.shards.iter().enumerate() {
             if s.seq as usize != i {
@@ -288,17 +497,57 @@ impl Manifest {
                 format!("{next_ordinal}, the sum over shards"),
             ));
         }
-        if let Some(t) = &self.samples_table {
-            if !is_plain_file_name(&t.file) || unhex(&t.blake3).map(|b| b.len()) != Some(32) {
-                return Err(FormatError::Json {
-                    structure: S,
-                    detail: "`samples_table` needs a plain file name and 64 hex digits of blake3"
-                        .into(),
-                });
-            }
-        }
         Ok(())
     }
+
+    /// The files the manifest covers besides shards, with their length and BLAKE3: the
+    /// samples table (versions 1 to 3); the segments, their key runs and table parts
+    /// (version 4, once added).
+    pub fn listed_files(&self) -> Vec<ListedFile<'_>> {
+        let mut out: Vec<ListedFile<'_>> = Vec::new();
+        fn table(t: &TableRecord) -> ListedFile<'_> {
+            ListedFile {
+                file: &t.file,
+                bytes: t.bytes,
+                blake3: &t.blake3,
+            }
+        }
+        out.extend(self.samples_table.iter().map(table));
+        for (g, files) in self.segments.iter().zip(&self.segment_files) {
+            out.push(ListedFile {
+                file: &g.file,
+                bytes: g.bytes,
+                blake3: &g.blake3,
+            });
+            out.extend(files.keys.iter().map(|k| ListedFile {
+                file: &k.file,
+                bytes: k.bytes,
+                blake3: &k.blake3,
+            }));
+            out.extend(files.tables.iter().map(table));
+        }
+        out
+    }
+
+    /// The samples table's files in ordinal order: the parts of every segment (version 4),
+    /// or the one table (versions 1 to 3, when written).
+    pub fn table_files(&self) -> Vec<&TableRecord> {
+        self.samples_table
+            .iter()
+            .chain(self.segment_files.iter().flat_map(|f| f.tables.iter()))
+            .collect()
+    }
+}
+
+/// A file the manifest covers, besides shards ([`Manifest::listed_files`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ListedFile<'a> {
+    /// File name within the dataset folder.
+    pub file: &'a str,
+    /// File length in bytes.
+    pub bytes: u64,
+    /// BLAKE3 of the file, hex.
+    pub blake3: &'a str,
 }
 
 /// The sum of `values`, or an error naming `what` and its largest value (the likely culprit)
@@ -347,18 +596,20 @@ const LEASE_IN_NAMES: usize = 16;
 impl Manifest {
     /// True for a file that an interrupted writer, or one whose lease was taken over, leaves
     /// in the dataset: a temp file, a shard file the manifest does not list, or a samples
-    /// table that is not the manifest's. A writer that opens the dataset removes exactly
-    /// these; verify notes them.
+    /// table, segment or key run it does not list (with its segments added). A writer that
+    /// opens the dataset removes exactly these; verify notes them.
     pub fn is_leftover(&self, name: &str) -> bool {
         let shard = name.starts_with("shard-") && name.ends_with(".hsp");
-        let table = name.starts_with("samples") && name.ends_with(".parquet");
+        let listed_kind = (name.starts_with("samples") && name.ends_with(".parquet"))
+            || (name.starts_with("segment-") && name.ends_with(".json"))
+            || (name.starts_with("keys-") && name.ends_with(".bin"));
         name.ends_with(TEMP_SUFFIX)
             || (shard && !self.shards.iter().any(|s| s.file == name))
-            || (table && self.samples_table.as_ref().is_none_or(|t| t.file != name))
+            || (listed_kind && !self.listed_files().iter().any(|f| f.file == name))
     }
 }
 
-fn lease_in_name(lease: &str) -> &str {
+pub(crate) fn lease_in_name(lease: &str) -> &str {
     lease.get(..LEASE_IN_NAMES).unwrap_or(lease)
 }
 
@@ -395,6 +646,8 @@ mod tests {
     fn manifest() -> Manifest {
         let schema = Schema::new(vec![Field::new("ids", DType::I32, &[], Role::TokenIds)]);
         let mut m = Manifest::new([7; 16], schema);
+        // A shard list in the manifest file: version 1.
+        m.version = 1;
         m.shards.push(ShardRecord {
             file: shard_file_name(0, None),
             seq: 0,
@@ -478,6 +731,53 @@ mod tests {
             bad.samples = 3;
             assert!(Manifest::decode(&bad.encode()).is_ok());
         }
+    }
+
+    #[test]
+    fn version_4_lists_segments_not_shards() {
+        let mut m = manifest();
+        m.version = SEGMENTS_VERSION;
+        m.segments.push(SegmentRef {
+            file: "segment-000000-000000.json".into(),
+            bytes: 10,
+            blake3: hex(&[4; 32]),
+            level: 0,
+            first_seq: 0,
+            shards: 1,
+            first_ordinal: 0,
+            samples: 3,
+        });
+        let bytes = m.encode();
+        let text = String::from_utf8(bytes.clone()).unwrap();
+        assert!(
+            !text.contains("\"shards\": [") && !text.contains("samples_table"),
+            "{text}"
+        );
+        let back = Manifest::decode(&bytes).unwrap();
+        assert!(back.shards.is_empty() && !back.is_complete());
+        assert_eq!(back.segments, m.segments);
+        let refused = |change: fn(&mut Manifest)| {
+            let mut bad = m.clone();
+            change(&mut bad);
+            Manifest::decode(&bad.encode()).is_err()
+        };
+        assert!(refused(|m| m.segments[0].first_ordinal = 1));
+        assert!(refused(|m| m.segments[0].first_seq = 1));
+        assert!(refused(|m| m.segments[0].shards = 0));
+        assert!(refused(|m| m.segments[0].level = MAX_LEVEL + 1));
+        assert!(refused(|m| m.samples = 4));
+        assert!(refused(|m| m.segments[0].file = "a/b".into()));
+        let edited = |field: &str, value: serde_json::Value| {
+            let mut v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+            v[field] = value;
+            Manifest::decode(&serde_json::to_vec(&v).unwrap())
+        };
+        assert!(edited("shards", serde_json::json!([])).is_err());
+        assert!(edited("samples_table", serde_json::Value::Null).is_err());
+        assert!(edited("version", 3.into()).is_err());
+        let mut v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        v.as_object_mut().unwrap().remove("segments");
+        assert!(Manifest::decode(&serde_json::to_vec(&v).unwrap()).is_err());
     }
 
     #[test]

@@ -10,6 +10,7 @@ pub mod index;
 pub mod layout;
 pub mod manifest;
 pub mod schema;
+pub mod segment;
 
 pub use codec::Codec;
 pub use dtype::DType;

@@ -4,13 +4,13 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
-use crate::error::{format, Error, Result};
-use crate::format::manifest::MANIFEST_FILE;
+use crate::error::{Error, Result};
 use crate::format::{ChunkHeader, ExtentEntry, Manifest, SampleEntry, Schema};
 use crate::io::cache::{CacheOptions, CachedStorage, ChunkCache};
 use crate::io::Storage;
 
 use super::key_directory::{self, KeyDirectory};
+use super::key_runs::KeyRuns;
 use super::shard::{CheckPolicy, Shard};
 use super::tensor::{AlignedBytes, Buffer, Tensor};
 
@@ -47,6 +47,8 @@ pub struct Dataset {
     cache: Option<ChunkCache>,
     /// Which shards hold a key, built on the first lookup by key of a dataset of many shards.
     key_directory: OnceLock<KeyDirectory>,
+    /// The segments' key runs (manifest version 4), opened on the first lookup by key.
+    key_runs: KeyRuns,
 }
 
 impl Dataset {
@@ -70,14 +72,13 @@ impl Dataset {
 
     /// Opens the dataset in `storage` with `options`.
     pub fn open_in(storage: Arc<dyn Storage>, options: ReadOptions) -> Result<Dataset> {
-        let Some(manifest_bytes) = storage.read(MANIFEST_FILE)? else {
+        let Some((manifest, manifest_bytes)) = super::load_manifest(&*storage)? else {
             return Err(Error::NotADataset {
                 path: storage.root().to_path_buf(),
             });
         };
-        let manifest =
-            Manifest::decode(&manifest_bytes).map_err(format(storage.path(MANIFEST_FILE)))?;
         let shards = manifest.shards.iter().map(|_| OnceLock::new()).collect();
+        let key_runs = KeyRuns::new(manifest.segments.len());
         Ok(Dataset {
             dataset_id: manifest.dataset_id_bytes(),
             storage,
@@ -87,6 +88,7 @@ impl Dataset {
             options,
             cache: None,
             key_directory: OnceLock::new(),
+            key_runs,
         })
     }
 
@@ -188,6 +190,9 @@ impl Dataset {
     /// of the others: the key is looked up in every shard that opens, and only when it is in
     /// none of them is the first shard's error returned (the key may be in that shard).
     pub fn find(&self, key: &str) -> Result<Option<Sample<'_>>> {
+        if self.manifest.is_segmented() {
+            return self.find_by_runs(key);
+        }
         if self.shards.len() > key_directory::FROM_SHARDS {
             let directory = self.key_directory.get_or_init(|| KeyDirectory::build(self));
             let hash = crate::format::key_hash(key);
@@ -195,6 +200,25 @@ impl Dataset {
             return self.find_in(key, candidates.chain(directory.unindexed().iter().copied()));
         }
         self.find_in(key, 0..self.shards.len())
+    }
+
+    /// [`Dataset::find`] through the segments' key runs: the shards their entries name, then
+    /// (when the key is in none) every shard of a segment whose run could not be read.
+    fn find_by_runs(&self, key: &str) -> Result<Option<Sample<'_>>> {
+        let runs: Vec<_> = (self.manifest.segment_files.iter())
+            .map(|f| f.keys.as_ref())
+            .collect();
+        let found = (self.key_runs).candidates(&*self.storage, &runs, crate::format::key_hash(key));
+        let mut seqs = Vec::new();
+        for ordinal in found.ordinals.into_iter().filter(|&o| o < self.len()) {
+            seqs.push(self.locate(ordinal)?.0);
+        }
+        seqs.dedup();
+        let unread = found.unread.into_iter().flat_map(|i| {
+            let g = &self.manifest.segments[i];
+            g.first_seq as usize..(g.first_seq + g.shards) as usize
+        });
+        self.find_in(key, seqs.into_iter().chain(unread))
     }
 
     /// The sample with `key` in one of `shards`; the first error of a shard that fails to

@@ -149,7 +149,7 @@ pub fn copy(
                 Ok(())
             })
     })?;
-    copy_samples_table(src, dst)?;
+    copy_listed_files(src, dst, &|_| true)?;
     let published = publish_manifest(src, dst, existing.as_ref())?;
     let mut replaced = replaced.into_inner().unwrap_or_else(|e| e.into_inner());
     replaced.sort();
@@ -192,10 +192,16 @@ fn destination_manifest(
         path: dst.root().to_path_buf(),
         detail,
     };
-    let theirs = Manifest::decode(&bytes).map_err(|e| {
+    let mut theirs = Manifest::decode(&bytes).map_err(|e| {
         refuse(format!(
             "it holds a manifest.json that does not decode ({e}); nothing was sent: choose \
              an empty destination"
+        ))
+    })?;
+    crate::read::manifest_load::add_segments(&**dst, &mut theirs).map_err(|e| {
+        refuse(format!(
+            "the segments its manifest.json lists do not read ({e}); nothing was sent: \
+             choose an empty destination"
         ))
     })?;
     let ours = src.manifest();
@@ -310,33 +316,42 @@ pub(crate) fn prove(
     Ok(())
 }
 
-/// Copies `samples.parquet`, checked against its hash in the manifest at both ends.
-pub(crate) fn copy_samples_table(src: &Dataset, dst: &Arc<dyn Storage>) -> Result<()> {
-    let Some(t) = &src.manifest().samples_table else {
-        return Ok(());
-    };
-    let want = t.blake3.as_str();
+/// Copies the files the manifest lists besides shards (the samples table; segments, key runs
+/// and table parts) that `wanted` names and the destination lacks or holds damaged, each
+/// checked against its hash in the manifest at both ends. Returns the names copied.
+pub(crate) fn copy_listed_files(
+    src: &Dataset,
+    dst: &Arc<dyn Storage>,
+    wanted: &dyn Fn(&str) -> bool,
+) -> Result<Vec<String>> {
     let hash = |b: &[u8]| hex(blake3::hash(b).as_bytes());
-    if dst.read(&t.file)?.is_some_and(|b| hash(&b) == want) {
-        return Ok(());
+    let mut copied = Vec::new();
+    for f in src.manifest().listed_files() {
+        let want = f.blake3.to_ascii_lowercase();
+        if !wanted(f.file) || dst.read(f.file)?.is_some_and(|b| hash(&b) == want) {
+            continue;
+        }
+        let bytes = src.storage().read(f.file)?.unwrap_or_default();
+        if hash(&bytes) != want || bytes.len() as u64 != f.bytes {
+            return Err(Error::SamplesTable {
+                path: src.storage().path(f.file),
+                detail: "it does not match its hash in the manifest; run `hspack reindex` on the \
+                         source, then copy again"
+                    .into(),
+            });
+        }
+        dst.replace(f.file, &bytes, None, true)?;
+        match dst.read(f.file)? {
+            Some(landed) if hash(&landed) == want => copied.push(f.file.to_string()),
+            _ => {
+                return Err(Error::SamplesTable {
+                    path: dst.path(f.file),
+                    detail: "what landed does not match its hash; copy again".into(),
+                })
+            }
+        }
     }
-    let bytes = src.storage().read(&t.file)?.unwrap_or_default();
-    if hash(&bytes) != want || bytes.len() as u64 != t.bytes {
-        return Err(Error::SamplesTable {
-            path: src.storage().path(&t.file),
-            detail: "it does not match its hash in the manifest; run `hspack reindex` on the \
-                     source, then copy again"
-                .into(),
-        });
-    }
-    dst.replace(&t.file, &bytes, None, true)?;
-    match dst.read(&t.file)? {
-        Some(landed) if hash(&landed) == want => Ok(()),
-        _ => Err(Error::SamplesTable {
-            path: dst.path(&t.file),
-            detail: "what landed does not match its hash; copy again".into(),
-        }),
-    }
+    Ok(copied)
 }
 
 /// Publishes the source's manifest at the destination, last: where none is, or over the

@@ -3,7 +3,7 @@
 //!
 //! The unit replaced is the shard file: a damaged shard is deleted and sent again from the
 //! good copy, every chunk checked as it passes and read back where it landed, as `hspack cp`
-//! does. A damaged or missing samples table is copied again. The manifest, the root of trust,
+//! does. A damaged or missing samples table, key run or table part is copied again. The manifest, the root of trust,
 //! is never replaced: the two copies must already share it byte for byte.
 
 use std::collections::BTreeSet;
@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 use crate::read::Dataset;
 use crate::verify::{verify_dataset, Report, VerifyOptions};
 
-use super::copy::{check_at, copy_samples_table, prove, send_shard, Stats};
+use super::copy::{check_at, copy_listed_files, prove, send_shard, Stats};
 
 /// What a repair did.
 #[derive(Debug, Clone, Default, serde::Serialize)]
@@ -23,8 +23,8 @@ pub struct RepairReport {
     pub problems_found: Vec<String>,
     /// Shard files replaced from the good copy.
     pub shards_replaced: Vec<String>,
-    /// True when the samples table was copied again.
-    pub samples_table_replaced: bool,
+    /// Other files the manifest covers copied again: samples tables, key runs.
+    pub files_replaced: Vec<String>,
     /// Problems left after the repair (empty when it worked).
     pub problems_left: Vec<String>,
     /// The dataset digest.
@@ -40,9 +40,10 @@ fn problem_file(e: &Error) -> Option<&Path> {
         Error::ShardMismatch { shard, .. }
         | Error::ForeignShard { shard, .. }
         | Error::DirtyPadding { shard, .. } => Some(shard),
-        Error::Io { path, .. } | Error::Format { path, .. } | Error::SamplesTable { path, .. } => {
-            Some(path)
-        }
+        Error::Io { path, .. }
+        | Error::Format { path, .. }
+        | Error::SamplesTable { path, .. }
+        | Error::KeyRun { path, .. } => Some(path),
         _ => None,
     }
 }
@@ -92,13 +93,7 @@ pub fn repair(damaged: &Dataset, good: &Dataset) -> Result<RepairReport> {
         check_at(good, &dst, record)?;
         report.shards_replaced.push(record.file.clone());
     }
-    if let Some(t) = &damaged.manifest().samples_table {
-        if names.contains(t.file.as_str()) {
-            dst.delete(&t.file)?;
-            copy_samples_table(good, &dst)?;
-            report.samples_table_replaced = true;
-        }
-    }
+    report.files_replaced = copy_listed_files(good, &dst, &|name| names.contains(name))?;
     let after = verify_dataset(damaged, VerifyOptions::default(), &|_| {})?;
     report.problems_left = after.problems.iter().map(Error::to_string).collect();
     Ok(report)

@@ -6,17 +6,15 @@ use std::sync::Arc;
 
 use crate::error::{format, Error, Result};
 use crate::failpoint::failpoint;
-use crate::format::manifest::{
-    hex, samples_table_file_name, shard_file_name, TableRecord, MANIFEST_FILE,
-};
-use crate::format::{Manifest, Schema};
+use crate::format::manifest::{hex, shard_file_name, MANIFEST_FILE, TEMP_SUFFIX};
+use crate::format::{Manifest, Schema, ShardRecord};
 use crate::io::{temp_name, Storage, WriterLease};
 use crate::read::{Dataset, ReadOptions};
 
 use super::lane::{Lanes, ShardLane};
 use super::options::{WriteOptions, WriteStats};
 use super::sample::{self, field_names};
-use super::samples_table::{self, SampleRow};
+use super::segments::{Mark, Segments};
 use super::shard_writer::{ShardPlace, ShardWriter};
 
 pub use crate::io::lock::LOCK_FILE;
@@ -103,11 +101,8 @@ impl DatasetWriter {
         storage.create_root()?;
         let lock = match options.shared {
             false => storage.lock()?,
-            true => storage.join(&mut || match storage.read(MANIFEST_FILE)? {
-                Some(bytes) => remove_leftovers(
-                    &*storage,
-                    &Manifest::decode(&bytes).map_err(format(storage.path(MANIFEST_FILE)))?,
-                ),
+            true => storage.join(&mut || match crate::read::load_manifest(&*storage)? {
+                Some((manifest, _)) => remove_leftovers(&*storage, &manifest),
                 None => Ok(()),
             })?,
         };
@@ -338,30 +333,59 @@ impl DatasetWriter {
         let commit = commit.as_deref();
         let place = self.next_place(commit);
         let record = shard.finish(&place, self.options.durable)?;
-        let mut next = self.manifest.clone();
-        next.samples += record.samples;
-        next.shards.push(record);
-        next.samples_table = None;
-        if let Some(token) = commit.and_then(|c| c.token()) {
-            next.set_lease(token);
-        }
-        let Err(e) = self.publish_manifest(next.clone()) else {
+        let Err(e) = self.publish_commit(commit, Some(record)) else {
             return Ok(());
         };
-        // A replacement can land and still report an error (a lost response, a retried
-        // conditional put that then finds its own write): what is there decides.
-        let bytes = next.encode();
-        if self.storage.read(MANIFEST_FILE).ok().flatten().as_ref() == Some(&bytes) {
-            self.manifest_hash = blake3::hash(&bytes);
-            self.manifest = next;
-            return Ok(());
-        }
         // Nobody's manifest lists the shard this writer just created: take it back, unless
         // the lock is a lease another writer may have taken over, which may by now have put
         // a shard of its own under that name (the next writer removes it as a leftover).
         if self.lock.token().is_none() && commit.and_then(|c| c.token()).is_none() {
             let _ = self.storage.delete(&place.name);
         }
+        Err(e)
+    }
+
+    /// Lists the published shard `record` (if any) in a new segment with its key run and
+    /// table part, and publishes the manifest; the manifest this writer holds is changed in
+    /// place (its shard list is never copied) and put back as it was when this fails.
+    fn publish_commit(
+        &mut self,
+        commit: Option<&dyn WriterLease>,
+        record: Option<ShardRecord>,
+    ) -> Result<()> {
+        let mark = Mark::of(&self.manifest);
+        let first_new = self.manifest.shards.len();
+        if let Some(record) = record {
+            self.manifest.samples += record.samples;
+            self.manifest.shards.push(record);
+        }
+        let tag = self.name_tag(commit).map(str::to_string);
+        let segments = Segments {
+            storage: &*self.storage,
+            tag: tag.as_deref(),
+            durable: self.options.durable,
+        };
+        let mut result = segments.add_commit(&mut self.manifest, first_new);
+        if result.is_ok() {
+            if let Some(token) = commit.and_then(|c| c.token()) {
+                self.manifest.set_lease(token);
+            }
+            result = self.publish_current();
+        }
+        let Err(e) = result else {
+            return Ok(());
+        };
+        // A replacement can land and still report an error (a lost response, a retried
+        // conditional put that then finds its own write): what is there decides.
+        let bytes = self.manifest.encode();
+        if self.storage.read(MANIFEST_FILE).ok().flatten().as_ref() == Some(&bytes) {
+            self.manifest_hash = blake3::hash(&bytes);
+            return Ok(());
+        }
+        mark.restore(&mut self.manifest);
+        // Another writer replaced the manifest (it took the dataset over): that, not what
+        // failed after, is why this commit cannot land.
+        self.check_manifest_unchanged()?;
         Err(e)
     }
 
@@ -473,7 +497,17 @@ impl DatasetWriter {
 
     /// Publishes `next` over the manifest this writer last wrote, and adopts it.
     fn publish_manifest(&mut self, next: Manifest) -> Result<()> {
-        let bytes = next.encode();
+        let previous = std::mem::replace(&mut self.manifest, next);
+        let result = self.publish_current();
+        if result.is_err() {
+            self.manifest = previous;
+        }
+        result
+    }
+
+    /// Publishes the manifest this writer holds over the one it last wrote.
+    fn publish_current(&mut self) -> Result<()> {
+        let bytes = self.manifest.encode();
         self.storage.replace(
             MANIFEST_FILE,
             &bytes,
@@ -481,7 +515,6 @@ impl DatasetWriter {
             self.options.durable,
         )?;
         failpoint!("manifest-published");
-        self.manifest = next;
         self.manifest_hash = blake3::hash(&bytes);
         Ok(())
     }
@@ -496,41 +529,23 @@ impl DatasetWriter {
         }
     }
 
-    /// Commits, writes `samples.parquet`, and releases the dataset. A writer sharing the
-    /// dataset writes a table of every sample committed so far (the next commit of another
-    /// writer drops it from the manifest; the last writer to finish leaves a whole one).
+    /// Commits and releases the dataset. A dataset of manifest version 1 to 3 is made version
+    /// 4 (its samples table then stays current at every commit). The segment files and key
+    /// runs that merges replaced are removed (under the commit lock, for a writer sharing the
+    /// dataset: every such file is published under it, so none is in progress).
     pub fn finish(mut self) -> Result<WriteStats> {
         self.commit()?;
         let commit = self.begin_commit(&HashSet::new(), 0)?;
         if commit.is_none() {
             self.check_manifest_unchanged()?;
         }
-        let ds = Dataset::open_in(Arc::clone(&self.storage), ReadOptions::default())?;
-        let rows = sample_rows(&ds)?;
-        let table = samples_table_file_name(self.name_tag(commit.as_deref()));
-        let bytes = samples_table::encode(&rows, &self.storage.path(&table))?;
-        self.lock.check()?;
-        self.storage
-            .replace(&table, &bytes, None, self.options.durable)?;
-        failpoint!("samples-table-published");
-        let mut next = self.manifest.clone();
-        if let Some(token) = commit.as_deref().and_then(|c| c.token()) {
-            next.set_lease(token);
+        if !self.manifest.is_segmented() {
+            self.publish_commit(commit.as_deref(), None)?;
         }
-        next.samples_table = Some(TableRecord {
-            file: table,
-            bytes: bytes.len() as u64,
-            blake3: hex(blake3::hash(&bytes).as_bytes()),
-            samples: rows.len() as u64,
-        });
-        self.publish_manifest(next)?;
-        if commit.is_some() {
-            // The tables earlier writers left, which commits dropped from the manifest: all
-            // tables are published under the commit lock, so none is in progress.
-            for name in self.storage.list()? {
-                if name.ends_with(".parquet") && self.manifest.is_leftover(&name) {
-                    self.storage.delete(&name)?;
-                }
+        for name in self.storage.list()? {
+            let replaced = name.starts_with("segment-") || name.starts_with("keys-");
+            if replaced && !name.ends_with(TEMP_SUFFIX) && self.manifest.is_leftover(&name) {
+                self.storage.delete(&name)?;
             }
         }
         Ok(self.stats())
@@ -553,38 +568,32 @@ impl Drop for DatasetWriter {
     }
 }
 
-/// Rewrites `samples.parquet` of the dataset in `dir` from its shards' indexes, which the
-/// manifest covers (the table is derived from them): the repair when verify finds the table
-/// missing, stale or damaged. Takes the writer lock like any writer.
-pub fn reindex(dir: impl AsRef<Path>) -> Result<WriteStats> {
+/// Rewrites the files derived from the shards' indexes, which the manifest covers: the key
+/// runs and samples table parts (version 4) that are missing or damaged, each bit for bit
+/// as its segment records it; a dataset of version 1 to 3 is made version 4, its table
+/// written anew unless intact. The repair when verify finds one of them missing, stale or
+/// damaged. Takes the writer lock like any writer. Returns the files rewritten.
+pub fn reindex(dir: impl AsRef<Path>) -> Result<Vec<String>> {
     reindex_in(crate::io::open_location(dir)?)
 }
 
 /// [`reindex`], for a dataset in `storage`.
-pub fn reindex_in(storage: Arc<dyn Storage>) -> Result<WriteStats> {
+pub fn reindex_in(storage: Arc<dyn Storage>) -> Result<Vec<String>> {
     let schema = Dataset::open_in(Arc::clone(&storage), ReadOptions::default())?
         .schema()
         .clone();
-    DatasetWriter::open_in(storage, schema, WriteOptions::default())?.finish()
-}
-
-/// One table row per committed sample of `ds`.
-pub fn sample_rows(ds: &Dataset) -> Result<Vec<SampleRow>> {
-    let mut rows = Vec::with_capacity(ds.len() as usize);
-    for s in ds.samples() {
-        let s = s?;
-        let record = &ds.manifest().shards[s.seq];
-        rows.push(SampleRow {
-            key: s.key.to_string(),
-            ordinal: s.entry.ordinal,
-            shard: record.file.clone(),
-            shard_seq: record.seq,
-            tokens: s.entry.rows,
-            loss_tokens: s.loss_rows(),
-            bytes: s.entry.raw_bytes,
-        });
+    let w = DatasetWriter::open_in(storage, schema, WriteOptions::default())?;
+    if !w.manifest.is_segmented() {
+        let table = w.manifest.samples_table.clone();
+        w.finish()?;
+        return Ok(table.into_iter().map(|t| t.file).collect());
     }
-    Ok(rows)
+    let segments = Segments {
+        storage: &*w.storage,
+        tag: None,
+        durable: w.options.durable,
+    };
+    segments.rewrite_derived(&w.manifest)
 }
 
 fn describe_difference(have: &Schema, given: &Schema) -> String {

@@ -10,6 +10,8 @@ use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
 
 use crate::error::{Error, Result};
+use crate::format::ShardRecord;
+use crate::read::Shard;
 
 /// One row of the table.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,6 +30,23 @@ pub struct SampleRow {
     pub loss_tokens: Option<u64>,
     /// Decoded bytes of all fields.
     pub bytes: u64,
+}
+
+/// The rows of the samples of `shard`, whose manifest entry is `record`, in ordinal order.
+pub fn rows_of(shard: &Shard, record: &ShardRecord) -> Vec<SampleRow> {
+    let index = shard.index();
+    (0..index.sample_count())
+        .filter_map(|i| index.sample(i))
+        .map(|entry| SampleRow {
+            key: index.key_of(&entry).unwrap_or("").to_string(),
+            ordinal: entry.ordinal,
+            shard: record.file.clone(),
+            shard_seq: record.seq,
+            tokens: entry.rows,
+            loss_tokens: (entry.loss_rows != u64::MAX).then_some(entry.loss_rows),
+            bytes: entry.raw_bytes,
+        })
+        .collect()
 }
 
 /// Encodes `rows` as parquet bytes (zstd).

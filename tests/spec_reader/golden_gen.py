@@ -11,8 +11,14 @@ MASK64 = (1 << 64) - 1
 # Rows of sample i ("golden-{i}").
 LENGTHS = [0, 1, 3, 4, 5, 15, 16, 17, 2]
 
-# Samples per shard the golden writer was given.
+# Samples per shard the golden writer was given: 5 for v1 to v3, 1 for v4/segments.
 SHARD_SAMPLES = 5
+
+
+def shard_sizes(per_shard: int = SHARD_SAMPLES) -> list:
+    """Samples of each shard when the golden samples are cut every `per_shard`."""
+    n = len(LENGTHS)
+    return [min(per_shard, n - start) for start in range(0, n, per_shard)]
 
 DTYPE_BYTES = {
     "bool": 1,

@@ -5,7 +5,9 @@ are checked against the spec and not against the implementation that wrote them.
 every rule of the spec that a reader can check and raises `SpecError` at the first one that
 fails. Section numbers in the messages refer to FORMAT.md.
 
-Needs the `blake3` and `zstandard` packages and numpy.
+Needs the `blake3` and `zstandard` packages and numpy. Where `pyarrow` is importable it also
+checks the rows of the samples table parts of manifest version 4 against the shards (§7);
+without it those parts are checked by length and BLAKE3 only.
 """
 
 from __future__ import annotations
@@ -20,6 +22,12 @@ import blake3
 import numpy as np
 import zstandard
 
+try:  # optional: only the rows of samples table parts need it (§7)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+except ImportError:
+    pa = pq = None
+
 MIB = 1 << 20
 U64_MAX = (1 << 64) - 1
 
@@ -32,7 +40,10 @@ CHUNK_ENTRY_LEN = 96
 KEY_ENTRY_LEN = 16
 
 SHARD_VERSION = 1
-MANIFEST_VERSIONS = (1, 2, 3)
+MANIFEST_VERSIONS = (1, 2, 3, 4)
+SEGMENT_VERSION = 1
+MAX_LEVEL = 32
+KEY_RUN_ENTRY_LEN = 16
 HEX_LEASE = re.compile(r"[0-9a-fA-F]{1,64}")
 
 CODECS = {0: "none", 1: "zstd", 2: "zstd-bytegroup"}
@@ -58,6 +69,28 @@ POINTS = ("layer_input", "layer_output", "final_norm")
 FIELD_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}")
 HEX32 = re.compile(r"[0-9a-f]{32}")
 HEX64 = re.compile(r"[0-9a-f]{64}")
+
+SHARD_ENTRY_KEYS = {
+    "file",
+    "seq",
+    "bytes",
+    "index_blake3",
+    "first_ordinal",
+    "samples",
+    "chunks",
+    "raw_bytes",
+}
+SEGMENT_ENTRY_KEYS = {
+    "file",
+    "bytes",
+    "blake3",
+    "level",
+    "first_seq",
+    "shards",
+    "first_ordinal",
+    "samples",
+}
+SEGMENT_KEYS = {"format", "version", "dataset_id", "level", "shards", "keys", "tables"}
 
 
 class SpecError(ValueError):
@@ -235,18 +268,21 @@ def plain_name(name: object) -> bool:
 
 
 def parse_manifest(root: Path) -> tuple:
-    path = root / "manifest.json"
-    size = path.stat().st_size
-    need(size <= 256 * MIB, "§6: manifest.json is larger than 256 MiB")
-    raw = path.read_bytes()
-    try:
-        m = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise SpecError(f"§6: manifest.json is not UTF-8 JSON: {e}") from e
+    """(manifest, fields, shard specs, dataset id, schema hash, segment specs) of a dataset.
+
+    Versions 1 to 3 list the shards; version 4 lists segments (§6.3), which are read here
+    (their key runs and table parts are checked by `read_dataset`, against the samples).
+    """
+    m = load_json(root / "manifest.json", "§6", "manifest.json")
     need(isinstance(m, dict), "§6: manifest is not an object")
     need(m.get("format") == "hspack", '§6: format is not "hspack"')
     version = m.get("version")
-    need(version in MANIFEST_VERSIONS, f"§9: manifest version {version!r} is not 1, 2 or 3")
+    need(is_uint(version), f"§9: manifest version {version!r} is not an unsigned integer")
+    need(
+        version <= max(MANIFEST_VERSIONS),
+        f"§9: manifest version {version} is newer than this reader knows (1 to 4): upgrade",
+    )
+    need(version in MANIFEST_VERSIONS, f"§9: manifest version {version!r} is not 1 to 4")
     dataset_id = m.get("dataset_id")
     need(
         isinstance(dataset_id, str) and HEX32.fullmatch(dataset_id) is not None,
@@ -261,7 +297,9 @@ def parse_manifest(root: Path) -> tuple:
         lease is None or (isinstance(lease, str) and HEX_LEASE.fullmatch(lease) is not None),
         "§6: writer.lease is not 1 to 64 hex digits",
     )
-    if lease is not None:
+    if version == 4:
+        pass  # §9: version 4 holds a stacked schema and a lease alike
+    elif lease is not None:
         need(version == 3, "§6: a manifest with writer.lease needs manifest version 3")
     else:
         need(
@@ -270,68 +308,336 @@ def parse_manifest(root: Path) -> tuple:
         )
     schema_hash = b3(canonical_schema_json(m["schema"]))
     need(m.get("schema_blake3") == schema_hash.hex(), "§6: schema_blake3 does not match")
-    shards_json = m.get("shards")
+    if version == 4:
+        need("shards" not in m, "§6.3: a version 4 manifest has a shards field")
+        need("samples_table" not in m, "§6.3: a version 4 manifest has a samples_table field")
+        segments, shards = parse_segments(root, m, dataset_id)
+    else:
+        need("segments" not in m, "§9: a segments field needs manifest version 4")
+        segments = []
+        shards = parse_shard_list(m.get("shards"))
+    check_shard_totals(shards)
+    total = sum(s.samples for s in shards)
+    need(m.get("samples") == total, "§6: samples is not the sum of the shards' samples")
+    if version != 4:
+        parse_samples_table(root, m.get("samples_table"), total)
+    return m, fields, shards, bytes.fromhex(dataset_id), schema_hash, segments
+
+
+def load_json(path: Path, sec: str, what: str, data: bytes = None) -> object:
+    """A UTF-8 JSON file of at most 256 MiB (§6, §6.3); `data` when already read."""
+    if data is None:
+        need(path.stat().st_size <= 256 * MIB, f"{sec}: {what} is larger than 256 MiB")
+        data = path.read_bytes()
+    try:
+        return json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise SpecError(f"{sec}: {what} is not UTF-8 JSON: {e}") from e
+
+
+def parse_shard_entry(s: object, seq: int, ordinal: int, where: str) -> ShardSpec:
+    """One §6 shard entry, which must be shard `seq` and start at `ordinal`."""
+    need(isinstance(s, dict) and set(s) == SHARD_ENTRY_KEYS, f"§6 {where}: keys")
+    need(s["seq"] == seq, f"§6: shard list is not numbered 0.. (position {seq}, seq {s['seq']})")
+    name = s["file"]
+    need(plain_name(name), f"§6 {where}: file {name!r} is not a plain name")
+    for k in ("seq", "bytes", "first_ordinal", "samples", "chunks", "raw_bytes"):
+        need(is_uint(s[k]), f"§6 {where}: {k} is not an unsigned integer")
+    need(is_hex64(s["index_blake3"]), f"§6 {where}: index_blake3 is not 64 hex digits")
+    need(s["first_ordinal"] == ordinal, f"§6 {where}: first_ordinal is not the running sum")
+    return ShardSpec(
+        name,
+        seq,
+        s["bytes"],
+        bytes.fromhex(s["index_blake3"]),
+        s["first_ordinal"],
+        s["samples"],
+        s["chunks"],
+        s["raw_bytes"],
+    )
+
+
+def parse_shard_list(shards_json: object) -> list:
+    """Versions 1 to 3: the manifest's `shards` (§6)."""
     need(isinstance(shards_json, list), "§6: shards is not a list")
     shards = []
     ordinal = 0
-    total_bytes = 0
-    total_raw = 0
     for i, s in enumerate(shards_json):
-        keys = {
-            "file",
-            "seq",
-            "bytes",
-            "index_blake3",
-            "first_ordinal",
-            "samples",
-            "chunks",
-            "raw_bytes",
-        }
-        need(isinstance(s, dict) and set(s) == keys, f"§6 shard {i}: keys")
-        need(s["seq"] == i, f"§6: shard list is not numbered 0.. (position {i}, seq {s['seq']})")
-        name = s["file"]
-        need(plain_name(name), f"§6 shard {i}: file {name!r} is not a plain name")
-        for k in ("bytes", "first_ordinal", "samples", "chunks", "raw_bytes"):
-            need(is_uint(s[k]), f"§6 shard {i}: {k} is not an unsigned integer")
+        shards.append(parse_shard_entry(s, i, ordinal, f"shard {i}"))
+        ordinal += shards[-1].samples
+        need(ordinal <= U64_MAX, "§6: shard samples, bytes or raw_bytes add up to 2^64 or more")
+    return shards
+
+
+def check_shard_totals(shards: list) -> None:
+    sums = (sum(getattr(s, k) for s in shards) for k in ("samples", "bytes", "raw_bytes"))
+    need(
+        all(x <= U64_MAX for x in sums),
+        "§6: shard samples, bytes or raw_bytes add up to 2^64 or more",
+    )
+
+
+def parse_samples_table(root: Path, table: object, samples: int) -> None:
+    """Versions 1 to 3: `samples_table` (§6), null or one file covering every sample."""
+    if table is None:
+        return
+    need(
+        isinstance(table, dict) and set(table) == {"file", "bytes", "blake3", "samples"},
+        "§6: samples_table keys",
+    )
+    need(plain_name(table["file"]), "§6: samples_table file is not a plain name")
+    data = (root / table["file"]).read_bytes()
+    need(len(data) == table["bytes"], "§6: samples table size differs from the manifest")
+    need(b3(data).hex() == table["blake3"], "§6: samples table BLAKE3 differs from the manifest")
+    need(table["samples"] == samples, "§6: samples_table samples differs from samples")
+
+
+def is_hex64(v: object) -> bool:
+    return isinstance(v, str) and HEX64.fullmatch(v) is not None
+
+
+def read_listed(root: Path, name: str, size: int, sec: str, what: str) -> bytes:
+    """A file the manifest or a segment lists with its length: the length is checked before
+    anything is read (§8)."""
+    path = root / name
+    need(path.is_file(), f"{sec} {what}: file {name!r} is missing")
+    got = path.stat().st_size
+    need(got == size, f"{sec} {what}: file {name!r} is {got} bytes, the listing says {size}")
+    return path.read_bytes()
+
+
+# ---------------------------------------------------------------- segments (§6.3, §6.4)
+
+
+@dataclass
+class FileRef:
+    """A key run (`count` = entries) or a samples table part (`count` = samples)."""
+
+    file: str
+    bytes: int
+    blake3: bytes
+    count: int
+
+
+@dataclass
+class SegmentSpec:
+    file: str
+    level: int
+    first_seq: int
+    first_ordinal: int
+    samples: int
+    shards: list
+    keys: FileRef
+    tables: list
+
+
+def parse_segments(root: Path, m: dict, dataset_id: str) -> tuple:
+    """Version 4: (segment specs, the shard list they make) (§6.3)."""
+    entries = m.get("segments")
+    need(isinstance(entries, list), "§6.3: segments is not a list")
+    segments = []
+    shards = []
+    seq = 0
+    ordinal = 0
+    for i, e in enumerate(entries):
+        where = f"segment {i}"
+        need(isinstance(e, dict) and set(e) == SEGMENT_ENTRY_KEYS, f"§6.3 {where}: keys")
+        need(plain_name(e["file"]), f"§6.3 {where}: file {e['file']!r} is not a plain name")
+        for k in ("bytes", "level", "first_seq", "shards", "first_ordinal", "samples"):
+            need(is_uint(e[k]), f"§6.3 {where}: {k} is not an unsigned integer")
+        need(is_hex64(e["blake3"]), f"§6.3 {where}: blake3 is not 64 hex digits")
+        need(e["level"] <= MAX_LEVEL, f"§6.3 {where}: level {e['level']} not in 0..=32")
         need(
-            isinstance(s["index_blake3"], str) and HEX64.fullmatch(s["index_blake3"]) is not None,
-            f"§6 shard {i}: index_blake3 is not 64 hex digits",
+            e["first_seq"] == seq,
+            f"§6.3 {where}: first_seq {e['first_seq']} is not the running sum of shards ({seq})",
         )
-        need(s["first_ordinal"] == ordinal, f"§6 shard {i}: first_ordinal is not the running sum")
-        ordinal += s["samples"]
-        total_bytes += s["bytes"]
-        total_raw += s["raw_bytes"]
         need(
-            ordinal <= U64_MAX and total_bytes <= U64_MAX and total_raw <= U64_MAX,
-            "§6: shard samples, bytes or raw_bytes add up to 2^64 or more",
+            e["first_ordinal"] == ordinal,
+            f"§6.3 {where}: first_ordinal {e['first_ordinal']} is not the running sum of "
+            f"samples ({ordinal})",
         )
-        shards.append(
-            ShardSpec(
-                name,
-                i,
-                s["bytes"],
-                bytes.fromhex(s["index_blake3"]),
-                s["first_ordinal"],
-                s["samples"],
-                s["chunks"],
-                s["raw_bytes"],
-            )
-        )
-    need(m.get("samples") == ordinal, "§6: samples is not the sum of the shards' samples")
-    table = m.get("samples_table")
-    if table is not None:
+        seg = read_segment(root, e, dataset_id)
+        segments.append(seg)
+        shards += seg.shards
+        seq += e["shards"]
+        ordinal += e["samples"]
+        need(ordinal <= U64_MAX, "§6: shard samples, bytes or raw_bytes add up to 2^64 or more")
+    need(m.get("samples") == ordinal, "§6.3: samples is not the sum of the segments' samples")
+    return segments, shards
+
+
+def read_segment(root: Path, e: dict, dataset_id: str) -> SegmentSpec:
+    """A segment file, checked against its manifest entry `e` (§6.3)."""
+    name = e["file"]
+    need(e["bytes"] <= 256 * MIB, f"§6.3 {name}: a segment file is larger than 256 MiB")
+    data = read_listed(root, name, e["bytes"], "§6.3", f"segment {name}")
+    need(b3(data).hex() == e["blake3"], f"§6.3 {name}: BLAKE3 differs from the manifest's entry")
+    s = load_json(root / name, "§6.3", name, data)
+    need(isinstance(s, dict), f"§6.3 {name}: not an object")
+    need(s.get("format") == "hspack-segment", f'§6.3 {name}: format is not "hspack-segment"')
+    version = s.get("version")
+    need(
+        not (is_uint(version) and version > SEGMENT_VERSION),
+        f"§9 {name}: segment version {version} is newer than this reader knows (1): upgrade",
+    )
+    need(version == SEGMENT_VERSION, f"§9 {name}: segment version {version!r} is not 1")
+    need(set(s) == SEGMENT_KEYS, f"§6.3 {name}: keys")
+    need(s["dataset_id"] == dataset_id, f"§6.3 {name}: dataset_id differs from the manifest's")
+    need(s["level"] == e["level"], f"§6.3 {name}: level differs from the manifest's entry")
+
+    entries = s["shards"]
+    need(isinstance(entries, list) and entries, f"§6.3 {name}: shards is not a non-empty list")
+    need(
+        isinstance(entries[0], dict) and entries[0].get("seq") == e["first_seq"],
+        f"§6.3 {name}: first shard's seq differs from the manifest's first_seq",
+    )
+    need(
+        entries[0].get("first_ordinal") == e["first_ordinal"],
+        f"§6.3 {name}: first shard's first_ordinal differs from the manifest's entry",
+    )
+    need(
+        len(entries) == e["shards"],
+        f"§6.3 {name}: {len(entries)} shards, the manifest's entry says {e['shards']}",
+    )
+    shards = []
+    ordinal = e["first_ordinal"]
+    for i, sh in enumerate(entries):
+        seq = e["first_seq"] + i
+        shards.append(parse_shard_entry(sh, seq, ordinal, f"{name} shard {seq}"))
+        ordinal += shards[-1].samples
+    samples = ordinal - e["first_ordinal"]
+    need(
+        samples == e["samples"],
+        f"§6.3 {name}: {samples} samples, the manifest's entry says {e['samples']}",
+    )
+
+    keys = parse_file_ref(s["keys"], "entries", f"{name} keys")
+    need(
+        keys.count == samples,
+        f"§6.3 {name}: key run entries {keys.count} is not the segment's sample count {samples}",
+    )
+    need(
+        keys.bytes == KEY_RUN_ENTRY_LEN * keys.count,
+        f"§6.3 {name}: key run bytes {keys.bytes} is not 16 x entries ({keys.count})",
+    )
+    need(isinstance(s["tables"], list), f"§6.3 {name}: tables is not a list")
+    tables = [parse_file_ref(t, "samples", f"{name} table {j}") for j, t in enumerate(s["tables"])]
+    need(
+        sum(t.count for t in tables) == samples,
+        f"§6.3 {name}: its parts' samples do not add up to its samples ({samples})",
+    )
+    return SegmentSpec(
+        name, e["level"], e["first_seq"], e["first_ordinal"], samples, shards, keys, tables
+    )
+
+
+def parse_file_ref(obj: object, count: str, where: str) -> FileRef:
+    """`file`, `bytes`, `blake3` and `count` of a key run or a table part (§6.3)."""
+    need(
+        isinstance(obj, dict) and set(obj) == {"file", "bytes", "blake3", count},
+        f"§6.3 {where}: keys",
+    )
+    need(plain_name(obj["file"]), f"§6.3 {where}: file {obj['file']!r} is not a plain name")
+    need(is_uint(obj["bytes"]), f"§6.3 {where}: bytes is not an unsigned integer")
+    need(is_uint(obj[count]), f"§6.3 {where}: {count} is not an unsigned integer")
+    need(is_hex64(obj["blake3"]), f"§6.3 {where}: blake3 is not 64 hex digits")
+    return FileRef(obj["file"], obj["bytes"], bytes.fromhex(obj["blake3"]), obj[count])
+
+
+def read_file_ref(root: Path, ref: FileRef, sec: str, what: str) -> bytes:
+    data = read_listed(root, ref.file, ref.bytes, sec, what)
+    need(b3(data) == ref.blake3, f"{sec} {what}: BLAKE3 differs from its segment's")
+    return data
+
+
+def key_hash(key: str) -> int:
+    """§3.5, §6.4: the first 8 bytes of BLAKE3 of the key, as a LE u64."""
+    return int.from_bytes(b3(key.encode("utf-8"))[:8], "little")
+
+
+def check_key_run(root: Path, seg: SegmentSpec, samples: list) -> None:
+    """§6.4: the run's bytes, its order, and one entry (hash, ordinal) per sample of `samples`
+    (the segment's, read from its shards)."""
+    what = f"{seg.file} key run {seg.keys.file}"
+    data = read_file_ref(root, seg.keys, "§6.4", what)
+    need(
+        len(data) == KEY_RUN_ENTRY_LEN * seg.keys.count,
+        f"§6.4 {what}: {len(data)} bytes, not 16 x entries ({seg.keys.count})",
+    )
+    run = list(struct.iter_unpack("<QQ", data))
+    for j in range(1, len(run)):
         need(
-            isinstance(table, dict) and set(table) == {"file", "bytes", "blake3", "samples"},
-            "§6: samples_table keys",
+            run[j - 1] <= run[j],
+            f"§6.4 {what}: entries {j - 1}, {j} not sorted by (hash, ordinal)",
         )
-        need(plain_name(table["file"]), "§6: samples_table file is not a plain name")
-        data = (root / table["file"]).read_bytes()
-        need(len(data) == table["bytes"], "§6: samples table size differs from the manifest")
+    want = sorted((key_hash(s.key), s.ordinal) for s in samples)
+    bad = next((j for j, (g, w) in enumerate(zip(run, want)) if g != w), None)
+    need(
+        bad is None and len(run) == len(want),
+        f"§6.4 {what}: entry {min(len(run), len(want)) if bad is None else bad} is not "
+        f"(hash, ordinal) of the segment's samples",
+    )
+
+
+# §7: the columns of a samples table, in order, and the arrow types they may have.
+TABLE_COLUMNS = (
+    ("key", ("string", "large_string")),
+    ("ordinal", ("uint64",)),
+    ("shard", ("string", "large_string")),
+    ("shard_seq", ("uint32",)),
+    ("tokens", ("uint64",)),
+    ("loss_tokens", ("uint64",)),
+    ("bytes", ("uint64",)),
+)
+
+
+def check_table_part(root: Path, seg: SegmentSpec, j: int, rows: list) -> None:
+    """§6.3, §7: part `j` of a segment: its bytes, and (where pyarrow is importable) its rows
+    against `rows`, the §7 row of each sample it covers, in ordinal order."""
+    part = seg.tables[j]
+    what = f"{seg.file} table part {part.file}"
+    data = read_file_ref(root, part, "§6.3", what)
+    if pq is None:
+        return  # the rows can be read only with a parquet reader
+    try:
+        table = pq.read_table(pa.BufferReader(data))
+    except Exception as e:  # pyarrow raises several kinds
+        raise SpecError(f"§7 {what}: not a parquet file: {e}") from e
+    got = [(f.name, str(f.type)) for f in table.schema]
+    need(
+        len(got) == len(TABLE_COLUMNS)
+        and all(g[0] == n and g[1] in t for g, (n, t) in zip(got, TABLE_COLUMNS)),
+        f"§7 {what}: columns {got} are not §7's",
+    )
+    need(
+        table.num_rows == part.count,
+        f"§6.3 {what}: {table.num_rows} rows, its samples says {part.count}",
+    )
+    for r, (got, want) in enumerate(zip(table.to_pylist(), rows)):
+        got = tuple(got[n] for n, _ in TABLE_COLUMNS)
         need(
-            b3(data).hex() == table["blake3"], "§6: samples table BLAKE3 differs from the manifest"
+            got[:2] == want[:2],
+            f"§7 {what}: row {r} is (key, ordinal) {got[:2]}, the shards say {want[:2]}",
         )
-        need(table["samples"] == ordinal, "§6: samples_table samples differs from samples")
-    return m, fields, shards, bytes.fromhex(dataset_id), schema_hash
+        need(got == want, f"§7 {what}: row {r} is {got}, the shards say {want}")
+
+
+def check_segment_files(root: Path, seg: SegmentSpec, shards: list, fields: list) -> None:
+    """A segment's key run and table parts against its shards, read (§6.4, §7)."""
+    specs = {s.seq: s for s in seg.shards}
+    mask = any(f.role["kind"] == "loss_mask" for f in fields)
+    samples = []
+    rows = []
+    for sh in shards[seg.first_seq : seg.first_seq + len(seg.shards)]:
+        for s in sh.samples:
+            samples.append(s)
+            loss = s.loss_rows if mask else None
+            rows.append((s.key, s.ordinal, specs[sh.seq].file, sh.seq, s.rows, loss, s.raw_bytes))
+    check_key_run(root, seg, samples)
+    start = 0
+    for j, part in enumerate(seg.tables):
+        check_table_part(root, seg, j, rows[start : start + part.count])
+        start += part.count
 
 
 # ---------------------------------------------------------------- codecs (§4)
@@ -655,6 +961,7 @@ class Dataset:
     manifest: dict
     fields: list
     shards: list
+    segments: list = field(default_factory=list)  # manifest version 4 (§6.3)
 
     def samples(self) -> list:
         return [s for sh in self.shards for s in sh.samples]
@@ -663,11 +970,13 @@ class Dataset:
 def read_dataset(root) -> Dataset:
     """Reads and checks a whole dataset: every structure, hash and payload."""
     root = Path(root)
-    m, fields, shard_specs, dataset_id, schema_hash = parse_manifest(root)
+    m, fields, shard_specs, dataset_id, schema_hash, segments = parse_manifest(root)
     shards = [read_shard(root, s, fields, dataset_id, schema_hash) for s in shard_specs]
     keys = [s.key for sh in shards for s in sh.samples]
     need(len(set(keys)) == len(keys), "§3.2: a key is not unique in the dataset")
     for sh, spec in zip(shards, shard_specs):
         total = sum(s.raw_bytes for s in sh.samples)
         need(total == spec.raw_bytes, f"§6 {spec.file}: raw_bytes differs from the manifest")
-    return Dataset(m, fields, shards)
+    for seg in segments:
+        check_segment_files(root, seg, shards, fields)
+    return Dataset(m, fields, shards, segments)

@@ -1,0 +1,52 @@
+//! Reading a manifest with its segments (version 4): the shard list a reader works with.
+
+use rayon::prelude::*;
+
+use crate::error::{format, Error, Result};
+use crate::format::manifest::MANIFEST_FILE;
+use crate::format::segment::Segment;
+use crate::format::Manifest;
+use crate::io::Storage;
+
+/// The manifest of the dataset in `storage`, with every segment it lists added and the whole
+/// checked, and the manifest file's bytes; `None` where there is no manifest.
+pub fn load_manifest(storage: &dyn Storage) -> Result<Option<(Manifest, Vec<u8>)>> {
+    let Some(bytes) = storage.read(MANIFEST_FILE)? else {
+        return Ok(None);
+    };
+    let mut manifest = Manifest::decode(&bytes).map_err(format(storage.path(MANIFEST_FILE)))?;
+    add_segments(storage, &mut manifest)?;
+    Ok(Some((manifest, bytes)))
+}
+
+/// Reads the segments of `manifest` not added yet (all of them, for a manifest just decoded),
+/// on the thread pool, checks each against its entry and adds it; then checks the shard list.
+pub fn add_segments(storage: &dyn Storage, manifest: &mut Manifest) -> Result<()> {
+    let todo = &manifest.segments[manifest.segment_files.len()..];
+    let id = manifest.dataset_id.as_str();
+    let read: Vec<Result<Segment>> = crate::parallel::install(|| {
+        todo.par_iter()
+            .map(|at| {
+                let path = storage.path(&at.file);
+                let Some(bytes) = storage.read(&at.file)? else {
+                    return Err(Error::Io {
+                        path,
+                        op: "read",
+                        source: std::io::Error::new(
+                            std::io::ErrorKind::NotFound,
+                            "the manifest lists this segment but it is missing: restore it from a \
+                             copy with `hspack repair DATASET COPY`",
+                        ),
+                    });
+                };
+                Segment::decode(&bytes, at, id).map_err(format(path))
+            })
+            .collect()
+    });
+    for segment in read {
+        manifest.add_segment(segment?);
+    }
+    manifest
+        .validate_shards()
+        .map_err(format(storage.path(MANIFEST_FILE)))
+}
