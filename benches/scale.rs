@@ -12,8 +12,10 @@
 //! - the reader's resident memory grown by those reads (VmRSS).
 //!
 //! Then commits: a dataset grown one 1-sample shard a commit (no fsync: the metadata cost
-//! alone) to `COMMITS` (default 10000) shards, printing the commit time (median of the 10
-//! around each point) and the manifest's size at 10, 100, 1000 and 10000 shards.
+//! alone) to `COMMITS` (default 10000) shards. At 10, 100, 1000 and 10000 shards it prints,
+//! over the last 64 commits (all of them at 10): the median and mean commit time, and the
+//! metadata bytes a commit wrote on average (manifest, segments, key runs, table parts: all
+//! but the shard itself, merges included), and the manifest's size.
 //!
 //! `cargo bench --bench scale` (`SCALE_MAX=10000000` samples at most; `READS=2000`).
 
@@ -121,22 +123,54 @@ fn commits(dir: &std::path::Path, max: u64) {
         durable: false,
         ..WriteOptions::default()
     };
+    const WINDOW: u64 = 64;
+    let points = [10u64, 100, 1000, 10_000, 100_000];
     let mut w = DatasetWriter::create(dir, schema(), options).unwrap();
-    let mut times = Vec::new();
-    println!("\n| shards | commit ms (median of 10) | manifest bytes |\n|---:|---:|---:|");
+    let (mut times, mut manifests) = (Vec::new(), 0u64);
+    let mut before = metadata_bytes(dir);
+    println!(
+        "\n| shards | commit ms, median | commit ms, mean | metadata bytes written a commit (mean) | manifest bytes |\n|---:|---:|---:|---:|---:|"
+    );
     for i in 0..max {
+        let n = i + 1;
+        if points.contains(&(n + WINDOW - 1).max(WINDOW)) || (n == 1 && points[0] < WINDOW) {
+            // The window of the next point starts here.
+            (times, manifests, before) = (Vec::new(), 0, metadata_bytes(dir));
+        }
         let ids = (i as u32).to_le_bytes();
         w.append(&key(i), &[("input_ids", &ids[..])]).unwrap();
         let t = Instant::now();
         w.commit().unwrap();
         times.push(t.elapsed().as_secs_f64() * 1e3);
-        let n = i + 1;
-        if [10, 100, 1000, 10_000, 100_000].contains(&n) {
-            let last = &mut times[(n as usize).saturating_sub(10)..].to_vec();
-            let bytes = std::fs::metadata(dir.join("manifest.json")).unwrap().len();
-            println!("| {n} | {:.3} | {bytes} |", percentile(last, 0.5));
+        let manifest = std::fs::metadata(dir.join("manifest.json")).unwrap().len();
+        manifests += manifest;
+        if points.contains(&n) {
+            let commits = times.len() as f64;
+            let written = (metadata_bytes(dir) - before) as f64 + manifests as f64;
+            let mean = times.iter().sum::<f64>() / commits;
+            println!(
+                "| {n} | {:.3} | {mean:.3} | {:.0} | {manifest} |",
+                percentile(&mut times.clone(), 0.5),
+                written / commits
+            );
         }
     }
+}
+
+/// Bytes of the files a commit writes besides the shard and the manifest (which is replaced,
+/// and counted apart): segments, key runs, table parts. Merged-away ones stay until `finish`.
+fn metadata_bytes(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let name = e.file_name().to_string_lossy().into_owned();
+            let metadata = ["segment-", "keys-", "samples-"]
+                .iter()
+                .any(|p| name.starts_with(p));
+            metadata.then(|| e.metadata().map_or(0, |m| m.len()))
+        })
+        .sum()
 }
 
 fn main() {

@@ -67,7 +67,8 @@ secs="${HSPACK_FUZZ_SECONDS:-20}"
 seeds_for() {
   case "$1" in
     pickle|torch_zip|npy|safetensors) echo ../tests/fixtures/pt ../tests/bad_files/convert ;;
-    manifest|shard) echo ../format-spec/golden/v1/none ../format-spec/golden/v1/zstd ;;
+    manifest|shard) echo ../format-spec/golden/v1/none ../format-spec/golden/v1/zstd ../format-spec/golden/v4/segments ;;
+    segment) echo ../format-spec/golden/v4/segments ../format-spec/golden/v4/leased ;;
     *) echo "seeds/$1" ;;
   esac
 }

@@ -146,6 +146,20 @@ impl Dataset {
         String::from_utf8_lossy(self.inner.manifest_bytes()).into_owned()
     }
 
+    /// Every shard's manifest entry, in order, as JSON (from the segments, in manifest
+    /// version 4).
+    fn shards_json(&self) -> String {
+        serde_json::to_string(&self.inner.manifest().shards).unwrap_or_default()
+    }
+
+    /// Where the samples table's files are, in ordinal order: paths or URLs.
+    fn table_files(&self) -> Vec<String> {
+        let storage = self.inner.storage();
+        (self.inner.manifest().table_files().iter())
+            .map(|t| storage.path(&t.file).to_string_lossy().into_owned())
+            .collect()
+    }
+
     /// `(key, rows, loss_rows or None)` of sample `ordinal`.
     fn info(&self, py: Python<'_>, ordinal: u64) -> PyResult<(String, u64, Option<u64>)> {
         py.allow_threads(|| {

@@ -21,7 +21,7 @@ def damaged(eagle_path, tmp_path):
     seq = next(i for i, (first, n) in enumerate(ds.shard_ranges) if first <= 15 < first + n)
     start, _ = ds._mapping_range(seq)
     offset = t.data_ptr() - start + 5
-    shard = os.path.join(path, ds.manifest["shards"][seq]["file"])
+    shard = os.path.join(path, ds.shards[seq]["file"])
     del t, ds
     with open(shard, "r+b") as f:
         f.seek(offset)

@@ -124,8 +124,12 @@ def test_a_writer_writes_straight_into_s3(s3):
     url = f"{s3}/direct"
     write_eagle(url, 20, shard_samples=7)
     ds = hspack.open(url)
-    assert len(ds) == 20 and len(ds.manifest["shards"]) == 3
-    assert ds.manifest["version"] == 3 and ds.manifest["writer"]["lease"]
+    assert len(ds) == 20 and len(ds.shards) == 3
+    assert ds.manifest["version"] == 4 and ds.manifest["writer"]["lease"]
+    lease = ds.manifest["writer"]["lease"][:16]
+    # The samples table, one part per commit, current after every commit, named after the lease.
+    assert len(ds.table_files()) == 3
+    assert all(f.startswith(url) and f.endswith(f"-{lease}.parquet") for f in ds.table_files())
     for i in range(20):
         got = ds.get(f"s{i:04d}")
         for name, t in eagle_sample(i).items():

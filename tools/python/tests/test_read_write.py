@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 
 import numpy as np
 import pytest
@@ -218,3 +219,20 @@ def test_verify_reports_intact(eagle_path):
     r = hspack.verify(eagle_path)
     assert r["ok"] and r["samples"] == 37 and r["shards"] == 3 and r["problems"] == []
     assert hspack.verify(eagle_path, quick=True)["bytes_hashed"] == 0
+
+
+def test_the_samples_table_is_current_after_every_commit(tmp_path):
+    w = hspack.Writer(tmp_path / "ds", [hspack.token_ids()], durable=False)
+    for c in range(3):
+        w.append(f"k{c}", input_ids=torch.full((c + 1,), c, dtype=torch.int32))
+        w.commit()
+        ds = hspack.open(tmp_path / "ds")
+        files = ds.table_files()
+        # One part per commit, in ordinal order, each listed by the manifest's segments.
+        assert len(files) == c + 1 and all(os.path.exists(f) for f in files)
+        assert [s["samples"] for s in ds.shards] == [1] * (c + 1)
+        assert ds.manifest["version"] == 4 and "shards" not in ds.manifest
+    w.finish()
+    pyarrow = pytest.importorskip("pyarrow.parquet")
+    rows = [r for f in hspack.open(tmp_path / "ds").table_files() for r in pyarrow.read_table(f).to_pylist()]
+    assert [(r["key"], r["ordinal"], r["tokens"]) for r in rows] == [("k0", 0, 1), ("k1", 1, 2), ("k2", 2, 3)]

@@ -47,14 +47,15 @@ def stacked_path(tmp_path_factory):
     return str(path)
 
 
-def test_stacked_fields_need_manifest_version_2_and_a_matching_shape(stacked_path, tmp_path):
+def test_stacked_fields_take_a_matching_shape(stacked_path, tmp_path):
+    # Writers write manifest version 4 (segments), stacked fields or not.
     with open(os.path.join(stacked_path, "manifest.json")) as f:
-        assert json.load(f)["version"] == 2
+        assert json.load(f)["version"] == 4
     plain = tmp_path / "plain"
     with hspack.Writer(plain, [hspack.token_ids()], durable=False) as w:
         w.append("a", input_ids=torch.zeros(2, dtype=torch.int32))
     with open(plain / "manifest.json") as f:
-        assert json.load(f)["version"] == 1
+        assert json.load(f)["version"] == 4
     with hspack.Writer(tmp_path / "bad", stacked_schema(), durable=False) as w:
         with pytest.raises(hspack.HspackError, match="aux_hidden_state"):
             w.append("x", aux_hidden_state=torch.zeros(3, 2 * H, dtype=torch.bfloat16), input_ids=torch.zeros(3, dtype=torch.int32), loss_mask=torch.zeros(3, dtype=torch.uint8), **{"hidden.final": torch.zeros(3, H, dtype=torch.bfloat16)})

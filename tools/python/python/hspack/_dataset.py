@@ -147,13 +147,26 @@ class Dataset:
 
     @property
     def manifest(self) -> dict:
-        """The manifest: shards, sample count, schema, writer."""
+        """The manifest file: schema, sample count, segments (or shards, in manifest
+        versions 1 to 3), writer."""
         return json.loads(self.native.manifest_json())
+
+    @property
+    def shards(self) -> list[dict]:
+        """Every shard's manifest entry (`file`, `seq`, `bytes`, `first_ordinal`, `samples`,
+        ...), in order."""
+        return json.loads(self.native.shards_json())
 
     @property
     def shard_ranges(self) -> list[tuple[int, int]]:
         """`(first ordinal, samples)` of every shard, in order."""
-        return [(s["first_ordinal"], s["samples"]) for s in self.manifest["shards"]]
+        return [(s["first_ordinal"], s["samples"]) for s in self.shards]
+
+    def table_files(self) -> list[str]:
+        """The samples table's parquet files, in ordinal order (current after every commit):
+        `pandas.concat(map(pandas.read_parquet, ds.table_files()))`, or duckdb's
+        `read_parquet([...])`."""
+        return self.native.table_files()
 
     def _length_arrays(self) -> tuple:
         if self._lengths is None:
