@@ -19,7 +19,11 @@
 //!
 //! `cargo bench --bench scale` (`SCALE_MAX=10000000` samples at most; `READS=2000`).
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
+
+use hspack::io::{FileReader, NewFile, Storage, WriterLease};
 
 use hspack::{Codec, DType, Dataset, DatasetWriter, Field, Role, Schema, WriteOptions};
 
@@ -125,9 +129,13 @@ fn commits(dir: &std::path::Path, max: u64) {
     };
     const WINDOW: u64 = 64;
     let points = [10u64, 100, 1000, 10_000, 100_000];
-    let mut w = DatasetWriter::create(dir, schema(), options).unwrap();
-    let (mut times, mut manifests) = (Vec::new(), 0u64);
-    let mut before = metadata_bytes(dir);
+    let counted = Arc::new(Counted {
+        inner: hspack::io::local(dir),
+        bytes: Arc::new(AtomicU64::new(0)),
+    });
+    let mut w = DatasetWriter::create_in(counted.clone(), schema(), options).unwrap();
+    let mut times = Vec::new();
+    let mut before = counted.bytes.load(Ordering::Relaxed);
     println!(
         "\n| shards | commit ms, median | commit ms, mean | metadata bytes written a commit (mean) | manifest bytes |\n|---:|---:|---:|---:|---:|"
     );
@@ -135,18 +143,17 @@ fn commits(dir: &std::path::Path, max: u64) {
         let n = i + 1;
         if points.contains(&(n + WINDOW - 1).max(WINDOW)) || (n == 1 && points[0] < WINDOW) {
             // The window of the next point starts here.
-            (times, manifests, before) = (Vec::new(), 0, metadata_bytes(dir));
+            (times, before) = (Vec::new(), counted.bytes.load(Ordering::Relaxed));
         }
         let ids = (i as u32).to_le_bytes();
         w.append(&key(i), &[("input_ids", &ids[..])]).unwrap();
         let t = Instant::now();
         w.commit().unwrap();
         times.push(t.elapsed().as_secs_f64() * 1e3);
-        let manifest = std::fs::metadata(dir.join("manifest.json")).unwrap().len();
-        manifests += manifest;
         if points.contains(&n) {
+            let manifest = std::fs::metadata(dir.join("manifest.json")).unwrap().len();
             let commits = times.len() as f64;
-            let written = (metadata_bytes(dir) - before) as f64 + manifests as f64;
+            let written = (counted.bytes.load(Ordering::Relaxed) - before) as f64;
             let mean = times.iter().sum::<f64>() / commits;
             println!(
                 "| {n} | {:.3} | {mean:.3} | {:.0} | {manifest} |",
@@ -157,20 +164,89 @@ fn commits(dir: &std::path::Path, max: u64) {
     }
 }
 
-/// Bytes of the files a commit writes besides the shard and the manifest (which is replaced,
-/// and counted apart): segments, key runs, table parts. Merged-away ones stay until `finish`.
-fn metadata_bytes(dir: &std::path::Path) -> u64 {
-    std::fs::read_dir(dir)
-        .unwrap()
-        .filter_map(|e| {
-            let e = e.ok()?;
-            let name = e.file_name().to_string_lossy().into_owned();
-            let metadata = ["segment-", "keys-", "samples-"]
-                .iter()
-                .any(|p| name.starts_with(p));
-            metadata.then(|| e.metadata().map_or(0, |m| m.len()))
-        })
-        .sum()
+/// A folder whose publishes are counted: the bytes of every file published but shards (the
+/// manifest, segments, key runs, table parts), merged-away ones included.
+#[derive(Debug)]
+struct Counted {
+    inner: Arc<dyn Storage>,
+    bytes: Arc<AtomicU64>,
+}
+
+fn count(bytes: &AtomicU64, name: &str, n: u64) {
+    if !name.starts_with("shard-") {
+        bytes.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+#[derive(Debug)]
+struct CountedFile {
+    inner: Box<dyn NewFile>,
+    bytes: Arc<AtomicU64>,
+    written: u64,
+}
+
+impl NewFile for CountedFile {
+    fn write_at(&mut self, offset: u64, bytes: &[u8]) -> hspack::Result<()> {
+        self.written = self.written.max(offset + bytes.len() as u64);
+        self.inner.write_at(offset, bytes)
+    }
+    fn sync_data(&mut self) -> hspack::Result<()> {
+        self.inner.sync_data()
+    }
+    fn sync_all(&mut self) -> hspack::Result<()> {
+        self.inner.sync_all()
+    }
+    fn publish_new(self: Box<Self>, name: &str, durable: bool) -> hspack::Result<()> {
+        count(&self.bytes, name, self.written);
+        self.inner.publish_new(name, durable)
+    }
+    fn abandon(self: Box<Self>) {
+        self.inner.abandon()
+    }
+}
+
+impl Storage for Counted {
+    fn root(&self) -> &std::path::Path {
+        self.inner.root()
+    }
+    fn create_root(&self) -> hspack::Result<()> {
+        self.inner.create_root()
+    }
+    fn list(&self) -> hspack::Result<Vec<String>> {
+        self.inner.list()
+    }
+    fn read(&self, name: &str) -> hspack::Result<Option<Vec<u8>>> {
+        self.inner.read(name)
+    }
+    fn open(&self, name: &str) -> hspack::Result<Arc<dyn FileReader>> {
+        self.inner.open(name)
+    }
+    fn create(&self, temp: &str) -> hspack::Result<Box<dyn NewFile>> {
+        Ok(Box::new(CountedFile {
+            inner: self.inner.create(temp)?,
+            bytes: Arc::clone(&self.bytes),
+            written: 0,
+        }))
+    }
+    fn replace(
+        &self,
+        name: &str,
+        bytes: &[u8],
+        expected: Option<blake3::Hash>,
+        durable: bool,
+    ) -> hspack::Result<()> {
+        count(&self.bytes, name, bytes.len() as u64);
+        self.inner.replace(name, bytes, expected, durable)
+    }
+    fn delete(&self, name: &str) -> hspack::Result<()> {
+        self.inner.delete(name)
+    }
+    fn sync(&self) -> hspack::Result<()> {
+        self.inner.sync()
+    }
+    fn lock(&self) -> hspack::Result<Box<dyn WriterLease>> {
+        self.inner.lock()
+    }
 }
 
 fn main() {

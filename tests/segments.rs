@@ -69,6 +69,17 @@ fn every_commit_leaves_a_current_table_and_a_small_manifest() {
             );
         }
         assert_eq!(m.table_files().len() as u64, c + 1);
+        // What a merge replaced is removed once the manifest no longer lists it.
+        let listed: Vec<&str> = m.listed_files().iter().map(|f| f.file).collect();
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let name = e.unwrap().file_name().to_string_lossy().into_owned();
+            if name.starts_with("segment-") || name.starts_with("keys-") {
+                assert!(
+                    listed.contains(&name.as_str()),
+                    "{name} left after commit {c}"
+                );
+            }
+        }
         // The manifest names segments, never shards: its size follows the segments.
         let text = std::fs::read_to_string(dir.join("manifest.json")).unwrap();
         assert!(!text.contains("shard-"), "a shard named in the manifest");

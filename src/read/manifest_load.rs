@@ -8,15 +8,33 @@ use crate::format::segment::Segment;
 use crate::format::Manifest;
 use crate::io::Storage;
 
+/// Times a reader reads the manifest again when a segment it lists is gone because a commit
+/// replaced it meanwhile.
+const ATTEMPTS: usize = 8;
+
 /// The manifest of the dataset in `storage`, with every segment it lists added and the whole
-/// checked, and the manifest file's bytes; `None` where there is no manifest.
+/// checked, and the manifest file's bytes; `None` where there is no manifest. A writer removes
+/// the segments a merge replaced once its manifest no longer lists them: a segment missing
+/// under a manifest that has changed since it was read is read from the new one.
 pub fn load_manifest(storage: &dyn Storage) -> Result<Option<(Manifest, Vec<u8>)>> {
-    let Some(bytes) = storage.read(MANIFEST_FILE)? else {
-        return Ok(None);
-    };
-    let mut manifest = Manifest::decode(&bytes).map_err(format(storage.path(MANIFEST_FILE)))?;
-    add_segments(storage, &mut manifest)?;
-    Ok(Some((manifest, bytes)))
+    let mut attempt = 0;
+    loop {
+        let Some(bytes) = storage.read(MANIFEST_FILE)? else {
+            return Ok(None);
+        };
+        let mut manifest = Manifest::decode(&bytes).map_err(format(storage.path(MANIFEST_FILE)))?;
+        match add_segments(storage, &mut manifest) {
+            Ok(()) => return Ok(Some((manifest, bytes))),
+            Err(Error::Io { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound
+                    && attempt + 1 < ATTEMPTS
+                    && storage.read(MANIFEST_FILE)?.is_some_and(|now| now != bytes) =>
+            {
+                attempt += 1;
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 /// Reads the segments of `manifest` not added yet (all of them, for a manifest just decoded),

@@ -360,12 +360,9 @@ impl DatasetWriter {
             self.manifest.shards.push(record);
         }
         let tag = self.name_tag(commit).map(str::to_string);
-        let segments = Segments {
-            storage: &*self.storage,
-            tag: tag.as_deref(),
-            durable: self.options.durable,
-        };
+        let segments = Segments::new(&*self.storage, tag.as_deref(), self.options.durable);
         let mut result = segments.add_commit(&mut self.manifest, first_new);
+        let published = segments.published.take();
         if result.is_ok() {
             if let Some(token) = commit.and_then(|c| c.token()) {
                 self.manifest.set_lease(token);
@@ -373,6 +370,7 @@ impl DatasetWriter {
             result = self.publish_current();
         }
         let Err(e) = result else {
+            self.remove_replaced(&mark, &published);
             return Ok(());
         };
         // A replacement can land and still report an error (a lost response, a retried
@@ -380,6 +378,7 @@ impl DatasetWriter {
         let bytes = self.manifest.encode();
         if self.storage.read(MANIFEST_FILE).ok().flatten().as_ref() == Some(&bytes) {
             self.manifest_hash = blake3::hash(&bytes);
+            self.remove_replaced(&mark, &published);
             return Ok(());
         }
         mark.restore(&mut self.manifest);
@@ -387,6 +386,17 @@ impl DatasetWriter {
         // failed after, is why this commit cannot land.
         self.check_manifest_unchanged()?;
         Err(e)
+    }
+
+    /// Removes the segment files and key runs that the manifest listed at `mark` and no longer
+    /// does (a merge replaced them), now that it is published: still under the commit lock of
+    /// a writer sharing the dataset. A reader that read the earlier manifest reads the new one
+    /// when it finds a segment gone, and searches the shards of a segment whose key run is
+    /// gone; what cannot be removed now is a leftover for later.
+    fn remove_replaced(&self, mark: &Mark, published: &[String]) {
+        for name in mark.files_replaced_in(&self.manifest, published) {
+            let _ = self.storage.delete(&name);
+        }
     }
 
     /// Checks that this writer may commit; for a writer sharing the dataset, takes the
@@ -588,11 +598,7 @@ pub fn reindex_in(storage: Arc<dyn Storage>) -> Result<Vec<String>> {
         w.finish()?;
         return Ok(table.into_iter().map(|t| t.file).collect());
     }
-    let segments = Segments {
-        storage: &*w.storage,
-        tag: None,
-        durable: w.options.durable,
-    };
+    let segments = Segments::new(&*w.storage, None, w.options.durable);
     segments.rewrite_derived(&w.manifest)
 }
 

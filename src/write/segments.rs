@@ -33,9 +33,22 @@ pub(crate) struct Segments<'a> {
     /// The tag in the names of the writer's files (a lease's token, a sharing writer's tag).
     pub(crate) tag: Option<&'a str>,
     pub(crate) durable: bool,
+    /// The segment files and key runs published so far: those a merge of the same commit
+    /// replaced are removed once the manifest is published.
+    pub(crate) published: std::cell::RefCell<Vec<String>>,
 }
 
-impl Segments<'_> {
+impl<'a> Segments<'a> {
+    /// Segments published into `storage`, named with `tag`.
+    pub(crate) fn new(storage: &'a dyn Storage, tag: Option<&'a str>, durable: bool) -> Self {
+        Segments {
+            storage,
+            tag,
+            durable,
+            published: Default::default(),
+        }
+    }
+
     /// Lists `manifest.shards[first_new..]` (committed shards the manifest does not list in a
     /// segment yet) in a new level-0 segment, then merges. A manifest of version 1 to 3 is
     /// made version 4 first, its earlier shards one segment.
@@ -183,6 +196,7 @@ impl Segments<'_> {
     fn publish_run(&self, name: &str, entries: &[KeyRunEntry]) -> Result<KeyRunRecord> {
         let bytes = encode_key_run(entries);
         self.storage.put_new(name, &bytes, self.durable)?;
+        self.published.borrow_mut().push(name.to_string());
         Ok(KeyRunRecord {
             file: name.to_string(),
             bytes: bytes.len() as u64,
@@ -213,6 +227,7 @@ impl Segments<'_> {
         let name = segment_file_name(first, last, self.tag);
         let bytes = segment.encode();
         self.storage.put_new(&name, &bytes, self.durable)?;
+        self.published.borrow_mut().push(name.clone());
         let reference = segment.reference(&name, &bytes);
         Ok((reference, segment.into_parts().1))
     }
@@ -301,6 +316,7 @@ impl Segments<'_> {
             return Err(e);
         }
         out.publish_new(name, self.durable)?;
+        self.published.borrow_mut().push(name.to_string());
         Ok(KeyRunRecord {
             file: name.to_string(),
             bytes: written,
@@ -421,6 +437,24 @@ impl Mark {
             segments: m.segments.clone(),
             segment_files: m.segment_files.clone(),
         }
+    }
+
+    /// The segment files and key runs listed at the mark, or `published` since, that `m` does
+    /// not list.
+    pub(crate) fn files_replaced_in(&self, m: &Manifest, published: &[String]) -> Vec<String> {
+        let listed = |name: &str| {
+            (m.segments.iter().any(|g| g.file == name))
+                || (m.segment_files.iter()).any(|f| f.keys.as_ref().is_some_and(|k| k.file == name))
+        };
+        let old = (self.segments.iter().map(|g| g.file.as_str()))
+            .chain(
+                (self.segment_files.iter())
+                    .filter_map(|f| f.keys.as_ref().map(|k| k.file.as_str())),
+            )
+            .chain(published.iter().map(String::as_str));
+        old.filter(|name| !listed(name))
+            .map(str::to_string)
+            .collect()
     }
 
     /// Puts `m` back as it was.
