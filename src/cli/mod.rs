@@ -11,6 +11,7 @@ mod digest;
 mod export;
 mod info;
 mod ls;
+mod merge;
 mod progress;
 mod reindex;
 mod repair;
@@ -51,6 +52,9 @@ enum Command {
     /// Replace what verify finds damaged in a copy from an intact copy (same digest), then
     /// verify again.
     Repair(repair::Args),
+    /// Make one dataset of several written apart with one schema: their samples copied in the
+    /// order given, every chunk checked, the result verified; a rerun resumes.
+    Merge(merge::Args),
     /// Turn hidden-state dumps (SpecForge, EAGLE, ModelOpt, speculators, ad-hoc) into a dataset.
     Convert(Box<convert::Args>),
 }
@@ -77,6 +81,7 @@ pub fn main() -> ExitCode {
         Command::Cp(a) => cp::run(a, hspack::transfer::CopyMode::Copy),
         Command::Sync(a) => cp::run(a, hspack::transfer::CopyMode::Sync),
         Command::Repair(a) => repair::run(a),
+        Command::Merge(a) => merge::run(a),
     };
     match result {
         Ok(code) => code,

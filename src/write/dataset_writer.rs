@@ -602,7 +602,7 @@ pub fn reindex_in(storage: Arc<dyn Storage>) -> Result<Vec<String>> {
     segments.rewrite_derived(&w.manifest)
 }
 
-fn describe_difference(have: &Schema, given: &Schema) -> String {
+pub(crate) fn describe_difference(have: &Schema, given: &Schema) -> String {
     let differing = have.fields.iter().zip(&given.fields).find(|(a, b)| a != b);
     if let (true, Some((a, b))) = (have.fields.len() == given.fields.len(), differing) {
         format!(

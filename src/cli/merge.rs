@@ -1,0 +1,77 @@
+//! `hspack merge`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use hspack::transfer::merge;
+use hspack::verify::count;
+use hspack::{Codec, WriteOptions};
+
+use super::human_bytes;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The datasets to merge, in order, then the destination: a new folder or URL, or one an
+    /// interrupted merge of the same datasets left (the merge resumes).
+    #[arg(num_args = 3.., required = true, value_name = "DATASET... DST")]
+    paths: Vec<PathBuf>,
+    /// Chunk codec of the destination: none, zstd, zstd-bytegroup.
+    #[arg(long, default_value = "none")]
+    codec: String,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(a: Args) -> anyhow::Result<ExitCode> {
+    let start = Instant::now();
+    let (dst, sources) = a
+        .paths
+        .split_last()
+        .expect("clap asks for 3 paths at least");
+    let Some(codec) = Codec::from_name(&a.codec) else {
+        anyhow::bail!("--codec {:?}: choose none, zstd or zstd-bytegroup", a.codec);
+    };
+    let mut opened = Vec::new();
+    for path in sources {
+        match hspack::Dataset::open(path) {
+            Ok(ds) => opened.push(ds),
+            Err(e) => return super::open_failed(e, a.json),
+        }
+    }
+    let options = WriteOptions {
+        codec,
+        ..WriteOptions::default()
+    };
+    let storage = hspack::io::open_location(dst)?;
+    let report = match merge(&opened, storage, options, &|_| {}) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!(
+                "hspack: {} holds what was committed so far; rerun to resume",
+                dst.display()
+            );
+            return Ok(super::read_failed(e.into()));
+        }
+    };
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    for (path, samples) in &report.sources {
+        println!("  {path}: {}", count(*samples, "sample"));
+    }
+    println!(
+        "{}: {} in {} ({}), {} copied in {:.2} s, every chunk checked as it was read; \
+         verified: OK",
+        dst.display(),
+        count(report.samples, "sample"),
+        count(report.shards, "shard"),
+        human_bytes(report.bytes),
+        count(report.samples_copied, "sample"),
+        start.elapsed().as_secs_f64()
+    );
+    println!("digest {}", report.digest);
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,139 @@
+//! `hspack merge`: datasets written apart, made one; refusals before anything is written;
+//! a rerun resumes and adds nothing twice.
+
+mod common;
+
+use std::path::Path;
+
+use common::cli::{hspack_in, text};
+use common::*;
+use hspack::transfer::merge;
+use hspack::{Codec, Dataset, DatasetWriter, Error, WriteOptions};
+
+const HIDDEN: usize = 16;
+
+fn write(dir: &Path, prefix: &str, n: u64, hidden: usize) {
+    let options = WriteOptions {
+        shard_samples: 3,
+        ..small_options()
+    };
+    let mut w = DatasetWriter::create(dir, capture_schema(hidden as u64), options).unwrap();
+    for i in 0..n {
+        let sample = capture_sample(seed(prefix, i), 2 + i as usize % 5, hidden);
+        w.append(&format!("{prefix}{i}"), &as_fields(&sample))
+            .unwrap();
+    }
+    w.finish().unwrap();
+}
+
+fn seed(prefix: &str, i: u64) -> u64 {
+    prefix.bytes().map(u64::from).sum::<u64>() * 1000 + i
+}
+
+fn open_all(t: &Path, names: &[&str]) -> Vec<Dataset> {
+    names
+        .iter()
+        .map(|n| Dataset::open(t.join(n)).unwrap())
+        .collect()
+}
+
+#[test]
+fn merged_samples_are_the_sources_in_order_bit_for_bit() {
+    let t = tempfile::tempdir().unwrap();
+    write(&t.path().join("a"), "a", 10, HIDDEN);
+    write(&t.path().join("b"), "b", 7, HIDDEN);
+    let sources = open_all(t.path(), &["a", "b"]);
+    let dst = hspack::io::open_location(t.path().join("ab")).unwrap();
+    let options = WriteOptions {
+        codec: Codec::Zstd,
+        ..WriteOptions::default()
+    };
+    let report = merge(&sources, dst, options, &|_| {}).unwrap();
+    assert_eq!((report.samples, report.samples_copied), (17, 17));
+    let merged = Dataset::open(t.path().join("ab")).unwrap();
+    let mut ordinal = 0;
+    for (prefix, n) in [("a", 10u64), ("b", 7)] {
+        for i in 0..n {
+            let s = merged.sample(ordinal).unwrap();
+            assert_eq!(s.key(), format!("{prefix}{i}"));
+            let want = capture_sample(seed(prefix, i), 2 + i as usize % 5, HIDDEN);
+            for (name, bytes) in &want {
+                assert_eq!(
+                    s.read(name, None).unwrap().bytes(),
+                    &bytes[..],
+                    "{prefix}{i}"
+                );
+            }
+            assert_eq!(
+                merged
+                    .get_by_key(&format!("{prefix}{i}"))
+                    .unwrap()
+                    .ordinal(),
+                ordinal
+            );
+            ordinal += 1;
+        }
+    }
+    // A rerun finds every sample there: nothing copied, the same dataset.
+    let dst = hspack::io::open_location(t.path().join("ab")).unwrap();
+    let again = merge(&sources, dst, WriteOptions::default(), &|_| {}).unwrap();
+    assert_eq!((again.samples, again.samples_copied), (17, 0));
+    assert_eq!(again.digest, report.digest);
+}
+
+#[test]
+fn a_shared_key_or_another_schema_is_refused_before_anything_is_written() {
+    let t = tempfile::tempdir().unwrap();
+    write(&t.path().join("a"), "k", 4, HIDDEN);
+    write(&t.path().join("b"), "k", 2, HIDDEN);
+    write(&t.path().join("wide"), "w", 2, 2 * HIDDEN);
+    let dst = || hspack::io::open_location(t.path().join("out")).unwrap();
+    let err = merge(
+        &open_all(t.path(), &["a", "b"]),
+        dst(),
+        Default::default(),
+        &|_| {},
+    )
+    .unwrap_err();
+    assert!(matches!(err, Error::CopyRefused { .. }), "{err}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("\"k0\"") && msg.contains("nothing was written"),
+        "{msg}"
+    );
+    let err = merge(
+        &open_all(t.path(), &["a", "wide"]),
+        dst(),
+        Default::default(),
+        &|_| {},
+    )
+    .unwrap_err();
+    assert!(matches!(err, Error::SchemaMismatch { .. }), "{err}");
+    assert!(err.to_string().contains("wide"), "{err}");
+    assert!(
+        !t.path().join("out").exists(),
+        "the refused merges wrote nothing"
+    );
+}
+
+#[test]
+fn the_command_line_merges_and_says_what_it_did() {
+    let t = tempfile::tempdir().unwrap();
+    write(&t.path().join("r0"), "r0-", 5, HIDDEN);
+    write(&t.path().join("r1"), "r1-", 6, HIDDEN);
+    write(&t.path().join("r2"), "r2-", 1, HIDDEN);
+    let o = hspack_in(
+        &["merge", "r0", "r1", "r2", "all", "--codec", "zstd"],
+        t.path(),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("12 samples"), "{}", text(&o));
+    assert!(text(&o).contains("verified: OK"), "{}", text(&o));
+    let o = hspack_in(&["verify", "all"], t.path());
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let o = hspack_in(&["merge", "r0", "all"], t.path());
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let o = hspack_in(&["merge", "r0", "r1", "bad", "--codec", "lz4"], t.path());
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("zstd-bytegroup"), "{}", text(&o));
+}
