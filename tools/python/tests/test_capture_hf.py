@@ -11,6 +11,7 @@ multimodal-style wrapper that holds it as ``language_model``. Observed:
 """
 
 import json
+import os
 
 import pytest
 import torch
@@ -267,6 +268,47 @@ def test_extract_command_writes_a_dataset_that_reads_back_bitwise(tmp_path, caus
     subprocess.run(cmd, check=True, capture_output=True)
     assert len(hspack.open(str(out))) == 2
     assert hspack.verify(str(out))["ok"]
+
+
+def test_extract_ranks_capture_their_parts_into_one_shared_dataset(tmp_path, causal_lm):
+    import subprocess
+    import sys
+
+    import hspack
+
+    lm = causal_lm.to(torch.bfloat16)
+    lm.save_pretrained(tmp_path / "model")
+    chat_tokenizer().save_pretrained(tmp_path / "model")
+    data = tmp_path / "prompts.jsonl"
+    prompts = {f"p{i}": [5 + i % 7, 6, 7 + i % 3, 8, 9][: 2 + i % 4] for i in range(9)}
+    data.write_text("".join(json.dumps({"id": k, "input_ids": v}) + "\n" for k, v in prompts.items()))
+    out = tmp_path / "ds"
+    cmd = [sys.executable, "-m", "hspack.capture.hf", "extract", "--model", str(tmp_path / "model"),
+           "--data", str(data), "--layers", ",".join(map(str, LAYERS)), "--out", str(out), "--batch-size", "2"]
+    # Three ranks at once, as torchrun starts them (RANK and WORLD_SIZE in the environment).
+    ranks = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              env={**os.environ, "RANK": str(r), "WORLD_SIZE": "3"})
+             for r in range(3)]
+    for p in ranks:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err.decode()
+        assert "wrote 3 samples" in err.decode(), err.decode()
+    ds = hspack.open(str(out))
+    assert sorted(ds.keys()) == sorted(prompts) and len(ds) == 9
+    assert hspack.verify(str(out))["ok"]
+    from transformers import AutoModelForCausalLM
+
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "model", dtype=torch.bfloat16).eval()
+    for key, ids in prompts.items():
+        got, ref = ds.get(key), alone(loaded, ids)
+        for layer in LAYERS:
+            assert torch.equal(got[f"hidden.{layer}"], ref[layer][0]), (key, layer)
+    # Rank 1 run again resumes: its samples are there, nothing is written twice.
+    again = subprocess.run(cmd + ["--rank", "1", "--world-size", "3"], capture_output=True, check=True)
+    assert "wrote 0 samples" in again.stderr.decode()
+    assert len(hspack.open(str(out))) == 9
+    with pytest.raises(ValueError, match="rank 3"):
+        extract(str(tmp_path / "model"), str(data), LAYERS, str(tmp_path / "x"), rank=3, world_size=3)
 
 
 def test_stack_needs_an_auxiliary_layer_and_a_target():

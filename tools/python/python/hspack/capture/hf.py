@@ -34,6 +34,7 @@ Command line::
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Dict, Iterable, List, Optional, Sequence
 
@@ -183,10 +184,7 @@ def capture_samples(
     """
     if padding_side not in ("left", "right"):
         raise ValueError("padding_side must be 'left' or 'right'")
-    keys = [s.key for s in samples]
-    if len(set(keys)) != len(keys):
-        dup = sorted({k for k in keys if keys.count(k) > 1})[:5]
-        raise ValueError(f"sample keys must be unique; repeated: {dup}")
+    _check_unique_keys(samples)
     todo = [s for s in samples if not sink.contains(s.key)]
     device = next(model.parameters()).device
     written = 0
@@ -213,6 +211,13 @@ def capture_samples(
     return written
 
 
+def _check_unique_keys(samples: Sequence[Sample]) -> None:
+    keys = [s.key for s in samples]
+    if len(set(keys)) != len(keys):
+        dup = sorted({k for k in keys if keys.count(k) > 1})[:5]
+        raise ValueError(f"sample keys must be unique; repeated: {dup}")
+
+
 def _tool_version() -> str:
     import transformers
 
@@ -234,9 +239,19 @@ def extract(
     trust_remote_code: bool = False,
     sink: Optional[Sink] = None,
     stack: bool = False,
+    rank: int = 0,
+    world_size: int = 1,
+    shared: Optional[bool] = None,
 ) -> int:
     """Load ``model``, read ``data`` and write the captured states to ``out`` (or ``sink``).
-    ``stack``: every id but the last in one stacked field ``aux_hidden_state`` (EAGLE-3)."""
+    ``stack``: every id but the last in one stacked field ``aux_hidden_state`` (EAGLE-3).
+    ``rank`` of ``world_size``: this process captures the samples ``rank``, ``rank +
+    world_size``, ... of ``data``, into ``out`` shared with the other ranks (``shared``, on by
+    default when ``world_size > 1``): each commits its own shards, ordinals stay dense."""
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} must be in 0..{world_size} (world_size {world_size})")
+    if shared is None:
+        shared = world_size > 1
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     torch_dtype = _DTYPES[dtype]
@@ -253,6 +268,10 @@ def extract(
     num_layers, hidden_size = model_shape(config)
     points = CapturePoints.select(num_layers, layers, stack=stack)
     samples = list(read_samples(data, tokenizer, max_len))
+    # Every rank reads the whole file: a key repeated across ranks' parts is refused here,
+    # not at some rank's commit.
+    _check_unique_keys(samples)
+    samples = samples[rank::world_size]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     if sink is None:
         import hspack
@@ -269,7 +288,7 @@ def extract(
             tool="hspack.capture.hf",
             tool_version=_tool_version(),
         )
-        with hspack.Writer(out, schema, capture=meta) as writer:
+        with hspack.Writer(out, schema, capture=meta, shared=shared) as writer:
             return capture_samples(net, samples, points.ids, writer, batch_size=batch_size,
                                    pad_id=pad_id, padding_side=padding_side, progress=True, stack=stack)
     return capture_samples(net, samples, points.ids, sink, batch_size=batch_size,
@@ -293,12 +312,19 @@ def main(argv: Optional[List[str]] = None) -> int:
     ex.add_argument("--revision", default=None)
     ex.add_argument("--trust-remote-code", action="store_true")
     ex.add_argument("--stack", action="store_true", help="store every id but the last in one stacked field aux_hidden_state (EAGLE-3; read without a copy)")
+    ex.add_argument("--rank", type=int, default=int(os.environ.get("RANK", 0)),
+                    help="this process's rank (default $RANK, as torchrun sets it, or 0)")
+    ex.add_argument("--world-size", type=int, default=int(os.environ.get("WORLD_SIZE", 1)),
+                    help="processes capturing into --out at once, each every world-size-th sample (default $WORLD_SIZE or 1)")
+    ex.add_argument("--shared", action="store_true",
+                    help="share --out with other writers even with one rank (on whenever --world-size > 1)")
     args = parser.parse_args(argv)
     n = extract(
         args.model, args.data, parse_layers(args.layers), args.out,
         batch_size=args.batch_size, max_len=args.max_len, dtype=args.dtype, device=args.device,
         padding_side=args.padding_side, revision=args.revision, trust_remote_code=args.trust_remote_code,
-        stack=args.stack,
+        stack=args.stack, rank=args.rank, world_size=args.world_size,
+        shared=True if args.shared else None,
     )
     print(f"wrote {n} samples to {args.out}", file=sys.stderr)
     return 0
