@@ -333,12 +333,6 @@ impl Manifest {
     /// schema, the segments' running sums.
     pub fn validate_root(&self) -> Result<(), FormatError> {
         const S: &str = "manifest";
-        let invalid = |what, value: u64, rule: String| FormatError::Invalid {
-            structure: S,
-            what,
-            value,
-            rule,
-        };
         if self.format != FORMAT_NAME {
             return Err(FormatError::Json {
                 structure: S,
@@ -450,12 +444,6 @@ impl Manifest {
     /// 2^64 and equal to `samples`.
     pub fn validate_shards(&self) -> Result<(), FormatError> {
         const S: &str = "manifest";
-        let invalid = |what, value: u64, rule: String| FormatError::Invalid {
-            structure: S,
-            what,
-            value,
-            rule,
-        };
         let mut next_ordinal = 0u64;
         for (i, s) in self.shards.iter().enumerate() {
             if s.seq as usize != i {
@@ -548,6 +536,16 @@ pub struct ListedFile<'a> {
     pub bytes: u64,
     /// BLAKE3 of the file, hex.
     pub blake3: &'a str,
+}
+
+/// A manifest value `what` that breaks `rule`.
+fn invalid(what: &'static str, value: u64, rule: String) -> FormatError {
+    FormatError::Invalid {
+        structure: "manifest",
+        what,
+        value,
+        rule,
+    }
 }
 
 /// The sum of `values`, or an error naming `what` and its largest value (the likely culprit)
