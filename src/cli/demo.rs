@@ -54,11 +54,8 @@ fn clear_previous(dir: &Path) -> anyhow::Result<()> {
     for entry in std::fs::read_dir(dir)? {
         let entry = entry?;
         let name = entry.file_name().to_string_lossy().into_owned();
-        if name == "manifest.json"
-            || name == "samples.parquet"
-            || name.starts_with("shard-")
-            || name.starts_with(".hspack")
-        {
+        let ours = ["shard-", "segment-", "keys-", "samples", ".hspack"];
+        if name == "manifest.json" || ours.iter().any(|p| name.starts_with(p)) {
             std::fs::remove_file(entry.path())?;
         }
     }
