@@ -596,7 +596,10 @@ fn shared_writers_write_into_s3() {
                 r,
                 COUNT,
                 &go,
-                &[("HSPACK_WRITER_LEASE_SECS", "2")],
+                &[
+                    ("HSPACK_WRITER_LEASE_SECS", "2"),
+                    ("HSPACK_TEST_APPEND_PAUSE_MS", "40"),
+                ],
             )
         })
         .collect();

@@ -45,9 +45,19 @@ pub fn write_rank(dir: &Path, rank: u64, count: u64) {
         .filter(|&i| w.contains_key(&key(rank, i)))
         .count();
     let mut pending = 0;
+    // Writers of a capture spend their time on the forward pass, not on commits: a pause
+    // before each sample (HSPACK_TEST_APPEND_PAUSE_MS) leaves the commit lock free between
+    // commits as a capture does, so the writers' commits interleave.
+    let pause = std::env::var("HSPACK_TEST_APPEND_PAUSE_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map(std::time::Duration::from_millis);
     for i in 0..count {
         if w.contains_key(&key(rank, i)) {
             continue;
+        }
+        if let Some(pause) = pause {
+            std::thread::sleep(pause);
         }
         let before = w.stats().shards;
         w.append(&key(rank, i), &as_fields(&sample(rank, i)))
