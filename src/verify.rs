@@ -276,13 +276,14 @@ fn files_not_in_use(ds: &Dataset) -> Result<(Vec<PathBuf>, Vec<PathBuf>)> {
         ])
         .collect();
     used.extend(manifest.listed_files().iter().map(|f| f.file));
+    let listed = manifest.listed_names();
     let (mut leftovers, mut unknown) = (Vec::new(), Vec::new());
     let storage = ds.storage();
     for name in storage.list()? {
         if used.contains(name.as_str()) {
             continue;
         }
-        match manifest.is_leftover(&name) {
+        match listed.is_leftover(&name) {
             true => leftovers.push(storage.path(&name)),
             false => unknown.push(storage.path(&name)),
         }

@@ -593,17 +593,44 @@ const LEASE_IN_NAMES: usize = 16;
 
 impl Manifest {
     /// True for a file that an interrupted writer, or one whose lease was taken over, leaves
-    /// in the dataset: a temp file, a shard file the manifest does not list, or a samples
-    /// table, segment or key run it does not list (with its segments added). A writer that
-    /// opens the dataset removes exactly these; verify notes them.
+    /// in the dataset ([`ListedNames::is_leftover`]). To ask of many files, ask
+    /// [`Manifest::listed_names`] once.
     pub fn is_leftover(&self, name: &str) -> bool {
-        let shard = name.starts_with("shard-") && name.ends_with(".hsp");
-        let listed_kind = (name.starts_with("samples") && name.ends_with(".parquet"))
+        self.listed_names().is_leftover(name)
+    }
+
+    /// The names of the files the manifest lists (shards, and the others of
+    /// [`Manifest::listed_files`]), for many [`ListedNames::is_leftover`] questions in a row.
+    pub fn listed_names(&self) -> ListedNames<'_> {
+        let files = self.listed_files().into_iter().map(|f| f.file);
+        ListedNames {
+            names: self
+                .shards
+                .iter()
+                .map(|s| s.file.as_str())
+                .chain(files)
+                .collect(),
+        }
+    }
+}
+
+/// The names a manifest lists ([`Manifest::listed_names`]).
+#[derive(Debug)]
+pub struct ListedNames<'a> {
+    names: std::collections::HashSet<&'a str>,
+}
+
+impl ListedNames<'_> {
+    /// True for a file that an interrupted writer, or one whose lease was taken over, leaves
+    /// in the dataset: a temp file, or a shard, samples table (or part), segment or key run
+    /// the manifest does not list. A writer that opens the dataset removes exactly these;
+    /// verify notes them.
+    pub fn is_leftover(&self, name: &str) -> bool {
+        let ours = (name.starts_with("shard-") && name.ends_with(".hsp"))
+            || (name.starts_with("samples") && name.ends_with(".parquet"))
             || (name.starts_with("segment-") && name.ends_with(".json"))
             || (name.starts_with("keys-") && name.ends_with(".bin"));
-        name.ends_with(TEMP_SUFFIX)
-            || (shard && !self.shards.iter().any(|s| s.file == name))
-            || (listed_kind && !self.listed_files().iter().any(|f| f.file == name))
+        name.ends_with(TEMP_SUFFIX) || (ours && !self.names.contains(name))
     }
 }
 

@@ -552,9 +552,10 @@ impl DatasetWriter {
         if !self.manifest.is_segmented() {
             self.publish_commit(commit.as_deref(), None)?;
         }
+        let listed = self.manifest.listed_names();
         for name in self.storage.list()? {
             let replaced = name.starts_with("segment-") || name.starts_with("keys-");
-            if replaced && !name.ends_with(TEMP_SUFFIX) && self.manifest.is_leftover(&name) {
+            if replaced && !name.ends_with(TEMP_SUFFIX) && listed.is_leftover(&name) {
                 self.storage.delete(&name)?;
             }
         }
@@ -623,8 +624,9 @@ pub(crate) fn describe_difference(have: &Schema, given: &Schema) -> String {
 /// Removes what an interrupted writer left ([`Manifest::is_leftover`]).
 fn remove_leftovers(storage: &dyn Storage, manifest: &Manifest) -> Result<()> {
     let mut removed = false;
+    let listed = manifest.listed_names();
     for name in storage.list()? {
-        if manifest.is_leftover(&name) {
+        if listed.is_leftover(&name) {
             storage.delete(&name)?;
             failpoint!("leftover-removed");
             removed = true;
