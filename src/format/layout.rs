@@ -375,6 +375,12 @@ pub struct SampleEntry {
 }
 
 impl SampleEntry {
+    /// Rows whose loss mask is set, when the schema has a loss mask (`loss_rows` holds
+    /// `u64::MAX` when it has none).
+    pub fn loss_rows(&self) -> Option<u64> {
+        (self.loss_rows != u64::MAX).then_some(self.loss_rows)
+    }
+
     /// Size in bytes.
     pub const SIZE: usize = 64;
 }

@@ -340,7 +340,7 @@ pub struct SampleInfo<'d> {
 impl SampleInfo<'_> {
     /// Rows whose loss mask is set, when the schema has a loss mask.
     pub fn loss_rows(&self) -> Option<u64> {
-        (self.entry.loss_rows != u64::MAX).then_some(self.entry.loss_rows)
+        self.entry.loss_rows()
     }
 }
 
@@ -365,7 +365,7 @@ impl<'d> Sample<'d> {
 
     /// Rows whose loss mask is set, when the schema has a loss mask.
     pub fn loss_rows(&self) -> Option<u64> {
-        (self.entry.loss_rows != u64::MAX).then_some(self.entry.loss_rows)
+        self.entry.loss_rows()
     }
 
     /// Decoded bytes of all fields.

@@ -43,7 +43,7 @@ pub fn rows_of(shard: &Shard, record: &ShardRecord) -> Vec<SampleRow> {
             shard: record.file.clone(),
             shard_seq: record.seq,
             tokens: entry.rows,
-            loss_tokens: (entry.loss_rows != u64::MAX).then_some(entry.loss_rows),
+            loss_tokens: entry.loss_rows(),
             bytes: entry.raw_bytes,
         })
         .collect()
