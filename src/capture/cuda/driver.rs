@@ -482,18 +482,26 @@ unsafe impl Send for Pinned {}
 unsafe impl Sync for Pinned {}
 
 impl Pinned {
-    /// Allocates `len` bytes (at least one) in the current context, portable to all contexts.
+    /// Allocates `len` bytes in the current context, portable to all contexts; no memory for
+    /// `len` 0 (a slot not used yet).
     pub(crate) fn new(drv: &'static Driver, len: usize) -> Result<Self, CaptureError> {
         let mut p: *mut c_void = std::ptr::null_mut();
-        // SAFETY: writes one pointer through a valid pointer; freed in Drop.
-        drv.check("cuMemHostAlloc", unsafe {
-            (drv.mem_host_alloc)(&mut p, len.max(1), CU_MEMHOSTALLOC_PORTABLE)
-        })?;
+        if len > 0 {
+            // SAFETY: writes one pointer through a valid pointer; freed in Drop.
+            drv.check("cuMemHostAlloc", unsafe {
+                (drv.mem_host_alloc)(&mut p, len, CU_MEMHOSTALLOC_PORTABLE)
+            })?;
+        }
         Ok(Pinned {
             drv,
             ptr: p.cast(),
             len,
         })
+    }
+
+    /// Bytes.
+    pub(crate) fn len(&self) -> usize {
+        self.len
     }
 
     /// Reads `len` bytes at `offset`.
@@ -506,6 +514,9 @@ impl Pinned {
             "read of {len} bytes at {offset} overruns a pinned buffer of {}",
             self.len
         );
+        if len == 0 {
+            return &[];
+        }
         // SAFETY: the hazard is reading memory the copy engine still writes. The range is in
         // bounds (asserted); the writer reads a slot only after synchronising the completion
         // event recorded after its copies, and nobody writes it until the slot is released,
@@ -516,6 +527,9 @@ impl Pinned {
 
 impl Drop for Pinned {
     fn drop(&mut self) {
+        if self.ptr.is_null() {
+            return;
+        }
         // SAFETY: the hazard is freeing memory a copy still writes: a buffer is dropped only
         // after its last completion event was synchronised (or its stream synchronised).
         unsafe {

@@ -1,18 +1,52 @@
 //! The ring of pinned host slots and the counters users see.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
 use super::driver::{Driver, Event, Pinned};
 use super::error::CaptureError;
 
-/// One pinned buffer and the event that marks the end of the copies into it.
+/// The smallest slot a ring sized from what is captured uses.
+pub(crate) const MIN_AUTO_SLOT: usize = 1 << 20;
+/// The largest: a field over 1 GiB (more than 74,000 rows of 7168 bf16) is split over
+/// slots and joined by a host copy, rather than pinning gigabytes per slot.
+pub(crate) const MAX_AUTO_SLOT: usize = 1 << 30;
+
+/// One pinned buffer and the event that marks the end of the copies into it. The buffer is
+/// behind a lock only so that a ring sized from what is captured can replace it with a
+/// larger one; the slot's owner is the only one who ever takes the lock.
 #[derive(Debug)]
 pub(crate) struct Slot {
-    pub(crate) buf: Pinned,
+    buf: Mutex<Pinned>,
     pub(crate) done: Event,
+}
+
+impl Slot {
+    /// A slot of `bytes` pinned bytes.
+    pub(crate) fn new(drv: &'static Driver, bytes: usize) -> Result<Self, CaptureError> {
+        Ok(Slot {
+            buf: Mutex::new(Pinned::new(drv, bytes)?),
+            done: Event::new(drv)?,
+        })
+    }
+
+    /// The buffer; call only as the slot's owner.
+    pub(crate) fn buf(&self) -> MutexGuard<'_, Pinned> {
+        // Every update replaces the buffer whole, so a poisoned lock is still consistent.
+        self.buf.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// How big a ring's slots are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SlotSize {
+    /// Slots of this many bytes, allocated up front.
+    Fixed(usize),
+    /// Slots as big as the largest field captured so far, rounded up to a power of two
+    /// within [`MIN_AUTO_SLOT`]..=[`MAX_AUTO_SLOT`]; each grows when it is next taken.
+    FromFields,
 }
 
 #[derive(Debug, Default)]
@@ -38,30 +72,36 @@ pub(crate) struct Counters {
 /// from `acquire` until `release`; only its owner enqueues copies into it or reads it.
 #[derive(Debug)]
 pub(crate) struct Ring {
+    drv: &'static Driver,
     slots: Vec<Slot>,
-    slot_bytes: usize,
+    size: SlotSize,
+    /// Bytes of a slot now: the fixed size, or the size fields captured so far asked for.
+    slot_bytes: AtomicUsize,
     state: Mutex<State>,
     freed: Condvar,
     pub(crate) counters: Counters,
 }
 
 impl Ring {
-    /// Allocates `count` slots of `slot_bytes` in the current context.
+    /// Makes `count` slots in the current context: allocated now when their size is fixed,
+    /// on first use when it comes from the fields.
     pub(crate) fn new(
         drv: &'static Driver,
         count: usize,
-        slot_bytes: usize,
+        size: SlotSize,
     ) -> Result<Self, CaptureError> {
-        let mut slots = Vec::with_capacity(count);
-        for _ in 0..count {
-            slots.push(Slot {
-                buf: Pinned::new(drv, slot_bytes)?,
-                done: Event::new(drv)?,
-            });
-        }
+        let bytes = match size {
+            SlotSize::Fixed(bytes) => bytes,
+            SlotSize::FromFields => 0,
+        };
+        let slots = (0..count)
+            .map(|_| Slot::new(drv, bytes))
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(Ring {
+            drv,
             slots,
-            slot_bytes,
+            size,
+            slot_bytes: AtomicUsize::new(bytes),
             state: Mutex::new(State {
                 free: (0..count).collect(),
                 oversize_live: false,
@@ -77,9 +117,37 @@ impl Ring {
         self.slots.len()
     }
 
-    /// Bytes of a slot.
+    /// Bytes of a slot now.
     pub(crate) fn slot_bytes(&self) -> usize {
-        self.slot_bytes
+        self.slot_bytes.load(Ordering::Relaxed)
+    }
+
+    /// The slot size to lay out a sample with these field lengths: the fixed size, or one
+    /// grown to hold the largest field (see [`SlotSize::FromFields`]).
+    pub(crate) fn slot_bytes_for(&self, lens: &[usize]) -> usize {
+        match self.size {
+            SlotSize::Fixed(bytes) => bytes,
+            SlotSize::FromFields => {
+                let largest = lens.iter().copied().max().unwrap_or(0);
+                let want = largest
+                    .checked_next_power_of_two()
+                    .unwrap_or(MAX_AUTO_SLOT)
+                    .clamp(MIN_AUTO_SLOT, MAX_AUTO_SLOT);
+                self.slot_bytes.fetch_max(want, Ordering::Relaxed).max(want)
+            }
+        }
+    }
+
+    /// Makes slot `i` (held by the caller) at least `bytes` long, replacing its buffer.
+    pub(crate) fn fit(&self, i: usize, bytes: usize) -> Result<(), CaptureError> {
+        let mut buf = self.slots[i].buf();
+        if buf.len() < bytes {
+            // The old buffer goes first (an empty one allocates nothing), so the ring never
+            // holds both.
+            *buf = Pinned::new(self.drv, 0)?;
+            *buf = Pinned::new(self.drv, bytes)?;
+        }
+        Ok(())
     }
 
     /// Slot `i`.

@@ -4,7 +4,7 @@ use std::any::Any;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{channel, Receiver, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
 use crate::write::{DatasetWriter, WriteOptions};
@@ -12,7 +12,7 @@ use crate::{Error, Schema};
 
 use super::driver::{driver, Context, Event, Pinned, Stream};
 use super::error::CaptureError;
-use super::ring::{Ring, Slot};
+use super::ring::{Ring, Slot, SlotSize};
 use super::sink::check_sample;
 use crate::write::SampleSink;
 
@@ -23,9 +23,11 @@ pub struct CudaWriterOptions {
     pub device: i32,
     /// Pinned slots in the ring. Default 8.
     pub slots: usize,
-    /// Bytes of a slot. Default 64 MiB. A sample larger than the ring gets a one-off pinned
-    /// buffer (one at a time).
-    pub slot_bytes: usize,
+    /// Bytes of a slot. Default `None`: as big as the largest field captured so far, rounded
+    /// up to a power of two from 1 MiB to 1 GiB, so that a field is read in place (a field
+    /// split over slots is joined by a host copy). A sample larger than the ring gets a
+    /// one-off pinned buffer (one at a time).
+    pub slot_bytes: Option<usize>,
     /// Options of the dataset writer.
     pub write: WriteOptions,
 }
@@ -35,7 +37,7 @@ impl Default for CudaWriterOptions {
         CudaWriterOptions {
             device: 0,
             slots: 8,
-            slot_bytes: 64 << 20,
+            slot_bytes: None,
             write: WriteOptions::default(),
         }
     }
@@ -246,16 +248,21 @@ impl CudaWriter {
                 detail: "must be at least 1".into(),
             });
         }
-        if options.slot_bytes < FIELD_ALIGN {
+        if options.slot_bytes.is_some_and(|b| b < FIELD_ALIGN) {
             return Err(CaptureError::BadOption {
                 option: "slot_bytes",
-                detail: format!("must be at least {FIELD_ALIGN}"),
+                detail: format!(
+                    "must be at least {FIELD_ALIGN}, or left out to size slots from the fields"
+                ),
             });
         }
         let drv = driver()?;
         let ctx = Arc::new(Context::primary(drv, options.device)?);
         ctx.bind()?;
-        let ring = Arc::new(Ring::new(drv, options.slots, options.slot_bytes)?);
+        let size = options
+            .slot_bytes
+            .map_or(SlotSize::FromFields, SlotSize::Fixed);
+        let ring = Arc::new(Ring::new(drv, options.slots, size)?);
         let copy_stream = Stream::new(drv)?;
         let ready = Event::new(drv)?;
         let keys = sink.existing_keys()?.into_iter().collect();
@@ -398,7 +405,8 @@ impl CudaWriter {
 
         let lens: Vec<usize> = fields.iter().map(|f| f.bytes).collect();
         let bytes: u64 = lens.iter().map(|&l| l as u64).sum();
-        let (mut pieces, used) = plan(&lens, self.ring.slot_bytes());
+        let slot_bytes = self.ring.slot_bytes_for(&lens);
+        let (mut pieces, used) = plan(&lens, slot_bytes);
         let mut storage = if used <= self.ring.len() {
             Storage::Ring(Vec::with_capacity(used))
         } else {
@@ -409,13 +417,7 @@ impl CudaWriter {
                 .iter()
                 .map(|l| l.div_ceil(FIELD_ALIGN) * FIELD_ALIGN)
                 .sum();
-            let made = Pinned::new(self.ctx.driver(), total).and_then(|buf| {
-                Ok(Slot {
-                    buf,
-                    done: Event::new(self.ctx.driver())?,
-                })
-            });
-            match made {
+            match Slot::new(self.ctx.driver(), total) {
                 Ok(slot) => {
                     (pieces, _) = plan(&lens, total.max(FIELD_ALIGN));
                     self.ring.counters.oversize.fetch_add(1, Ordering::Relaxed);
@@ -427,16 +429,7 @@ impl CudaWriter {
                 }
             }
         };
-        let enqueued = self
-            .enqueue(fields, &pieces, &mut storage)
-            .and_then(|done| {
-                if producer.reuses_buffers {
-                    // The producer's later in-place writes wait for our reads, on the device.
-                    done.wait_on_raw(producer.stream)?;
-                }
-                Ok(())
-            });
-        if let Err(e) = enqueued {
+        if let Err(e) = self.enqueue(fields, &pieces, slot_bytes, &mut storage, producer) {
             // Copies may be queued into the slots: let them finish before the slots go back.
             let _ = self.copy_stream.synchronize();
             self.give_back(storage);
@@ -462,26 +455,33 @@ impl CudaWriter {
         self.send(Msg::Job(job))
     }
 
-    /// Enqueues the copies of one sample and records (and returns) its completion event.
-    fn enqueue<'s>(
-        &'s self,
+    /// Enqueues the copies of one sample into slots of `slot_bytes` (growing a slot taken
+    /// that is smaller) and records its completion event; when the producer reuses its
+    /// buffers, its stream waits for that event.
+    fn enqueue(
+        &self,
         fields: &[DeviceField<'_>],
         pieces: &[Vec<Piece>],
-        storage: &'s mut Storage,
-    ) -> Result<&'s Event, CaptureError> {
+        slot_bytes: usize,
+        storage: &mut Storage,
+        producer: Producer,
+    ) -> Result<(), CaptureError> {
         for (f, ps) in fields.iter().zip(pieces) {
             let mut src = f.ptr;
             for p in ps {
-                let buf = match storage {
+                let slot = match storage {
                     Storage::Ring(slots) => {
                         while slots.len() <= p.slot {
-                            slots.push(self.ring.acquire().ok_or_else(|| self.stopped())?);
+                            let i = self.ring.acquire().ok_or_else(|| self.stopped())?;
+                            slots.push(i);
+                            self.ring.fit(i, slot_bytes)?;
                         }
-                        &self.ring.slot(slots[p.slot]).buf
+                        self.ring.slot(slots[p.slot])
                     }
-                    Storage::Oversize(slot) => &slot.buf,
+                    Storage::Oversize(slot) => slot,
                 };
-                self.copy_stream.copy_to_host(buf, p.offset, src, p.len)?;
+                self.copy_stream
+                    .copy_to_host(&slot.buf(), p.offset, src, p.len)?;
                 src += p.len as u64;
             }
         }
@@ -495,7 +495,11 @@ impl CudaWriter {
             Storage::Oversize(slot) => &slot.done,
         };
         done.record(&self.copy_stream)?;
-        Ok(done)
+        if producer.reuses_buffers {
+            // The producer's later in-place writes wait for our reads, on the device.
+            done.wait_on_raw(producer.stream)?;
+        }
+        Ok(())
     }
 
     fn give_back(&self, storage: Storage) {
@@ -711,10 +715,15 @@ fn write_job(
     sink: &Mutex<Option<Box<dyn SampleSink>>>,
     job: &Job,
 ) -> Result<(), CaptureError> {
+    // The job owns its slots: their locks are free.
+    let bufs: Vec<MutexGuard<'_, Pinned>> = match &job.storage {
+        Storage::Ring(slots) => slots.iter().map(|&i| ring.slot(i).buf()).collect(),
+        Storage::Oversize(s) => vec![s.buf()],
+    };
     let buf = |slot: usize| -> &Pinned {
         match &job.storage {
-            Storage::Ring(slots) => &ring.slot(slots[slot]).buf,
-            Storage::Oversize(s) => &s.buf,
+            Storage::Ring(_) => &bufs[slot],
+            Storage::Oversize(_) => &bufs[0],
         }
     };
     // A field in one piece is read in place; one split across slots is joined.

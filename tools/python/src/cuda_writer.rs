@@ -82,10 +82,11 @@ impl CudaWriter {
 #[pymethods]
 impl CudaWriter {
     /// Opens (creating or resuming) the dataset in `path` (schema as JSON) and a ring of
-    /// `slots` pinned buffers of `slot_bytes` on CUDA device `device`. With `discard`, samples
+    /// `slots` pinned buffers of `slot_bytes` (default: sized from the fields captured) on
+    /// CUDA device `device`. With `discard`, samples
     /// are dropped instead of written and `path` is not used.
     #[new]
-    #[pyo3(signature = (path, schema_json, device = 0, slots = 8, slot_bytes = 64 << 20, create = false, discard = false, options = None))]
+    #[pyo3(signature = (path, schema_json, device = 0, slots = 8, slot_bytes = None, create = false, discard = false, options = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -93,7 +94,7 @@ impl CudaWriter {
         schema_json: &str,
         device: i32,
         slots: usize,
-        slot_bytes: usize,
+        slot_bytes: Option<usize>,
         create: bool,
         discard: bool,
         options: Option<&Bound<'_, PyDict>>,

@@ -144,6 +144,33 @@ def test_split_oversize_and_backpressure(tmp_path):
 
 
 @gpu
+def test_slots_are_sized_from_the_fields(tmp_path):
+    """Without `slot_bytes`, slots grow to the largest field so far (a power of two, at
+    least 1 MiB): ragged samples, short ones first, are each copied in place, never through
+    the one-off buffer, and read back bit-exact."""
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    fields = names()
+    w = CudaWriter(tmp_path / "ds", schema(), slots=8, durable=False)
+    assert w.stats()["slot_bytes"] == 0  # nothing captured yet, nothing pinned
+    expect, sizes = {}, []
+    for i, t in enumerate([3, 100, 40, 600, 2, 1200, 7]):
+        hs = [torch.randn(t, HIDDEN, device="cuda", generator=gen).to(torch.bfloat16) for _ in fields]
+        expect[f"r{i}"] = [h.clone() for h in hs]
+        w.append(f"r{i}", **dict(zip(fields, hs)))
+        sizes.append(w.stats()["slot_bytes"])
+    field = lambda rows: rows * HIDDEN * 2  # noqa: E731
+    # 3 and 100 rows fit 1 MiB and 2 MiB (1.4 MB); 600 rows (8.6 MB) need 16 MiB; 1200 (17.2 MB) 32 MiB.
+    assert sizes == [1 << 20, 2 << 20, 2 << 20, 16 << 20, 16 << 20, 32 << 20, 32 << 20], sizes
+    assert all(s >= field(t) for s, t in zip(sizes, [3, 100, 40, 600, 2, 1200, 7]))
+    stats = w.finish()
+    assert stats["oversize"] == 0 and stats["samples_written"] == 7 and stats["unwritten"] == 0, stats
+    got = read_back(tmp_path / "ds")
+    for key, tensors in expect.items():
+        for n, ref in zip(fields, tensors):
+            assert equal_bits(got[key][n], ref), (key, n)
+
+
+@gpu
 def test_errors_are_reported_before_anything_is_copied(tmp_path):
     fields = names()
     w = CudaWriter(tmp_path / "ds", schema(), slots=2, slot_bytes=1 << 20, durable=False)

@@ -72,7 +72,7 @@ class CudaWriter:
         schema_json: str,
         device: int = 0,
         slots: int = 8,
-        slot_bytes: int = 67108864,
+        slot_bytes: int | None = None,
         create: bool = False,
         discard: bool = False,
         options: dict[str, Any] | None = None,

@@ -129,13 +129,14 @@ class CudaWriter:
 
     `schema` and `capture` are as for `hspack.Writer`. `device` is the CUDA device whose
     tensors this writer copies (default: PyTorch's current device, else 0); one writer per
-    device. `slots` pinned buffers of `slot_bytes` each form the ring (default 8 × 64 MiB); a
-    sample larger than the ring goes through a one-off pinned buffer. `discard=True` drops the
-    bytes instead of writing them (to measure the copy path). Other options (`chunk_bytes`,
-    `codec`, `durable`, ...) go to the dataset writer.
-
-    Size `slot_bytes` to at least the largest field of a sample (rows × row bytes, e.g.
-    8192 × 7168 × 2 = 117 MB): a field split over slots is joined by a host copy.
+    device. `slots` pinned buffers form the ring (default 8). By default each is as big as
+    the largest field captured so far, rounded up to a power of two from 1 MiB to 1 GiB
+    (8192 rows × 7168 bf16 = 117 MB: 128 MiB slots, 1 GiB pinned), and grows when a larger
+    field comes; `slot_bytes=N` fixes the size instead, and a field larger than a slot is
+    then split over slots and joined by a host copy. A sample larger than the ring goes
+    through a one-off pinned buffer. `discard=True` drops the bytes instead of writing them
+    (to measure the copy path). Other options (`chunk_bytes`, `codec`, `durable`, ...) go
+    to the dataset writer.
 
     One dataset writer stores about 2–3 GB/s (it encodes, hashes and writes one file on one
     thread). `writers=N` opens N of them, sharing the dataset (`shared=True`), each with its
@@ -152,7 +153,7 @@ class CudaWriter:
         *,
         device: int | None = None,
         slots: int = 8,
-        slot_bytes: int = 64 << 20,
+        slot_bytes: int | None = None,
         create: bool = False,
         discard: bool = False,
         writers: int = 1,
@@ -229,8 +230,9 @@ class CudaWriter:
     def stats(self) -> dict:
         """Counters: `slots`, `slot_bytes`, `busy`, `waits` (appends that blocked),
         `wait_seconds`, `append_seconds` (all time in append), `bytes_copied`, `samples_given`, `samples_written`, `oversize`,
-        `unwritten` (samples lost to an error, which the next call raised). With `writers=N`,
-        summed over the writers (`slot_bytes` is one slot's)."""
+        `unwritten` (samples lost to an error, which the next call raised). `slot_bytes` is the
+        size of a slot now (0 before the first sample when slots are sized from the fields).
+        With `writers=N`, summed over the writers (`slot_bytes` is the largest slot's)."""
         return _summed([n.stats() for n in self._natives])
 
     def flush(self) -> None:
@@ -269,12 +271,11 @@ class CudaWriter:
 
 
 def _summed(stats: list) -> dict:
-    """Counters of several writers added up; `slot_bytes` is one slot's."""
+    """Counters of several writers added up; `slot_bytes` is the largest slot's."""
     out = dict(zip(STATS, stats[0]))
     for more in stats[1:]:
         for name, value in zip(STATS, more):
-            if name != "slot_bytes":
-                out[name] += value
+            out[name] = max(out[name], value) if name == "slot_bytes" else out[name] + value
     return out
 
 
