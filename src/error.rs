@@ -247,6 +247,22 @@ pub enum Error {
         /// What it cannot do, and what to do instead.
         detail: String,
     },
+    /// A store refused what was asked.
+    #[error("{}: {detail}", path.display())]
+    Store {
+        /// The store, dataset or file.
+        path: PathBuf,
+        /// Why, and what to do instead.
+        detail: String,
+    },
+    /// A store's file does not hold what its record says.
+    #[error("{}: {detail}", path.display())]
+    StoreDamage {
+        /// The damaged file.
+        path: PathBuf,
+        /// What does not match, and what to do.
+        detail: String,
+    },
     /// A copy was refused before anything was sent.
     #[error("cannot copy to {}: {detail}", path.display())]
     CopyRefused {
@@ -281,6 +297,7 @@ impl Error {
             | Error::ForeignShard { .. }
             | Error::SamplesTable { .. }
             | Error::KeyRun { .. }
+            | Error::StoreDamage { .. }
             | Error::Format { .. } => true,
             Error::Io { source, .. } => source.kind() == std::io::ErrorKind::NotFound,
             _ => false,

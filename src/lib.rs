@@ -18,6 +18,7 @@ pub mod io;
 pub mod parallel;
 mod per_process;
 pub mod read;
+pub mod store;
 pub mod synth;
 pub mod transfer;
 pub mod verify;

@@ -16,6 +16,7 @@ mod progress;
 mod reindex;
 mod repair;
 mod show;
+mod store;
 mod verify;
 
 /// Store and move LLM hidden states: checksummed, indexed, zero-copy.
@@ -55,6 +56,9 @@ enum Command {
     /// Make one dataset of several written apart with one schema: their samples copied in the
     /// order given, every chunk checked, the result verified; a rerun resumes.
     Merge(merge::Args),
+    /// A deduplicating store of datasets: init, add, ls, du, rm, gc, verify, export. Its
+    /// datasets read and write as STORE/NAME wherever a dataset goes.
+    Store(store::Args),
     /// Turn hidden-state dumps (SpecForge, EAGLE, ModelOpt, speculators, ad-hoc) into a dataset.
     Convert(Box<convert::Args>),
 }
@@ -82,6 +86,7 @@ pub fn main() -> ExitCode {
         Command::Sync(a) => cp::run(a, hspack::transfer::CopyMode::Sync),
         Command::Repair(a) => repair::run(a),
         Command::Merge(a) => merge::run(a),
+        Command::Store(a) => store::run(a),
     };
     match result {
         Ok(code) => code,

@@ -626,12 +626,17 @@ impl ListedNames<'_> {
     /// the manifest does not list. A writer that opens the dataset removes exactly these;
     /// verify notes them.
     pub fn is_leftover(&self, name: &str) -> bool {
-        let ours = (name.starts_with("shard-") && name.ends_with(".hsp"))
+        let ours = is_shard_file_name(name)
             || (name.starts_with("samples") && name.ends_with(".parquet"))
             || (name.starts_with("segment-") && name.ends_with(".json"))
             || (name.starts_with("keys-") && name.ends_with(".bin"));
         name.ends_with(TEMP_SUFFIX) || (ours && !self.names.contains(name))
     }
+}
+
+/// True for the name of a shard file ([`shard_file_name`]).
+pub fn is_shard_file_name(name: &str) -> bool {
+    name.starts_with("shard-") && name.ends_with(".hsp")
 }
 
 pub(crate) fn lease_in_name(lease: &str) -> &str {

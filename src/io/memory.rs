@@ -215,11 +215,23 @@ impl Storage for MemoryStorage {
     }
 }
 
+/// Bytes in memory, read as a published file.
 #[derive(Debug)]
-struct MemoryFile {
+pub struct MemoryFile {
     path: PathBuf,
     bytes: FileBytes,
     short: bool,
+}
+
+impl MemoryFile {
+    /// `bytes`, as the file at `path` (for messages).
+    pub fn new(path: PathBuf, bytes: Vec<u8>) -> Self {
+        MemoryFile {
+            path,
+            bytes: FileBytes::from_vec(bytes),
+            short: false,
+        }
+    }
 }
 
 impl FileReader for MemoryFile {

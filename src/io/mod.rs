@@ -32,7 +32,7 @@ use crate::failpoint::failpoint;
 
 pub use bytes::{AlignedBytes, FileBytes, MappingRef};
 pub use local::LocalStorage;
-pub use memory::{Faults, MemoryStorage};
+pub use memory::{Faults, MemoryFile, MemoryStorage};
 pub use object::ObjectStorage;
 
 /// A published file, for reading: its size is known and its bytes never change.
@@ -51,6 +51,12 @@ pub trait FileReader: Send + Sync + Debug {
 
     /// The whole file, zero-copy, where the backend holds or maps it whole; `None` elsewhere.
     fn whole(&self) -> Option<FileBytes>;
+
+    /// True when reads of ranges cost no copy (the file, or each of its parts, is mapped or
+    /// held), so a reader has nothing to gain by fetching ahead.
+    fn maps_ranges(&self) -> bool {
+        self.whole().is_some()
+    }
 }
 
 /// A file being written under a temp name: bytes written at offsets, then published under
@@ -215,9 +221,20 @@ pub fn open_location(location: impl AsRef<Path>) -> Result<Arc<dyn Storage>> {
     let location = location.as_ref();
     let text = location.to_string_lossy();
     match text.split_once("://") {
-        Some(("file", path)) => Ok(local(path)),
+        Some(("file", path)) => Ok(local_or_stored(Path::new(path))?),
         _ if is_remote(location) => Ok(Arc::new(ObjectStorage::open(&text)?)),
-        _ => Ok(local(location)),
+        _ => Ok(local_or_stored(location)?),
+    }
+}
+
+/// A folder, or dataset `NAME` of the store in folder `STORE` for `STORE/NAME`.
+fn local_or_stored(path: &Path) -> Result<Arc<dyn Storage>> {
+    match crate::store::split_store_path(path) {
+        Some((store, name)) => {
+            let store = Arc::new(crate::store::Store::open(store)?);
+            Ok(Arc::new(crate::store::StoreDataset::new(store, &name)?))
+        }
+        None => Ok(local(path)),
     }
 }
 

@@ -216,7 +216,7 @@ impl Shard {
         };
         Ok(Shard {
             path: path.to_path_buf(),
-            mapped: file.whole().is_some(),
+            mapped: file.maps_ranges(),
             file,
             index_bytes,
             header,

@@ -1,0 +1,182 @@
+//! `hspack store gc`: mark and sweep (FORMAT.md §11.6).
+//!
+//! Under the exclusive hold of `gc.lock` (so no add is between finding a blob and publishing
+//! what references it, and no pack is being written): mark every blob the named datasets
+//! reference (their files, and for shards the payloads their skeletons name); keep the packs
+//! whose blobs all live, copy the live blobs of the others into new packs, publish one index
+//! run of every live blob, replace `index.json`, and only then delete the packs and runs it
+//! no longer lists. A crash before the replacement leaves the old index and its packs
+//! (the new packs are unlisted); after it, the new ones (the old packs are unlisted): either
+//! way every committed dataset reads, and the next collection removes what is unlisted.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use crate::error::Result;
+use crate::failpoint::failpoint;
+use crate::format::manifest::TEMP_SUFFIX;
+
+use super::index::{self, IndexRoot, Location, INDEX_ROOT};
+use super::locks;
+use super::pack::{pack_name, PackWriter, PACK_TARGET};
+use super::skeleton::map_skeleton;
+use super::snapshot::blob_id;
+use super::Store;
+
+/// What a collection did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct GcReport {
+    /// Blobs the datasets reference.
+    pub blobs_live: u64,
+    /// Blobs dropped from the index.
+    pub blobs_removed: u64,
+    /// Packs kept as they were.
+    pub packs_kept: u64,
+    /// Packs whose live blobs were copied into new packs.
+    pub packs_rewritten: u64,
+    /// Packs deleted (no live blob, or rewritten, or listed by no index).
+    pub packs_deleted: u64,
+    /// Bytes of the packs deleted.
+    pub bytes_freed: u64,
+    /// Bytes of the new packs.
+    pub bytes_written: u64,
+}
+
+/// The blobs the datasets of `store` reference: files, skeletons and their payloads.
+pub fn live_blobs(store: &Store, index: &index::BlobIndex) -> Result<HashSet<[u8; 32]>> {
+    let mut live = HashSet::new();
+    for name in store.names()? {
+        let Some((snap, _)) = store.snapshot(&name)? else {
+            continue;
+        };
+        for f in &snap.files {
+            let id = blob_id(&f.blob).expect("checked when read");
+            live.insert(id);
+            if f.shard {
+                let skeleton = store.blob_by_id(index, &id)?;
+                let map = map_skeleton(&skeleton).map_err(|source| crate::Error::Format {
+                    path: store.root().join(&name).join(&f.name),
+                    source,
+                })?;
+                live.extend(map.payload_ids().copied());
+            }
+        }
+    }
+    Ok(live)
+}
+
+/// Collects `store`'s garbage; see the module documentation.
+pub fn collect(store: &Arc<Store>, durable: bool) -> Result<GcReport> {
+    let _held = locks::collecting(store.root())?;
+    let index = store.index()?;
+    let live = live_blobs(store, &index)?;
+    let mut report = GcReport::default();
+
+    // Per pack: live and dead entries of the index.
+    let mut per_pack: HashMap<[u8; 16], (u64, u64)> = HashMap::new();
+    let mut live_count = 0u64;
+    for e in index.entries() {
+        let slot = per_pack.entry(e.pack).or_default();
+        if live.contains(&e.blob.id) {
+            slot.0 += 1;
+            live_count += 1;
+        } else {
+            slot.1 += 1;
+        }
+    }
+    report.blobs_live = live_count;
+    report.blobs_removed = index.entries().count() as u64 - live_count;
+    let rewrite: HashSet<[u8; 16]> = per_pack
+        .iter()
+        .filter(|(_, (l, d))| *d > 0 && *l > 0)
+        .map(|(p, _)| *p)
+        .collect();
+
+    // Live blobs of packs being rewritten go into new packs, in id order.
+    let mut moved: HashMap<[u8; 32], Location> = HashMap::new();
+    let mut out: Option<PackWriter> = None;
+    let mut new_packs = Vec::new();
+    for e in index.entries() {
+        if !live.contains(&e.blob.id) || !rewrite.contains(&e.pack) {
+            continue;
+        }
+        let stored = store.stored(&e)?;
+        let w = match &mut out {
+            Some(w) => w,
+            None => out.insert(PackWriter::create(&**store.packs())?),
+        };
+        let blob = w.push(e.blob.id, &stored, e.blob.raw_len, e.blob.codec)?;
+        moved.insert(e.blob.id, Location { pack: w.id, blob });
+        if w.len() >= PACK_TARGET {
+            let w = out.take().expect("open");
+            report.bytes_written += w.len();
+            new_packs.push(w.id);
+            w.finish(durable)?;
+        }
+    }
+    if let Some(w) = out.take() {
+        report.bytes_written += w.len();
+        new_packs.push(w.id);
+        w.finish(durable)?;
+    }
+    failpoint!("gc-packs-written");
+
+    // One run of every live blob.
+    let mut packs: Vec<[u8; 16]> = per_pack
+        .iter()
+        .filter(|(p, (l, _))| *l > 0 && !rewrite.contains(*p))
+        .map(|(p, _)| *p)
+        .chain(new_packs.iter().copied())
+        .collect();
+    packs.sort();
+    let meta = &**store.meta();
+    let entries = index
+        .entries()
+        .filter(|e| live.contains(&e.blob.id))
+        .map(|e| moved.get(&e.blob.id).copied().unwrap_or(e));
+    let level = index.root.runs.iter().map(|r| r.level).max().unwrap_or(0);
+    let run = index::write_run(meta, entries, live_count, &packs, level, durable)?;
+    failpoint!("gc-run-written");
+    let run_file = run.file.clone();
+    {
+        let _index = locks::index(store.root())?;
+        let root = IndexRoot {
+            runs: vec![run],
+            ..IndexRoot::empty()
+        };
+        let bytes = root.encode();
+        match index.root_hash {
+            Some(h) => meta.replace(INDEX_ROOT, &bytes, Some(h), durable)?,
+            None => meta.put_new(INDEX_ROOT, &bytes, durable)?,
+        }
+    }
+    failpoint!("gc-index-replaced");
+    store.forget_packs();
+
+    // What the new index does not list: old runs, dropped and rewritten packs, and runs,
+    // packs and temp files an interrupted add or collection left.
+    for name in meta.list()? {
+        if (index::is_run_name(&name) && name != run_file) || name.ends_with(TEMP_SUFFIX) {
+            meta.delete(&name)?;
+        }
+    }
+    let kept: HashSet<String> = packs.iter().map(pack_name).collect();
+    for name in store.packs().list()? {
+        if kept.contains(&name) {
+            continue;
+        }
+        let bytes = std::fs::metadata(store.packs().path(&name))
+            .map(|m| m.len())
+            .unwrap_or(0);
+        store.packs().delete(&name)?;
+        report.packs_deleted += 1;
+        report.bytes_freed += bytes;
+    }
+    report.packs_rewritten = rewrite.len() as u64;
+    report.packs_kept = (packs.len() - new_packs.len()) as u64;
+    if durable {
+        store.packs().sync()?;
+        meta.sync()?;
+    }
+    Ok(report)
+}

@@ -1,0 +1,532 @@
+//! The store's blob index (FORMAT.md §11.3): sorted runs of 64-byte entries, found by a
+//! 256-way fan-out and a binary search, listed by `index.json`. Each add writes one run of
+//! what it stored; when the last 8 runs share a level they are merged into one of the next
+//! level, so a store lists a few runs per level and a lookup costs a few searches, whatever
+//! its size. Runs are mapped, not loaded: memory does not grow with the store.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::format::manifest::hex;
+use crate::format::FormatError;
+use crate::io::{FileBytes, Storage};
+
+use super::pack::{invalid, magic, u64_at, version, BlobCodec, BlobEntry};
+
+/// Magic of an index run.
+pub const RUN_MAGIC: &[u8; 8] = b"HSPKSIDX";
+/// Index run format version.
+pub const RUN_VERSION: u16 = 1;
+/// Bytes of a run header.
+pub const RUN_HEADER: usize = 64;
+/// Bytes of a run entry.
+pub const RUN_ENTRY: usize = 64;
+/// Fan-out buckets (by the id's first byte).
+pub const FANOUT: usize = 256;
+/// Runs of one level merged into one of the next.
+pub const MERGE_WIDTH: usize = 8;
+/// The index root's file name.
+pub const INDEX_ROOT: &str = "index.json";
+
+/// Where a blob is: its pack and its place there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Location {
+    /// The pack's id.
+    pub pack: [u8; 16],
+    /// The blob in the pack.
+    pub blob: BlobEntry,
+}
+
+/// One run as `index.json` lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunRecord {
+    /// File name.
+    pub file: String,
+    /// Bytes.
+    pub bytes: u64,
+    /// BLAKE3 of the file.
+    pub blake3: String,
+    /// Entries.
+    pub entries: u64,
+    /// Merge level: 0 for an add's run.
+    pub level: u32,
+}
+
+/// `index.json`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IndexRoot {
+    /// `hspack-store-index`.
+    pub format: String,
+    /// 1.
+    pub version: u32,
+    /// Runs, oldest first.
+    pub runs: Vec<RunRecord>,
+}
+
+/// The `format` of `index.json`.
+pub const INDEX_FORMAT: &str = "hspack-store-index";
+
+impl IndexRoot {
+    /// An empty index.
+    pub fn empty() -> Self {
+        IndexRoot {
+            format: INDEX_FORMAT.into(),
+            version: 1,
+            runs: Vec::new(),
+        }
+    }
+
+    /// Parses `index.json`, refusing another format or version and names that are not runs.
+    pub fn decode(bytes: &[u8]) -> Result<Self, FormatError> {
+        let root: IndexRoot = serde_json::from_slice(bytes).map_err(|e| FormatError::Json {
+            structure: "store index.json",
+            detail: e.to_string(),
+        })?;
+        if root.format != INDEX_FORMAT {
+            return Err(FormatError::Json {
+                structure: "store index.json",
+                detail: format!("format is `{}`, not `{INDEX_FORMAT}`", root.format),
+            });
+        }
+        if root.version != 1 {
+            return Err(FormatError::UnsupportedVersion {
+                structure: "store index.json",
+                found: root.version.into(),
+                min: 1,
+                max: 1,
+            });
+        }
+        for r in &root.runs {
+            if !is_run_name(&r.file)
+                || r.blake3.len() != 64
+                || run_len(r.entries, 0).is_none_or(|least| r.bytes < least)
+            {
+                return Err(FormatError::Json {
+                    structure: "store index.json",
+                    detail: format!("run `{}` is not a run record", r.file),
+                });
+            }
+        }
+        Ok(root)
+    }
+
+    /// The canonical bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut v = serde_json::to_vec_pretty(self).expect("serializable");
+        v.push(b'\n');
+        v
+    }
+}
+
+/// True for a run's file name: `index-<32 hex>.run`.
+pub fn is_run_name(name: &str) -> bool {
+    name.strip_prefix("index-")
+        .and_then(|s| s.strip_suffix(".run"))
+        .is_some_and(|h| h.len() == 32 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+/// Bytes of a run of `entries` entries naming `packs` packs.
+fn run_len(entries: u64, packs: u64) -> Option<u64> {
+    (RUN_HEADER as u64 + FANOUT as u64 * 8)
+        .checked_add(packs.checked_mul(16)?)?
+        .checked_add(entries.checked_mul(RUN_ENTRY as u64)?)
+}
+
+fn entry_bytes(e: &Location, pack: u32) -> [u8; RUN_ENTRY] {
+    let mut b = [0u8; RUN_ENTRY];
+    b[..32].copy_from_slice(&e.blob.id);
+    b[32..36].copy_from_slice(&pack.to_le_bytes());
+    b[36] = e.blob.codec.code();
+    b[40..48].copy_from_slice(&e.blob.offset.to_le_bytes());
+    b[48..56].copy_from_slice(&e.blob.stored_len.to_le_bytes());
+    b[56..64].copy_from_slice(&e.blob.raw_len.to_le_bytes());
+    b
+}
+
+/// A run, checked and ready for lookups.
+#[derive(Debug)]
+pub struct Run {
+    bytes: FileBytes,
+    packs: Vec<[u8; 16]>,
+    fanout: Vec<u64>,
+    entries: u64,
+    start: usize,
+}
+
+impl Run {
+    /// Checks a run's bytes: header, pack table, fan-out, and every entry in strictly
+    /// increasing id order with a known codec and a pack of its table.
+    pub fn parse(bytes: FileBytes) -> Result<Self, FormatError> {
+        let b: &[u8] = &bytes;
+        if b.len() < RUN_HEADER + FANOUT * 8 {
+            return Err(FormatError::Truncated {
+                structure: "index run",
+                needed: (RUN_HEADER + FANOUT * 8) as u64,
+                available: b.len() as u64,
+            });
+        }
+        magic(&b[..8], RUN_MAGIC, "index run")?;
+        version(u16::from_le_bytes([b[8], b[9]]), RUN_VERSION, "index run")?;
+        let packs = u32::from_le_bytes(b[12..16].try_into().expect("4")) as u64;
+        let entries = u64_at(b, 16);
+        if b[10..12].iter().chain(&b[24..64]).any(|&x| x != 0) {
+            return Err(FormatError::ReservedNotZero {
+                structure: "index run header",
+                offset: 10,
+            });
+        }
+        if run_len(entries, packs) != Some(b.len() as u64) {
+            return Err(invalid(
+                "index run",
+                "file length",
+                b.len() as u64,
+                "64 + 2048 + 16 × packs + 64 × entries",
+            ));
+        }
+        let mut at = RUN_HEADER;
+        let pack_ids: Vec<[u8; 16]> = (0..packs)
+            .map(|i| {
+                let o = at + 16 * i as usize;
+                b[o..o + 16].try_into().expect("16")
+            })
+            .collect();
+        at += 16 * packs as usize;
+        let fanout: Vec<u64> = (0..FANOUT).map(|i| u64_at(b, at + 8 * i)).collect();
+        at += FANOUT * 8;
+        if fanout.windows(2).any(|w| w[0] > w[1]) || fanout[FANOUT - 1] != entries {
+            return Err(invalid(
+                "index run",
+                "fan-out",
+                fanout[FANOUT - 1],
+                "non-decreasing, ending at the entry count",
+            ));
+        }
+        let run = Run {
+            packs: pack_ids,
+            fanout,
+            entries,
+            start: at,
+            bytes,
+        };
+        let mut prev: Option<[u8; 32]> = None;
+        for i in 0..entries {
+            let raw = run.raw(i);
+            let id: [u8; 32] = raw[..32].try_into().expect("32");
+            if prev.is_some_and(|p| p >= id) {
+                return Err(invalid("index run", "entry", i, "ids strictly increasing"));
+            }
+            let bucket = id[0] as usize;
+            let lo = if bucket == 0 {
+                0
+            } else {
+                run.fanout[bucket - 1]
+            };
+            if i < lo || i >= run.fanout[bucket] {
+                return Err(invalid(
+                    "index run",
+                    "entry",
+                    i,
+                    "inside its fan-out bucket",
+                ));
+            }
+            run.decode(i)?;
+            prev = Some(id);
+        }
+        Ok(run)
+    }
+
+    fn raw(&self, i: u64) -> &[u8] {
+        let o = self.start + i as usize * RUN_ENTRY;
+        &self.bytes[o..o + RUN_ENTRY]
+    }
+
+    /// Entries.
+    pub fn len(&self) -> u64 {
+        self.entries
+    }
+
+    /// True without entries.
+    pub fn is_empty(&self) -> bool {
+        self.entries == 0
+    }
+
+    /// Entry `i`.
+    pub fn decode(&self, i: u64) -> Result<Location, FormatError> {
+        let b = self.raw(i);
+        let pack = u32::from_le_bytes(b[32..36].try_into().expect("4"));
+        let codec = BlobCodec::from_code(b[36])
+            .ok_or_else(|| invalid("index run", "codec", b[36].into(), "0 or 1"))?;
+        if b[37..40].iter().any(|&x| x != 0) {
+            return Err(FormatError::ReservedNotZero {
+                structure: "index run entry",
+                offset: 37,
+            });
+        }
+        let pack = *self.packs.get(pack as usize).ok_or_else(|| {
+            invalid(
+                "index run",
+                "pack",
+                pack.into(),
+                "an entry of the pack table",
+            )
+        })?;
+        let blob = BlobEntry {
+            id: b[..32].try_into().expect("32"),
+            offset: u64_at(b, 40),
+            stored_len: u64_at(b, 48),
+            raw_len: u64_at(b, 56),
+            codec,
+        };
+        if codec == BlobCodec::None && blob.stored_len != blob.raw_len {
+            return Err(invalid(
+                "index run",
+                "stored length",
+                blob.stored_len,
+                "the raw length for a blob stored as it is",
+            ));
+        }
+        Ok(Location { pack, blob })
+    }
+
+    /// The entry for `id`.
+    pub fn find(&self, id: &[u8; 32]) -> Option<Location> {
+        let bucket = id[0] as usize;
+        let (mut lo, mut hi) = (
+            if bucket == 0 {
+                0
+            } else {
+                self.fanout[bucket - 1]
+            },
+            self.fanout[bucket],
+        );
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            match self.raw(mid)[..32].cmp(id.as_slice()) {
+                std::cmp::Ordering::Less => lo = mid + 1,
+                std::cmp::Ordering::Greater => hi = mid,
+                std::cmp::Ordering::Equal => return self.decode(mid).ok(),
+            }
+        }
+        None
+    }
+
+    /// The packs its entries name.
+    pub fn packs(&self) -> &[[u8; 16]] {
+        &self.packs
+    }
+}
+
+/// Writes a run of `entries` (sorted by id, unique) as a new file of `storage`; returns its
+/// record at `level`.
+pub fn write_run(
+    storage: &dyn Storage,
+    entries: impl IntoIterator<Item = Location>,
+    count: u64,
+    packs: &[[u8; 16]],
+    level: u32,
+    durable: bool,
+) -> Result<RunRecord> {
+    let name = format!("index-{}.run", hex(&crate::io::unique_id(b"index run")));
+    let pack_no: BTreeMap<[u8; 16], u32> = packs
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (*p, i as u32))
+        .collect();
+    let mut out = storage.create(&crate::io::temp_name(&name))?;
+    let written = (|| -> Result<u64> {
+        let mut head = vec![0u8; RUN_HEADER];
+        head[..8].copy_from_slice(RUN_MAGIC);
+        head[8..10].copy_from_slice(&RUN_VERSION.to_le_bytes());
+        head[12..16].copy_from_slice(&(packs.len() as u32).to_le_bytes());
+        head[16..24].copy_from_slice(&count.to_le_bytes());
+        for p in packs {
+            head.extend_from_slice(p);
+        }
+        // Entries first, the header and fan-out (known at the end) last.
+        let mut fanout = [0u64; FANOUT];
+        let mut body = Vec::with_capacity(1 << 20);
+        let mut pos = (head.len() + FANOUT * 8) as u64;
+        let (mut n, mut prev) = (0u64, None::<[u8; 32]>);
+        let bug = |detail: String| Error::Unsupported {
+            path: storage.path(&name),
+            detail: format!("{detail} (a bug): nothing was published"),
+        };
+        for e in entries {
+            if prev.is_some_and(|p| p >= e.blob.id) {
+                return Err(bug("index entries out of order".into()));
+            }
+            prev = Some(e.blob.id);
+            fanout[e.blob.id[0] as usize] += 1;
+            let pack = *pack_no
+                .get(&e.pack)
+                .ok_or_else(|| bug("an entry's pack is not in the run's pack table".into()))?;
+            body.extend_from_slice(&entry_bytes(&e, pack));
+            n += 1;
+            if body.len() >= 1 << 20 {
+                out.write_at(pos, &body)?;
+                pos += body.len() as u64;
+                body.clear();
+            }
+        }
+        out.write_at(pos, &body)?;
+        pos += body.len() as u64;
+        if n != count {
+            return Err(bug(format!("{n} index entries, {count} announced")));
+        }
+        for i in 1..FANOUT {
+            fanout[i] += fanout[i - 1];
+        }
+        for f in fanout {
+            head.extend_from_slice(&f.to_le_bytes());
+        }
+        out.write_at(0, &head)?;
+        if durable {
+            out.sync_all()?;
+        }
+        Ok(pos)
+    })();
+    let bytes = match written {
+        Ok(b) => b,
+        Err(e) => {
+            out.abandon();
+            return Err(e);
+        }
+    };
+    out.publish_new(&name, durable)?;
+    // Hashed in file order, now that the header is there.
+    let file = storage.open(&name)?;
+    let blake3 = hex(blake3::hash(&file.read(0..file.len())?).as_bytes());
+    Ok(RunRecord {
+        file: name,
+        bytes,
+        blake3,
+        entries: count,
+        level,
+    })
+}
+
+/// The store's index: every run of `index.json`, opened.
+#[derive(Debug)]
+pub struct BlobIndex {
+    /// What `index.json` holds.
+    pub root: IndexRoot,
+    /// Its bytes' BLAKE3, for the compare-and-swap that replaces it.
+    pub root_hash: Option<blake3::Hash>,
+    runs: Vec<Run>,
+}
+
+impl BlobIndex {
+    /// Reads `index.json` and opens its runs, each checked against its record.
+    pub fn open(storage: &dyn Storage) -> Result<Self> {
+        let Some(bytes) = storage.read(INDEX_ROOT)? else {
+            return Ok(BlobIndex {
+                root: IndexRoot::empty(),
+                root_hash: None,
+                runs: Vec::new(),
+            });
+        };
+        let root = IndexRoot::decode(&bytes).map_err(|source| Error::Format {
+            path: storage.path(INDEX_ROOT),
+            source,
+        })?;
+        let runs = root
+            .runs
+            .iter()
+            .map(|r| open_run(storage, r))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(BlobIndex {
+            root,
+            root_hash: Some(blake3::hash(&bytes)),
+            runs,
+        })
+    }
+
+    /// Where blob `id` is, newest run first.
+    pub fn find(&self, id: &[u8; 32]) -> Option<Location> {
+        self.runs.iter().rev().find_map(|r| r.find(id))
+    }
+
+    /// The runs.
+    pub fn runs(&self) -> &[Run] {
+        &self.runs
+    }
+
+    /// Every entry, in id order, each id once (the newest run's where several hold it).
+    pub fn entries(&self) -> impl Iterator<Item = Location> + '_ {
+        merged(&self.runs)
+    }
+}
+
+/// Opens run `r` of `storage`, checking its length and BLAKE3 against the record.
+pub fn open_run(storage: &dyn Storage, r: &RunRecord) -> Result<Run> {
+    let path = storage.path(&r.file);
+    let file = storage.open(&r.file)?;
+    let bytes = match file.whole() {
+        Some(b) => b,
+        None => file.read(0..file.len())?,
+    };
+    let damaged = |detail: String| Error::StoreDamage {
+        path: path.clone(),
+        detail,
+    };
+    if bytes.len() as u64 != r.bytes {
+        return Err(damaged(format!(
+            "{} bytes, index.json records {}",
+            bytes.len(),
+            r.bytes
+        )));
+    }
+    let got = hex(blake3::hash(&bytes).as_bytes());
+    if got != r.blake3 {
+        return Err(damaged(format!(
+            "BLAKE3 {got}, index.json records {}",
+            r.blake3
+        )));
+    }
+    let run = Run::parse(bytes).map_err(|source| Error::Format {
+        path: path.clone(),
+        source,
+    })?;
+    if run.len() != r.entries {
+        return Err(damaged(format!(
+            "{} entries, index.json records {}",
+            run.len(),
+            r.entries
+        )));
+    }
+    Ok(run)
+}
+
+/// The entries of `runs` in id order, each id once: where several runs hold an id, the
+/// latest run's entry.
+pub fn merged(runs: &[Run]) -> impl Iterator<Item = Location> + '_ {
+    // A min-heap of (id, newest run first, position).
+    let mut heap = BinaryHeap::new();
+    for (i, r) in runs.iter().enumerate() {
+        if !r.is_empty() {
+            heap.push(Reverse((id_at(r, 0), Reverse(i), 0u64)));
+        }
+    }
+    let mut last: Option<[u8; 32]> = None;
+    std::iter::from_fn(move || loop {
+        let Reverse((id, Reverse(i), pos)) = heap.pop()?;
+        if pos + 1 < runs[i].len() {
+            heap.push(Reverse((id_at(&runs[i], pos + 1), Reverse(i), pos + 1)));
+        }
+        if last == Some(id) {
+            continue;
+        }
+        last = Some(id);
+        if let Ok(e) = runs[i].decode(pos) {
+            return Some(e);
+        }
+    })
+}
+
+fn id_at(r: &Run, i: u64) -> [u8; 32] {
+    r.raw(i)[..32].try_into().expect("32")
+}

@@ -1,0 +1,276 @@
+//! Adding blobs to a store: what is there is found by id and referenced, what is new goes
+//! into a pack; the commit publishes the packs, then one index run for them, then (the
+//! caller) the dataset that references them, all under the shared hold of `gc.lock`.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::format::manifest::hex;
+use crate::format::{Footer, Index};
+use crate::io::FileReader;
+
+use super::index::{self, IndexRoot, Location, RunRecord, INDEX_ROOT, MERGE_WIDTH};
+use super::locks::{self, StoreLock};
+use super::pack::{BlobCodec, PackWriter, PACK_TARGET};
+use super::skeleton::{map_skeleton, payloads, skeleton_of};
+use super::snapshot::FileRecord;
+use super::Store;
+
+/// What an ingest stored and found.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct IngestStats {
+    /// Blobs stored.
+    pub blobs_new: u64,
+    /// Their bytes, before any codec.
+    pub bytes_new: u64,
+    /// Their bytes as stored in packs.
+    pub bytes_stored: u64,
+    /// Blobs found in the store (or earlier in this ingest) and referenced.
+    pub blobs_found: u64,
+    /// Their bytes.
+    pub bytes_found: u64,
+}
+
+impl IngestStats {
+    /// Adds `other`'s counts.
+    pub fn add(&mut self, other: &IngestStats) {
+        self.blobs_new += other.blobs_new;
+        self.bytes_new += other.bytes_new;
+        self.bytes_stored += other.bytes_stored;
+        self.blobs_found += other.blobs_found;
+        self.bytes_found += other.bytes_found;
+    }
+}
+
+/// Blobs being added; see the module documentation.
+pub struct Ingest {
+    store: Arc<Store>,
+    index: super::BlobIndex,
+    pack: Option<PackWriter>,
+    new: BTreeMap<[u8; 32], Location>,
+    durable: bool,
+    /// What was stored and found so far.
+    pub stats: IngestStats,
+    lock: StoreLock,
+}
+
+impl std::fmt::Debug for Ingest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ingest")
+            .field("stats", &self.stats)
+            .finish()
+    }
+}
+
+/// Skeletons and whole files are compressed when that saves at least an eighth.
+fn compressed(bytes: &[u8]) -> Option<Vec<u8>> {
+    let z = zstd::bulk::compress(bytes, 3).ok()?;
+    (z.len() < bytes.len() - bytes.len() / 8).then_some(z)
+}
+
+impl Ingest {
+    /// Starts adding to `store`: waits while a collection runs.
+    pub fn new(store: &Arc<Store>, durable: bool) -> Result<Self> {
+        let lock = locks::adding(store.root())?;
+        let index = store.index()?;
+        Ok(Ingest {
+            store: Arc::clone(store),
+            index,
+            pack: None,
+            new: BTreeMap::new(),
+            durable,
+            stats: IngestStats::default(),
+            lock,
+        })
+    }
+
+    /// True when blob `id` is in the store or was added by this ingest.
+    pub fn has(&self, id: &[u8; 32]) -> bool {
+        self.new.contains_key(id) || self.index.find(id).is_some()
+    }
+
+    fn found(&mut self, len: u64) {
+        self.stats.blobs_found += 1;
+        self.stats.bytes_found += len;
+    }
+
+    /// Adds blob `bytes` (whose BLAKE3 is `id`, checked by the caller) unless it is there;
+    /// `compress` tries zstd. True when stored.
+    pub fn put(&mut self, id: [u8; 32], bytes: &[u8], compress: bool) -> Result<bool> {
+        if self.has(&id) {
+            self.found(bytes.len() as u64);
+            return Ok(false);
+        }
+        let pack = match &mut self.pack {
+            Some(p) => p,
+            None => self.pack.insert(PackWriter::create(&**self.store.packs())?),
+        };
+        let z = if compress { compressed(bytes) } else { None };
+        let (stored, codec) = match &z {
+            Some(z) => (z.as_slice(), BlobCodec::Zstd),
+            None => (bytes, BlobCodec::None),
+        };
+        let blob = pack.push(id, stored, bytes.len() as u64, codec)?;
+        let at = Location {
+            pack: pack.id,
+            blob,
+        };
+        self.new.insert(id, at);
+        self.stats.blobs_new += 1;
+        self.stats.bytes_new += bytes.len() as u64;
+        self.stats.bytes_stored += stored.len() as u64;
+        if pack.len() >= PACK_TARGET {
+            self.close_pack()?;
+        }
+        Ok(true)
+    }
+
+    fn close_pack(&mut self) -> Result<()> {
+        if let Some(p) = self.pack.take() {
+            p.finish(self.durable)?;
+        }
+        Ok(())
+    }
+
+    /// Adds file `name` of a dataset, read from `file` (`path` for messages): a shard as its
+    /// skeleton and payloads, any other file whole. Payloads already stored are not read.
+    pub fn put_file(
+        &mut self,
+        name: &str,
+        file: &dyn FileReader,
+        path: &Path,
+        shard: bool,
+    ) -> Result<FileRecord> {
+        let len = file.len();
+        if !shard {
+            let bytes = file.read(0..len)?;
+            let id = *blake3::hash(&bytes).as_bytes();
+            self.put(id, &bytes, true)?;
+            return Ok(FileRecord {
+                name: name.into(),
+                bytes: len,
+                blob: hex(&id),
+                shard: false,
+            });
+        }
+        let format = |source| Error::Format {
+            path: path.to_path_buf(),
+            source,
+        };
+        let tail = file.read(len.saturating_sub(Footer::SIZE as u64)..len)?;
+        let footer = Footer::decode(&tail, len).map_err(format)?;
+        let index_bytes = file.read(footer.index_offset..footer.index_offset + footer.index_len)?;
+        let index = Index::parse(&index_bytes).map_err(format)?;
+        let payloads = payloads(&index, footer.index_offset).map_err(format)?;
+        for p in &payloads {
+            if self.has(&p.id) {
+                self.found(p.len);
+                continue;
+            }
+            let bytes = file.read(p.offset..p.offset + p.len)?;
+            if blake3::hash(&bytes).as_bytes() != &p.id {
+                return Err(Error::StoreDamage {
+                    path: path.to_path_buf(),
+                    detail: format!(
+                        "the chunk payload at byte {} does not hash to the {} its index records: the shard is damaged; nothing of it was stored (verify the source with `hspack verify`)",
+                        p.offset,
+                        hex(&p.id)
+                    ),
+                });
+            }
+            self.put(p.id, &bytes, false)?;
+        }
+        let skeleton = skeleton_of(&mut |r| Ok(file.read(r)?.to_vec()), len, &payloads)?;
+        map_skeleton(&skeleton).map_err(format)?;
+        let id = *blake3::hash(&skeleton).as_bytes();
+        self.put(id, &skeleton, true)?;
+        Ok(FileRecord {
+            name: name.into(),
+            bytes: len,
+            blob: hex(&id),
+            shard: true,
+        })
+    }
+
+    /// Publishes the last pack and an index run for the new blobs, and adds the run to
+    /// `index.json` (merging runs where 8 share a level). Returns the stats and the shared
+    /// hold of `gc.lock`: publish what references the blobs, then drop it.
+    pub fn commit(mut self) -> Result<(IngestStats, StoreLock)> {
+        self.close_pack()?;
+        if !self.new.is_empty() {
+            let mut packs: Vec<[u8; 16]> = self.new.values().map(|l| l.pack).collect();
+            packs.sort();
+            packs.dedup();
+            let meta = &**self.store.meta();
+            let count = self.new.len() as u64;
+            let run = index::write_run(
+                meta,
+                std::mem::take(&mut self.new).into_values(),
+                count,
+                &packs,
+                0,
+                self.durable,
+            )?;
+            add_run(&self.store, run, self.durable)?;
+        }
+        Ok((self.stats, self.lock))
+    }
+}
+
+/// Adds `run` to `index.json` under `index.lock`, merging the last runs while 8 of them share
+/// a level; the runs merged are deleted once the new `index.json` is published.
+pub fn add_run(store: &Store, run: RunRecord, durable: bool) -> Result<()> {
+    let _lock = locks::index(store.root())?;
+    let meta = &**store.meta();
+    let current = meta.read(INDEX_ROOT)?;
+    let mut root = match &current {
+        Some(b) => IndexRoot::decode(b).map_err(|source| Error::Format {
+            path: meta.path(INDEX_ROOT),
+            source,
+        })?,
+        None => IndexRoot::empty(),
+    };
+    root.runs.push(run);
+    let mut replaced = Vec::new();
+    loop {
+        let n = root.runs.len();
+        let level = root.runs[n - 1].level;
+        if n < MERGE_WIDTH
+            || root.runs[n - MERGE_WIDTH..]
+                .iter()
+                .any(|r| r.level != level)
+        {
+            break;
+        }
+        let inputs: Vec<RunRecord> = root.runs.split_off(n - MERGE_WIDTH);
+        let opened = inputs
+            .iter()
+            .map(|r| index::open_run(meta, r))
+            .collect::<Result<Vec<_>>>()?;
+        let count = index::merged(&opened).count() as u64;
+        let mut packs: Vec<[u8; 16]> = opened.iter().flat_map(|r| r.packs().to_vec()).collect();
+        packs.sort();
+        packs.dedup();
+        let merged = index::write_run(
+            meta,
+            index::merged(&opened),
+            count,
+            &packs,
+            level + 1,
+            durable,
+        )?;
+        root.runs.push(merged);
+        replaced.extend(inputs.into_iter().map(|r| r.file));
+    }
+    let bytes = root.encode();
+    match &current {
+        Some(old) => meta.replace(INDEX_ROOT, &bytes, Some(blake3::hash(old)), durable)?,
+        None => meta.put_new(INDEX_ROOT, &bytes, durable)?,
+    }
+    for f in replaced {
+        meta.delete(&f)?;
+    }
+    Ok(())
+}

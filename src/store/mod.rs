@@ -1,0 +1,320 @@
+//! The deduplicating store (FORMAT.md §11): many datasets in one folder, each blob stored
+//! once. A blob is a chunk payload (keyed by the hash a shard's index records for it), a
+//! shard's skeleton (the shard with its payloads cut out), or a whole small file (manifest,
+//! segments, key runs, table parts). Blobs live in pack files, found through the blob index;
+//! a named dataset lists its files and their blobs. A stored dataset reads like a folder
+//! ([`StoreDataset`] is a [`crate::io::Storage`]), so every reader, writer and command works
+//! on `STORE/NAME` as on a dataset folder.
+
+pub mod gc;
+pub mod index;
+pub mod ingest;
+pub mod locks;
+pub mod pack;
+pub mod skeleton;
+pub mod snapshot;
+pub mod storage;
+pub mod usage;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::format::manifest::hex;
+use crate::io::{FileBytes, FileReader, LocalStorage, Storage};
+
+pub use index::{BlobIndex, Location};
+pub use ingest::{Ingest, IngestStats};
+pub use locks::StoreLock;
+pub use pack::{BlobCodec, BlobEntry};
+pub use snapshot::{FileRecord, Snapshot};
+pub use storage::StoreDataset;
+
+/// The file that makes a folder a store.
+pub const STORE_FILE: &str = "store.json";
+/// The `format` of `store.json`.
+pub const STORE_FORMAT: &str = "hspack-store";
+/// Store format version.
+pub const STORE_VERSION: u32 = 1;
+
+/// `store.json`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoreConfig {
+    /// [`STORE_FORMAT`].
+    pub format: String,
+    /// [`STORE_VERSION`].
+    pub version: u32,
+    /// 16 random bytes, hex.
+    pub id: String,
+}
+
+/// A store, open.
+pub struct Store {
+    root: PathBuf,
+    config: StoreConfig,
+    meta: Arc<dyn Storage>,
+    packs: Arc<dyn Storage>,
+    datasets: Arc<dyn Storage>,
+    open_packs: Mutex<HashMap<[u8; 16], Arc<dyn FileReader>>>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store").field("root", &self.root).finish()
+    }
+}
+
+/// True when `dir` is a store (it holds `store.json`).
+pub fn is_store(dir: &Path) -> bool {
+    !crate::io::is_remote(dir) && dir.join(STORE_FILE).is_file()
+}
+
+/// When `path` is `STORE/NAME` (the parent a store, the name a dataset name), the store's
+/// folder and the name.
+pub fn split_store_path(path: &Path) -> Option<(PathBuf, String)> {
+    let name = path.file_name()?.to_str()?;
+    let parent = path.parent()?;
+    let parent = if parent.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        parent
+    };
+    (snapshot::is_dataset_name(name) && is_store(parent) && !path.join("manifest.json").exists())
+        .then(|| (parent.to_path_buf(), name.to_string()))
+}
+
+impl Store {
+    /// Makes a new store in `dir` (created if missing; refused where a store or a dataset is).
+    pub fn init(dir: impl AsRef<Path>) -> Result<Self> {
+        let dir = dir.as_ref();
+        local_only(dir)?;
+        if dir.join(STORE_FILE).exists() || dir.join("manifest.json").exists() {
+            return Err(Error::Store {
+                path: dir.to_path_buf(),
+                detail: "a store or a dataset is already there; choose another folder".into(),
+            });
+        }
+        for sub in ["", "packs", "datasets", "locks"] {
+            std::fs::create_dir_all(dir.join(sub))
+                .map_err(crate::error::io(dir.join(sub), "create folder"))?;
+        }
+        let config = StoreConfig {
+            format: STORE_FORMAT.into(),
+            version: STORE_VERSION,
+            id: hex(&crate::io::unique_id(b"store")),
+        };
+        let mut bytes = serde_json::to_vec_pretty(&config).expect("serializable");
+        bytes.push(b'\n');
+        LocalStorage::new(dir).put_new(STORE_FILE, &bytes, true)?;
+        Self::open(dir)
+    }
+
+    /// Opens the store in `dir`.
+    pub fn open(dir: impl AsRef<Path>) -> Result<Self> {
+        let dir = dir.as_ref();
+        local_only(dir)?;
+        let meta: Arc<dyn Storage> = Arc::new(LocalStorage::new(dir));
+        let bytes = meta.read(STORE_FILE)?.ok_or_else(|| Error::Store {
+            path: dir.to_path_buf(),
+            detail: "not a store: it has no store.json (make one with `hspack store init`)".into(),
+        })?;
+        let config: StoreConfig = serde_json::from_slice(&bytes).map_err(|e| Error::Store {
+            path: dir.join(STORE_FILE),
+            detail: format!("not a store file: {e}"),
+        })?;
+        if config.format != STORE_FORMAT || config.version != STORE_VERSION {
+            return Err(Error::Store {
+                path: dir.join(STORE_FILE),
+                detail: format!(
+                    "format {} version {}; this hspack reads {STORE_FORMAT} version {STORE_VERSION}: upgrade hspack",
+                    config.format, config.version
+                ),
+            });
+        }
+        Ok(Store {
+            root: dir.to_path_buf(),
+            config,
+            meta,
+            packs: Arc::new(LocalStorage::new(dir.join("packs"))),
+            datasets: Arc::new(LocalStorage::new(dir.join("datasets"))),
+            open_packs: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The store's folder.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// `store.json`.
+    pub fn config(&self) -> &StoreConfig {
+        &self.config
+    }
+
+    /// Where `store.json`, `index.json` and the index runs are.
+    pub fn meta(&self) -> &Arc<dyn Storage> {
+        &self.meta
+    }
+
+    /// Where the packs are.
+    pub fn packs(&self) -> &Arc<dyn Storage> {
+        &self.packs
+    }
+
+    /// Where the named datasets' files are.
+    pub fn datasets(&self) -> &Arc<dyn Storage> {
+        &self.datasets
+    }
+
+    /// The blob index as it is now.
+    pub fn index(&self) -> Result<BlobIndex> {
+        BlobIndex::open(&*self.meta)
+    }
+
+    /// Names of the datasets, sorted.
+    pub fn names(&self) -> Result<Vec<String>> {
+        let mut names: Vec<String> = self
+            .datasets
+            .list()?
+            .into_iter()
+            .filter_map(|f| f.strip_suffix(".json").map(str::to_string))
+            .filter(|n| snapshot::is_dataset_name(n))
+            .collect();
+        names.sort();
+        Ok(names)
+    }
+
+    /// Dataset `name` as committed, with its file's BLAKE3; `None` when there is none.
+    pub fn snapshot(&self, name: &str) -> Result<Option<(Snapshot, blake3::Hash)>> {
+        let file = snapshot::snapshot_file(name);
+        let Some(bytes) = self.datasets.read(&file)? else {
+            return Ok(None);
+        };
+        let s = Snapshot::decode(&bytes).map_err(|source| Error::Format {
+            path: self.datasets.path(&file),
+            source,
+        })?;
+        Ok(Some((s, blake3::hash(&bytes))))
+    }
+
+    /// Dataset `name`, or an error saying which names there are.
+    pub fn snapshot_or_err(&self, name: &str) -> Result<(Snapshot, blake3::Hash)> {
+        self.snapshot(name)?.ok_or_else(|| Error::Store {
+            path: self.root.join(name),
+            detail: format!(
+                "the store has no dataset `{name}`; it has: {} (add one with `hspack store add`)",
+                self.names().map(|n| n.join(", ")).unwrap_or_default()
+            ),
+        })
+    }
+
+    /// Pack `id`, opened once per store handle.
+    pub fn pack(&self, id: &[u8; 16]) -> Result<Arc<dyn FileReader>> {
+        let mut open = self.open_packs.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(f) = open.get(id) {
+            return Ok(Arc::clone(f));
+        }
+        let f = self.packs.open(&pack::pack_name(id))?;
+        open.insert(*id, Arc::clone(&f));
+        Ok(f)
+    }
+
+    /// Forgets the packs opened so far (after a collection replaced some).
+    pub fn forget_packs(&self) {
+        self.open_packs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+    }
+
+    /// The stored bytes of the blob at `at` (zero-copy where the pack is mapped), unchecked.
+    pub fn stored(&self, at: &Location) -> Result<FileBytes> {
+        let b = &at.blob;
+        self.pack(&at.pack)?.read(b.offset..b.offset + b.stored_len)
+    }
+
+    /// The bytes of the blob at `at`, decoded and checked against its id.
+    pub fn blob(&self, at: &Location) -> Result<FileBytes> {
+        let stored = self.stored(at)?;
+        let bytes = match at.blob.codec {
+            BlobCodec::None => stored,
+            BlobCodec::Zstd => {
+                let raw = zstd::bulk::decompress(&stored, at.blob.raw_len as usize)
+                    .map_err(|e| self.damaged(at, format!("does not decode ({e})")))?;
+                FileBytes::from_vec(raw)
+            }
+        };
+        if bytes.len() as u64 != at.blob.raw_len || blake3::hash(&bytes).as_bytes() != &at.blob.id {
+            return Err(self.damaged(at, "does not hash to its id".into()));
+        }
+        Ok(bytes)
+    }
+
+    /// The blob `id`, found through `index`, decoded and checked.
+    pub fn blob_by_id(&self, index: &BlobIndex, id: &[u8; 32]) -> Result<FileBytes> {
+        let at = index.find(id).ok_or_else(|| Error::StoreDamage {
+            path: self.root.clone(),
+            detail: format!(
+                "blob {} is in no pack of the index: the store lost it; run `hspack store verify` and restore the dataset from a copy",
+                hex(id)
+            ),
+        })?;
+        self.blob(&at)
+    }
+
+    fn damaged(&self, at: &Location, what: String) -> Error {
+        Error::StoreDamage {
+            path: self.packs.path(&pack::pack_name(&at.pack)),
+            detail: format!(
+                "blob {} at byte {} {what}: the pack is damaged; run `hspack store verify`",
+                hex(&at.blob.id),
+                at.blob.offset
+            ),
+        }
+    }
+}
+
+impl Store {
+    /// Dataset `name` of this store, as a [`Storage`].
+    pub fn dataset(self: &Arc<Self>, name: &str) -> Result<StoreDataset> {
+        StoreDataset::new(Arc::clone(self), name)
+    }
+
+    /// Imports dataset `src` as `name`: a verified copy into the store (every chunk checked
+    /// as it passes and read back from the store), whose blobs already stored are referenced,
+    /// not stored again. A rerun of an interrupted add resumes. Returns the copy's report and
+    /// what was stored and found.
+    pub fn add(
+        self: &Arc<Self>,
+        src: &crate::Dataset,
+        name: &str,
+        progress: &(dyn Fn(u64) + Sync),
+    ) -> Result<(crate::transfer::CopyReport, IngestStats)> {
+        let dst = Arc::new(self.dataset(name)?);
+        let storage: Arc<dyn Storage> = Arc::clone(&dst) as Arc<dyn Storage>;
+        let report = crate::transfer::copy(src, &storage, &Default::default(), progress)?;
+        Ok((report, dst.added()))
+    }
+
+    /// Removes dataset `name` (its blobs stay until `store gc`).
+    pub fn remove(&self, name: &str) -> Result<()> {
+        let _lock = locks::dataset(&self.root, name)?;
+        self.snapshot_or_err(name)?;
+        self.datasets.delete(&snapshot::snapshot_file(name))?;
+        self.datasets.sync()
+    }
+}
+
+fn local_only(dir: &Path) -> Result<()> {
+    if crate::io::is_remote(dir) {
+        return Err(Error::Unsupported {
+            path: dir.to_path_buf(),
+            detail: "a store is a local (or mounted) folder; object storage holds datasets, not stores, in this version".into(),
+        });
+    }
+    Ok(())
+}

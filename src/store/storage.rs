@@ -1,0 +1,560 @@
+//! A named dataset of a store seen as a dataset folder: [`StoreDataset`] is a
+//! [`Storage`], so readers, writers, `cp` and `verify` work on `STORE/NAME` unchanged.
+//!
+//! Reading: a file is its blob, or a shard rebuilt from its skeleton and payload blobs; a
+//! range inside one payload is a slice of the mapped pack (zero-copy). Writing: a new file is
+//! written into `STORE/staging/`, and publishing it adds its blobs to the store (what is there
+//! is referenced, not stored again); publishing or replacing the manifest, or replacing any
+//! file, commits: packs, index run, then `datasets/NAME.json`, which readers see.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::error::{Error, Result};
+use crate::format::manifest::{hex, is_shard_file_name, MANIFEST_FILE};
+use crate::io::{FileBytes, FileReader, LocalStorage, NewFile, Storage, WriterLease};
+
+use super::index::{BlobIndex, Location};
+use super::ingest::Ingest;
+use super::locks::{self, StoreLock};
+use super::pack::BlobCodec;
+use super::skeleton::{map_skeleton, Piece, ShardMap};
+use super::snapshot::{blob_id, snapshot_file, FileRecord, Snapshot};
+use super::Store;
+
+/// Dataset `name` of a store, as a [`Storage`].
+#[derive(Debug)]
+pub struct StoreDataset {
+    store: Arc<Store>,
+    name: String,
+    path: PathBuf,
+    staging: LocalStorage,
+    state: Arc<Mutex<WriteState>>,
+}
+
+#[derive(Debug, Default)]
+struct WriteState {
+    /// The files as this handle will publish them; loaded at the first write.
+    files: Option<BTreeMap<String, FileRecord>>,
+    /// BLAKE3 of the dataset's file as last read or written here.
+    snapshot_hash: Option<blake3::Hash>,
+    ingest: Option<Ingest>,
+    /// The shared hold of `gc.lock` from the first blob added or found until the dataset's
+    /// file that references them is published.
+    gc_hold: Option<StoreLock>,
+    lock: Option<StoreLock>,
+    /// What the commits through this handle stored and found.
+    added: super::IngestStats,
+}
+
+impl StoreDataset {
+    /// Dataset `name` of `store` (it need not exist yet).
+    pub fn new(store: Arc<Store>, name: &str) -> Result<Self> {
+        if !super::snapshot::is_dataset_name(name) {
+            return Err(Error::Store {
+                path: store.root().join(name),
+                detail: "a dataset name is 1 to 128 of A-Z a-z 0-9 . _ - (not starting with .)"
+                    .into(),
+            });
+        }
+        Ok(StoreDataset {
+            path: store.root().join(name),
+            staging: LocalStorage::new(store.root().join("staging")),
+            name: name.into(),
+            store,
+            state: Arc::new(Mutex::new(WriteState::default())),
+        })
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<Store> {
+        &self.store
+    }
+
+    /// The dataset's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// What the commits through this handle stored and found so far.
+    pub fn added(&self) -> super::IngestStats {
+        self.state().added
+    }
+
+    fn state(&self) -> MutexGuard<'_, WriteState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn committed(&self) -> Result<Option<Snapshot>> {
+        Ok(self.store.snapshot(&self.name)?.map(|(s, _)| s))
+    }
+
+    fn record(&self, name: &str) -> Result<Option<FileRecord>> {
+        if let Some(files) = &self.state().files {
+            return Ok(files.get(name).cloned());
+        }
+        Ok(self.committed()?.and_then(|s| s.file(name).cloned()))
+    }
+
+    fn not_found(&self, name: &str) -> Error {
+        Error::Io {
+            path: self.path(name),
+            op: "open",
+            source: std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "the stored dataset has no such file",
+            ),
+        }
+    }
+
+    /// Opens the file of `record`.
+    pub fn open_record(&self, record: &FileRecord) -> Result<Arc<dyn FileReader>> {
+        let index = self.store.index()?;
+        open_file(&self.store, &index, record, self.path(&record.name))
+    }
+}
+
+/// Opens a stored file.
+pub fn open_file(
+    store: &Arc<Store>,
+    index: &BlobIndex,
+    record: &FileRecord,
+    path: PathBuf,
+) -> Result<Arc<dyn FileReader>> {
+    let id = blob_id(&record.blob).expect("checked when the dataset was read");
+    let missing = |id: &[u8; 32]| {
+        Error::StoreDamage {
+        path: path.clone(),
+        detail: format!(
+            "blob {} is in no pack of the store's index: the store lost it; run `hspack store verify`",
+            hex(id)
+        ),
+    }
+    };
+    let at = index.find(&id).ok_or_else(|| missing(&id))?;
+    if !record.shard {
+        let bytes = match at.blob.codec {
+            BlobCodec::None => None,
+            BlobCodec::Zstd => Some(store.blob(&at)?),
+        };
+        if at.blob.raw_len != record.bytes {
+            return Err(Error::StoreDamage {
+                path,
+                detail: format!(
+                    "its blob holds {} bytes, the dataset records {}: run `hspack store verify`",
+                    at.blob.raw_len, record.bytes
+                ),
+            });
+        }
+        return Ok(Arc::new(StoreFile {
+            store: Arc::clone(store),
+            path,
+            len: record.bytes,
+            content: Content::Whole { at, bytes },
+        }));
+    }
+    let skeleton = store.blob(&at)?;
+    let map = map_skeleton(&skeleton).map_err(|source| Error::Format {
+        path: path.clone(),
+        source,
+    })?;
+    if map.file_len != record.bytes {
+        return Err(Error::StoreDamage {
+            path,
+            detail: format!(
+                "its skeleton describes {} bytes, the dataset records {}: run `hspack store verify`",
+                map.file_len, record.bytes
+            ),
+        });
+    }
+    let locations = map
+        .payload_ids()
+        .map(|id| index.find(id).ok_or_else(|| missing(id)))
+        .collect::<Result<Vec<_>>>()?;
+    let literal = FileBytes::from_vec(map.literal.clone());
+    Ok(Arc::new(StoreFile {
+        store: Arc::clone(store),
+        path,
+        len: record.bytes,
+        content: Content::Shard {
+            map,
+            literal,
+            locations,
+        },
+    }))
+}
+
+#[derive(Debug)]
+enum Content {
+    /// One blob: ranges of the pack where stored as it is, else the decoded bytes.
+    Whole {
+        at: Location,
+        bytes: Option<FileBytes>,
+    },
+    /// A shard: skeleton pieces and payload blobs (`locations` in payload order).
+    Shard {
+        map: ShardMap,
+        literal: FileBytes,
+        locations: Vec<Location>,
+    },
+}
+
+/// A file of a stored dataset, for reading.
+#[derive(Debug)]
+struct StoreFile {
+    store: Arc<Store>,
+    path: PathBuf,
+    len: u64,
+    content: Content,
+}
+
+impl StoreFile {
+    fn blob_range(&self, at: &Location, range: Range<u64>) -> Result<FileBytes> {
+        match at.blob.codec {
+            BlobCodec::None => self
+                .store
+                .pack(&at.pack)?
+                .read(at.blob.offset + range.start..at.blob.offset + range.end),
+            BlobCodec::Zstd => {
+                let all = self.store.blob(at)?;
+                Ok(all
+                    .slice(range.start as usize..range.end as usize)
+                    .expect("inside the blob"))
+            }
+        }
+    }
+
+    /// Bytes `range` of piece `i` (the range inside it).
+    fn piece_bytes(&self, i: usize, range: Range<u64>) -> Result<FileBytes> {
+        let Content::Shard {
+            map,
+            literal,
+            locations,
+        } = &self.content
+        else {
+            unreachable!("pieces are a shard's")
+        };
+        let (start, _, piece) = &map.pieces[i];
+        let (a, b) = (range.start - start, range.end - start);
+        match piece {
+            Piece::Literal(r) => Ok(literal
+                .slice(r.start + a as usize..r.start + b as usize)
+                .expect("inside the literal bytes")),
+            Piece::Zeros => Ok(FileBytes::from_vec(vec![0; (b - a) as usize])),
+            Piece::Payload(_) => {
+                let n = map.pieces[..i]
+                    .iter()
+                    .filter(|(_, _, p)| matches!(p, Piece::Payload(_)))
+                    .count();
+                self.blob_range(&locations[n], a..b)
+            }
+        }
+    }
+}
+
+impl FileReader for StoreFile {
+    fn len(&self) -> u64 {
+        self.len
+    }
+
+    fn read(&self, range: Range<u64>) -> Result<FileBytes> {
+        if range.start > range.end || range.end > self.len {
+            return Err(Error::Io {
+                path: self.path.clone(),
+                op: "read",
+                source: std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    format!(
+                        "bytes {}..{} are outside the file of {} bytes",
+                        range.start, range.end, self.len
+                    ),
+                ),
+            });
+        }
+        if range.is_empty() {
+            return Ok(FileBytes::from_vec(Vec::new()));
+        }
+        let map = match &self.content {
+            Content::Whole { at, bytes: None } => return self.blob_range(at, range),
+            Content::Whole {
+                bytes: Some(all), ..
+            } => {
+                return Ok(all
+                    .slice(range.start as usize..range.end as usize)
+                    .expect("inside the file"))
+            }
+            Content::Shard { map, .. } => map,
+        };
+        let first = map.piece_at(range.start).expect("inside the file");
+        let (s, l, _) = map.pieces[first];
+        if range.end <= s + l {
+            return self.piece_bytes(first, range);
+        }
+        let mut out = Vec::with_capacity((range.end - range.start) as usize);
+        let mut i = first;
+        while (out.len() as u64) < range.end - range.start {
+            let (s, l, _) = map.pieces[i];
+            let from = range.start.max(s);
+            let to = range.end.min(s + l);
+            out.extend_from_slice(&self.piece_bytes(i, from..to)?);
+            i += 1;
+        }
+        Ok(FileBytes::from_vec(out))
+    }
+
+    fn whole(&self) -> Option<FileBytes> {
+        match &self.content {
+            Content::Whole { bytes: Some(b), .. } => Some(b.clone()),
+            _ => None,
+        }
+    }
+
+    fn maps_ranges(&self) -> bool {
+        true
+    }
+}
+
+/// The lease of a stored dataset's writer: the dataset's lock, held by the handle.
+#[derive(Debug)]
+struct DatasetLease {
+    pid: u32,
+}
+
+impl WriterLease for DatasetLease {
+    fn is_owner(&self) -> bool {
+        self.pid == std::process::id()
+    }
+}
+
+impl StoreDataset {
+    /// Loads the files to write over, taking the dataset's lock.
+    fn begin<'a>(&self, st: &'a mut WriteState) -> Result<&'a mut BTreeMap<String, FileRecord>> {
+        if st.lock.is_none() {
+            st.lock = Some(locks::dataset(self.store.root(), &self.name)?);
+        }
+        if st.files.is_none() {
+            let found = self.store.snapshot(&self.name)?;
+            st.snapshot_hash = found.as_ref().map(|(_, h)| *h);
+            st.files = Some(
+                found
+                    .map(|(s, _)| s.files.into_iter().map(|f| (f.name.clone(), f)).collect())
+                    .unwrap_or_default(),
+            );
+        }
+        Ok(st.files.as_mut().expect("loaded"))
+    }
+
+    fn ingest<'a>(&self, st: &'a mut WriteState, durable: bool) -> Result<&'a mut Ingest> {
+        if st.ingest.is_none() {
+            st.ingest = Some(Ingest::new(&self.store, durable)?);
+        }
+        Ok(st.ingest.as_mut().expect("started"))
+    }
+
+    /// Adds file `name` from `file` and records it; commits when it is the manifest.
+    fn add_file(
+        &self,
+        name: &str,
+        file: &dyn FileReader,
+        durable: bool,
+        replace: bool,
+    ) -> Result<()> {
+        let mut st = self.state();
+        let files = self.begin(&mut st)?;
+        if !replace && files.contains_key(name) {
+            return Err(Error::CommitConflict {
+                path: self.path(name),
+                detail: "a file of that name is there already".into(),
+            });
+        }
+        let shard = is_shard_file_name(name);
+        let record =
+            self.ingest(&mut st, durable)?
+                .put_file(name, file, &self.path(name), shard)?;
+        st.files
+            .as_mut()
+            .expect("loaded")
+            .insert(name.into(), record);
+        // The blobs are published and indexed now, so this handle reads the file back (a copy
+        // proves what landed); the dataset's file, which others read, waits for the commit.
+        self.flush_blobs(&mut st)?;
+        if replace || name == MANIFEST_FILE {
+            self.commit(&mut st, durable)?;
+        }
+        Ok(())
+    }
+
+    /// Publishes the blobs added so far (packs and an index run), keeping the hold of
+    /// `gc.lock` until the commit.
+    fn flush_blobs(&self, st: &mut WriteState) -> Result<()> {
+        if let Some(ingest) = st.ingest.take() {
+            let (stats, held) = ingest.commit()?;
+            st.added.add(&stats);
+            st.gc_hold.get_or_insert(held);
+        }
+        Ok(())
+    }
+
+    /// Publishes the pending blobs, then the dataset's file.
+    fn commit(&self, st: &mut WriteState, durable: bool) -> Result<()> {
+        self.flush_blobs(st)?;
+        let mut snap = Snapshot::new(&self.name);
+        snap.files = st
+            .files
+            .as_ref()
+            .expect("loaded")
+            .values()
+            .cloned()
+            .collect();
+        let bytes = snap.encode();
+        let file = snapshot_file(&self.name);
+        let datasets = self.store.datasets();
+        match st.snapshot_hash {
+            Some(h) => datasets.replace(&file, &bytes, Some(h), durable)?,
+            None => datasets.put_new(&file, &bytes, durable)?,
+        }
+        st.snapshot_hash = Some(blake3::hash(&bytes));
+        st.gc_hold = None;
+        Ok(())
+    }
+}
+
+/// A file being written for a stored dataset, in the store's staging folder.
+#[derive(Debug)]
+struct StagedFile {
+    inner: Box<dyn NewFile>,
+    staged: String,
+    owner: StoreDataset,
+}
+
+impl NewFile for StagedFile {
+    fn write_at(&mut self, offset: u64, bytes: &[u8]) -> Result<()> {
+        self.inner.write_at(offset, bytes)
+    }
+
+    fn sync_data(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    fn sync_all(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    fn publish_new(self: Box<Self>, name: &str, durable: bool) -> Result<()> {
+        let StagedFile {
+            inner,
+            staged,
+            owner,
+        } = *self;
+        inner.publish_new(&staged, false)?;
+        let added = owner
+            .staging
+            .open(&staged)
+            .and_then(|file| owner.add_file(name, &*file, durable, false));
+        owner.staging.delete(&staged)?;
+        added
+    }
+
+    fn abandon(self: Box<Self>) {
+        self.inner.abandon();
+    }
+}
+
+impl Storage for StoreDataset {
+    fn root(&self) -> &Path {
+        &self.path
+    }
+
+    fn create_root(&self) -> Result<()> {
+        Ok(())
+    }
+
+    fn list(&self) -> Result<Vec<String>> {
+        if let Some(files) = &self.state().files {
+            return Ok(files.keys().cloned().collect());
+        }
+        Ok(self
+            .committed()?
+            .map(|s| s.files.into_iter().map(|f| f.name).collect())
+            .unwrap_or_default())
+    }
+
+    fn read(&self, name: &str) -> Result<Option<Vec<u8>>> {
+        let Some(record) = self.record(name)? else {
+            return Ok(None);
+        };
+        let file = self.open_record(&record)?;
+        Ok(Some(file.read(0..file.len())?.to_vec()))
+    }
+
+    fn open(&self, name: &str) -> Result<Arc<dyn FileReader>> {
+        let record = self.record(name)?.ok_or_else(|| self.not_found(name))?;
+        self.open_record(&record)
+    }
+
+    fn create(&self, temp: &str) -> Result<Box<dyn NewFile>> {
+        self.staging.create_root()?;
+        let staged = format!(
+            "{}-{}",
+            hex(&crate::io::unique_id(temp.as_bytes())),
+            temp.replace('/', "_")
+        );
+        Ok(Box::new(StagedFile {
+            inner: self.staging.create(&crate::io::temp_name(&staged))?,
+            staged,
+            owner: StoreDataset {
+                store: Arc::clone(&self.store),
+                name: self.name.clone(),
+                path: self.path.clone(),
+                staging: LocalStorage::new(self.store.root().join("staging")),
+                state: Arc::clone(&self.state),
+            },
+        }))
+    }
+
+    fn replace(
+        &self,
+        name: &str,
+        bytes: &[u8],
+        expected: Option<blake3::Hash>,
+        durable: bool,
+    ) -> Result<()> {
+        if let Some(expected) = expected {
+            let now = self.record(name)?;
+            let same = now
+                .as_ref()
+                .is_some_and(|r| !r.shard && r.blob == expected.to_hex().as_str());
+            if !same {
+                return Err(Error::CommitConflict {
+                    path: self.path(name),
+                    detail: "it is not the one this writer last read or wrote".into(),
+                });
+            }
+        }
+        let file = crate::io::MemoryFile::new(self.path(name), bytes.to_vec());
+        self.add_file(name, &file, durable, true)
+    }
+
+    fn delete(&self, name: &str) -> Result<()> {
+        let mut st = self.state();
+        let files = self.begin(&mut st)?;
+        if files.remove(name).is_some() {
+            self.commit(&mut st, true)?;
+        }
+        Ok(())
+    }
+
+    fn sync(&self) -> Result<()> {
+        Ok(())
+    }
+
+    fn lock(&self) -> Result<Box<dyn WriterLease>> {
+        let mut st = self.state();
+        self.begin(&mut st)?;
+        Ok(Box::new(DatasetLease {
+            pid: std::process::id(),
+        }))
+    }
+}

@@ -1,0 +1,268 @@
+//! `hspack store du` and `hspack store verify`.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::format::manifest::hex;
+use crate::format::{Footer, Index};
+
+use super::index::BlobIndex;
+use super::pack::{check_header, decode_table, pack_name, PACK_HEADER};
+use super::skeleton::map_skeleton;
+use super::snapshot::blob_id;
+use super::Store;
+
+/// One dataset's sizes.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct DatasetUsage {
+    /// Its name.
+    pub name: String,
+    /// Files.
+    pub files: u64,
+    /// Samples (from its shards' indexes).
+    pub samples: u64,
+    /// Bytes of its files: what it takes as a plain dataset.
+    pub logical_bytes: u64,
+    /// Stored bytes of the blobs no other dataset references.
+    pub own_bytes: u64,
+}
+
+/// Where the bytes went.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct StoreUsage {
+    /// Per dataset.
+    pub datasets: Vec<DatasetUsage>,
+    /// Sum of the datasets' file bytes.
+    pub logical_bytes: u64,
+    /// Bytes of the distinct blobs the datasets reference, before codecs.
+    pub unique_bytes: u64,
+    /// Bytes of those blobs as stored.
+    pub stored_bytes: u64,
+    /// Bytes of the pack files (stored blobs, pack tables and headers, and garbage until
+    /// `store gc`).
+    pub pack_bytes: u64,
+    /// Bytes of the index runs.
+    pub index_bytes: u64,
+    /// Saved by samples stored once though given more than once (every payload of the sample
+    /// was stored already, by the same dataset).
+    pub saved_whole_samples: u64,
+    /// Saved by payloads shared between samples that differ (row blocks of a common prefix).
+    pub saved_shared_rows: u64,
+    /// Saved by blobs another dataset stored first (re-imports, overlapping datasets).
+    pub saved_across_datasets: u64,
+    /// Saved by compressing skeletons and small files.
+    pub saved_compression: i64,
+}
+
+/// Sizes of `store`, and how much each kind of deduplication saved.
+pub fn usage(store: &Store) -> Result<StoreUsage> {
+    let index = store.index()?;
+    let mut u = StoreUsage::default();
+    // id -> (first dataset, references by dataset)
+    let mut first: HashMap<[u8; 32], usize> = HashMap::new();
+    let mut users: HashMap<[u8; 32], HashSet<usize>> = HashMap::new();
+    let mut seen = |id: [u8; 32], d: usize| -> Option<usize> {
+        users.entry(id).or_default().insert(d);
+        match first.get(&id) {
+            Some(&f) => Some(f),
+            None => {
+                first.insert(id, d);
+                None
+            }
+        }
+    };
+    for (d, name) in store.names()?.into_iter().enumerate() {
+        let Some((snap, _)) = store.snapshot(&name)? else {
+            continue;
+        };
+        let mut du = DatasetUsage {
+            name: name.clone(),
+            files: snap.files.len() as u64,
+            ..DatasetUsage::default()
+        };
+        for f in &snap.files {
+            du.logical_bytes += f.bytes;
+            let id = blob_id(&f.blob).expect("checked when read");
+            let skeleton = f.shard.then(|| store.blob_by_id(&index, &id)).transpose()?;
+            let skeleton_len = skeleton.as_ref().map_or(f.bytes, |s| s.len() as u64);
+            if let Some(prev) = seen(id, d) {
+                if prev != d {
+                    u.saved_across_datasets += skeleton_len;
+                }
+            }
+            let Some(skeleton) = skeleton else { continue };
+            let path = store.root().join(&name).join(&f.name);
+            let format = |source| Error::Format {
+                path: path.clone(),
+                source,
+            };
+            let map = map_skeleton(&skeleton).map_err(format)?;
+            let tail = &skeleton[skeleton.len() - Footer::SIZE..];
+            let footer = Footer::decode(tail, map.file_len).map_err(format)?;
+            let at = skeleton.len() - Footer::SIZE - footer.index_len as usize;
+            let idx = Index::parse(&skeleton[at..skeleton.len() - Footer::SIZE]).map_err(format)?;
+            du.samples += idx.sample_count();
+            // Payloads by sample: a sample all of whose payloads were stored already by this
+            // dataset is a whole repeat.
+            let mut by_sample: Vec<Vec<([u8; 32], u64)>> =
+                vec![Vec::new(); idx.sample_count() as usize];
+            for c in 0..idx.chunk_count() {
+                let e = idx.chunk(c).expect("in range");
+                if e.stored_len > 0 {
+                    if let Some(v) =
+                        by_sample.get_mut((e.sample - idx.header().first_ordinal) as usize)
+                    {
+                        v.push((e.hash, e.stored_len));
+                    }
+                }
+            }
+            for payloads in by_sample {
+                let before: Vec<Option<usize>> =
+                    payloads.iter().map(|(id, _)| seen(*id, d)).collect();
+                let whole = !payloads.is_empty() && before.iter().all(|b| *b == Some(d));
+                for ((_, len), b) in payloads.iter().zip(before) {
+                    match b {
+                        Some(p) if p != d => u.saved_across_datasets += len,
+                        Some(_) if whole => u.saved_whole_samples += len,
+                        Some(_) => u.saved_shared_rows += len,
+                        None => {}
+                    }
+                }
+            }
+        }
+        u.logical_bytes += du.logical_bytes;
+        u.datasets.push(du);
+    }
+    for (id, ds) in &users {
+        let Some(at) = index.find(id) else { continue };
+        u.unique_bytes += at.blob.raw_len;
+        u.stored_bytes += at.blob.stored_len;
+        if ds.len() == 1 {
+            let d = *ds.iter().next().expect("one");
+            u.datasets[d].own_bytes += at.blob.stored_len;
+        }
+    }
+    u.saved_compression = u.unique_bytes as i64 - u.stored_bytes as i64;
+    for name in store.packs().list()? {
+        u.pack_bytes += std::fs::metadata(store.packs().path(&name)).map_or(0, |m| m.len());
+    }
+    u.index_bytes = index.root.runs.iter().map(|r| r.bytes).sum();
+    Ok(u)
+}
+
+/// What `store verify` found.
+#[derive(Debug, Default, serde::Serialize)]
+pub struct StoreCheck {
+    /// Packs read.
+    pub packs: u64,
+    /// Blobs hashed.
+    pub blobs: u64,
+    /// Bytes hashed.
+    pub bytes: u64,
+    /// Datasets whose references all resolve.
+    pub datasets: u64,
+    /// What is wrong, one line each.
+    pub problems: Vec<String>,
+}
+
+/// Reads every pack the index lists and hashes every blob; checks every index entry against
+/// its pack's table, and that every blob a dataset references (shard payloads included) is
+/// in the index.
+pub fn check(store: &Arc<Store>) -> Result<StoreCheck> {
+    let index = store.index()?;
+    let mut c = StoreCheck::default();
+    let mut tables: HashMap<[u8; 16], HashMap<[u8; 32], super::BlobEntry>> = HashMap::new();
+    let packs: HashSet<[u8; 16]> = index
+        .runs()
+        .iter()
+        .flat_map(|r| r.packs().to_vec())
+        .collect();
+    for pack in &packs {
+        let name = pack_name(pack);
+        let path = store.packs().path(&name);
+        let result = (|| -> Result<()> {
+            let file = store.pack(pack)?;
+            let len = file.len();
+            let all = file.read(0..len)?;
+            let format = |source| Error::Format {
+                path: path.clone(),
+                source,
+            };
+            check_header(&all[..PACK_HEADER.min(all.len())], pack).map_err(format)?;
+            let table = match decode_table(&all, len).map_err(format)? {
+                Ok(t) => t,
+                Err(_) => unreachable!("the whole pack was given"),
+            };
+            let mut t = HashMap::new();
+            for e in table {
+                let at = super::Location {
+                    pack: *pack,
+                    blob: e,
+                };
+                match store.blob(&at) {
+                    Ok(b) => {
+                        c.blobs += 1;
+                        c.bytes += b.len() as u64;
+                    }
+                    Err(err) => c.problems.push(err.to_string()),
+                }
+                t.insert(e.id, e);
+            }
+            tables.insert(*pack, t);
+            Ok(())
+        })();
+        c.packs += 1;
+        if let Err(e) = result {
+            c.problems.push(e.to_string());
+        }
+    }
+    for e in index.entries() {
+        let ok = tables
+            .get(&e.pack)
+            .and_then(|t| t.get(&e.blob.id))
+            .is_some_and(|t| *t == e.blob);
+        if !ok && tables.contains_key(&e.pack) {
+            c.problems.push(format!(
+                "{}: blob {} is listed by the index at byte {} but the pack's table disagrees: rebuild the index",
+                store.packs().path(&pack_name(&e.pack)).display(),
+                hex(&e.blob.id),
+                e.blob.offset
+            ));
+        }
+    }
+    for name in store.names()? {
+        match referenced_present(store, &index, &name) {
+            Ok(()) => c.datasets += 1,
+            Err(e) => c.problems.push(e.to_string()),
+        }
+    }
+    Ok(c)
+}
+
+fn referenced_present(store: &Store, index: &BlobIndex, name: &str) -> Result<()> {
+    let (snap, _) = store.snapshot_or_err(name)?;
+    for f in &snap.files {
+        let id = blob_id(&f.blob).expect("checked when read");
+        let path = store.root().join(name).join(&f.name);
+        let missing = |id: &[u8; 32]| Error::StoreDamage {
+            path: path.clone(),
+            detail: format!(
+                "blob {} is in no pack of the index: the store lost it",
+                hex(id)
+            ),
+        };
+        index.find(&id).ok_or_else(|| missing(&id))?;
+        if f.shard {
+            let skeleton = store.blob_by_id(index, &id)?;
+            let map = map_skeleton(&skeleton).map_err(|source| Error::Format {
+                path: path.clone(),
+                source,
+            })?;
+            for p in map.payload_ids() {
+                index.find(p).ok_or_else(|| missing(p))?;
+            }
+        }
+    }
+    Ok(())
+}
