@@ -175,6 +175,12 @@ pub trait Storage: Send + Sync + Debug {
         Err(self.no_shared_writers())
     }
 
+    /// The token block writers use here unless told otherwise
+    /// ([`crate::WriteOptions::block_rows`]): a store's, so shared prefixes deduplicate.
+    fn block_rows(&self) -> Option<u64> {
+        None
+    }
+
     /// The refusal of a storage that takes one writer at a time only.
     fn no_shared_writers(&self) -> crate::Error {
         crate::Error::Unsupported {

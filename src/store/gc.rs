@@ -13,7 +13,6 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use crate::error::Result;
-use crate::failpoint::failpoint;
 use crate::format::manifest::TEMP_SUFFIX;
 
 use super::index::{self, IndexRoot, Location, INDEX_ROOT};
@@ -65,6 +64,22 @@ pub fn live_blobs(store: &Store, index: &index::BlobIndex) -> Result<HashSet<[u8
     Ok(live)
 }
 
+fn finish_pack(
+    w: PackWriter,
+    durable: bool,
+    moved: &mut HashMap<[u8; 32], Location>,
+    new_packs: &mut Vec<[u8; 16]>,
+    report: &mut GcReport,
+) -> Result<()> {
+    report.bytes_written += w.len();
+    let (pack, blobs) = w.finish(durable)?;
+    new_packs.push(pack);
+    for blob in blobs {
+        moved.insert(blob.id, Location { pack, blob });
+    }
+    Ok(())
+}
+
 /// Collects `store`'s garbage; see the module documentation.
 pub fn collect(store: &Arc<Store>, durable: bool) -> Result<GcReport> {
     let _held = locks::collecting(store.root())?;
@@ -105,21 +120,15 @@ pub fn collect(store: &Arc<Store>, durable: bool) -> Result<GcReport> {
             Some(w) => w,
             None => out.insert(PackWriter::create(&**store.packs())?),
         };
-        let blob = w.push(e.blob.id, &stored, e.blob.raw_len, e.blob.codec)?;
-        moved.insert(e.blob.id, Location { pack: w.id, blob });
+        w.push(e.blob.id, &stored, e.blob.raw_len, e.blob.codec)?;
         if w.len() >= PACK_TARGET {
             let w = out.take().expect("open");
-            report.bytes_written += w.len();
-            new_packs.push(w.id);
-            w.finish(durable)?;
+            finish_pack(w, durable, &mut moved, &mut new_packs, &mut report)?;
         }
     }
     if let Some(w) = out.take() {
-        report.bytes_written += w.len();
-        new_packs.push(w.id);
-        w.finish(durable)?;
+        finish_pack(w, durable, &mut moved, &mut new_packs, &mut report)?;
     }
-    failpoint!("gc-packs-written");
 
     // One run of every live blob.
     let mut packs: Vec<[u8; 16]> = per_pack
@@ -136,7 +145,6 @@ pub fn collect(store: &Arc<Store>, durable: bool) -> Result<GcReport> {
         .map(|e| moved.get(&e.blob.id).copied().unwrap_or(e));
     let level = index.root.runs.iter().map(|r| r.level).max().unwrap_or(0);
     let run = index::write_run(meta, entries, live_count, &packs, level, durable)?;
-    failpoint!("gc-run-written");
     let run_file = run.file.clone();
     {
         let _index = locks::index(store.root())?;
@@ -150,7 +158,6 @@ pub fn collect(store: &Arc<Store>, durable: bool) -> Result<GcReport> {
             None => meta.put_new(INDEX_ROOT, &bytes, durable)?,
         }
     }
-    failpoint!("gc-index-replaced");
     store.forget_packs();
 
     // What the new index does not list: old runs, dropped and rewritten packs, and runs,

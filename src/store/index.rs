@@ -330,13 +330,16 @@ pub fn write_run(
     level: u32,
     durable: bool,
 ) -> Result<RunRecord> {
-    let name = format!("index-{}.run", hex(&crate::io::unique_id(b"index run")));
+    let temp = format!("index-{}.run", hex(&crate::io::unique_id(b"index run")));
     let pack_no: BTreeMap<[u8; 16], u32> = packs
         .iter()
         .enumerate()
         .map(|(i, p)| (*p, i as u32))
         .collect();
-    let mut out = storage.create(&crate::io::temp_name(&name))?;
+    let mut out = storage.create(&crate::io::temp_name(&temp))?;
+    // The run's name hashes what it holds (its pack table and entries, then its header), so
+    // the same run written twice has the same name.
+    let mut namer = blake3::Hasher::new();
     let written = (|| -> Result<u64> {
         let mut head = vec![0u8; RUN_HEADER];
         head[..8].copy_from_slice(RUN_MAGIC);
@@ -352,7 +355,7 @@ pub fn write_run(
         let mut pos = (head.len() + FANOUT * 8) as u64;
         let (mut n, mut prev) = (0u64, None::<[u8; 32]>);
         let bug = |detail: String| Error::Unsupported {
-            path: storage.path(&name),
+            path: storage.path(&temp),
             detail: format!("{detail} (a bug): nothing was published"),
         };
         for e in entries {
@@ -367,11 +370,13 @@ pub fn write_run(
             body.extend_from_slice(&entry_bytes(&e, pack));
             n += 1;
             if body.len() >= 1 << 20 {
+                namer.update(&body);
                 out.write_at(pos, &body)?;
                 pos += body.len() as u64;
                 body.clear();
             }
         }
+        namer.update(&body);
         out.write_at(pos, &body)?;
         pos += body.len() as u64;
         if n != count {
@@ -383,6 +388,8 @@ pub fn write_run(
         for f in fanout {
             head.extend_from_slice(&f.to_le_bytes());
         }
+        namer.update(&head);
+        namer.update(&level.to_le_bytes());
         out.write_at(0, &head)?;
         if durable {
             out.sync_all()?;
@@ -396,7 +403,12 @@ pub fn write_run(
             return Err(e);
         }
     };
-    out.publish_new(&name, durable)?;
+    let name = format!("index-{}.run", &namer.finalize().to_hex()[..32]);
+    match out.publish_new(&name, durable) {
+        // The same run, written before (its name hashes its contents).
+        Ok(()) | Err(Error::CommitConflict { .. }) => {}
+        Err(e) => return Err(e),
+    }
     // Hashed in file order, now that the header is there.
     let file = storage.open(&name)?;
     let blake3 = hex(blake3::hash(&file.read(0..file.len())?).as_bytes());

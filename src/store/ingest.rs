@@ -2,7 +2,7 @@
 //! into a pack; the commit publishes the packs, then one index run for them, then (the
 //! caller) the dataset that references them, all under the shared hold of `gc.lock`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -49,6 +49,9 @@ pub struct Ingest {
     store: Arc<Store>,
     index: super::BlobIndex,
     pack: Option<PackWriter>,
+    /// Blobs in the open pack.
+    open: HashSet<[u8; 32]>,
+    /// Blobs in packs published by this ingest.
     new: BTreeMap<[u8; 32], Location>,
     durable: bool,
     /// What was stored and found so far.
@@ -79,6 +82,7 @@ impl Ingest {
             store: Arc::clone(store),
             index,
             pack: None,
+            open: HashSet::new(),
             new: BTreeMap::new(),
             durable,
             stats: IngestStats::default(),
@@ -88,7 +92,7 @@ impl Ingest {
 
     /// True when blob `id` is in the store or was added by this ingest.
     pub fn has(&self, id: &[u8; 32]) -> bool {
-        self.new.contains_key(id) || self.index.find(id).is_some()
+        self.open.contains(id) || self.new.contains_key(id) || self.index.find(id).is_some()
     }
 
     fn found(&mut self, len: u64) {
@@ -112,12 +116,8 @@ impl Ingest {
             Some(z) => (z.as_slice(), BlobCodec::Zstd),
             None => (bytes, BlobCodec::None),
         };
-        let blob = pack.push(id, stored, bytes.len() as u64, codec)?;
-        let at = Location {
-            pack: pack.id,
-            blob,
-        };
-        self.new.insert(id, at);
+        pack.push(id, stored, bytes.len() as u64, codec)?;
+        self.open.insert(id);
         self.stats.blobs_new += 1;
         self.stats.bytes_new += bytes.len() as u64;
         self.stats.bytes_stored += stored.len() as u64;
@@ -129,7 +129,11 @@ impl Ingest {
 
     fn close_pack(&mut self) -> Result<()> {
         if let Some(p) = self.pack.take() {
-            p.finish(self.durable)?;
+            let (pack, blobs) = p.finish(self.durable)?;
+            for blob in blobs {
+                self.new.insert(blob.id, Location { pack, blob });
+            }
+            self.open.clear();
         }
         Ok(())
     }

@@ -3,6 +3,7 @@
 //! self-describing, so the store's index can be rebuilt from the packs alone.
 
 use crate::error::Result;
+use crate::format::manifest::hex;
 use crate::format::FormatError;
 use crate::io::{NewFile, Storage};
 
@@ -252,10 +253,9 @@ pub fn check_header(b: &[u8], pack_id: &[u8; 16]) -> Result<(), FormatError> {
     Ok(())
 }
 
-/// A pack being written.
+/// A pack being written. Its id (the first 16 bytes of the BLAKE3 of its table) is known
+/// once it is finished; the header, which holds it, is written then.
 pub struct PackWriter {
-    /// The pack's id; its file is `<id hex>.pack`.
-    pub id: [u8; 16],
     out: Box<dyn NewFile>,
     pos: u64,
     entries: Vec<BlobEntry>,
@@ -272,21 +272,15 @@ impl std::fmt::Debug for PackWriter {
 
 /// The file name of pack `id`.
 pub fn pack_name(id: &[u8; 16]) -> String {
-    format!("{}.pack", crate::format::manifest::hex(id))
+    format!("{}.pack", hex(id))
 }
 
 impl PackWriter {
     /// Starts a pack in `packs` under a temp name.
     pub fn create(packs: &dyn Storage) -> Result<Self> {
-        let id = crate::io::unique_id(b"pack");
-        let mut out = packs.create(&crate::io::temp_name(&pack_name(&id)))?;
-        let mut h = [0u8; PACK_HEADER];
-        h[..8].copy_from_slice(PACK_MAGIC);
-        h[8..10].copy_from_slice(&PACK_VERSION.to_le_bytes());
-        h[16..32].copy_from_slice(&id);
-        out.write_at(0, &h)?;
+        let temp = format!("{}.pack", hex(&crate::io::unique_id(b"pack")));
+        let out = packs.create(&crate::io::temp_name(&temp))?;
         Ok(PackWriter {
-            id,
             out,
             pos: PACK_HEADER as u64,
             entries: Vec::new(),
@@ -304,7 +298,7 @@ impl PackWriter {
     }
 
     /// Appends a blob whose id is `id`, stored as `stored` with `codec`, `raw_len` bytes once
-    /// decoded; returns its entry.
+    /// decoded; returns its entry (its pack's id is known at [`PackWriter::finish`]).
     pub fn push(
         &mut self,
         id: [u8; 32],
@@ -326,22 +320,40 @@ impl PackWriter {
         Ok(e)
     }
 
-    /// Writes the table and footer and publishes the pack; returns its entries.
-    pub fn finish(mut self, durable: bool) -> Result<Vec<BlobEntry>> {
+    /// Writes the table, footer and header and publishes the pack; returns its id and
+    /// entries. A pack of the same id already there holds the same blobs at the same places
+    /// (its id hashes its table, which names every blob by its hash): this one is dropped.
+    pub fn finish(mut self, durable: bool) -> Result<([u8; 16], Vec<BlobEntry>)> {
         let table_offset = self.pos.next_multiple_of(BLOB_ALIGN);
         let table: Vec<u8> = self.entries.iter().flat_map(|e| e.encode()).collect();
+        let table_hash = blake3::hash(&table);
+        let id: [u8; 16] = table_hash.as_bytes()[..16].try_into().expect("16");
         let mut f = [0u8; PACK_FOOTER];
         f[0..8].copy_from_slice(&table_offset.to_le_bytes());
         f[8..16].copy_from_slice(&(self.entries.len() as u64).to_le_bytes());
-        f[16..48].copy_from_slice(blake3::hash(&table).as_bytes());
+        f[16..48].copy_from_slice(table_hash.as_bytes());
         f[56..64].copy_from_slice(PACK_END_MAGIC);
-        self.out.write_at(table_offset, &table)?;
-        self.out.write_at(table_offset + table.len() as u64, &f)?;
-        if durable {
-            self.out.sync_all()?;
+        let mut h = [0u8; PACK_HEADER];
+        h[..8].copy_from_slice(PACK_MAGIC);
+        h[8..10].copy_from_slice(&PACK_VERSION.to_le_bytes());
+        h[16..32].copy_from_slice(&id);
+        let written = self
+            .out
+            .write_at(table_offset, &table)
+            .and_then(|()| self.out.write_at(table_offset + table.len() as u64, &f))
+            .and_then(|()| self.out.write_at(0, &h))
+            .and_then(|()| match durable {
+                true => self.out.sync_all(),
+                false => Ok(()),
+            });
+        if let Err(e) = written {
+            self.out.abandon();
+            return Err(e);
         }
-        self.out.publish_new(&pack_name(&self.id), durable)?;
-        Ok(self.entries)
+        match self.out.publish_new(&pack_name(&id), durable) {
+            Ok(()) | Err(crate::Error::CommitConflict { .. }) => Ok((id, self.entries)),
+            Err(e) => Err(e),
+        }
     }
 
     /// Deletes the unfinished pack.

@@ -550,6 +550,10 @@ impl Storage for StoreDataset {
         Ok(())
     }
 
+    fn block_rows(&self) -> Option<u64> {
+        Some(crate::write::STORE_BLOCK_ROWS)
+    }
+
     fn lock(&self) -> Result<Box<dyn WriterLease>> {
         let mut st = self.state();
         self.begin(&mut st)?;

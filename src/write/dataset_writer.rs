@@ -92,8 +92,11 @@ impl DatasetWriter {
     pub fn open_in(
         storage: Arc<dyn Storage>,
         schema: Schema,
-        options: WriteOptions,
+        mut options: WriteOptions,
     ) -> Result<Self> {
+        if options.block_rows.is_none() {
+            options.block_rows = storage.block_rows();
+        }
         options.validate()?;
         schema
             .validate()

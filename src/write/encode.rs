@@ -6,6 +6,8 @@ use rayon::prelude::*;
 
 use crate::format::{Codec, Schema};
 
+use super::options::WriteOptions;
+
 /// A row block ready to be written.
 #[derive(Debug)]
 pub struct EncodedChunk<'a> {
@@ -26,11 +28,6 @@ pub struct EncodedChunk<'a> {
     pub hash: Option<[u8; 32]>,
 }
 
-/// Rows per chunk for rows of `row_bytes` when chunks aim at `chunk_bytes`.
-pub fn rows_per_chunk(chunk_bytes: u64, row_bytes: u64) -> u64 {
-    (chunk_bytes / row_bytes.max(1)).max(1)
-}
-
 /// Splits each field (`fields[i]` holds `rows` rows of field `i`) into row blocks, encodes and
 /// hashes compressed ones on the rayon pool, and returns them in (field, row) order.
 /// Uncompressed blocks borrow the input and are hashed later, while they are written.
@@ -38,14 +35,13 @@ pub fn encode_sample<'a>(
     schema: &Schema,
     fields: &[&'a [u8]],
     rows: u64,
-    chunk_bytes: u64,
-    codec: Codec,
-    level: i32,
+    options: &WriteOptions,
 ) -> Vec<EncodedChunk<'a>> {
+    let (codec, level) = (options.codec, options.zstd_level);
     let mut jobs = Vec::new();
     for (f, (field, data)) in schema.fields.iter().zip(fields).enumerate() {
         let row_bytes = field.row_bytes();
-        let per = rows_per_chunk(chunk_bytes, row_bytes);
+        let per = options.rows_per_chunk(row_bytes);
         let mut start = 0;
         while start < rows {
             let count = per.min(rows - start);

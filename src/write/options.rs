@@ -12,6 +12,12 @@ pub struct WriteOptions {
     /// little. A token-range read hashes its whole chunk on first touch (`check="once"`):
     /// datasets read mostly in small random ranges may prefer smaller chunks.
     pub chunk_bytes: Option<u64>,
+    /// Token blocks: when set, every chunk of a field starts at a multiple of this many rows
+    /// and holds whole blocks, as few as make 64 KiB (16 rows of 7168 bf16: one block, 229
+    /// KB), whatever `chunk_bytes` says. Samples that share a prefix of rows then share their
+    /// first chunks byte for byte, which a store keeps once. Default `None`; writing into a
+    /// store (`STORE/NAME`) defaults to 16.
+    pub block_rows: Option<u64>,
     /// A shard is committed once it holds this many bytes. Default 2 GiB.
     pub shard_bytes: u64,
     /// A shard is committed once it holds this many samples. Default 65 536.
@@ -40,6 +46,7 @@ impl Default for WriteOptions {
     fn default() -> Self {
         WriteOptions {
             chunk_bytes: None,
+            block_rows: None,
             shard_bytes: 2 << 30,
             shard_samples: 65_536,
             codec: Codec::None,
@@ -54,6 +61,10 @@ impl Default for WriteOptions {
 
 /// Default chunk target of uncompressed chunks: the largest chunk the format allows.
 pub const RAW_CHUNK_BYTES: u64 = crate::format::index::MAX_CHUNK_BYTES;
+/// The least bytes of a chunk made of token blocks ([`WriteOptions::block_rows`]).
+pub const BLOCK_CHUNK_BYTES: u64 = 64 << 10;
+/// Token block of a dataset written into a store.
+pub const STORE_BLOCK_ROWS: u64 = 16;
 /// Default chunk target of compressed chunks.
 pub const COMPRESSED_CHUNK_BYTES: u64 = 2 << 20;
 
@@ -64,6 +75,16 @@ impl WriteOptions {
             Codec::None => RAW_CHUNK_BYTES,
             _ => COMPRESSED_CHUNK_BYTES,
         })
+    }
+
+    /// Rows per chunk of a field with rows of `row_bytes`: whole token blocks of at least
+    /// [`BLOCK_CHUNK_BYTES`] when `block_rows` is set, else as many rows as fit the chunk target.
+    pub fn rows_per_chunk(&self, row_bytes: u64) -> u64 {
+        let row_bytes = row_bytes.max(1);
+        match self.block_rows {
+            Some(block) => block * BLOCK_CHUNK_BYTES.div_ceil(block * row_bytes).max(1),
+            None => (self.chunk_target() / row_bytes).max(1),
+        }
     }
 
     /// The "shard is full" rule: whether a shard of `bytes` bytes holding `samples` samples
@@ -84,6 +105,9 @@ impl WriteOptions {
         let chunk = self.chunk_target();
         if chunk == 0 || chunk > crate::format::index::MAX_CHUNK_BYTES {
             return bad("chunk_bytes", "must be in 1..=268435456 (256 MiB)");
+        }
+        if self.block_rows.is_some_and(|b| b == 0 || b > 1 << 20) {
+            return bad("block_rows", "must be in 1..=1048576");
         }
         if self.shard_samples == 0 || self.shard_samples > u32::MAX.into() {
             return bad("shard_samples", "must be in 1..=4294967295");

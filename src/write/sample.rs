@@ -121,14 +121,7 @@ pub fn write(
         }
         None => u64::MAX,
     };
-    let chunks = encode_sample(
-        schema,
-        &sample.fields,
-        sample.rows,
-        options.chunk_target(),
-        options.codec,
-        options.zstd_level,
-    );
+    let chunks = encode_sample(schema, &sample.fields, sample.rows, options);
     let dtypes: Vec<u8> = chunks
         .iter()
         .map(|c| schema.fields[c.field as usize].dtype.code())

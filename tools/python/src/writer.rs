@@ -24,6 +24,7 @@ pub(crate) fn write_options(options: Option<&Bound<'_, PyDict>>) -> PyResult<Wri
         let k: String = k.extract()?;
         match k.as_str() {
             "chunk_bytes" => o.chunk_bytes = Some(v.extract()?),
+            "block_rows" => o.block_rows = Some(v.extract()?),
             "shard_bytes" => o.shard_bytes = v.extract()?,
             "shard_samples" => o.shard_samples = v.extract()?,
             "zstd_level" => o.zstd_level = v.extract()?,
@@ -39,7 +40,7 @@ pub(crate) fn write_options(options: Option<&Bound<'_, PyDict>>) -> PyResult<Wri
             other => {
                 return Err(bad_option(
                     "options",
-                    &format!("unknown option `{other}`; known: chunk_bytes, shard_bytes, shard_samples, codec, zstd_level, align_log2, durable, shared"),
+                    &format!("unknown option `{other}`; known: chunk_bytes, block_rows, shard_bytes, shard_samples, codec, zstd_level, align_log2, durable, shared"),
                 ))
             }
         }

@@ -1,0 +1,302 @@
+//! The deduplicating store: datasets stored once, read and exported bit-exact, damage named,
+//! garbage collected without losing what a dataset references, even when killed.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::cli::{hspack, stdout, text};
+use common::{as_fields, bytes, capture_sample, capture_schema, s, same_samples, small_options};
+use hspack::store::{gc, usage, Store};
+use hspack::{Dataset, DatasetWriter, WriteOptions};
+
+fn write_plain(dir: &Path, n: u64, seed: u64) {
+    let mut w = DatasetWriter::create(dir, capture_schema(64), small_options()).unwrap();
+    for i in 0..n {
+        let smp = capture_sample(seed + i * 10, 3 + (i as usize * 7) % 40, 64);
+        w.append(&format!("s{i}"), &as_fields(&smp)).unwrap();
+    }
+    w.finish().unwrap();
+}
+
+fn digest(dir: &Path) -> String {
+    let ds = Dataset::open(dir).unwrap();
+    blake3::hash(ds.manifest_bytes()).to_hex().to_string()
+}
+
+#[test]
+fn a_dataset_added_twice_is_stored_once_and_exports_bit_exact() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, store_dir) = (t.path().join("src"), t.path().join("store"));
+    write_plain(&src, 23, 1);
+    let store = Arc::new(Store::init(&store_dir).unwrap());
+    let ds = Dataset::open(&src).unwrap();
+    let (first, added) = store.add(&ds, "a", &|_| {}).unwrap();
+    assert!(added.bytes_new > 0 && first.digest == digest(&src));
+    let (_, again) = store.add(&ds, "b", &|_| {}).unwrap();
+    assert_eq!(again.bytes_new, 0, "a re-import stores nothing: {again:?}");
+    assert!(again.bytes_found >= added.bytes_new);
+    // Read through the store: the same samples, bit for bit.
+    let stored = Dataset::open(store_dir.join("b")).unwrap();
+    same_samples(&ds, &stored, |_| {});
+    // Export: a plain dataset with the original digest.
+    let out = hspack(&[
+        "store",
+        "export",
+        s(&store_dir.join("b")),
+        s(&t.path().join("out")),
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(digest(&t.path().join("out")), digest(&src));
+    assert!(stdout(&out).contains(&digest(&src)));
+    let u = usage::usage(&store).unwrap();
+    assert_eq!(u.logical_bytes, 2 * u.datasets[0].logical_bytes);
+    assert!(
+        u.saved_across_datasets >= u.datasets[0].logical_bytes * 99 / 100,
+        "{u:?}"
+    );
+    let v = hspack(&["store", "verify", s(&store_dir)]);
+    assert!(
+        v.status.success() && stdout(&v).contains("OK"),
+        "{}",
+        text(&v)
+    );
+}
+
+/// `rows` rows of a sample whose first `prefix` rows are those of `shared_seed`.
+fn prefixed(
+    seed: u64,
+    shared_seed: u64,
+    rows: usize,
+    prefix: usize,
+    hidden: usize,
+) -> common::SampleBytes {
+    let mut smp = capture_sample(seed, rows, hidden);
+    let shared = capture_sample(shared_seed, prefix, hidden);
+    for ((_, f), (_, p)) in smp.iter_mut().zip(&shared) {
+        let n = p.len();
+        f[..n].copy_from_slice(p);
+    }
+    smp
+}
+
+#[test]
+fn writing_into_a_store_keeps_repeats_and_shared_prefixes_once() {
+    // Rows of 2 × 2048 bf16 (8 KiB): token blocks of 16 rows are one 64 KiB chunk per field.
+    const HIDDEN: usize = 2048;
+    let t = tempfile::tempdir().unwrap();
+    let store_dir = t.path().join("store");
+    let store = Arc::new(Store::init(&store_dir).unwrap());
+    let options = WriteOptions {
+        durable: false,
+        shard_samples: 16,
+        ..WriteOptions::default()
+    };
+    let mut w = DatasetWriter::create(
+        store_dir.join("cap"),
+        capture_schema(HIDDEN as u64),
+        options,
+    )
+    .unwrap();
+    // 60 samples, ragged; every 3rd shares a 96-row prefix; every 10th repeats an earlier one.
+    let mut unique = 0u64;
+    let row = (4 + 1 + 2 * 2 * HIDDEN) as u64;
+    let mut written: Vec<common::SampleBytes> = Vec::new();
+    for i in 0..60u64 {
+        let rows = 100 + ((i * 37) % 200) as usize;
+        let smp = if i % 10 == 9 {
+            written[(i as usize * 7) % written.len()].clone()
+        } else if i % 3 == 0 {
+            // The prefix's hidden rows count once, its token ids and mask are in every chunk.
+            unique += (rows as u64 - 96) * row + 96 * 5 + if i == 0 { 96 * (row - 5) } else { 0 };
+            prefixed(1000 + i * 10, 7, rows, 96, HIDDEN)
+        } else {
+            unique += rows as u64 * row;
+            capture_sample(1000 + i * 10, rows, HIDDEN)
+        };
+        w.append(&format!("k{i}"), &as_fields(&smp)).unwrap();
+        written.push(smp);
+    }
+    w.finish().unwrap();
+    let ds = Dataset::open(store_dir.join("cap")).unwrap();
+    assert_eq!(ds.len(), 60);
+    for (i, smp) in written.iter().enumerate() {
+        let got = ds.get_by_key(&format!("k{i}")).unwrap();
+        for (f, (_, b)) in smp.iter().enumerate() {
+            assert_eq!(
+                got.read_field(f, None).unwrap().bytes(),
+                &b[..],
+                "k{i} field {f}"
+            );
+        }
+    }
+    let u = usage::usage(&store).unwrap();
+    let physical = u.pack_bytes + u.index_bytes;
+    eprintln!(
+        "physical {physical}, unique {unique}, logical {}",
+        u.logical_bytes
+    );
+    assert!(
+        physical as f64 <= unique as f64 * 1.02,
+        "physical {physical} bytes, unique {unique}: {u:?}"
+    );
+    assert!(
+        u.saved_whole_samples > 0 && u.saved_shared_rows > 0,
+        "{u:?}"
+    );
+    let v = hspack(&["verify", s(&store_dir.join("cap"))]);
+    assert!(v.status.success(), "{}", text(&v));
+}
+
+#[test]
+fn damage_in_a_pack_is_named_by_store_verify_and_by_verify() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, store_dir) = (t.path().join("src"), t.path().join("store"));
+    write_plain(&src, 12, 5);
+    let store = Arc::new(Store::init(&store_dir).unwrap());
+    store
+        .add(&Dataset::open(&src).unwrap(), "d", &|_| {})
+        .unwrap();
+    // The largest pack holds the payloads; flip a byte in its first blob.
+    let mut packs: Vec<_> = std::fs::read_dir(store_dir.join("packs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    packs.sort_by_key(|p| std::fs::metadata(p).unwrap().len());
+    let pack = packs.last().unwrap();
+    common::flip(pack, 64 + 10);
+    let v = hspack(&["store", "verify", s(&store_dir)]);
+    assert_eq!(v.status.code(), Some(1), "{}", text(&v));
+    let name = pack.file_name().unwrap().to_str().unwrap();
+    assert!(
+        stdout(&v).contains("DAMAGED") && stdout(&v).contains(name),
+        "{}",
+        text(&v)
+    );
+    let d = hspack(&["verify", s(&store_dir.join("d"))]);
+    assert_eq!(d.status.code(), Some(1), "{}", text(&d));
+}
+
+#[test]
+fn gc_frees_what_no_dataset_references_and_keeps_the_rest() {
+    let t = tempfile::tempdir().unwrap();
+    let store_dir = t.path().join("store");
+    let (a, b) = (t.path().join("a"), t.path().join("b"));
+    write_plain(&a, 15, 1);
+    write_plain(&b, 15, 500);
+    let store = Arc::new(Store::init(&store_dir).unwrap());
+    store
+        .add(&Dataset::open(&a).unwrap(), "a", &|_| {})
+        .unwrap();
+    store
+        .add(&Dataset::open(&b).unwrap(), "b", &|_| {})
+        .unwrap();
+    let before = usage::usage(&store).unwrap().pack_bytes;
+    assert!(hspack(&["store", "rm", s(&store_dir), "a"])
+        .status
+        .success());
+    let r = gc::collect(&store, false).unwrap();
+    assert!(r.blobs_removed > 0 && r.bytes_freed > 0, "{r:?}");
+    let after = usage::usage(&store).unwrap();
+    assert!(
+        after.pack_bytes < before * 7 / 10,
+        "{} then {}",
+        before,
+        after.pack_bytes
+    );
+    same_samples(
+        &Dataset::open(&b).unwrap(),
+        &Dataset::open(store_dir.join("b")).unwrap(),
+        |_| {},
+    );
+    assert!(Dataset::open(store_dir.join("a")).is_err());
+    // A second collection finds nothing to do.
+    let again = gc::collect(&store, false).unwrap();
+    assert_eq!(
+        (again.blobs_removed, again.packs_deleted),
+        (0, 0),
+        "{again:?}"
+    );
+}
+
+#[test]
+fn killing_gc_while_a_writer_adds_loses_no_committed_chunk() {
+    let t = tempfile::tempdir().unwrap();
+    let store_dir = t.path().join("store");
+    let (base, scratch) = (t.path().join("base"), t.path().join("scratch"));
+    write_plain(&base, 20, 1);
+    write_plain(&scratch, 20, 900);
+    let store = Arc::new(Store::init(&store_dir).unwrap());
+    store
+        .add(&Dataset::open(&base).unwrap(), "base", &|_| {})
+        .unwrap();
+    // The writer: a dataset written into the store, committing as it goes, on another thread,
+    // while collections start and are killed.
+    let writer_dir = store_dir.join("live");
+    let writer = std::thread::spawn(move || {
+        let mut w =
+            DatasetWriter::create(&writer_dir, capture_schema(64), small_options()).unwrap();
+        for i in 0..60u64 {
+            let smp = capture_sample(3000 + i, 5 + i as usize % 30, 64);
+            w.append(&format!("w{i}"), &as_fields(&smp)).unwrap();
+            if i % 4 == 3 {
+                w.commit().unwrap();
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        w.finish().unwrap();
+    });
+    let delays = bytes(77, 20);
+    let (mut killed, mut finished) = (0, 0);
+    for (round, d) in delays.iter().enumerate() {
+        // Garbage for each collection: a dataset added and removed.
+        let name = format!("scratch{round}");
+        store
+            .add(&Dataset::open(&scratch).unwrap(), &name, &|_| {})
+            .unwrap();
+        store.remove(&name).unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_hspack"))
+            .args(["store", "gc", s(&store_dir)])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_micros(u64::from(*d) * 40));
+        let _ = child.kill();
+        match child.wait().unwrap().code() {
+            Some(0) => finished += 1,
+            None => killed += 1,
+            Some(other) => panic!("gc failed with exit code {other}"),
+        }
+        // Whatever the collection had done, every committed dataset reads.
+        same_samples(
+            &Dataset::open(&base).unwrap(),
+            &Dataset::open(store_dir.join("base")).unwrap(),
+            |_| {},
+        );
+    }
+    writer.join().unwrap();
+    eprintln!("collections killed: {killed}, finished before the kill: {finished}");
+    assert!(killed >= 10, "killed {killed} of 20");
+    let live = Dataset::open(store_dir.join("live")).unwrap();
+    assert_eq!(live.len(), 60);
+    for i in 0..60u64 {
+        let smp = capture_sample(3000 + i, 5 + i as usize % 30, 64);
+        let got = live.get_by_key(&format!("w{i}")).unwrap();
+        for (f, (_, b)) in smp.iter().enumerate() {
+            assert_eq!(got.read_field(f, None).unwrap().bytes(), &b[..]);
+        }
+    }
+    let done = hspack(&["store", "gc", s(&store_dir)]);
+    assert!(done.status.success(), "{}", text(&done));
+    let v = hspack(&["store", "verify", s(&store_dir)]);
+    assert!(
+        v.status.success() && stdout(&v).contains("2 datasets: OK"),
+        "{}",
+        text(&v)
+    );
+    assert_eq!(digest(&store_dir.join("base")), digest(&base));
+}
