@@ -65,7 +65,14 @@ pub fn stacked_schema() -> Schema {
 
 /// Writes every golden dataset under `root`: `v1/{codec}`, `v2/stacked` and `v3/leased`.
 /// The folders [`write_all`] writes, relative to its root.
-pub const WRITTEN: [&str; 3] = ["v4/segments", "v4/stacked", "v4/leased"];
+pub const WRITTEN: [&str; 6] = [
+    "v4/segments",
+    "v4/stacked",
+    "v4/leased",
+    "store-v1",
+    "store-v1/packs",
+    "store-v1/datasets",
+];
 
 pub fn write_all(root: &Path) -> hspack::Result<()> {
     let v4 = root.join("v4");
@@ -83,7 +90,35 @@ pub fn write_all(root: &Path) -> hspack::Result<()> {
         *b"hspack-golden-v4",
         5,
     )?;
-    write_leased(&v4.join("leased"))
+    write_leased(&v4.join("leased"))?;
+    write_store(&root.join("store-v1"), &v4)
+}
+
+/// `store-v1`: a store holding `v4/segments` as `segments` and again as `again` (a
+/// re-import: nothing new stored) and `v4/stacked` as `stacked`, one shard at a time so the
+/// packs and runs come out the same on every run.
+fn write_store(dir: &Path, v4: &Path) -> hspack::Result<()> {
+    use hspack::store::Store;
+    use std::sync::Arc;
+    let _ = std::fs::remove_dir_all(dir);
+    let store = Arc::new(Store::init_with_id(dir, *b"hspack-golden-st")?);
+    let options = hspack::transfer::CopyOptions {
+        jobs: 1,
+        ..Default::default()
+    };
+    for (name, src) in [
+        ("segments", "segments"),
+        ("stacked", "stacked"),
+        ("again", "segments"),
+    ] {
+        let src = hspack::Dataset::open(v4.join(src))?;
+        let dst: Arc<dyn Storage> = Arc::new(store.dataset(name)?);
+        hspack::transfer::copy(&src, &dst, &options, &|_| {})?;
+    }
+    for transient in ["locks", "staging"] {
+        let _ = std::fs::remove_dir_all(dir.join(transient));
+    }
+    Ok(())
 }
 
 /// `v3/leased`: the v1 schema written under a writer lease (manifest version 3), as a writer

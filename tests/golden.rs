@@ -21,7 +21,9 @@ fn committed() -> PathBuf {
 fn files(dir: &Path) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(dir)
         .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .map(|e| e.unwrap())
+        .filter(|e| e.file_type().unwrap().is_file())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect();
     v.sort();
     v
@@ -217,4 +219,23 @@ fn a_writer_appending_to_a_version_1_dataset_writes_version_4() {
     assert_eq!(ds.get_by_key("golden-3").unwrap().ordinal(), 3);
     let report = verify(&dir, VerifyOptions::default(), &|_| {}).unwrap();
     assert!(report.is_ok() && report.leftovers.is_empty(), "{report:?}");
+}
+
+#[test]
+fn store_golden_vector_reads_as_the_datasets_it_holds() {
+    let store = root().join("store-v1");
+    for (name, plain) in [
+        ("segments", "v4/segments"),
+        ("again", "v4/segments"),
+        ("stacked", "v4/stacked"),
+    ] {
+        let (a, b) = (
+            Dataset::open(root().join(plain)).unwrap(),
+            Dataset::open(store.join(name)).unwrap(),
+        );
+        assert_eq!(a.manifest_bytes(), b.manifest_bytes(), "{name}");
+        same_samples(&a, &b);
+        let report = verify(store.join(name), VerifyOptions::default(), &|_| {}).unwrap();
+        assert!(report.problems.is_empty(), "{name}: {:?}", report.problems);
+    }
 }

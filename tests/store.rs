@@ -22,6 +22,15 @@ fn write_plain(dir: &Path, n: u64, seed: u64) {
     w.finish().unwrap();
 }
 
+fn add(
+    store: &Arc<Store>,
+    ds: &Dataset,
+    name: &str,
+    _: &(dyn Fn(u64) + Sync),
+) -> hspack::Result<(hspack::transfer::CopyReport, hspack::store::IngestStats)> {
+    hspack::transfer::add_to_store(store, ds, name, &|_| {})
+}
+
 fn digest(dir: &Path) -> String {
     let ds = Dataset::open(dir).unwrap();
     blake3::hash(ds.manifest_bytes()).to_hex().to_string()
@@ -34,9 +43,9 @@ fn a_dataset_added_twice_is_stored_once_and_exports_bit_exact() {
     write_plain(&src, 23, 1);
     let store = Arc::new(Store::init(&store_dir).unwrap());
     let ds = Dataset::open(&src).unwrap();
-    let (first, added) = store.add(&ds, "a", &|_| {}).unwrap();
+    let (first, added) = add(&store, &ds, "a", &|_| {}).unwrap();
     assert!(added.bytes_new > 0 && first.digest == digest(&src));
-    let (_, again) = store.add(&ds, "b", &|_| {}).unwrap();
+    let (_, again) = add(&store, &ds, "b", &|_| {}).unwrap();
     assert_eq!(again.bytes_new, 0, "a re-import stores nothing: {again:?}");
     assert!(again.bytes_found >= added.bytes_new);
     // Read through the store: the same samples, bit for bit.
@@ -157,9 +166,7 @@ fn damage_in_a_pack_is_named_by_store_verify_and_by_verify() {
     let (src, store_dir) = (t.path().join("src"), t.path().join("store"));
     write_plain(&src, 12, 5);
     let store = Arc::new(Store::init(&store_dir).unwrap());
-    store
-        .add(&Dataset::open(&src).unwrap(), "d", &|_| {})
-        .unwrap();
+    add(&store, &Dataset::open(&src).unwrap(), "d", &|_| {}).unwrap();
     // The largest pack holds the payloads; flip a byte in its first blob.
     let mut packs: Vec<_> = std::fs::read_dir(store_dir.join("packs"))
         .unwrap()
@@ -188,12 +195,8 @@ fn gc_frees_what_no_dataset_references_and_keeps_the_rest() {
     write_plain(&a, 15, 1);
     write_plain(&b, 15, 500);
     let store = Arc::new(Store::init(&store_dir).unwrap());
-    store
-        .add(&Dataset::open(&a).unwrap(), "a", &|_| {})
-        .unwrap();
-    store
-        .add(&Dataset::open(&b).unwrap(), "b", &|_| {})
-        .unwrap();
+    add(&store, &Dataset::open(&a).unwrap(), "a", &|_| {}).unwrap();
+    add(&store, &Dataset::open(&b).unwrap(), "b", &|_| {}).unwrap();
     let before = usage::usage(&store).unwrap().pack_bytes;
     assert!(hspack(&["store", "rm", s(&store_dir), "a"])
         .status
@@ -230,9 +233,7 @@ fn killing_gc_while_a_writer_adds_loses_no_committed_chunk() {
     write_plain(&base, 20, 1);
     write_plain(&scratch, 20, 900);
     let store = Arc::new(Store::init(&store_dir).unwrap());
-    store
-        .add(&Dataset::open(&base).unwrap(), "base", &|_| {})
-        .unwrap();
+    add(&store, &Dataset::open(&base).unwrap(), "base", &|_| {}).unwrap();
     // The writer: a dataset written into the store, committing as it goes, on another thread,
     // while collections start and are killed.
     let writer_dir = store_dir.join("live");
@@ -254,9 +255,7 @@ fn killing_gc_while_a_writer_adds_loses_no_committed_chunk() {
     for (round, d) in delays.iter().enumerate() {
         // Garbage for each collection: a dataset added and removed.
         let name = format!("scratch{round}");
-        store
-            .add(&Dataset::open(&scratch).unwrap(), &name, &|_| {})
-            .unwrap();
+        add(&store, &Dataset::open(&scratch).unwrap(), &name, &|_| {}).unwrap();
         store.remove(&name).unwrap();
         let mut child = Command::new(env!("CARGO_BIN_EXE_hspack"))
             .args(["store", "gc", s(&store_dir)])

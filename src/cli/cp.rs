@@ -34,7 +34,7 @@ pub fn run(a: Args, mode: CopyMode) -> anyhow::Result<ExitCode> {
         Ok(ds) => ds,
         Err(e) => return super::open_failed(e, a.json),
     };
-    let dst = hspack::io::open_location(&a.dst)?;
+    let dst = hspack::store::open_location(&a.dst)?;
     let total = src.manifest().shard_bytes().unwrap_or(0);
     let verb = match mode {
         CopyMode::Copy => "cp",

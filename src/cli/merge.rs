@@ -44,7 +44,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         codec,
         ..WriteOptions::default()
     };
-    let storage = hspack::io::open_location(dst)?;
+    let storage = hspack::store::open_location(dst)?;
     let report = match merge(&opened, storage, options, &|_| {}) {
         Ok(r) => r,
         Err(e) => {

@@ -125,7 +125,9 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                 Err(e) => return super::open_failed(e, json),
             };
             let bar = bytes_bar(src.manifest().shard_bytes().unwrap_or(0), "add", json);
-            let (report, added) = match st.add(&src, &name, &|n| bar.inc(n)) {
+            let (report, added) = match hspack::transfer::add_to_store(&st, &src, &name, &|n| {
+                bar.inc(n)
+            }) {
                 Ok(r) => r,
                 Err(e) => {
                     bar.finish_and_clear();
@@ -264,7 +266,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                 Ok(ds) => ds,
                 Err(e) => return super::open_failed(e, json),
             };
-            let to = hspack::io::open_location(&dst)?;
+            let to = hspack::store::open_location(&dst)?;
             let report = match copy(&ds, &to, &CopyOptions::default(), &|_| {}) {
                 Ok(r) => r,
                 Err(e) => return Ok(super::read_failed(e.into())),

@@ -132,7 +132,7 @@ pub fn run(spec: &ConvertSpec, progress: &mut dyn FnMut(Progress)) -> Result<Rep
 
 /// True when `dst` (a folder or a URL) holds a dataset.
 fn has_dataset(dst: &Path) -> Result<bool, RunError> {
-    Ok(crate::io::open_location(dst)?
+    Ok(crate::store::open_location(dst)?
         .read(MANIFEST_FILE)?
         .is_some())
 }

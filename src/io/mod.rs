@@ -227,20 +227,9 @@ pub fn open_location(location: impl AsRef<Path>) -> Result<Arc<dyn Storage>> {
     let location = location.as_ref();
     let text = location.to_string_lossy();
     match text.split_once("://") {
-        Some(("file", path)) => Ok(local_or_stored(Path::new(path))?),
+        Some(("file", path)) => Ok(local(path)),
         _ if is_remote(location) => Ok(Arc::new(ObjectStorage::open(&text)?)),
-        _ => Ok(local_or_stored(location)?),
-    }
-}
-
-/// A folder, or dataset `NAME` of the store in folder `STORE` for `STORE/NAME`.
-fn local_or_stored(path: &Path) -> Result<Arc<dyn Storage>> {
-    match crate::store::split_store_path(path) {
-        Some((store, name)) => {
-            let store = Arc::new(crate::store::Store::open(store)?);
-            Ok(Arc::new(crate::store::StoreDataset::new(store, &name)?))
-        }
-        None => Ok(local(path)),
+        _ => Ok(local(location)),
     }
 }
 

@@ -60,7 +60,7 @@ impl Dataset {
     /// Opens the dataset in folder `dir` with `options`; with `options.cache`, reads go
     /// through that cache.
     pub fn open_with(dir: impl AsRef<Path>, options: ReadOptions) -> Result<Dataset> {
-        let storage = crate::io::open_location(dir)?;
+        let storage = crate::store::open_location(dir)?;
         let Some(cache) = options.cache.clone().map(ChunkCache::new) else {
             return Self::open_in(storage, options);
         };

@@ -68,6 +68,10 @@ impl std::fmt::Debug for Store {
     }
 }
 
+/// Rows of a token block in a dataset written into a store
+/// ([`crate::WriteOptions::block_rows`]).
+pub const STORE_BLOCK_ROWS: u64 = 16;
+
 /// True when `dir` is a store (it holds `store.json`).
 pub fn is_store(dir: &Path) -> bool {
     !crate::io::is_remote(dir) && dir.join(STORE_FILE).is_file()
@@ -87,9 +91,34 @@ pub fn split_store_path(path: &Path) -> Option<(PathBuf, String)> {
         .then(|| (parent.to_path_buf(), name.to_string()))
 }
 
+/// The storage at `location`: a dataset `NAME` of the store in folder `STORE` for
+/// `STORE/NAME` (also as `file://STORE/NAME`), else what [`crate::io::open_location`] opens (a
+/// folder or a URL). Readers, writers and commands open datasets through this.
+pub fn open_location(location: impl AsRef<Path>) -> Result<Arc<dyn Storage>> {
+    let location = location.as_ref();
+    let text = location.to_string_lossy();
+    let path = match text.split_once("://") {
+        Some(("file", path)) => Path::new(path),
+        Some(_) => return crate::io::open_location(location),
+        None => location,
+    };
+    match split_store_path(path) {
+        Some((store, name)) => Ok(Arc::new(StoreDataset::new(
+            Arc::new(Store::open(store)?),
+            &name,
+        )?)),
+        None => crate::io::open_location(location),
+    }
+}
+
 impl Store {
     /// Makes a new store in `dir` (created if missing; refused where a store or a dataset is).
     pub fn init(dir: impl AsRef<Path>) -> Result<Self> {
+        Self::init_with_id(dir, crate::io::unique_id(b"store"))
+    }
+
+    /// [`Store::init`] with a given store id (for reproducible files).
+    pub fn init_with_id(dir: impl AsRef<Path>, id: [u8; 16]) -> Result<Self> {
         let dir = dir.as_ref();
         local_only(dir)?;
         if dir.join(STORE_FILE).exists() || dir.join("manifest.json").exists() {
@@ -105,7 +134,7 @@ impl Store {
         let config = StoreConfig {
             format: STORE_FORMAT.into(),
             version: STORE_VERSION,
-            id: hex(&crate::io::unique_id(b"store")),
+            id: hex(&id),
         };
         let mut bytes = serde_json::to_vec_pretty(&config).expect("serializable");
         bytes.push(b'\n');
@@ -282,22 +311,6 @@ impl Store {
     /// Dataset `name` of this store, as a [`Storage`].
     pub fn dataset(self: &Arc<Self>, name: &str) -> Result<StoreDataset> {
         StoreDataset::new(Arc::clone(self), name)
-    }
-
-    /// Imports dataset `src` as `name`: a verified copy into the store (every chunk checked
-    /// as it passes and read back from the store), whose blobs already stored are referenced,
-    /// not stored again. A rerun of an interrupted add resumes. Returns the copy's report and
-    /// what was stored and found.
-    pub fn add(
-        self: &Arc<Self>,
-        src: &crate::Dataset,
-        name: &str,
-        progress: &(dyn Fn(u64) + Sync),
-    ) -> Result<(crate::transfer::CopyReport, IngestStats)> {
-        let dst = Arc::new(self.dataset(name)?);
-        let storage: Arc<dyn Storage> = Arc::clone(&dst) as Arc<dyn Storage>;
-        let report = crate::transfer::copy(src, &storage, &Default::default(), progress)?;
-        Ok((report, dst.added()))
     }
 
     /// Removes dataset `name` (its blobs stay until `store gc`).

@@ -551,7 +551,7 @@ impl Storage for StoreDataset {
     }
 
     fn block_rows(&self) -> Option<u64> {
-        Some(crate::write::STORE_BLOCK_ROWS)
+        Some(super::STORE_BLOCK_ROWS)
     }
 
     fn lock(&self) -> Result<Box<dyn WriterLease>> {

@@ -64,7 +64,7 @@ impl std::fmt::Debug for DatasetWriter {
 impl DatasetWriter {
     /// Creates a dataset in `dir` (which may exist but must hold no dataset).
     pub fn create(dir: impl AsRef<Path>, schema: Schema, options: WriteOptions) -> Result<Self> {
-        Self::create_in(crate::io::open_location(dir)?, schema, options)
+        Self::create_in(crate::store::open_location(dir)?, schema, options)
     }
 
     /// Creates a dataset in `storage` (which must hold no dataset).
@@ -85,7 +85,7 @@ impl DatasetWriter {
     /// dataset must have the same schema (capture metadata included); appending resumes after
     /// its last committed sample, and files an interrupted writer left are removed.
     pub fn open(dir: impl AsRef<Path>, schema: Schema, options: WriteOptions) -> Result<Self> {
-        Self::open_in(crate::io::open_location(dir)?, schema, options)
+        Self::open_in(crate::store::open_location(dir)?, schema, options)
     }
 
     /// [`DatasetWriter::open`], for a dataset in `storage`.
@@ -588,7 +588,7 @@ impl Drop for DatasetWriter {
 /// written anew unless intact. The repair when verify finds one of them missing, stale or
 /// damaged. Takes the writer lock like any writer. Returns the files rewritten.
 pub fn reindex(dir: impl AsRef<Path>) -> Result<Vec<String>> {
-    reindex_in(crate::io::open_location(dir)?)
+    reindex_in(crate::store::open_location(dir)?)
 }
 
 /// [`reindex`], for a dataset in `storage`.

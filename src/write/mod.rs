@@ -13,5 +13,5 @@ pub mod sink;
 
 pub use dataset_writer::{reindex, reindex_in, DatasetWriter, ORDINAL_AT_COMMIT};
 pub use lane::{Lanes, ShardLane};
-pub use options::{WriteOptions, WriteStats, BLOCK_CHUNK_BYTES, STORE_BLOCK_ROWS};
+pub use options::{WriteOptions, WriteStats, BLOCK_CHUNK_BYTES};
 pub use sink::{Discard, SampleSink};

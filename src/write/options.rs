@@ -63,8 +63,6 @@ impl Default for WriteOptions {
 pub const RAW_CHUNK_BYTES: u64 = crate::format::index::MAX_CHUNK_BYTES;
 /// The least bytes of a chunk made of token blocks ([`WriteOptions::block_rows`]).
 pub const BLOCK_CHUNK_BYTES: u64 = 64 << 10;
-/// Token block of a dataset written into a store.
-pub const STORE_BLOCK_ROWS: u64 = 16;
 /// Default chunk target of compressed chunks.
 pub const COMPRESSED_CHUNK_BYTES: u64 = 2 << 20;
 

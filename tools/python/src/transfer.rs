@@ -27,9 +27,17 @@ pub fn copy(
     let report = py
         .allow_threads(|| {
             let src = hspack::Dataset::open(&src)?;
-            let dst = hspack::io::open_location(&dst)?;
+            let dst = hspack::store::open_location(&dst)?;
             copy_dataset(&src, &dst, &options, &|_| {})
         })
         .py_err()?;
     Ok(serde_json::to_string(&report).expect("a report is plain data"))
+}
+
+/// Makes a new store in folder `path`: its datasets are then written and read as
+/// `path/NAME` wherever a dataset goes.
+#[pyfunction]
+pub fn init_store(py: Python<'_>, path: std::path::PathBuf) -> PyResult<()> {
+    py.allow_threads(|| hspack::store::Store::init(&path).map(|_| ()))
+        .py_err()
 }

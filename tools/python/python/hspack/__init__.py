@@ -12,12 +12,13 @@ PyTorch datasets, samplers and the EAGLE-3 view live in `hspack.torch`.
 
 from ._dataset import Dataset, Sample, open
 from ._errors import HspackError
-from ._hspack import __version__
+from ._hspack import __version__, init_store
 from ._schema import field, hidden_state, hidden_states, loss_mask, token_ids
 from ._verify import copy, verify
 from ._writer import Writer
 
 __all__ = [
+    "init_store",
     "Dataset",
     "HspackError",
     "Sample",

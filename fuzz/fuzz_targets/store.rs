@@ -1,0 +1,49 @@
+#![no_main]
+//! Any bytes as the store's files (FORMAT.md §11): a pack (its table), an index run, a named
+//! dataset or `index.json` (JSON), or a shard skeleton. Decoding never panics; what decodes
+//! is consistent, and JSON that decodes re-encodes to JSON that decodes equal.
+
+use hspack::io::FileBytes;
+use hspack::store::index::{IndexRoot, Run};
+use hspack::store::pack::{check_header, decode_table};
+use hspack::store::skeleton::map_skeleton;
+use hspack::store::Snapshot;
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    if data.starts_with(b"HSPKPACK") {
+        let _ = check_header(data, &[0; 16]);
+        if let Ok(Ok(table)) = decode_table(data, data.len() as u64) {
+            for e in table {
+                assert!(e.offset + e.stored_len <= data.len() as u64);
+            }
+        }
+        return;
+    }
+    if data.starts_with(b"HSPKSIDX") {
+        if let Ok(run) = Run::parse(FileBytes::copy_of(data)) {
+            for i in 0..run.len() {
+                let e = run.decode(i).expect("parse checked every entry");
+                assert_eq!(run.find(&e.blob.id), Some(e));
+            }
+        }
+        return;
+    }
+    if data.first() == Some(&b'{') {
+        if let Ok(s) = Snapshot::decode(data) {
+            assert_eq!(Snapshot::decode(&s.encode()).expect("re-encodes"), s);
+        }
+        if let Ok(r) = IndexRoot::decode(data) {
+            assert_eq!(IndexRoot::decode(&r.encode()).expect("re-encodes"), r);
+        }
+        return;
+    }
+    if let Ok(map) = map_skeleton(data) {
+        let mut at = 0;
+        for (start, len, _) in &map.pieces {
+            assert_eq!(*start, at);
+            at += len;
+        }
+        assert_eq!(at, map.file_len);
+    }
+});
