@@ -66,7 +66,7 @@ fn samples(n: u64) -> Vec<(String, Vec<Vec<u8>>)> {
     let mut out: Vec<(String, Vec<Vec<u8>>)> = Vec::new();
     for i in 0..n {
         let fields = if i % 10 == 9 {
-            out[(i as usize * 7) % out.len()].1.clone()
+            out[(i as usize * i as usize * 31 + 5) % out.len()].1.clone()
         } else {
             let rows = 128 + (i * 389 % 897) as usize;
             let mut fields: Vec<Vec<u8>> = row
@@ -86,10 +86,11 @@ fn samples(n: u64) -> Vec<(String, Vec<Vec<u8>>)> {
     out
 }
 
-fn write(path: &std::path::Path, data: &[(String, Vec<Vec<u8>>)]) -> f64 {
+fn write(path: &std::path::Path, data: &[(String, Vec<Vec<u8>>)], block_rows: Option<u64>) -> f64 {
     let t = Instant::now();
     let options = WriteOptions {
         durable: false,
+        block_rows,
         ..WriteOptions::default()
     };
     let mut w = DatasetWriter::create(path, schema(), options).unwrap();
@@ -131,33 +132,30 @@ fn main() {
     let logical: u64 = data.iter().flat_map(|(_, f)| f.iter().map(|b| b.len() as u64)).sum();
     println!("{n} samples, {:.2} GB of fields; {rounds} rounds, plain and store interleaved", logical as f64 / 1e9);
     let (mut wp, mut ws, mut rp, mut rs) = (vec![], vec![], vec![], vec![]);
+    let (mut ww, mut rw) = (vec![], vec![]);
     let mut last = None;
     for r in 0..rounds {
         let plain = dir.path().join(format!("plain{r}"));
         let store_dir = dir.path().join(format!("store{r}"));
         Store::init(&store_dir).unwrap();
         let stored = store_dir.join("cap");
-        // Alternate which goes first.
-        let order: [bool; 2] = if r % 2 == 0 { [false, true] } else { [true, false] };
-        for s in order {
-            match s {
-                false => wp.push(write(&plain, &data)),
-                true => ws.push(write(&stored, &data)),
+        // Whole fields as chunks (block_rows over any sample's rows): repeats are kept once,
+        // shared prefixes are not, and a field reads in place.
+        let whole = store_dir.join("whole");
+        // The order rotates each round.
+        let mut order = [0usize, 1, 2];
+        order.rotate_left(r % 3);
+        for m in order {
+            match m {
+                0 => wp.push(write(&plain, &data, None)),
+                1 => ws.push(write(&stored, &data, None)),
+                _ => ww.push(write(&whole, &data, Some(1 << 20))),
             }
         }
-        for s in order {
-            match s {
-                false => {
-                    let (t, a) = read(&plain);
-                    rp.push(t);
-                    last = Some(a);
-                }
-                true => {
-                    let (t, b) = read(&stored);
-                    assert_eq!(Some(b), last.or(Some(b)), "the store read other bytes");
-                    rs.push(t);
-                }
-            }
+        for m in order {
+            let (t, sum) = read([&plain, &stored, &whole][m]);
+            assert_eq!(sum, *last.get_or_insert(sum), "a reader read other bytes");
+            [&mut rp, &mut rs, &mut rw][m].push(t);
         }
         if r + 1 < rounds {
             let _ = std::fs::remove_dir_all(&plain);
@@ -165,6 +163,8 @@ fn main() {
         } else {
             let st = Arc::new(Store::open(&store_dir).unwrap());
             let plain_bytes: u64 = std::fs::read_dir(&plain).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).sum();
+            st.remove("whole").unwrap();
+            gc::collect(&st, false).unwrap();
             let t = Instant::now();
             let u = usage::usage(&st).unwrap();
             let du = t.elapsed().as_secs_f64();
@@ -194,16 +194,18 @@ fn main() {
         })
         .unwrap_or_default();
     println!("load average {l1} {l5} {l15}");
-    println!("| measure | plain: s min, median (GB/s at median) | store: s min, median (GB/s at median) | store / plain throughput (medians) |");
+    println!("| measure | seconds min, median | GB/s at the median | throughput / plain (medians) |");
     println!("|---|---:|---:|---:|");
     let gbs = |secs: f64| logical as f64 / secs / 1e9;
-    for (what, p, s) in [("write", &wp, &ws), ("read", &rp, &rs)] {
-        let ((pm, pmed), (sm, smed)) = (stats(p), stats(s));
-        println!(
-            "| {what} | {pm:.3}, {pmed:.3} ({:.2}) | {sm:.3}, {smed:.3} ({:.2}) | {:.2}x |",
-            gbs(pmed),
-            gbs(smed),
-            pmed / smed
-        );
+    for (what, v, base) in [
+        ("write, plain folder", &wp, &wp),
+        ("write, store (16-row blocks)", &ws, &wp),
+        ("write, store (whole-field chunks)", &ww, &wp),
+        ("read, plain folder", &rp, &rp),
+        ("read, store (16-row blocks)", &rs, &rp),
+        ("read, store (whole-field chunks)", &rw, &rp),
+    ] {
+        let ((min, med), (_, bmed)) = (stats(v), stats(base));
+        println!("| {what} | {min:.3}, {med:.3} | {:.2} | {:.2}x |", gbs(med), bmed / med);
     }
 }

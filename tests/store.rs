@@ -117,7 +117,7 @@ fn writing_into_a_store_keeps_repeats_and_shared_prefixes_once() {
     for i in 0..60u64 {
         let rows = 100 + ((i * 37) % 200) as usize;
         let smp = if i % 10 == 9 {
-            written[(i as usize * 7) % written.len()].clone()
+            written[(i as usize * i as usize * 31 + 5) % written.len()].clone()
         } else if i % 3 == 0 {
             // The prefix's hidden rows count once, its token ids and mask are in every chunk.
             unique += (rows as u64 - 96) * row + 96 * 5 + if i == 0 { 96 * (row - 5) } else { 0 };

@@ -6,6 +6,8 @@ use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
 
+use rayon::prelude::*;
+
 use crate::error::{Error, Result};
 use crate::format::manifest::hex;
 use crate::format::{Footer, Index};
@@ -168,23 +170,44 @@ impl Ingest {
         let index_bytes = file.read(footer.index_offset..footer.index_offset + footer.index_len)?;
         let index = Index::parse(&index_bytes).map_err(format)?;
         let payloads = payloads(&index, footer.index_offset).map_err(format)?;
-        for p in &payloads {
-            if self.has(&p.id) {
-                self.found(p.len);
-                continue;
+        // Payloads not stored yet are read and hashed on the pool, a batch at a time, and
+        // packed in file order.
+        let damaged = |p: &super::skeleton::Payload| Error::StoreDamage {
+            path: path.to_path_buf(),
+            detail: format!(
+                "the chunk payload at byte {} does not hash to the {} its index records: the shard is damaged; nothing of it was stored (verify the source with `hspack verify`)",
+                p.offset,
+                hex(&p.id)
+            ),
+        };
+        for batch in payloads.chunks(64) {
+            let mut todo: Vec<&super::skeleton::Payload> =
+                batch.iter().filter(|p| !self.has(&p.id)).collect();
+            todo.sort_by_key(|p| p.id);
+            todo.dedup_by_key(|p| p.id);
+            let read: Vec<([u8; 32], Result<crate::io::FileBytes>)> = crate::parallel::install(|| {
+                todo.par_iter()
+                    .map(|p| {
+                        let got = file.read(p.offset..p.offset + p.len).and_then(|bytes| {
+                            match blake3::hash(&bytes).as_bytes() == &p.id {
+                                true => Ok(bytes),
+                                false => Err(damaged(p)),
+                            }
+                        });
+                        (p.id, got)
+                    })
+                    .collect()
+            });
+            let mut read: std::collections::HashMap<[u8; 32], Result<crate::io::FileBytes>> =
+                read.into_iter().collect();
+            for p in batch {
+                if self.has(&p.id) {
+                    self.found(p.len);
+                    continue;
+                }
+                let bytes = read.remove(&p.id).expect("read: not stored before this batch")?;
+                self.put(p.id, &bytes, false)?;
             }
-            let bytes = file.read(p.offset..p.offset + p.len)?;
-            if blake3::hash(&bytes).as_bytes() != &p.id {
-                return Err(Error::StoreDamage {
-                    path: path.to_path_buf(),
-                    detail: format!(
-                        "the chunk payload at byte {} does not hash to the {} its index records: the shard is damaged; nothing of it was stored (verify the source with `hspack verify`)",
-                        p.offset,
-                        hex(&p.id)
-                    ),
-                });
-            }
-            self.put(p.id, &bytes, false)?;
         }
         let skeleton = skeleton_of(&mut |r| Ok(file.read(r)?.to_vec()), len, &payloads)?;
         map_skeleton(&skeleton).map_err(format)?;

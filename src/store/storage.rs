@@ -169,9 +169,14 @@ pub fn open_file(
             ),
         });
     }
+    // Each piece's blob, found once (a read then costs one search for its piece).
     let locations = map
-        .payload_ids()
-        .map(|id| index.find(id).ok_or_else(|| missing(id)))
+        .pieces
+        .iter()
+        .map(|(_, _, p)| match p {
+            Piece::Payload(id) => index.find(id).map(Some).ok_or_else(|| missing(id)),
+            _ => Ok(None),
+        })
         .collect::<Result<Vec<_>>>()?;
     let literal = FileBytes::from_vec(map.literal.clone());
     Ok(Arc::new(StoreFile {
@@ -193,11 +198,11 @@ enum Content {
         at: Location,
         bytes: Option<FileBytes>,
     },
-    /// A shard: skeleton pieces and payload blobs (`locations` in payload order).
+    /// A shard: skeleton pieces and, for each payload piece, its blob.
     Shard {
         map: ShardMap,
         literal: FileBytes,
-        locations: Vec<Location>,
+        locations: Vec<Option<Location>>,
     },
 }
 
@@ -244,11 +249,8 @@ impl StoreFile {
                 .expect("inside the literal bytes")),
             Piece::Zeros => Ok(FileBytes::from_vec(vec![0; (b - a) as usize])),
             Piece::Payload(_) => {
-                let n = map.pieces[..i]
-                    .iter()
-                    .filter(|(_, _, p)| matches!(p, Piece::Payload(_)))
-                    .count();
-                self.blob_range(&locations[n], a..b)
+                let at = locations[i].as_ref().expect("found for every payload piece");
+                self.blob_range(at, a..b)
             }
         }
     }

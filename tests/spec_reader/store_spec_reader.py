@@ -9,7 +9,8 @@ FORMAT.md.
 What it reads:
 
 * `store.json` and `index.json` (§11, §11.3), every index run listed there (its length and
-  BLAKE3 against the record, header, pack table, fan-out, entries sorted by id), and a lookup
+  BLAKE3 against the record, its file name against the rule of §11.3, header, pack table,
+  fan-out, entries sorted by id), and a lookup
   by id (fan-out bucket plus binary search, runs from the newest);
 * packs (§11.2): header, footer, table, layout of the blobs, and a blob decoded (codec 0 or 1)
   and hashed against its id;
@@ -302,6 +303,17 @@ def parse_run(data: bytes, file: str) -> Run:
     return run
 
 
+def run_file_name(data: bytes, level: int) -> str:
+    """The name §11.3 gives a run: `index-<32 hex>.run`, the hex being the first 16 bytes of
+    the BLAKE3 of its entries, then its first 2112 + 16p bytes (header, pack table, fan-out),
+    then its level as a u32 (little-endian). `data` is a run that parse_run accepts."""
+    p = u32(data, 12)
+    base = RUN_HEADER_LEN + RUN_PACK_ID_LEN * p + FANOUT_LEN
+    need(0 <= level < 1 << 32, f"§11.3 run level {level} does not fit a u32")
+    h = b3(data[base:] + data[:base] + level.to_bytes(4, "little"))
+    return f"index-{h[:16].hex()}.run"
+
+
 def parse_run_record(r: object, i: int) -> dict:
     what = f"index.json run {i}"
     exact_keys(r, RUN_RECORD_KEYS, "§11.3", what)
@@ -327,15 +339,20 @@ def read_run(root: Path, rec: dict) -> Run:
     data = path.read_bytes()
     h = b3(data)
     need(h.hex() == rec["blake3"], f"§11.3 {name}: BLAKE3 differs from index.json")
-    # §11.3 says only "the name hashing its contents", without saying which hash of what; the
-    # golden runs are not named after BLAKE3(file)[:16] (as a pack is after its table's), so
-    # the name is not checked here: the record's length and BLAKE3 already pin the bytes.
     run = parse_run(data, name)
     need(
         run.n == rec["entries"],
         f"§11.3 {name}: {run.n} entries, index.json says {rec['entries']}",
     )
     run.level = rec["level"]
+    # §11.3 lets a reader skip the name; this one checks it, so a run renamed (or listed under
+    # another level) is caught even with its length and BLAKE3 right.
+    want_name = run_file_name(data, rec["level"])
+    need(
+        name == want_name,
+        f"§11.3 {name}: run name is not {want_name} (BLAKE3 of its entries, its first "
+        f"2112 + 16p bytes and its level {rec['level']} as a u32)",
+    )
     return run
 
 

@@ -126,6 +126,20 @@ def test_lookup_finds_every_id_and_only_those(store):
     assert store.lookup(b"\xff" * 32) is None
 
 
+def test_golden_run_names_follow_the_rule(store):
+    """§11.3: each run is named `index-<32 hex>.run`, the hex the first 16 bytes of the BLAKE3
+    of its entries, then its first 2112 + 16p bytes, then its level as a u32."""
+    records = json.loads((STORE / "index.json").read_text())["runs"]
+    files = sorted(p.name for p in STORE.glob("index-*.run"))
+    assert files and files == sorted(r["file"] for r in records)
+    for rec in records:
+        data = (STORE / rec["file"]).read_bytes()
+        # The rule written out in the test (StoreCopy.run_name), apart from the reader's own.
+        assert StoreCopy.run_name(data, rec["level"]) == rec["file"]
+        assert store_spec.run_file_name(data, rec["level"]) == rec["file"]
+    assert [r.file for r in store.runs] == [r["file"] for r in records]
+
+
 def test_writer_rules_of_the_golden_store(store):
     """§11.2: chunk payloads are stored as they are; zstd only where it saves an eighth."""
     payloads = set()
@@ -170,12 +184,32 @@ class StoreCopy:
         return bytearray((self.root / self.index["runs"][i]["file"]).read_bytes())
 
     def save_run(self, i: int, data: bytearray, rehash: bool = True) -> None:
+        """Writes run i; with rehash, as a writer would: its record's length and BLAKE3 updated
+        and the file renamed after its new bytes (§11.3), so only the planted fault is left."""
         rec = self.index["runs"][i]
         (self.root / rec["file"]).write_bytes(bytes(data))
         if rehash:
             rec["bytes"] = len(data)
             rec["blake3"] = b3(bytes(data)).hex()
-            (self.root / "index.json").write_text(json.dumps(self.index, indent=2))
+            self.rename_run(i, self.run_name(data, rec["level"]))
+
+    @staticmethod
+    def run_name(data: bytes, level: int) -> str:
+        """§11.3: BLAKE3 of the entries, the first 2112 + 16p bytes and the level (u32), 16 bytes."""
+        base = 2112 + 16 * struct.unpack_from("<I", data, 12)[0]
+        h = b3(bytes(data[base:]) + bytes(data[:base]) + struct.pack("<I", level))
+        return f"index-{h[:16].hex()}.run"
+
+    def save_index(self) -> None:
+        (self.root / "index.json").write_text(json.dumps(self.index, indent=2))
+
+    def rename_run(self, i: int, new: str) -> None:
+        """Renames run i's file and its record; its bytes, length and BLAKE3 stay as they are."""
+        rec = self.index["runs"][i]
+        if new != rec["file"]:
+            (self.root / rec["file"]).rename(self.root / new)
+        rec["file"] = new
+        self.save_index()
 
     def dataset(self, name: str) -> dict:
         return json.loads((self.root / "datasets" / f"{name}.json").read_text())
@@ -242,6 +276,35 @@ def test_index_run_edited_without_its_record_is_refused(tmp_path):
     run[base + 40] ^= 0x40  # an offset
     c.save_run(0, run, rehash=False)
     with pytest.raises(SpecError, match="BLAKE3 differs from index.json"):
+        Store(c.root)
+
+
+def test_index_run_renamed_is_refused_by_its_name(tmp_path):
+    """A run moved to another `index-<32 hex>.run` name, its record renamed with it (length and
+    BLAKE3 still right), is refused by the name rule of §11.3 and nothing earlier."""
+    c = StoreCopy(tmp_path)
+    i = len(c.index["runs"]) - 1
+    rec = c.index["runs"][i]
+    old = rec["file"]
+    data = (c.root / old).read_bytes()
+    new = f"index-{b3(data)[:16].hex()}.run"  # named after the whole file: not the rule
+    assert new != old and store_spec.RUN_FILE.fullmatch(new)
+    c.rename_run(i, new)
+    assert (rec["bytes"], rec["blake3"]) == (len(data), b3(data).hex())
+    assert (c.root / new).read_bytes() == data and not (c.root / old).exists()
+    with pytest.raises(SpecError, match=rf"§11\.3 {new}: run name is not {old}"):
+        Store(c.root)
+    # Named back, it reads again.
+    c.rename_run(i, old)
+    Store(c.root)
+
+
+def test_index_run_listed_under_another_level_is_refused_by_its_name(tmp_path):
+    """The level enters the name (§11.3): the same bytes listed at another level are misnamed."""
+    c = StoreCopy(tmp_path)
+    c.index["runs"][0]["level"] += 1
+    c.save_index()
+    with pytest.raises(SpecError, match="run name is not index-"):
         Store(c.root)
 
 
