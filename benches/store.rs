@@ -62,11 +62,17 @@ fn noise(seed: u64, len: usize) -> Vec<u8> {
 /// The capture's samples: (key, fields).
 fn samples(n: u64) -> Vec<(String, Vec<Vec<u8>>)> {
     let row = [4usize, HIDDEN as usize * 2, HIDDEN as usize * 2];
-    let prompt: Vec<Vec<u8>> = row.iter().enumerate().map(|(f, r)| noise(7 + f as u64, 96 * r)).collect();
+    let prompt: Vec<Vec<u8>> = row
+        .iter()
+        .enumerate()
+        .map(|(f, r)| noise(7 + f as u64, 96 * r))
+        .collect();
     let mut out: Vec<(String, Vec<Vec<u8>>)> = Vec::new();
     for i in 0..n {
         let fields = if i % 10 == 9 {
-            out[(i as usize * i as usize * 31 + 5) % out.len()].1.clone()
+            out[(i as usize * i as usize * 31 + 5) % out.len()]
+                .1
+                .clone()
         } else {
             let rows = 128 + (i * 389 % 897) as usize;
             let mut fields: Vec<Vec<u8>> = row
@@ -96,7 +102,11 @@ fn write(path: &std::path::Path, data: &[(String, Vec<Vec<u8>>)], block_rows: Op
     let mut w = DatasetWriter::create(path, schema(), options).unwrap();
     let names = ["input_ids", "hidden.2", "hidden.30"];
     for (key, fields) in data {
-        let views: Vec<(&str, &[u8])> = names.iter().copied().zip(fields.iter().map(|f| f.as_slice())).collect();
+        let views: Vec<(&str, &[u8])> = names
+            .iter()
+            .copied()
+            .zip(fields.iter().map(|f| f.as_slice()))
+            .collect();
         w.append(key, &views).unwrap();
     }
     w.finish().unwrap();
@@ -126,11 +136,19 @@ fn stats(v: &[f64]) -> (f64, f64) {
 fn main() {
     let n = env("SAMPLES", 60);
     let rounds = env("ROUNDS", 5) as usize;
-    let base = std::env::var("HSPACK_BENCH_DIR").map(std::path::PathBuf::from).unwrap_or_else(|_| std::env::temp_dir());
+    let base = std::env::var("HSPACK_BENCH_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|_| std::env::temp_dir());
     let dir = tempfile::tempdir_in(base).unwrap();
     let data = samples(n);
-    let logical: u64 = data.iter().flat_map(|(_, f)| f.iter().map(|b| b.len() as u64)).sum();
-    println!("{n} samples, {:.2} GB of fields; {rounds} rounds, plain and store interleaved", logical as f64 / 1e9);
+    let logical: u64 = data
+        .iter()
+        .flat_map(|(_, f)| f.iter().map(|b| b.len() as u64))
+        .sum();
+    println!(
+        "{n} samples, {:.2} GB of fields; {rounds} rounds, plain and store interleaved",
+        logical as f64 / 1e9
+    );
     let (mut wp, mut ws, mut rp, mut rs) = (vec![], vec![], vec![], vec![]);
     let (mut ww, mut rw) = (vec![], vec![]);
     let mut last = None;
@@ -162,7 +180,10 @@ fn main() {
             let _ = std::fs::remove_dir_all(&store_dir);
         } else {
             let st = Arc::new(Store::open(&store_dir).unwrap());
-            let plain_bytes: u64 = std::fs::read_dir(&plain).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).sum();
+            let plain_bytes: u64 = std::fs::read_dir(&plain)
+                .unwrap()
+                .map(|e| e.unwrap().metadata().unwrap().len())
+                .sum();
             st.remove("whole").unwrap();
             gc::collect(&st, false).unwrap();
             let t = Instant::now();
@@ -179,22 +200,34 @@ fn main() {
                 u.saved_shared_rows as f64 / 1e6,
                 du
             );
-            hspack::transfer::add_to_store(&st, &Dataset::open(&plain).unwrap(), "import", &|_| {}).unwrap();
+            hspack::transfer::add_to_store(&st, &Dataset::open(&plain).unwrap(), "import", &|_| {})
+                .unwrap();
             st.remove("cap").unwrap();
             let t = Instant::now();
             let g = gc::collect(&st, false).unwrap();
-            println!("gc after removing a dataset another shares: {:.3} s ({} blobs live, {} removed)", t.elapsed().as_secs_f64(), g.blobs_live, g.blobs_removed);
+            println!(
+                "gc after removing a dataset another shares: {:.3} s ({} blobs live, {} removed)",
+                t.elapsed().as_secs_f64(),
+                g.blobs_live,
+                g.blobs_removed
+            );
         }
     }
     let (l1, l5, l15) = std::fs::read_to_string("/proc/loadavg")
         .ok()
         .and_then(|s| {
-            let v: Vec<f64> = s.split_whitespace().take(3).filter_map(|x| x.parse().ok()).collect();
+            let v: Vec<f64> = s
+                .split_whitespace()
+                .take(3)
+                .filter_map(|x| x.parse().ok())
+                .collect();
             Some((*v.first()?, *v.get(1)?, *v.get(2)?))
         })
         .unwrap_or_default();
     println!("load average {l1} {l5} {l15}");
-    println!("| measure | seconds min, median | GB/s at the median | throughput / plain (medians) |");
+    println!(
+        "| measure | seconds min, median | GB/s at the median | throughput / plain (medians) |"
+    );
     println!("|---|---:|---:|---:|");
     let gbs = |secs: f64| logical as f64 / secs / 1e9;
     for (what, v, base) in [
@@ -206,6 +239,10 @@ fn main() {
         ("read, store (whole-field chunks)", &rw, &rp),
     ] {
         let ((min, med), (_, bmed)) = (stats(v), stats(base));
-        println!("| {what} | {min:.3}, {med:.3} | {:.2} | {:.2}x |", gbs(med), bmed / med);
+        println!(
+            "| {what} | {min:.3}, {med:.3} | {:.2} | {:.2}x |",
+            gbs(med),
+            bmed / med
+        );
     }
 }

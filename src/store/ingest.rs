@@ -172,32 +172,35 @@ impl Ingest {
         let payloads = payloads(&index, footer.index_offset).map_err(format)?;
         // Payloads not stored yet are read and hashed on the pool, a batch at a time, and
         // packed in file order.
-        let damaged = |p: &super::skeleton::Payload| Error::StoreDamage {
+        let damaged = |p: &super::skeleton::Payload| {
+            Error::StoreDamage {
             path: path.to_path_buf(),
             detail: format!(
                 "the chunk payload at byte {} does not hash to the {} its index records: the shard is damaged; nothing of it was stored (verify the source with `hspack verify`)",
                 p.offset,
                 hex(&p.id)
             ),
+        }
         };
         for batch in payloads.chunks(64) {
             let mut todo: Vec<&super::skeleton::Payload> =
                 batch.iter().filter(|p| !self.has(&p.id)).collect();
             todo.sort_by_key(|p| p.id);
             todo.dedup_by_key(|p| p.id);
-            let read: Vec<([u8; 32], Result<crate::io::FileBytes>)> = crate::parallel::install(|| {
-                todo.par_iter()
-                    .map(|p| {
-                        let got = file.read(p.offset..p.offset + p.len).and_then(|bytes| {
-                            match blake3::hash(&bytes).as_bytes() == &p.id {
-                                true => Ok(bytes),
-                                false => Err(damaged(p)),
-                            }
-                        });
-                        (p.id, got)
-                    })
-                    .collect()
-            });
+            let read: Vec<([u8; 32], Result<crate::io::FileBytes>)> =
+                crate::parallel::install(|| {
+                    todo.par_iter()
+                        .map(|p| {
+                            let got = file.read(p.offset..p.offset + p.len).and_then(|bytes| {
+                                match blake3::hash(&bytes).as_bytes() == &p.id {
+                                    true => Ok(bytes),
+                                    false => Err(damaged(p)),
+                                }
+                            });
+                            (p.id, got)
+                        })
+                        .collect()
+                });
             let mut read: std::collections::HashMap<[u8; 32], Result<crate::io::FileBytes>> =
                 read.into_iter().collect();
             for p in batch {
@@ -205,7 +208,9 @@ impl Ingest {
                     self.found(p.len);
                     continue;
                 }
-                let bytes = read.remove(&p.id).expect("read: not stored before this batch")?;
+                let bytes = read
+                    .remove(&p.id)
+                    .expect("read: not stored before this batch")?;
                 self.put(p.id, &bytes, false)?;
             }
         }

@@ -32,6 +32,7 @@ pub struct StoreDataset {
     path: PathBuf,
     staging: LocalStorage,
     state: Arc<Mutex<WriteState>>,
+    index: Mutex<Option<Arc<BlobIndex>>>,
 }
 
 #[derive(Debug, Default)]
@@ -65,6 +66,7 @@ impl StoreDataset {
             name: name.into(),
             store,
             state: Arc::new(Mutex::new(WriteState::default())),
+            index: Mutex::new(None),
         })
     }
 
@@ -111,7 +113,16 @@ impl StoreDataset {
 
     /// Opens the file of `record`.
     pub fn open_record(&self, record: &FileRecord) -> Result<Arc<dyn FileReader>> {
-        let index = self.store.index()?;
+        // The index as last read; read again once when it lacks a blob (a commit or a
+        // collection since may have added or moved it).
+        let cached = self.index.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if let Some(index) = cached {
+            if let Ok(file) = open_file(&self.store, &index, record, self.path(&record.name)) {
+                return Ok(file);
+            }
+        }
+        let index = Arc::new(self.store.index()?);
+        *self.index.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::clone(&index));
         open_file(&self.store, &index, record, self.path(&record.name))
     }
 }
@@ -249,7 +260,9 @@ impl StoreFile {
                 .expect("inside the literal bytes")),
             Piece::Zeros => Ok(FileBytes::from_vec(vec![0; (b - a) as usize])),
             Piece::Payload(_) => {
-                let at = locations[i].as_ref().expect("found for every payload piece");
+                let at = locations[i]
+                    .as_ref()
+                    .expect("found for every payload piece");
                 self.blob_range(at, a..b)
             }
         }
@@ -512,6 +525,7 @@ impl Storage for StoreDataset {
                 path: self.path.clone(),
                 staging: LocalStorage::new(self.store.root().join("staging")),
                 state: Arc::clone(&self.state),
+                index: Mutex::new(None),
             },
         }))
     }
