@@ -30,7 +30,7 @@ fn env(name: &str, default: u64) -> u64 {
 fn schema() -> Schema {
     let layer = |l: u32| {
         Field::new(
-            &format!("hidden.{l}"),
+            format!("hidden.{l}"),
             DType::BF16,
             &[HIDDEN],
             Role::HiddenState {
