@@ -53,7 +53,8 @@ fn read_pod<T: Pod>(bytes: &[u8], structure: &'static str) -> Result<T, FormatEr
     Ok(bytemuck::pod_read_unaligned(src))
 }
 
-fn expect_magic(
+/// Refuses magic bytes other than `expected`.
+pub(crate) fn expect_magic(
     found: [u8; 8],
     expected: &'static [u8; 8],
     structure: &'static str,
@@ -70,14 +71,23 @@ fn expect_magic(
 }
 
 fn expect_version(found: u16, structure: &'static str) -> Result<(), FormatError> {
-    if (MIN_VERSION..=VERSION).contains(&found) {
+    expect_version_in(found, MIN_VERSION..=VERSION, structure)
+}
+
+/// Refuses a version outside `known`.
+pub(crate) fn expect_version_in(
+    found: u16,
+    known: std::ops::RangeInclusive<u16>,
+    structure: &'static str,
+) -> Result<(), FormatError> {
+    if known.contains(&found) {
         Ok(())
     } else {
         Err(FormatError::UnsupportedVersion {
             structure,
             found: found.into(),
-            min: MIN_VERSION.into(),
-            max: VERSION.into(),
+            min: (*known.start()).into(),
+            max: (*known.end()).into(),
         })
     }
 }

@@ -41,37 +41,35 @@ fn open(path: &Path) -> Result<File> {
         .map_err(io(path, "open lock"))
 }
 
-/// Waits for the shared hold of `gc.lock`.
-pub fn adding(store: &Path) -> Result<StoreLock> {
-    let path = lock_path(store, "gc.lock");
+/// Waits for lock file `name`, shared or exclusive.
+fn hold(store: &Path, name: &str, shared: bool) -> Result<StoreLock> {
+    let path = lock_path(store, name);
     let file = open(&path)?;
-    file.lock_shared().map_err(io(&path, "lock"))?;
+    let held = if shared {
+        file.lock_shared()
+    } else {
+        file.lock()
+    };
+    held.map_err(io(&path, "lock"))?;
     Ok(StoreLock {
         _file: file,
         pid: std::process::id(),
     })
+}
+
+/// Waits for the shared hold of `gc.lock`.
+pub fn adding(store: &Path) -> Result<StoreLock> {
+    hold(store, "gc.lock", true)
 }
 
 /// Waits for the exclusive hold of `gc.lock`.
 pub fn collecting(store: &Path) -> Result<StoreLock> {
-    let path = lock_path(store, "gc.lock");
-    let file = open(&path)?;
-    file.lock().map_err(io(&path, "lock"))?;
-    Ok(StoreLock {
-        _file: file,
-        pid: std::process::id(),
-    })
+    hold(store, "gc.lock", false)
 }
 
 /// Waits for `index.lock`.
 pub fn index(store: &Path) -> Result<StoreLock> {
-    let path = lock_path(store, "index.lock");
-    let file = open(&path)?;
-    file.lock().map_err(io(&path, "lock"))?;
-    Ok(StoreLock {
-        _file: file,
-        pid: std::process::id(),
-    })
+    hold(store, "index.lock", false)
 }
 
 /// Takes dataset `name`'s lock, or says that another process holds it.

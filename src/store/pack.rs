@@ -82,35 +82,19 @@ pub(crate) fn invalid(
     }
 }
 
-/// Refuses `found` when it is not `expected`.
+/// Refuses `found` (8 bytes) when it is not `expected`.
 pub(crate) fn magic(
     found: &[u8],
     expected: &'static [u8; 8],
     structure: &'static str,
 ) -> Result<(), FormatError> {
-    if found == expected {
-        return Ok(());
-    }
-    let mut got = [0u8; 8];
-    got[..found.len().min(8)].copy_from_slice(&found[..found.len().min(8)]);
-    Err(FormatError::BadMagic {
-        structure,
-        found: got,
-        expected: std::str::from_utf8(expected).unwrap_or("?"),
-    })
+    let found: [u8; 8] = found.try_into().expect("8 magic bytes");
+    crate::format::layout::expect_magic(found, expected, structure)
 }
 
 /// Refuses a version other than `known`.
 pub(crate) fn version(found: u16, known: u16, structure: &'static str) -> Result<(), FormatError> {
-    if found == known {
-        return Ok(());
-    }
-    Err(FormatError::UnsupportedVersion {
-        structure,
-        found: found.into(),
-        min: known.into(),
-        max: known.into(),
-    })
+    crate::format::layout::expect_version_in(found, known..=known, structure)
 }
 
 pub(crate) fn u64_at(b: &[u8], at: usize) -> u64 {

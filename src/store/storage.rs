@@ -276,17 +276,7 @@ impl FileReader for StoreFile {
 
     fn read(&self, range: Range<u64>) -> Result<FileBytes> {
         if range.start > range.end || range.end > self.len {
-            return Err(Error::Io {
-                path: self.path.clone(),
-                op: "read",
-                source: std::io::Error::new(
-                    std::io::ErrorKind::UnexpectedEof,
-                    format!(
-                        "bytes {}..{} are outside the file of {} bytes",
-                        range.start, range.end, self.len
-                    ),
-                ),
-            });
+            return Err(crate::io::local::out_of_file(&self.path, &range, self.len));
         }
         if range.is_empty() {
             return Ok(FileBytes::from_vec(Vec::new()));
