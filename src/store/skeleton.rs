@@ -77,10 +77,9 @@ pub struct ShardMap {
 /// Runs of zeros at least this long are kept as [`Piece::Zeros`], not as literal bytes.
 const ZERO_RUN: usize = 256;
 
-/// Maps a shard from its skeleton's bytes: the footer is their last 128 bytes, the index just
-/// before it (checked against the footer's index hash), and the payloads the index names go
-/// between the skeleton's stretches. Refuses a skeleton whose lengths do not add up.
-pub fn map_skeleton(skeleton: &[u8]) -> Result<ShardMap, FormatError> {
+/// The footer (the skeleton's last 128 bytes) and the index just before it, checked against
+/// the footer's index hash.
+pub fn skeleton_index(skeleton: &[u8]) -> Result<(Footer, Index<'_>), FormatError> {
     const S: &str = "shard skeleton";
     if skeleton.len() < ShardHeader::SIZE + Footer::SIZE {
         return Err(FormatError::Truncated {
@@ -96,12 +95,21 @@ pub fn map_skeleton(skeleton: &[u8]) -> Result<ShardMap, FormatError> {
         .ok()
         .filter(|&n| n <= skeleton.len() - Footer::SIZE)
         .ok_or_else(|| invalid(S, "index length", footer.index_len, "inside the skeleton"))?;
-    let index_at = skeleton.len() - Footer::SIZE - index_len;
-    let index_bytes = &skeleton[index_at..skeleton.len() - Footer::SIZE];
+    let index_bytes =
+        &skeleton[skeleton.len() - Footer::SIZE - index_len..skeleton.len() - Footer::SIZE];
     if blake3::hash(index_bytes).as_bytes() != &footer.index_hash {
         return Err(invalid(S, "index blake3", 0, "the footer's index hash"));
     }
-    let index = Index::parse(index_bytes)?;
+    Ok((footer, Index::parse(index_bytes)?))
+}
+
+/// Maps a shard from its skeleton's bytes: the footer is their last 128 bytes, the index just
+/// before it (checked against the footer's index hash), and the payloads the index names go
+/// between the skeleton's stretches. Refuses a skeleton whose lengths do not add up.
+pub fn map_skeleton(skeleton: &[u8]) -> Result<ShardMap, FormatError> {
+    const S: &str = "shard skeleton";
+    let (footer, index) = skeleton_index(skeleton)?;
+    let (file_len, index_len) = (footer.file_len, footer.index_len as usize);
     let payloads = payloads(&index, footer.index_offset)?;
     let payload_bytes: u64 = payloads.iter().map(|p| p.len).sum();
     if (skeleton.len() as u64).checked_add(payload_bytes) != Some(file_len)

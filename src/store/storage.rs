@@ -70,6 +70,18 @@ impl StoreDataset {
         })
     }
 
+    /// Another handle on this dataset that shares its writes (for a file being staged).
+    fn handle(&self) -> StoreDataset {
+        StoreDataset {
+            store: Arc::clone(&self.store),
+            name: self.name.clone(),
+            path: self.path.clone(),
+            staging: LocalStorage::new(self.store.root().join("staging")),
+            state: Arc::clone(&self.state),
+            index: Mutex::new(None),
+        }
+    }
+
     /// The store.
     pub fn store(&self) -> &Arc<Store> {
         &self.store
@@ -509,14 +521,7 @@ impl Storage for StoreDataset {
         Ok(Box::new(StagedFile {
             inner: self.staging.create(&crate::io::temp_name(&staged))?,
             staged,
-            owner: StoreDataset {
-                store: Arc::clone(&self.store),
-                name: self.name.clone(),
-                path: self.path.clone(),
-                staging: LocalStorage::new(self.store.root().join("staging")),
-                state: Arc::clone(&self.state),
-                index: Mutex::new(None),
-            },
+            owner: self.handle(),
         }))
     }
 

@@ -5,11 +5,10 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::format::manifest::hex;
-use crate::format::{Footer, Index};
 
 use super::index::BlobIndex;
 use super::pack::{check_header, decode_table, pack_name, PACK_HEADER};
-use super::skeleton::map_skeleton;
+use super::skeleton::{map_skeleton, skeleton_index};
 use super::snapshot::blob_id;
 use super::Store;
 
@@ -97,11 +96,8 @@ pub fn usage(store: &Store) -> Result<StoreUsage> {
                 path: path.clone(),
                 source,
             };
-            let map = map_skeleton(&skeleton).map_err(format)?;
-            let tail = &skeleton[skeleton.len() - Footer::SIZE..];
-            let footer = Footer::decode(tail, map.file_len).map_err(format)?;
-            let at = skeleton.len() - Footer::SIZE - footer.index_len as usize;
-            let idx = Index::parse(&skeleton[at..skeleton.len() - Footer::SIZE]).map_err(format)?;
+            map_skeleton(&skeleton).map_err(format)?;
+            let (_, idx) = skeleton_index(&skeleton).map_err(format)?;
             du.samples += idx.sample_count();
             // Payloads by sample: a sample all of whose payloads were stored already by this
             // dataset is a whole repeat.
