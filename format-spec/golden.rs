@@ -65,14 +65,34 @@ pub fn stacked_schema() -> Schema {
 
 /// Writes every golden dataset under `root`: `v1/{codec}`, `v2/stacked` and `v3/leased`.
 /// The folders [`write_all`] writes, relative to its root.
-pub const WRITTEN: [&str; 6] = [
+pub const WRITTEN: [&str; 7] = [
     "v4/segments",
     "v4/stacked",
     "v4/leased",
     "store-v1",
     "store-v1/packs",
     "store-v1/datasets",
+    "store-v1/captures",
 ];
+
+/// The capture config the golden capture file (§11.7) records the `stacked` samples under,
+/// each keyed by its `input_ids`.
+pub fn capture_config() -> hspack::store::captures::CaptureConfig {
+    hspack::store::captures::CaptureConfig {
+        model: "golden/model".into(),
+        revision: None,
+        config_hash: Some("0123abcd".into()),
+        engine: "transformers".into(),
+        deterministic: true,
+        dtype: "bf16".into(),
+        layers: vec![2, 30, 58, 61],
+        fields: stacked_schema()
+            .fields
+            .iter()
+            .map(|f| f.name.clone())
+            .collect(),
+    }
+}
 
 pub fn write_all(root: &Path) -> hspack::Result<()> {
     let v4 = root.join("v4");
@@ -96,7 +116,8 @@ pub fn write_all(root: &Path) -> hspack::Result<()> {
 
 /// `store-v1`: a store holding `v4/segments` as `segments` and again as `again` (a
 /// re-import: nothing new stored) and `v4/stacked` as `stacked`, one shard at a time so the
-/// packs and runs come out the same on every run.
+/// packs and runs come out the same on every run; and one capture file recording every
+/// `stacked` sample under [`capture_config`].
 fn write_store(dir: &Path, v4: &Path) -> hspack::Result<()> {
     use hspack::store::Store;
     use std::sync::Arc;
@@ -115,6 +136,27 @@ fn write_store(dir: &Path, v4: &Path) -> hspack::Result<()> {
         let dst: Arc<dyn Storage> = Arc::new(store.dataset(name)?);
         hspack::transfer::copy(&src, &dst, &options, &|_| {})?;
     }
+    use hspack::store::captures::{sample_digest, sample_tensors};
+    let stacked = hspack::Dataset::open(dir.join("stacked"))?;
+    let records = (0..stacked.len())
+        .map(|i| {
+            let tensors = sample_tensors(&stacked, i)?;
+            let tokens: Vec<i64> = tensors[0]
+                .1
+                .as_slice::<i32>()
+                .expect("i32 input_ids")
+                .iter()
+                .map(|&t| t.into())
+                .collect();
+            let digest = sample_digest(tensors.iter().map(|(n, t)| (n.as_str(), t.bytes())));
+            Ok((
+                capture_config().key(&tokens, None),
+                digest,
+                stacked.sample(i)?.key().to_string(),
+            ))
+        })
+        .collect::<hspack::Result<Vec<_>>>()?;
+    store.record_captures("stacked", &records)?;
     for transient in ["locks", "staging"] {
         let _ = std::fs::remove_dir_all(dir.join(transient));
     }

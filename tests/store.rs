@@ -293,9 +293,111 @@ fn killing_gc_while_a_writer_adds_loses_no_committed_chunk() {
     assert!(done.status.success(), "{}", text(&done));
     let v = hspack(&["store", "verify", s(&store_dir)]);
     assert!(
-        v.status.success() && stdout(&v).contains("2 datasets: OK"),
+        v.status.success() && stdout(&v).contains("2 datasets, 0 capture files: OK"),
         "{}",
         text(&v)
     );
     assert_eq!(digest(&store_dir.join("base")), digest(&base));
+}
+
+#[test]
+fn capture_keys_find_stored_samples_until_their_dataset_goes() {
+    use hspack::store::captures::{reuse_captured, sample_digest, sample_tensors, CaptureConfig};
+    let t = tempfile::tempdir().unwrap();
+    let store_dir = t.path().join("store");
+    let a = t.path().join("a");
+    write_plain(&a, 6, 1);
+    let store = Arc::new(Store::init(&store_dir).unwrap());
+    add(&store, &Dataset::open(&a).unwrap(), "a", &|_| {}).unwrap();
+    let stored = Dataset::open(store_dir.join("a")).unwrap();
+    let config = CaptureConfig {
+        model: "m".into(),
+        revision: None,
+        config_hash: None,
+        engine: "transformers".into(),
+        deterministic: true,
+        dtype: "bf16".into(),
+        layers: vec![2],
+        fields: vec![],
+    };
+    let key = |i: i64| config.key(&[i, i + 1], None);
+    let records: Vec<_> = (0..6)
+        .map(|i| {
+            let t = sample_tensors(&stored, i).unwrap();
+            let digest = sample_digest(t.iter().map(|(n, t)| (n.as_str(), t.bytes())));
+            (key(i as i64), digest, format!("s{i}"))
+        })
+        .collect();
+    store.record_captures("a", &records).unwrap();
+    let hits = store.find_captures(&[key(4), key(40)]).unwrap();
+    assert_eq!(
+        hits[0].as_ref().map(|h| (h.dataset.as_str(), h.ordinal)),
+        Some(("a", 4))
+    );
+    assert!(hits[1].is_none());
+
+    // Reused into another dataset: the same bytes, under the new key.
+    let mut w = DatasetWriter::create_in(
+        Arc::new(store.dataset("b").unwrap()),
+        capture_schema(64),
+        WriteOptions::default(),
+    )
+    .unwrap();
+    let (done, stats) = reuse_captured(
+        &store,
+        &mut w,
+        &[("x".into(), key(4)), ("y".into(), key(9))],
+    )
+    .unwrap();
+    assert_eq!(
+        (done[0], done[1].is_none(), stats.reused),
+        (Some(records[4].1), true, 1)
+    );
+    w.finish().unwrap();
+    let b = Dataset::open(store_dir.join("b")).unwrap();
+    assert_eq!(b.len(), 1);
+    assert_eq!(
+        sample_tensors(&b, 0)
+            .unwrap()
+            .iter()
+            .map(|(n, t)| (n.clone(), t.bytes().to_vec()))
+            .collect::<Vec<_>>(),
+        sample_tensors(&stored, 4)
+            .unwrap()
+            .iter()
+            .map(|(n, t)| (n.clone(), t.bytes().to_vec()))
+            .collect::<Vec<_>>()
+    );
+
+    // Verify names a damaged capture file; gc drops the files of removed datasets.
+    let file = std::fs::read_dir(store_dir.join("captures"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let good = std::fs::read(&file).unwrap();
+    let mut bad = good.clone();
+    bad[200] ^= 1;
+    std::fs::write(&file, &bad).unwrap();
+    let check = usage::check(&store).unwrap();
+    assert!(
+        check
+            .problems
+            .iter()
+            .any(|p| p.contains(&*file.to_string_lossy()) && p.contains("damaged")),
+        "{:?}",
+        check.problems
+    );
+    assert!(store.find_captures(&[key(4)]).is_err());
+    std::fs::write(&file, &good).unwrap();
+    assert_eq!(usage::check(&store).unwrap().capture_files, 1);
+    assert!(hspack(&["store", "rm", s(&store_dir), "a"])
+        .status
+        .success());
+    assert!(store.find_captures(&[key(4)]).unwrap()[0].is_none());
+    let r = gc::collect(&store, false).unwrap();
+    assert_eq!(r.capture_files_removed, 1, "{r:?}");
+    assert!(!file.exists());
+    same_samples(&Dataset::open(store_dir.join("b")).unwrap(), &b, |_| {});
 }

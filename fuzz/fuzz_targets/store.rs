@@ -1,9 +1,11 @@
 #![no_main]
-//! Any bytes as the store's files (FORMAT.md §11): a pack (its table), an index run, a named
-//! dataset or `index.json` (JSON), or a shard skeleton. Decoding never panics; what decodes
+//! Any bytes as the store's files (FORMAT.md §11): a pack (its table), an index run, a capture
+//! file (also with its trailing hash made right, to get past it), a named dataset or
+//! `index.json` (JSON), or a shard skeleton. Decoding never panics; what decodes
 //! is consistent, and JSON that decodes re-encodes to JSON that decodes equal.
 
 use hspack::io::FileBytes;
+use hspack::store::captures::CaptureFile;
 use hspack::store::index::{IndexRoot, Run};
 use hspack::store::pack::{check_header, decode_table};
 use hspack::store::skeleton::map_skeleton;
@@ -25,6 +27,22 @@ fuzz_target!(|data: &[u8]| {
             for i in 0..run.len() {
                 let e = run.decode(i).expect("parse checked every entry");
                 assert_eq!(run.find(&e.blob.id), Some(e));
+            }
+        }
+        return;
+    }
+    if data.starts_with(b"HSPKCAPT") {
+        let _ = CaptureFile::decode(data);
+        if data.len() >= 32 {
+            let mut fixed = data[..data.len() - 32].to_vec();
+            let hash = blake3::hash(&fixed);
+            fixed.extend_from_slice(hash.as_bytes());
+            if let Ok(f) = CaptureFile::decode(&fixed) {
+                let (_, again) = f.encode();
+                assert_eq!(CaptureFile::decode(&again).expect("re-encodes"), f);
+                for e in &f.entries {
+                    assert_eq!(f.find(&e.key), Some(e));
+                }
             }
         }
         return;

@@ -223,7 +223,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                 println!("{}", serde_json::to_string_pretty(&r)?);
             } else {
                 println!(
-                    "{}: {} live, {} removed; packs: {} kept, {} rewritten, {} deleted; freed {}, wrote {}, in {:.2} s",
+                    "{}: {} live, {} removed; packs: {} kept, {} rewritten, {} deleted; freed {}, wrote {}; {} of removed datasets deleted; in {:.2} s",
                     store.display(),
                     count(r.blobs_live, "blob"),
                     count(r.blobs_removed, "blob"),
@@ -232,6 +232,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                     r.packs_deleted,
                     human_bytes(r.bytes_freed),
                     human_bytes(r.bytes_written),
+                    count(r.capture_files_removed, "capture file"),
                     start.elapsed().as_secs_f64()
                 );
             }
@@ -248,12 +249,13 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                     println!("DAMAGED {p}");
                 }
                 println!(
-                    "{}: {}, {} ({}) hashed, {}: {}",
+                    "{}: {}, {} ({}) hashed, {}, {}: {}",
                     store.display(),
                     count(c.packs, "pack"),
                     count(c.blobs, "blob"),
                     human_bytes(c.bytes),
                     count(c.datasets, "dataset"),
+                    count(c.capture_files, "capture file"),
                     if ok { "OK" } else { "DAMAGED" }
                 );
             }

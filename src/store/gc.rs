@@ -39,6 +39,8 @@ pub struct GcReport {
     pub bytes_freed: u64,
     /// Bytes of the new packs.
     pub bytes_written: u64,
+    /// Capture files deleted: those of datasets the store no longer has (§11.7).
+    pub capture_files_removed: u64,
 }
 
 /// The blobs the datasets of `store` reference: files, skeletons and their payloads.
@@ -178,6 +180,14 @@ pub fn collect(store: &Arc<Store>, durable: bool) -> Result<GcReport> {
         store.packs().delete(&name)?;
         report.packs_deleted += 1;
         report.bytes_freed += bytes;
+    }
+    let names = store.names()?;
+    let captures = store.captures();
+    for (file, f) in store.capture_files()? {
+        if names.binary_search(&f.dataset).is_err() {
+            captures.delete(&file)?;
+            report.capture_files_removed += 1;
+        }
     }
     report.packs_rewritten = rewrite.len() as u64;
     report.packs_kept = (packs.len() - new_packs.len()) as u64;

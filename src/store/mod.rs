@@ -6,6 +6,7 @@
 //! ([`StoreDataset`] is a [`crate::io::Storage`]), so every reader, writer and command works
 //! on `STORE/NAME` as on a dataset folder.
 
+pub mod captures;
 pub mod gc;
 pub mod index;
 pub mod ingest;
@@ -127,7 +128,7 @@ impl Store {
                 detail: "a store or a dataset is already there; choose another folder".into(),
             });
         }
-        for sub in ["", "packs", "datasets", "locks"] {
+        for sub in ["", "packs", "datasets", "locks", captures::CAPTURES_DIR] {
             std::fs::create_dir_all(dir.join(sub))
                 .map_err(crate::error::io(dir.join(sub), "create folder"))?;
         }

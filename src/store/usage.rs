@@ -158,6 +158,8 @@ pub struct StoreCheck {
     pub bytes: u64,
     /// Datasets whose references all resolve.
     pub datasets: u64,
+    /// Capture files read and checked (§11.7).
+    pub capture_files: u64,
     /// What is wrong, one line each.
     pub problems: Vec<String>,
 }
@@ -230,6 +232,21 @@ pub fn check(store: &Arc<Store>) -> Result<StoreCheck> {
     for name in store.names()? {
         match referenced_present(store, &index, &name) {
             Ok(()) => c.datasets += 1,
+            Err(e) => c.problems.push(e.to_string()),
+        }
+    }
+    let captures = store.captures();
+    for name in store.capture_names()? {
+        let checked = captures
+            .read(&name)
+            .map(|b| b.map(|b| super::captures::CaptureFile::decode(&b).map(|_| ())));
+        match checked {
+            Ok(Some(Ok(()))) => c.capture_files += 1,
+            Ok(Some(Err(source))) => c.problems.push(format!(
+                "{}: {source}: delete it (capture files only let capture runs skip samples the store has)",
+                captures.path(&name).display()
+            )),
+            Ok(None) => {}
             Err(e) => c.problems.push(e.to_string()),
         }
     }

@@ -15,7 +15,11 @@ What it reads:
 * packs (§11.2): header, footer, table, layout of the blobs, and a blob decoded (codec 0 or 1)
   and hashed against its id;
 * named datasets (§11.5), each listed file rebuilt byte for byte: a plain file is its blob, a
-  shard is rebuilt from its skeleton and the payloads its chunk table names (§11.4).
+  shard is rebuilt from its skeleton and the payloads its chunk table names (§11.4);
+* capture files (§11.7): header (magic, version, zero bytes), the dataset name and its zero
+  padding, the entry count against the file length, the trailing BLAKE3, the file name
+  against the rule, entries sorted strictly by key; and the capture key and sample digest
+  computed as §11.7 describes them.
 
 Needs the `blake3` and `zstandard` packages (as `hspack_spec_reader` does).
 """
@@ -24,8 +28,11 @@ from __future__ import annotations
 
 import json
 import re
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import blake3
 
 from hspack_spec_reader import (
     CHUNK_ENTRY_LEN,
@@ -42,6 +49,7 @@ from hspack_spec_reader import (
     b3,
     check_word,
     decode_payload,
+    fail,
     is_uint,
     need,
     plain_name,
@@ -596,6 +604,178 @@ def rebuild_shard(store: Store, f: StoreFile) -> bytes:
     return bytes(out)
 
 
+# ---------------------------------------------------------------- capture keys (§11.7)
+
+CAPTURE_VERSION = 1
+CAPTURE_HEADER_LEN = 160
+CAPTURE_NAME_LEN = 128
+CAPTURE_ENTRY_LEN = 72
+CAPTURE_TRAILER_LEN = 32
+CAPTURE_FILE = re.compile(r"([0-9a-f]{32})\.capt")
+CAPTURE_KEY_CONTEXT = "hspack 2026 capture key v1"
+SAMPLE_DIGEST_CONTEXT = "hspack 2026 sample digest v1"
+
+
+def derive_key(context: str, material: bytes) -> bytes:
+    """BLAKE3 in derive-key mode (§11.7), 32 bytes."""
+    return blake3.blake3(material, derive_key_context=context).digest()
+
+
+def _u32_str(s: str) -> bytes:
+    b = s.encode("utf-8")
+    need(len(b) < 1 << 32, "§11.7 a capture key string longer than a u32")
+    return struct.pack("<I", len(b)) + b
+
+
+def capture_key(
+    model: str,
+    revision: str,
+    config_hash: str,
+    engine: str,
+    deterministic: bool,
+    dtype: str,
+    layers,
+    fields,
+    tokens,
+    loss_mask=None,
+) -> bytes:
+    """§11.7 capture key: BLAKE3.derive_key("hspack 2026 capture key v1", m), m being eight
+    strings (u32 LE UTF-8 length, then the bytes): model, revision (empty when unknown),
+    config_hash (empty when unknown), engine, `1` or `0`, dtype, the layer ids in decimal
+    joined by `,`, the field names in schema order joined by `,`; then the token count (u64 LE)
+    and each token id (i64 LE); then the loss mask's length (u64 LE, 0 without one) and each
+    entry (i64 LE)."""
+    strings = [
+        model,
+        revision or "",
+        config_hash or "",
+        engine,
+        "1" if deterministic else "0",
+        dtype,
+        ",".join(str(int(x)) for x in layers),
+        ",".join(fields),
+    ]
+    m = b"".join(_u32_str(x) for x in strings)
+    tokens = [int(t) for t in tokens]
+    m += struct.pack("<Q", len(tokens)) + b"".join(struct.pack("<q", t) for t in tokens)
+    mask = [] if loss_mask is None else [int(x) for x in loss_mask]
+    m += struct.pack("<Q", len(mask)) + b"".join(struct.pack("<q", x) for x in mask)
+    return derive_key(CAPTURE_KEY_CONTEXT, m)
+
+
+def sample_digest(fields) -> bytes:
+    """§11.7 sample digest: BLAKE3.derive_key("hspack 2026 sample digest v1", d), d being for
+    each field in schema order its name's byte length (u32 LE), the name, the length of the
+    sample's decoded bytes of the field (u64 LE) and those bytes. `fields`: (name, bytes)
+    pairs in schema order."""
+    d = b""
+    for name, data in fields:
+        data = bytes(data)
+        d += _u32_str(name) + struct.pack("<Q", len(data)) + data
+    return derive_key(SAMPLE_DIGEST_CONTEXT, d)
+
+
+@dataclass(frozen=True)
+class CaptureEntry:
+    key: bytes  # 32 bytes
+    digest: bytes  # 32 bytes
+    ordinal: int
+
+
+@dataclass
+class CaptureFile:
+    file: str
+    dataset: str
+    entries: list  # CaptureEntry, sorted by key
+
+    def by_ordinal(self) -> dict:
+        return {e.ordinal: e for e in self.entries}
+
+
+def capture_file_name(data: bytes) -> str:
+    """§11.7: `<hex>.capt`, the hex the first 16 bytes of the BLAKE3 of the file's bytes
+    before its last 32."""
+    return f"{b3(data[: len(data) - CAPTURE_TRAILER_LEN])[:16].hex()}.capt"
+
+
+def parse_capture(data: bytes, file: str) -> CaptureFile:
+    """A capture file (§11.7). `file` is its name (or a path ending in it): the name is checked
+    against the rule."""
+    where = f"captures/{Path(file).name}"
+    size = len(data)
+    need(
+        size >= CAPTURE_HEADER_LEN + CAPTURE_TRAILER_LEN,
+        f"§11.7 {where}: shorter than a header and a BLAKE3",
+    )
+    need(data[0:8] == b"HSPKCAPT", f"§11.7 {where}: wrong capture magic")
+    need(
+        u16(data, 8) == CAPTURE_VERSION,
+        f"§11.7 {where}: capture version {u16(data, 8)} is not 1",
+    )
+    zero(data, 10, 12, f"§11.7 {where} header")
+    L, n = u32(data, 12), u64(data, 16)
+    zero(data, 24, 32, f"§11.7 {where} header")
+    # Bounded by the bytes present before anything is read (§8).
+    need(
+        n <= (size - CAPTURE_HEADER_LEN - CAPTURE_TRAILER_LEN) // CAPTURE_ENTRY_LEN
+        and size == CAPTURE_HEADER_LEN + CAPTURE_ENTRY_LEN * n + CAPTURE_TRAILER_LEN,
+        f"§11.7 {where}: {size} bytes, not 160 + 72n + 32 for n = {n}",
+    )
+    body = data[: size - CAPTURE_TRAILER_LEN]
+    h = b3(body)
+    need(data[size - CAPTURE_TRAILER_LEN :] == h, f"§11.7 {where}: trailing BLAKE3 differs")
+    want = f"{h[:16].hex()}.capt"
+    need(
+        CAPTURE_FILE.fullmatch(Path(file).name) is not None and Path(file).name == want,
+        f"§11.7 {where}: capture file is not named {want}",
+    )
+    need(1 <= L <= CAPTURE_NAME_LEN, f"§11.7 {where}: dataset name length {L} not 1..128")
+    raw_name = data[32 : 32 + L]
+    zero(data, 32 + L, 32 + CAPTURE_NAME_LEN, f"§11.7 {where} name padding")
+    try:
+        name = raw_name.decode("utf-8")
+    except UnicodeDecodeError:
+        fail(f"§11.7 {where}: dataset name is not UTF-8")
+    need(
+        DATASET_NAME.fullmatch(name) is not None and not name.startswith("."),
+        f"§11.7 {where}: dataset name {name!r} breaks the rule of §11.5",
+    )
+    entries = []
+    prev = None
+    for i in range(n):
+        off = CAPTURE_HEADER_LEN + CAPTURE_ENTRY_LEN * i
+        e = data[off : off + CAPTURE_ENTRY_LEN]
+        key = e[0:32]
+        need(
+            prev is None or prev < key,
+            f"§11.7 {where} entry {i}: entries not sorted strictly by key",
+        )
+        prev = key
+        entries.append(CaptureEntry(key, e[32:64], u64(e, 64)))
+    return CaptureFile(Path(file).name, name, entries)
+
+
+def read_capture(path) -> CaptureFile:
+    path = Path(path)
+    need(path.is_file(), f"§11.7 captures/{path.name}: missing")
+    return parse_capture(path.read_bytes(), path.name)
+
+
+def read_captures(root) -> list:
+    """Every `captures/*.capt` of a store, parsed, by file name; other files there refused."""
+    d = Path(root) / "captures"
+    if not d.is_dir():
+        return []
+    out = []
+    for p in sorted(d.iterdir()):
+        need(
+            CAPTURE_FILE.fullmatch(p.name) is not None,
+            f"§11.7 captures/{p.name}: not <32 hex>.capt",
+        )
+        out.append(read_capture(p))
+    return out
+
+
 def open_store(root) -> Store:
     return Store(root)
 
@@ -608,6 +788,8 @@ def read_store(root) -> dict:
 
 
 __all__ = [
+    "CaptureEntry",
+    "CaptureFile",
     "IndexEntry",
     "Pack",
     "PackEntry",
@@ -616,10 +798,16 @@ __all__ = [
     "Store",
     "StoreDataset",
     "StoreFile",
+    "capture_file_name",
+    "capture_key",
     "open_store",
+    "parse_capture",
     "parse_pack",
     "parse_run",
+    "read_capture",
+    "read_captures",
     "read_pack",
     "read_store",
     "rebuild_shard",
+    "sample_digest",
 ]

@@ -31,6 +31,7 @@ fn _hspack(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(verify::verify, m)?)?;
     m.add_function(wrap_pyfunction!(transfer::copy, m)?)?;
     m.add_function(wrap_pyfunction!(transfer::init_store, m)?)?;
+    m.add_function(wrap_pyfunction!(writer::capture_key, m)?)?;
     m.add_function(wrap_pyfunction!(origin::origin, m)?)?;
     m.add_function(wrap_pyfunction!(origin::map_private, m)?)?;
     m.add_class::<origin::PrivateMap>()?;

@@ -1,7 +1,9 @@
 //! `Writer`: appends samples to a dataset folder; every append releases the GIL.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
+use hspack::store::captures::{reuse_captured, sample_digest, CaptureConfig};
+use hspack::store::Store;
 use hspack::{Codec, DatasetWriter, Schema, WriteOptions};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -52,6 +54,21 @@ pub(crate) fn write_options(options: Option<&Bound<'_, PyDict>>) -> PyResult<Wri
 #[pyclass(module = "hspack._hspack", frozen)]
 pub struct Writer {
     inner: Mutex<Option<DatasetWriter>>,
+    /// The store and the name, for a dataset `STORE/NAME`.
+    store: Option<(Arc<Store>, String)>,
+    /// Capture keys of the samples appended since the last commit: (key, digest, sample key).
+    captured: Mutex<Vec<Captured>>,
+}
+
+type Captured = ([u8; 32], [u8; 32], String);
+
+fn capture_key_bytes(key: &[u8]) -> PyResult<[u8; 32]> {
+    key.try_into().map_err(|_| {
+        bad_option(
+            "capture_key",
+            "must be the 32 bytes hspack.capture_key returns",
+        )
+    })
 }
 
 impl Writer {
@@ -69,6 +86,25 @@ impl Writer {
         })
         .map_err(|()| bad_option("writer", "the writer is finished; open a new one to append"))?
         .py_err()
+    }
+
+    fn store(&self) -> PyResult<&(Arc<Store>, String)> {
+        self.store.as_ref().ok_or_else(|| {
+            bad_option(
+                "capture_key",
+                "capture keys are kept by a store: write into STORE/NAME (make a store with hspack.init_store)",
+            )
+        })
+    }
+
+    /// Records the capture keys appended since the last commit (called after a commit).
+    fn record_captured(&self, py: Python<'_>) -> PyResult<()> {
+        let Some((store, name)) = &self.store else {
+            return Ok(());
+        };
+        let records = std::mem::take(&mut *self.captured.lock().unwrap_or_else(|e| e.into_inner()));
+        py.allow_threads(|| store.record_captures(name, &records).map(|_| ()))
+            .py_err()
     }
 }
 
@@ -96,19 +132,36 @@ impl Writer {
                 }
             })
             .py_err()?;
+        let store = match hspack::store::split_store_path(&path) {
+            Some((root, name)) => Some((Arc::new(Store::open(root).py_err()?), name)),
+            None => None,
+        };
         Ok(Writer {
             inner: Mutex::new(Some(w)),
+            store,
+            captured: Mutex::new(Vec::new()),
         })
     }
 
     /// Appends a sample: `fields` is `[(name, buffer)]`, each buffer C-contiguous bytes.
     /// Returns the ordinal, or `None` for a writer sharing the dataset (given at commit).
+    /// With `capture_key`, the store records at the next commit that this sample is that
+    /// capture.
+    #[pyo3(signature = (key, fields, capture_key = None))]
     fn append(
         &self,
         py: Python<'_>,
         key: &str,
         fields: Vec<(String, Bound<'_, PyAny>)>,
+        capture_key: Option<&[u8]>,
     ) -> PyResult<Option<u64>> {
+        let capture_key = match capture_key {
+            Some(k) => {
+                self.store()?;
+                Some(capture_key_bytes(k)?)
+            }
+            None => None,
+        };
         let views = fields
             .iter()
             .map(|(name, obj)| ByteView::new(obj, name))
@@ -118,8 +171,59 @@ impl Writer {
             .zip(&views)
             .map(|((name, _), v)| (name.as_str(), v.as_slice()))
             .collect();
-        let ordinal = self.with(py, |w| w.append(key, &pairs))?;
+        let (ordinal, digest) = self.with(py, |w| {
+            let ordinal = w.append(key, &pairs)?;
+            // The digest takes the fields in schema order (the append checked they are its).
+            let digest = capture_key.map(|_| {
+                sample_digest(
+                    w.schema()
+                        .fields
+                        .iter()
+                        .filter_map(|f| pairs.iter().find(|(n, _)| *n == f.name).copied()),
+                )
+            });
+            Ok((ordinal, digest))
+        })?;
+        if let (Some(k), Some(d)) = (capture_key, digest) {
+            self.captured
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push((k, d, key.to_string()));
+        }
         Ok((ordinal != hspack::write::ORDINAL_AT_COMMIT).then_some(ordinal))
+    }
+
+    /// For each `(sample key, capture key)`, appends under the sample key the sample the
+    /// store holds for that capture key, checked against its recorded digest. Returns which
+    /// were appended, and how many keys named a sample that is gone or changed.
+    fn reuse_captured(
+        &self,
+        py: Python<'_>,
+        items: Vec<(String, Vec<u8>)>,
+    ) -> PyResult<(Vec<bool>, u64)> {
+        let store = Arc::clone(&self.store()?.0);
+        let items = items
+            .into_iter()
+            .map(|(k, c)| Ok((k, capture_key_bytes(&c)?)))
+            .collect::<PyResult<Vec<_>>>()?;
+        let (digests, stats) = self.with(py, |w| reuse_captured(&store, w, &items))?;
+        let mut captured = self.captured.lock().unwrap_or_else(|e| e.into_inner());
+        let done = items
+            .iter()
+            .zip(&digests)
+            .map(|((key, ck), d)| {
+                if let Some(d) = d {
+                    captured.push((*ck, *d, key.clone()));
+                }
+                d.is_some()
+            })
+            .collect();
+        Ok((done, stats.stale))
+    }
+
+    /// True for a dataset `STORE/NAME` (capture keys can be given and reused).
+    fn in_store(&self) -> bool {
+        self.store.is_some()
     }
 
     /// True when a sample with `key` was appended (committed or not).
@@ -133,7 +237,9 @@ impl Writer {
 
     /// Commits what was appended: `(samples, shards, bytes, raw_bytes)`.
     fn commit(&self, py: Python<'_>) -> PyResult<Stats> {
-        self.with(py, |w| w.commit().map(stats))
+        let s = self.with(py, |w| w.commit().map(stats))?;
+        self.record_captured(py)?;
+        Ok(s)
     }
 
     /// Commits and closes: `(samples, shards, bytes, raw_bytes)`.
@@ -143,7 +249,9 @@ impl Writer {
             guard.take()
         });
         let w = w.ok_or_else(|| bad_option("writer", "the writer is already finished"))?;
-        py.allow_threads(|| w.finish()).map(stats).py_err()
+        let s = py.allow_threads(|| w.finish()).map(stats).py_err()?;
+        self.record_captured(py)?;
+        Ok(s)
     }
 
     /// Closes without committing what was appended since the last commit.
@@ -154,4 +262,20 @@ impl Writer {
         });
         py.allow_threads(move || drop(w));
     }
+}
+
+/// The capture key (FORMAT.md §11.7) of `tokens` (and the loss mask, where the dataset
+/// stores one) under the capture config given as JSON.
+#[pyfunction]
+#[pyo3(signature = (config_json, tokens, loss_mask = None))]
+pub fn capture_key<'py>(
+    py: Python<'py>,
+    config_json: &str,
+    tokens: Vec<i64>,
+    loss_mask: Option<Vec<i64>>,
+) -> PyResult<Bound<'py, pyo3::types::PyBytes>> {
+    let config: CaptureConfig = serde_json::from_str(config_json)
+        .map_err(|e| bad_option("capture config", &e.to_string()))?;
+    let key = config.key(&tokens, loss_mask.as_deref());
+    Ok(pyo3::types::PyBytes::new(py, &key))
 }

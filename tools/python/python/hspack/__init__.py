@@ -15,7 +15,7 @@ from ._errors import HspackError
 from ._hspack import __version__, init_store
 from ._schema import field, hidden_state, hidden_states, loss_mask, token_ids
 from ._verify import copy, verify
-from ._writer import Writer
+from ._writer import Writer, capture_key
 
 __all__ = [
     "init_store",
@@ -24,6 +24,7 @@ __all__ = [
     "Sample",
     "Writer",
     "__version__",
+    "capture_key",
     "copy",
     "field",
     "hidden_state",

@@ -47,10 +47,14 @@ class Writer:
             doc["capture"] = capture
         self._native = _hspack.Writer(self.path, json.dumps(doc), create, options)
 
-    def append(self, key: str, **tensors: Any) -> int | None:
+    def append(self, key: str, /, *, capture_key: bytes | None = None, **tensors: Any) -> int | None:
         """Appends sample `key` with one tensor per field (`[rows, *row shape]`, the field's
         dtype, CPU). Contiguous inputs are read in place. Returns the ordinal (`None` with
-        `shared=True`: it is given at commit)."""
+        `shared=True`: it is given at commit).
+
+        `capture_key` (from `hspack.capture_key`, for a dataset `STORE/NAME` only): the store
+        records at the next commit that this sample is that capture, so later runs into the
+        store reuse it (`reuse_captured`) instead of running the model again."""
         from ._errors import make_error
 
         parts = []
@@ -59,7 +63,21 @@ class Writer:
             if f is None:
                 raise make_error("BadSample", f"sample `{key}`, field `{name}`: the schema has no such field; it has {', '.join(self._by_name)}", key=key, field=name)
             parts.append((name, input_bytes(key, name, f, value)))
-        return self._native.append(key, parts)
+        return self._native.append(key, parts, capture_key)
+
+    def reuse_captured(self, items: Sequence[tuple[str, bytes]]) -> tuple[list[bool], int]:
+        """For each `(sample key, capture key)`, appends under the sample key the sample the
+        store already holds for that capture key (from any of its datasets), after checking its
+        bytes against the digest recorded with it. Returns which samples were appended (capture
+        the others) and how many keys named a sample that is gone or changed. Only for a
+        dataset `STORE/NAME`."""
+        done, stale = self._native.reuse_captured([(k, bytes(c)) for k, c in items])
+        return list(done), stale
+
+    @property
+    def in_store(self) -> bool:
+        """True for a dataset `STORE/NAME`: capture keys are recorded and reused."""
+        return self._native.in_store()
 
     def contains(self, key: str) -> bool:
         """True when sample `key` was appended (committed or not)."""
@@ -86,6 +104,19 @@ class Writer:
             self.finish()
         else:
             self._native.abort()
+
+
+def capture_key(config: dict, input_ids: Any, loss_mask: Any = None) -> bytes:
+    """The capture key (32 bytes) of `input_ids` under `config`: `model`, `engine`,
+    `deterministic`, `dtype`, `layers` (ids), `fields` (the dataset's field names in schema
+    order), and optionally `revision` and `config_hash`. Give `loss_mask` where the dataset
+    stores one: a reused sample brings its stored mask. Equal keys mean the same capture of the
+    same tokens (FORMAT.md §11.7)."""
+    def ints(v: Any) -> list:
+        return [int(t) for t in (v.tolist() if hasattr(v, "tolist") else v)]
+
+    mask = None if loss_mask is None else ints(loss_mask)
+    return _hspack.capture_key(json.dumps(config), ints(input_ids), mask)
 
 
 def _stats(t: tuple) -> dict:

@@ -45,6 +45,7 @@ from .decoder import Decoder, find_decoder
 from .errors import RowMismatch
 from .points import CapturePoints, capture_metadata, config_hash, model_shape, parse_layers
 from .prompts import Sample, read_samples
+from .reuse import CaptureCounts, capture_config, plan
 from .sink import Sink
 from .split import real_token_index
 
@@ -177,23 +178,31 @@ def capture_samples(
     final_norm: bool = True,
     progress: bool = False,
     stack: bool = False,
+    reuse: Optional[dict] = None,
+    counts: Optional[CaptureCounts] = None,
 ) -> int:
     """Capture ``samples`` in padded batches into ``sink``; return how many were written.
 
-    Samples whose key the sink already contains are skipped, so a rerun resumes.
+    Samples whose key the sink already contains are skipped, so a rerun resumes. With
+    ``reuse`` (a ``capture.reuse.capture_config``) and a sink writing into a store dataset,
+    samples the store holds under the same capture key are copied from it instead of run, and
+    samples of this run with equal tokens are run once (``capture.reuse``). ``counts`` is
+    filled in with what was done.
     """
     if padding_side not in ("left", "right"):
         raise ValueError("padding_side must be 'left' or 'right'")
     _check_unique_keys(samples)
-    todo = [s for s in samples if not sink.contains(s.key)]
+    counts = counts if counts is not None else CaptureCounts()
+    work = plan(samples, sink, reuse, counts)
+    todo = work.run
     device = next(model.parameters()).device
-    written = 0
+    written = counts.reused
     with HFCapture(model, layers, final_norm=final_norm, stack=stack) as cap:
         bar = None
         if progress:
             from tqdm import tqdm
 
-            bar = tqdm(total=len(samples), initial=len(samples) - len(todo), unit="sample")
+            bar = tqdm(total=len(samples), initial=len(samples) - len(todo) - counts.shared, unit="sample")
         for start in range(0, len(todo), batch_size):
             chunk = todo[start : start + batch_size]
             ids, mask = _pad(chunk, pad_id, padding_side == "left", device)
@@ -202,10 +211,17 @@ def capture_samples(
                 tensors = cap.points.sample(
                     torch.tensor(s.input_ids), torch.tensor(s.loss_mask), hidden
                 )
-                sink.append(s.key, **tensors)
-                written += 1
-            if bar is not None:
-                bar.update(len(chunk))
+                twins = work.twins.get(s.key, [])
+                for t in [s] + twins:
+                    key = work.key(t)
+                    if key is None:
+                        sink.append(t.key, **tensors)
+                    else:
+                        sink.append(t.key, capture_key=key, **tensors)
+                written += 1 + len(twins)
+                counts.forward += 1
+                if bar is not None:
+                    bar.update(1 + len(twins))
         if bar is not None:
             bar.close()
     return written
@@ -242,12 +258,17 @@ def extract(
     rank: int = 0,
     world_size: int = 1,
     shared: Optional[bool] = None,
+    counts: Optional[CaptureCounts] = None,
 ) -> int:
     """Load ``model``, read ``data`` and write the captured states to ``out`` (or ``sink``).
     ``stack``: every id but the last in one stacked field ``aux_hidden_state`` (EAGLE-3).
     ``rank`` of ``world_size``: this process captures the samples ``rank``, ``rank +
     world_size``, ... of ``data``, into ``out`` shared with the other ranks (``shared``, on by
-    default when ``world_size > 1``): each commits its own shards, ordinals stay dense."""
+    default when ``world_size > 1``): each commits its own shards, ordinals stay dense.
+    ``out`` a store dataset ``STORE/NAME``: samples any dataset of the store holds for the same
+    capture (model, revision, config, dtype, layers, fields, tokens and loss mask; with
+    ``batch_size=1`` the capture is per-sample deterministic) are copied, not run
+    (``capture.reuse``); ``counts`` says how many."""
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} must be in 0..{world_size} (world_size {world_size})")
     if shared is None:
@@ -289,10 +310,19 @@ def extract(
             tool_version=_tool_version(),
         )
         with hspack.Writer(out, schema, capture=meta, shared=shared) as writer:
+            reuse = None
+            if writer.in_store:
+                reuse = capture_config(
+                    model=model, revision=revision, config_hash=meta["config_hash"],
+                    engine="transformers", deterministic=batch_size == 1, dtype=meta["dtype"],
+                    layers=points.ids, fields=[f["name"] for f in schema],
+                )
             return capture_samples(net, samples, points.ids, writer, batch_size=batch_size,
-                                   pad_id=pad_id, padding_side=padding_side, progress=True, stack=stack)
+                                   pad_id=pad_id, padding_side=padding_side, progress=True, stack=stack,
+                                   reuse=reuse, counts=counts)
     return capture_samples(net, samples, points.ids, sink, batch_size=batch_size,
-                           pad_id=pad_id, padding_side=padding_side, progress=True, stack=stack)
+                           pad_id=pad_id, padding_side=padding_side, progress=True, stack=stack,
+                           counts=counts)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -303,7 +333,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ex.add_argument("--model", required=True, help="model path or hub id")
     ex.add_argument("--data", required=True, help="JSONL prompts (input_ids or conversations/messages)")
     ex.add_argument("--layers", required=True, help="comma-separated ids: i = input of layer i, num_layers = final norm")
-    ex.add_argument("--out", required=True, help="dataset folder to write (resumed if it exists)")
+    ex.add_argument("--out", required=True, help="dataset folder to write (resumed if it exists); STORE/NAME writes into a store and skips what it holds")
     ex.add_argument("--batch-size", type=int, default=8)
     ex.add_argument("--max-len", type=int, default=None, help="truncate samples to this many tokens")
     ex.add_argument("--dtype", default="bf16", choices=sorted(_DTYPES))
@@ -319,14 +349,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     ex.add_argument("--shared", action="store_true",
                     help="share --out with other writers even with one rank (on whenever --world-size > 1)")
     args = parser.parse_args(argv)
+    counts = CaptureCounts()
     n = extract(
         args.model, args.data, parse_layers(args.layers), args.out,
         batch_size=args.batch_size, max_len=args.max_len, dtype=args.dtype, device=args.device,
         padding_side=args.padding_side, revision=args.revision, trust_remote_code=args.trust_remote_code,
         stack=args.stack, rank=args.rank, world_size=args.world_size,
-        shared=True if args.shared else None,
+        shared=True if args.shared else None, counts=counts,
     )
-    print(f"wrote {n} samples to {args.out}", file=sys.stderr)
+    print(f"wrote {n} samples to {args.out}; {counts.summary()}", file=sys.stderr)
     return 0
 
 

@@ -56,6 +56,7 @@ from .decoder import Decoder, find_decoder
 from .errors import RowMismatch, UnsupportedSetup
 from .points import CapturePoints, capture_metadata, config_hash, model_shape, parse_layers
 from .prompts import read_samples
+from .reuse import CaptureCounts, capture_config, plan
 from .sink import Sink
 from .split import split_packed
 
@@ -415,6 +416,7 @@ class _EngineHook:
         self.rank = int(get_tensor_model_parallel_rank())
         self.capture: Optional[SGLangCapture] = None
         self.sink = None
+        self._writer = None
         self._global = None
         if self.rank == 0:
             self._global = nn.modules.module.register_module_forward_pre_hook(self._find)
@@ -425,14 +427,17 @@ class _EngineHook:
         import hspack
 
         c = self.config
-        self.sink = hspack.Writer(c["out"], c["schema"], capture=c["capture"]).__enter__()
+        writer = hspack.Writer(c["out"], c["schema"], capture=c["capture"]).__enter__()
+        self._writer = writer
+        keys = {k: bytes.fromhex(v) for k, v in c.get("capture_keys", {}).items()}
+        self.sink = _KeyedSink(writer, keys) if keys else writer
         atexit.register(self._close)
         return self.sink
 
     def _close(self) -> None:
         if self.sink is not None:
-            sink, self.sink = self.sink, None
-            sink.__exit__(None, None, None)
+            self.sink = None
+            self._writer.__exit__(None, None, None)
 
     def _find(self, module, args):
         if not _is_sglang_decoder(module):
@@ -449,6 +454,20 @@ class _EngineHook:
 
     def __call__(self, module, args, output):
         return None
+
+
+class _KeyedSink:
+    """A writer that gives each sample its capture key (``capture.reuse``)."""
+
+    def __init__(self, writer, keys: Dict[str, bytes]) -> None:
+        self.writer = writer
+        self.keys = keys
+
+    def contains(self, key: str) -> bool:
+        return self.writer.contains(key)
+
+    def append(self, key: str, **tensors) -> None:
+        self.writer.append(key, capture_key=self.keys.get(key), **tensors)
 
 
 class _ClosingStitcher(PrefillStitcher):
@@ -480,9 +499,13 @@ def extract(
     trust_remote_code: bool = False,
     engine_extra: Optional[dict] = None,
     stack: bool = False,
+    counts: Optional[CaptureCounts] = None,
 ) -> int:
     """Run ``sglang.Engine`` over ``data`` and write the captured states to ``out``; return samples written.
-    ``stack``: every id but the last in one stacked field ``aux_hidden_state`` (EAGLE-3)."""
+    ``stack``: every id but the last in one stacked field ``aux_hidden_state`` (EAGLE-3).
+    ``out`` a store dataset ``STORE/NAME``: samples the store holds for the same capture are
+    copied, not run (``capture.reuse``; deterministic when ``engine_extra`` sets
+    ``enable_deterministic_inference``); ``counts`` says how many."""
     import tempfile
 
     import hspack
@@ -506,30 +529,50 @@ def extract(
     keys = [s.key for s in samples]
     if len(set(keys)) != len(keys):
         raise ValueError("sample keys must be unique")
+    counts = counts if counts is not None else CaptureCounts()
+    extra = engine_extra or {}
     with hspack.Writer(out, schema, capture=meta) as writer:
-        todo = [s for s in samples if not writer.contains(s.key)]
-    if not todo:
-        return 0
-    with tempfile.TemporaryDirectory(prefix="hspack-capture-") as tmp:
-        plan = os.path.join(tmp, "plan.pt")
-        torch.save({s.key: (s.input_ids, s.loss_mask) for s in todo}, plan)
-        hook_config = {"out": out, "schema": schema, "capture": meta, "plan": plan,
-                       "num_layers": num_layers, "layers": list(points.ids), "stack": stack}
-        engine = sglang.Engine(**engine_args(model, hook_config, tp_size, **(engine_extra or {})))
-        try:
-            bar = tqdm(total=len(samples), initial=len(samples) - len(todo), unit="sample")
-            for start in range(0, len(todo), batch_size):
-                chunk = todo[start : start + batch_size]
-                engine.generate(
-                    input_ids=[s.input_ids for s in chunk],
-                    sampling_params={"max_new_tokens": 1, "temperature": 0.0},
-                    rid=[s.key for s in chunk],
-                )
-                bar.update(len(chunk))
-            bar.close()
-        finally:
-            engine.shutdown()
-    return len(todo)
+        reuse = None
+        if writer.in_store:
+            reuse = capture_config(
+                model=model, revision=None, config_hash=meta["config_hash"], engine="sglang",
+                deterministic=bool(extra.get("enable_deterministic_inference", False)),
+                dtype=meta["dtype"], layers=points.ids, fields=[f["name"] for f in schema],
+            )
+        work = plan(samples, writer, reuse, counts)
+    todo = work.run
+    if todo:
+        with tempfile.TemporaryDirectory(prefix="hspack-capture-") as tmp:
+            plan_file = os.path.join(tmp, "plan.pt")
+            torch.save({s.key: (s.input_ids, s.loss_mask) for s in todo}, plan_file)
+            hook_config = {"out": out, "schema": schema, "capture": meta, "plan": plan_file,
+                           "num_layers": num_layers, "layers": list(points.ids), "stack": stack,
+                           "capture_keys": {s.key: work.keys[s.key].hex() for s in todo if s.key in work.keys}}
+            engine = sglang.Engine(**engine_args(model, hook_config, tp_size, **extra))
+            try:
+                bar = tqdm(total=len(samples), initial=len(samples) - len(todo), unit="sample")
+                for start in range(0, len(todo), batch_size):
+                    chunk = todo[start : start + batch_size]
+                    engine.generate(
+                        input_ids=[s.input_ids for s in chunk],
+                        sampling_params={"max_new_tokens": 1, "temperature": 0.0},
+                        rid=[s.key for s in chunk],
+                    )
+                    bar.update(len(chunk))
+                bar.close()
+            finally:
+                engine.shutdown()
+        counts.forward = len(todo)
+    if work.twins:
+        # Samples sharing a run sample's tokens: the engine recorded that one's capture key,
+        # so a second pass copies it under theirs.
+        twins = [t for ts in work.twins.values() for t in ts]
+        with hspack.Writer(out, schema, capture=meta) as writer:
+            done, _ = writer.reuse_captured([(t.key, work.keys[t.key]) for t in twins])
+        if not all(done):
+            missing = [t.key for t, d in zip(twins, done) if not d][:5]
+            raise RuntimeError(f"samples {missing} share tokens with captured samples the store does not hold; run again")
+    return counts.forward + counts.reused + counts.shared
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -551,10 +594,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     extra = json.loads(args.engine_args) if args.engine_args else {}
     if args.trust_remote_code:
         extra.setdefault("trust_remote_code", True)
+    counts = CaptureCounts()
     n = extract(args.model, args.data, parse_layers(args.layers), args.out, tp_size=args.tp_size,
                 batch_size=args.batch_size, max_len=args.max_len,
-                trust_remote_code=args.trust_remote_code, engine_extra=extra, stack=args.stack)
-    print(f"wrote {n} samples to {args.out}", file=sys.stderr)
+                trust_remote_code=args.trust_remote_code, engine_extra=extra, stack=args.stack,
+                counts=counts)
+    print(f"wrote {n} samples to {args.out}; {counts.summary()}", file=sys.stderr)
     return 0
 
 

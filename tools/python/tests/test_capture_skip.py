@@ -1,0 +1,185 @@
+"""Capture-skip (hspack.capture.reuse): a second run over a reordered superset of the
+prompts runs the model only for the new ones, keyed by content, not by position or id.
+
+Real transformers (the tiny random 61-layer DeepSeek-V3 of test_capture_hf), bf16 on CPU,
+batch size 1 (per-sample deterministic), a real store on disk. Forward passes are counted
+by a hook on the model, not taken from the driver's own report.
+"""
+
+import json
+import random
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import hspack
+from hspack.capture import MemorySink
+from hspack.capture.hf import capture_samples, extract
+from hspack.capture.prompts import Sample
+from hspack.capture.points import CapturePoints, DTYPE_NAMES
+from hspack.capture.reuse import CaptureCounts, capture_config
+
+from test_capture_hf import LAYERS, NUM_LAYERS, causal_lm_for_tests, chat_tokenizer
+
+SYSTEM = 96  # tokens of the shared system prompt
+
+
+@pytest.fixture(scope="module")
+def lm():
+    return causal_lm_for_tests().to(torch.bfloat16)
+
+
+def prompts(n, seed, system, start=0):
+    """Ragged prompts, a third opening with the shared system prompt; ids name the content's
+    position in this list only."""
+    g = random.Random(seed)
+    out = []
+    for i in range(n):
+        body = [g.randrange(1, 128) for _ in range(g.randrange(8, 48))]
+        ids = (system + body) if i % 3 == 0 else body
+        mask = [0] * (len(ids) - len(body)) + [1] * len(body)
+        out.append(Sample(key=f"p{start + i}", input_ids=ids, loss_mask=mask))
+    return out
+
+
+def schema_and_config(lm):
+    points = CapturePoints.select(NUM_LAYERS, LAYERS)
+    schema = points.schema(lm.config.hidden_size, torch.bfloat16)
+    config = capture_config(
+        model="tiny-deepseek", revision=None, config_hash="test", engine="transformers",
+        deterministic=True, dtype=DTYPE_NAMES[torch.bfloat16], layers=points.ids,
+        fields=[f["name"] for f in schema],
+    )
+    return schema, config
+
+
+class Forwards:
+    """Counts the decoder's forward passes (one per sample at batch size 1)."""
+
+    def __init__(self, lm):
+        self.n = 0
+        self.handle = lm.model.register_forward_hook(self.hook)
+
+    def hook(self, *_):
+        self.n += 1
+
+
+def capture(lm, store, name, samples, schema, config):
+    counts = CaptureCounts()
+    forwards = Forwards(lm)
+    try:
+        with hspack.Writer(f"{store}/{name}", schema) as w:
+            capture_samples(lm, samples, LAYERS, w, batch_size=1, reuse=config, counts=counts)
+    finally:
+        forwards.handle.remove()
+    return counts, forwards.n
+
+
+def store_bytes(store):
+    return sum(p.stat().st_size for p in (store / "packs").iterdir())
+
+
+def test_a_reordered_superset_runs_the_model_only_for_the_new_prompts(tmp_path, lm):
+    store = tmp_path / "store"
+    hspack.init_store(str(store))
+    schema, config = schema_and_config(lm)
+    system = [int(t) for t in torch.randint(1, 128, (SYSTEM,), generator=torch.Generator().manual_seed(7))]
+    first = prompts(18, seed=1, system=system)
+    # ~10% duplicate requests: two prompts repeat others' tokens under their own ids.
+    first += [Sample(key="dup-a", input_ids=first[4].input_ids, loss_mask=first[4].loss_mask),
+              Sample(key="dup-b", input_ids=first[9].input_ids, loss_mask=first[9].loss_mask)]
+    counts, n = capture(lm, store, "run1", first, schema, config)
+    assert (counts.forward, counts.shared, counts.reused, n) == (18, 2, 0, 18)
+    after_first = store_bytes(store)
+
+    new = prompts(6, seed=2, system=system, start=100)
+    second = [Sample(key=f"q{i}", input_ids=s.input_ids, loss_mask=s.loss_mask) for i, s in enumerate(first + new)]
+    random.Random(3).shuffle(second)
+    counts, n = capture(lm, store, "run2", second, schema, config)
+    assert (counts.reused, counts.forward, n, counts.stale) == (20, 6, 6, 0), counts
+    assert counts.total == 26 and "6 run through the model, 20 reused" in counts.summary()
+
+    # Every sample of run2 is bitwise what a capture of it without the store gives.
+    reference = MemorySink(schema)
+    capture_samples(lm, second, LAYERS, reference, batch_size=1)
+    ds = hspack.open(str(store / "run2"))
+    assert sorted(ds.keys()) == sorted(s.key for s in second)
+    for s in second:
+        got = ds.get(s.key)
+        for name, want in reference[s.key].items():
+            assert torch.equal(got[name], want), (s.key, name)
+
+    # The reused samples cost no new bytes: the store grew by about what the new ones hold.
+    fresh = {f"q{i}" for i in range(20, 26)}  # keys given before the shuffle
+    new_bytes = sum(t.numel() * t.element_size() for k in fresh for t in reference[k].values())
+    all_bytes = sum(t.numel() * t.element_size() for k in reference for t in reference[k].values())
+    grown = store_bytes(store) - after_first
+    assert grown < 1.15 * new_bytes + (1 << 20) and grown < all_bytes / 2, (grown, new_bytes, all_bytes)
+
+    # A third run of the same prompts runs nothing.
+    counts, n = capture(lm, store, "run3", list(reversed(second)), schema, config)
+    assert (counts.forward, n, counts.reused) == (0, 0, 26)
+
+    # Another capture config (other layers, or batched: not deterministic) shares nothing.
+    other = dict(config, deterministic=False)
+    counts, n = capture(lm, store, "run4", first[:3], schema, other)
+    assert (counts.forward, counts.reused) == (3, 0)
+
+
+def test_a_recorded_capture_whose_dataset_changed_is_not_reused(tmp_path, lm):
+    store = tmp_path / "store"
+    hspack.init_store(str(store))
+    schema, config = schema_and_config(lm)
+    samples = prompts(3, seed=5, system=[1] * 8)
+    counts, _ = capture(lm, store, "a", samples, schema, config)
+    assert counts.forward == 3
+    # Dataset `a` is removed (what `hspack store rm` does: its file under datasets/ goes) and
+    # written again with other samples at the same ordinals; its capture file stays.
+    (store / "datasets" / "a.json").unlink()
+    others = prompts(3, seed=6, system=[2] * 8)
+    capture(lm, store, "a", others, schema, config)
+    counts, n = capture(lm, store, "b", samples, schema, config)
+    assert (counts.reused, counts.stale, counts.forward, n) == (0, 3, 3, 3), counts
+    assert "3 recorded captures were gone or changed" in counts.summary()
+
+
+def test_capture_keys_need_a_store_dataset(tmp_path, lm):
+    schema, config = schema_and_config(lm)
+    with hspack.Writer(tmp_path / "plain", schema) as w:
+        assert not w.in_store
+        with pytest.raises(ValueError, match="STORE/NAME"):
+            capture_samples(lm, prompts(1, seed=1, system=[]), LAYERS, w, batch_size=1, reuse=config)
+    key = hspack.capture_key(config, [1, 2, 3], [0, 1, 1])
+    assert len(key) == 32 and key == hspack.capture_key(config, torch.tensor([1, 2, 3]), [0, 1, 1])
+    assert key != hspack.capture_key(config, [1, 2, 3], [1, 1, 1])
+    assert key != hspack.capture_key(dict(config, model="other"), [1, 2, 3], [0, 1, 1])
+    with pytest.raises(Exception, match="unknown field"):
+        hspack.capture_key(dict(config, colour="red"), [1])
+
+
+def test_extract_into_a_store_reports_what_it_skipped(tmp_path, lm):
+    lm.save_pretrained(tmp_path / "model")
+    chat_tokenizer().save_pretrained(tmp_path / "model")
+    store = tmp_path / "store"
+    hspack.init_store(str(store))
+    lines = [{"id": f"a{i}", "input_ids": [5 + i, 6, 7, 8], "loss_mask": [0, 0, 1, 1]} for i in range(3)]
+    data = tmp_path / "one.jsonl"
+    data.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    more = tmp_path / "two.jsonl"
+    more.write_text("\n".join(json.dumps(dict(x, id=f"b{i}")) for i, x in enumerate(
+        lines[::-1] + [{"id": "n", "input_ids": [9, 9, 9]}])) + "\n")
+    base = [sys.executable, "-m", "hspack.capture.hf", "extract", "--model", str(tmp_path / "model"),
+            "--layers", ",".join(map(str, LAYERS)), "--batch-size", "1"]
+    r = subprocess.run(base + ["--data", str(data), "--out", str(store / "one")], check=True, capture_output=True, text=True)
+    assert "3 run through the model, 0 reused" in r.stderr, r.stderr
+    r = subprocess.run(base + ["--data", str(more), "--out", str(store / "two")], check=True, capture_output=True, text=True)
+    assert "wrote 4 samples" in r.stderr and "1 run through the model, 3 reused from the store" in r.stderr, r.stderr
+    one, two = hspack.open(str(store / "one")), hspack.open(str(store / "two"))
+    for i in range(3):
+        a, b = one.get(f"a{i}"), two.get(f"b{2 - i}")
+        assert all(torch.equal(a[k], b[k]) for k in a)
+    # Batched capture is not per-sample deterministic: its key differs, nothing is reused.
+    r = subprocess.run(base[:-1] + ["2", "--data", str(data), "--out", str(store / "three")], check=True, capture_output=True, text=True)
+    assert "3 run through the model, 0 reused" in r.stderr, r.stderr
