@@ -242,7 +242,7 @@ def rehashed_fault(offset: int, value: bytes) -> tuple:
         (8, struct.pack("<H", 2), "version 2 is not 1"),
         (10, b"\x01", "not zero"),
         (24, b"\x00\x00\x00\x00\x00\x00\x00\x01", "not zero"),
-        (12, struct.pack("<I", 8), "not zero"),  # the padding's first byte read as the name
+        (12, struct.pack("<I", 8), "breaks the rule"),  # a padding byte read as the name
         (12, struct.pack("<I", 0), "name length 0"),
         (12, struct.pack("<I", 129), "name length 129"),
         (32 + 100, b"\x01", "not zero"),
@@ -265,12 +265,14 @@ def test_capture_entries_out_of_order_or_twice_are_refused():
     assert a[:32] < b[:32]
     swapped = bytearray(data)
     swapped[160:232], swapped[232:304] = b, a
-    with pytest.raises(SpecError, match="not sorted strictly by key"):
-        store_spec.parse_capture(*reversed(rehashed(swapped)))
+    name, fixed = rehashed(swapped)
+    with pytest.raises(SpecError, match="entry 1: entries not sorted strictly by key"):
+        store_spec.parse_capture(fixed, name)
     twice = bytearray(data)
     twice[232:304] = a
-    with pytest.raises(SpecError, match="not sorted strictly by key"):
-        store_spec.parse_capture(*reversed(rehashed(twice)))
+    name, fixed = rehashed(twice)
+    with pytest.raises(SpecError, match="entry 1: entries not sorted strictly by key"):
+        store_spec.parse_capture(fixed, name)
 
 
 def test_rehashed_untouched_capture_file_still_parses():
