@@ -186,8 +186,11 @@ fn sigkill_with_delete_source_loses_nothing() {
         in_ds.len()
     };
     let (mut kills, mut partial) = (0, 0);
-    // Short delays: a rerun continues from the last commit, so each kill lands further on.
-    for (round, delay_ms) in (0..16u64).map(|i| 3 + (i * 5) % 11).enumerate() {
+    // Short delays: a rerun continues from the last commit, so each kill lands further on. A
+    // kill before the run's first commit (a loaded machine starts the process slowly)
+    // lengthens the next delay, so kills land between commits however fast the machine is.
+    let (mut delay_ms, mut before) = (3u64, 0usize);
+    for round in 0..16 {
         let mut child = Command::new(env!("CARGO_BIN_EXE_hspack"))
             .args(convert_args(&src, &ds, &["--delete-source", "--jobs", "4"]))
             .stdout(Stdio::null())
@@ -207,6 +210,10 @@ fn sigkill_with_delete_source_loses_nothing() {
         if !finished && committed > 0 && committed < N {
             partial += 1;
         }
+        if !finished && committed == before {
+            delay_ms = delay_ms * 3 / 2 + 2;
+        }
+        before = committed;
     }
     assert!(kills > 0, "the conversion always finished before the kill");
     assert!(

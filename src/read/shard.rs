@@ -470,15 +470,22 @@ impl Shard {
             CheckPolicy::Once => !seen,
             CheckPolicy::Never => false,
         };
-        // Header and payload in one read.
+        // Header and payload in one read, or in two where the storage maps ranges: both are
+        // then views, and the payload stays one even where the header lives apart from it
+        // (a shard in a store keeps its headers in the skeleton, its payloads in packs).
         let at = e.offset + ChunkHeader::SIZE as u64;
-        let whole = self.read(e.offset..at + e.stored_len)?;
+        let (header, stored) = if self.mapped {
+            (self.read(e.offset..at)?, self.read(at..at + e.stored_len)?)
+        } else {
+            let whole = self.read(e.offset..at + e.stored_len)?;
+            let stored = whole
+                .slice(ChunkHeader::SIZE..whole.len())
+                .expect("the read holds the header and the payload");
+            (whole, stored)
+        };
         if check || !seen {
-            self.check_header_bytes(c, &e, &whole[..ChunkHeader::SIZE], schema)?;
+            self.check_header_bytes(c, &e, &header[..ChunkHeader::SIZE], schema)?;
         }
-        let stored = whole
-            .slice(ChunkHeader::SIZE..whole.len())
-            .expect("the read holds the header and the payload");
         if check {
             self.check_stored_hash(c, &e, &stored, schema)?;
         }
