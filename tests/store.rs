@@ -401,3 +401,27 @@ fn capture_keys_find_stored_samples_until_their_dataset_goes() {
     assert!(!file.exists());
     same_samples(&Dataset::open(store_dir.join("b")).unwrap(), &b, |_| {});
 }
+
+#[test]
+fn a_damaged_index_run_is_named_by_store_verify_in_a_process_that_opened_it() {
+    let t = tempfile::tempdir().unwrap();
+    let store_dir = t.path().join("store");
+    let a = t.path().join("a");
+    write_plain(&a, 4, 7);
+    let store = Arc::new(Store::init(&store_dir).unwrap());
+    add(&store, &Dataset::open(&a).unwrap(), "a", &|_| {}).unwrap();
+    let index = store.index().unwrap();
+    let run = store_dir.join(&index.root.runs[0].file);
+    assert!(usage::check(&store).unwrap().problems.is_empty());
+    let mut bytes = std::fs::read(&run).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 1;
+    std::fs::write(&run, &bytes).unwrap();
+    let problems = usage::check(&store).unwrap().problems;
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains(&*run.to_string_lossy()) && p.contains("BLAKE3")),
+        "{problems:?}"
+    );
+}

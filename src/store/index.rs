@@ -4,8 +4,11 @@
 //! level, so a store lists a few runs per level and a lookup costs a few searches, whatever
 //! its size. Runs are mapped, not loaded: memory does not grow with the store.
 
+use std::borrow::Borrow;
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use serde::{Deserialize, Serialize};
 
@@ -147,6 +150,9 @@ fn entry_bytes(e: &Location, pack: u32) -> [u8; RUN_ENTRY] {
     b
 }
 
+/// Entries of a run checked between two releases of their pages (8 MiB).
+const RELEASE_ENTRIES: u64 = 1 << 17;
+
 /// A run, checked and ready for lookups.
 #[derive(Debug)]
 pub struct Run {
@@ -235,7 +241,15 @@ impl Run {
             }
             run.decode(i)?;
             prev = Some(id);
+            // Pages checked are let go as the check walks on: opening a run of 10^7 entries
+            // does not keep its 640 MB resident (lookups fault in what they touch).
+            if (i + 1) % RELEASE_ENTRIES == 0 {
+                let end = run.start + (i + 1) as usize * RUN_ENTRY;
+                run.bytes
+                    .release(end - RELEASE_ENTRIES as usize * RUN_ENTRY..end);
+            }
         }
+        run.bytes.release(0..run.bytes.len());
         Ok(run)
     }
 
@@ -428,7 +442,7 @@ pub struct BlobIndex {
     pub root: IndexRoot,
     /// Its bytes' BLAKE3, for the compare-and-swap that replaces it.
     pub root_hash: Option<blake3::Hash>,
-    runs: Vec<Run>,
+    runs: Vec<Arc<Run>>,
 }
 
 impl BlobIndex {
@@ -448,8 +462,9 @@ impl BlobIndex {
         let runs = root
             .runs
             .iter()
-            .map(|r| open_run(storage, r))
+            .map(|r| open_run_once(storage, r))
             .collect::<Result<Vec<_>>>()?;
+        forget_runs_but(storage, &root);
         Ok(BlobIndex {
             root,
             root_hash: Some(blake3::hash(&bytes)),
@@ -463,7 +478,7 @@ impl BlobIndex {
     }
 
     /// The runs.
-    pub fn runs(&self) -> &[Run] {
+    pub fn runs(&self) -> &[Arc<Run>] {
         &self.runs
     }
 
@@ -471,6 +486,40 @@ impl BlobIndex {
     pub fn entries(&self) -> impl Iterator<Item = Location> + '_ {
         merged(&self.runs)
     }
+}
+
+/// The runs this process opened, by file and recorded BLAKE3. A run's file never changes (its
+/// name comes from its content, and it is published once), so each is hashed and parsed once
+/// per process, not at every open of the index: a commit into a large store then costs what
+/// it adds, not the size of the index.
+type OpenedRuns = HashMap<(PathBuf, String), Arc<Run>>;
+
+fn opened_runs() -> std::sync::MutexGuard<'static, OpenedRuns> {
+    static OPENED: OnceLock<Mutex<OpenedRuns>> = OnceLock::new();
+    OPENED
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+}
+
+/// [`open_run`], once per process for each run.
+pub(crate) fn open_run_once(storage: &dyn Storage, r: &RunRecord) -> Result<Arc<Run>> {
+    let key = (storage.path(&r.file), r.blake3.clone());
+    if let Some(run) = opened_runs().get(&key) {
+        return Ok(Arc::clone(run));
+    }
+    let run = Arc::new(open_run(storage, r)?);
+    opened_runs().insert(key, Arc::clone(&run));
+    Ok(run)
+}
+
+/// Drops the opened runs of `storage`'s folder that `root` no longer lists (merged or
+/// collected away), so their mappings go.
+fn forget_runs_but(storage: &dyn Storage, root: &IndexRoot) {
+    let listed: HashSet<PathBuf> = root.runs.iter().map(|r| storage.path(&r.file)).collect();
+    let folder = storage.path(INDEX_ROOT);
+    let folder = folder.parent();
+    opened_runs().retain(|(path, _), _| path.parent() != folder || listed.contains(path));
 }
 
 /// Opens run `r` of `storage`, checking its length and BLAKE3 against the record.
@@ -492,7 +541,13 @@ pub fn open_run(storage: &dyn Storage, r: &RunRecord) -> Result<Run> {
             r.bytes
         )));
     }
-    let got = hex(blake3::hash(&bytes).as_bytes());
+    let mut hasher = blake3::Hasher::new();
+    for at in (0..bytes.len()).step_by(RELEASE_ENTRIES as usize * RUN_ENTRY) {
+        let end = (at + RELEASE_ENTRIES as usize * RUN_ENTRY).min(bytes.len());
+        hasher.update(&bytes[at..end]);
+        bytes.release(at..end);
+    }
+    let got = hex(hasher.finalize().as_bytes());
     if got != r.blake3 {
         return Err(damaged(format!(
             "BLAKE3 {got}, index.json records {}",
@@ -515,7 +570,8 @@ pub fn open_run(storage: &dyn Storage, r: &RunRecord) -> Result<Run> {
 
 /// The entries of `runs` in id order, each id once: where several runs hold an id, the
 /// latest run's entry.
-pub fn merged(runs: &[Run]) -> impl Iterator<Item = Location> + '_ {
+pub fn merged<R: Borrow<Run>>(runs: &[R]) -> impl Iterator<Item = Location> + '_ {
+    let runs: Vec<&Run> = runs.iter().map(Borrow::borrow).collect();
     // A min-heap of (id, newest run first, position).
     let mut heap = BinaryHeap::new();
     for (i, r) in runs.iter().enumerate() {
@@ -527,7 +583,7 @@ pub fn merged(runs: &[Run]) -> impl Iterator<Item = Location> + '_ {
     std::iter::from_fn(move || loop {
         let Reverse((id, Reverse(i), pos)) = heap.pop()?;
         if pos + 1 < runs[i].len() {
-            heap.push(Reverse((id_at(&runs[i], pos + 1), Reverse(i), pos + 1)));
+            heap.push(Reverse((id_at(runs[i], pos + 1), Reverse(i), pos + 1)));
         }
         if last == Some(id) {
             continue;

@@ -279,7 +279,7 @@ pub fn add_run(store: &Store, run: RunRecord, durable: bool) -> Result<()> {
         let inputs: Vec<RunRecord> = root.runs.split_off(n - MERGE_WIDTH);
         let opened = inputs
             .iter()
-            .map(|r| index::open_run(meta, r))
+            .map(|r| index::open_run_once(meta, r))
             .collect::<Result<Vec<_>>>()?;
         let count = index::merged(&opened).count() as u64;
         let mut packs: Vec<[u8; 16]> = opened.iter().flat_map(|r| r.packs().to_vec()).collect();
