@@ -425,3 +425,66 @@ fn a_damaged_index_run_is_named_by_store_verify_in_a_process_that_opened_it() {
         "{problems:?}"
     );
 }
+
+#[test]
+fn convert_into_a_store_dataset_killed_and_resumed_loses_nothing() {
+    use common::dumps::{convert_command, sample, write_dumps};
+    const N: usize = 30;
+    let t = tempfile::tempdir().unwrap();
+    let (src, store_dir) = (t.path().join("src"), t.path().join("store"));
+    write_dumps(&src, 0..N);
+    Store::init(&store_dir).unwrap();
+    let ds = store_dir.join("conv");
+    let committed = || -> Vec<String> {
+        match Dataset::open(&ds) {
+            Ok(d) => (0..d.len())
+                .map(|o| d.sample(o).unwrap().key().to_string())
+                .collect(),
+            Err(_) => Vec::new(),
+        }
+    };
+    // Kills land at growing delays until one falls between commits; each run resumes.
+    let (mut delay_ms, mut partial) = (5u64, 0);
+    for _ in 0..10 {
+        let mut child = convert_command(&src, &ds)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        let finished = child.try_wait().unwrap().is_some();
+        if !finished {
+            child.kill().unwrap();
+        }
+        child.wait().unwrap();
+        let n = committed().len();
+        // `--delete-source`: a source goes only once its sample is committed.
+        for i in 0..N {
+            let key = format!("req_{i:03}");
+            assert!(
+                src.join(format!("{key}.safetensors")).exists() || committed().contains(&key),
+                "{key} is neither a source nor committed"
+            );
+        }
+        if !finished && n > 0 && n < N {
+            partial += 1;
+        }
+        if n == 0 {
+            delay_ms = delay_ms * 3 / 2 + 2;
+        }
+    }
+    assert!(convert_command(&src, &ds).status().unwrap().success());
+    let d = Dataset::open(&ds).unwrap();
+    assert_eq!(d.len(), N as u64);
+    for o in 0..d.len() {
+        let s = d.sample(o).unwrap();
+        let (ids, h) = sample(s.key()["req_".len()..].parse().unwrap());
+        assert_eq!(s.read("input_ids", None).unwrap().bytes(), &ids[..]);
+        assert_eq!(s.read("hidden.7", None).unwrap().bytes(), &h[..]);
+    }
+    assert!(partial > 0, "no kill landed between two commits");
+    let v = hspack(&["store", "verify", s(&store_dir)]);
+    assert!(v.status.success(), "{}", text(&v));
+    let v = hspack(&["verify", s(&ds)]);
+    assert!(v.status.success(), "{}", text(&v));
+}

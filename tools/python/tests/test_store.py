@@ -49,3 +49,32 @@ def test_samples_written_again_store_only_their_headers(tmp_path):
     again = hspack.open(store / "second")
     for i, s in enumerate(samples):
         assert torch.equal(again[i]["hidden.2"].view(torch.int16), s["hidden.2"].view(torch.int16))
+
+
+def test_torch_datasets_read_a_store_dataset_in_worker_processes(tmp_path):
+    """The hspack.torch datasets and loaders over `STORE/NAME`, with workers (whose tensors
+    travel as file ranges of the mapped packs), give exactly the written samples."""
+    from conftest import LAYERS, eagle_sample
+    from hspack.torch import HspackDataset, HspackIterableDataset, HspackLoader, PadCollate
+
+    store = tmp_path / "store"
+    hspack.init_store(store)
+    write_eagle(store / "eagle", 21, shard_samples=8)
+    path = str(store / "eagle")
+    seen = []
+    for context in ("fork", "spawn"):
+        ds = HspackIterableDataset(path, ["input_ids", "hidden.5"], seed=2)
+        loader = HspackLoader(ds, batch_size=4, num_workers=2, multiprocessing_context=context, collate_fn=PadCollate())
+        for batch in loader:
+            for b, o in enumerate(batch["ordinal"].tolist()):
+                n = int(batch["lengths"][b])
+                assert torch.equal(batch["hidden.5"][b, :n], eagle_sample(o)["hidden.5"])
+                seen.append(o)
+    assert sorted(seen) == sorted(list(range(21)) * 2)
+    mapped = HspackDataset(path, view="eagle3")
+    loader = torch.utils.data.DataLoader(mapped, batch_size=None, num_workers=2)
+    for s in loader:
+        w = eagle_sample(s["ordinal"])
+        want = torch.cat([w[f"hidden.{layer}"] for layer in LAYERS], dim=-1)
+        assert torch.equal(s["aux_hidden_state"], want)
+        assert torch.equal(s["hidden_state"], w["hidden.final"])
