@@ -488,3 +488,36 @@ fn convert_into_a_store_dataset_killed_and_resumed_loses_nothing() {
     let v = hspack(&["verify", s(&ds)]);
     assert!(v.status.success(), "{}", text(&v));
 }
+
+#[test]
+fn gc_removes_what_dead_writers_staged_and_keeps_what_live_ones_stage() {
+    use hspack::io::Storage;
+    let t = tempfile::tempdir().unwrap();
+    let store_dir = t.path().join("store");
+    let store = Arc::new(Store::init(&store_dir).unwrap());
+    let staged = || {
+        std::fs::read_dir(store_dir.join("staging"))
+            .unwrap()
+            .count()
+    };
+    // A writer that died mid-shard: its staged file stays, its lock is gone.
+    {
+        let dead = store.dataset("dead").unwrap();
+        let mut f = dead.create("shard-000000.hshard").unwrap();
+        f.write_at(0, &[7; 4096]).unwrap();
+    }
+    // A writer at work: its dataset's lock is held while it stages.
+    let live = store.dataset("live").unwrap();
+    let mut f = live.create("shard-000000.hshard").unwrap();
+    f.write_at(0, &[8; 4096]).unwrap();
+    assert_eq!(staged(), 2);
+    let r = gc::collect(&store, false).unwrap();
+    assert_eq!(r.staged_files_removed, 1, "{r:?}");
+    assert_eq!(staged(), 1);
+    f.abandon();
+    drop(live);
+    assert_eq!(staged(), 0);
+    // The collection let the dead dataset's lock go: it can be written.
+    let again = store.dataset("dead").unwrap();
+    again.create("x").unwrap().abandon();
+}

@@ -223,7 +223,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                 println!("{}", serde_json::to_string_pretty(&r)?);
             } else {
                 println!(
-                    "{}: {} live, {} removed; packs: {} kept, {} rewritten, {} deleted; freed {}, wrote {}; {} of removed datasets deleted; in {:.2} s",
+                    "{}: {} live, {} removed; packs: {} kept, {} rewritten, {} deleted; freed {}, wrote {}; {} of removed datasets and {} of dead writers deleted; in {:.2} s",
                     store.display(),
                     count(r.blobs_live, "blob"),
                     count(r.blobs_removed, "blob"),
@@ -233,6 +233,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                     human_bytes(r.bytes_freed),
                     human_bytes(r.bytes_written),
                     count(r.capture_files_removed, "capture file"),
+                    count(r.staged_files_removed, "staged file"),
                     start.elapsed().as_secs_f64()
                 );
             }

@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use crate::error::Result;
 use crate::format::manifest::TEMP_SUFFIX;
+use crate::io::Storage;
 
 use super::index::{self, IndexRoot, Location, INDEX_ROOT};
 use super::locks;
@@ -41,6 +42,8 @@ pub struct GcReport {
     pub bytes_written: u64,
     /// Capture files deleted: those of datasets the store no longer has (§11.7).
     pub capture_files_removed: u64,
+    /// Staged files deleted: left by writers that died before publishing them.
+    pub staged_files_removed: u64,
 }
 
 /// The blobs the datasets of `store` reference: files, skeletons and their payloads.
@@ -189,6 +192,7 @@ pub fn collect(store: &Arc<Store>, durable: bool) -> Result<GcReport> {
             report.capture_files_removed += 1;
         }
     }
+    report.staged_files_removed = remove_dead_staging(store)?;
     report.packs_rewritten = rewrite.len() as u64;
     report.packs_kept = (packs.len() - new_packs.len()) as u64;
     if durable {
@@ -196,4 +200,38 @@ pub fn collect(store: &Arc<Store>, durable: bool) -> Result<GcReport> {
         meta.sync()?;
     }
     Ok(report)
+}
+
+/// Deletes the staged files of datasets no process is writing: a writer holds its dataset's
+/// lock before it stages a file, so a lock this collection can take means the files were left
+/// by a writer that died.
+fn remove_dead_staging(store: &Store) -> Result<u64> {
+    let staging = crate::io::LocalStorage::new(store.root().join("staging"));
+    if !store.root().join("staging").is_dir() {
+        return Ok(0);
+    }
+    let mut removed = 0;
+    let mut free: HashMap<String, bool> = HashMap::new();
+    // Held for the sweep, so no writer of these datasets starts staging meanwhile.
+    let mut held = Vec::new();
+    for file in staging.list()? {
+        let Some(name) = super::storage::staged_dataset(&file) else {
+            continue;
+        };
+        let idle = match free.get(name) {
+            Some(&idle) => idle,
+            None => {
+                let lock = locks::dataset(store.root(), name).ok();
+                let idle = lock.is_some();
+                held.extend(lock);
+                free.insert(name.to_string(), idle);
+                idle
+            }
+        };
+        if idle {
+            staging.delete(&file)?;
+            removed += 1;
+        }
+    }
+    Ok(removed)
 }

@@ -24,6 +24,16 @@ use super::skeleton::{map_skeleton, Piece, ShardMap};
 use super::snapshot::{blob_id, snapshot_file, FileRecord, Snapshot};
 use super::Store;
 
+/// Between the dataset's name and the rest of a staged file's name (no dataset name holds it).
+pub const STAGED_SEPARATOR: char = '+';
+
+/// The dataset a staged file belongs to.
+pub fn staged_dataset(file: &str) -> Option<&str> {
+    file.split_once(STAGED_SEPARATOR)
+        .map(|(name, _)| name)
+        .filter(|n| super::snapshot::is_dataset_name(n))
+}
+
 /// Dataset `name` of a store, as a [`Storage`].
 #[derive(Debug)]
 pub struct StoreDataset {
@@ -512,9 +522,13 @@ impl Storage for StoreDataset {
     }
 
     fn create(&self, temp: &str) -> Result<Box<dyn NewFile>> {
+        // The dataset's lock is held before a file of it is staged, so a collection that can
+        // take the lock knows the dataset's staged files are leftovers of a writer that died.
+        self.begin(&mut self.state())?;
         self.staging.create_root()?;
         let staged = format!(
-            "{}-{}",
+            "{}{STAGED_SEPARATOR}{}-{}",
+            self.name,
             hex(&crate::io::unique_id(temp.as_bytes())),
             temp.replace('/', "_")
         );

@@ -295,3 +295,33 @@ def test_several_writers_share_one_dataset(tmp_path):
             assert equal_bits(got[key][n], ref), (key, n)
     assert hspack.verify(tmp_path / "ds")["ok"]
     assert len(hspack.open(tmp_path / "ds").shards) >= 4
+
+
+@gpu
+def test_captures_into_a_store_dataset_dedup_and_read_back(tmp_path):
+    """`CudaWriter` into `STORE/NAME`: the bytes read back equal the GPU tensors, and the same
+    captures written again under another name store (almost) nothing new."""
+    store = tmp_path / "store"
+    hspack.init_store(store)
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    fields = names()
+    samples = {f"s{i}": [torch.randn(t, HIDDEN, device="cuda", generator=gen).to(torch.bfloat16) for _ in fields]
+               for i, t in enumerate([64, 1000, 17, 513])}
+
+    def packs():
+        return sum(p.stat().st_size for p in (store / "packs").iterdir())
+
+    for name in ("first", "again"):
+        w = CudaWriter(store / name, schema(), durable=False)
+        for key, hs in samples.items():
+            w.append(key, **dict(zip(fields, hs)))
+        stats = w.finish()
+        assert stats["samples_written"] == 4 and stats["unwritten"] == 0
+        if name == "first":
+            before = packs()
+    assert packs() - before < 0.02 * before, (before, packs())
+    for name in ("first", "again"):
+        got = read_back(store / name)
+        for key, hs in samples.items():
+            for n, ref in zip(fields, hs):
+                assert equal_bits(got[key][n], ref), (name, key, n)
