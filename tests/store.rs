@@ -521,3 +521,42 @@ fn gc_removes_what_dead_writers_staged_and_keeps_what_live_ones_stage() {
     let again = store.dataset("dead").unwrap();
     again.create("x").unwrap().abandon();
 }
+
+#[test]
+fn a_collection_waits_while_a_staged_shard_holds_payloads_no_commit_references() {
+    use hspack::io::Storage;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let t = tempfile::tempdir().unwrap();
+    let store_dir = t.path().join("store");
+    let store = Arc::new(Store::init(&store_dir).unwrap());
+    let ds = store.dataset("x").unwrap();
+    // A shard being written hands a payload to the store ...
+    let mut shard = ds.create("shard-000001.hshard").unwrap();
+    assert!(shard.keeps_payloads());
+    let payload = vec![9u8; 8192];
+    shard
+        .write_payload(4096, &payload, blake3::hash(&payload).as_bytes())
+        .unwrap();
+    // ... and another file's commit publishes the dataset meanwhile.
+    ds.put_new("manifest.json", b"{}", false).unwrap();
+    let done = Arc::new(AtomicBool::new(false));
+    let gc = {
+        let (store, done) = (Arc::clone(&store), Arc::clone(&done));
+        std::thread::spawn(move || {
+            let r = gc::collect(&store, false).unwrap();
+            done.store(true, Ordering::SeqCst);
+            r
+        })
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        !done.load(Ordering::SeqCst),
+        "a collection ran while a staged shard's payload was referenced by nothing published"
+    );
+    // Once the shard is abandoned and the writer gone, the collection runs and drops it.
+    shard.abandon();
+    drop(ds);
+    let r = gc.join().unwrap();
+    assert!(done.load(Ordering::SeqCst));
+    assert_eq!(r.blobs_removed, 1, "{r:?}");
+}

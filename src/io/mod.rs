@@ -79,6 +79,20 @@ pub trait NewFile: Send + Debug {
 
     /// Deletes the unfinished file.
     fn abandon(self: Box<Self>);
+
+    /// True when the file keeps chunk payloads by their hash ([`NewFile::write_payload`]):
+    /// a writer then hashes a payload before handing it over.
+    fn keeps_payloads(&self) -> bool {
+        false
+    }
+
+    /// Writes the payload of a chunk, whose BLAKE3 the writer computed from these bytes, at
+    /// `offset`. A file of a store keeps it by its hash (stored once, not written where the
+    /// store has it); every other file writes it as [`NewFile::write_at`] does.
+    fn write_payload(&mut self, offset: u64, bytes: &[u8], hash: &[u8; 32]) -> Result<()> {
+        let _ = hash;
+        self.write_at(offset, bytes)
+    }
 }
 
 /// The one-writer lock of a dataset, released when dropped by the process that took it.

@@ -2,7 +2,7 @@
 //! into a pack; the commit publishes the packs, then one index run for them, then (the
 //! caller) the dataset that references them, all under the shared hold of `gc.lock`.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -15,7 +15,7 @@ use crate::io::FileReader;
 
 use super::index::{self, IndexRoot, Location, RunRecord, INDEX_ROOT, MERGE_WIDTH};
 use super::locks::{self, StoreLock};
-use super::pack::{BlobCodec, PackWriter, PACK_TARGET};
+use super::pack::{pack_name, BlobCodec, PackWriter, PACK_TARGET};
 use super::skeleton::{map_skeleton, payloads, skeleton_of};
 use super::snapshot::FileRecord;
 use super::Store;
@@ -56,6 +56,8 @@ pub struct Ingest {
     /// Blobs in packs published by this ingest.
     new: BTreeMap<[u8; 32], Location>,
     durable: bool,
+    /// Packs published without a sync (before the ingest was made durable).
+    unsynced: Vec<[u8; 16]>,
     /// What was stored and found so far.
     pub stats: IngestStats,
     lock: StoreLock,
@@ -87,6 +89,7 @@ impl Ingest {
             open: HashSet::new(),
             new: BTreeMap::new(),
             durable,
+            unsynced: Vec::new(),
             stats: IngestStats::default(),
             lock,
         })
@@ -129,9 +132,18 @@ impl Ingest {
         Ok(true)
     }
 
+    /// Makes the commit durable: packs, run and `index.json` synced (packs published before
+    /// are synced at the commit).
+    pub fn make_durable(&mut self, durable: bool) {
+        self.durable |= durable;
+    }
+
     fn close_pack(&mut self) -> Result<()> {
         if let Some(p) = self.pack.take() {
             let (pack, blobs) = p.finish(self.durable)?;
+            if !self.durable {
+                self.unsynced.push(pack);
+            }
             for blob in blobs {
                 self.new.insert(blob.id, Location { pack, blob });
             }
@@ -142,12 +154,15 @@ impl Ingest {
 
     /// Adds file `name` of a dataset, read from `file` (`path` for messages): a shard as its
     /// skeleton and payloads, any other file whole. Payloads already stored are not read.
+    /// `handed`: payloads the writer already put into this ingest, by offset, with the hash
+    /// it computed (their bytes are not in `file`).
     pub fn put_file(
         &mut self,
         name: &str,
         file: &dyn FileReader,
         path: &Path,
         shard: bool,
+        handed: &HashMap<u64, [u8; 32]>,
     ) -> Result<FileRecord> {
         let len = file.len();
         if !shard {
@@ -182,9 +197,12 @@ impl Ingest {
             ),
         }
         };
+        let is_handed = |p: &super::skeleton::Payload| handed.get(&p.offset) == Some(&p.id);
         for batch in payloads.chunks(64) {
-            let mut todo: Vec<&super::skeleton::Payload> =
-                batch.iter().filter(|p| !self.has(&p.id)).collect();
+            let mut todo: Vec<&super::skeleton::Payload> = batch
+                .iter()
+                .filter(|p| !is_handed(p) && !self.has(&p.id))
+                .collect();
             todo.sort_by_key(|p| p.id);
             todo.dedup_by_key(|p| p.id);
             let read: Vec<([u8; 32], Result<crate::io::FileBytes>)> =
@@ -204,6 +222,20 @@ impl Ingest {
             let mut read: std::collections::HashMap<[u8; 32], Result<crate::io::FileBytes>> =
                 read.into_iter().collect();
             for p in batch {
+                if is_handed(p) {
+                    // Stored (or found) when handed over; counted then.
+                    if !self.has(&p.id) {
+                        return Err(Error::StoreDamage {
+                            path: path.to_path_buf(),
+                            detail: format!(
+                                "the chunk payload at byte {} ({}) was handed to the store while the shard was written but is gone: nothing of the shard was published; write it again",
+                                p.offset,
+                                hex(&p.id)
+                            ),
+                        });
+                    }
+                    continue;
+                }
                 if self.has(&p.id) {
                     self.found(p.len);
                     continue;
@@ -231,6 +263,15 @@ impl Ingest {
     /// hold of `gc.lock`: publish what references the blobs, then drop it.
     pub fn commit(mut self) -> Result<(IngestStats, StoreLock)> {
         self.close_pack()?;
+        if self.durable && !self.unsynced.is_empty() {
+            for pack in std::mem::take(&mut self.unsynced) {
+                let path = self.store.packs().path(&pack_name(&pack));
+                std::fs::File::open(&path)
+                    .and_then(|f| f.sync_all())
+                    .map_err(crate::error::io(path, "sync"))?;
+            }
+            self.store.packs().sync()?;
+        }
         if !self.new.is_empty() {
             let mut packs: Vec<[u8; 16]> = self.new.values().map(|l| l.pack).collect();
             packs.sort();

@@ -7,7 +7,7 @@
 //! is referenced, not stored again); publishing or replacing the manifest, or replacing any
 //! file, commits: packs, index run, then `datasets/NAME.json`, which readers see.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -58,6 +58,10 @@ struct WriteState {
     lock: Option<StoreLock>,
     /// What the commits through this handle stored and found.
     added: super::IngestStats,
+    /// Staged files that handed payloads to the store and are not published or abandoned:
+    /// while there are any, the hold of `gc.lock` is kept across commits, since those
+    /// payloads are referenced by nothing published yet.
+    handing: usize,
 }
 
 impl StoreDataset {
@@ -388,6 +392,19 @@ impl StoreDataset {
         durable: bool,
         replace: bool,
     ) -> Result<()> {
+        self.add_staged(name, file, durable, replace, &HashMap::new())
+    }
+
+    /// [`StoreDataset::add_file`] of a staged file whose payloads `handed` (by offset) were put
+    /// into the ingest as they were written.
+    fn add_staged(
+        &self,
+        name: &str,
+        file: &dyn FileReader,
+        durable: bool,
+        replace: bool,
+        handed: &HashMap<u64, [u8; 32]>,
+    ) -> Result<()> {
         let mut st = self.state();
         let files = self.begin(&mut st)?;
         if !replace && files.contains_key(name) {
@@ -397,9 +414,9 @@ impl StoreDataset {
             });
         }
         let shard = is_shard_file_name(name);
-        let record =
-            self.ingest(&mut st, durable)?
-                .put_file(name, file, &self.path(name), shard)?;
+        let ingest = self.ingest(&mut st, durable)?;
+        ingest.make_durable(durable);
+        let record = ingest.put_file(name, file, &self.path(name), shard, handed)?;
         st.files
             .as_mut()
             .expect("loaded")
@@ -443,7 +460,9 @@ impl StoreDataset {
             None => datasets.put_new(&file, &bytes, durable)?,
         }
         st.snapshot_hash = Some(blake3::hash(&bytes));
-        st.gc_hold = None;
+        if st.handing == 0 {
+            st.gc_hold = None;
+        }
         Ok(())
     }
 }
@@ -454,11 +473,41 @@ struct StagedFile {
     inner: Box<dyn NewFile>,
     staged: String,
     owner: StoreDataset,
+    /// Payloads handed to the store as they were written, by offset: not in the staged file.
+    handed: HashMap<u64, [u8; 32]>,
+}
+
+impl StagedFile {
+    /// Ends the file's handing of payloads (published or abandoned).
+    fn done_handing(&self) {
+        if !self.handed.is_empty() {
+            let mut st = self.owner.state();
+            st.handing -= 1;
+        }
+    }
 }
 
 impl NewFile for StagedFile {
     fn write_at(&mut self, offset: u64, bytes: &[u8]) -> Result<()> {
         self.inner.write_at(offset, bytes)
+    }
+
+    fn keeps_payloads(&self) -> bool {
+        true
+    }
+
+    /// The payload goes straight into the store's open pack (or nowhere, where the store has
+    /// it); the staged file keeps a hole there.
+    fn write_payload(&mut self, offset: u64, bytes: &[u8], hash: &[u8; 32]) -> Result<()> {
+        let mut st = self.owner.state();
+        self.owner
+            .ingest(&mut st, false)?
+            .put(*hash, bytes, false)?;
+        if self.handed.is_empty() {
+            st.handing += 1;
+        }
+        self.handed.insert(offset, *hash);
+        Ok(())
     }
 
     fn sync_data(&mut self) -> Result<()> {
@@ -474,17 +523,23 @@ impl NewFile for StagedFile {
             inner,
             staged,
             owner,
+            handed,
         } = *self;
-        inner.publish_new(&staged, false)?;
-        let added = owner
-            .staging
-            .open(&staged)
-            .and_then(|file| owner.add_file(name, &*file, durable, false));
-        owner.staging.delete(&staged)?;
+        let added = inner.publish_new(&staged, false).and_then(|()| {
+            let added = owner
+                .staging
+                .open(&staged)
+                .and_then(|file| owner.add_staged(name, &*file, durable, false, &handed));
+            added.and(owner.staging.delete(&staged))
+        });
+        if !handed.is_empty() {
+            owner.state().handing -= 1;
+        }
         added
     }
 
     fn abandon(self: Box<Self>) {
+        self.done_handing();
         self.inner.abandon();
     }
 }
@@ -536,6 +591,7 @@ impl Storage for StoreDataset {
             inner: self.staging.create(&crate::io::temp_name(&staged))?,
             staged,
             owner: self.handle(),
+            handed: HashMap::new(),
         }))
     }
 

@@ -109,7 +109,11 @@ impl ShardWriter {
             c.hash
                 .unwrap_or_else(|| *blake3::hash(&c.stored).as_bytes())
         };
-        let (written, hashes) = if bytes < crate::parallel::WORTH_THE_POOL {
+        let (written, hashes) = if out.keeps_payloads() {
+            // The file keeps each payload by its hash: payloads are handed over in order as
+            // their hashes come in from the pool.
+            hand_over(out, chunks, &places, bytes, &hash)
+        } else if bytes < crate::parallel::WORTH_THE_POOL {
             let written = chunks
                 .iter()
                 .zip(&places)
@@ -253,4 +257,61 @@ impl ShardWriter {
     pub fn abandon(self) {
         self.out.abandon();
     }
+}
+
+/// Hashes `chunks` on the pool and, at the same time, hands each payload (at `places[i]` +
+/// the chunk header) to `out` with its hash, in order, as soon as its hash is known.
+fn hand_over(
+    out: &mut Box<dyn NewFile>,
+    chunks: &[EncodedChunk<'_>],
+    places: &[u64],
+    bytes: u64,
+    hash: &(dyn Fn(&EncodedChunk<'_>) -> [u8; 32] + Sync),
+) -> (Result<()>, Vec<[u8; 32]>) {
+    const HEADER: u64 = ChunkHeader::SIZE as u64;
+    if bytes < crate::parallel::WORTH_THE_POOL {
+        let hashes: Vec<[u8; 32]> = chunks.iter().map(hash).collect();
+        let written = chunks
+            .iter()
+            .zip(places)
+            .zip(&hashes)
+            .try_for_each(|((c, &at), h)| out.write_payload(at + HEADER, &c.stored, h));
+        return (written, hashes);
+    }
+    let (tx, rx) = std::sync::mpsc::channel::<(usize, [u8; 32])>();
+    let mut hashes: Vec<Option<[u8; 32]>> = vec![None; chunks.len()];
+    let written = crate::parallel::install(|| {
+        rayon::join(
+            move || {
+                chunks
+                    .par_iter()
+                    .enumerate()
+                    .for_each_with(tx, |tx, (i, c)| {
+                        // The receiver only stops early on a write error.
+                        let _ = tx.send((i, hash(c)));
+                    })
+            },
+            || -> Result<()> {
+                let mut next = 0;
+                for (i, h) in rx {
+                    hashes[i] = Some(h);
+                    while let Some(h) = hashes.get(next).copied().flatten() {
+                        out.write_payload(places[next] + HEADER, &chunks[next].stored, &h)?;
+                        next += 1;
+                    }
+                }
+                Ok(())
+            },
+        )
+        .1
+    });
+    if written.is_err() {
+        // The caller returns the error; the hashes are not used.
+        return (written, Vec::new());
+    }
+    let hashes = hashes
+        .into_iter()
+        .map(|h| h.expect("every chunk hashed, and handed over in order"))
+        .collect();
+    (written, hashes)
 }
