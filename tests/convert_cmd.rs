@@ -4,13 +4,12 @@
 mod common;
 
 use common::cli::{hspack, text};
-use common::dumps::{check_dataset, write_dumps, V};
+use common::dumps::{check_dataset, run_then_kill, write_dumps, V};
 use common::{pt_fixtures, s};
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::process::Command;
 
 use hspack::Dataset;
 use safetensors::Dtype;
@@ -191,19 +190,12 @@ fn sigkill_with_delete_source_loses_nothing() {
     // lengthens the next delay, so kills land between commits however fast the machine is.
     let (mut delay_ms, mut before) = (3u64, 0usize);
     for round in 0..16 {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_hspack"))
-            .args(convert_args(&src, &ds, &["--delete-source", "--jobs", "4"]))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        std::thread::sleep(Duration::from_millis(delay_ms));
-        let finished = child.try_wait().unwrap().is_some();
+        let mut convert = Command::new(env!("CARGO_BIN_EXE_hspack"));
+        convert.args(convert_args(&src, &ds, &["--delete-source", "--jobs", "4"]));
+        let finished = run_then_kill(&mut convert, delay_ms);
         if !finished {
-            child.kill().unwrap();
             kills += 1;
         }
-        child.wait().unwrap();
         let committed = invariant(&format!("after kill {round} at {delay_ms} ms"));
         let left = std::fs::read_dir(&src).unwrap().count();
         eprintln!("kill at {delay_ms} ms: {committed} committed, {left} sources left");

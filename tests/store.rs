@@ -428,7 +428,7 @@ fn a_damaged_index_run_is_named_by_store_verify_in_a_process_that_opened_it() {
 
 #[test]
 fn convert_into_a_store_dataset_killed_and_resumed_loses_nothing() {
-    use common::dumps::{convert_command, sample, write_dumps};
+    use common::dumps::{convert_command, run_then_kill, sample, write_dumps};
     const N: usize = 30;
     let t = tempfile::tempdir().unwrap();
     let (src, store_dir) = (t.path().join("src"), t.path().join("store"));
@@ -446,17 +446,7 @@ fn convert_into_a_store_dataset_killed_and_resumed_loses_nothing() {
     // Kills land at growing delays until one falls between commits; each run resumes.
     let (mut delay_ms, mut partial) = (5u64, 0);
     for _ in 0..10 {
-        let mut child = convert_command(&src, &ds)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        std::thread::sleep(Duration::from_millis(delay_ms));
-        let finished = child.try_wait().unwrap().is_some();
-        if !finished {
-            child.kill().unwrap();
-        }
-        child.wait().unwrap();
+        let finished = run_then_kill(&mut convert_command(&src, &ds), delay_ms);
         let n = committed().len();
         // `--delete-source`: a source goes only once its sample is committed.
         for i in 0..N {

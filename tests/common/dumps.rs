@@ -114,3 +114,20 @@ pub fn convert_command(src: &Path, ds: &Path) -> Command {
     ]);
     c
 }
+
+/// Runs `command` quietly for `delay_ms`, then kills it if it is still running; true when it
+/// had finished by then.
+pub fn run_then_kill(command: &mut Command, delay_ms: u64) -> bool {
+    let mut child = command
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(delay_ms));
+    let finished = child.try_wait().unwrap().is_some();
+    if !finished {
+        child.kill().unwrap();
+    }
+    child.wait().unwrap();
+    finished
+}
