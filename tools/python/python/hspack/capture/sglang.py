@@ -505,7 +505,8 @@ def extract(
     ``stack``: every id but the last in one stacked field ``aux_hidden_state`` (EAGLE-3).
     ``out`` a store dataset ``STORE/NAME``: samples the store holds for the same capture are
     copied, not run (``capture.reuse``; deterministic when ``engine_extra`` sets
-    ``enable_deterministic_inference``); ``counts`` says how many."""
+    ``enable_deterministic_inference``, ``sglang_names.DETERMINISTIC_ARG``); ``counts`` says
+    how many."""
     import tempfile
 
     import hspack
@@ -536,7 +537,7 @@ def extract(
         if writer.in_store:
             reuse = capture_config(
                 model=model, revision=None, config_hash=meta["config_hash"], engine="sglang",
-                deterministic=bool(extra.get("enable_deterministic_inference", False)),
+                deterministic=bool(extra.get(names.DETERMINISTIC_ARG, False)),
                 dtype=meta["dtype"], layers=points.ids, fields=[f["name"] for f in schema],
             )
         work = plan(samples, writer, reuse, counts)

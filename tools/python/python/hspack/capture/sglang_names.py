@@ -56,8 +56,12 @@ MODES_REFUSED = {
     "DLLM_EXTEND": "diffusion-LM extend; capture supports autoregressive prefill only",
 }
 MODE_CHECK = "is_extend_without_speculative"
-# Server arguments the driver sets or refuses.
+# The server argument that makes prefill rows independent of the batch: a capture made with it
+# is keyed as deterministic (capture.reuse).
+DETERMINISTIC_ARG = "enable_deterministic_inference"
+# Server arguments the driver sets, refuses or reads.
 SERVER_ARGS = (
+    DETERMINISTIC_ARG,
     "disable_radix_cache",
     "enable_two_batch_overlap",
     "cuda_graph_backend_prefill",
