@@ -1,7 +1,7 @@
 //! Criterion micro-benchmarks of the per-chunk work: hashing, codecs, index lookups.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use hspack::format::{Codec, Index, IndexBuilder};
+use hspack::format::{Codec, DType, Elements, Index, IndexBuilder};
 use hspack::synth::{activations, channel_scales, Rng};
 
 fn chunk() -> Vec<u8> {
@@ -16,13 +16,19 @@ fn codecs(c: &mut Criterion) {
     let mut g = c.benchmark_group("chunk_2MiB_bf16");
     g.throughput(Throughput::Bytes(raw.len() as u64));
     g.bench_function("blake3", |b| b.iter(|| blake3::hash(&raw)));
+    // One scale per row of 7168 for fp8, as for one layer of a hidden state.
+    let elements = Elements {
+        dtype: DType::BF16,
+        row_elems: 7168,
+        group: 7168,
+    };
     for codec in Codec::ALL {
-        let stored = codec.encode(&raw, 2, 3);
+        let stored = codec.encode(&raw, elements, 3).unwrap();
         g.bench_with_input(BenchmarkId::new("encode", codec.name()), &raw, |b, raw| {
-            b.iter(|| codec.encode(raw, 2, 3))
+            b.iter(|| codec.encode(raw, elements, 3).unwrap())
         });
         g.bench_with_input(BenchmarkId::new("decode", codec.name()), &stored, |b, s| {
-            b.iter(|| codec.decode(s, raw.len() as u64, 2).unwrap())
+            b.iter(|| codec.decode(s, raw.len() as u64, elements).unwrap())
         });
     }
     g.finish();

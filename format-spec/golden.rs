@@ -4,8 +4,8 @@
 //! whose lengths sit at row-block boundaries ±1, one sample a shard, so that 8 commits'
 //! segments are merged into one of level 1 and a ninth follows; `v4/stacked`, a dataset with a
 //! stacked-layer field; `v4/leased`, written under a writer lease (`writer.lease`, file names
-//! after it). Deterministic: a fixed dataset id and generated data, so the bytes only change
-//! when the format does.
+//! after it); `v5/quantized` (manifest version 5), fields stored as fp8. Deterministic: a
+//! fixed dataset id and generated data, so the bytes only change when the format does.
 //!
 //! The older vectors are kept as they were written, to be read: `v1/` (one dataset per codec,
 //! two shards), `v2/stacked` (manifest version 2), `v3/leased` (manifest version 3).
@@ -63,12 +63,56 @@ pub fn stacked_schema() -> Schema {
     ])
 }
 
-/// Writes every golden dataset under `root`: `v1/{codec}`, `v2/stacked` and `v3/leased`.
+/// The quantized schema (manifest version 5): token ids, three layers stacked in a `[3, 4]`
+/// bf16 field stored as fp8 with a scale per layer, an f32 `[4]` field stored as fp8 with a
+/// scale per 2 elements, an f16 `[6]` field stored as fp8, and a bf16 `[4]` field stored
+/// exactly.
+pub fn quantized_schema() -> Schema {
+    let hidden = |name: &str, dtype, shape: &[u64], layer| {
+        Field::new(
+            name,
+            dtype,
+            shape,
+            Role::HiddenState {
+                layer,
+                point: CapturePoint::LayerInput,
+            },
+        )
+    };
+    Schema::new(vec![
+        Field::new("input_ids", DType::I32, &[], Role::TokenIds),
+        Field::new(
+            "aux_hidden_state",
+            DType::BF16,
+            &[3, 4],
+            Role::HiddenStates {
+                layers: vec![2, 30, 58],
+                point: CapturePoint::LayerInput,
+            },
+        )
+        .quantize_fp8(None),
+        hidden("hidden.f32", DType::F32, &[4], 7).quantize_fp8(Some(2)),
+        hidden("hidden.f16", DType::F16, &[6], 8).quantize_fp8(None),
+        hidden("hidden.exact", DType::BF16, &[4], 9),
+    ])
+}
+
+/// A value of the quantized golden samples: `m · 2^e`, `m` in -1000..=1000 and `e` in
+/// -16..=5 drawn from one `next_u64`, so one group spans large values, small ones and FP8's
+/// subnormals; every row whose sample number plus row number is a multiple of 5 is zeros.
+pub fn quantized_value(rng: &mut Rng) -> f32 {
+    let r = rng.next_u64();
+    let m = ((r >> 11) % 2001) as f32 - 1000.0;
+    let e = ((r >> 3) % 22) as i32 - 16;
+    m * f32::powi(2.0, e)
+}
+
 /// The folders [`write_all`] writes, relative to its root.
-pub const WRITTEN: [&str; 7] = [
+pub const WRITTEN: [&str; 8] = [
     "v4/segments",
     "v4/stacked",
     "v4/leased",
+    "v5/quantized",
     "store-v1",
     "store-v1/packs",
     "store-v1/datasets",
@@ -111,7 +155,60 @@ pub fn write_all(root: &Path) -> hspack::Result<()> {
         5,
     )?;
     write_leased(&v4.join("leased"))?;
+    write_quantized(&root.join("v5").join("quantized"))?;
     write_store(&root.join("store-v1"), &v4)
+}
+
+/// `v5/quantized`: [`LENGTHS`] samples of [`quantized_schema`], values from
+/// [`quantized_value`] (token ids: the row numbers), one shard, chunks of at most 96 stored
+/// bytes' worth of rows.
+fn write_quantized(dir: &Path) -> hspack::Result<()> {
+    let _ = std::fs::remove_dir_all(dir);
+    let schema = quantized_schema();
+    let options = WriteOptions {
+        chunk_bytes: Some(96),
+        align_log2: 6,
+        durable: false,
+        dataset_id: Some(*b"hspack-golden-v5"),
+        ..WriteOptions::default()
+    };
+    let mut w = DatasetWriter::create(dir, schema.clone(), options)?;
+    let mut rng = Rng::new(5);
+    for (i, &rows) in LENGTHS.iter().enumerate() {
+        let data: Vec<Vec<u8>> = schema
+            .fields
+            .iter()
+            .map(|f| {
+                let mut out = Vec::new();
+                for r in 0..rows {
+                    for _ in 0..f.row_elems() {
+                        let v = match (i + r) % 5 {
+                            0 => 0.0,
+                            _ => quantized_value(&mut rng),
+                        };
+                        match f.dtype {
+                            DType::I32 => out.extend_from_slice(&(r as i32).to_le_bytes()),
+                            DType::F32 => out.extend_from_slice(&v.to_le_bytes()),
+                            DType::F16 => {
+                                out.extend_from_slice(&half::f16::from_f32(v).to_le_bytes())
+                            }
+                            _ => out.extend_from_slice(&half::bf16::from_f32(v).to_le_bytes()),
+                        }
+                    }
+                }
+                out
+            })
+            .collect();
+        let fields: Vec<(&str, &[u8])> = schema
+            .fields
+            .iter()
+            .zip(&data)
+            .map(|(f, d)| (f.name.as_str(), d.as_slice()))
+            .collect();
+        w.append(&format!("golden-{i}"), &fields)?;
+    }
+    w.finish()?;
+    Ok(())
 }
 
 /// `store-v1`: a store holding `v4/segments` as `segments` and again as `again` (a

@@ -1,15 +1,19 @@
 #![no_main]
 //! Any bytes as a whole shard file, read the way the reader does: footer, header, index
-//! (structure checks against a fixed schema), then every chunk header and payload decode.
+//! (structure checks against a fixed schema, one field of it stored as fp8), then every chunk
+//! header and payload decode.
 //! Nothing may panic or read out of bounds, whatever the bytes claim.
 
-use hspack::format::{ChunkHeader, Codec, DType, Field, Footer, Index, Role, Schema, ShardHeader};
+use hspack::format::{
+    ChunkHeader, Codec, DType, Elements, Field, Footer, Index, Role, Schema, ShardHeader,
+};
 use libfuzzer_sys::fuzz_target;
 
 fn schema() -> Schema {
     Schema::new(vec![
         Field::new("ids", DType::I32, &[], Role::TokenIds),
         Field::new("h", DType::BF16, &[3], Role::Other),
+        Field::new("q", DType::BF16, &[2, 3], Role::Other).quantize_fp8(None),
     ])
 }
 
@@ -35,8 +39,8 @@ fuzz_target!(|data: &[u8]| {
         let _ = ChunkHeader::decode(&data[at..at + ChunkHeader::SIZE]);
         let stored = &data[at + ChunkHeader::SIZE..at + ChunkHeader::SIZE + e.stored_len as usize];
         let codec = Codec::from_code(e.codec).expect("validated");
-        let elem = schema.fields[e.field as usize].dtype.size();
-        if let Ok(raw) = codec.decode(stored, e.raw_len, elem) {
+        let elements = Elements::of(&schema.fields[e.field as usize]);
+        if let Ok(raw) = codec.decode(stored, e.raw_len, elements) {
             assert_eq!(raw.len() as u64, e.raw_len);
         }
     }

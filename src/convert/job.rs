@@ -312,7 +312,15 @@ impl<'o> Run<'o> {
             let derived = specs_for(o.preset, &tensors, &o.layout)
                 .and_then(|s| derive_schema(o.preset, &s, &tensors, &o.layout).map(|d| (s, d)));
             match derived {
-                Ok((specs, schema)) => {
+                Ok((specs, mut schema)) => {
+                    if let Some(q) = &o.quantize {
+                        q.apply(&mut schema).map_err(|detail| {
+                            RunError::Dataset(crate::Error::BadOption {
+                                option: "quantize",
+                                detail,
+                            })
+                        })?;
+                    }
                     if let Some(e) = o.key_from.as_deref().and_then(|k| misnamed(&inputs, k)) {
                         return Err(RunError::KeyFrom(e));
                     }

@@ -1,6 +1,37 @@
 //! Chunk codecs: stored bytes ↔ raw bytes.
 
-use super::FormatError;
+use super::{fp8, DType, Field, FormatError};
+
+/// What a codec needs to know of a chunk's elements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Elements {
+    /// Their dtype (the decoded one).
+    pub dtype: DType,
+    /// Elements of a row.
+    pub row_elems: usize,
+    /// Elements sharing a scale (codec `fp8`).
+    pub group: usize,
+}
+
+impl Elements {
+    /// The elements of `field`.
+    pub fn of(field: &Field) -> Self {
+        Elements {
+            dtype: field.dtype,
+            row_elems: field.row_elems() as usize,
+            group: field.group() as usize,
+        }
+    }
+
+    /// Elements of `dtype`, a row each (the lossless codecs need only the dtype).
+    pub fn plain(dtype: DType) -> Self {
+        Elements {
+            dtype,
+            row_elems: 1,
+            group: 1,
+        }
+    }
+}
 
 /// How a chunk's payload is stored.
 #[derive(
@@ -17,11 +48,17 @@ pub enum Codec {
     /// Zstandard after byte grouping: for elements of n bytes, byte k of every element is
     /// stored together (k = 0..n). Floats' exponent bytes then sit together and compress.
     ZstdByteGroup,
+    /// FP8 E4M3FN codes with one f32 scale per group (lossy, FORMAT.md §4.1): only in fields
+    /// the schema marks quantized, and in all of their chunks.
+    Fp8,
 }
 
 impl Codec {
     /// Every codec, in code order.
-    pub const ALL: [Codec; 3] = [Codec::None, Codec::Zstd, Codec::ZstdByteGroup];
+    pub const ALL: [Codec; 4] = [Codec::None, Codec::Zstd, Codec::ZstdByteGroup, Codec::Fp8];
+    /// The codecs that give back the bytes they were given: those a writer may use for any
+    /// field (`WriteOptions::codec`).
+    pub const LOSSLESS: [Codec; 3] = [Codec::None, Codec::Zstd, Codec::ZstdByteGroup];
 
     /// The code stored in the format.
     pub const fn code(self) -> u8 {
@@ -29,6 +66,7 @@ impl Codec {
             Codec::None => 0,
             Codec::Zstd => 1,
             Codec::ZstdByteGroup => 2,
+            Codec::Fp8 => 3,
         }
     }
 
@@ -43,6 +81,7 @@ impl Codec {
             Codec::None => "none",
             Codec::Zstd => "zstd",
             Codec::ZstdByteGroup => "zstd-bytegroup",
+            Codec::Fp8 => "fp8",
         }
     }
 
@@ -51,13 +90,21 @@ impl Codec {
         Codec::ALL.into_iter().find(|c| c.name() == name)
     }
 
-    /// Encodes `raw`, whose elements are `elem_size` bytes, at zstd `level`.
-    pub fn encode(self, raw: &[u8], elem_size: usize, level: i32) -> Vec<u8> {
-        match self {
+    /// Encodes `raw`, whole rows of `elements`, at zstd `level`. Only `fp8` can fail: it
+    /// refuses a value that is not finite.
+    pub fn encode(
+        self,
+        raw: &[u8],
+        elements: Elements,
+        level: i32,
+    ) -> Result<Vec<u8>, fp8::NotFinite> {
+        let elem_size = elements.dtype.size();
+        Ok(match self {
             Codec::None => raw.to_vec(),
             Codec::Zstd => zstd_compress(raw, level),
             Codec::ZstdByteGroup => zstd_compress(&group_bytes(raw, elem_size), level),
-        }
+            Codec::Fp8 => fp8::quantize(raw, elements.dtype, elements.row_elems, elements.group)?,
+        })
     }
 
     /// Decodes `stored` into exactly `raw_len` bytes.
@@ -65,7 +112,7 @@ impl Codec {
         self,
         stored: &[u8],
         raw_len: u64,
-        elem_size: usize,
+        elements: Elements,
     ) -> Result<Vec<u8>, FormatError> {
         let len = usize::try_from(raw_len).map_err(|_| FormatError::Invalid {
             structure: "chunk payload",
@@ -74,19 +121,20 @@ impl Codec {
             rule: "addressable on this machine".into(),
         })?;
         let mut out = vec![0u8; len];
-        self.decode_into(stored, &mut out, elem_size, &mut Vec::new())?;
+        self.decode_into(stored, &mut out, elements, &mut Vec::new())?;
         Ok(out)
     }
 
     /// Decodes `stored` into `out`, which must be exactly the raw length: straight into it
-    /// for zstd, through `scratch` (reused between calls) for byte-grouped zstd.
+    /// for zstd and fp8, through `scratch` (reused between calls) for byte-grouped zstd.
     pub fn decode_into(
         self,
         stored: &[u8],
         out: &mut [u8],
-        elem_size: usize,
+        elements: Elements,
         scratch: &mut Vec<u8>,
     ) -> Result<(), FormatError> {
+        let elem_size = elements.dtype.size();
         let got = match self {
             Codec::None => {
                 if stored.len() == out.len() {
@@ -102,6 +150,27 @@ impl Codec {
                     ungroup_into(scratch, out, elem_size);
                 }
                 n
+            }
+            Codec::Fp8 => {
+                if !out
+                    .len()
+                    .is_multiple_of(elem_size * elements.row_elems.max(1))
+                {
+                    return Err(FormatError::Invalid {
+                        structure: "chunk payload",
+                        what: "raw length",
+                        value: out.len() as u64,
+                        rule: format!("whole rows of {} elements", elements.row_elems),
+                    });
+                }
+                fp8::dequantize_into(
+                    stored,
+                    out,
+                    elements.dtype,
+                    elements.row_elems,
+                    elements.group,
+                )?;
+                out.len()
             }
         };
         if got != out.len() {
@@ -217,10 +286,11 @@ mod tests {
 
     proptest! {
         #[test]
-        fn every_codec_round_trips(raw in proptest::collection::vec(any::<u8>(), 0..2000), elem in 1usize..9) {
-            for codec in Codec::ALL {
-                let stored = codec.encode(&raw, elem, 3);
-                prop_assert_eq!(codec.decode(&stored, raw.len() as u64, elem).unwrap(), raw.clone());
+        fn every_lossless_codec_round_trips(raw in proptest::collection::vec(any::<u8>(), 0..2000), dtype in proptest::sample::select(DType::ALL.to_vec())) {
+            for codec in Codec::LOSSLESS {
+                let elements = Elements::plain(dtype);
+                let stored = codec.encode(&raw, elements, 3).unwrap();
+                prop_assert_eq!(codec.decode(&stored, raw.len() as u64, elements).unwrap(), raw.clone());
             }
         }
 
@@ -245,11 +315,25 @@ mod tests {
 
     #[test]
     fn decode_refuses_wrong_length() {
-        let stored = Codec::Zstd.encode(&[7u8; 100], 1, 3);
-        assert!(Codec::Zstd.decode(&stored, 99, 1).is_err());
-        assert!(Codec::Zstd.decode(&stored, 101, 1).is_err());
-        assert!(Codec::None.decode(&[1, 2, 3], 4, 1).is_err());
-        assert!(Codec::Zstd.decode(b"not zstd", 10, 1).is_err());
+        let u8s = Elements::plain(DType::U8);
+        let stored = Codec::Zstd.encode(&[7u8; 100], u8s, 3).unwrap();
+        assert!(Codec::Zstd.decode(&stored, 99, u8s).is_err());
+        assert!(Codec::Zstd.decode(&stored, 101, u8s).is_err());
+        assert!(Codec::None.decode(&[1, 2, 3], 4, u8s).is_err());
+        assert!(Codec::Zstd.decode(b"not zstd", 10, u8s).is_err());
+        let bf16 = Elements {
+            dtype: DType::BF16,
+            row_elems: 4,
+            group: 2,
+        };
+        let stored = Codec::Fp8.encode(&[0x80, 0x3f].repeat(8), bf16, 3).unwrap();
+        assert_eq!(stored.len(), 4 * 4 + 8);
+        assert_eq!(
+            Codec::Fp8.decode(&stored, 16, bf16).unwrap(),
+            [0x80, 0x3f].repeat(8)
+        );
+        assert!(Codec::Fp8.decode(&stored, 14, bf16).is_err());
+        assert!(Codec::Fp8.decode(&stored, 18, bf16).is_err());
     }
 
     #[test]
@@ -258,6 +342,6 @@ mod tests {
             assert_eq!(Codec::from_code(c.code()), Some(c));
             assert_eq!(Codec::from_name(c.name()), Some(c));
         }
-        assert_eq!(Codec::from_code(3), None);
+        assert_eq!(Codec::from_code(4), None);
     }
 }

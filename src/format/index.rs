@@ -201,7 +201,17 @@ impl<'a> Index<'a> {
                 invalid("chunk field", e.field.into(), format!("below {nfields}"))
             })?;
             let codec = Codec::from_code(e.codec)
-                .ok_or_else(|| invalid("chunk codec", e.codec.into(), "0, 1 or 2"))?;
+                .ok_or_else(|| invalid("chunk codec", e.codec.into(), "0, 1, 2 or 3"))?;
+            if (codec == Codec::Fp8) != field.quantized.is_some() {
+                return Err(invalid(
+                    "chunk codec",
+                    e.codec.into(),
+                    format!(
+                        "3 (fp8) in a field the schema quantizes and only there (field `{}`)",
+                        field.name
+                    ),
+                ));
+            }
             if e.dtype != field.dtype.code() {
                 return Err(invalid(
                     "chunk dtype",
@@ -241,6 +251,16 @@ impl<'a> Index<'a> {
                     "chunk offset",
                     e.offset,
                     "aligned, and stored_len == raw_len, for codec none",
+                ));
+            }
+            if codec == Codec::Fp8
+                && Some(e.stored_len)
+                    != super::fp8::stored_len(e.row_count, field.row_elems(), field.group())
+            {
+                return Err(invalid(
+                    "chunk stored_len",
+                    e.stored_len,
+                    "a scale (4 bytes) per group and a byte per element, for codec fp8",
                 ));
             }
             if e.reserved0 != 0 || e.reserved1 != 0 {

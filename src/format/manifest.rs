@@ -14,9 +14,12 @@ use super::{FormatError, Schema, MIN_VERSION};
 
 /// Newest manifest version this code reads. Version 2 adds stacked-layer fields
 /// ([`super::Role::HiddenStates`]), version 3 the writer lease ([`WriterInfo::lease`]),
-/// version 4 segments instead of a shard list ([`SEGMENTS_VERSION`]). Shard bytes are the same
-/// in all.
-pub const MANIFEST_VERSION: u16 = 4;
+/// version 4 segments instead of a shard list ([`SEGMENTS_VERSION`]), version 5 quantized
+/// fields ([`QUANTIZED_VERSION`], with the chunks of codec `fp8` they hold).
+pub const MANIFEST_VERSION: u16 = 5;
+/// The manifest version a schema with a quantized field needs ([`super::Quantized`]); it lists
+/// segments, as version 4 does.
+pub const QUANTIZED_VERSION: u16 = 5;
 /// The manifest version that carries [`WriterInfo::lease`].
 pub const LEASE_VERSION: u16 = 3;
 /// The manifest version that lists segments: what this code writes.
@@ -154,7 +157,7 @@ impl Manifest {
         let schema_blake3 = hex(&schema.hash());
         Manifest {
             format: FORMAT_NAME.into(),
-            version: SEGMENTS_VERSION,
+            version: SEGMENTS_VERSION.max(schema.manifest_version()),
             dataset_id: hex(&dataset_id),
             schema,
             schema_blake3,
@@ -184,7 +187,7 @@ impl Manifest {
             None => self.schema.manifest_version(),
         };
         match self.is_segmented() {
-            true => SEGMENTS_VERSION,
+            true => SEGMENTS_VERSION.max(self.schema.manifest_version()),
             false => unsegmented,
         }
     }
@@ -347,13 +350,13 @@ impl Manifest {
                 max: MANIFEST_VERSION.into(),
             });
         }
-        if self.version < self.schema.manifest_version() {
+        let (needs, why) = self.schema.version_need();
+        if self.version < needs {
             return Err(FormatError::Json {
                 structure: S,
                 detail: format!(
-                    "`version` is {} but the schema stacks layers in one field, which needs version {}",
+                    "`version` is {} but {why}, which needs version {needs}",
                     self.version,
-                    self.schema.manifest_version()
                 ),
             });
         }

@@ -102,6 +102,38 @@ pub struct Field {
     pub shape: Vec<u64>,
     /// Meaning.
     pub role: Role,
+    /// Stored quantized (lossy, manifest version 5): readers hand out `dtype` values decoded
+    /// from the stored form. Absent for fields stored exactly.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quantized: Option<Quantized>,
+}
+
+/// How a quantized field is stored (FORMAT.md §4.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Quantized {
+    /// The stored form.
+    pub scheme: QuantScheme,
+    /// Elements of a row that share one scale: consecutive, dividing the row; the hidden size
+    /// (one scale per row and layer) unless chosen otherwise.
+    pub group: u64,
+}
+
+/// Stored forms of a quantized field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum QuantScheme {
+    /// OCP FP8 E4M3FN codes with one f32 scale per group (codec `fp8`).
+    #[serde(rename = "fp8-e4m3fn")]
+    Fp8E4m3fn,
+}
+
+impl QuantScheme {
+    /// The name in schemas and on the command line.
+    pub const fn name(self) -> &'static str {
+        match self {
+            QuantScheme::Fp8E4m3fn => "fp8-e4m3fn",
+        }
+    }
 }
 
 impl Field {
@@ -112,7 +144,24 @@ impl Field {
             dtype,
             shape: shape.to_vec(),
             role,
+            quantized: None,
         }
+    }
+
+    /// The field stored as FP8 with one scale per `group` elements (default: the last
+    /// dimension of a row, the hidden size: one scale per row and layer).
+    pub fn quantize_fp8(mut self, group: Option<u64>) -> Self {
+        let group = group.unwrap_or_else(|| self.shape.last().copied().unwrap_or(1));
+        self.quantized = Some(Quantized {
+            scheme: QuantScheme::Fp8E4m3fn,
+            group,
+        });
+        self
+    }
+
+    /// Elements sharing a scale, for a quantized field; the row for any other.
+    pub fn group(&self) -> u64 {
+        self.quantized.map_or(self.row_elems(), |q| q.group)
     }
 
     /// Elements per row.
@@ -154,6 +203,35 @@ pub fn check_field_name(name: &str) -> Result<(), FormatError> {
         structure: "schema",
         detail: format!(
             "field name {shown:?}{cut} {problem}, but {FIELD_NAME_RULE}: rename the field (a manifest holding such a name was not written by hspack, or was edited)"
+        ),
+    })
+}
+
+/// The rules of a quantized field: a float field (f16, bf16, f32) that is not token ids or a
+/// loss mask, its groups of at least one element dividing its row.
+fn check_quantized(f: &Field, q: Quantized) -> Result<(), FormatError> {
+    let problem = if !super::fp8::quantizable(f.dtype) {
+        format!(
+            "its dtype is {}, and only f16, bf16 and f32 fields can be",
+            f.dtype
+        )
+    } else if matches!(f.role, Role::TokenIds | Role::LossMask) {
+        format!("it holds {}, which must stay exact", f.role)
+    } else if q.group == 0 || !f.row_elems().is_multiple_of(q.group) {
+        format!(
+            "its scale group of {} elements does not divide its rows of {} elements",
+            q.group,
+            f.row_elems()
+        )
+    } else {
+        return Ok(());
+    };
+    Err(FormatError::Json {
+        structure: "schema",
+        detail: format!(
+            "field `{}` cannot be stored as {}: {problem}",
+            f.name,
+            q.scheme.name()
         ),
     })
 }
@@ -217,17 +295,28 @@ impl Schema {
         self.fields.get(index)
     }
 
-    /// The manifest version this schema needs: 2 when a field stacks layers
-    /// ([`Role::HiddenStates`]), else 1, so readers that predate stacking refuse it by version.
+    /// The manifest version this schema needs: 5 when a field is quantized, else 2 when a
+    /// field stacks layers ([`Role::HiddenStates`]), else 1, so readers that predate either
+    /// refuse it by version.
     pub fn manifest_version(&self) -> u16 {
-        let stacked = self
+        self.version_need().0
+    }
+
+    /// What makes the schema need [`Schema::manifest_version`], for errors.
+    pub fn version_need(&self) -> (u16, &'static str) {
+        if self.fields.iter().any(|f| f.quantized.is_some()) {
+            (
+                super::manifest::QUANTIZED_VERSION,
+                "the schema has a quantized field",
+            )
+        } else if self
             .fields
             .iter()
-            .any(|f| matches!(f.role, Role::HiddenStates { .. }));
-        if stacked {
-            2
+            .any(|f| matches!(f.role, Role::HiddenStates { .. }))
+        {
+            (2, "the schema stacks layers in one field")
         } else {
-            1
+            (1, "")
         }
     }
 
@@ -278,6 +367,9 @@ impl Schema {
                     bytes,
                     "in 1..=256 MiB (no zero dimensions)",
                 ));
+            }
+            if let Some(q) = f.quantized {
+                check_quantized(f, q)?;
             }
             if let Role::HiddenStates { layers, .. } = &f.role {
                 if f.shape.len() != 2 || f.shape[0] != layers.len() as u64 {

@@ -347,9 +347,9 @@ impl SampleInfo<'_> {
 /// One sample of an open dataset.
 #[derive(Debug, Clone)]
 pub struct Sample<'d> {
-    ds: &'d Dataset,
-    shard: Arc<Shard>,
-    entry: SampleEntry,
+    pub(super) ds: &'d Dataset,
+    pub(super) shard: Arc<Shard>,
+    pub(super) entry: SampleEntry,
 }
 
 impl<'d> Sample<'d> {
@@ -393,7 +393,7 @@ impl<'d> Sample<'d> {
             .collect()
     }
 
-    fn check_rows(&self, rows: &Range<u64>) -> Result<()> {
+    pub(super) fn check_rows(&self, rows: &Range<u64>) -> Result<()> {
         if rows.start > rows.end || rows.end > self.rows() {
             return Err(Error::RowsOutOfRange {
                 key: self.key().to_string(),
@@ -579,12 +579,25 @@ impl<'d> Sample<'d> {
             let (e, stored) = self
                 .shard
                 .chunk(x.chunk.into(), schema, self.ds.options.check)?;
-            let src = (x.chunk_row + lo - x.row_start) as usize * row_bytes;
+            let first = (x.chunk_row + lo - x.row_start) as usize;
+            let src = first * row_bytes;
             if src == 0 && dst.len() as u64 == e.raw_len {
                 // The whole chunk: decoded straight into place.
                 return self
                     .shard
                     .decode_chunk_into(x.chunk.into(), &e, &stored, schema, dst);
+            }
+            if e.codec == crate::format::Codec::Fp8.code() {
+                // Rows decode apart: only those wanted.
+                let rows = first..first + dst.len() / row_bytes;
+                return self.shard.decode_fp8_rows_into(
+                    x.chunk.into(),
+                    &e,
+                    &stored,
+                    schema,
+                    rows,
+                    dst,
+                );
             }
             let raw = self
                 .shard

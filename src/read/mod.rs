@@ -5,10 +5,12 @@ pub mod dataset;
 mod key_directory;
 mod key_runs;
 pub mod manifest_load;
+pub mod quantized;
 pub mod shard;
 pub mod tensor;
 
 pub use dataset::{Dataset, ReadOptions, Sample, SampleInfo, ShardKeys};
 pub use manifest_load::load_manifest;
+pub use quantized::QuantizedRows;
 pub use shard::{CheckPolicy, Shard};
 pub use tensor::{AlignedBytes, Buffer, Tensor};

@@ -9,7 +9,8 @@ use std::sync::Arc;
 use crate::error::{format, ChunkSite, Error, Result};
 use crate::format::manifest::hex;
 use crate::format::{
-    ChunkEntry, ChunkHeader, Codec, Footer, Index, SampleEntry, Schema, ShardHeader, ShardRecord,
+    ChunkEntry, ChunkHeader, Codec, Elements, Footer, Index, SampleEntry, Schema, ShardHeader,
+    ShardRecord,
 };
 
 use crate::io::mmap::SharedFlags;
@@ -502,10 +503,7 @@ impl Shard {
         out: &mut [u8],
     ) -> Result<()> {
         let codec = Codec::from_code(e.codec).unwrap_or(Codec::None);
-        let elem = schema
-            .field(e.field.into())
-            .map(|f| f.dtype.size())
-            .unwrap_or(1);
+        let elem = elements(schema, e);
         thread_local! {
             static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
         }
@@ -515,6 +513,55 @@ impl Shard {
                 site: self.site(c, schema),
                 source,
             })
+    }
+
+    /// Rows `rows` of chunk `c`, a chunk of codec fp8, as stored: their scales and codes,
+    /// checked.
+    pub fn fp8_rows<'s>(
+        &self,
+        c: u64,
+        e: &ChunkEntry,
+        stored: &'s [u8],
+        schema: &Schema,
+        rows: Range<usize>,
+    ) -> Result<(Vec<f32>, &'s [u8])> {
+        let el = elements(schema, e);
+        crate::format::fp8::Fp8Chunk::split(
+            stored,
+            e.row_count as usize * el.row_elems,
+            el.row_elems,
+            el.group,
+        )
+        .and_then(|chunk| chunk.rows(rows))
+        .map_err(|source| Error::BadChunk {
+            site: self.site(c, schema),
+            source,
+        })
+    }
+
+    /// Decodes rows `rows` of chunk `c`, a chunk of codec fp8, into `out` (exactly those
+    /// rows): the other rows are not touched.
+    pub fn decode_fp8_rows_into(
+        &self,
+        c: u64,
+        e: &ChunkEntry,
+        stored: &[u8],
+        schema: &Schema,
+        rows: Range<usize>,
+        out: &mut [u8],
+    ) -> Result<()> {
+        let el = elements(schema, e);
+        crate::format::fp8::Fp8Chunk::split(
+            stored,
+            e.row_count as usize * el.row_elems,
+            el.row_elems,
+            el.group,
+        )
+        .and_then(|chunk| chunk.dequantize_rows_into(rows, out, el.dtype))
+        .map_err(|source| Error::BadChunk {
+            site: self.site(c, schema),
+            source,
+        })
     }
 
     /// Decodes chunk `c` (zero-copy for codec none).
@@ -529,10 +576,7 @@ impl Shard {
         if codec == Codec::None {
             return Ok(std::borrow::Cow::Borrowed(stored));
         }
-        let elem = schema
-            .field(e.field.into())
-            .map(|f| f.dtype.size())
-            .unwrap_or(1);
+        let elem = elements(schema, e);
         codec
             .decode(stored, e.raw_len, elem)
             .map(std::borrow::Cow::Owned)
@@ -541,4 +585,12 @@ impl Shard {
                 source,
             })
     }
+}
+
+/// The elements of the field chunk `e` holds (the index check made sure there is one).
+fn elements(schema: &Schema, e: &ChunkEntry) -> Elements {
+    schema
+        .field(e.field.into())
+        .map(Elements::of)
+        .unwrap_or(Elements::plain(crate::format::DType::U8))
 }

@@ -1,7 +1,7 @@
 //! How a dataset is written (`WriteOptions`) and what writing it left (`WriteStats`).
 
 use crate::error::{Error, Result};
-use crate::format::{Codec, DEFAULT_ALIGN_LOG2, MAX_ALIGN_LOG2, MIN_ALIGN_LOG2};
+use crate::format::{Codec, Field, DEFAULT_ALIGN_LOG2, MAX_ALIGN_LOG2, MIN_ALIGN_LOG2};
 
 /// Options for writing.
 #[derive(Debug, Clone)]
@@ -22,7 +22,8 @@ pub struct WriteOptions {
     pub shard_bytes: u64,
     /// A shard is committed once it holds this many samples. Default 65 536.
     pub shard_samples: u64,
-    /// Codec of new chunks. Default none (zero-copy reads).
+    /// Codec of new chunks of fields stored exactly: a lossless one. Default none (zero-copy
+    /// reads). A field the schema marks quantized is stored with its own (`fp8`).
     pub codec: Codec,
     /// zstd level for the zstd codecs. Default 3.
     pub zstd_level: i32,
@@ -67,21 +68,30 @@ pub const BLOCK_CHUNK_BYTES: u64 = 64 << 10;
 pub const COMPRESSED_CHUNK_BYTES: u64 = 2 << 20;
 
 impl WriteOptions {
-    /// The chunk target in effect: `chunk_bytes`, else the codec's default.
-    pub fn chunk_target(&self) -> u64 {
-        self.chunk_bytes.unwrap_or(match self.codec {
+    /// The chunk target in effect for chunks of `codec`: `chunk_bytes`, else the codec's
+    /// default.
+    pub fn chunk_target(&self, codec: Codec) -> u64 {
+        self.chunk_bytes.unwrap_or(match codec {
             Codec::None => RAW_CHUNK_BYTES,
             _ => COMPRESSED_CHUNK_BYTES,
         })
     }
 
-    /// Rows per chunk of a field with rows of `row_bytes`: whole token blocks of at least
-    /// [`BLOCK_CHUNK_BYTES`] when `block_rows` is set, else as many rows as fit the chunk target.
-    pub fn rows_per_chunk(&self, row_bytes: u64) -> u64 {
-        let row_bytes = row_bytes.max(1);
+    /// The codec of `field`'s chunks: `fp8` where the schema quantizes it, else `codec`.
+    pub fn codec_of(&self, field: &Field) -> Codec {
+        match field.quantized {
+            Some(_) => Codec::Fp8,
+            None => self.codec,
+        }
+    }
+
+    /// Rows per chunk of `field`: whole token blocks of at least [`BLOCK_CHUNK_BYTES`] when
+    /// `block_rows` is set, else as many rows as fit the chunk target of its codec.
+    pub fn rows_per_chunk(&self, field: &Field) -> u64 {
+        let row_bytes = field.row_bytes().max(1);
         match self.block_rows {
             Some(block) => block * BLOCK_CHUNK_BYTES.div_ceil(block * row_bytes).max(1),
-            None => (self.chunk_target() / row_bytes).max(1),
+            None => (self.chunk_target(self.codec_of(field)) / row_bytes).max(1),
         }
     }
 
@@ -100,9 +110,16 @@ impl WriteOptions {
                 detail: detail.to_string(),
             })
         };
-        let chunk = self.chunk_target();
+        let chunk = self.chunk_target(self.codec);
         if chunk == 0 || chunk > crate::format::index::MAX_CHUNK_BYTES {
             return bad("chunk_bytes", "must be in 1..=268435456 (256 MiB)");
+        }
+        if !Codec::LOSSLESS.contains(&self.codec) {
+            return bad(
+                "codec",
+                "must be none, zstd or zstd-bytegroup: fp8 is lossy, chosen per field by \
+                 quantizing it (`--quantize fp8`, `quantize=`), never for every field",
+            );
         }
         if self.block_rows.is_some_and(|b| b == 0 || b > 1 << 20) {
             return bad("block_rows", "must be in 1..=1048576");

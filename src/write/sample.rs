@@ -121,7 +121,17 @@ pub fn write(
         }
         None => u64::MAX,
     };
-    let chunks = encode_sample(schema, &sample.fields, sample.rows, options);
+    let chunks = encode_sample(schema, &sample.fields, sample.rows, options).map_err(|e| {
+        Error::BadSample {
+            key: key.to_string(),
+            field: schema.fields[e.field as usize].name.clone(),
+            detail: format!(
+                "row {} holds {} at element {}, and a field stored as fp8 holds finite values \
+                 only: fix the capture, or write this field unquantized",
+                e.row, e.value, e.elem
+            ),
+        }
+    })?;
     let dtypes: Vec<u8> = chunks
         .iter()
         .map(|c| schema.fields[c.field as usize].dtype.code())

@@ -91,3 +91,52 @@ def samples(schema: list) -> list:
                 fields[name] = bytes(rng.next_u64() & 0xFF for _ in range(n))
         out.append((f"golden-{i}", rows, fields))
     return out
+
+
+def v5_schema() -> list:
+    """(name, dtype, shape, role, group) of v5/quantized; group 0 for the field stored exactly."""
+    def hidden(layer):
+        return {"kind": "hidden_state", "layer": layer, "point": "layer_input"}
+
+    return [
+        ("input_ids", "i32", [], {"kind": "token_ids"}, 0),
+        (
+            "aux_hidden_state",
+            "bf16",
+            [3, 4],
+            {"kind": "hidden_states", "layers": [2, 30, 58], "point": "layer_input"},
+            4,
+        ),
+        ("hidden.f32", "f32", [4], hidden(7), 2),
+        ("hidden.f16", "f16", [6], hidden(8), 6),
+        ("hidden.exact", "bf16", [4], hidden(9), 0),
+    ]
+
+
+def quantized_value(rng: SplitMix64) -> float:
+    """`quantized_value` of format-spec/golden.rs: m · 2^e from one draw (exact in float)."""
+    r = rng.next_u64()
+    m = ((r >> 11) % 2001) - 1000
+    e = ((r >> 3) % 22) - 16
+    return float(m) * 2.0**e
+
+
+def v5_values() -> list:
+    """(key, rows, {field: list of floats, before any rounding to the dtype}) of v5/quantized:
+    token ids are the row numbers; rows where sample + row is a multiple of 5 are zeros."""
+    rng = SplitMix64(5)
+    out = []
+    for i, rows in enumerate(LENGTHS):
+        fields = {}
+        for name, dtype, shape, _, _ in v5_schema():
+            elems = 1
+            for d in shape:
+                elems *= d
+            values = []
+            for r in range(rows):
+                for _ in range(elems):
+                    v = 0.0 if (i + r) % 5 == 0 else quantized_value(rng)
+                    values.append(float(r) if dtype == "i32" else v)
+            fields[name] = values
+        out.append((f"golden-{i}", rows, fields))
+    return out

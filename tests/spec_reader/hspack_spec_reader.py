@@ -40,13 +40,13 @@ CHUNK_ENTRY_LEN = 96
 KEY_ENTRY_LEN = 16
 
 SHARD_VERSION = 1
-MANIFEST_VERSIONS = (1, 2, 3, 4)
+MANIFEST_VERSIONS = (1, 2, 3, 4, 5)
 SEGMENT_VERSION = 1
 MAX_LEVEL = 32
 KEY_RUN_ENTRY_LEN = 16
 HEX_LEASE = re.compile(r"[0-9a-fA-F]{1,64}")
 
-CODECS = {0: "none", 1: "zstd", 2: "zstd-bytegroup"}
+CODECS = {0: "none", 1: "zstd", 2: "zstd-bytegroup", 3: "fp8"}
 
 # §5: code -> (name, bytes per element, numpy dtype or None where numpy has none).
 DTYPES = {
@@ -142,6 +142,7 @@ class FieldSpec:
     shape: list
     role: dict
     row_bytes: int
+    group: int = 0  # §4.1: elements sharing a scale, for a quantized field; 0 for an exact one
 
 
 @dataclass
@@ -183,11 +184,14 @@ def canonical_schema_json(schema: dict) -> bytes:
             "tool_version",
         )
         capture = {k: capture.get(k) for k in keys}
+    def one(f: dict) -> dict:
+        out = {"name": f["name"], "dtype": f["dtype"], "shape": f["shape"], "role": role(f["role"])}
+        if "quantized" in f:  # §6.1: written only for a quantized field
+            out["quantized"] = {"scheme": f["quantized"]["scheme"], "group": f["quantized"]["group"]}
+        return out
+
     canon = {
-        "fields": [
-            {"name": f["name"], "dtype": f["dtype"], "shape": f["shape"], "role": role(f["role"])}
-            for f in schema["fields"]
-        ],
+        "fields": [one(f) for f in schema["fields"]],
         "capture": capture,
     }
     return json.dumps(canon, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
@@ -232,7 +236,10 @@ def parse_schema(schema: object) -> list:
     names = set()
     for i, f in enumerate(fields):
         need(isinstance(f, dict), f"§6.1 field {i}: not an object")
-        need(set(f) == {"name", "dtype", "shape", "role"}, f"§6.1 field {i}: keys")
+        need(
+            set(f) in ({"name", "dtype", "shape", "role"}, {"name", "dtype", "shape", "role", "quantized"}),
+            f"§6.1 field {i}: keys",
+        )
         name = f["name"]
         need(
             isinstance(name, str) and FIELD_NAME.fullmatch(name) is not None,
@@ -252,7 +259,17 @@ def parse_schema(schema: object) -> list:
             row *= d
         need(1 <= row <= 256 * MIB, f"§6.1 field {name}: row of {row} bytes, not 1..=256 MiB")
         role = parse_role(f["role"], shape, f"field {name}")
-        out.append(FieldSpec(name, code, list(shape), role, row))
+        group = 0
+        if "quantized" in f:
+            q = f["quantized"]
+            need(isinstance(q, dict) and set(q) == {"scheme", "group"}, f"§6.1 field {name}: quantized keys")
+            need(q["scheme"] == "fp8-e4m3fn", f"§6.1 field {name}: unknown scheme {q['scheme']!r}")
+            need(f["dtype"] in ("f16", "bf16", "f32"), f"§6.1 field {name}: only f16, bf16 and f32 fields are quantized")
+            need(role["kind"] not in ("token_ids", "loss_mask"), f"§6.1 field {name}: {role['kind']} must stay exact")
+            elems = row // DTYPES[code][1]
+            group = q["group"]
+            need(is_uint(group) and group >= 1 and elems % group == 0, f"§6.1 field {name}: group does not divide the row")
+        out.append(FieldSpec(name, code, list(shape), role, row, group))
     capture = schema["capture"]
     need(capture is None or isinstance(capture, dict), "§6.1: capture is not an object or null")
     return out
@@ -280,9 +297,9 @@ def parse_manifest(root: Path) -> tuple:
     need(is_uint(version), f"§9: manifest version {version!r} is not an unsigned integer")
     need(
         version <= max(MANIFEST_VERSIONS),
-        f"§9: manifest version {version} is newer than this reader knows (1 to 4): upgrade",
+        f"§9: manifest version {version} is newer than this reader knows (1 to 5): upgrade",
     )
-    need(version in MANIFEST_VERSIONS, f"§9: manifest version {version!r} is not 1 to 4")
+    need(version in MANIFEST_VERSIONS, f"§9: manifest version {version!r} is not 1 to 5")
     dataset_id = m.get("dataset_id")
     need(
         isinstance(dataset_id, str) and HEX32.fullmatch(dataset_id) is not None,
@@ -297,8 +314,13 @@ def parse_manifest(root: Path) -> tuple:
         lease is None or (isinstance(lease, str) and HEX_LEASE.fullmatch(lease) is not None),
         "§6: writer.lease is not 1 to 64 hex digits",
     )
-    if version == 4:
-        pass  # §9: version 4 holds a stacked schema and a lease alike
+    quantized = any(f.group for f in fields)
+    need(
+        quantized == (version == 5),
+        "§6.1: a schema with a quantized field needs manifest version 5, and version 5 has one",
+    )
+    if version >= 4:
+        pass  # §9: versions 4 and 5 hold a stacked schema and a lease alike
     elif lease is not None:
         need(version == 3, "§6: a manifest with writer.lease needs manifest version 3")
     else:
@@ -308,7 +330,7 @@ def parse_manifest(root: Path) -> tuple:
         )
     schema_hash = b3(canonical_schema_json(m["schema"]))
     need(m.get("schema_blake3") == schema_hash.hex(), "§6: schema_blake3 does not match")
-    if version == 4:
+    if version >= 4:
         need("shards" not in m, "§6.3: a version 4 manifest has a shards field")
         need("samples_table" not in m, "§6.3: a version 4 manifest has a samples_table field")
         segments, shards = parse_segments(root, m, dataset_id)
@@ -319,7 +341,7 @@ def parse_manifest(root: Path) -> tuple:
     check_shard_totals(shards)
     total = sum(s.samples for s in shards)
     need(m.get("samples") == total, "§6: samples is not the sum of the shards' samples")
-    if version != 4:
+    if version < 4:
         parse_samples_table(root, m.get("samples_table"), total)
     return m, fields, shards, bytes.fromhex(dataset_id), schema_hash, segments
 
@@ -652,9 +674,55 @@ def ungroup(data: bytes, n: int) -> bytes:
     return body.tobytes() + data[m * n :]
 
 
-def decode_payload(codec: int, stored: bytes, raw_len: int, elem: int, what: str) -> bytes:
+def e4m3_value(code: int) -> float:
+    """§4.1: the value of an E4M3FN code (NaN codes are refused by the caller)."""
+    e, m = (code >> 3) & 0xF, code & 7
+    v = m * 2.0**-9 if e == 0 else (8 + m) * 2.0 ** (e - 10)
+    return -v if code & 0x80 else v
+
+
+E4M3 = np.array([e4m3_value(c) for c in range(256)], dtype=np.float32)
+
+
+def round_f32_to(values: np.ndarray, dtype: str) -> bytes:
+    """§4.1: f32 values rounded to nearest, ties to even, to the field's dtype, as bytes."""
+    if dtype == "f32":
+        return values.astype("<f4").tobytes()
+    if dtype == "f16":
+        return values.astype("<f2").tobytes()
+    bits = values.astype("<f4").view("<u4").astype(np.uint64)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    return rounded.astype("<u2").tobytes()
+
+
+def fp8_parts(stored: bytes, raw_elems: int, group: int, what: str) -> tuple:
+    """§4.1: (scales as f32, codes as u8) of an fp8 payload, checked."""
+    groups = raw_elems // group
+    need(
+        len(stored) == 4 * groups + raw_elems,
+        f"§4.1 {what}: fp8 payload of {len(stored)} bytes, not 4·{groups} + {raw_elems}",
+    )
+    scales = np.frombuffer(stored, dtype="<f4", count=groups)
+    codes = np.frombuffer(stored, dtype=np.uint8, offset=4 * groups)
+    need(bool(np.all(np.isfinite(scales) & (scales > 0))), f"§4.1 {what}: a scale is not finite and positive")
+    need(not bool(np.any((codes & 0x7F) == 0x7F)), f"§4.1 {what}: a NaN code")
+    return scales, codes
+
+
+def dequantize(stored: bytes, raw_len: int, dtype: str, group: int, what: str) -> bytes:
+    """§4.1: an fp8 payload decoded to raw bytes of `dtype`."""
+    elem = {"f16": 2, "bf16": 2, "f32": 4}[dtype]
+    n = raw_len // elem
+    scales, codes = fp8_parts(stored, n, group, what)
+    values = E4M3[codes].reshape(-1, group) * scales.reshape(-1, 1)
+    return round_f32_to(values.astype(np.float32).reshape(-1), dtype)
+
+
+def decode_payload(codec: int, stored: bytes, raw_len: int, elem: int, what: str, fs=None) -> bytes:
     if codec == 0:
         return stored
+    if codec == 3:
+        return dequantize(stored, raw_len, DTYPES[fs.dtype][0], fs.group, what)
     try:
         params = zstandard.get_frame_parameters(stored)
     except zstandard.ZstdError as e:
@@ -691,6 +759,7 @@ class Chunk:
     codec: int
     dtype: int
     hash: bytes
+    fp8: tuple = None  # §4.1: (scales, codes) of an fp8 chunk
 
 
 @dataclass
@@ -701,6 +770,8 @@ class Sample:
     loss_rows: int
     raw_bytes: int
     fields: dict = field(default_factory=dict)
+    # §4.1: for each quantized field, (scales f32, codes u8) of its rows as stored.
+    stored: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -805,6 +876,10 @@ def read_shard(
         need(ch.field < len(fields), f"§3.4 {cw}: field {ch.field} >= field count")
         need(ch.codec in CODECS, f"§3.4 {cw}: unknown codec {ch.codec}")
         fs = fields[ch.field]
+        need(
+            (ch.codec == 3) == bool(fs.group),
+            f"§4.1 {cw}: codec fp8 in a field the schema does not quantize, or another codec in one it does",
+        )
         need(ch.dtype == fs.dtype, f"§3.4 {cw}: dtype differs from the field's")
         need(ch.row_count >= 1, f"§3.4 {cw}: row_count 0")
         need(
@@ -847,7 +922,9 @@ def read_shard(
         need(same, f"§2.2 {cw}: header disagrees with its chunk entry")
         stored = data[ch.offset + HEADER_LEN : end]
         need(b3(stored) == ch.hash, f"§3.4 {cw}: payload BLAKE3 differs from its entry")
-        raw = decode_payload(ch.codec, stored, ch.raw_len, DTYPES[ch.dtype][1], cw)
+        raw = decode_payload(ch.codec, stored, ch.raw_len, DTYPES[ch.dtype][1], cw, fs)
+        if ch.codec == 3:
+            ch.fp8 = fp8_parts(stored, ch.raw_len // DTYPES[ch.dtype][1], fs.group, cw)
         chunks.append(ch)
         decoded.append(raw)
         pos = end
@@ -876,6 +953,7 @@ def read_shard(
         if rows == 0:
             need(extent_count == 0, f"§3.3 {sw}: a sample with 0 rows has extents")
         out = {i: bytearray() for i in range(len(fields))}
+        stored_rows = {i: ([], []) for i, fs in enumerate(fields) if fs.group}
         prev = None
         total = 0
         for x in range(extent_start, extent_start + extent_count):
@@ -908,6 +986,13 @@ def read_shard(
                 )
             rb = fields[fld].row_bytes
             out[fld] += decoded[chunk][chunk_row * rb : (chunk_row + row_count) * rb]
+            if ch.codec == 3:
+                fs = fields[fld]
+                per_row = fs.row_bytes // DTYPES[fs.dtype][1]
+                scales, codes = ch.fp8
+                g = per_row // fs.group
+                stored_rows[fld][0].append(scales[chunk_row * g : (chunk_row + row_count) * g])
+                stored_rows[fld][1].append(codes[chunk_row * per_row : (chunk_row + row_count) * per_row])
             total += row_count * rb
         for i, fs in enumerate(fields):
             need(len(out[i]) == rows * fs.row_bytes, f"§3.3 {sw}: field {fs.name} not covered")
@@ -923,6 +1008,13 @@ def read_shard(
                 f"§3.2 {sw}: loss_rows {loss_rows} but {nonzero} rows have a non-zero mask",
             )
         sample = Sample(ordinal, key, rows, loss_rows, raw_bytes)
+        sample.stored = {
+            fields[i].name: (
+                np.concatenate(sc) if sc else np.zeros(0, "<f4"),
+                np.concatenate(co) if co else np.zeros(0, np.uint8),
+            )
+            for i, (sc, co) in stored_rows.items()
+        }
         sample.fields = {
             fields[i].name: decode_field(fields[i], bytes(b), rows) for i, b in out.items()
         }

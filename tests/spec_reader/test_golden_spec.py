@@ -628,11 +628,19 @@ def test_v4_segments_field_in_a_version_1_manifest(tmp_path):
         read_dataset(d.root)
 
 
-def test_manifest_version_5_asks_for_an_upgrade(tmp_path):
+def test_manifest_version_6_asks_for_an_upgrade(tmp_path):
+    d = V4(tmp_path)
+    d.manifest["version"] = 6
+    d.save_manifest()
+    with pytest.raises(SpecError, match="newer than this reader knows .*upgrade"):
+        read_dataset(d.root)
+
+
+def test_manifest_version_5_without_a_quantized_field(tmp_path):
     d = V4(tmp_path)
     d.manifest["version"] = 5
     d.save_manifest()
-    with pytest.raises(SpecError, match="newer than this reader knows .*upgrade"):
+    with pytest.raises(SpecError, match="quantized field needs manifest version 5"):
         read_dataset(d.root)
 
 
@@ -791,3 +799,124 @@ def test_v4_manifest_samples_not_the_sum(tmp_path):
     d.save_manifest()
     with pytest.raises(SpecError, match="samples is not the sum of the segments' samples"):
         read_dataset(d.root)
+
+
+# ------------------------------------------------------------------ fp8 fields (§4.1, version 5)
+
+def to_dtype(values: list, dtype: str) -> np.ndarray:
+    """Generated values as the writer was given them: f32 rounded (to nearest even) to dtype."""
+    f32 = np.array(values, dtype=np.float32)
+    if dtype == "f32":
+        return f32
+    if dtype == "f16":
+        return f32.astype(np.float16).astype(np.float32)
+    bits = f32.view(np.uint32).astype(np.uint64)
+    return (((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(np.float32)
+
+
+def e4m3_nearest(v: np.ndarray) -> np.ndarray:
+    """§4.1 step 3 by exhaustive search: the code of the value nearest to v, ties to the even
+    mantissa (no conversion routine trusted)."""
+    codes = np.array([c for c in range(256) if c & 0x7F != 0x7F], dtype=np.uint8)
+    values = spec.E4M3[codes].astype(np.float64)
+    out = np.empty(len(v), dtype=np.uint8)
+    for i, x in enumerate(v.astype(np.float64)):
+        d = np.abs(values - x)
+        best = codes[d == d.min()]
+        if len(best) > 1:
+            best = best[(best & 1) == 0]
+        # ±0 tie: the sign of x decides (a negative that rounds to zero is 0x80).
+        if len(best) > 1:
+            best = best[(best & 0x80) == (0x80 if np.signbit(x) else 0)]
+        out[i] = best[0]
+    return out
+
+
+def quantize_by_spec(x: np.ndarray, group: int) -> tuple:
+    """§4.1 encoding of f32 values x in groups: (scales, codes)."""
+    groups = x.reshape(-1, group)
+    scales = (np.abs(groups).max(axis=1) / np.float32(448)).astype(np.float32)
+    scales[scales == 0] = np.float32(1)
+    q = np.clip(groups / scales[:, None], np.float32(-448), np.float32(448)).astype(np.float32)
+    return scales, e4m3_nearest(q.reshape(-1))
+
+
+def test_golden_v5_quantized_every_scale_code_and_value_matches_the_spec():
+    ds = read_dataset(GOLDEN / "v5/quantized")
+    assert ds.manifest["version"] == 5
+    expected = gen.v5_values()
+    got = ds.samples()
+    assert [(s.key, s.rows) for s in got] == [(k, r) for k, r, _ in expected]
+    schema = {name: (dtype, group) for name, dtype, _, _, group in gen.v5_schema()}
+    checked_codes = 0
+    for s, (key, rows, fields) in zip(got, expected):
+        for name, values in fields.items():
+            dtype, group = schema[name]
+            if dtype == "i32":
+                assert s.fields[name].tolist() == [int(v) for v in values], (key, name)
+                continue
+            x = to_dtype(values, dtype)
+            decoded = s.fields[name]
+            if not group:
+                assert spec.round_f32_to(x, dtype) == decoded.tobytes(), (key, name)
+                continue
+            scales, codes = quantize_by_spec(x, group) if len(x) else (np.zeros(0, "<f4"), np.zeros(0, np.uint8))
+            got_scales, got_codes = s.stored[name]
+            assert got_scales.tobytes() == scales.astype("<f4").tobytes(), (key, name, "scales")
+            assert got_codes.tobytes() == codes.tobytes(), (key, name, "codes")
+            values_back = (spec.E4M3[codes].reshape(-1, group) * scales[:, None]).astype(np.float32)
+            assert decoded.tobytes() == spec.round_f32_to(values_back.reshape(-1), dtype), (key, name)
+            checked_codes += len(codes)
+    assert checked_codes > 500
+    # The groups span FP8's subnormals and whole rows of zeros (scale 1).
+    every = np.concatenate([s.stored[n][1] for s in got for n in s.stored])
+    assert np.any((every & 0x78) == 0) and np.any((every & 0x7F) > 0x70)
+    scales = np.concatenate([s.stored[n][0] for s in got for n in s.stored])
+    assert np.any(scales == 1.0)
+
+
+@pytest.mark.parametrize(
+    "stored, match",
+    [
+        (struct.pack("<f", 1.0) + bytes([0x38, 0x7F]), "NaN code"),
+        (struct.pack("<f", 0.0) + bytes([0x38, 0x38]), "not finite and positive"),
+        (struct.pack("<f", float("inf")) + bytes([0x38, 0x38]), "not finite and positive"),
+        (struct.pack("<f", 1.0) + bytes([0x38]), "fp8 payload of 5 bytes"),
+    ],
+)
+def test_fp8_payload_deviations_are_refused(stored, match):
+    fs = spec.FieldSpec("h", spec.DTYPE_CODE["bf16"], [2], {"kind": "other"}, 4, 2)
+    with pytest.raises(SpecError, match=match):
+        spec.decode_payload(3, stored, 4, 2, "chunk", fs)
+
+
+def test_fp8_decodes_as_the_spec_says():
+    fs = spec.FieldSpec("h", spec.DTYPE_CODE["f32"], [2], {"kind": "other"}, 8, 2)
+    # 0x7E is 448, 0x01 is 2^-9, 0xB8 is -1; scale 0.5.
+    raw = spec.decode_payload(3, struct.pack("<f", 0.5) + bytes([0x7E, 0xB8]), 8, 4, "c", fs)
+    assert struct.unpack("<2f", raw) == (224.0, -0.5)
+    assert spec.e4m3_value(0x01) == 2.0**-9 and spec.e4m3_value(0x08) == 2.0**-6
+
+
+def test_manifest_version_4_with_a_quantized_field(tmp_path):
+    root = tmp_path / "q"
+    shutil.copytree(GOLDEN / "v5/quantized", root)
+    m = json.loads((root / "manifest.json").read_text())
+    m["version"] = 4
+    (root / "manifest.json").write_text(json.dumps(m, indent=2))
+    with pytest.raises(SpecError, match="quantized field needs manifest version 5"):
+        read_dataset(root)
+
+
+def test_quantized_marker_removed_from_the_schema(tmp_path):
+    """Without `quantized` the fp8 chunks stand in an exact field: refused (the schema hash is
+    redone in the manifest; the shard headers still carry the old one, so either check fires)."""
+    root = tmp_path / "q"
+    shutil.copytree(GOLDEN / "v5/quantized", root)
+    m = json.loads((root / "manifest.json").read_text())
+    for f in m["schema"]["fields"]:
+        f.pop("quantized", None)
+    m["schema_blake3"] = b3(spec.canonical_schema_json(m["schema"])).hex()
+    (root / "manifest.json").write_text(json.dumps(m, indent=2))
+    with pytest.raises(SpecError, match="version 5|codec fp8|schema_hash"):
+        read_dataset(root)

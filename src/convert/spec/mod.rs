@@ -11,7 +11,7 @@ mod tests;
 use std::path::PathBuf;
 use std::str::FromStr;
 
-use crate::format::{CapturePoint, Codec};
+use crate::format::{CapturePoint, Codec, QuantizeSpec};
 use crate::write::WriteOptions;
 
 use super::layout::{LayoutOptions, Preset};
@@ -91,6 +91,10 @@ pub struct ConvertSpec {
     /// Chunk codec: none, zstd or zstd-bytegroup (`--codec`).
     #[serde(default = "default_codec")]
     pub codec: String,
+    /// Fields stored as FP8, lossy (`--quantize`): `fp8` (every hidden-state field) or
+    /// `fp8:NAME,NAME`.
+    #[serde(default)]
+    pub quantize: Option<String>,
     /// fsync at commits; off (`--no-fsync`) for scratch data only.
     #[serde(default = "default_fsync")]
     pub fsync: bool,
@@ -181,11 +185,14 @@ pub enum SpecError {
         value: String,
     },
     /// An unknown codec.
-    #[error("unknown codec {name}: use none, zstd or zstd-bytegroup")]
+    #[error("unknown codec {name}: use none, zstd or zstd-bytegroup (fp8 is --quantize fp8)")]
     Codec {
         /// What was given.
         name: String,
     },
+    /// A `--quantize` that does not parse.
+    #[error("--quantize {0}")]
+    Quantize(String),
     /// An option that keeps a local file beside the dataset, for a dataset in object storage.
     #[error("{option} keeps a file beside the dataset, which in object storage cannot be appended to: {what}")]
     NeedsLocalFile {
@@ -225,6 +232,7 @@ impl SpecError {
             SpecError::SplitBy { .. } => "split_by",
             SpecError::Trim { .. } => "trim_padding",
             SpecError::Codec { .. } => "codec",
+            SpecError::Quantize(_) => "quantize",
             SpecError::DeleteNeedsFsync => "delete_source",
             SpecError::NeedsLocalFile { option, .. } => option,
             SpecError::SplitFileAlone | SpecError::SplitFileName { .. } => "split_by_file",
@@ -280,6 +288,8 @@ pub(crate) struct ConvertOptions {
     pub report_path: Option<PathBuf>,
     pub jobs: usize,
     pub write: WriteOptions,
+    /// The fields stored quantized, applied to the schema the layout derives.
+    pub quantize: Option<QuantizeSpec>,
     pub limits: Limits,
 }
 
@@ -309,6 +319,7 @@ impl ConvertSpec {
             shard_mib: default_shard_mib(),
             shard_samples: default_shard_samples(),
             codec: default_codec(),
+            quantize: None,
             fsync: default_fsync(),
             limits: Limits::default(),
         }
@@ -336,9 +347,17 @@ impl ConvertSpec {
             .iter()
             .map(|f| f.resolve(&points, self.num_layers))
             .collect::<Result<_, _>>()?;
-        let codec = Codec::from_name(&self.codec).ok_or_else(|| SpecError::Codec {
-            name: self.codec.clone(),
-        })?;
+        let codec = Codec::from_name(&self.codec)
+            .filter(|c| Codec::LOSSLESS.contains(c))
+            .ok_or_else(|| SpecError::Codec {
+                name: self.codec.clone(),
+            })?;
+        let quantize = self
+            .quantize
+            .as_deref()
+            .map(str::parse::<QuantizeSpec>)
+            .transpose()
+            .map_err(SpecError::Quantize)?;
         if self.delete_source && !self.fsync {
             return Err(SpecError::DeleteNeedsFsync);
         }
@@ -395,6 +414,7 @@ impl ConvertSpec {
                 durable: self.fsync,
                 ..WriteOptions::default()
             },
+            quantize,
             limits: self.limits,
         })
     }

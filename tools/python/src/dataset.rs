@@ -244,6 +244,33 @@ impl Dataset {
             .collect())
     }
 
+    /// Rows `rows` (all when None) of quantized field `field` of sample `ordinal` as stored:
+    /// `(codes, scales, group)`, codes one E4M3FN byte a value, scales little-endian f32,
+    /// one per `group` values.
+    #[pyo3(signature = (ordinal, field, rows = None))]
+    fn read_quantized<'py>(
+        &self,
+        py: Python<'py>,
+        ordinal: u64,
+        field: String,
+        rows: Option<(u64, u64)>,
+    ) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyBytes>, u64)> {
+        let f = self.field_numbers(Some(vec![field]))?[0];
+        let q = py
+            .allow_threads(|| {
+                self.inner
+                    .sample(ordinal)?
+                    .read_quantized(f, row_range(rows))
+            })
+            .py_err()?;
+        let scales: Vec<u8> = q.scales.iter().flat_map(|s| s.to_le_bytes()).collect();
+        Ok((
+            PyBytes::new(py, &q.codes),
+            PyBytes::new(py, &scales),
+            q.group,
+        ))
+    }
+
     /// Copies rows `rows` of `fields` of sample `ordinal` into `out`, concatenated along the
     /// last dimension: row r of `out` is row r of every field, in the order given. `out` must
     /// be a writable C-contiguous byte buffer of exactly `rows * sum(row bytes)` bytes. One

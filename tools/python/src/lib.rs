@@ -32,6 +32,7 @@ fn _hspack(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(transfer::copy, m)?)?;
     m.add_function(wrap_pyfunction!(transfer::init_store, m)?)?;
     m.add_function(wrap_pyfunction!(writer::capture_key, m)?)?;
+    m.add_function(wrap_pyfunction!(writer::quantize_schema, m)?)?;
     m.add_function(wrap_pyfunction!(origin::origin, m)?)?;
     m.add_function(wrap_pyfunction!(origin::map_private, m)?)?;
     m.add_class::<origin::PrivateMap>()?;

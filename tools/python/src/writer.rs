@@ -35,9 +35,14 @@ pub(crate) fn write_options(options: Option<&Bound<'_, PyDict>>) -> PyResult<Wri
             "shared" => o.shared = v.extract()?,
             "codec" => {
                 let name: String = v.extract()?;
-                o.codec = Codec::from_name(&name).ok_or_else(|| {
-                    bad_option("codec", "must be \"none\", \"zstd\" or \"zstd-bytegroup\"")
-                })?;
+                o.codec = Codec::from_name(&name)
+                    .filter(|c| Codec::LOSSLESS.contains(c))
+                    .ok_or_else(|| {
+                        bad_option(
+                            "codec",
+                            "must be \"none\", \"zstd\" or \"zstd-bytegroup\" (fp8 is quantize=\"fp8\")",
+                        )
+                    })?;
             }
             other => {
                 return Err(bad_option(
@@ -278,4 +283,18 @@ pub fn capture_key<'py>(
         .map_err(|e| bad_option("capture config", &e.to_string()))?;
     let key = config.key(&tokens, loss_mask.as_deref());
     Ok(pyo3::types::PyBytes::new(py, &key))
+}
+
+/// The schema given as JSON with the fields `spec` names stored quantized (`fp8` for every
+/// hidden-state field, `fp8:NAME,NAME`), as JSON.
+#[pyfunction]
+pub fn quantize_schema(schema_json: &str, spec: &str) -> PyResult<String> {
+    let mut schema: Schema =
+        serde_json::from_str(schema_json).map_err(|e| bad_option("schema", &e.to_string()))?;
+    let spec: hspack::format::QuantizeSpec = spec
+        .parse()
+        .map_err(|e: String| bad_option("quantize", &e))?;
+    spec.apply(&mut schema)
+        .map_err(|e| bad_option("quantize", &e))?;
+    Ok(String::from_utf8(schema.canonical_json()).expect("JSON is UTF-8"))
 }

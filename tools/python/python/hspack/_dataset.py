@@ -246,6 +246,30 @@ class Dataset:
             raise make_error("NoSuchKey", f"no sample has key `{key}`: list the keys with `hspack ls DATASET`", key=key)
         return self.read(i, fields, rows, copy)
 
+    def quantized(self, i: int, field: str, rows: tuple[int, int] | None = None) -> dict:
+        """A quantized field of sample `i` as stored, for trainers that consume FP8:
+        `{"codes": [rows, *shape] float8_e4m3fn, "scales": [rows, groups] float32}` where
+        a value is its code times its group's scale (groups of `group` consecutive values of
+        a row: one per row and layer by default). With `format="numpy"` the codes are uint8
+        (the E4M3FN bits). Reading the field normally gives the dequantized values."""
+        i = self._index(i)
+        codes, scales, group = self.native.read_quantized(i, field, tuple(rows) if rows is not None else None)
+        f = next(f for f in self.schema if f["name"] == field)
+        shape = [int(d) for d in f["shape"]]
+        per_row = int(np.prod(shape, dtype=np.int64)) if shape else 1
+        n = len(codes) // per_row
+        c = np.frombuffer(codes, dtype=np.uint8).reshape([n, *shape])
+        s = np.frombuffer(scales, dtype="<f4").reshape([n, per_row // group])
+        if self.format == "numpy":
+            return {"codes": c, "scales": s, "group": group}
+        import torch
+
+        return {
+            "codes": torch.from_numpy(c.copy()).view(torch.float8_e4m3fn),
+            "scales": torch.from_numpy(s.copy()),
+            "group": group,
+        }
+
     def _mapping_range(self, shard: int) -> tuple[int, int]:
         """`(address, length)` of shard `shard`'s mapping in this process."""
         return self.native.mapping_range(shard)

@@ -22,7 +22,13 @@ class Writer:
     `loss_mask`); `capture` optionally describes the capture (`model`, `num_layers`,
     `hidden_size`, `dtype`, ...). Options: `chunk_bytes`, `shard_bytes`, `shard_samples`,
     `codec` (`"none"`, `"zstd"`, `"zstd-bytegroup"`), `zstd_level`, `align_log2`, `durable`,
-    `shared`.
+    `shared`, `quantize`.
+
+    `quantize="fp8"` stores every hidden-state field as FP8 E4M3FN with one f32 scale per row
+    and layer (lossy, about half the bytes of bf16); `quantize="fp8:NAME,NAME"` (or a list of
+    names) the fields named. Token ids, loss masks and fields not named stay exact. Append the
+    original tensors: the writer quantizes them. Readers hand out the original dtype
+    (dequantized) unless asked for the stored codes (`Dataset.quantized`).
 
     `shared=True` lets several writers append to one dataset at once (the ranks of a job, or
     processes on several nodes sharing a folder or a bucket), each opening its own `Writer`
@@ -37,14 +43,17 @@ class Writer:
 
     def __init__(self, path: str | os.PathLike, schema: Sequence[Any], capture: dict | None = None, *, create: bool = False, **options: Any):
         self.path = os.fspath(path)
-        self.fields = normalize(schema)
-        self._by_name = {f["name"]: f for f in self.fields}
-        doc: dict = {"fields": self.fields, "capture": None}
+        doc: dict = {"fields": normalize(schema), "capture": None}
         if capture is not None:
             capture = dict(capture)
             capture.setdefault("tool", TOOL)
             capture.setdefault("tool_version", _hspack.__version__)
             doc["capture"] = capture
+        quantize = options.pop("quantize", None)
+        if quantize is not None:
+            doc = json.loads(_hspack.quantize_schema(json.dumps(doc), quantize_spec(quantize)))
+        self.fields = doc["fields"]
+        self._by_name = {f["name"]: f for f in self.fields}
         self._native = _hspack.Writer(self.path, json.dumps(doc), create, options)
 
     def append(self, key: str, /, *, capture_key: bytes | None = None, **tensors: Any) -> int | None:
@@ -104,6 +113,14 @@ class Writer:
             self.finish()
         else:
             self._native.abort()
+
+
+def quantize_spec(quantize: Any) -> str:
+    """The `quantize=` option as the writer takes it: `"fp8"`, `"fp8:NAME,NAME"`, or a list
+    of field names (stored as fp8)."""
+    if isinstance(quantize, str):
+        return quantize
+    return "fp8:" + ",".join(str(n) for n in quantize)
 
 
 def capture_key(config: dict, input_ids: Any, loss_mask: Any = None) -> bytes:

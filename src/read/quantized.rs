@@ -1,0 +1,67 @@
+//! A quantized field as stored: FP8 codes and their scales, for trainers that consume them
+//! without dequantizing (FORMAT.md §4.1).
+
+use std::ops::Range;
+
+use crate::error::{Error, Result};
+
+use super::dataset::Sample;
+
+/// Rows of a quantized field as stored.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QuantizedRows {
+    /// E4M3FN codes, `rows × row elements`, C-ordered as the field's rows.
+    pub codes: Vec<u8>,
+    /// One scale per group: `rows × (row elements / group)`, a row's groups in order.
+    pub scales: Vec<f32>,
+    /// Elements sharing a scale.
+    pub group: u64,
+}
+
+impl Sample<'_> {
+    /// Rows `rows` (all when `None`) of quantized field number `f` as stored: a value is its
+    /// code times its group's scale. Every scale and code is checked as when decoding.
+    pub fn read_quantized(&self, f: usize, rows: Option<Range<u64>>) -> Result<QuantizedRows> {
+        let schema = self.ds.schema();
+        let field = &schema.fields[f];
+        if field.quantized.is_none() {
+            return Err(Error::BadOption {
+                option: "field",
+                detail: format!(
+                    "field `{}` is stored exactly, not quantized: read it as it is",
+                    field.name
+                ),
+            });
+        }
+        let rows = rows.unwrap_or(0..self.rows());
+        self.check_rows(&rows)?;
+        let n = (rows.end - rows.start) as usize;
+        let row_elems = field.row_elems() as usize;
+        let mut out = QuantizedRows {
+            codes: Vec::with_capacity(n * row_elems),
+            scales: Vec::with_capacity(n * row_elems / field.group() as usize),
+            group: field.group(),
+        };
+        for x in self.extents(f) {
+            let lo = x.row_start.max(rows.start);
+            let hi = (x.row_start + x.row_count).min(rows.end);
+            if lo >= hi {
+                continue;
+            }
+            let (e, stored) = self
+                .shard
+                .chunk(x.chunk.into(), schema, self.ds.options().check)?;
+            let first = (x.chunk_row + lo - x.row_start) as usize;
+            let (scales, codes) = self.shard.fp8_rows(
+                x.chunk.into(),
+                &e,
+                &stored,
+                schema,
+                first..first + (hi - lo) as usize,
+            )?;
+            out.codes.extend_from_slice(codes);
+            out.scales.extend(scales);
+        }
+        Ok(out)
+    }
+}
