@@ -10,6 +10,7 @@
 compile_error!("hspack maps little-endian structures directly; big-endian hosts are not supported");
 
 pub mod capture;
+pub mod compare;
 pub mod convert;
 pub mod error;
 pub mod failpoint;

@@ -228,3 +228,165 @@ fn the_lossy_codec_is_never_a_dataset_wide_option() {
         other => panic!("{:?}", other.map(|_| ())),
     }
 }
+
+/// Writes `req_NNN.safetensors` dumps of finite activations (`ids` i32 `[T]`, `h` bf16
+/// `[T, 256]`), or of random bytes (some of which are NaN or infinity) when `random`.
+fn finite_dumps(dir: &std::path::Path, n: usize, random: bool) {
+    use common::dumps::V;
+    use safetensors::Dtype;
+    std::fs::create_dir_all(dir).unwrap();
+    let mut rng = Rng::new(3);
+    let scales = channel_scales(&mut rng, 256);
+    for i in 0..n {
+        let t = 1 + i % 13;
+        let h = match random {
+            false => activations(&mut rng, t, &scales),
+            true => bytes(i as u64 + 1, t * 256 * 2),
+        };
+        let tensors = [
+            (
+                "ids",
+                V {
+                    dtype: Dtype::I32,
+                    shape: vec![t],
+                    data: (0..t as i32).flat_map(i32::to_le_bytes).collect(),
+                },
+            ),
+            (
+                "h",
+                V {
+                    dtype: Dtype::BF16,
+                    shape: vec![t, 256],
+                    data: h,
+                },
+            ),
+        ];
+        let path = dir.join(format!("req_{i:03}.safetensors"));
+        safetensors::serialize_to_file(
+            tensors.iter().map(|(n, v)| (n.to_string(), v)),
+            None,
+            &path,
+        )
+        .unwrap();
+    }
+}
+
+fn convert(src: &std::path::Path, dst: &std::path::Path, extra: &[&str]) -> std::process::Output {
+    let mut args = vec![
+        "convert",
+        s(src),
+        s(dst),
+        "--layout",
+        "generic",
+        "--field",
+        "input_ids=ids",
+        "--field",
+        "hidden.7=h",
+        "-q",
+    ];
+    args.extend_from_slice(extra);
+    common::cli::hspack(&args)
+}
+
+#[test]
+fn convert_quantize_info_and_compare_from_the_command_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let (src, exact, q) = (
+        dir.path().join("src"),
+        dir.path().join("exact"),
+        dir.path().join("q"),
+    );
+    finite_dumps(&src, 20, false);
+    assert!(convert(&src, &exact, &[]).status.success());
+    let out = convert(&src, &q, &["--quantize", "fp8:hidden.7"]);
+    assert!(out.status.success(), "{}", common::cli::text(&out));
+    let info = common::cli::stdout(&common::cli::hspack(&["info", s(&q)]));
+    assert!(
+        info.contains("LOSSY: stored fp8-e4m3fn, a scale per 256 values"),
+        "{info}"
+    );
+    assert!(
+        info.contains("lossy     hidden.7 read back approximately"),
+        "{info}"
+    );
+    let plain = common::cli::stdout(&common::cli::hspack(&["info", s(&exact)]));
+    assert!(
+        !plain.contains("LOSSY") && !plain.contains("lossy"),
+        "{plain}"
+    );
+
+    let out = common::cli::hspack(&["compare", s(&exact), s(&q), "--json"]);
+    assert!(out.status.success(), "{}", common::cli::text(&out));
+    let c: serde_json::Value = serde_json::from_str(&common::cli::stdout(&out)).unwrap();
+    assert_eq!(c["samples"], 20);
+    let fields = c["fields"].as_array().unwrap();
+    let ids = fields.iter().find(|f| f["field"] == "input_ids").unwrap();
+    assert_eq!(
+        (ids["differing"].as_u64(), ids["stored"].as_str()),
+        (Some(0), Some("exact"))
+    );
+    let h = fields.iter().find(|f| f["field"] == "hidden.7").unwrap();
+    assert_eq!(h["stored"], "fp8-e4m3fn");
+    let (rel, cos) = (
+        h["rel_l2"].as_f64().unwrap(),
+        h["cosine_min"].as_f64().unwrap(),
+    );
+    // E4M3 keeps 3 mantissa bits: a few percent of error, cosine above 0.99.
+    assert!(rel > 0.005 && rel < 0.06, "rel err {rel}");
+    assert!(cos > 0.99 && cos < 1.0, "cosine {cos}");
+    let table = common::cli::stdout(&common::cli::hspack(&["compare", s(&exact), s(&q)]));
+    assert!(
+        table.contains("20 samples") && table.contains("fp8-e4m3fn"),
+        "{table}"
+    );
+    // The exact dataset against itself: no difference at all.
+    let same = common::cli::hspack(&["compare", s(&exact), s(&exact), "--json"]);
+    let c: serde_json::Value = serde_json::from_str(&common::cli::stdout(&same)).unwrap();
+    assert!(c["fields"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|f| f["differing"] == 0 && f["rel_l2"] == 0.0));
+    // Datasets of other samples are refused, naming the sample.
+    let other = dir.path().join("other");
+    finite_dumps(&dir.path().join("src2"), 25, false);
+    assert!(convert(&dir.path().join("src2"), &other, &[])
+        .status
+        .success());
+    let out = common::cli::hspack(&["compare", s(&other), s(&exact)]);
+    assert!(!out.status.success());
+    assert!(
+        common::cli::text(&out)
+            .contains("sample `req_020` of the first dataset is not in the second"),
+        "{}",
+        common::cli::text(&out)
+    );
+}
+
+#[test]
+fn convert_refuses_to_quantize_a_value_fp8_cannot_hold_naming_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let (src, q) = (dir.path().join("src"), dir.path().join("q"));
+    finite_dumps(&src, 30, true);
+    let out = convert(&src, &q, &["--quantize", "fp8:hidden.7"]);
+    assert!(!out.status.success());
+    let text = common::cli::text(&out);
+    assert!(
+        text.contains("hidden.7") && text.contains("fp8") && text.contains("req_"),
+        "{text}"
+    );
+    // `fp8` alone takes every hidden-state field: the generic layout's `hidden.7` is one.
+    let out = convert(&src, &dir.path().join("q2"), &["--quantize", "fp8"]);
+    assert!(!out.status.success());
+    assert!(
+        common::cli::text(&out).contains("field `hidden.7`"),
+        "{}",
+        common::cli::text(&out)
+    );
+    assert!(
+        !dir.path().join("q2").join("manifest.json").exists() || {
+            let ds = Dataset::open(dir.path().join("q2")).unwrap();
+            ds.len() < 30
+        }
+    );
+}

@@ -92,12 +92,35 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         .max()
         .unwrap_or(0);
     for f in &m.schema.fields {
+        let stored = match f.quantized {
+            Some(q) => format!(
+                "  LOSSY: stored {}, a scale per {} values",
+                q.scheme.name(),
+                q.group
+            ),
+            None => String::new(),
+        };
         println!(
-            "  {:<width$}  {:<8} {:<12} {}",
+            "  {:<width$}  {:<8} {:<12} {}{stored}",
             f.name,
             f.dtype.name(),
             shape_text(&f.shape),
             f.role
+        );
+    }
+    let lossy: Vec<&str> = m
+        .schema
+        .fields
+        .iter()
+        .filter(|f| f.quantized.is_some())
+        .map(|f| f.name.as_str())
+        .collect();
+    if !lossy.is_empty() {
+        println!(
+            "lossy     {} read back approximately (quantized when written); \
+             `hspack compare EXACT {}` measures the error against an exact copy",
+            lossy.join(", "),
+            a.dir.display()
         );
     }
     println!("manifest  blake3 {manifest_hash} (run `hspack digest` to check the data behind it)");

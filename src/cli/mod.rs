@@ -4,6 +4,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod compare;
 mod convert;
 mod cp;
 mod demo;
@@ -41,6 +42,9 @@ enum Command {
     Verify(verify::Args),
     /// Verify, then print the dataset digest: one line that two intact copies share.
     Digest(digest::Args),
+    /// Compare two datasets holding the same samples value by value, per field and layer:
+    /// how far a quantized copy (`convert --quantize fp8`) is from the exact one.
+    Compare(compare::Args),
     /// Rewrite key runs and samples table parts from the shards' indexes (when verify finds one missing or damaged).
     Reindex(reindex::Args),
     /// Write one sample's fields to a .safetensors file or .npy files.
@@ -79,6 +83,7 @@ pub fn main() -> ExitCode {
         Command::Show(a) => show::run(a),
         Command::Verify(a) => verify::run(a),
         Command::Digest(a) => digest::run(a),
+        Command::Compare(a) => compare::run(a),
         Command::Export(a) => export::run(a),
         Command::Reindex(a) => reindex::run(a),
         Command::Convert(a) => convert::run(*a),

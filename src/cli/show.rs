@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use hspack::verify::count;
-use hspack::{DType, Dataset, Tensor};
+use hspack::Dataset;
 
 use super::shape_text;
 
@@ -17,45 +17,6 @@ pub struct Args {
     /// Print JSON.
     #[arg(long)]
     json: bool,
-}
-
-/// Values as f64, for the dtypes where that is exact enough to summarize.
-pub fn values(t: &Tensor) -> Option<Vec<f64>> {
-    let b = t.bytes();
-    let v = match t.dtype {
-        DType::Bool | DType::U8 => b.iter().map(|&x| x as f64).collect(),
-        DType::I8 => b.iter().map(|&x| x as i8 as f64).collect(),
-        DType::I16 => b
-            .chunks_exact(2)
-            .map(|c| i16::from_le_bytes([c[0], c[1]]) as f64)
-            .collect(),
-        DType::I32 => b
-            .chunks_exact(4)
-            .map(|c| i32::from_le_bytes(c.try_into().unwrap()) as f64)
-            .collect(),
-        DType::I64 => b
-            .chunks_exact(8)
-            .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as f64)
-            .collect(),
-        DType::F16 => b
-            .chunks_exact(2)
-            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f64())
-            .collect(),
-        DType::BF16 => b
-            .chunks_exact(2)
-            .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f64())
-            .collect(),
-        DType::F32 => b
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64)
-            .collect(),
-        DType::F64 => b
-            .chunks_exact(8)
-            .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
-            .collect(),
-        _ => return None,
-    };
-    Some(v)
 }
 
 /// A value for people: whole numbers without decimals, others to 4 places.
@@ -84,7 +45,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             Ok(t) => t,
             Err(e) => return Ok(super::read_failed(e.into())),
         };
-        let stats = values(&t).filter(|v| !v.is_empty()).map(|v| {
+        let stats = t.to_f64().filter(|v| !v.is_empty()).map(|v| {
             let min = v.iter().cloned().fold(f64::INFINITY, f64::min);
             let max = v.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
             let mean = v.iter().sum::<f64>() / v.len() as f64;

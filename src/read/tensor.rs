@@ -69,6 +69,46 @@ impl Tensor {
             .flatten()
     }
 
+    /// The elements as f64 (exact for every dtype but i64 beyond 2^53); `None` for the fp8
+    /// dtypes, which hold codes whose meaning depends on scales.
+    pub fn to_f64(&self) -> Option<Vec<f64>> {
+        let b = self.bytes();
+        let v = match self.dtype {
+            DType::Bool | DType::U8 => b.iter().map(|&x| x as f64).collect(),
+            DType::I8 => b.iter().map(|&x| x as i8 as f64).collect(),
+            DType::I16 => b
+                .chunks_exact(2)
+                .map(|c| i16::from_le_bytes([c[0], c[1]]) as f64)
+                .collect(),
+            DType::I32 => b
+                .chunks_exact(4)
+                .map(|c| i32::from_le_bytes(c.try_into().expect("4 bytes")) as f64)
+                .collect(),
+            DType::I64 => b
+                .chunks_exact(8)
+                .map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes")) as f64)
+                .collect(),
+            DType::F16 => b
+                .chunks_exact(2)
+                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f64())
+                .collect(),
+            DType::BF16 => b
+                .chunks_exact(2)
+                .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f64())
+                .collect(),
+            DType::F32 => b
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")) as f64)
+                .collect(),
+            DType::F64 => b
+                .chunks_exact(8)
+                .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")))
+                .collect(),
+            DType::F8E4M3FN | DType::F8E5M2 => return None,
+        };
+        Some(v)
+    }
+
     /// Rows.
     pub fn rows(&self) -> u64 {
         self.shape.first().copied().unwrap_or(0)

@@ -1,0 +1,228 @@
+//! Two datasets holding the same samples compared value by value: how far a lossy copy (a
+//! quantized one) is from the exact one, per field and per layer (`hspack compare`).
+
+use crate::error::{Error, Result};
+use crate::format::{Role, Schema};
+use crate::read::Dataset;
+
+/// What [`compare`] reads.
+#[derive(Debug, Clone, Default)]
+pub struct CompareOptions {
+    /// Compare only the first this many samples of the first dataset; all when `None`.
+    pub samples: Option<u64>,
+}
+
+/// The differences of one field (one layer of it, for fields that stack layers).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct FieldDiff {
+    /// The field.
+    pub field: String,
+    /// The layer this part of the field holds, for hidden-state fields.
+    pub layer: Option<u32>,
+    /// How the second dataset stores the field: a quantization scheme, or `exact`.
+    pub stored: String,
+    /// Values compared.
+    pub values: u64,
+    /// Values that differ.
+    pub differing: u64,
+    /// Largest absolute difference.
+    pub max_abs: f64,
+    /// ‖a − b‖ / ‖a‖ over all values (0 where a is all zeros and b equals it).
+    pub rel_l2: f64,
+    /// Mean over rows (tokens) of the cosine similarity of a row of a and of b.
+    pub cosine_mean: f64,
+    /// Smallest such cosine similarity.
+    pub cosine_min: f64,
+}
+
+/// What [`compare`] found.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Comparison {
+    /// Samples compared.
+    pub samples: u64,
+    /// Rows (tokens) compared.
+    pub rows: u64,
+    /// Per field and layer, in schema order.
+    pub fields: Vec<FieldDiff>,
+}
+
+#[derive(Default, Clone)]
+struct Acc {
+    values: u64,
+    differing: u64,
+    max_abs: f64,
+    sum_sq_a: f64,
+    sum_sq_d: f64,
+    rows: u64,
+    cos_sum: f64,
+    cos_min: f64,
+}
+
+impl Acc {
+    fn add_row(&mut self, a: &[f64], b: &[f64]) {
+        let (mut dot, mut na, mut nb) = (0.0, 0.0, 0.0);
+        for (&x, &y) in a.iter().zip(b) {
+            let d = x - y;
+            if x.to_bits() != y.to_bits() {
+                self.differing += 1;
+            }
+            self.max_abs = self.max_abs.max(d.abs());
+            self.sum_sq_a += x * x;
+            self.sum_sq_d += d * d;
+            dot += x * y;
+            na += x * x;
+            nb += y * y;
+        }
+        self.values += a.len() as u64;
+        let cos = match (na > 0.0, nb > 0.0) {
+            (false, false) => 1.0,
+            (true, true) => dot / (na.sqrt() * nb.sqrt()),
+            _ => 0.0,
+        };
+        self.cos_min = if self.rows == 0 {
+            cos
+        } else {
+            self.cos_min.min(cos)
+        };
+        self.cos_sum += cos;
+        self.rows += 1;
+    }
+}
+
+/// The parts of a field's row that [`compare`] reports apart: (layer, elements) for each.
+fn parts(role: &Role, row_elems: u64) -> Vec<(Option<u32>, u64)> {
+    match role {
+        Role::HiddenStates { layers, .. } if !layers.is_empty() => layers
+            .iter()
+            .map(|&l| (Some(l), row_elems / layers.len() as u64))
+            .collect(),
+        Role::HiddenState { layer, .. } => vec![(Some(*layer), row_elems)],
+        _ => vec![(None, row_elems)],
+    }
+}
+
+fn same_fields(a: &Schema, b: &Schema) -> std::result::Result<(), String> {
+    let shape = |s: &Schema| -> Vec<(String, String, Vec<u64>)> {
+        s.fields
+            .iter()
+            .map(|f| (f.name.clone(), f.dtype.name().to_string(), f.shape.clone()))
+            .collect()
+    };
+    let (x, y) = (shape(a), shape(b));
+    if x == y {
+        return Ok(());
+    }
+    let text = |v: &[(String, String, Vec<u64>)]| {
+        v.iter()
+            .map(|(n, d, s)| format!("{n} {d} {s:?}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    Err(format!(
+        "the datasets hold different fields ({} against {}): compare a dataset with its own \
+         converted or quantized copy",
+        text(&x),
+        text(&y)
+    ))
+}
+
+/// Compares every sample of `a` (or the first `options.samples`) with the sample of `b` that
+/// has its key, value by value, field by field. Both must have the same fields (names, dtypes,
+/// shapes; how they are stored may differ) and every key of `a` must be in `b` with the same
+/// rows.
+pub fn compare(a: &Dataset, b: &Dataset, options: &CompareOptions) -> Result<Comparison> {
+    same_fields(a.schema(), b.schema()).map_err(|detail| Error::BadOption {
+        option: "datasets",
+        detail,
+    })?;
+    let schema = a.schema();
+    let layout: Vec<Vec<(Option<u32>, u64)>> = schema
+        .fields
+        .iter()
+        .map(|f| parts(&f.role, f.row_elems()))
+        .collect();
+    let mut accs: Vec<Vec<Acc>> = layout
+        .iter()
+        .map(|p| vec![Acc::default(); p.len()])
+        .collect();
+    let n = options.samples.map_or(a.len(), |s| s.min(a.len()));
+    let mut rows = 0;
+    for i in 0..n {
+        let sa = a.sample(i)?;
+        let key = sa.key().to_string();
+        let sb = b.find(&key)?.ok_or_else(|| Error::BadOption {
+            option: "datasets",
+            detail: format!(
+                "sample `{key}` of the first dataset is not in the second: compare copies of \
+                 one dataset"
+            ),
+        })?;
+        if sa.rows() != sb.rows() {
+            return Err(Error::BadOption {
+                option: "datasets",
+                detail: format!(
+                    "sample `{key}` has {} rows in the first dataset and {} in the second",
+                    sa.rows(),
+                    sb.rows()
+                ),
+            });
+        }
+        rows += sa.rows();
+        for (f, field) in schema.fields.iter().enumerate() {
+            let (ta, tb) = (sa.read_field(f, None)?, sb.read_field(f, None)?);
+            let (Some(va), Some(vb)) = (ta.to_f64(), tb.to_f64()) else {
+                // fp8 dtypes as stored: compare the bytes.
+                let acc = &mut accs[f][0];
+                acc.values += ta.bytes().len() as u64;
+                acc.differing += ta
+                    .bytes()
+                    .iter()
+                    .zip(tb.bytes())
+                    .filter(|(x, y)| x != y)
+                    .count() as u64;
+                continue;
+            };
+            let row = field.row_elems() as usize;
+            for (ra, rb) in va.chunks(row.max(1)).zip(vb.chunks(row.max(1))) {
+                let mut at = 0;
+                for (p, &(_, len)) in layout[f].iter().enumerate() {
+                    let len = len as usize;
+                    accs[f][p].add_row(&ra[at..at + len], &rb[at..at + len]);
+                    at += len;
+                }
+            }
+        }
+    }
+    let mut fields = Vec::new();
+    for (f, field) in schema.fields.iter().enumerate() {
+        let stored = b.schema().fields[f]
+            .quantized
+            .map_or("exact".to_string(), |q| q.scheme.name().to_string());
+        for (p, &(layer, _)) in layout[f].iter().enumerate() {
+            let acc = &accs[f][p];
+            fields.push(FieldDiff {
+                field: field.name.clone(),
+                layer,
+                stored: stored.clone(),
+                values: acc.values,
+                differing: acc.differing,
+                max_abs: acc.max_abs,
+                rel_l2: match acc.sum_sq_a > 0.0 {
+                    true => (acc.sum_sq_d / acc.sum_sq_a).sqrt(),
+                    false if acc.sum_sq_d == 0.0 => 0.0,
+                    false => f64::INFINITY,
+                },
+                cosine_mean: match acc.rows {
+                    0 => 1.0,
+                    r => acc.cos_sum / r as f64,
+                },
+                cosine_min: if acc.rows == 0 { 1.0 } else { acc.cos_min },
+            });
+        }
+    }
+    Ok(Comparison {
+        samples: n,
+        rows,
+        fields,
+    })
+}
