@@ -390,3 +390,86 @@ fn convert_refuses_to_quantize_a_value_fp8_cannot_hold_naming_the_file() {
         }
     );
 }
+
+#[test]
+fn fields_given_as_codes_and_scales_are_stored_as_given_and_checked() {
+    use hspack::format::{fp8, DType};
+    let (values, given) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let data = samples(10);
+    let s = schema(Some("fp8"));
+    write(values.path(), s.clone(), &data);
+    // The stored form of a whole field is what quantizing all its rows at once gives: every
+    // row's scales, then every row's codes (as a GPU quantizer hands it over).
+    let stored =
+        |raw: &[u8]| fp8::quantize(raw, DType::BF16, HIDDEN as usize, HIDDEN as usize).unwrap();
+    let options = WriteOptions {
+        durable: false,
+        prequantized: true,
+        ..WriteOptions::default()
+    };
+    let mut w = DatasetWriter::create(given.path(), s, options).unwrap();
+    for (i, sample) in data.iter().enumerate() {
+        let fields: Vec<(String, Vec<u8>)> = sample
+            .iter()
+            .map(|(n, b)| match n.starts_with("hidden") {
+                true => (n.clone(), stored(b)),
+                false => (n.clone(), b.clone()),
+            })
+            .collect();
+        w.append(&format!("s{i}"), &as_fields(&fields)).unwrap();
+    }
+    // A NaN code and a scale of zero are refused, naming the rows.
+    let mut bad: Vec<(String, Vec<u8>)> = data[3]
+        .iter()
+        .map(|(n, b)| (n.clone(), b.clone()))
+        .collect();
+    for (n, b) in bad.iter_mut() {
+        if n.starts_with("hidden") {
+            *b = stored(b);
+        }
+    }
+    let rows = 17;
+    let codes_at = rows * 4;
+    bad[3].1[codes_at + 5] = 0x7f;
+    match w.append("bad", &as_fields(&bad)) {
+        Err(Error::BadSample { field, detail, .. }) => {
+            assert_eq!(field, "hidden.30");
+            assert!(
+                detail.contains("rows 0..17") && detail.contains("NaN"),
+                "{detail}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    bad[3].1[codes_at + 5] = 0x00;
+    bad[2].1[..4].copy_from_slice(&0f32.to_le_bytes());
+    assert!(matches!(
+        w.append("bad", &as_fields(&bad)),
+        Err(Error::BadSample { .. })
+    ));
+    // A stored form of the wrong length is refused as not whole rows.
+    bad[2].1.pop();
+    match w.append("bad", &as_fields(&bad)) {
+        Err(Error::BadSample { detail, .. }) => {
+            assert!(detail.contains("fp8 codes and scales"), "{detail}")
+        }
+        other => panic!("{other:?}"),
+    }
+    w.finish().unwrap();
+    let (a, b) = (
+        Dataset::open(values.path()).unwrap(),
+        Dataset::open(given.path()).unwrap(),
+    );
+    assert_eq!(a.len(), b.len());
+    for i in 0..a.len() {
+        let (x, y) = (a.sample(i).unwrap(), b.sample(i).unwrap());
+        for f in &a.schema().fields {
+            assert_eq!(
+                x.read(&f.name, None).unwrap().bytes(),
+                y.read(&f.name, None).unwrap().bytes(),
+                "{} of s{i}",
+                f.name
+            );
+        }
+    }
+}

@@ -228,7 +228,7 @@ impl DatasetWriter {
             });
         }
         let schema = std::sync::Arc::clone(&self.schema);
-        let checked = sample::check(&schema, key, fields)?;
+        let checked = sample::check(&schema, key, fields, self.options.prequantized)?;
         self.roll_if_full(checked.raw)?;
         let ordinal = match self.options.shared {
             true => ORDINAL_AT_COMMIT,

@@ -91,7 +91,7 @@ impl ShardLane {
             });
         }
         let schema = Arc::clone(&self.schema);
-        let checked = sample::check(&schema, key, fields)?;
+        let checked = sample::check(&schema, key, fields, self.options.prequantized)?;
         let position = self.sample_count();
         let options = self.options.clone();
         sample::write(self.shard(), &schema, &options, key, &checked)?;

@@ -41,6 +41,12 @@ pub struct WriteOptions {
     /// writers: a commit holding a key another writer committed first is refused. Default off:
     /// one writer holds the dataset, and a second is refused.
     pub shared: bool,
+    /// Quantized fields arrive in their stored form (FORMAT.md §4.1) instead of as values: for
+    /// a sample of T rows of E elements in groups of G, T·E/G little-endian f32 scales, then
+    /// T·E FP8 codes, as a capture writer that quantizes on the GPU copies them. The writer
+    /// checks them (scales finite and positive, no NaN code) and cuts them into chunks.
+    /// Default off: quantized fields are given as values and quantized here.
+    pub prequantized: bool,
 }
 
 impl Default for WriteOptions {
@@ -56,6 +62,7 @@ impl Default for WriteOptions {
             durable: true,
             dataset_id: None,
             shared: false,
+            prequantized: false,
         }
     }
 }

@@ -17,20 +17,31 @@ pub struct CheckedSample<'a> {
 }
 
 /// Orders `fields` (by name) as the schema does and checks that every field is there once,
-/// holds whole rows, and that all fields share one row count.
+/// holds whole rows, and that all fields share one row count. With `prequantized`, quantized
+/// fields hold their stored form ([`WriteOptions::prequantized`]).
 pub fn check<'a>(
     schema: &Schema,
     key: &str,
     fields: &[(&str, &'a [u8])],
+    prequantized: bool,
 ) -> Result<CheckedSample<'a>> {
     let lengths: Vec<(&str, usize)> = fields.iter().map(|(n, d)| (*n, d.len())).collect();
-    let (order, rows) = check_lengths(schema, key, &lengths)?;
+    let (order, rows) = check_lengths(schema, key, &lengths, prequantized)?;
     let fields: Vec<&'a [u8]> = order.into_iter().map(|i| fields[i].1).collect();
     Ok(CheckedSample {
-        raw: fields.iter().map(|d| d.len() as u64).sum(),
+        raw: schema.fields.iter().map(|f| rows * f.row_bytes()).sum(),
         fields,
         rows,
     })
+}
+
+/// Bytes a row of `field` is given in: its row bytes, or for a quantized field given in its
+/// stored form, a byte per element and 4 per scale.
+pub fn given_row_bytes(field: &crate::format::Field, prequantized: bool) -> u64 {
+    match (field.quantized, prequantized) {
+        (Some(q), true) => field.row_elems() + 4 * (field.row_elems() / q.group.max(1)),
+        _ => field.row_bytes(),
+    }
 }
 
 /// The checks of [`check`] on fields given by name and byte length (the capture writer makes
@@ -40,6 +51,7 @@ pub fn check_lengths(
     schema: &Schema,
     key: &str,
     fields: &[(&str, usize)],
+    prequantized: bool,
 ) -> Result<(Vec<usize>, u64)> {
     let bad = |field: &str, detail: String| Error::BadSample {
         key: key.to_string(),
@@ -74,14 +86,15 @@ pub fn check_lengths(
             return Err(bad(&f.name, "given twice".into()));
         }
         let len = fields[at].1 as u64;
-        let row_bytes = f.row_bytes();
+        let row_bytes = given_row_bytes(f, prequantized);
         if !len.is_multiple_of(row_bytes) {
+            let what = match row_bytes == f.row_bytes() {
+                true => format!("{} {:?}", f.dtype, f.shape),
+                false => format!("fp8 codes and scales of {} {:?}", f.dtype, f.shape),
+            };
             return Err(bad(
                 &f.name,
-                format!(
-                    "{len} bytes is not a whole number of rows of {row_bytes} bytes ({} {:?})",
-                    f.dtype, f.shape
-                ),
+                format!("{len} bytes is not a whole number of rows of {row_bytes} bytes ({what})"),
             ));
         }
         let r = len / row_bytes;
@@ -125,11 +138,7 @@ pub fn write(
         Error::BadSample {
             key: key.to_string(),
             field: schema.fields[e.field as usize].name.clone(),
-            detail: format!(
-                "row {} holds {} at element {}, and a field stored as fp8 holds finite values \
-                 only: fix the capture, or write this field unquantized",
-                e.row, e.value, e.elem
-            ),
+            detail: e.detail,
         }
     })?;
     let dtypes: Vec<u8> = chunks
@@ -176,7 +185,7 @@ mod tests {
     }
 
     fn refusal(fields: &[(&str, usize)]) -> (String, String) {
-        match check_lengths(&schema(), "k", fields) {
+        match check_lengths(&schema(), "k", fields, false) {
             Err(Error::BadSample { field, detail, .. }) => (field, detail),
             other => panic!("{fields:?}: {other:?}"),
         }
@@ -185,11 +194,11 @@ mod tests {
     #[test]
     fn fields_are_ordered_by_the_schema_and_share_their_rows() {
         assert_eq!(
-            check_lengths(&schema(), "k", &[("h", 48), ("ids", 12)]).unwrap(),
+            check_lengths(&schema(), "k", &[("h", 48), ("ids", 12)], false).unwrap(),
             (vec![1, 0], 3)
         );
         assert_eq!(
-            check_lengths(&schema(), "k", &[("ids", 0), ("h", 0)]).unwrap(),
+            check_lengths(&schema(), "k", &[("ids", 0), ("h", 0)], false).unwrap(),
             (vec![0, 1], 0)
         );
     }

@@ -10,7 +10,8 @@ pub(crate) fn check_sample(
     schema: &Schema,
     key: &str,
     fields: &[DeviceField<'_>],
+    prequantized: bool,
 ) -> Result<(), Error> {
     let lengths: Vec<(&str, usize)> = fields.iter().map(|f| (f.name, f.bytes)).collect();
-    crate::write::sample::check_lengths(schema, key, &lengths).map(drop)
+    crate::write::sample::check_lengths(schema, key, &lengths, prequantized).map(drop)
 }

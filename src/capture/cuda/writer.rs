@@ -197,6 +197,8 @@ pub struct CudaWriter {
     threads: Vec<JoinHandle<()>>,
     sink: SharedSink,
     failure: Arc<Mutex<Failure>>,
+    /// Quantized fields come as their stored form (`WriteOptions::prequantized`).
+    prequantized: bool,
     schema: Schema,
     /// Keys in the sink at open, and keys given since: duplicates are refused up front,
     /// without taking the sink (the writer thread holds it while it writes).
@@ -298,6 +300,7 @@ impl CudaWriter {
             sink,
             failure,
             schema,
+            prequantized: options.write.prequantized,
             keys,
             device: options.device,
             ready,
@@ -387,7 +390,7 @@ impl CudaWriter {
         keepalive: Box<dyn Any + Send>,
     ) -> Result<(), CaptureError> {
         self.check_threads()?;
-        check_sample(&self.schema, key, fields)?;
+        check_sample(&self.schema, key, fields, self.prequantized)?;
         if self.contains_key(key) {
             return Err(Error::DuplicateKey {
                 key: key.to_string(),

@@ -33,6 +33,7 @@ pub(crate) fn write_options(options: Option<&Bound<'_, PyDict>>) -> PyResult<Wri
             "align_log2" => o.align_log2 = v.extract()?,
             "durable" => o.durable = v.extract()?,
             "shared" => o.shared = v.extract()?,
+            "prequantized" => o.prequantized = v.extract()?,
             "codec" => {
                 let name: String = v.extract()?;
                 o.codec = Codec::from_name(&name)
@@ -47,7 +48,7 @@ pub(crate) fn write_options(options: Option<&Bound<'_, PyDict>>) -> PyResult<Wri
             other => {
                 return Err(bad_option(
                     "options",
-                    &format!("unknown option `{other}`; known: chunk_bytes, block_rows, shard_bytes, shard_samples, codec, zstd_level, align_log2, durable, shared"),
+                    &format!("unknown option `{other}`; known: chunk_bytes, block_rows, shard_bytes, shard_samples, codec, zstd_level, align_log2, durable, shared, prequantized"),
                 ))
             }
         }

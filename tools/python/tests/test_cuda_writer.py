@@ -325,3 +325,47 @@ def test_captures_into_a_store_dataset_dedup_and_read_back(tmp_path):
         for key, hs in samples.items():
             for n, ref in zip(fields, hs):
                 assert equal_bits(got[key][n], ref), (name, key, n)
+
+
+@gpu
+def test_fp8_quantized_on_the_gpu_equals_the_host_writer(tmp_path):
+    """`quantize="fp8"`: the GPU quantizes before the copy (half the bytes copied), and the
+    dataset holds exactly what `hspack.Writer` quantizing on the host writes from the same
+    tensors: the same codes, the same scales, the same dequantized values. A NaN is refused,
+    naming the sample and the field."""
+    aux_layers, target = LAYERS[:-1], LAYERS[-1]
+    fields = [hspack.token_ids(), hspack.hidden_states(list(aux_layers), HIDDEN), hspack.hidden_state(target, HIDDEN)]
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    channel = torch.exp(torch.randn(HIDDEN, device="cuda", generator=gen) * 0.5)
+    channel[:64] *= 50  # outlier channels
+    samples = {}
+    for i, t in enumerate([1, 7, 300, 2048]):
+        h = [(torch.randn(t, HIDDEN, device="cuda", generator=gen) * channel).to(torch.bfloat16) for _ in LAYERS]
+        samples[f"s{i}"] = {"input_ids": torch.arange(t, dtype=torch.int32, device="cuda"), "aux_hidden_state": torch.stack(h[:-1], 1), f"hidden.{target}": h[-1]}
+    gpu_w = CudaWriter(tmp_path / "gpu", fields, durable=False, quantize="fp8")
+    for key, s in samples.items():
+        gpu_w.append(key, **s)
+    stats = gpu_w.finish()
+    with hspack.Writer(tmp_path / "host", fields, durable=False, quantize="fp8") as w:
+        for key, s in samples.items():
+            w.append(key, **{k: v.cpu() for k, v in s.items()})
+    raw = sum(t.numel() * t.element_size() for s in samples.values() for t in s.values())
+    assert stats["bytes_copied"] < 0.55 * raw, (stats["bytes_copied"], raw)
+    a, b = hspack.open(tmp_path / "gpu"), hspack.open(tmp_path / "host")
+    assert a.manifest["version"] == 5 and a.schema == b.schema
+    for key in samples:
+        i, j = a.ordinal(key), b.ordinal(key)
+        for name in ("aux_hidden_state", f"hidden.{target}"):
+            qa, qb = a.quantized(i, name), b.quantized(j, name)
+            assert torch.equal(qa["codes"].view(torch.uint8), qb["codes"].view(torch.uint8)), (key, name)
+            assert torch.equal(qa["scales"], qb["scales"]), (key, name)
+            assert equal_bits(a[i][name], b[j][name]), (key, name)
+        assert torch.equal(a[i]["input_ids"], b[j]["input_ids"])
+    bad = dict(samples["s2"])
+    aux = bad["aux_hidden_state"].clone()
+    aux[5, 1, 9] = float("nan")
+    bad["aux_hidden_state"] = aux
+    w = CudaWriter(tmp_path / "bad", fields, durable=False, quantize="fp8")
+    w.append("bad", **bad)
+    with pytest.raises(hspack.HspackError, match=r"bad.*aux_hidden_state|aux_hidden_state.*bad"):
+        w.finish()

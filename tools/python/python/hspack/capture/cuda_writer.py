@@ -124,6 +124,24 @@ def _device_view(key: str, name: str, field: dict, value: Any) -> tuple[int, int
     raise _bad(key, name, f"{type(value).__name__} is not a GPU array (no __cuda_array_interface__ or __dlpack__)")
 
 
+def _fp8_on_device(key: str, name: str, field: dict, value: Any) -> tuple[int, int, Any, int | None, int | None]:
+    """A quantized field's stored form (FORMAT.md §4.1), made on the GPU on the current
+    stream: every row's f32 scales (amax / 448 per group, 1 for zeros), then every row's
+    E4M3FN codes, as one contiguous byte tensor to copy."""
+    import torch
+
+    if not _is_torch(value):
+        value = torch.from_dlpack(value)
+    ptr, n, t, dev = _torch_view(key, name, field, value)
+    group = int(field["quantized"]["group"])
+    flat = t.reshape(-1, group).float()
+    scale = flat.abs().amax(dim=1, keepdim=True) / 448.0
+    scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+    codes = (flat / scale).clamp_(-448.0, 448.0).to(torch.float8_e4m3fn)
+    stored = torch.cat([scale.reshape(-1).view(torch.uint8), codes.reshape(-1).view(torch.uint8)])
+    return stored.data_ptr(), stored.numel(), stored, dev, None
+
+
 class CudaWriter:
     """Writes (or resumes) the dataset in folder `path` from GPU tensors.
 
@@ -137,6 +155,11 @@ class CudaWriter:
     through a one-off pinned buffer. `discard=True` drops the bytes instead of writing them
     (to measure the copy path). Other options (`chunk_bytes`, `codec`, `durable`, ...) go
     to the dataset writer.
+
+    `quantize="fp8"` (every hidden-state field) or `"fp8:NAME,NAME"` stores those fields as
+    FP8 with a scale per row and layer, as `hspack.Writer` does, but quantizes on the GPU
+    before the copy (torch tensors): half the device-to-host bytes. Append the original
+    tensors.
 
     One dataset writer stores about 2–3 GB/s (it encodes, hashes and writes one file on one
     thread). `writers=N` opens N of them, sharing the dataset (`shared=True`), each with its
@@ -164,14 +187,20 @@ class CudaWriter:
 
         native = _native()
         self.path = None if path is None else os.fspath(path)
-        self.fields = normalize(schema)
-        self._by_name = {f["name"]: f for f in self.fields}
-        doc: dict = {"fields": self.fields, "capture": None}
+        doc: dict = {"fields": normalize(schema), "capture": None}
         if capture is not None:
             capture = dict(capture)
             capture.setdefault("tool", "hspack.capture.CudaWriter")
             capture.setdefault("tool_version", _hspack.__version__)
             doc["capture"] = capture
+        quantize = options.pop("quantize", None)
+        if quantize is not None:
+            from .._writer import quantize_spec
+
+            doc = json.loads(_hspack.quantize_schema(json.dumps(doc), quantize_spec(quantize)))
+            options = {**options, "prequantized": True}
+        self.fields = doc["fields"]
+        self._by_name = {f["name"]: f for f in self.fields}
         if device is None:
             device = _torch_current_device()
         self.device = int(device)
@@ -205,7 +234,10 @@ class CudaWriter:
             f = self._by_name.get(name)
             if f is None:
                 raise _bad(key, name, f"the schema has no such field; it has {', '.join(self._by_name)}")
-            ptr, n, owner, dev, s = _device_view(key, name, f, value)
+            if f.get("quantized"):
+                ptr, n, owner, dev, s = _fp8_on_device(key, name, f, value)
+            else:
+                ptr, n, owner, dev, s = _device_view(key, name, f, value)
             if dev is not None and dev != self.device:
                 raise _bad(key, name, f"the tensor is on cuda:{dev}, this writer copies from cuda:{self.device}; use one writer per device")
             parts.append((name, ptr, n))

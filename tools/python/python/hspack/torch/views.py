@@ -136,7 +136,8 @@ class Eagle3View:
         small = [f for f in (ids_field, mask_field) if f is not None]
         if len(aux) == 1 and by_name[aux[0]]["role"].get("kind") == "hidden_states":
             parts = ds.read(ordinal, small + aux + [target], (0, n))
-            out = parts[aux[0]].reshape(n, -1)
+            # The width named, not -1: a sample of 0 tokens has no rows to infer it from.
+            out = parts[aux[0]].reshape(n, math.prod(by_name[aux[0]]["shape"]))
         else:
             first = by_name[aux[0]]
             width = sum(math.prod(by_name[a]["shape"]) for a in aux)
