@@ -17,7 +17,9 @@ out, and every sample's store still counted (a writer slower than the loop leave
 that the longer run's flush waits for). The whole run's time per step and the drain (from
 the GPU's last step to `flush()` returning) are reported too. Modes are interleaved (A, B,
 C, ... A, B, C, ...) for `--rounds` rounds; min and median are printed, with the load
-average. Ring: `--slots` per writer, each sized from the fields (the default; 128 MiB for a
+average. `--fp8-writers 1,2` adds the same modes with `quantize="fp8"` (the hidden states
+quantized on the GPU before the copy: half the bytes copied and stored), and
+`cudawriter_discard_fp8` (the quantize and copy cost alone). Ring: `--slots` per writer, each sized from the fields (the default; 128 MiB for a
 117 MB field) unless `--slot-bytes` is given. Needs a CUDA GPU.
 
     python benches/cuda_shared_writers.py --out results.json
@@ -100,6 +102,7 @@ def main():
     ap.add_argument("--slots", type=int, default=8)
     ap.add_argument("--slot-bytes", type=int, default=None)
     ap.add_argument("--writers", default="1,2,4,8")
+    ap.add_argument("--fp8-writers", default="")
     ap.add_argument("--root", default="/dev/shm")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -111,7 +114,10 @@ def main():
     forward_loop(2, None, weights, x0, "warm")
 
     writer_counts = [int(n) for n in args.writers.split(",")]
+    fp8_counts = [int(n) for n in args.fp8_writers.split(",") if n]
     modes = ["off", "torch_pinned", "cudawriter_discard"] + [f"cudawriter_shm_{n}_writers" for n in writer_counts]
+    if fp8_counts:
+        modes += ["cudawriter_discard_fp8"] + [f"cudawriter_shm_{n}_writers_fp8" for n in fp8_counts]
     slope = {m: [] for m in modes}  # ms a further step costs
     whole = {m: [] for m in modes}  # ms per step of the long run, drain included
     stats = {}
@@ -120,16 +126,17 @@ def main():
         """One sink: warm-up steps (untimed: every slot of every ring sized and pinned), then
         a timed run of `--short` steps and one of `--steps`. Returns both times and stats."""
         root, writers = None, 1
+        fp8 = {"quantize": "fp8"} if mode.endswith("_fp8") else {}
         if mode == "off":
             sink = None
         elif mode == "torch_pinned":
             sink = TorchPinned(args.rows, args.slots)
-        elif mode == "cudawriter_discard":
-            sink = CudaWriter(None, schema(), slots=args.slots, slot_bytes=args.slot_bytes, discard=True)
+        elif mode.startswith("cudawriter_discard"):
+            sink = CudaWriter(None, schema(), slots=args.slots, slot_bytes=args.slot_bytes, discard=True, **fp8)
         else:
             writers = int(mode.split("_")[2])
             root = tempfile.mkdtemp(dir=args.root)
-            sink = CudaWriter(os.path.join(root, "ds"), schema(), slots=args.slots, slot_bytes=args.slot_bytes, durable=False, writers=writers)
+            sink = CudaWriter(os.path.join(root, "ds"), schema(), slots=args.slots, slot_bytes=args.slot_bytes, durable=False, writers=writers, **fp8)
         warm = -(-args.slots // len(LAYERS)) * writers  # samples that take every slot once
         forward_loop(warm, sink, weights, x0, f"{tag}w")
         short, _ = forward_loop(args.short, sink, weights, x0, f"{tag}s")
@@ -141,6 +148,7 @@ def main():
         if root is not None:
             ds = hspack.open(os.path.join(root, "ds"))
             assert len(ds) == warm + args.short + args.steps, (mode, len(ds))
+            st["dataset_bytes"] = sum(s["bytes"] for s in ds.shards)
             del ds
             shutil.rmtree(root)
         del sink

@@ -29,6 +29,7 @@ fn _hspack(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<writer::Writer>()?;
     m.add_class::<tensor_buffer::TensorBuffer>()?;
     m.add_function(wrap_pyfunction!(verify::verify, m)?)?;
+    m.add_function(wrap_pyfunction!(verify::compare_json, m)?)?;
     m.add_function(wrap_pyfunction!(transfer::copy, m)?)?;
     m.add_function(wrap_pyfunction!(transfer::init_store, m)?)?;
     m.add_function(wrap_pyfunction!(writer::capture_key, m)?)?;

@@ -41,3 +41,23 @@ pub fn verify<'py>(
     d.set_item("problems", problems)?;
     Ok(d)
 }
+
+/// Compares the dataset in `b` with the one in `a` (the same samples, by key), value by
+/// value; returns `hspack compare --json`'s object as JSON: `samples`, `rows`, and `fields`,
+/// each `field`, `layer`, `stored`, `values`, `differing`, `max_abs`, `rel_l2`,
+/// `cosine_mean`, `cosine_min`.
+#[pyfunction]
+#[pyo3(signature = (a, b, samples = None))]
+pub fn compare_json(
+    py: Python<'_>,
+    a: std::path::PathBuf,
+    b: std::path::PathBuf,
+    samples: Option<u64>,
+) -> PyResult<String> {
+    py.allow_threads(|| {
+        let (x, y) = (hspack::Dataset::open(a)?, hspack::Dataset::open(b)?);
+        let c = hspack::compare::compare(&x, &y, &hspack::compare::CompareOptions { samples })?;
+        Ok(serde_json::to_string(&c).expect("a comparison serializes"))
+    })
+    .py_err()
+}

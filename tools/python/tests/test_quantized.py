@@ -175,3 +175,28 @@ def test_refusals_name_the_sample_field_and_fix(tmp_path):
     # Resuming a quantized dataset needs the same option: the schemas differ otherwise.
     with pytest.raises(hspack.HspackError, match="schema"):
         hspack.Writer(tmp_path / "q", schema())
+
+
+def test_compare_measures_the_error_per_layer(tmp_path):
+    data = make_samples()
+    write(tmp_path / "exact", data)
+    write(tmp_path / "q", data, quantize="fp8")
+    c = hspack.compare(tmp_path / "exact", tmp_path / "q")
+    assert c["samples"] == len(data) and c["rows"] == sum(s["input_ids"].shape[0] for _, s in data)
+    by = {(f["field"], f["layer"]): f for f in c["fields"]}
+    assert set(by) == {("input_ids", None), ("loss_mask", None), ("aux_hidden_state", 1), ("aux_hidden_state", 3), ("aux_hidden_state", 5), ("hidden.final", 7)}
+    assert by[("input_ids", None)]["differing"] == 0 and by[("input_ids", None)]["stored"] == "exact"
+    for layer in LAYERS:
+        f = by[("aux_hidden_state", layer)]
+        # The same figures computed here from the tensors, layer by layer.
+        a = torch.cat([s["aux_hidden_state"][:, LAYERS.index(layer)].double() for _, s in data])
+        ds = hspack.open(tmp_path / "q")
+        b = torch.cat([ds[i]["aux_hidden_state"][:, LAYERS.index(layer)].double() for i in range(len(ds))])
+        assert f["stored"] == "fp8-e4m3fn" and f["values"] == a.numel()
+        assert f["rel_l2"] == pytest.approx(((a - b).norm() / a.norm()).item(), rel=1e-9)
+        assert f["max_abs"] == pytest.approx((a - b).abs().max().item())
+        cos = torch.nn.functional.cosine_similarity(a, b, dim=1)
+        assert f["cosine_min"] == pytest.approx(cos.min().item(), rel=1e-9)
+        assert f["cosine_mean"] == pytest.approx(cos.mean().item(), rel=1e-9)
+        assert 0.005 < f["rel_l2"] < 0.06 and f["cosine_min"] > 0.99
+    assert hspack.compare(tmp_path / "q", tmp_path / "q")["fields"][2]["differing"] == 0

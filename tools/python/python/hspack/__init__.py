@@ -14,7 +14,7 @@ from ._dataset import Dataset, Sample, open
 from ._errors import HspackError
 from ._hspack import __version__, init_store
 from ._schema import field, hidden_state, hidden_states, loss_mask, token_ids
-from ._verify import copy, verify
+from ._verify import compare, copy, verify
 from ._writer import Writer, capture_key
 
 __all__ = [
@@ -33,4 +33,5 @@ __all__ = [
     "open",
     "token_ids",
     "verify",
+    "compare",
 ]

@@ -1,4 +1,5 @@
-"""`hspack.verify`: the full check of a dataset after a transfer; `hspack.copy`, the transfer."""
+"""`hspack.verify`: the full check of a dataset after a transfer; `hspack.copy`, the transfer;
+`hspack.compare`, how far a lossy copy is from the exact one."""
 
 from __future__ import annotations
 
@@ -29,3 +30,14 @@ def copy(src: str | os.PathLike, dst: str | os.PathLike, *, sync: bool = False, 
     Returns the report: `shards_sent`, `bytes_sent`, `shards_present`, `bytes_present`,
     `shards_replaced`, `chunks_checked`, `bytes_reread`, `manifest_published`, `digest`."""
     return json.loads(_hspack.copy(os.fspath(src), os.fspath(dst), sync, reread, jobs))
+
+
+def compare(a: str | os.PathLike, b: str | os.PathLike, samples: int | None = None) -> dict:
+    """Compares dataset `b` with dataset `a` (the same samples, by key; e.g. a copy written
+    with `quantize="fp8"` against the exact one), value by value, as `hspack compare` does.
+
+    Returns `samples`, `rows` and `fields`: for each field (each layer of a field that stacks
+    layers) `field`, `layer`, `stored` (`"exact"` or the scheme `b` stores it with), `values`,
+    `differing`, `max_abs`, `rel_l2` (‖a − b‖ / ‖a‖), `cosine_mean` and `cosine_min` (of each
+    token's row). Only the first `samples` samples of `a` when given."""
+    return json.loads(_hspack.compare_json(os.fspath(a), os.fspath(b), samples))

@@ -135,7 +135,10 @@ def _fp8_on_device(key: str, name: str, field: dict, value: Any) -> tuple[int, i
     ptr, n, t, dev = _torch_view(key, name, field, value)
     group = int(field["quantized"]["group"])
     flat = t.reshape(-1, group).float()
-    scale = flat.abs().amax(dim=1, keepdim=True) / 448.0
+    amax = flat.abs().amax(dim=1, keepdim=True)
+    # A true division by a tensor: torch divides by a Python number as a multiplication by
+    # its reciprocal on the GPU, which rounds differently from amax / 448.
+    scale = torch.div(amax, torch.full_like(amax, 448.0))
     scale = torch.where(scale == 0, torch.ones_like(scale), scale)
     codes = (flat / scale).clamp_(-448.0, 448.0).to(torch.float8_e4m3fn)
     stored = torch.cat([scale.reshape(-1).view(torch.uint8), codes.reshape(-1).view(torch.uint8)])
