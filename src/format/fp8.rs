@@ -13,6 +13,10 @@ use super::{DType, FormatError};
 /// Largest finite E4M3FN value.
 pub const E4M3_MAX: f32 = 448.0;
 
+/// Groups of at least this many values are decoded through a table of their scale's 256
+/// values.
+const LOOKUP_GROUP: usize = 1024;
+
 /// Bytes a chunk of `rows` rows of `row_elems` elements in groups of `group` stores.
 pub fn stored_len(rows: u64, row_elems: u64, group: u64) -> Option<u64> {
     let groups = rows.checked_mul(row_elems / group.max(1))?;
@@ -22,20 +26,20 @@ pub fn stored_len(rows: u64, row_elems: u64, group: u64) -> Option<u64> {
 }
 
 /// The E4M3FN code nearest to `v` (ties to even), `v` clamped to ±448 first. `v` is finite.
+/// Without branches, so that loops over it vectorize.
+#[inline]
 pub fn encode_e4m3(v: f32) -> u8 {
-    let sign = if v.is_sign_negative() { 0x80 } else { 0 };
+    let sign = (v.to_bits() >> 24) & 0x80;
     let a = v.abs().min(E4M3_MAX);
-    // Below 2^-6 the codes are subnormal: multiples of 2^-9 (8 of them is 2^-6, code 8).
-    let magnitude = if a < 1.0 / 64.0 {
-        (a * 512.0).round_ties_even() as u8
-    } else {
-        // A normal f32 cut to 3 mantissa bits, rounded to nearest even on its bits (a carry
-        // out of the mantissa moves to the next exponent by itself), exponent rebiased 127 → 7.
-        let bits = a.to_bits();
-        let rounded = (bits + 0x7ffff + ((bits >> 20) & 1)) >> 20;
-        (rounded - ((127 - 7) << 3)) as u8
-    };
-    sign | magnitude
+    // Below 2^-6 the codes are subnormal: multiples of 2^-9 (8 of them is 2^-6, code 8),
+    // a·512 rounded to the nearest integer, ties to even, by adding and taking away 2^23.
+    let subnormal = ((a * 512.0 + 8_388_608.0) - 8_388_608.0) as u32;
+    // A normal f32 cut to 3 mantissa bits, rounded to nearest even on its bits (a carry out
+    // of the mantissa moves to the next exponent by itself), exponent rebiased 127 → 7.
+    let bits = a.to_bits();
+    let normal = ((bits + 0x7ffff + ((bits >> 20) & 1)) >> 20).wrapping_sub((127 - 7) << 3);
+    let magnitude = if a < 1.0 / 64.0 { subnormal } else { normal };
+    (sign | magnitude) as u8
 }
 
 /// The value of E4M3FN code `c`; `None` for the two NaN codes.
@@ -57,23 +61,71 @@ fn table() -> &'static [f32; 256] {
     TABLE.get_or_init(|| std::array::from_fn(|c| decode_e4m3(c as u8).unwrap_or(f32::NAN)))
 }
 
-/// The element at `i` of little-endian `raw` of dtype `dtype` (f16, bf16 or f32), as f32.
-fn load(raw: &[u8], dtype: DType, i: usize) -> f32 {
+/// Elements `from..from + out.len()` of little-endian `raw` of dtype `dtype` (f16, bf16 or
+/// f32) as f32, into `out`.
+fn load(raw: &[u8], dtype: DType, from: usize, out: &mut [f32]) {
+    let n = out.len();
     match dtype {
-        DType::F32 => f32::from_le_bytes(raw[4 * i..4 * i + 4].try_into().expect("4 bytes")),
-        DType::BF16 => half::bf16::from_le_bytes([raw[2 * i], raw[2 * i + 1]]).to_f32(),
-        _ => half::f16::from_le_bytes([raw[2 * i], raw[2 * i + 1]]).to_f32(),
+        DType::F32 => {
+            for (o, b) in out
+                .iter_mut()
+                .zip(raw[4 * from..4 * (from + n)].chunks_exact(4))
+            {
+                *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            }
+        }
+        DType::BF16 => {
+            for (o, b) in out
+                .iter_mut()
+                .zip(raw[2 * from..2 * (from + n)].chunks_exact(2))
+            {
+                *o = f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16);
+            }
+        }
+        _ => {
+            for (o, b) in out
+                .iter_mut()
+                .zip(raw[2 * from..2 * (from + n)].chunks_exact(2))
+            {
+                *o = half::f16::from_le_bytes([b[0], b[1]]).to_f32();
+            }
+        }
     }
 }
 
-/// Writes `v`, rounded to nearest even, as element `i` of `out` of dtype `dtype`.
-fn store(out: &mut [u8], dtype: DType, i: usize, v: f32) {
+/// Writes `values`, each rounded to nearest even, as elements `from..` of `out` of dtype
+/// `dtype`. The values are finite (codes times finite scales).
+fn store(out: &mut [u8], dtype: DType, from: usize, values: &[f32]) {
+    let n = values.len();
     match dtype {
-        DType::F32 => out[4 * i..4 * i + 4].copy_from_slice(&v.to_le_bytes()),
-        DType::BF16 => {
-            out[2 * i..2 * i + 2].copy_from_slice(&half::bf16::from_f32(v).to_le_bytes())
+        DType::F32 => {
+            for (o, v) in out[4 * from..4 * (from + n)]
+                .chunks_exact_mut(4)
+                .zip(values)
+            {
+                o.copy_from_slice(&v.to_le_bytes());
+            }
         }
-        _ => out[2 * i..2 * i + 2].copy_from_slice(&half::f16::from_f32(v).to_le_bytes()),
+        DType::BF16 => {
+            // Rounded to nearest even on the bits: exact for finite values (a carry into the
+            // exponent gives the next binade, or infinity past the largest bf16).
+            for (o, v) in out[2 * from..2 * (from + n)]
+                .chunks_exact_mut(2)
+                .zip(values)
+            {
+                let bits = v.to_bits();
+                let rounded = ((bits + 0x7fff + ((bits >> 16) & 1)) >> 16) as u16;
+                o.copy_from_slice(&rounded.to_le_bytes());
+            }
+        }
+        _ => {
+            for (o, v) in out[2 * from..2 * (from + n)]
+                .chunks_exact_mut(2)
+                .zip(values)
+            {
+                o.copy_from_slice(&half::f16::from_f32(*v).to_le_bytes());
+            }
+        }
     }
 }
 
@@ -105,24 +157,34 @@ pub fn quantize(
     let groups = elems / group;
     let mut out = vec![0u8; groups * 4 + elems];
     let (scales, codes) = out.split_at_mut(groups * 4);
-    for g in 0..groups {
+    let mut values = vec![0f32; group];
+    for (g, (scale_bytes, codes)) in scales
+        .chunks_exact_mut(4)
+        .zip(codes.chunks_exact_mut(group))
+        .enumerate()
+    {
         let base = g * group;
-        let mut amax = 0f32;
-        for i in base..base + group {
-            let v = load(raw, dtype, i);
-            if !v.is_finite() {
-                return Err(NotFinite {
-                    row: (i / row_elems) as u64,
-                    elem: (i % row_elems) as u64,
-                    value: v,
-                });
-            }
-            amax = amax.max(v.abs());
+        load(raw, dtype, base, &mut values);
+        // The largest magnitude by the bits (for non-negative floats their order is the
+        // integers'): a loop that vectorizes; infinity and NaN lie above every finite value.
+        let amax_bits = values
+            .iter()
+            .map(|v| v.to_bits() & 0x7fff_ffff)
+            .max()
+            .unwrap_or(0);
+        if amax_bits >= 0x7f80_0000 {
+            let at = values.iter().position(|v| !v.is_finite()).unwrap_or(0);
+            let i = base + at;
+            return Err(NotFinite {
+                row: (i / row_elems) as u64,
+                elem: (i % row_elems) as u64,
+                value: values[at],
+            });
         }
-        let scale = scale_of(amax);
-        scales[4 * g..4 * g + 4].copy_from_slice(&scale.to_le_bytes());
-        for i in base..base + group {
-            codes[i] = encode_e4m3(load(raw, dtype, i) / scale);
+        let scale = scale_of(f32::from_bits(amax_bits));
+        scale_bytes.copy_from_slice(&scale.to_le_bytes());
+        for (c, &v) in codes.iter_mut().zip(&values) {
+            *c = encode_e4m3(v / scale);
         }
     }
     Ok(out)
@@ -205,7 +267,14 @@ impl<'a> Fp8Chunk<'a> {
                 format!("finite and positive, not {s}"),
             ));
         }
-        if let Some(at) = codes.iter().position(|&c| c & 0x7f == 0x7f) {
+        // Any NaN code, by a loop that does not stop early (it vectorizes); then where.
+        let nan = codes
+            .iter()
+            .fold(0u8, |acc, &c| acc | u8::from(c & 0x7f == 0x7f));
+        if let Some(at) = (nan != 0)
+            .then(|| codes.iter().position(|&c| c & 0x7f == 0x7f))
+            .flatten()
+        {
             return Err(invalid(
                 "code",
                 (rows.start * self.row_elems + at) as u64,
@@ -224,9 +293,58 @@ impl<'a> Fp8Chunk<'a> {
     ) -> Result<(), FormatError> {
         let (scales, codes) = self.rows(rows)?;
         let table = table();
-        for (g, &scale) in scales.iter().enumerate() {
-            for i in g * self.group..(g + 1) * self.group {
-                store(out, dtype, i, table[codes[i] as usize] * scale);
+        let size = dtype.size();
+        if self.group < LOOKUP_GROUP {
+            let mut values = vec![0f32; self.group];
+            for (g, (&scale, codes)) in scales
+                .iter()
+                .zip(codes.chunks_exact(self.group))
+                .enumerate()
+            {
+                for (v, &c) in values.iter_mut().zip(codes) {
+                    *v = table[c as usize] * scale;
+                }
+                store(out, dtype, g * self.group, &values);
+            }
+            return Ok(());
+        }
+        // A group of many values: each of the 256 codes decoded once for its scale, the same
+        // arithmetic, then every value is a lookup.
+        let mut values = [0f32; 256];
+        let mut decoded = [0u8; 256 * 4];
+        for ((&scale, codes), out) in scales
+            .iter()
+            .zip(codes.chunks_exact(self.group))
+            .zip(out.chunks_exact_mut(self.group * size))
+        {
+            for (v, &t) in values.iter_mut().zip(table.iter()) {
+                *v = t * scale;
+            }
+            store(&mut decoded, dtype, 0, &values);
+            match size {
+                2 => {
+                    let lut: [u16; 256] = std::array::from_fn(|c| {
+                        u16::from_le_bytes([decoded[2 * c], decoded[2 * c + 1]])
+                    });
+                    match bytemuck::try_cast_slice_mut::<u8, u16>(out) {
+                        Ok(out) => {
+                            for (o, &c) in out.iter_mut().zip(codes) {
+                                *o = lut[c as usize].to_le();
+                            }
+                        }
+                        Err(_) => {
+                            for (o, &c) in out.chunks_exact_mut(2).zip(codes) {
+                                o.copy_from_slice(&lut[c as usize].to_le_bytes());
+                            }
+                        }
+                    }
+                }
+                _ => {
+                    for (o, &c) in out.chunks_exact_mut(4).zip(codes) {
+                        let at = 4 * c as usize;
+                        o.copy_from_slice(&decoded[at..at + 4]);
+                    }
+                }
             }
         }
         Ok(())
@@ -300,6 +418,42 @@ mod tests {
         assert_eq!(&stored[4..8], &1f32.to_le_bytes());
         for (a, b) in values.iter().zip(&back) {
             assert!((a - b).abs() <= a.abs() / 16.0, "{a} {b}");
+        }
+    }
+
+    #[test]
+    fn large_groups_decode_through_a_table_to_the_same_values() {
+        // Groups of 2048 take the table path; each value must be its code times its scale,
+        // rounded once to the dtype, in an aligned output and in one shifted by a byte.
+        let mut rng = crate::synth::Rng::new(9);
+        for dtype in [DType::BF16, DType::F16, DType::F32] {
+            let values: Vec<f32> = (0..2 * 2048)
+                .map(|i| rng.normalish() * if i % 97 == 0 { 300.0 } else { 2.0 })
+                .collect();
+            let mut raw = vec![0u8; values.len() * dtype.size()];
+            store(&mut raw, dtype, 0, &values);
+            let stored = quantize(&raw, dtype, 4096, 2048).unwrap();
+            let (scales, codes) = stored.split_at(8);
+            let mut want = vec![0u8; raw.len()];
+            for (i, &c) in codes.iter().enumerate() {
+                let s = f32::from_le_bytes(scales[4 * (i / 2048)..][..4].try_into().unwrap());
+                let v = decode_e4m3(c).unwrap() * s;
+                match dtype {
+                    DType::BF16 => {
+                        want[2 * i..][..2].copy_from_slice(&half::bf16::from_f32(v).to_le_bytes())
+                    }
+                    DType::F16 => {
+                        want[2 * i..][..2].copy_from_slice(&half::f16::from_f32(v).to_le_bytes())
+                    }
+                    _ => want[4 * i..][..4].copy_from_slice(&v.to_le_bytes()),
+                }
+            }
+            let mut buf = vec![0u8; raw.len() + 1];
+            for shift in [0, 1] {
+                let out = &mut buf[shift..shift + raw.len()];
+                dequantize_into(&stored, out, dtype, 4096, 2048).unwrap();
+                assert!(out == want.as_slice(), "{dtype} shifted {shift}");
+            }
         }
     }
 
