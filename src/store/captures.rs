@@ -104,6 +104,32 @@ pub fn sample_digest<'a>(fields: impl IntoIterator<Item = (&'a str, &'a [u8])>) 
     *h.finalize().as_bytes()
 }
 
+/// The digest ([`sample_digest`]) of a sample appended with `fields` (by name, any order) to a
+/// dataset of `schema`, as its readers will see it: a quantized field as it decodes, not as
+/// it was given. Fields the schema lacks are left out (the append refuses them).
+pub fn written_digest(schema: &crate::format::Schema, fields: &[(&str, &[u8])]) -> [u8; 32] {
+    use crate::format::{Codec, Elements};
+    let decoded: Vec<(&str, std::borrow::Cow<[u8]>)> = schema
+        .fields
+        .iter()
+        .filter_map(|f| {
+            let (_, bytes) = fields.iter().find(|(n, _)| *n == f.name)?;
+            let bytes = match f.quantized {
+                None => std::borrow::Cow::Borrowed(*bytes),
+                Some(_) => {
+                    let el = Elements::of(f);
+                    let stored = Codec::Fp8.encode(bytes, el, 0).ok()?;
+                    std::borrow::Cow::Owned(
+                        Codec::Fp8.decode(&stored, bytes.len() as u64, el).ok()?,
+                    )
+                }
+            };
+            Some((f.name.as_str(), bytes))
+        })
+        .collect();
+    sample_digest(decoded.iter().map(|(n, b)| (*n, b.as_ref())))
+}
+
 /// One line of a capture file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CaptureEntry {
@@ -405,6 +431,12 @@ pub fn reuse_captured(
             out.push(None);
             continue;
         };
+        if !stores_as_exactly(ds.schema(), writer.schema()) {
+            // Values read back approximately must not become another dataset's values: a
+            // sample of a quantized dataset is reused only by one that quantizes it alike.
+            out.push(None);
+            continue;
+        }
         let tensors = sample_tensors(ds, hit.ordinal)?;
         let fields: Vec<(&str, &[u8])> = tensors
             .iter()
@@ -420,6 +452,17 @@ pub fn reuse_captured(
         out.push(Some(hit.digest));
     }
     Ok((out, stats))
+}
+
+/// True when every field of `to` is stored exactly in `from`, or quantized there as `to`
+/// quantizes it: a sample of `from` is then a sample `to` may hold.
+fn stores_as_exactly(from: &crate::format::Schema, to: &crate::format::Schema) -> bool {
+    to.fields.iter().all(|f| {
+        from.fields
+            .iter()
+            .find(|g| g.name == f.name)
+            .is_some_and(|g| g.quantized.is_none() || g.quantized == f.quantized)
+    })
 }
 
 /// Every field of sample `ordinal` of `ds`, in schema order, as [`sample_digest`] takes them.

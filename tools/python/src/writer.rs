@@ -2,7 +2,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use hspack::store::captures::{reuse_captured, sample_digest, CaptureConfig};
+use hspack::store::captures::{reuse_captured, written_digest, CaptureConfig};
 use hspack::store::Store;
 use hspack::{Codec, DatasetWriter, Schema, WriteOptions};
 use pyo3::prelude::*;
@@ -179,15 +179,8 @@ impl Writer {
             .collect();
         let (ordinal, digest) = self.with(py, |w| {
             let ordinal = w.append(key, &pairs)?;
-            // The digest takes the fields in schema order (the append checked they are its).
-            let digest = capture_key.map(|_| {
-                sample_digest(
-                    w.schema()
-                        .fields
-                        .iter()
-                        .filter_map(|f| pairs.iter().find(|(n, _)| *n == f.name).copied()),
-                )
-            });
+            // The digest of the sample as it reads back (quantized fields decoded).
+            let digest = capture_key.map(|_| written_digest(w.schema(), &pairs));
             Ok((ordinal, digest))
         })?;
         if let (Some(k), Some(d)) = (capture_key, digest) {

@@ -200,3 +200,38 @@ def test_compare_measures_the_error_per_layer(tmp_path):
         assert f["cosine_mean"] == pytest.approx(cos.mean().item(), rel=1e-9)
         assert 0.005 < f["rel_l2"] < 0.06 and f["cosine_min"] > 0.99
     assert hspack.compare(tmp_path / "q", tmp_path / "q")["fields"][2]["differing"] == 0
+
+
+def test_capture_skip_never_turns_approximate_values_into_exact_ones(tmp_path):
+    """A store reuses a recorded capture only where the reusing dataset stores each field as
+    the recorded one does (or the recorded one holds it exactly): an exact run never takes
+    a quantized sample; a quantized run takes a quantized one bit for bit, or an exact one
+    and quantizes it."""
+    store = tmp_path / "store"
+    hspack.init_store(str(store))
+    data = make_samples(4)
+    config = {"model": "m", "engine": "test", "deterministic": True, "dtype": "bf16", "layers": LAYERS + [7], "fields": [f["name"] for f in schema()]}
+    keys = [(k, hspack.capture_key(config, s["input_ids"])) for k, s in data]
+
+    def run(name, **options):
+        with hspack.Writer(store / name, schema(), create=True, durable=False, **options) as w:
+            done, stale = w.reuse_captured(keys)
+            for (k, s), d, (_, ck) in zip(data, done, keys):
+                if not d:
+                    w.append(k, capture_key=ck, **s)
+        return done, stale
+
+    assert run("q1", quantize="fp8") == ([False] * 4, 0)
+    # The quantized capture is reused by a quantized run: the digest recorded is of what
+    # reads back, so nothing counts as changed, and the bytes are the same.
+    assert run("q2", quantize="fp8") == ([True] * 4, 0)
+    q1, q2 = hspack.open(store / "q1"), hspack.open(store / "q2")
+    for i in range(len(q1)):
+        for name in ("aux_hidden_state", "hidden.final"):
+            assert torch.equal(q1.quantized(i, name)["codes"].view(torch.uint8), q2.quantized(i, name)["codes"].view(torch.uint8))
+            assert torch.equal(q1.quantized(i, name)["scales"], q2.quantized(i, name)["scales"])
+    # An exact run runs everything again: no approximate value becomes an exact one.
+    assert run("exact") == ([False] * 4, 0)
+    exact = hspack.open(store / "exact")
+    for i, (_, s) in enumerate(data):
+        assert torch.equal(exact[i]["aux_hidden_state"].view(torch.int16), s["aux_hidden_state"].view(torch.int16))
