@@ -359,3 +359,34 @@ def test_extract_with_stack_writes_the_eagle3_layout_read_without_a_copy(tmp_pat
         assert torch.equal(item["hidden_state"], ref[-1][0])
         base, size = view.hspack.native.mapping_range(0)
         assert base <= item["aux_hidden_state"].data_ptr() < base + size, "the stacked field was copied"
+
+
+def test_extract_command_quantize_stores_fp8_near_the_exact_capture(tmp_path, causal_lm):
+    """`extract --quantize fp8`: the hidden states stored as FP8 (a scale per token and
+    layer), the token ids and loss mask exact; what reads back is within FP8's error of the
+    exact capture of the same prompts, and `hspack info`'s schema says it."""
+    import subprocess
+    import sys
+
+    import hspack
+
+    lm = causal_lm.to(torch.bfloat16)
+    lm.save_pretrained(tmp_path / "model")
+    chat_tokenizer().save_pretrained(tmp_path / "model")
+    data = tmp_path / "prompts.jsonl"
+    lines = [{"id": f"p{i}", "input_ids": list(range(5 + i, 40 + 3 * i))} for i in range(4)]
+    data.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    base = [sys.executable, "-m", "hspack.capture.hf", "extract", "--model", str(tmp_path / "model"),
+            "--data", str(data), "--layers", ",".join(map(str, LAYERS)), "--batch-size", "1", "--stack"]
+    subprocess.run(base + ["--out", str(tmp_path / "exact")], check=True, capture_output=True)
+    subprocess.run(base + ["--out", str(tmp_path / "fp8"), "--quantize", "fp8"], check=True, capture_output=True)
+    q = hspack.open(str(tmp_path / "fp8"))
+    quantized = {f["name"]: f.get("quantized") for f in q.schema}
+    assert quantized["aux_hidden_state"] == {"scheme": "fp8-e4m3fn", "group": q.capture["hidden_size"]}
+    assert quantized["input_ids"] is None and quantized["loss_mask"] is None
+    c = hspack.compare(str(tmp_path / "exact"), str(tmp_path / "fp8"))
+    for f in c["fields"]:
+        if f["stored"] == "exact":
+            assert f["differing"] == 0, f
+        else:
+            assert 0 < f["rel_l2"] < 0.06 and f["cosine_min"] > 0.99, f

@@ -51,7 +51,7 @@ class Writer:
             doc["capture"] = capture
         quantize = options.pop("quantize", None)
         if quantize is not None:
-            doc = json.loads(_hspack.quantize_schema(json.dumps(doc), quantize_spec(quantize)))
+            doc["fields"] = quantized_fields(doc["fields"], quantize)
         self.fields = doc["fields"]
         self._by_name = {f["name"]: f for f in self.fields}
         self._native = _hspack.Writer(self.path, json.dumps(doc), create, options)
@@ -121,6 +121,13 @@ def quantize_spec(quantize: Any) -> str:
     if isinstance(quantize, str):
         return quantize
     return "fp8:" + ",".join(str(n) for n in quantize)
+
+
+def quantized_fields(fields: Sequence[Any], quantize: Any) -> list[dict]:
+    """`fields` with those `quantize` names marked stored as fp8 (`"fp8"`: every hidden-state
+    field; `"fp8:NAME,NAME"` or a list of names: those), as the writers store them."""
+    doc = {"fields": normalize(fields), "capture": None}
+    return json.loads(_hspack.quantize_schema(json.dumps(doc), quantize_spec(quantize)))["fields"]
 
 
 def capture_key(config: dict, input_ids: Any, loss_mask: Any = None) -> bytes:

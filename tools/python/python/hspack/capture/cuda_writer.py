@@ -198,9 +198,9 @@ class CudaWriter:
             doc["capture"] = capture
         quantize = options.pop("quantize", None)
         if quantize is not None:
-            from .._writer import quantize_spec
+            from .._writer import quantized_fields
 
-            doc = json.loads(_hspack.quantize_schema(json.dumps(doc), quantize_spec(quantize)))
+            doc["fields"] = quantized_fields(doc["fields"], quantize)
             options = {**options, "prequantized": True}
         self.fields = doc["fields"]
         self._by_name = {f["name"]: f for f in self.fields}

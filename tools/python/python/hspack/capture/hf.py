@@ -259,8 +259,11 @@ def extract(
     world_size: int = 1,
     shared: Optional[bool] = None,
     counts: Optional[CaptureCounts] = None,
+    quantize: Optional[str] = None,
 ) -> int:
     """Load ``model``, read ``data`` and write the captured states to ``out`` (or ``sink``).
+    ``quantize``: ``"fp8"`` stores the hidden states as FP8 with a scale per token and layer
+    (lossy, half the bytes; ``"fp8:NAME,..."`` names the fields), as ``hspack.Writer`` does.
     ``stack``: every id but the last in one stacked field ``aux_hidden_state`` (EAGLE-3).
     ``rank`` of ``world_size``: this process captures the samples ``rank``, ``rank +
     world_size``, ... of ``data``, into ``out`` shared with the other ranks (``shared``, on by
@@ -309,7 +312,8 @@ def extract(
             tool="hspack.capture.hf",
             tool_version=_tool_version(),
         )
-        with hspack.Writer(out, schema, capture=meta, shared=shared) as writer:
+        options = {} if quantize is None else {"quantize": quantize}
+        with hspack.Writer(out, schema, capture=meta, shared=shared, **options) as writer:
             reuse = None
             if writer.in_store:
                 reuse = capture_config(
@@ -346,6 +350,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                     help="this process's rank (default $RANK, as torchrun sets it, or 0)")
     ex.add_argument("--world-size", type=int, default=int(os.environ.get("WORLD_SIZE", 1)),
                     help="processes capturing into --out at once, each every world-size-th sample (default $WORLD_SIZE or 1)")
+    ex.add_argument("--quantize", default=None, metavar="fp8[:FIELDS]",
+                    help="store the hidden states as FP8 with a scale per token and layer (lossy, half the bytes)")
     ex.add_argument("--shared", action="store_true",
                     help="share --out with other writers even with one rank (on whenever --world-size > 1)")
     args = parser.parse_args(argv)
@@ -355,7 +361,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         batch_size=args.batch_size, max_len=args.max_len, dtype=args.dtype, device=args.device,
         padding_side=args.padding_side, revision=args.revision, trust_remote_code=args.trust_remote_code,
         stack=args.stack, rank=args.rank, world_size=args.world_size,
-        shared=True if args.shared else None, counts=counts,
+        shared=True if args.shared else None, counts=counts, quantize=args.quantize,
     )
     print(f"wrote {n} samples to {args.out}; {counts.summary()}", file=sys.stderr)
     return 0

@@ -500,8 +500,11 @@ def extract(
     engine_extra: Optional[dict] = None,
     stack: bool = False,
     counts: Optional[CaptureCounts] = None,
+    quantize: Optional[str] = None,
 ) -> int:
     """Run ``sglang.Engine`` over ``data`` and write the captured states to ``out``; return samples written.
+    ``quantize``: ``"fp8"`` stores the hidden states as FP8 with a scale per token and layer
+    (lossy, half the bytes; ``"fp8:NAME,..."`` names the fields), as ``hspack.Writer`` does.
     ``stack``: every id but the last in one stacked field ``aux_hidden_state`` (EAGLE-3).
     ``out`` a store dataset ``STORE/NAME``: samples the store holds for the same capture are
     copied, not run (``capture.reuse``; deterministic when ``engine_extra`` sets
@@ -521,6 +524,10 @@ def extract(
     dtype = getattr(config, "torch_dtype", None) or getattr(config, "dtype", None) or torch.bfloat16
     dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
     schema = points.schema(hidden_size, dtype)
+    if quantize is not None:
+        from .._writer import quantized_fields
+
+        schema = quantized_fields(schema, quantize)
     meta = capture_metadata(
         model=model, revision=None, config_hash=config_hash(config.to_dict()), num_layers=num_layers,
         hidden_size=hidden_size, dtype=dtype, tp_size=tp_size, tool="hspack.capture.sglang",
@@ -591,6 +598,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ex.add_argument("--trust-remote-code", action="store_true")
     ex.add_argument("--engine-args", default=None, help="JSON object of extra sglang.Engine arguments")
     ex.add_argument("--stack", action="store_true", help="store every id but the last in one stacked field aux_hidden_state (EAGLE-3; read without a copy)")
+    ex.add_argument("--quantize", default=None, metavar="fp8[:FIELDS]",
+                    help="store the hidden states as FP8 with a scale per token and layer (lossy, half the bytes)")
     args = parser.parse_args(argv)
     extra = json.loads(args.engine_args) if args.engine_args else {}
     if args.trust_remote_code:
@@ -599,7 +608,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     n = extract(args.model, args.data, parse_layers(args.layers), args.out, tp_size=args.tp_size,
                 batch_size=args.batch_size, max_len=args.max_len,
                 trust_remote_code=args.trust_remote_code, engine_extra=extra, stack=args.stack,
-                counts=counts)
+                counts=counts, quantize=args.quantize)
     print(f"wrote {n} samples to {args.out}; {counts.summary()}", file=sys.stderr)
     return 0
 
