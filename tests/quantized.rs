@@ -309,6 +309,8 @@ fn convert_quantize_info_and_compare_from_the_command_line() {
         info.contains("lossy     hidden.7 read back approximately"),
         "{info}"
     );
+    let show = common::cli::stdout(&common::cli::hspack(&["show", s(&q), "#3"]));
+    assert!(show.contains("lossy: hidden.7 decoded from fp8"), "{show}");
     let plain = common::cli::stdout(&common::cli::hspack(&["info", s(&exact)]));
     assert!(
         !plain.contains("LOSSY") && !plain.contains("lossy"),
@@ -371,24 +373,35 @@ fn convert_refuses_to_quantize_a_value_fp8_cannot_hold_naming_the_file() {
     let out = convert(&src, &q, &["--quantize", "fp8:hidden.7"]);
     assert!(!out.status.success());
     let text = common::cli::text(&out);
+    // The file at fault, the field, the token and what to do.
     assert!(
-        text.contains("hidden.7") && text.contains("fp8") && text.contains("req_"),
+        text.contains(".safetensors: field `hidden.7` (tensor `h`) holds"),
+        "{text}"
+    );
+    assert!(
+        text.contains("at token") && text.contains("--quantize") && text.contains("--skip-bad"),
         "{text}"
     );
     // `fp8` alone takes every hidden-state field: the generic layout's `hidden.7` is one.
-    let out = convert(&src, &dir.path().join("q2"), &["--quantize", "fp8"]);
-    assert!(!out.status.success());
-    assert!(
-        common::cli::text(&out).contains("field `hidden.7`"),
-        "{}",
-        common::cli::text(&out)
+    // With --skip-bad the bad files are listed and the rest converted; none is half written.
+    let out = convert(
+        &src,
+        &dir.path().join("q2"),
+        &["--quantize", "fp8", "--skip-bad", "--json"],
     );
+    let report: serde_json::Value = serde_json::from_str(&common::cli::stdout(&out)).unwrap();
+    let bad = report["bad"].as_array().expect("bad files listed");
+    assert!(!bad.is_empty(), "{report}");
     assert!(
-        !dir.path().join("q2").join("manifest.json").exists() || {
-            let ds = Dataset::open(dir.path().join("q2")).unwrap();
-            ds.len() < 30
-        }
+        bad.iter()
+            .all(|b| b.to_string().contains("(tensor `h`) holds")),
+        "{report}"
     );
+    let written = match dir.path().join("q2").join("manifest.json").exists() {
+        true => Dataset::open(dir.path().join("q2")).unwrap().len(),
+        false => 0,
+    };
+    assert_eq!(written as usize + bad.len(), 30, "{report}");
 }
 
 #[test]

@@ -94,5 +94,18 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             None => println!("  {n:<width$}  {:<8} {shape}", d.name()),
         }
     }
+    let lossy: Vec<&str> = ds
+        .schema()
+        .fields
+        .iter()
+        .filter(|f| f.quantized.is_some())
+        .map(|f| f.name.as_str())
+        .collect();
+    if !lossy.is_empty() {
+        println!(
+            "  lossy: {} decoded from fp8 (approximate values; see `hspack info`)",
+            lossy.join(", ")
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }

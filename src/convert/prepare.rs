@@ -177,18 +177,41 @@ impl Decoder {
         }
     }
 
-    /// The bytes of field `f` of a prepared unit.
+    /// The bytes of field `f` of a prepared unit. A field stored as fp8 is checked to hold
+    /// only finite values first: a unit holding another is bad, before any of its samples is
+    /// written.
     pub fn field<'a>(&self, p: &'a Prepared, f: usize) -> Result<Cow<'a, [u8]>, UnitError> {
-        match &p.pieces[f] {
-            Piece::Owned(v) => Ok(Cow::Borrowed(v)),
-            Piece::Anon(m, len) => Ok(Cow::Borrowed(&m[..*len])),
+        let bytes = match &p.pieces[f] {
+            Piece::Owned(v) => Cow::Borrowed(v.as_slice()),
+            Piece::Anon(m, len) => Cow::Borrowed(&m[..*len]),
             Piece::Mapped => {
                 let spec = &self.specs[f];
                 let t = p.inputs.tensor(&spec.source)?;
                 field_bytes(spec, &t.shape, t.dtype.size(), t.bytes)
-                    .map_err(|e| unit_error(&p.inputs, e))
+                    .map_err(|e| unit_error(&p.inputs, e))?
+            }
+        };
+        let field = &self.schema.fields[f];
+        if field.quantized.is_some() {
+            let found = crate::format::fp8::first_non_finite(
+                &bytes,
+                field.dtype,
+                field.row_elems() as usize,
+            );
+            if let Some(e) = found {
+                return Err(unit_error(
+                    &p.inputs,
+                    UnitProblem::NotFinite {
+                        field: field.name.clone(),
+                        tensor: self.specs[f].source.clone(),
+                        row: e.row,
+                        elem: e.elem,
+                        value: e.value,
+                    },
+                ));
             }
         }
+        Ok(bytes)
     }
 
     /// Opens and checks `unit`; an error is the reason the file is bad.

@@ -87,6 +87,20 @@ pub enum UnitProblem {
     /// The split tensor does not split the unit.
     #[error("{0}")]
     Split(SplitError),
+    /// A value of a field stored as fp8 that FP8 cannot hold.
+    #[error("field `{field}` (tensor `{tensor}`) holds {value} at token {row}, element {elem}, and a field stored as fp8 (--quantize) holds finite values only: fix the dump, or leave the field out of --quantize")]
+    NotFinite {
+        /// The field.
+        field: String,
+        /// Its tensor.
+        tensor: String,
+        /// The token (row) of the unit.
+        row: u64,
+        /// The element of the row.
+        elem: u64,
+        /// The value.
+        value: f32,
+    },
     /// `--trim-padding` without the field it reads.
     #[error("--trim-padding needs a loss mask or token id field in the layout")]
     TrimNeedsField,

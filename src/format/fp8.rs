@@ -145,6 +145,34 @@ pub struct NotFinite {
     pub value: f32,
 }
 
+/// The first value of `raw` (whole rows of `row_elems` elements of `dtype`) that FP8 cannot
+/// hold: infinite or NaN.
+pub fn first_non_finite(raw: &[u8], dtype: DType, row_elems: usize) -> Option<NotFinite> {
+    let elems = raw.len() / dtype.size();
+    let mut values = vec![0f32; elems.min(4096)];
+    let mut from = 0;
+    while from < elems {
+        let n = values.len().min(elems - from);
+        load(raw, dtype, from, &mut values[..n]);
+        let top = values[..n]
+            .iter()
+            .map(|v| v.to_bits() & 0x7fff_ffff)
+            .max()
+            .unwrap_or(0);
+        if top >= 0x7f80_0000 {
+            let at = values[..n].iter().position(|v| !v.is_finite())?;
+            let i = from + at;
+            return Some(NotFinite {
+                row: (i / row_elems.max(1)) as u64,
+                elem: (i % row_elems.max(1)) as u64,
+                value: values[at],
+            });
+        }
+        from += n;
+    }
+    None
+}
+
 /// Quantizes `raw` (whole rows of `row_elems` elements of `dtype`) into the stored bytes of a
 /// chunk. Every value must be finite.
 pub fn quantize(
