@@ -235,3 +235,24 @@ def test_capture_skip_never_turns_approximate_values_into_exact_ones(tmp_path):
     exact = hspack.open(store / "exact")
     for i, (_, s) in enumerate(data):
         assert torch.equal(exact[i]["aux_hidden_state"].view(torch.int16), s["aux_hidden_state"].view(torch.int16))
+
+
+def test_copies_stores_and_verify_keep_the_stored_codes(tmp_path):
+    """A quantized dataset copied (`hspack.copy`), written into a store (`STORE/NAME`), and
+    verified: the codes and scales are moved as stored, never decoded and quantized again."""
+    data = make_samples()
+    write(tmp_path / "q", data, quantize="fp8")
+    assert hspack.verify(tmp_path / "q")["ok"]
+    hspack.copy(tmp_path / "q", tmp_path / "copy")
+    hspack.init_store(str(tmp_path / "store"))
+    write(tmp_path / "store" / "q", data, quantize="fp8")
+    a = hspack.open(tmp_path / "q")
+    for other in (tmp_path / "copy", tmp_path / "store" / "q"):
+        b = hspack.open(other)
+        assert hspack.verify(other)["ok"] and b.schema == a.schema
+        for i in range(len(a)):
+            for name in ("aux_hidden_state", "hidden.final"):
+                qa, qb = a.quantized(i, name), b.quantized(i, name)
+                assert torch.equal(qa["codes"].view(torch.uint8), qb["codes"].view(torch.uint8))
+                assert torch.equal(qa["scales"], qb["scales"])
+    assert all(f["differing"] == 0 for f in hspack.compare(tmp_path / "q", tmp_path / "store" / "q")["fields"])
