@@ -74,13 +74,7 @@ fn hidden_states_come_back_within_fp8_error_and_the_rest_exact() {
         5,
         "a quantized schema needs version 5"
     );
-    let quantized: Vec<&str> = ds
-        .schema()
-        .fields
-        .iter()
-        .filter(|f| f.quantized.is_some())
-        .map(|f| f.name.as_str())
-        .collect();
+    let quantized = ds.schema().quantized_fields();
     assert_eq!(quantized, ["hidden.2", "hidden.30"]);
     let (mut changed, mut total) = (0usize, 0usize);
     for (i, s) in data.iter().enumerate() {

@@ -31,13 +31,13 @@ import gc
 import os
 import shutil
 import statistics
-import subprocess
 import tempfile
 import time
 
 import torch
 
 import hspack
+from bench_loader import evict  # the loader benchmark's eviction: sync, DONTNEED, fincore
 from hspack.torch import Eagle3View, HspackDataset
 
 AUX = [2, 30, 58]
@@ -89,18 +89,6 @@ def write(path, samples, hidden, quantize):
 
 def files(path):
     return [os.path.join(path, f) for f in os.listdir(path)]
-
-
-def evict(paths):
-    for p in paths:
-        fd = os.open(p, os.O_RDONLY)
-        os.fsync(fd)  # dirty pages (written without fsync) cannot be dropped
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        os.close(fd)
-    if not shutil.which("fincore"):
-        return 0
-    out = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES", *paths], capture_output=True, text=True).stdout
-    return sum(int(x) for x in out.split())
 
 
 def read_pass(path):

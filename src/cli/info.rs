@@ -108,13 +108,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             f.role
         );
     }
-    let lossy: Vec<&str> = m
-        .schema
-        .fields
-        .iter()
-        .filter(|f| f.quantized.is_some())
-        .map(|f| f.name.as_str())
-        .collect();
+    let lossy = m.schema.quantized_fields();
     if !lossy.is_empty() {
         println!(
             "lossy     {} read back approximately (quantized when written); \

@@ -94,13 +94,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             None => println!("  {n:<width$}  {:<8} {shape}", d.name()),
         }
     }
-    let lossy: Vec<&str> = ds
-        .schema()
-        .fields
-        .iter()
-        .filter(|f| f.quantized.is_some())
-        .map(|f| f.name.as_str())
-        .collect();
+    let lossy = ds.schema().quantized_fields();
     if !lossy.is_empty() {
         println!(
             "  lossy: {} decoded from fp8 (approximate values; see `hspack info`)",

@@ -320,6 +320,15 @@ impl Schema {
         }
     }
 
+    /// The names of the fields stored quantized (lossy), in schema order.
+    pub fn quantized_fields(&self) -> Vec<&str> {
+        self.fields
+            .iter()
+            .filter(|f| f.quantized.is_some())
+            .map(|f| f.name.as_str())
+            .collect()
+    }
+
     /// The field holding the loss mask, if any.
     pub fn loss_mask_field(&self) -> Option<usize> {
         self.fields.iter().position(|f| f.role == Role::LossMask)

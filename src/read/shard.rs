@@ -525,6 +525,21 @@ impl Shard {
         schema: &Schema,
         rows: Range<usize>,
     ) -> Result<(Vec<f32>, &'s [u8])> {
+        self.fp8_chunk(c, e, stored, schema, |chunk| chunk.rows(rows))
+    }
+
+    /// `f` of the payload of chunk `c` (codec fp8) seen as its scales and codes; its errors
+    /// name the chunk.
+    fn fp8_chunk<'s, T>(
+        &self,
+        c: u64,
+        e: &ChunkEntry,
+        stored: &'s [u8],
+        schema: &Schema,
+        f: impl FnOnce(
+            crate::format::fp8::Fp8Chunk<'s>,
+        ) -> std::result::Result<T, crate::format::FormatError>,
+    ) -> Result<T> {
         let el = elements(schema, e);
         crate::format::fp8::Fp8Chunk::split(
             stored,
@@ -532,7 +547,7 @@ impl Shard {
             el.row_elems,
             el.group,
         )
-        .and_then(|chunk| chunk.rows(rows))
+        .and_then(f)
         .map_err(|source| Error::BadChunk {
             site: self.site(c, schema),
             source,
@@ -550,17 +565,9 @@ impl Shard {
         rows: Range<usize>,
         out: &mut [u8],
     ) -> Result<()> {
-        let el = elements(schema, e);
-        crate::format::fp8::Fp8Chunk::split(
-            stored,
-            e.row_count as usize * el.row_elems,
-            el.row_elems,
-            el.group,
-        )
-        .and_then(|chunk| chunk.dequantize_rows_into(rows, out, el.dtype))
-        .map_err(|source| Error::BadChunk {
-            site: self.site(c, schema),
-            source,
+        let dtype = elements(schema, e).dtype;
+        self.fp8_chunk(c, e, stored, schema, |chunk| {
+            chunk.dequantize_rows_into(rows, out, dtype)
         })
     }
 
