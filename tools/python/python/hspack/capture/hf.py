@@ -19,8 +19,8 @@ What is guaranteed, on every device and dtype: each stored row is bitwise the
 row ``output_hidden_states`` gives for the same padded batch (the hooks read
 what the model computes). Whether that equals the sample run alone depends on
 the kernels: they may round differently for another batch shape (f32 on CPU
-does, by about 1e-7; GPU kernels do, in bf16 too; bf16 on CPU in the tests does
-not). The model's own outputs differ the same way, so this is no capture error.
+does, by about 1e-7; bf16 on CPU does by an ulp since torch 2.15; GPU kernels
+do, in bf16 too). The model's own outputs differ the same way, so this is no capture error.
 For per-sample reproducibility, capture with ``batch_size=1``
 (``--batch-size 1``): each sample then runs alone, and its rows are bitwise the
 sample run alone on that device.
