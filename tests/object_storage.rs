@@ -73,6 +73,7 @@ fn datasets_in_s3() {
     let local = local.to_str().unwrap().to_string();
 
     round_trip(&local, tmp.path());
+    stores_in_s3(&local, tmp.path());
     resume_and_refusals(&local, tmp.path());
     conditional_puts_refuse_to_clobber();
     damage_at_rest_is_named();
@@ -698,5 +699,241 @@ fn killed_copies_never_publish_a_partial_dataset(local: &str) {
         "killed {killed} of 20 copies; the last run sent {} shards ({} bytes) and found {} \
          ({} bytes) intact",
         report.shards_sent, report.bytes_sent, report.shards_present, report.bytes_present
+    );
+}
+
+fn hspack_cli(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_hspack"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn said(out: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// The lease objects of the store at `url` whose names start with `prefix`.
+fn leases(url: &str, prefix: &str) -> Vec<String> {
+    open_location(format!("{url}/locks"))
+        .unwrap()
+        .list()
+        .unwrap()
+        .into_iter()
+        .filter(|n| n.starts_with(prefix))
+        .collect()
+}
+
+/// A store in S3: datasets added, written and read through `s3://…/STORE/NAME`, stored once,
+/// collected, verified and exported; the lease protocol between adds and collections, with
+/// an add killed and an add that hangs past its lease.
+fn stores_in_s3(local: &str, tmp: &Path) {
+    use hspack::store::{gc, usage, Store};
+    let url = "s3://hspack-test/store";
+    let init = hspack_cli(&["store", "init", url]);
+    assert!(init.status.success(), "{}", said(&init));
+    let again = hspack_cli(&["store", "init", url]);
+    assert!(
+        !again.status.success() && said(&again).contains("already there"),
+        "{}",
+        said(&again)
+    );
+    let store = Arc::new(Store::open(url).unwrap());
+    let src = Dataset::open(local).unwrap();
+
+    // Added twice: stored once, read back bitwise, the digest kept.
+    let (first, added) = hspack::transfer::add_to_store(&store, &src, "a", &|_| {}).unwrap();
+    assert!(added.bytes_new > 0);
+    assert_eq!(first.digest, digest(local));
+    let add_b = hspack_cli(&["store", "add", url, local, "--name", "b"]);
+    assert!(add_b.status.success(), "{}", said(&add_b));
+    let u = usage::usage(&store).unwrap();
+    assert_eq!(u.datasets.len(), 2);
+    assert!(
+        u.saved_across_datasets >= u.datasets[0].logical_bytes * 99 / 100,
+        "{u:?}"
+    );
+    let b = Dataset::open(format!("{url}/b")).unwrap();
+    same_samples(&src, &b, |_| {});
+    assert_eq!(digest(&format!("{url}/b")), digest(local));
+
+    // Written straight into the store by a writer: repeats of stored samples add nothing new.
+    let mut w = DatasetWriter::create(format!("{url}/w"), capture_schema(HIDDEN as u64), options())
+        .unwrap();
+    for i in 0..14 {
+        w.append(&format!("s{i}"), &as_fields(&sample(i))).unwrap();
+    }
+    w.append("new", &as_fields(&sample(99))).unwrap();
+    w.finish().unwrap();
+    let written = Dataset::open(format!("{url}/w")).unwrap();
+    assert_eq!(written.len(), 15);
+    for i in 0..14 {
+        let (x, y) = (src.sample(i).unwrap(), written.sample(i).unwrap());
+        for f in 0..src.schema().fields.len() {
+            assert_eq!(
+                x.read_field(f, None).unwrap().bytes(),
+                y.read_field(f, None).unwrap().bytes()
+            );
+        }
+    }
+    let ls = hspack_cli(&["store", "ls", url]);
+    assert!(
+        ls.status.success() && ["a", "b", "w"].iter().all(|n| said(&ls).contains(n)),
+        "{}",
+        said(&ls)
+    );
+
+    // Removed and collected: what the others reference stays, the rest goes.
+    let scratch = tmp.join("scratch");
+    let mut sw = DatasetWriter::create(&scratch, capture_schema(HIDDEN as u64), options()).unwrap();
+    for i in 0..6u64 {
+        sw.append(&format!("x{i}"), &as_fields(&sample(500 + i)))
+            .unwrap();
+    }
+    sw.finish().unwrap();
+    let scratch_ds = Dataset::open(&scratch).unwrap();
+    hspack::transfer::add_to_store(&store, &scratch_ds, "scratch", &|_| {}).unwrap();
+    store.remove("scratch").unwrap();
+    store.remove("a").unwrap();
+    let r = gc::collect(&store, true).unwrap();
+    assert!(r.blobs_removed > 0 && r.bytes_freed > 0, "{r:?}");
+    same_samples(&src, &Dataset::open(format!("{url}/b")).unwrap(), |_| {});
+    assert!(Dataset::open(format!("{url}/a")).is_err());
+    let v = hspack_cli(&["store", "verify", url]);
+    assert!(
+        v.status.success() && said(&v).contains("OK"),
+        "{}",
+        said(&v)
+    );
+    let out = tmp.join("exported");
+    let e = hspack_cli(&[
+        "store",
+        "export",
+        &format!("{url}/b"),
+        out.to_str().unwrap(),
+    ]);
+    assert!(e.status.success(), "{}", said(&e));
+    assert_eq!(digest(out.to_str().unwrap()), digest(local));
+
+    // The lease protocol: a collection waits for an add, an add for a collection.
+    std::env::set_var("HSPACK_COMMIT_WAIT_SECS", "1");
+    let adding = store.locks().adding().unwrap();
+    assert_eq!(leases(url, "add-").len(), 1);
+    let refused = gc::collect(&store, false).unwrap_err();
+    assert!(
+        matches!(refused, Error::Locked { .. }) && refused.to_string().contains("add-"),
+        "{refused}"
+    );
+    drop(adding);
+    assert!(
+        leases(url, "add-").is_empty(),
+        "a released add lease is deleted"
+    );
+    let collecting = store.locks().collecting().unwrap();
+    let refused = store.locks().adding().unwrap_err();
+    assert!(refused.to_string().contains("gc.lease"), "{refused}");
+    drop(collecting);
+    std::env::remove_var("HSPACK_COMMIT_WAIT_SECS");
+
+    // An add killed mid-way: its lease expires, the collection revokes it and runs.
+    let big = tmp.join("big-src");
+    let mut bw = DatasetWriter::create(&big, capture_schema(2048), options()).unwrap();
+    for i in 0..24u64 {
+        bw.append(
+            &format!("b{i}"),
+            &as_fields(&capture_sample(
+                7000 + i,
+                200 + (i as usize * 37) % 200,
+                2048,
+            )),
+        )
+        .unwrap();
+    }
+    bw.finish().unwrap();
+    let big = big.to_str().unwrap();
+    for (round, stop) in [("killed", "-KILL"), ("hung", "-STOP")] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_hspack"))
+            .args(["store", "add", url, big, "--name", round])
+            .env("HSPACK_WRITER_LEASE_SECS", "2")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let locks = hspack::io::ObjectStorage::open(&format!("{url}/locks")).unwrap();
+        let live = || {
+            leases(url, "add-").iter().any(|add| {
+                hspack::io::object_lease::live_holder(&locks, add)
+                    .unwrap()
+                    .is_some()
+            })
+        };
+        while !live() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the add took no lease"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let pid = child.id().to_string();
+        assert!(Command::new("kill")
+            .args([stop, &pid])
+            .status()
+            .unwrap()
+            .success());
+        let t0 = std::time::Instant::now();
+        let r = gc::collect(&store, true).unwrap();
+        assert!(
+            t0.elapsed() >= std::time::Duration::from_millis(500),
+            "the collection waited for the lease to expire ({:?})",
+            t0.elapsed()
+        );
+        // The dead or hung add's lease is revoked, not live.
+        let adds = leases(url, "add-");
+        assert!(!adds.is_empty(), "{r:?}");
+        for add in adds {
+            let text = String::from_utf8(locks.read(&add).unwrap().unwrap()).unwrap();
+            assert!(text.contains("revoked_unix_ms"), "{text}");
+            assert!(hspack::io::object_lease::live_holder(&locks, &add)
+                .unwrap()
+                .is_none());
+        }
+        if stop == "-STOP" {
+            // Woken after the collection removed what it had stored: it must not publish.
+            Command::new("kill").args(["-CONT", &pid]).status().unwrap();
+            let out = child.wait_with_output().unwrap();
+            assert!(!out.status.success(), "{}", said(&out));
+            let why = said(&out);
+            assert!(
+                why.contains("lease on the store expired") && !why.contains("lost"),
+                "{why}"
+            );
+        } else {
+            child.wait().unwrap();
+        }
+        assert!(store.snapshot(round).unwrap().is_none(), "{round}");
+        let v = hspack_cli(&["store", "verify", url]);
+        assert!(
+            v.status.success() && said(&v).contains("OK"),
+            "{}",
+            said(&v)
+        );
+        same_samples(&src, &Dataset::open(format!("{url}/b")).unwrap(), |_| {});
+    }
+    // Run again, the add completes; its dataset exports with the source's digest.
+    let add = hspack_cli(&["store", "add", url, big, "--name", "hung"]);
+    assert!(add.status.success(), "{}", said(&add));
+    assert_eq!(digest(&format!("{url}/hung")), digest(big));
+    let gc_cli = hspack_cli(&["store", "gc", url]);
+    assert!(gc_cli.status.success(), "{}", said(&gc_cli));
+    let v = hspack_cli(&["store", "verify", url]);
+    assert!(
+        v.status.success() && said(&v).contains("OK"),
+        "{}",
+        said(&v)
     );
 }

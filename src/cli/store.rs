@@ -20,9 +20,9 @@ pub struct Args {
 
 #[derive(clap::Subcommand)]
 enum Command {
-    /// Make a new store in a folder.
+    /// Make a new store in a folder or an object-store prefix (s3://bucket/prefix).
     Init {
-        /// The store's folder.
+        /// The store's folder or URL.
         store: PathBuf,
     },
     /// Import a dataset (verified copy; blobs already stored are referenced, not stored again).

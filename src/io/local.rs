@@ -48,6 +48,22 @@ impl Storage for LocalStorage {
         Ok(names)
     }
 
+    fn size(&self, name: &str) -> Result<Option<u64>> {
+        let path = self.dir.join(name);
+        match std::fs::metadata(&path) {
+            Ok(m) => Ok(Some(m.len())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(io(&path, "stat")(e)),
+        }
+    }
+
+    fn sync_published(&self, name: &str) -> Result<()> {
+        let path = self.dir.join(name);
+        std::fs::File::open(&path)
+            .and_then(|f| f.sync_all())
+            .map_err(io(path, "sync"))
+    }
+
     fn read(&self, name: &str) -> Result<Option<Vec<u8>>> {
         let path = self.dir.join(name);
         match std::fs::read(&path) {

@@ -137,6 +137,26 @@ pub trait Storage: Send + Sync + Debug {
     /// A published file, for ranged reads.
     fn open(&self, name: &str) -> Result<Arc<dyn FileReader>>;
 
+    /// Bytes in published file `name`, or `None` when there is none.
+    fn size(&self, name: &str) -> Result<Option<u64>> {
+        match self.open(name) {
+            Ok(f) => Ok(Some(f.len())),
+            Err(crate::Error::Io { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound =>
+            {
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Makes published file `name` durable, where it was published without `durable`
+    /// (a folder's file is fsynced; object storage holds what it acknowledged).
+    fn sync_published(&self, name: &str) -> Result<()> {
+        let _ = name;
+        Ok(())
+    }
+
     /// Starts a file under the temp name `temp` (a name [`crate::format::Manifest::is_leftover`]
     /// knows, so that what a crashed writer leaves is removed).
     fn create(&self, temp: &str) -> Result<Box<dyn NewFile>>;

@@ -289,6 +289,16 @@ impl Storage for ObjectStorage {
         }
     }
 
+    fn size(&self, name: &str) -> Result<Option<u64>> {
+        let store = self.store()?;
+        let path = self.object(name);
+        match self.run(name, "stat", async { store.head(&path).await })? {
+            Ok(meta) => Ok(Some(meta.size)),
+            Err(e) if is_not_found(&e) => Ok(None),
+            Err(e) => Err(object_error(&self.path(name), "stat", e)),
+        }
+    }
+
     fn open(&self, name: &str) -> Result<Arc<dyn FileReader>> {
         let store = self.store()?;
         let path = self.object(name);

@@ -59,6 +59,10 @@ struct LeaseText {
     /// (`WriteOptions::shared`), who wait for each other; a sole writer holds it for its life.
     #[serde(default)]
     shared: bool,
+    /// When a collector revoked it (an expired lease of an add, §11.6 of FORMAT.md), by the
+    /// collector's clock; absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    revoked_unix_ms: Option<u64>,
 }
 
 impl LeaseText {
@@ -67,11 +71,11 @@ impl LeaseText {
     }
 
     /// Who holds it, for [`Error::Locked`].
-    fn holder(&self, storage: &ObjectStorage) -> Error {
+    fn holder(&self, storage: &ObjectStorage, file: &str) -> Error {
         Error::Locked {
             path: storage.root().to_path_buf(),
             holder: format!(
-                "pid {} on {}, by its lease {LEASE_FILE}, which expires in {:.0} s unless that \
+                "pid {} on {}, by its lease {file}, which expires in {:.0} s unless that \
                  writer renews it{}",
                 self.pid,
                 self.host,
@@ -116,8 +120,8 @@ impl WriterLease for Member {
 /// holds its lease. Nothing is held: each commit takes the lease ([`ObjectLease::take_shared`]).
 pub fn join(storage: &ObjectStorage) -> Result<()> {
     storage.writable(LEASE_FILE)?;
-    match read(storage)? {
-        Some((text, _)) if text.live() && !text.shared => Err(text.holder(storage)),
+    match read(storage, LEASE_FILE)? {
+        Some((text, _)) if text.live() && !text.shared => Err(text.holder(storage, LEASE_FILE)),
         _ => Ok(()),
     }
 }
@@ -142,6 +146,10 @@ pub struct ObjectLease {
 #[derive(Debug)]
 struct Held {
     storage: ObjectStorage,
+    /// The lease object's name.
+    file: String,
+    /// Deleted when released (a lease of a name only its holder uses), not marked expired.
+    remove_on_release: bool,
     text: Mutex<(LeaseText, UpdateVersion)>,
     lost: AtomicBool,
 }
@@ -149,19 +157,37 @@ struct Held {
 impl ObjectLease {
     /// Takes the lease of the dataset in `storage`, or says who holds it.
     pub fn take(storage: &ObjectStorage) -> Result<ObjectLease> {
-        ObjectLease::try_take(storage, false)?.map_err(|held| held.holder(storage))
+        ObjectLease::take_file(storage, LEASE_FILE)
+    }
+
+    /// Takes the lease object `file` of `storage`, or says who holds it.
+    pub fn take_file(storage: &ObjectStorage, file: &str) -> Result<ObjectLease> {
+        ObjectLease::try_take(storage, file, false, false)?
+            .map_err(|held| held.holder(storage, file))
+    }
+
+    /// Makes a new lease object `file`, a name no other holder uses (it fails when the name is
+    /// taken), deleted when released.
+    pub fn take_new(storage: &ObjectStorage, file: &str) -> Result<ObjectLease> {
+        ObjectLease::try_take(storage, file, true, true)?.map_err(|held| held.holder(storage, file))
     }
 
     /// Takes the lease for one commit of a writer sharing the dataset, waiting while other
     /// such writers hold it (up to [`commit_wait`]); refused at once by a sole writer's.
     pub fn take_shared(storage: &ObjectStorage) -> Result<ObjectLease> {
+        ObjectLease::take_waiting(storage, LEASE_FILE)
+    }
+
+    /// Takes lease object `file`, waiting while holders that took it this way hold it (up to
+    /// [`commit_wait`]); refused at once by one that took it with [`ObjectLease::take_file`].
+    pub fn take_waiting(storage: &ObjectStorage, file: &str) -> Result<ObjectLease> {
         let deadline = std::time::Instant::now() + commit_wait();
         let mut pause = Duration::from_millis(20);
         loop {
-            match ObjectLease::try_take(storage, true)? {
+            match ObjectLease::try_take(storage, file, true, false)? {
                 Ok(lease) => return Ok(lease),
                 Err(held) if !held.shared || std::time::Instant::now() >= deadline => {
-                    return Err(held.holder(storage))
+                    return Err(held.holder(storage, file))
                 }
                 Err(_) => {
                     // Jittered, so waiting writers do not poll in step.
@@ -176,15 +202,20 @@ impl ObjectLease {
     /// Takes the lease, or returns what the live holder wrote.
     fn try_take(
         storage: &ObjectStorage,
+        file: &str,
         shared: bool,
+        new: bool,
     ) -> Result<std::result::Result<ObjectLease, LeaseText>> {
-        storage.writable(LEASE_FILE)?;
+        storage.writable(file)?;
         let token = hex16(super::unique_id(
             storage.root().as_os_str().as_encoded_bytes(),
         ));
         let ttl = lease_ttl();
         for _ in 0..8 {
-            let found = read(storage)?;
+            let found = match new {
+                true => None,
+                false => read(storage, file)?,
+            };
             let mode = match &found {
                 None => PutMode::Create,
                 Some((text, version)) => {
@@ -200,11 +231,14 @@ impl ObjectLease {
                 pid: std::process::id(),
                 expires_unix_ms: now_ms() + ttl.as_millis() as u64,
                 shared,
+                revoked_unix_ms: None,
             };
-            match put(storage, &text, mode)? {
+            match put(storage, file, &text, mode)? {
                 Some(version) => {
                     let state = Arc::new(Held {
                         storage: storage.clone(),
+                        file: file.to_string(),
+                        remove_on_release: new,
                         text: Mutex::new((text, version)),
                         lost: AtomicBool::new(false),
                     });
@@ -222,12 +256,13 @@ impl ObjectLease {
                     }));
                 }
                 // Another writer put or renewed the lease between our read and our put.
-                None => continue,
+                None if !new => continue,
+                None => break,
             }
         }
         Err(Error::Locked {
             path: storage.root().to_path_buf(),
-            holder: format!("writers racing for its lease {LEASE_FILE}"),
+            holder: format!("writers racing for its lease {file}"),
         })
     }
 }
@@ -236,9 +271,53 @@ fn hex16(bytes: [u8; 16]) -> String {
     crate::format::manifest::hex(&bytes)
 }
 
+/// Who holds lease object `file` of `storage`, as [`Error::Locked`], while it is live; `None`
+/// when it is missing or expired.
+pub fn live_holder(storage: &ObjectStorage, file: &str) -> Result<Option<Error>> {
+    Ok(read(storage, file)?
+        .filter(|(text, _)| text.live())
+        .map(|(text, _)| text.holder(storage, file)))
+}
+
+/// How long a revoked lease object stays before a collection deletes it: an hour, or ten
+/// lease lives where that is longer. While it is there, its holder's renewals fail on its
+/// version; after, they fail on a server that refuses `If-Match` on a missing object (S3).
+fn revoked_kept() -> Duration {
+    (lease_ttl() * 10).max(Duration::from_secs(3600))
+}
+
+/// Revokes lease object `file` when it has expired: rewritten as revoked with `If-Match` on
+/// the version read, so its holder's next renewal, and its next [`ObjectLease::confirm`],
+/// fail (a holder that hung past the lease learns it lost it). A lease revoked longer ago
+/// than [`revoked_kept`] is deleted. True when it is live (and left alone).
+pub fn revoke_expired(storage: &ObjectStorage, file: &str) -> Result<bool> {
+    let Some((mut text, version)) = read(storage, file)? else {
+        return Ok(false);
+    };
+    if text.live() {
+        return Ok(true);
+    }
+    match text.revoked_unix_ms {
+        Some(at) if now_ms().saturating_sub(at) > revoked_kept().as_millis() as u64 => {
+            storage.delete(file)?;
+            Ok(false)
+        }
+        Some(_) => Ok(false),
+        None => {
+            text.expires_unix_ms = 0;
+            text.revoked_unix_ms = Some(now_ms());
+            match put(storage, file, &text, PutMode::Update(version))? {
+                Some(_) => Ok(false),
+                // Renewed or revoked meanwhile: look again.
+                None => Ok(live_holder(storage, file)?.is_some()),
+            }
+        }
+    }
+}
+
 /// The lease object and its version, or `None` when there is none.
-fn read(storage: &ObjectStorage) -> Result<Option<(LeaseText, UpdateVersion)>> {
-    let Some((bytes, version)) = storage.read_versioned(LEASE_FILE)? else {
+fn read(storage: &ObjectStorage, file: &str) -> Result<Option<(LeaseText, UpdateVersion)>> {
+    let Some((bytes, version)) = storage.read_versioned(file)? else {
         return Ok(None);
     };
     // A lease object that is not one of ours (damaged, or cut short) has expired: it can be
@@ -249,17 +328,25 @@ fn read(storage: &ObjectStorage) -> Result<Option<(LeaseText, UpdateVersion)>> {
         pid: 0,
         expires_unix_ms: 0,
         shared: false,
+        revoked_unix_ms: None,
     });
     Ok(Some((text, version)))
 }
 
-/// Puts `text` under `mode`: its new version, or `None` when the condition failed.
-fn put(storage: &ObjectStorage, text: &LeaseText, mode: PutMode) -> Result<Option<UpdateVersion>> {
+/// Puts `text` under `mode`: its new version, or `None` when the condition failed (or, for
+/// an update, the object is gone).
+fn put(
+    storage: &ObjectStorage,
+    file: &str,
+    text: &LeaseText,
+    mode: PutMode,
+) -> Result<Option<UpdateVersion>> {
     let store = storage.store()?;
-    let path = storage.object(LEASE_FILE);
-    let shown = storage.path(LEASE_FILE);
+    let path = storage.object(file);
+    let shown = storage.path(file);
+    let update = matches!(mode, PutMode::Update(_));
     let bytes = serde_json::to_vec(text).expect("a lease always serializes");
-    let put = storage.run(LEASE_FILE, "lease", async {
+    let put = storage.run(file, "lease", async {
         store
             .put_opts(&path, PutPayload::from(bytes), PutOptions::from(mode))
             .await
@@ -270,6 +357,7 @@ fn put(storage: &ObjectStorage, text: &LeaseText, mode: PutMode) -> Result<Optio
             version: r.version,
         })),
         Err(e) if is_conflict(&e) => Ok(None),
+        Err(e) if update && super::object::is_not_found(&e) => Ok(None),
         Err(e) => Err(object_error(&shown, "lease", e)),
     }
 }
@@ -286,7 +374,12 @@ fn renew_until_stopped(held: &Held, stopped: &mpsc::Receiver<()>, ttl: Duration)
         let (text, version) = &mut *guard;
         let mut next = text.clone();
         next.expires_unix_ms = now_ms() + ttl.as_millis() as u64;
-        match put(&held.storage, &next, PutMode::Update(version.clone())) {
+        match put(
+            &held.storage,
+            &held.file,
+            &next,
+            PutMode::Update(version.clone()),
+        ) {
             Ok(Some(v)) => {
                 *text = next;
                 *version = v;
@@ -297,6 +390,26 @@ fn renew_until_stopped(held: &Held, stopped: &mpsc::Receiver<()>, ttl: Duration)
             }
             Err(_) => {}
         }
+    }
+}
+
+impl ObjectLease {
+    /// Reads the lease object now and fails unless it is still this holder's: a check that
+    /// does not wait for the renewing thread, for a holder about to publish what the lease
+    /// guards (it may have hung past the lease's life, and been revoked meanwhile).
+    pub fn confirm(&self) -> Result<()> {
+        self.check()?;
+        let held = &self.state;
+        let mine = match read(&held.storage, &held.file)? {
+            Some((text, _)) => {
+                text.token == self.token && text.live() && text.revoked_unix_ms.is_none()
+            }
+            None => false,
+        };
+        if !mine {
+            held.lost.store(true, Ordering::SeqCst);
+        }
+        self.check()
     }
 }
 
@@ -314,8 +427,11 @@ impl WriterLease for ObjectLease {
             return Ok(());
         }
         Err(Error::CommitConflict {
-            path: self.state.storage.path(LEASE_FILE),
-            detail: "this writer's lease expired and another writer took it over".into(),
+            path: self.state.storage.path(&self.state.file),
+            detail: "this writer's lease expired and was taken over or revoked (the writer \
+                     stopped renewing it for longer than its life); this commit was not published: \
+                     run again (what was committed before stays)"
+                .into(),
         })
     }
 }
@@ -330,6 +446,10 @@ impl Drop for ObjectLease {
         if self.state.lost.load(Ordering::SeqCst) {
             return;
         }
+        if self.state.remove_on_release {
+            let _ = self.state.storage.delete(&self.state.file);
+            return;
+        }
         // Released: marked expired, over the version this writer wrote last only.
         let guard = self.state.text.lock().unwrap_or_else(|e| e.into_inner());
         let (text, version) = &*guard;
@@ -337,6 +457,7 @@ impl Drop for ObjectLease {
         released.expires_unix_ms = 0;
         let _ = put(
             &self.state.storage,
+            &self.state.file,
             &released,
             PutMode::Update(version.clone()),
         );

@@ -17,7 +17,6 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::format::manifest::hex;
 use crate::format::FormatError;
-use crate::io::Storage;
 use crate::read::{Dataset, Tensor};
 use crate::write::DatasetWriter;
 
@@ -290,14 +289,9 @@ pub struct ReuseStats {
 }
 
 impl Store {
-    /// Where the capture files are.
-    pub fn captures(&self) -> Arc<dyn Storage> {
-        Arc::new(crate::io::LocalStorage::new(self.root().join(CAPTURES_DIR)))
-    }
-
     /// The names of the capture files, sorted (none in a store without the folder).
     pub fn capture_names(&self) -> Result<Vec<String>> {
-        if !self.root().join(CAPTURES_DIR).is_dir() {
+        if !self.is_remote() && !self.root().join(CAPTURES_DIR).is_dir() {
             return Ok(Vec::new());
         }
         let mut names: Vec<String> = self
@@ -384,10 +378,7 @@ impl Store {
         };
         let (file_name, bytes) = file.encode();
         let storage = self.captures();
-        std::fs::create_dir_all(self.root().join(CAPTURES_DIR)).map_err(crate::error::io(
-            self.root().join(CAPTURES_DIR),
-            "create folder",
-        ))?;
+        storage.create_root()?;
         if storage.read(&file_name)?.is_none() {
             storage.put_new(&file_name, &bytes, true)?;
         }

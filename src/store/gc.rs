@@ -17,7 +17,6 @@ use crate::format::manifest::TEMP_SUFFIX;
 use crate::io::Storage;
 
 use super::index::{self, IndexRoot, Location, INDEX_ROOT};
-use super::locks;
 use super::pack::{pack_name, PackWriter, PACK_TARGET};
 use super::skeleton::map_skeleton;
 use super::snapshot::blob_id;
@@ -87,7 +86,7 @@ fn finish_pack(
 
 /// Collects `store`'s garbage; see the module documentation.
 pub fn collect(store: &Arc<Store>, durable: bool) -> Result<GcReport> {
-    let _held = locks::collecting(store.root())?;
+    let _held = store.locks().collecting()?;
     let index = store.index()?;
     let live = live_blobs(store, &index)?;
     let mut report = GcReport::default();
@@ -152,7 +151,7 @@ pub fn collect(store: &Arc<Store>, durable: bool) -> Result<GcReport> {
     let run = index::write_run(meta, entries, live_count, &packs, level, durable)?;
     let run_file = run.file.clone();
     {
-        let _index = locks::index(store.root())?;
+        let _index = store.locks().index()?;
         let root = IndexRoot {
             runs: vec![run],
             ..IndexRoot::empty()
@@ -177,9 +176,7 @@ pub fn collect(store: &Arc<Store>, durable: bool) -> Result<GcReport> {
         if kept.contains(&name) {
             continue;
         }
-        let bytes = std::fs::metadata(store.packs().path(&name))
-            .map(|m| m.len())
-            .unwrap_or(0);
+        let bytes = store.packs().size(&name)?.unwrap_or(0);
         store.packs().delete(&name)?;
         report.packs_deleted += 1;
         report.bytes_freed += bytes;
@@ -206,8 +203,8 @@ pub fn collect(store: &Arc<Store>, durable: bool) -> Result<GcReport> {
 /// lock before it stages a file, so a lock this collection can take means the files were left
 /// by a writer that died.
 fn remove_dead_staging(store: &Store) -> Result<u64> {
-    let staging = crate::io::LocalStorage::new(store.root().join("staging"));
-    if !store.root().join("staging").is_dir() {
+    let staging = store.staging();
+    if !staging.root().is_dir() {
         return Ok(0);
     }
     let mut removed = 0;
@@ -221,7 +218,7 @@ fn remove_dead_staging(store: &Store) -> Result<u64> {
         let idle = match free.get(name) {
             Some(&idle) => idle,
             None => {
-                let lock = locks::dataset(store.root(), name).ok();
+                let lock = store.locks().dataset(store.root(), name).ok();
                 let idle = lock.is_some();
                 held.extend(lock);
                 free.insert(name.to_string(), idle);

@@ -14,7 +14,7 @@ use crate::format::{Footer, Index};
 use crate::io::FileReader;
 
 use super::index::{self, IndexRoot, Location, RunRecord, INDEX_ROOT, MERGE_WIDTH};
-use super::locks::{self, StoreLock};
+use super::locks::StoreLock;
 use super::pack::{pack_name, BlobCodec, PackWriter, PACK_TARGET};
 use super::skeleton::{map_skeleton, payloads, skeleton_of};
 use super::snapshot::FileRecord;
@@ -80,7 +80,7 @@ fn compressed(bytes: &[u8]) -> Option<Vec<u8>> {
 impl Ingest {
     /// Starts adding to `store`: waits while a collection runs.
     pub fn new(store: &Arc<Store>, durable: bool) -> Result<Self> {
-        let lock = locks::adding(store.root())?;
+        let lock = store.locks().adding()?;
         let index = store.index()?;
         Ok(Ingest {
             store: Arc::clone(store),
@@ -265,14 +265,14 @@ impl Ingest {
         self.close_pack()?;
         if self.durable && !self.unsynced.is_empty() {
             for pack in std::mem::take(&mut self.unsynced) {
-                let path = self.store.packs().path(&pack_name(&pack));
-                std::fs::File::open(&path)
-                    .and_then(|f| f.sync_all())
-                    .map_err(crate::error::io(path, "sync"))?;
+                self.store.packs().sync_published(&pack_name(&pack))?;
             }
             self.store.packs().sync()?;
         }
         if !self.new.is_empty() {
+            // The packs must still be there: a collection deletes unlisted packs once it has
+            // revoked the hold of an add that stopped renewing it.
+            self.lock.check()?;
             let mut packs: Vec<[u8; 16]> = self.new.values().map(|l| l.pack).collect();
             packs.sort();
             packs.dedup();
@@ -295,7 +295,7 @@ impl Ingest {
 /// Adds `run` to `index.json` under `index.lock`, merging the last runs while 8 of them share
 /// a level; the runs merged are deleted once the new `index.json` is published.
 pub fn add_run(store: &Store, run: RunRecord, durable: bool) -> Result<()> {
-    let _lock = locks::index(store.root())?;
+    let _lock = store.locks().index()?;
     let meta = &**store.meta();
     let current = meta.read(INDEX_ROOT)?;
     let mut root = match &current {

@@ -1,90 +1,227 @@
-//! The store's locks (FORMAT.md §11.6): `flock(2)` on files of `locks/`, released by the
-//! kernel when their process ends, however it ends.
+//! The store's locks (FORMAT.md §11.6).
 //!
+//! In a folder, `flock(2)` on files of `locks/`, released by the kernel when their process
+//! ends, however it ends:
 //! - `gc.lock`: held shared by everything that adds blobs, from its first lookup of an
 //!   existing blob until the dataset that references the new and found blobs is published;
 //!   held exclusive by `store gc`. So a collection never runs between a writer finding a
 //!   blob and that blob becoming referenced, and never sees a pack an add is still writing.
 //! - `index.lock`: exclusive, while `index.json` is read and replaced.
 //! - `dataset-NAME.lock`: exclusive, by the one writer (or add, or rm) of dataset NAME.
+//!
+//! In object storage, which has no lock a dead process releases, lease objects of `locks/`
+//! ([`crate::io::object_lease`]: taken by conditional puts, renewed while their holder
+//! lives, expiring when it stops):
+//! - an add puts its own `add-TOKEN.lease`, then looks for a live `gc.lease`: while there is
+//!   one it takes its lease back and waits. A collection takes `gc.lease`, then waits until
+//!   no `add-*.lease` is live, revoking the expired ones (rewritten as revoked, so their
+//!   holders' renewals fail; deleted by a collection an hour later). Each side writes before it looks,
+//!   and listings are strongly consistent, so of an add and a collection that start together
+//!   at least one sees the other.
+//! - `index.lease`, taken waiting, while `index.json` is read and replaced (which is also a
+//!   compare-and-swap);
+//! - `dataset-NAME.lease`, by the one writer of dataset NAME (whose commits are also a
+//!   compare-and-swap of `datasets/NAME.json`).
+//!
+//! An add whose lease expired (it hung past the lease's life) and was revoked by a collection
+//! fails before it publishes its dataset ([`StoreLock::check`]).
 
 use std::fs::{File, OpenOptions, TryLockError};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use crate::error::{io, Error, Result};
+use crate::io::object_lease::{self, ObjectLease};
+use crate::io::{ObjectStorage, Storage};
+
+/// Where a store's locks are.
+#[derive(Debug, Clone)]
+pub enum Locks {
+    /// `flock`s on files of this folder.
+    Folder(PathBuf),
+    /// Lease objects under this prefix.
+    Objects(ObjectStorage),
+}
 
 /// A held lock; dropping it releases it.
 #[derive(Debug)]
 pub struct StoreLock {
-    _file: File,
+    held: Held,
     pid: u32,
 }
 
+#[derive(Debug)]
+enum Held {
+    File(#[allow(dead_code)] File),
+    Lease(ObjectLease),
+}
+
 impl StoreLock {
+    fn new(held: Held) -> StoreLock {
+        StoreLock {
+            held,
+            pid: std::process::id(),
+        }
+    }
+
     /// True in the process that took it (not in a forked child).
     pub fn is_owner(&self) -> bool {
         self.pid == std::process::id()
     }
+
+    /// Fails when the lock is lost: a lease that expired and was revoked or taken over (read
+    /// now, not as last renewed). A `flock` is never lost while its process lives.
+    pub fn check(&self) -> Result<()> {
+        match &self.held {
+            Held::File(_) => Ok(()),
+            Held::Lease(lease) => lease.confirm().map_err(|e| match e {
+                // Not a conflict with another writer of the dataset, which a copy resolves by
+                // reading what that writer published: this writer's hold on the store is gone.
+                Error::CommitConflict { path, .. } => Error::Store {
+                    path,
+                    detail: "this writer's lease on the store expired (it stopped renewing it \
+                             for longer than the lease's life) and another process took it \
+                             over or a collection revoked it, so what it added may be gone; \
+                             this commit was not published: run again (what was committed \
+                             before stays)"
+                        .into(),
+                },
+                e => e,
+            }),
+        }
+    }
 }
 
-fn lock_path(store: &Path, name: &str) -> PathBuf {
-    store.join("locks").join(name)
+/// The name of the lease a new add puts.
+fn add_lease_name() -> String {
+    format!(
+        "add-{}.lease",
+        crate::format::manifest::hex(&crate::io::unique_id(b"add"))
+    )
 }
 
-fn open(path: &Path) -> Result<File> {
-    OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .read(true)
-        .write(true)
-        .open(path)
-        .map_err(io(path, "open lock"))
+const GC_LEASE: &str = "gc.lease";
+
+/// Jittered pauses while waiting, from 20 ms up to 1 s.
+struct Pause(Duration);
+
+impl Pause {
+    fn new() -> Pause {
+        Pause(Duration::from_millis(20))
+    }
+
+    fn wait(&mut self) {
+        let jitter = u64::from(crate::io::unique_id(b"pause")[0]);
+        std::thread::sleep(self.0 + Duration::from_millis(jitter % 20));
+        self.0 = (self.0 * 2).min(Duration::from_secs(1));
+    }
 }
 
-/// Waits for lock file `name`, shared or exclusive.
-fn hold(store: &Path, name: &str, shared: bool) -> Result<StoreLock> {
-    let path = lock_path(store, name);
-    let file = open(&path)?;
-    let held = if shared {
-        file.lock_shared()
-    } else {
-        file.lock()
-    };
-    held.map_err(io(&path, "lock"))?;
-    Ok(StoreLock {
-        _file: file,
-        pid: std::process::id(),
-    })
-}
+impl Locks {
+    fn file(dir: &Path, name: &str) -> Result<File> {
+        let path = dir.join(name);
+        OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(io(&path, "open lock"))
+    }
 
-/// Waits for the shared hold of `gc.lock`.
-pub fn adding(store: &Path) -> Result<StoreLock> {
-    hold(store, "gc.lock", true)
-}
+    /// Waits for lock file `name`, shared or exclusive.
+    fn hold(dir: &Path, name: &str, shared: bool) -> Result<StoreLock> {
+        let file = Locks::file(dir, name)?;
+        let held = match shared {
+            true => file.lock_shared(),
+            false => file.lock(),
+        };
+        held.map_err(io(dir.join(name), "lock"))?;
+        Ok(StoreLock::new(Held::File(file)))
+    }
 
-/// Waits for the exclusive hold of `gc.lock`.
-pub fn collecting(store: &Path) -> Result<StoreLock> {
-    hold(store, "gc.lock", false)
-}
+    /// Waits while a collection runs, then holds what keeps one from starting.
+    pub fn adding(&self) -> Result<StoreLock> {
+        let leases = match self {
+            Locks::Folder(dir) => return Locks::hold(dir, "gc.lock", true),
+            Locks::Objects(leases) => leases,
+        };
+        let deadline = Instant::now() + object_lease::commit_wait();
+        let mut pause = Pause::new();
+        loop {
+            let mine = ObjectLease::take_new(leases, &add_lease_name())?;
+            match object_lease::live_holder(leases, GC_LEASE)? {
+                None => return Ok(StoreLock::new(Held::Lease(mine))),
+                Some(gc) if Instant::now() >= deadline => return Err(gc),
+                Some(_) => {
+                    drop(mine);
+                    pause.wait();
+                }
+            }
+        }
+    }
 
-/// Waits for `index.lock`.
-pub fn index(store: &Path) -> Result<StoreLock> {
-    hold(store, "index.lock", false)
-}
+    /// Takes the collector's lock (refused while another collection runs), then waits until
+    /// no add holds its lock.
+    pub fn collecting(&self) -> Result<StoreLock> {
+        let leases = match self {
+            Locks::Folder(dir) => return Locks::hold(dir, "gc.lock", false),
+            Locks::Objects(leases) => leases,
+        };
+        let mine = ObjectLease::take_file(leases, GC_LEASE)?;
+        let deadline = Instant::now() + object_lease::commit_wait();
+        let mut pause = Pause::new();
+        loop {
+            let mut adding = None;
+            for name in leases.list()? {
+                if name.starts_with("add-")
+                    && name.ends_with(".lease")
+                    && object_lease::revoke_expired(leases, &name)?
+                {
+                    adding = object_lease::live_holder(leases, &name)?;
+                }
+            }
+            match adding {
+                None => return Ok(StoreLock::new(Held::Lease(mine))),
+                Some(add) if Instant::now() >= deadline => return Err(add),
+                Some(_) => pause.wait(),
+            }
+        }
+    }
 
-/// Takes dataset `name`'s lock, or says that another process holds it.
-pub fn dataset(store: &Path, name: &str) -> Result<StoreLock> {
-    let path = lock_path(store, &format!("dataset-{name}.lock"));
-    let file = open(&path)?;
-    match file.try_lock() {
-        Ok(()) => Ok(StoreLock {
-            _file: file,
-            pid: std::process::id(),
-        }),
-        Err(TryLockError::WouldBlock) => Err(Error::Locked {
-            path: store.join(name),
-            holder: "another process writing, adding or removing this dataset of the store".into(),
-        }),
-        Err(TryLockError::Error(e)) => Err(io(&path, "lock")(e)),
+    /// Waits for the index's lock.
+    pub fn index(&self) -> Result<StoreLock> {
+        match self {
+            Locks::Folder(dir) => Locks::hold(dir, "index.lock", false),
+            Locks::Objects(leases) => Ok(StoreLock::new(Held::Lease(ObjectLease::take_waiting(
+                leases,
+                "index.lease",
+            )?))),
+        }
+    }
+
+    /// Takes dataset `name`'s lock, or says that another process holds it.
+    pub fn dataset(&self, store: &Path, name: &str) -> Result<StoreLock> {
+        let dir = match self {
+            Locks::Folder(dir) => dir,
+            Locks::Objects(leases) => {
+                let file = format!("dataset-{name}.lease");
+                return Ok(StoreLock::new(Held::Lease(ObjectLease::take_file(
+                    leases, &file,
+                )?)));
+            }
+        };
+        let file = Locks::file(dir, &format!("dataset-{name}.lock"))?;
+        match file.try_lock() {
+            Ok(()) => Ok(StoreLock::new(Held::File(file))),
+            Err(TryLockError::WouldBlock) => Err(Error::Locked {
+                path: store.join(name),
+                holder: "another process writing, adding or removing this dataset of the store"
+                    .into(),
+            }),
+            Err(TryLockError::Error(e)) => {
+                Err(io(dir.join(format!("dataset-{name}.lock")), "lock")(e))
+            }
+        }
     }
 }

@@ -1,5 +1,5 @@
-//! The deduplicating store (FORMAT.md §11): many datasets in one folder, each blob stored
-//! once. A blob is a chunk payload (keyed by the hash a shard's index records for it), a
+//! The deduplicating store (FORMAT.md §11): many datasets in one folder or object-store
+//! prefix, each blob stored once. A blob is a chunk payload (keyed by the hash a shard's index records for it), a
 //! shard's skeleton (the shard with its payloads cut out), or a whole small file (manifest,
 //! segments, key runs, table parts). Blobs live in pack files, found through the blob index;
 //! a named dataset lists its files and their blobs. A stored dataset reads like a folder
@@ -25,11 +25,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::format::manifest::hex;
-use crate::io::{FileBytes, FileReader, LocalStorage, Storage};
+use crate::io::{FileBytes, FileReader, LocalStorage, ObjectStorage, Storage};
 
 pub use index::{BlobIndex, Location};
 pub use ingest::{Ingest, IngestStats};
-pub use locks::StoreLock;
+pub use locks::{Locks, StoreLock};
 pub use pack::{BlobCodec, BlobEntry};
 pub use snapshot::{FileRecord, Snapshot};
 pub use storage::StoreDataset;
@@ -60,6 +60,9 @@ pub struct Store {
     meta: Arc<dyn Storage>,
     packs: Arc<dyn Storage>,
     datasets: Arc<dyn Storage>,
+    captures: Arc<dyn Storage>,
+    staging: Arc<LocalStorage>,
+    locks: Locks,
     open_packs: Mutex<HashMap<[u8; 16], Arc<dyn FileReader>>>,
 }
 
@@ -73,13 +76,23 @@ impl std::fmt::Debug for Store {
 /// ([`crate::WriteOptions::block_rows`]).
 pub const STORE_BLOCK_ROWS: u64 = 16;
 
-/// True when `dir` is a store (it holds `store.json`).
+/// True when `dir` (a folder or a URL) is a store: it holds `store.json`.
 pub fn is_store(dir: &Path) -> bool {
-    !crate::io::is_remote(dir) && dir.join(STORE_FILE).is_file()
+    has_file(dir, STORE_FILE)
 }
 
-/// When `path` is `STORE/NAME` (the parent a store, the name a dataset name), the store's
-/// folder and the name.
+/// True when `dir` (a folder or a URL) holds file `name`; false where it cannot be read.
+fn has_file(dir: &Path, name: &str) -> bool {
+    if !crate::io::is_remote(dir) {
+        return dir.join(name).is_file();
+    }
+    ObjectStorage::open(&dir.to_string_lossy())
+        .and_then(|s| s.size(name))
+        .is_ok_and(|size| size.is_some())
+}
+
+/// When `path` is `STORE/NAME` (the parent a store, the name a dataset name, and no dataset
+/// at `path` itself), the store's folder or URL and the name.
 pub fn split_store_path(path: &Path) -> Option<(PathBuf, String)> {
     let name = path.file_name()?.to_str()?;
     let parent = path.parent()?;
@@ -88,8 +101,28 @@ pub fn split_store_path(path: &Path) -> Option<(PathBuf, String)> {
     } else {
         parent
     };
-    (snapshot::is_dataset_name(name) && is_store(parent) && !path.join("manifest.json").exists())
+    if crate::io::is_remote(path) && parent.to_string_lossy().ends_with(':') {
+        return None; // `s3://bucket`: a bucket, not a store's dataset
+    }
+    (snapshot::is_dataset_name(name) && is_store(parent) && !has_file(path, "manifest.json"))
         .then(|| (parent.to_path_buf(), name.to_string()))
+}
+
+/// The storage of `sub`, a part of the store at `root` (a folder or a URL).
+fn part(root: &Path, sub: &str) -> Result<Arc<dyn Storage>> {
+    if !crate::io::is_remote(root) {
+        return Ok(Arc::new(LocalStorage::new(root.join(sub))));
+    }
+    Ok(Arc::new(ObjectStorage::open(&part_url(root, sub))?))
+}
+
+fn part_url(root: &Path, sub: &str) -> String {
+    let root = root.to_string_lossy();
+    let root = root.trim_end_matches('/');
+    match sub {
+        "" => root.to_string(),
+        _ => format!("{root}/{sub}"),
+    }
 }
 
 /// The storage at `location`: a dataset `NAME` of the store in folder `STORE` for
@@ -100,8 +133,8 @@ pub fn open_location(location: impl AsRef<Path>) -> Result<Arc<dyn Storage>> {
     let text = location.to_string_lossy();
     let path = match text.split_once("://") {
         Some(("file", path)) => Path::new(path),
-        Some(_) => return crate::io::open_location(location),
-        None => location,
+        Some(_) if !crate::io::is_remote(location) => return crate::io::open_location(location),
+        _ => location,
     };
     match split_store_path(path) {
         Some((store, name)) => Ok(Arc::new(StoreDataset::new(
@@ -113,7 +146,8 @@ pub fn open_location(location: impl AsRef<Path>) -> Result<Arc<dyn Storage>> {
 }
 
 impl Store {
-    /// Makes a new store in `dir` (created if missing; refused where a store or a dataset is).
+    /// Makes a new store in `dir`, a folder (created if missing) or an object-store URL
+    /// (`s3://bucket/prefix`); refused where a store or a dataset is.
     pub fn init(dir: impl AsRef<Path>) -> Result<Self> {
         Self::init_with_id(dir, crate::io::unique_id(b"store"))
     }
@@ -121,16 +155,17 @@ impl Store {
     /// [`Store::init`] with a given store id (for reproducible files).
     pub fn init_with_id(dir: impl AsRef<Path>, id: [u8; 16]) -> Result<Self> {
         let dir = dir.as_ref();
-        local_only(dir)?;
-        if dir.join(STORE_FILE).exists() || dir.join("manifest.json").exists() {
+        if has_file(dir, STORE_FILE) || has_file(dir, "manifest.json") {
             return Err(Error::Store {
                 path: dir.to_path_buf(),
-                detail: "a store or a dataset is already there; choose another folder".into(),
+                detail: "a store or a dataset is already there; choose another place".into(),
             });
         }
-        for sub in ["", "packs", "datasets", "locks", captures::CAPTURES_DIR] {
-            std::fs::create_dir_all(dir.join(sub))
-                .map_err(crate::error::io(dir.join(sub), "create folder"))?;
+        if !crate::io::is_remote(dir) {
+            for sub in ["", "packs", "datasets", "locks", captures::CAPTURES_DIR] {
+                std::fs::create_dir_all(dir.join(sub))
+                    .map_err(crate::error::io(dir.join(sub), "create folder"))?;
+            }
         }
         let config = StoreConfig {
             format: STORE_FORMAT.into(),
@@ -139,15 +174,16 @@ impl Store {
         };
         let mut bytes = serde_json::to_vec_pretty(&config).expect("serializable");
         bytes.push(b'\n');
-        LocalStorage::new(dir).put_new(STORE_FILE, &bytes, true)?;
+        let meta = part(dir, "")?;
+        meta.create_root()?;
+        meta.put_new(STORE_FILE, &bytes, true)?;
         Self::open(dir)
     }
 
-    /// Opens the store in `dir`.
+    /// Opens the store in `dir`, a folder or an object-store URL.
     pub fn open(dir: impl AsRef<Path>) -> Result<Self> {
         let dir = dir.as_ref();
-        local_only(dir)?;
-        let meta: Arc<dyn Storage> = Arc::new(LocalStorage::new(dir));
+        let meta = part(dir, "")?;
         let bytes = meta.read(STORE_FILE)?.ok_or_else(|| Error::Store {
             path: dir.to_path_buf(),
             detail: "not a store: it has no store.json (make one with `hspack store init`)".into(),
@@ -165,19 +201,54 @@ impl Store {
                 ),
             });
         }
+        let (staging, locks) = match crate::io::is_remote(dir) {
+            false => (dir.join("staging"), Locks::Folder(dir.join("locks"))),
+            // Files being written are staged on this machine, in a folder of this store.
+            true => (
+                std::env::temp_dir()
+                    .join("hspack-store-staging")
+                    .join(&config.id),
+                Locks::Objects(ObjectStorage::open(&part_url(dir, "locks"))?),
+            ),
+        };
         Ok(Store {
-            root: dir.to_path_buf(),
+            root: PathBuf::from(part_url(dir, "")),
             config,
             meta,
-            packs: Arc::new(LocalStorage::new(dir.join("packs"))),
-            datasets: Arc::new(LocalStorage::new(dir.join("datasets"))),
+            packs: part(dir, "packs")?,
+            datasets: part(dir, "datasets")?,
+            captures: part(dir, captures::CAPTURES_DIR)?,
+            staging: Arc::new(LocalStorage::new(staging)),
+            locks,
             open_packs: Mutex::new(HashMap::new()),
         })
     }
 
-    /// The store's folder.
+    /// The store's folder or URL.
     pub fn root(&self) -> &Path {
         &self.root
+    }
+
+    /// True when the store is in object storage.
+    pub fn is_remote(&self) -> bool {
+        crate::io::is_remote(&self.root)
+    }
+
+    /// The store's locks.
+    pub fn locks(&self) -> &Locks {
+        &self.locks
+    }
+
+    /// Where files of its datasets being written are staged until they are added: the
+    /// store's `staging/` folder, or for a store in object storage a folder of this
+    /// machine's temp folder named after the store's id.
+    pub fn staging(&self) -> &Arc<LocalStorage> {
+        &self.staging
+    }
+
+    /// Where the capture files are.
+    pub fn captures(&self) -> &Arc<dyn Storage> {
+        &self.captures
     }
 
     /// `store.json`.
@@ -316,19 +387,9 @@ impl Store {
 
     /// Removes dataset `name` (its blobs stay until `store gc`).
     pub fn remove(&self, name: &str) -> Result<()> {
-        let _lock = locks::dataset(&self.root, name)?;
+        let _lock = self.locks.dataset(&self.root, name)?;
         self.snapshot_or_err(name)?;
         self.datasets.delete(&snapshot::snapshot_file(name))?;
         self.datasets.sync()
     }
-}
-
-fn local_only(dir: &Path) -> Result<()> {
-    if crate::io::is_remote(dir) {
-        return Err(Error::Unsupported {
-            path: dir.to_path_buf(),
-            detail: "a store is a local (or mounted) folder; object storage holds datasets, not stores, in this version".into(),
-        });
-    }
-    Ok(())
 }

@@ -18,7 +18,7 @@ use crate::io::{FileBytes, FileReader, LocalStorage, NewFile, Storage, WriterLea
 
 use super::index::{BlobIndex, Location};
 use super::ingest::Ingest;
-use super::locks::{self, StoreLock};
+use super::locks::StoreLock;
 use super::pack::BlobCodec;
 use super::skeleton::{map_skeleton, Piece, ShardMap};
 use super::snapshot::{blob_id, snapshot_file, FileRecord, Snapshot};
@@ -40,7 +40,7 @@ pub struct StoreDataset {
     store: Arc<Store>,
     name: String,
     path: PathBuf,
-    staging: LocalStorage,
+    staging: Arc<LocalStorage>,
     state: Arc<Mutex<WriteState>>,
     index: Mutex<Option<Arc<BlobIndex>>>,
 }
@@ -76,7 +76,7 @@ impl StoreDataset {
         }
         Ok(StoreDataset {
             path: store.root().join(name),
-            staging: LocalStorage::new(store.root().join("staging")),
+            staging: Arc::clone(store.staging()),
             name: name.into(),
             store,
             state: Arc::new(Mutex::new(WriteState::default())),
@@ -90,7 +90,7 @@ impl StoreDataset {
             store: Arc::clone(&self.store),
             name: self.name.clone(),
             path: self.path.clone(),
-            staging: LocalStorage::new(self.store.root().join("staging")),
+            staging: Arc::clone(self.store.staging()),
             state: Arc::clone(&self.state),
             index: Mutex::new(None),
         }
@@ -149,7 +149,16 @@ impl StoreDataset {
         }
         let index = Arc::new(self.store.index()?);
         *self.index.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::clone(&index));
-        open_file(&self.store, &index, record, self.path(&record.name))
+        let opened = open_file(&self.store, &index, record, self.path(&record.name));
+        if opened.is_err() {
+            // A writer reading back what it added, whose hold a collection revoked (it hung
+            // past its lease) and whose blobs it removed: that is the error to report.
+            let st = self.state();
+            if let Some(hold) = &st.gc_hold {
+                hold.check()?;
+            }
+        }
+        opened
     }
 }
 
@@ -363,7 +372,7 @@ impl StoreDataset {
     /// Loads the files to write over, taking the dataset's lock.
     fn begin<'a>(&self, st: &'a mut WriteState) -> Result<&'a mut BTreeMap<String, FileRecord>> {
         if st.lock.is_none() {
-            st.lock = Some(locks::dataset(self.store.root(), &self.name)?);
+            st.lock = Some(self.store.locks().dataset(self.store.root(), &self.name)?);
         }
         if st.files.is_none() {
             let found = self.store.snapshot(&self.name)?;
@@ -417,13 +426,13 @@ impl StoreDataset {
         let ingest = self.ingest(&mut st, durable)?;
         ingest.make_durable(durable);
         let record = ingest.put_file(name, file, &self.path(name), shard, handed)?;
+        // The blobs are published and indexed now, so this handle reads the file back (a copy
+        // proves what landed); the dataset's file, which others read, waits for the commit.
+        self.flush_blobs(&mut st)?;
         st.files
             .as_mut()
             .expect("loaded")
             .insert(name.into(), record);
-        // The blobs are published and indexed now, so this handle reads the file back (a copy
-        // proves what landed); the dataset's file, which others read, waits for the commit.
-        self.flush_blobs(&mut st)?;
         if replace || name == MANIFEST_FILE {
             self.commit(&mut st, durable)?;
         }
@@ -455,6 +464,14 @@ impl StoreDataset {
         let bytes = snap.encode();
         let file = snapshot_file(&self.name);
         let datasets = self.store.datasets();
+        // An add that hung until a collection revoked its hold must not publish: the blobs
+        // it found may be gone.
+        if let Some(hold) = &st.gc_hold {
+            hold.check()?;
+        }
+        if let Some(lock) = &st.lock {
+            lock.check()?;
+        }
         match st.snapshot_hash {
             Some(h) => datasets.replace(&file, &bytes, Some(h), durable)?,
             None => datasets.put_new(&file, &bytes, durable)?,

@@ -141,7 +141,7 @@ pub fn usage(store: &Store) -> Result<StoreUsage> {
     }
     u.saved_compression = u.unique_bytes as i64 - u.stored_bytes as i64;
     for name in store.packs().list()? {
-        u.pack_bytes += std::fs::metadata(store.packs().path(&name)).map_or(0, |m| m.len());
+        u.pack_bytes += store.packs().size(&name)?.unwrap_or(0);
     }
     u.index_bytes = index.root.runs.iter().map(|r| r.bytes).sum();
     Ok(u)
