@@ -1,6 +1,7 @@
 """Datasets in S3, against a real S3-compatible server (moto, started here): a local dataset
-copied up and down keeps its digest, `hspack.open("s3://...")` returns the same tensors, and a
-PyTorch DataLoader with worker processes over the URL sees every sample once."""
+copied up and down keeps its digest, `hspack.open("s3://...")` returns the same tensors, a
+PyTorch DataLoader with worker processes over the URL sees every sample once, and a
+deduplicating store in S3 skips captures it holds."""
 
 from __future__ import annotations
 
@@ -168,3 +169,46 @@ def test_hf_capture_writes_straight_into_s3(s3, tmp_path):
     # A rerun resumes from what is in S3: nothing new.
     assert extract(str(tmp_path / "model"), str(data), LAYERS, url, batch_size=2) == 0
     assert hspack.verify(url)["ok"]
+
+
+def test_capture_skip_into_a_store_in_s3(s3):
+    """A store in S3: a capture into `s3://.../store/NAME`, then a reordered superset of its
+    prompts runs the model only for the new ones; every sample reads back bitwise equal to a
+    capture without the store, through `hspack.open` and `hspack.torch`."""
+    import random
+
+    from test_capture_hf import LAYERS, causal_lm_for_tests
+    from test_capture_skip import capture, prompts, schema_and_config
+
+    from hspack.capture import MemorySink
+    from hspack.capture.hf import capture_samples
+    from hspack.capture.prompts import Sample
+
+    lm = causal_lm_for_tests().to(torch.bfloat16)
+    store = f"{s3}/store"
+    hspack.init_store(store)
+    schema, config = schema_and_config(lm)
+    first = prompts(6, seed=1, system=[1] * 8)
+    counts, n = capture(lm, store, "run1", first, schema, config)
+    assert (counts.forward, counts.reused, n) == (6, 0, 6)
+    second = [Sample(key=f"q{i}", input_ids=s.input_ids, loss_mask=s.loss_mask)
+              for i, s in enumerate(first + prompts(2, seed=2, system=[1] * 8, start=100))]
+    random.Random(3).shuffle(second)
+    counts, n = capture(lm, store, "run2", second, schema, config)
+    assert (counts.reused, counts.forward, n) == (6, 2, 2), counts
+
+    reference = MemorySink(schema)
+    capture_samples(lm, second, LAYERS, reference, batch_size=1)
+    ds = hspack.open(f"{store}/run2")
+    assert sorted(ds.keys()) == sorted(s.key for s in second)
+    for s in second:
+        got = ds.get(s.key)
+        for name, want in reference[s.key].items():
+            assert torch.equal(got[name], want), (s.key, name)
+    assert hspack.verify(f"{store}/run2")["ok"]
+    loaded = list(torch.utils.data.DataLoader(HspackDataset(f"{store}/run2"), batch_size=None))
+    assert len(loaded) == len(second)
+    for i, sample in enumerate(loaded):
+        want = ds[i]
+        for name in want:
+            assert torch.equal(sample[name], want[name]), (i, name)
