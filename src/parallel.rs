@@ -34,12 +34,24 @@ fn pool() -> Arc<ThreadPool> {
 
 /// Runs `op` on this process's pool: rayon's parallel iterators and `join` inside it use
 /// that pool.
+///
+/// From a thread of another pool (a caller's, e.g. `hspack cp`'s), `op` runs on ours while
+/// the calling thread blocks. Rayon's own cross-pool `install` would have the caller run its
+/// pool's other jobs while it waits; a caller that holds a lock one of those jobs takes (a
+/// stored dataset's write state, held while a file is added) would then wait for itself.
 pub fn install<R: Send>(op: impl FnOnce() -> R + Send) -> R {
-    if rayon::current_thread_index().is_some() {
-        // Already on a pool's thread (ours, or a caller's pool of this process): stay there.
-        return op();
+    let pool = pool();
+    if rayon::current_thread_index().is_none() {
+        return pool.install(op);
     }
-    pool().install(op)
+    if pool.current_thread_index().is_some() {
+        return op(); // already on ours
+    }
+    std::thread::scope(|s| {
+        s.spawn(|| pool.install(op))
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    })
 }
 
 #[cfg(test)]
@@ -57,5 +69,30 @@ mod tests {
         });
         assert!(names.iter().all(|n| n.starts_with("hspack-")), "{names:?}");
         assert_eq!(install(|| 6 * 7), 42);
+    }
+
+    #[test]
+    fn a_thread_of_another_pool_holding_a_lock_waits_without_running_its_pools_jobs() {
+        // Each job of the other pool takes the lock, then runs work on ours: a waiting thread
+        // that ran its pool's next job would take the lock it holds, and hang.
+        let other = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        let lock = std::sync::Mutex::new(0u32);
+        other.install(|| {
+            (0..32).into_par_iter().for_each(|_| {
+                let mut held = lock.lock().unwrap();
+                let names: Vec<String> = install(|| {
+                    (0..64)
+                        .into_par_iter()
+                        .map(|_| std::thread::current().name().unwrap_or("").to_string())
+                        .collect()
+                });
+                assert!(names.iter().all(|n| n.starts_with("hspack-")), "{names:?}");
+                *held += 1;
+            })
+        });
+        assert_eq!(*lock.lock().unwrap(), 32);
     }
 }
