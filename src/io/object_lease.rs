@@ -182,19 +182,14 @@ impl ObjectLease {
     /// [`commit_wait`]); refused at once by one that took it with [`ObjectLease::take_file`].
     pub fn take_waiting(storage: &ObjectStorage, file: &str) -> Result<ObjectLease> {
         let deadline = std::time::Instant::now() + commit_wait();
-        let mut pause = Duration::from_millis(20);
+        let mut pause = Backoff::up_to(Duration::from_millis(200));
         loop {
             match ObjectLease::try_take(storage, file, true, false)? {
                 Ok(lease) => return Ok(lease),
                 Err(held) if !held.shared || std::time::Instant::now() >= deadline => {
                     return Err(held.holder(storage, file))
                 }
-                Err(_) => {
-                    // Jittered, so waiting writers do not poll in step.
-                    let jitter = u64::from(super::unique_id(b"pause")[0]);
-                    std::thread::sleep(pause + Duration::from_millis(jitter % 20));
-                    pause = (pause * 2).min(Duration::from_millis(200));
-                }
+                Err(_) => pause.wait(),
             }
         }
     }
@@ -271,6 +266,30 @@ fn hex16(bytes: [u8; 16]) -> String {
     crate::format::manifest::hex(&bytes)
 }
 
+/// Pauses between looks at a lease held by another: from 20 ms, doubling up to a bound,
+/// jittered so that waiting processes do not poll in step.
+pub struct Backoff {
+    next: Duration,
+    max: Duration,
+}
+
+impl Backoff {
+    /// Pauses that grow up to `max`.
+    pub fn up_to(max: Duration) -> Backoff {
+        Backoff {
+            next: Duration::from_millis(20),
+            max,
+        }
+    }
+
+    /// Sleeps the next pause.
+    pub fn wait(&mut self) {
+        let jitter = u64::from(super::unique_id(b"pause")[0]);
+        std::thread::sleep(self.next + Duration::from_millis(jitter % 20));
+        self.next = (self.next * 2).min(self.max);
+    }
+}
+
 /// Who holds lease object `file` of `storage`, as [`Error::Locked`], while it is live; `None`
 /// when it is missing or expired.
 pub fn live_holder(storage: &ObjectStorage, file: &str) -> Result<Option<Error>> {
@@ -289,27 +308,28 @@ fn revoked_kept() -> Duration {
 /// Revokes lease object `file` when it has expired: rewritten as revoked with `If-Match` on
 /// the version read, so its holder's next renewal, and its next [`ObjectLease::confirm`],
 /// fail (a holder that hung past the lease learns it lost it). A lease revoked longer ago
-/// than [`revoked_kept`] is deleted. True when it is live (and left alone).
-pub fn revoke_expired(storage: &ObjectStorage, file: &str) -> Result<bool> {
+/// than [`revoked_kept`] is deleted. Returns who holds it when it is live (and left alone),
+/// as [`live_holder`] does.
+pub fn revoke_expired(storage: &ObjectStorage, file: &str) -> Result<Option<Error>> {
     let Some((mut text, version)) = read(storage, file)? else {
-        return Ok(false);
+        return Ok(None);
     };
     if text.live() {
-        return Ok(true);
+        return Ok(Some(text.holder(storage, file)));
     }
     match text.revoked_unix_ms {
         Some(at) if now_ms().saturating_sub(at) > revoked_kept().as_millis() as u64 => {
             storage.delete(file)?;
-            Ok(false)
+            Ok(None)
         }
-        Some(_) => Ok(false),
+        Some(_) => Ok(None),
         None => {
             text.expires_unix_ms = 0;
             text.revoked_unix_ms = Some(now_ms());
             match put(storage, file, &text, PutMode::Update(version))? {
-                Some(_) => Ok(false),
+                Some(_) => Ok(None),
                 // Renewed or revoked meanwhile: look again.
-                None => Ok(live_holder(storage, file)?.is_some()),
+                None => live_holder(storage, file),
             }
         }
     }

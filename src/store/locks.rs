@@ -15,9 +15,9 @@
 //! - an add puts its own `add-TOKEN.lease`, then looks for a live `gc.lease`: while there is
 //!   one it takes its lease back and waits. A collection takes `gc.lease`, then waits until
 //!   no `add-*.lease` is live, revoking the expired ones (rewritten as revoked, so their
-//!   holders' renewals fail; deleted by a collection an hour later). Each side writes before it looks,
-//!   and listings are strongly consistent, so of an add and a collection that start together
-//!   at least one sees the other.
+//!   holders' renewals fail; deleted by a collection an hour later). Each side writes
+//!   before it looks, and listings are strongly consistent, so of an add and a collection
+//!   that start together at least one sees the other.
 //! - `index.lease`, taken waiting, while `index.json` is read and replaced (which is also a
 //!   compare-and-swap);
 //! - `dataset-NAME.lease`, by the one writer of dataset NAME (whose commits are also a
@@ -31,7 +31,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::error::{io, Error, Result};
-use crate::io::object_lease::{self, ObjectLease};
+use crate::io::object_lease::{self, Backoff, ObjectLease};
 use crate::io::{ObjectStorage, Storage};
 
 /// Where a store's locks are.
@@ -102,21 +102,6 @@ fn add_lease_name() -> String {
 
 const GC_LEASE: &str = "gc.lease";
 
-/// Jittered pauses while waiting, from 20 ms up to 1 s.
-struct Pause(Duration);
-
-impl Pause {
-    fn new() -> Pause {
-        Pause(Duration::from_millis(20))
-    }
-
-    fn wait(&mut self) {
-        let jitter = u64::from(crate::io::unique_id(b"pause")[0]);
-        std::thread::sleep(self.0 + Duration::from_millis(jitter % 20));
-        self.0 = (self.0 * 2).min(Duration::from_secs(1));
-    }
-}
-
 impl Locks {
     fn file(dir: &Path, name: &str) -> Result<File> {
         let path = dir.join(name);
@@ -147,7 +132,7 @@ impl Locks {
             Locks::Objects(leases) => leases,
         };
         let deadline = Instant::now() + object_lease::commit_wait();
-        let mut pause = Pause::new();
+        let mut pause = Backoff::up_to(Duration::from_secs(1));
         loop {
             let mine = ObjectLease::take_new(leases, &add_lease_name())?;
             match object_lease::live_holder(leases, GC_LEASE)? {
@@ -170,15 +155,12 @@ impl Locks {
         };
         let mine = ObjectLease::take_file(leases, GC_LEASE)?;
         let deadline = Instant::now() + object_lease::commit_wait();
-        let mut pause = Pause::new();
+        let mut pause = Backoff::up_to(Duration::from_secs(1));
         loop {
             let mut adding = None;
             for name in leases.list()? {
-                if name.starts_with("add-")
-                    && name.ends_with(".lease")
-                    && object_lease::revoke_expired(leases, &name)?
-                {
-                    adding = object_lease::live_holder(leases, &name)?;
+                if name.starts_with("add-") && name.ends_with(".lease") {
+                    adding = object_lease::revoke_expired(leases, &name)?.or(adding);
                 }
             }
             match adding {

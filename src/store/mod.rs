@@ -1,10 +1,10 @@
 //! The deduplicating store (FORMAT.md §11): many datasets in one folder or object-store
-//! prefix, each blob stored once. A blob is a chunk payload (keyed by the hash a shard's index records for it), a
-//! shard's skeleton (the shard with its payloads cut out), or a whole small file (manifest,
-//! segments, key runs, table parts). Blobs live in pack files, found through the blob index;
-//! a named dataset lists its files and their blobs. A stored dataset reads like a folder
-//! ([`StoreDataset`] is a [`crate::io::Storage`]), so every reader, writer and command works
-//! on `STORE/NAME` as on a dataset folder.
+//! prefix, each blob stored once. A blob is a chunk payload (keyed by the hash a shard's
+//! index records for it), a shard's skeleton (the shard with its payloads cut out), or a
+//! whole small file (manifest, segments, key runs, table parts). Blobs live in pack files,
+//! found through the blob index; a named dataset lists its files and their blobs. A stored
+//! dataset reads like a folder ([`StoreDataset`] is a [`crate::io::Storage`]), so every
+//! reader, writer and command works on `STORE/NAME` as on a dataset folder.
 
 pub mod captures;
 pub mod gc;
