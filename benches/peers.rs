@@ -109,7 +109,7 @@ fn tiny_dataset(dir: &Path, n: u64) {
         Role::TokenIds,
     )]);
     let opts = WriteOptions {
-        align_log2: 6,
+        align_log2: Some(6),
         durable: false,
         ..WriteOptions::default()
     };

@@ -167,7 +167,7 @@ fn write_quantized(dir: &Path) -> hspack::Result<()> {
     let schema = quantized_schema();
     let options = WriteOptions {
         chunk_bytes: Some(96),
-        align_log2: 6,
+        align_log2: Some(6),
         durable: false,
         dataset_id: Some(*b"hspack-golden-v5"),
         ..WriteOptions::default()
@@ -312,7 +312,7 @@ fn write_into(
         chunk_bytes: Some(96),
         shard_samples,
         codec,
-        align_log2: 6,
+        align_log2: Some(6),
         durable: false,
         dataset_id: Some(id),
         ..WriteOptions::default()

@@ -66,6 +66,17 @@ impl FileBytes {
         })
     }
 
+    /// These bytes followed by `next`, as one view, when `next` starts where these end in
+    /// the same backing (blobs laid one after another in a mapped pack); `None` otherwise.
+    pub fn joined(&self, next: &FileBytes) -> Option<FileBytes> {
+        (Arc::ptr_eq(&self.backing, &next.backing) && self.range.end == next.range.start).then(
+            || FileBytes {
+                backing: Arc::clone(&self.backing),
+                range: self.range.start..next.range.end,
+            },
+        )
+    }
+
     /// True when the bytes are a mapping of the file (not a copy).
     pub fn is_mapped(&self) -> bool {
         matches!(*self.backing, Backing::Mapped(_))

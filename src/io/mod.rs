@@ -35,6 +35,17 @@ pub use local::LocalStorage;
 pub use memory::{Faults, MemoryFile, MemoryStorage};
 pub use object::ObjectStorage;
 
+/// A storage's defaults for the layout options a writer leaves unset (see
+/// [`Storage::write_defaults`]): a store's token blocks, so shared prefixes deduplicate, and
+/// its packs' blob alignment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WriteDefaults {
+    /// [`crate::WriteOptions::block_rows`].
+    pub block_rows: Option<u64>,
+    /// [`crate::WriteOptions::align_log2`].
+    pub align_log2: Option<u8>,
+}
+
 /// A published file, for reading: its size is known and its bytes never change.
 pub trait FileReader: Send + Sync + Debug {
     /// Bytes in the file.
@@ -209,10 +220,9 @@ pub trait Storage: Send + Sync + Debug {
         Err(self.no_shared_writers())
     }
 
-    /// The token block writers use here unless told otherwise
-    /// ([`crate::WriteOptions::block_rows`]): a store's, so shared prefixes deduplicate.
-    fn block_rows(&self) -> Option<u64> {
-        None
+    /// How writers lay chunks out here unless told otherwise.
+    fn write_defaults(&self) -> WriteDefaults {
+        WriteDefaults::default()
     }
 
     /// The refusal of a storage that takes one writer at a time only.

@@ -444,6 +444,13 @@ impl<'d> Sample<'d> {
                 });
             }
         }
+        if let Some(view) = self.contiguous_view(&touching, &rows, row_bytes)? {
+            return Ok(Tensor {
+                dtype: field.dtype,
+                shape,
+                data: Buffer::File(view),
+            });
+        }
         let mut out = AlignedBytes::zeroed((rows.end - rows.start) as usize * row_bytes);
         self.read_into(f, rows, out.as_bytes_mut())?;
         Ok(Tensor {
@@ -451,6 +458,67 @@ impl<'d> Sample<'d> {
             shape,
             data: Buffer::Owned(out),
         })
+    }
+
+    /// Rows `rows` of the extents `touching` (in row order) as one view of the storage's
+    /// bytes, when every chunk is stored as it is and their parts lie one after another in
+    /// the same mapping: the row blocks of a field laid in order in a store's pack. `None`
+    /// otherwise (chunk headers between them, a codec, a block stored elsewhere): the caller
+    /// copies.
+    fn contiguous_view(
+        &self,
+        touching: &[&ExtentEntry],
+        rows: &Range<u64>,
+        row_bytes: usize,
+    ) -> Result<Option<crate::io::FileBytes>> {
+        use rayon::prelude::*;
+        let schema = self.ds.schema();
+        let index = self.shard.index();
+        let stored_as_is = |x: &&ExtentEntry| {
+            index
+                .chunk(x.chunk.into())
+                .is_some_and(|e| e.codec == crate::format::Codec::None.code())
+        };
+        let tiled = touching
+            .iter()
+            .zip(touching.iter().skip(1))
+            .all(|(a, b)| a.row_start + a.row_count == b.row_start);
+        if !tiled || !touching.iter().all(stored_as_is) {
+            return Ok(None);
+        }
+        // Each chunk is checked on first read: on the pool, as one large chunk's hash is.
+        let chunk = |x: &&ExtentEntry| {
+            self.shard
+                .chunk(x.chunk.into(), schema, self.ds.options.check)
+                .map(|(_, stored)| stored)
+        };
+        let bytes = (rows.end - rows.start) * row_bytes as u64;
+        let chunks: Vec<crate::io::FileBytes> = if bytes >= crate::parallel::WORTH_THE_POOL {
+            crate::parallel::install(|| touching.par_iter().map(chunk).collect::<Result<_>>())?
+        } else {
+            touching.iter().map(chunk).collect::<Result<_>>()?
+        };
+        let mut view: Option<crate::io::FileBytes> = None;
+        for (x, stored) in touching.iter().zip(&chunks) {
+            let lo = x.row_start.max(rows.start);
+            let hi = (x.row_start + x.row_count).min(rows.end);
+            let first = (x.chunk_row + lo - x.row_start) as usize * row_bytes;
+            let Some(part) = stored.slice(first..first + (hi - lo) as usize * row_bytes) else {
+                return Ok(None);
+            };
+            view = match view {
+                None => Some(part),
+                Some(v) => match v.joined(&part) {
+                    Some(joined) => Some(joined),
+                    None => return Ok(None),
+                },
+            };
+        }
+        let covered = touching.first().is_some_and(|x| x.row_start <= rows.start)
+            && touching
+                .last()
+                .is_some_and(|x| x.row_start + x.row_count >= rows.end);
+        Ok(view.filter(|_| covered))
     }
 
     /// Asks the storage to read ahead every chunk of fields `fields` (numbers). Shards are
@@ -612,8 +680,9 @@ impl<'d> Sample<'d> {
                     .chunk(x.chunk.into())
                     .is_some_and(|e| e.codec != crate::format::Codec::None.code())
             });
-        if compressed {
-            // Chunks decoded on the thread pool, each into its own part of `out`.
+        if compressed || (pieces.len() > 1 && want as u64 >= crate::parallel::WORTH_THE_POOL) {
+            // Chunks checked, decoded and copied on the thread pool, each into its own part
+            // of `out`.
             use rayon::prelude::*;
             return crate::parallel::install(|| pieces.into_par_iter().try_for_each(fill));
         }

@@ -142,6 +142,21 @@ pub fn map_skeleton(skeleton: &[u8]) -> Result<ShardMap, FormatError> {
     Ok(map)
 }
 
+/// How many bytes at the start of `b` are zero: a word at a time (a skeleton is mostly the
+/// padding before aligned payloads).
+fn leading_zeros(b: &[u8]) -> usize {
+    let mut words = b.chunks_exact(8);
+    let mut n = 0;
+    for w in words.by_ref() {
+        let w = u64::from_le_bytes(w.try_into().expect("8 bytes"));
+        if w != 0 {
+            return n + (w.trailing_zeros() / 8) as usize;
+        }
+        n += 8;
+    }
+    n + words.remainder().iter().take_while(|&&x| x == 0).count()
+}
+
 impl ShardMap {
     fn add_gap(&mut self, at: u64, gap: &[u8]) {
         let (mut i, mut lit) = (0usize, 0usize);
@@ -159,7 +174,7 @@ impl ShardMap {
                 i += 1;
                 continue;
             }
-            let zeros = gap[i..].iter().take_while(|&&b| b == 0).count();
+            let zeros = leading_zeros(&gap[i..]);
             if zeros >= ZERO_RUN {
                 flush(self, lit, i);
                 self.pieces
@@ -200,4 +215,23 @@ pub fn skeleton_of(
     }
     out.extend_from_slice(&read(at..file_len)?);
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn leading_zeros_counts_the_zero_bytes_before_the_first_other(
+            zeros in 0usize..80,
+            tail in proptest::collection::vec(any::<u8>(), 0..40),
+        ) {
+            let mut b = vec![0u8; zeros];
+            b.extend_from_slice(&tail);
+            let naive = b.iter().take_while(|&&x| x == 0).count();
+            prop_assert_eq!(leading_zeros(&b), naive);
+        }
+    }
 }

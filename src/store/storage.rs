@@ -648,8 +648,11 @@ impl Storage for StoreDataset {
         Ok(())
     }
 
-    fn block_rows(&self) -> Option<u64> {
-        Some(super::STORE_BLOCK_ROWS)
+    fn write_defaults(&self) -> crate::io::WriteDefaults {
+        crate::io::WriteDefaults {
+            block_rows: Some(super::STORE_BLOCK_ROWS),
+            align_log2: Some(super::pack::BLOB_ALIGN.trailing_zeros() as u8),
+        }
     }
 
     fn lock(&self) -> Result<Box<dyn WriterLease>> {

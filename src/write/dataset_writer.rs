@@ -94,9 +94,9 @@ impl DatasetWriter {
         schema: Schema,
         mut options: WriteOptions,
     ) -> Result<Self> {
-        if options.block_rows.is_none() {
-            options.block_rows = storage.block_rows();
-        }
+        let defaults = storage.write_defaults();
+        options.block_rows = options.block_rows.or(defaults.block_rows);
+        options.align_log2 = options.align_log2.or(defaults.align_log2);
         options.validate()?;
         schema
             .validate()
@@ -261,7 +261,7 @@ impl DatasetWriter {
                 &temp_name(&self.next_place(None).name),
                 self.manifest.dataset_id_bytes(),
                 self.manifest.schema.hash(),
-                self.options.align_log2,
+                self.options.payload_align_log2(),
             )?;
             self.current = Some(w);
         }

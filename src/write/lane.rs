@@ -44,7 +44,7 @@ impl Lanes {
             &temp,
             self.dataset_id,
             self.schema.hash(),
-            self.options.align_log2,
+            self.options.payload_align_log2(),
         )?;
         Ok(ShardLane {
             dataset_id: self.dataset_id,

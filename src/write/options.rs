@@ -27,8 +27,11 @@ pub struct WriteOptions {
     pub codec: Codec,
     /// zstd level for the zstd codecs. Default 3.
     pub zstd_level: i32,
-    /// log2 of the payload alignment of uncompressed chunks. Default 12 (4 KiB).
-    pub align_log2: u8,
+    /// log2 of the payload alignment of uncompressed chunks. `None` (the default): 12 (4
+    /// KiB), so shards map zero-copy and direct I/O reads them; writing into a store, 6 (64
+    /// bytes), the alignment of its packs' blobs: there payloads are read from the packs, and
+    /// a shard's own padding would only pad its skeleton.
+    pub align_log2: Option<u8>,
     /// fsync files and folders at commits. Default true; turn off only for scratch data.
     pub durable: bool,
     /// Dataset id of a new dataset; random when `None` (set it only for reproducible files).
@@ -58,7 +61,7 @@ impl Default for WriteOptions {
             shard_samples: 65_536,
             codec: Codec::None,
             zstd_level: 3,
-            align_log2: DEFAULT_ALIGN_LOG2,
+            align_log2: None,
             durable: true,
             dataset_id: None,
             shared: false,
@@ -75,6 +78,11 @@ pub const BLOCK_CHUNK_BYTES: u64 = 64 << 10;
 pub const COMPRESSED_CHUNK_BYTES: u64 = 2 << 20;
 
 impl WriteOptions {
+    /// The payload alignment in effect: `align_log2`, else the default (4 KiB).
+    pub fn payload_align_log2(&self) -> u8 {
+        self.align_log2.unwrap_or(DEFAULT_ALIGN_LOG2)
+    }
+
     /// The chunk target in effect for chunks of `codec`: `chunk_bytes`, else the codec's
     /// default.
     pub fn chunk_target(&self, codec: Codec) -> u64 {
@@ -134,7 +142,7 @@ impl WriteOptions {
         if self.shard_samples == 0 || self.shard_samples > u32::MAX.into() {
             return bad("shard_samples", "must be in 1..=4294967295");
         }
-        if !(MIN_ALIGN_LOG2..=MAX_ALIGN_LOG2).contains(&self.align_log2) {
+        if !(MIN_ALIGN_LOG2..=MAX_ALIGN_LOG2).contains(&self.payload_align_log2()) {
             return bad("align_log2", "must be in 6..=20");
         }
         Ok(())

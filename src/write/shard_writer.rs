@@ -259,8 +259,11 @@ impl ShardWriter {
     }
 }
 
-/// Hashes `chunks` on the pool and, at the same time, hands each payload (at `places[i]` +
-/// the chunk header) to `out` with its hash, in order, as soon as its hash is known.
+/// Hashes `chunks` and hands each payload (at `places[i]` + the chunk header) to `out` with
+/// its hash, in order. The calling thread hands a payload over as soon as its hash is known
+/// and, while the next one is not, hashes the first chunk nobody has taken; the pool's other
+/// threads hash ahead of it. Hashing and handing over so share every thread, as a plain
+/// write's hashing and writing do: a writer that only waited for hashes left one core idle.
 fn hand_over(
     out: &mut Box<dyn NewFile>,
     chunks: &[EncodedChunk<'_>],
@@ -268,6 +271,8 @@ fn hand_over(
     bytes: u64,
     hash: &(dyn Fn(&EncodedChunk<'_>) -> [u8; 32] + Sync),
 ) -> (Result<()>, Vec<[u8; 32]>) {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+    use std::sync::OnceLock;
     const HEADER: u64 = ChunkHeader::SIZE as u64;
     if bytes < crate::parallel::WORTH_THE_POOL {
         let hashes: Vec<[u8; 32]> = chunks.iter().map(hash).collect();
@@ -278,32 +283,47 @@ fn hand_over(
             .try_for_each(|((c, &at), h)| out.write_payload(at + HEADER, &c.stored, h));
         return (written, hashes);
     }
-    let (tx, rx) = std::sync::mpsc::channel::<(usize, [u8; 32])>();
-    let mut hashes: Vec<Option<[u8; 32]>> = vec![None; chunks.len()];
+    let taken = AtomicUsize::new(0);
+    let hashes: Vec<OnceLock<[u8; 32]>> = chunks.iter().map(|_| OnceLock::new()).collect();
+    let stop = AtomicBool::new(false);
+    // Hashes the first chunk nobody has taken; false when every chunk is taken.
+    let hash_one = || {
+        let i = taken.fetch_add(1, Relaxed);
+        let Some(c) = chunks.get(i) else {
+            return false;
+        };
+        let _ = hashes[i].set(hash(c));
+        true
+    };
     let written = crate::parallel::install(|| {
-        rayon::join(
-            move || {
-                chunks
-                    .par_iter()
-                    .enumerate()
-                    .for_each_with(tx, |tx, (i, c)| {
-                        // The receiver only stops early on a write error.
-                        let _ = tx.send((i, hash(c)));
-                    })
-            },
-            || -> Result<()> {
-                let mut next = 0;
-                for (i, h) in rx {
-                    hashes[i] = Some(h);
-                    while let Some(h) = hashes.get(next).copied().flatten() {
-                        out.write_payload(places[next] + HEADER, &chunks[next].stored, &h)?;
-                        next += 1;
+        rayon::scope(|s| {
+            for _ in 1..rayon::current_num_threads() {
+                s.spawn(|_| {
+                    while !stop.load(Relaxed) {
+                        if !hash_one() {
+                            break;
+                        }
                     }
+                });
+            }
+            let mut hand = || -> Result<()> {
+                for (i, c) in chunks.iter().enumerate() {
+                    let h = loop {
+                        match hashes[i].get() {
+                            Some(h) => break h,
+                            // Another thread is hashing it: hash one more meanwhile.
+                            None if hash_one() => {}
+                            None => std::thread::yield_now(),
+                        }
+                    };
+                    out.write_payload(places[i] + HEADER, &c.stored, h)?;
                 }
                 Ok(())
-            },
-        )
-        .1
+            };
+            let written = hand();
+            stop.store(true, Relaxed);
+            written
+        })
     });
     if written.is_err() {
         // The caller returns the error; the hashes are not used.
@@ -311,7 +331,10 @@ fn hand_over(
     }
     let hashes = hashes
         .into_iter()
-        .map(|h| h.expect("every chunk hashed, and handed over in order"))
+        .map(|h| {
+            h.into_inner()
+                .expect("every chunk hashed before it was handed over")
+        })
         .collect();
     (written, hashes)
 }

@@ -30,7 +30,7 @@ pub(crate) fn write_options(options: Option<&Bound<'_, PyDict>>) -> PyResult<Wri
             "shard_bytes" => o.shard_bytes = v.extract()?,
             "shard_samples" => o.shard_samples = v.extract()?,
             "zstd_level" => o.zstd_level = v.extract()?,
-            "align_log2" => o.align_log2 = v.extract()?,
+            "align_log2" => o.align_log2 = Some(v.extract()?),
             "durable" => o.durable = v.extract()?,
             "shared" => o.shared = v.extract()?,
             "prequantized" => o.prequantized = v.extract()?,
