@@ -592,3 +592,113 @@ fn a_collection_waits_while_a_staged_shard_holds_payloads_no_commit_references()
     assert!(done.load(Ordering::SeqCst));
     assert_eq!(r.blobs_removed, 1, "{r:?}");
 }
+
+#[test]
+fn convert_with_a_capture_config_copies_what_the_store_holds_without_reading_it() {
+    use common::dumps::{sample, write_dumps, HIDDEN};
+    let t = tempfile::tempdir().unwrap();
+    let store_dir = t.path().join("store");
+    Store::init(&store_dir).unwrap();
+    let config = t.path().join("capture.json");
+    std::fs::write(
+        &config,
+        r#"{"model": "org/model", "revision": "abc", "config_hash": null, "engine": "sglang",
+            "deterministic": true, "dtype": "bf16", "layers": [7]}"#,
+    )
+    .unwrap();
+    let command = |src: &Path, dst: &Path| {
+        let mut c = common::dumps::convert_command(src, dst);
+        c.args(["--capture-config", s(&config), "--json"]);
+        c
+    };
+    let convert = |src: &Path, name: &str| -> serde_json::Value {
+        let out = command(src, &store_dir.join(name)).output().unwrap();
+        assert!(out.status.success(), "{}", text(&out));
+        serde_json::from_str(&stdout(&out)).unwrap()
+    };
+    // A first conversion: 12 requests, each recorded as a capture of its token ids.
+    let first = t.path().join("first");
+    write_dumps(&first, 0..12);
+    // Captures are a store's: into a plain folder the option is refused, naming what to do.
+    let out = command(&first, &t.path().join("plain")).output().unwrap();
+    assert!(!out.status.success());
+    assert!(text(&out).contains("STORE/NAME"), "{}", text(&out));
+    let r = convert(&first, "run1");
+    assert_eq!(
+        (r["samples"].as_u64(), r["samples_reused"].as_u64()),
+        (Some(12), Some(0))
+    );
+    // The key is FORMAT.md §11.7's, as `hspack.capture_key` makes it: tokens alone here.
+    let st = Arc::new(Store::open(&store_dir).unwrap());
+    let cfg = hspack::store::captures::CaptureConfig {
+        model: "org/model".into(),
+        revision: Some("abc".into()),
+        config_hash: None,
+        engine: "sglang".into(),
+        deterministic: true,
+        dtype: "bf16".into(),
+        layers: vec![7],
+        fields: vec!["input_ids".into(), "hidden.7".into()],
+    };
+    let tokens = |i: usize| -> Vec<i64> {
+        sample(i)
+            .0
+            .chunks_exact(4)
+            .map(|c| i32::from_le_bytes(c.try_into().unwrap()) as i64)
+            .collect()
+    };
+    let hit = st.find_captures(&[cfg.key(&tokens(4), None)]).unwrap();
+    assert_eq!(hit[0].as_ref().map(|h| h.dataset.as_str()), Some("run1"));
+    // A reordered superset under other file names, whose first 12 dumps have had their
+    // hidden states overwritten: copied from the store, they are never read.
+    let second = t.path().join("second");
+    write_dumps(&second, 0..16);
+    for i in 0..16 {
+        let from = second.join(format!("req_{i:03}.safetensors"));
+        let to = second.join(format!("prompt_{:03}.safetensors", 15 - i));
+        if i < 12 {
+            let bytes = std::fs::read(&from).unwrap();
+            let h = sample(i).1;
+            let at = bytes.windows(h.len()).position(|w| w == h).unwrap();
+            let mut damaged = bytes.clone();
+            damaged[at..at + h.len()].fill(0x5a);
+            std::fs::write(&from, damaged).unwrap();
+        }
+        std::fs::rename(from, to).unwrap();
+    }
+    let third = t.path().join("third");
+    std::fs::create_dir(&third).unwrap();
+    for e in std::fs::read_dir(&second).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), third.join(e.file_name())).unwrap();
+    }
+    let r = convert(&second, "run2");
+    assert_eq!(r["samples_reused"].as_u64(), Some(12), "{r}");
+    assert_eq!(r["reused"].as_u64(), Some(12), "{r}");
+    assert_eq!(
+        r["samples"].as_u64(),
+        Some(4),
+        "only the new dumps are converted: {r}"
+    );
+    let ds = Dataset::open(store_dir.join("run2")).unwrap();
+    assert_eq!(ds.len(), 16);
+    for i in 0..16 {
+        let s = ds.get_by_key(&format!("prompt_{:03}", 15 - i)).unwrap();
+        let (ids, h) = sample(i);
+        assert_eq!(s.read("input_ids", None).unwrap().bytes(), &ids[..], "{i}");
+        assert_eq!(s.read("hidden.7", None).unwrap().bytes(), &h[..], "{i}");
+        assert_eq!(s.rows() as usize * HIDDEN * 2, h.len());
+    }
+    // `--delete-source`: the sources of copied samples go too, once committed.
+    assert_eq!(std::fs::read_dir(&second).unwrap().count(), 0);
+    assert_eq!(r["deleted"].as_u64(), Some(16), "{r}");
+    // The 4 converted in run2 were recorded by the lanes: a third run copies all 16.
+    let r = convert(&third, "run3");
+    assert_eq!(
+        (r["samples_reused"].as_u64(), r["samples"].as_u64()),
+        (Some(16), Some(0)),
+        "{r}"
+    );
+    let v = hspack(&["store", "verify", s(&store_dir)]);
+    assert!(v.status.success(), "{}", text(&v));
+}

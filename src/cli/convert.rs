@@ -142,6 +142,13 @@ pub struct Args {
     /// `hspack compare EXACT QUANTIZED` measures the error.
     #[arg(long, value_name = "fp8[:FIELDS]")]
     quantize: Option<String>,
+    /// The capture the dumps are of, for a destination STORE/NAME: a JSON file with `model`,
+    /// `revision`, `config_hash`, `engine`, `deterministic`, `dtype` and `layers`, as
+    /// `hspack.capture` records them (FORMAT.md §11.7; `fields` may be left out). Samples whose
+    /// capture the store holds are copied from it without reading their hidden states, and
+    /// every sample converted is recorded as that capture, so later captures skip it.
+    #[arg(long, value_name = "FILE")]
+    capture_config: Option<PathBuf>,
     /// Skip fsync at commits (scratch data only; refused with --delete-source).
     #[arg(long)]
     no_fsync: bool,
@@ -195,6 +202,17 @@ fn spec(a: &Args) -> anyhow::Result<ConvertSpec> {
         codec: a.codec.clone(),
         quantize: a.quantize.clone(),
         fsync: !a.no_fsync,
+        capture: a
+            .capture_config
+            .as_deref()
+            .map(|path| -> anyhow::Result<_> {
+                let text = std::fs::read(path)
+                    .map_err(|e| anyhow::anyhow!("{}: cannot read the capture config: {e}", path.display()))?;
+                serde_json::from_slice(&text).map_err(|e| {
+                    anyhow::anyhow!("{}: not a capture config ({e}); give a JSON object with model, revision, config_hash, engine, deterministic, dtype and layers", path.display())
+                })
+            })
+            .transpose()?,
         ..ConvertSpec::new(&a.src, &a.dst, layout)
     };
     if let (Some(m), Some(path)) = (mapping, &a.mapping) {
@@ -236,6 +254,8 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         let v = serde_json::json!({
             "units": r.units, "converted": r.converted, "already_present": r.present,
             "samples": r.samples, "samples_already_present": r.samples_present,
+            "reused": r.reused, "samples_reused": r.samples_reused,
+            "captures_stale": r.captures_stale,
             "source_bytes": r.source_bytes, "ignored": r.ignored, "deleted": r.deleted,
             "bad": r.bad, "report": r.report_path,
             "dataset": {"path": spec.dst, "samples": r.stats.samples, "shards": r.stats.shards,
@@ -270,6 +290,16 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             human_bytes(r.stats.bytes)
         ),
     ];
+    if spec.capture.is_some() {
+        let stale = match r.captures_stale {
+            0 => String::new(),
+            n => format!("; {n} recorded captures were gone or changed and were converted"),
+        };
+        lines.push(format!(
+            "reused    {} samples from the store ({} files whose hidden states were not read){stale}",
+            r.samples_reused, r.reused
+        ));
+    }
     if spec.delete_source {
         lines.push(format!("deleted   {} source files", r.deleted));
     }

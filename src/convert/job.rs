@@ -7,13 +7,17 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 use rayon::prelude::*;
 
 use crate::failpoint::failpoint;
 use crate::format::manifest::MANIFEST_FILE;
+use crate::format::Schema;
 use crate::read::Dataset;
+use crate::store::captures::{reuse_captured, CaptureConfig};
+use crate::store::Store;
 use crate::write::DatasetWriter;
 
 use super::groups::{check_duplicates, to_convert};
@@ -211,6 +215,14 @@ fn convert(o: &ConvertOptions, progress: &mut dyn FnMut(Progress)) -> Result<Rep
             run.delete(u)?;
         }
     }
+    let captures = match &o.capture {
+        Some(config) => Some(Captures::of(o, config, &decoder.schema)?),
+        None => None,
+    };
+    let (todo, partly_reused) = match &captures {
+        Some(c) => run.reuse_captured(c, &decoder, todo, &mut writer)?,
+        None => (todo, false),
+    };
     progress(Progress::Start {
         units: todo.len() as u64,
         bytes: todo.iter().map(|u| u.bytes).sum(),
@@ -222,7 +234,9 @@ fn convert(o: &ConvertOptions, progress: &mut dyn FnMut(Progress)) -> Result<Rep
         // Units whose samples the dataset holds were left out of `todo` by key, except split
         // units (keys known only once decoded) and keys taken from the files: with those, a
         // sample already committed is skipped as it comes, even when the key log is gone.
-        skip_present: o.split_by.is_some() || o.key_from.is_some(),
+        // A unit some of whose samples were copied from the store goes on from the others.
+        skip_present: o.split_by.is_some() || o.key_from.is_some() || partly_reused,
+        capture: captures.as_ref().map(|c| &c.config),
     };
     write_in_lanes(
         &decoder,
@@ -230,12 +244,43 @@ fn convert(o: &ConvertOptions, progress: &mut dyn FnMut(Progress)) -> Result<Rep
         &mut writer,
         lanes,
         progress,
-        &mut |units, done, writer| run.commit_group(units, done, writer),
+        &mut |units, done, writer| run.commit_group(units, done, writer, captures.as_ref()),
     )?;
     let stats = writer.finish()?;
     run.report.stats = stats;
     run.report.elapsed = started.elapsed();
     Ok(run.report)
+}
+
+/// The captures of a run with a capture config: the store of the destination `STORE/NAME`,
+/// and the config for the converted schema.
+struct Captures {
+    store: Arc<Store>,
+    name: String,
+    config: CaptureConfig,
+}
+
+impl Captures {
+    fn of(o: &ConvertOptions, config: &CaptureConfig, schema: &Schema) -> Result<Self, RunError> {
+        let bad = |detail: String| {
+            RunError::Dataset(crate::Error::BadOption {
+                option: "capture",
+                detail,
+            })
+        };
+        let (store, name) = crate::store::split_store_path(&o.dst).ok_or_else(|| {
+            bad(format!(
+                "{}: captures are recorded in a store: convert into STORE/NAME (make a store with `hspack store init`)",
+                o.dst.display()
+            ))
+        })?;
+        let config = config.clone().for_schema(schema).map_err(bad)?;
+        Ok(Captures {
+            store: Arc::new(Store::open(store)?),
+            name,
+            config,
+        })
+    }
 }
 
 struct Run<'o> {
@@ -367,8 +412,10 @@ impl<'o> Run<'o> {
         units: &[Unit],
         done: GroupDone,
         writer: &mut DatasetWriter,
+        captures: Option<&Captures>,
     ) -> Result<(), RunError> {
         let mut converted = Vec::with_capacity(units.len());
+        let mut captured = Vec::new();
         for (unit, outcome) in units.iter().zip(done.outcomes) {
             let file = &unit.files[0].1;
             match outcome {
@@ -379,7 +426,9 @@ impl<'o> Run<'o> {
                     appended,
                     present,
                     request_keys,
+                    captures,
                 } => {
+                    captured.extend(captures);
                     for k in request_keys {
                         match self.request_keys.get(&k) {
                             Some(other) if other != file => {
@@ -430,6 +479,9 @@ impl<'o> Run<'o> {
             writer.commit_lane(lane)?;
         }
         failpoint!("convert-committed");
+        if let Some(c) = captures {
+            c.store.record_captures(&c.name, &captured)?;
+        }
         if self.o.delete_source {
             self.verify_new(writer.stats().shards)?;
             for unit in converted {
@@ -437,6 +489,58 @@ impl<'o> Run<'o> {
             }
         }
         Ok(())
+    }
+
+    /// Copies from the store, under their sample keys, the samples of `todo` whose capture
+    /// it holds (checked against the recorded digest), reading only their token ids, commits
+    /// them and records them as captures of this dataset too. Returns the units left to
+    /// convert, and whether some of those had samples copied (the lanes then skip those).
+    fn reuse_captured(
+        &mut self,
+        c: &Captures,
+        decoder: &Decoder,
+        todo: Vec<Unit>,
+        writer: &mut DatasetWriter,
+    ) -> Result<(Vec<Unit>, bool), RunError> {
+        // A unit whose token ids cannot be read is converted, and reported bad there.
+        let keys: Vec<_> = crate::parallel::install(|| {
+            todo.par_iter()
+                .map(|u| decoder.capture_keys(u, &c.config).ok())
+                .collect()
+        });
+        let items: Vec<(String, [u8; 32])> = keys.iter().flatten().flatten().cloned().collect();
+        let (digests, stats) = reuse_captured(&c.store, writer, &items)?;
+        let records: Vec<([u8; 32], [u8; 32], String)> = items
+            .iter()
+            .zip(&digests)
+            .filter_map(|((key, capture), d)| d.map(|d| (*capture, d, key.clone())))
+            .collect();
+        if !records.is_empty() {
+            writer.commit()?;
+            c.store.record_captures(&c.name, &records)?;
+        }
+        self.report.samples_reused += stats.reused;
+        self.report.captures_stale += stats.stale;
+        let mut copied = digests.iter().map(Option::is_some);
+        let (mut rest, mut reused, mut partly) = (Vec::new(), Vec::new(), false);
+        for (unit, keys) in todo.into_iter().zip(&keys) {
+            let n = keys.as_ref().map_or(0, Vec::len);
+            let got = copied.by_ref().take(n).filter(|&c| c).count();
+            if n > 0 && got == n {
+                reused.push(unit);
+            } else {
+                partly |= got > 0;
+                rest.push(unit);
+            }
+        }
+        self.report.reused = reused.len() as u64;
+        if self.o.delete_source && !reused.is_empty() {
+            self.verify_new(writer.stats().shards)?;
+            for unit in &reused {
+                self.delete(unit)?;
+            }
+        }
+        Ok((rest, partly))
     }
 
     /// Hashes every chunk of the shards committed since the last check.

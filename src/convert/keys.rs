@@ -341,7 +341,7 @@ fn tensor_keys(
     requests: Option<usize>,
 ) -> Result<StoredKeys, KeyError> {
     let t = f.tensor(inner)?;
-    let ints = super::prepare::ints(&t.bytes, t.dtype).filter(|_| t.dtype != DType::Bool);
+    let ints = t.dtype.ints(&t.bytes).filter(|_| t.dtype != DType::Bool);
     let bad = || {
         problem(
             f.path(),

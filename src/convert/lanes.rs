@@ -12,6 +12,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Mutex};
 
+use crate::store::captures::{written_digest, CaptureConfig};
 use crate::write::{DatasetWriter, Lanes, ShardLane, WriteOptions};
 
 use super::groups::shard_groups;
@@ -31,6 +32,8 @@ pub(super) struct LaneOptions<'a> {
     pub stop_at_bad: bool,
     /// Skip samples whose keys the dataset holds as they come.
     pub skip_present: bool,
+    /// Record each sample appended as this capture (its key and digest).
+    pub capture: Option<&'a CaptureConfig>,
 }
 
 /// Commits a written group of units: records what they gave, commits its shards.
@@ -67,6 +70,7 @@ pub(super) fn write_in_lanes(
         write: lanes.write,
         stop_at_bad: lanes.stop_at_bad,
         present: &present,
+        capture: lanes.capture,
         stop: AtomicBool::new(false),
     };
     let (job_tx, job_rx) = mpsc::channel::<usize>();
@@ -165,6 +169,9 @@ pub(super) enum Outcome {
         present: u64,
         /// The sample keys, when read one per request (`key_from` naming a list of ids).
         request_keys: Vec<String>,
+        /// With a capture config: `(capture key, digest, sample key)` of each sample
+        /// appended.
+        captures: Vec<([u8; 32], [u8; 32], String)>,
     },
     /// Why the unit is bad.
     Bad(UnitError),
@@ -180,6 +187,7 @@ struct LaneJob<'a> {
     /// Keys committed before this run, with split units or `--key-from` (others are skipped
     /// whole before the run).
     present: &'a HashSet<String>,
+    capture: Option<&'a CaptureConfig>,
     /// Set when the run fails: threads leave their groups.
     stop: AtomicBool,
 }
@@ -244,6 +252,7 @@ impl LaneJob<'_> {
             }
         }
         let (mut appended, mut present) = (0, 0);
+        let mut captures = Vec::new();
         for (key, rows) in &p.samples {
             if self.present.contains(key) {
                 present += 1;
@@ -275,6 +284,14 @@ impl LaneJob<'_> {
                 .expect("a group has a lane")
                 .append(key, &named)?;
             appended += 1;
+            if let Some(config) = self.capture {
+                // Token ids that are no integers failed `capture_keys` and were not reused:
+                // such a sample is converted, not recorded.
+                if let Some(capture) = config.key_of(&decoder.schema, &named) {
+                    let digest = written_digest(&decoder.schema, &named);
+                    captures.push((capture, digest, key.clone()));
+                }
+            }
         }
         let per_request = decoder.key_from.is_some() && !p.stored_key;
         Ok(Outcome::Converted {
@@ -286,6 +303,7 @@ impl LaneJob<'_> {
                 true => p.samples.iter().map(|s| s.0.clone()).collect(),
                 false => Vec::new(),
             },
+            captures,
         })
     }
 }

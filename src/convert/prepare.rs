@@ -5,7 +5,8 @@ use std::borrow::Cow;
 use std::ops::Range;
 use std::sync::Mutex;
 
-use crate::format::{DType, Field, Schema};
+use crate::format::{DType, Field, Role, Schema};
+use crate::store::captures::CaptureConfig;
 
 use super::keys::{stored_keys, StoredKeys};
 use super::layout::{check_field, field_bytes, field_part, FieldSpec, Part};
@@ -68,6 +69,9 @@ pub enum Piece {
     /// huge pages where the system allows, recycled through [`Decoder::recycle`]: fresh pages
     /// cost a fault and a zeroing each.
     Anon(memmap2::MmapMut, usize),
+    /// Not read: the unit was opened for its token ids only ([`Decoder::capture_keys`]), and
+    /// is never appended.
+    Skipped,
 }
 
 /// Gathers at least this many bytes into huge-page-backed memory.
@@ -151,22 +155,6 @@ fn touch(bytes: &[u8]) {
     std::hint::black_box(acc);
 }
 
-/// The integers of an integer tensor's bytes; `None` for other dtypes.
-pub(crate) fn ints(bytes: &[u8], dtype: DType) -> Option<Vec<i64>> {
-    let n = dtype.size();
-    let conv = |c: &[u8]| -> Option<i64> {
-        Some(match dtype {
-            DType::I64 => i64::from_le_bytes(c.try_into().ok()?),
-            DType::I32 => i32::from_le_bytes(c.try_into().ok()?) as i64,
-            DType::I16 => i16::from_le_bytes(c.try_into().ok()?) as i64,
-            DType::I8 => c[0] as i8 as i64,
-            DType::U8 | DType::Bool => c[0] as i64,
-            _ => return None,
-        })
-    };
-    bytes.chunks_exact(n).map(conv).collect()
-}
-
 impl Decoder {
     /// Returns a unit's gather buffers for reuse.
     pub fn recycle(&self, p: Prepared) {
@@ -184,6 +172,7 @@ impl Decoder {
         let bytes = match &p.pieces[f] {
             Piece::Owned(v) => Cow::Borrowed(v.as_slice()),
             Piece::Anon(m, len) => Cow::Borrowed(&m[..*len]),
+            Piece::Skipped => unreachable!("a unit opened for its token ids is never appended"),
             Piece::Mapped => {
                 let spec = &self.specs[f];
                 let t = p.inputs.tensor(&spec.source)?;
@@ -216,10 +205,62 @@ impl Decoder {
 
     /// Opens and checks `unit`; an error is the reason the file is bad.
     pub fn prepare(&self, unit: &Unit) -> Result<Prepared, UnitError> {
+        self.prepare_fields(unit, &|_| true)
+    }
+
+    /// The capture key under `config` of each sample of `unit`, with its sample key, read
+    /// from the token ids (and loss mask) alone: the hidden states are neither read nor
+    /// checked. `config` is for this decoder's schema ([`CaptureConfig::for_schema`]).
+    pub fn capture_keys(
+        &self,
+        unit: &Unit,
+        config: &CaptureConfig,
+    ) -> Result<Vec<(String, [u8; 32])>, UnitError> {
+        let keyed = |f: &Field| matches!(f.role, Role::TokenIds | Role::LossMask);
+        let p = self.prepare_fields(unit, &|i| keyed(&self.schema.fields[i]))?;
+        let mut fields = Vec::new();
+        for (i, f) in self.schema.fields.iter().enumerate() {
+            if keyed(f) {
+                fields.push((f, self.field(&p, i)?));
+            }
+        }
+        let mut out = Vec::with_capacity(p.samples.len());
+        for (key, rows) in &p.samples {
+            let named: Vec<(&str, &[u8])> = fields
+                .iter()
+                .map(|(f, b)| {
+                    let rb = f.row_bytes() as usize;
+                    (
+                        f.name.as_str(),
+                        &b[rows.start as usize * rb..rows.end as usize * rb],
+                    )
+                })
+                .collect();
+            let capture = config.key_of(&self.schema, &named).ok_or_else(|| {
+                unit_error(
+                    &p.inputs,
+                    UnitProblem::CaptureKey {
+                        fields: fields.iter().map(|(f, _)| f.name.clone()).collect(),
+                    },
+                )
+            })?;
+            out.push((key.clone(), capture));
+        }
+        self.recycle(p);
+        Ok(out)
+    }
+
+    /// [`Decoder::prepare`], reading only the fields `wanted` takes (by number); the others
+    /// are [`Piece::Skipped`], their shapes checked.
+    fn prepare_fields(
+        &self,
+        unit: &Unit,
+        wanted: &dyn Fn(usize) -> bool,
+    ) -> Result<Prepared, UnitError> {
         let inputs = Inputs::open(unit, self.limits)?;
         let mut pieces = Vec::with_capacity(self.specs.len());
         let mut rows = None;
-        for (spec, field) in self.specs.iter().zip(&self.schema.fields) {
+        for (i, (spec, field)) in self.specs.iter().zip(&self.schema.fields).enumerate() {
             let t = inputs.tensor(&spec.source)?;
             let r =
                 check_field(field, spec, t.dtype, &t.shape).map_err(|e| unit_error(&inputs, e))?;
@@ -237,6 +278,10 @@ impl Decoder {
                     ))
                 }
                 _ => {}
+            }
+            if !wanted(i) {
+                pieces.push(Piece::Skipped);
+                continue;
             }
             if spec.is_multi_source() {
                 drop(t);
@@ -389,7 +434,7 @@ impl Decoder {
                 .rposition(|r| r.iter().any(|&b| b != 0))
                 .map_or(0, |i| i + 1),
             Trim::TokenIds { pad } => {
-                let ids = ints(rows, field.dtype).ok_or_else(|| {
+                let ids = field.dtype.ints(rows).ok_or_else(|| {
                     unit_error(
                         &p.inputs,
                         UnitProblem::TrimNotIntegers { dtype: field.dtype },
@@ -410,7 +455,7 @@ fn bounds(
     dtype: DType,
     rows: u64,
 ) -> Result<Vec<Range<u64>>, SplitError> {
-    let values = ints(bytes, dtype).ok_or_else(|| SplitError::NotIntegers {
+    let values = dtype.ints(bytes).ok_or_else(|| SplitError::NotIntegers {
         tensor: name.to_string(),
         dtype,
     })?;

@@ -52,6 +52,13 @@ pub struct Report {
     pub samples: u64,
     /// Samples of this run's units skipped because the dataset already held their keys.
     pub samples_present: u64,
+    /// Units whose every sample was copied from the store (`capture`): their hidden states
+    /// were not read.
+    pub reused: u64,
+    /// Samples copied from the store as captures it held (`capture`).
+    pub samples_reused: u64,
+    /// Captures the store recorded whose sample was gone or changed: converted instead.
+    pub captures_stale: u64,
     /// Source bytes of the converted units.
     pub source_bytes: u64,
     /// Files skipped as bad (only with `skip_bad`): a run that skipped any did not convert
@@ -78,6 +85,9 @@ impl Report {
             present: 0,
             samples: 0,
             samples_present: 0,
+            reused: 0,
+            samples_reused: 0,
+            captures_stale: 0,
             source_bytes: 0,
             bad: Vec::new(),
             report_path,

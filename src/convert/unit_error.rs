@@ -101,6 +101,12 @@ pub enum UnitProblem {
         /// The value.
         value: f32,
     },
+    /// Token ids (or a loss mask) that are no integers, with `--capture-config`.
+    #[error("a capture key (--capture-config) is made of integer token ids and loss mask, and fields [{}] are not integers", fields.join(", "))]
+    CaptureKey {
+        /// The fields read for the key.
+        fields: Vec<String>,
+    },
     /// `--trim-padding` without the field it reads.
     #[error("--trim-padding needs a loss mask or token id field in the layout")]
     TrimNeedsField,

@@ -34,6 +34,26 @@ pub enum DType {
 }
 
 impl DType {
+    /// The integers of little-endian elements of this dtype; `None` for a dtype that is not
+    /// an integer or bool, or bytes that are not whole elements.
+    pub fn ints(self, bytes: &[u8]) -> Option<Vec<i64>> {
+        let n = self.size();
+        if !bytes.len().is_multiple_of(n) {
+            return None;
+        }
+        let conv = |c: &[u8]| -> Option<i64> {
+            Some(match self {
+                DType::I64 => i64::from_le_bytes(c.try_into().ok()?),
+                DType::I32 => i32::from_le_bytes(c.try_into().ok()?) as i64,
+                DType::I16 => i16::from_le_bytes(c.try_into().ok()?) as i64,
+                DType::I8 => c[0] as i8 as i64,
+                DType::U8 | DType::Bool => c[0] as i64,
+                _ => return None,
+            })
+        };
+        bytes.chunks_exact(n).map(conv).collect()
+    }
+
     /// Every dtype, in code order.
     pub const ALL: [DType; 12] = [
         DType::Bool,

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::format::manifest::hex;
-use crate::format::FormatError;
+use crate::format::{FormatError, Role, Schema};
 use crate::read::{Dataset, Tensor};
 use crate::write::DatasetWriter;
 
@@ -54,11 +54,52 @@ pub struct CaptureConfig {
     pub dtype: String,
     /// The captured layer ids, in order.
     pub layers: Vec<i64>,
-    /// The dataset's field names, in schema order.
+    /// The dataset's field names, in schema order. Empty in a config given to `hspack
+    /// convert`: the converted dataset's ([`CaptureConfig::for_schema`]).
+    #[serde(default)]
     pub fields: Vec<String>,
 }
 
 impl CaptureConfig {
+    /// This config for samples of a dataset of `schema`: its field names filled in where
+    /// none are given. Refused when it names other fields (its keys would never be a capture
+    /// of that dataset's samples) or when the schema holds no token ids to key by.
+    pub fn for_schema(mut self, schema: &Schema) -> std::result::Result<Self, String> {
+        let names: Vec<String> = schema.fields.iter().map(|f| f.name.clone()).collect();
+        if self.fields.is_empty() {
+            self.fields = names;
+        } else if self.fields != names {
+            return Err(format!(
+                "the capture config names fields [{}], the dataset has [{}]: give the dataset's, or leave `fields` out",
+                self.fields.join(", "),
+                names.join(", ")
+            ));
+        }
+        if !schema.fields.iter().any(|f| f.role == Role::TokenIds) {
+            return Err(
+                "a capture is keyed by its token ids, and the dataset has no token-id field".into(),
+            );
+        }
+        Ok(self)
+    }
+
+    /// The capture key of a sample given by its fields as a dataset of `schema` stores them
+    /// (by name): its token ids and, where the schema has one, its loss mask, read from the
+    /// fields whose roles say so ([`CaptureConfig::key`]). `None` when a field is missing or
+    /// its values are not integers.
+    pub fn key_of(&self, schema: &Schema, fields: &[(&str, &[u8])]) -> Option<[u8; 32]> {
+        let ints = |role: Role| -> Option<Option<Vec<i64>>> {
+            let Some(f) = schema.fields.iter().find(|f| f.role == role) else {
+                return Some(None);
+            };
+            let (_, bytes) = fields.iter().find(|(n, _)| *n == f.name)?;
+            f.dtype.ints(bytes).map(Some)
+        };
+        let tokens = ints(Role::TokenIds)??;
+        let mask = ints(Role::LossMask)?;
+        Some(self.key(&tokens, mask.as_deref()))
+    }
+
     /// The capture key of `tokens` under this config, with the sample's loss mask where the
     /// dataset stores one (a reused sample brings its stored fields, the mask among them).
     pub fn key(&self, tokens: &[i64], loss_mask: Option<&[i64]>) -> [u8; 32] {

@@ -8,6 +8,7 @@ mod mapping;
 #[cfg(test)]
 mod tests;
 
+use crate::store::captures::CaptureConfig;
 use std::path::PathBuf;
 use std::str::FromStr;
 
@@ -98,6 +99,12 @@ pub struct ConvertSpec {
     /// fsync at commits; off (`--no-fsync`) for scratch data only.
     #[serde(default = "default_fsync")]
     pub fsync: bool,
+    /// The capture the dumps are of (`--capture-config`), for a destination `STORE/NAME`:
+    /// samples whose capture the store holds are copied from it without reading their hidden
+    /// states, and every sample converted is recorded as that capture, so a later capture
+    /// or conversion skips it (FORMAT.md §11.7).
+    #[serde(default)]
+    pub capture: Option<CaptureConfig>,
     /// Limits for reading source files.
     #[serde(default)]
     pub limits: Limits,
@@ -290,6 +297,7 @@ pub(crate) struct ConvertOptions {
     pub write: WriteOptions,
     /// The fields stored quantized, applied to the schema the layout derives.
     pub quantize: Option<QuantizeSpec>,
+    pub capture: Option<CaptureConfig>,
     pub limits: Limits,
 }
 
@@ -321,6 +329,7 @@ impl ConvertSpec {
             codec: default_codec(),
             quantize: None,
             fsync: default_fsync(),
+            capture: None,
             limits: Limits::default(),
         }
     }
@@ -415,6 +424,7 @@ impl ConvertSpec {
                 ..WriteOptions::default()
             },
             quantize,
+            capture: self.capture.clone(),
             limits: self.limits,
         })
     }
