@@ -444,11 +444,11 @@ impl<'d> Sample<'d> {
                 });
             }
         }
-        if let Some(view) = self.contiguous_view(&touching, &rows, row_bytes)? {
+        if let Some(data) = self.stored_as_is(&touching, &rows, row_bytes)? {
             return Ok(Tensor {
                 dtype: field.dtype,
                 shape,
-                data: Buffer::File(view),
+                data,
             });
         }
         let mut out = AlignedBytes::zeroed((rows.end - rows.start) as usize * row_bytes);
@@ -460,17 +460,17 @@ impl<'d> Sample<'d> {
         })
     }
 
-    /// Rows `rows` of the extents `touching` (in row order) as one view of the storage's
-    /// bytes, when every chunk is stored as it is and their parts lie one after another in
-    /// the same mapping: the row blocks of a field laid in order in a store's pack. `None`
-    /// otherwise (chunk headers between them, a codec, a block stored elsewhere): the caller
-    /// copies.
-    fn contiguous_view(
+    /// Rows `rows` of the extents `touching` (in row order), when every chunk is stored as
+    /// it is and they tile the rows: one view of the storage's bytes where their parts lie one
+    /// after another in the same mapping (the row blocks of a field laid in order in a
+    /// store's pack), else a copy of the parts, each chunk read once. `None` for chunks with
+    /// a codec, or extents with gaps: the caller decodes.
+    fn stored_as_is(
         &self,
         touching: &[&ExtentEntry],
         rows: &Range<u64>,
         row_bytes: usize,
-    ) -> Result<Option<crate::io::FileBytes>> {
+    ) -> Result<Option<Buffer>> {
         use rayon::prelude::*;
         let schema = self.ds.schema();
         let index = self.shard.index();
@@ -483,7 +483,11 @@ impl<'d> Sample<'d> {
             .iter()
             .zip(touching.iter().skip(1))
             .all(|(a, b)| a.row_start + a.row_count == b.row_start);
-        if !tiled || !touching.iter().all(stored_as_is) {
+        let covered = touching.first().is_some_and(|x| x.row_start <= rows.start)
+            && touching
+                .last()
+                .is_some_and(|x| x.row_start + x.row_count >= rows.end);
+        if !covered || !tiled || !touching.iter().all(stored_as_is) {
             return Ok(None);
         }
         // Each chunk is checked on first read: on the pool, as one large chunk's hash is.
@@ -498,27 +502,29 @@ impl<'d> Sample<'d> {
         } else {
             touching.iter().map(chunk).collect::<Result<_>>()?
         };
-        let mut view: Option<crate::io::FileBytes> = None;
+        let mut parts = Vec::with_capacity(chunks.len());
         for (x, stored) in touching.iter().zip(&chunks) {
             let lo = x.row_start.max(rows.start);
             let hi = (x.row_start + x.row_count).min(rows.end);
             let first = (x.chunk_row + lo - x.row_start) as usize * row_bytes;
-            let Some(part) = stored.slice(first..first + (hi - lo) as usize * row_bytes) else {
-                return Ok(None);
-            };
-            view = match view {
-                None => Some(part),
-                Some(v) => match v.joined(&part) {
-                    Some(joined) => Some(joined),
-                    None => return Ok(None),
-                },
-            };
+            let part = stored
+                .slice(first..first + (hi - lo) as usize * row_bytes)
+                .expect("the index was validated: extents lie inside their chunks");
+            parts.push(part);
         }
-        let covered = touching.first().is_some_and(|x| x.row_start <= rows.start)
-            && touching
-                .last()
-                .is_some_and(|x| x.row_start + x.row_count >= rows.end);
-        Ok(view.filter(|_| covered))
+        let joined = parts[1..]
+            .iter()
+            .try_fold(parts[0].clone(), |view, part| view.joined(part));
+        if let Some(view) = joined {
+            return Ok(Some(Buffer::File(view)));
+        }
+        let mut out = AlignedBytes::zeroed(bytes as usize);
+        let mut at = 0;
+        for part in &parts {
+            out.as_bytes_mut()[at..at + part.len()].copy_from_slice(part);
+            at += part.len();
+        }
+        Ok(Some(Buffer::Owned(out)))
     }
 
     /// Asks the storage to read ahead every chunk of fields `fields` (numbers). Shards are
