@@ -502,6 +502,9 @@ impl<'o> Run<'o> {
         todo: Vec<Unit>,
         writer: &mut DatasetWriter,
     ) -> Result<(Vec<Unit>, bool), RunError> {
+        if c.store.capture_names()?.is_empty() {
+            return Ok((todo, false)); // nothing recorded: no file is opened twice
+        }
         // A unit whose token ids cannot be read is converted, and reported bad there.
         let keys: Vec<_> = crate::parallel::install(|| {
             todo.par_iter()

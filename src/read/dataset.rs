@@ -426,24 +426,6 @@ impl<'d> Sample<'d> {
             .iter()
             .filter(|x| x.row_start < rows.end && rows.start < x.row_start + x.row_count)
             .collect();
-        if let [x] = touching.as_slice() {
-            let (e, stored) = self
-                .shard
-                .chunk(x.chunk.into(), schema, self.ds.options.check)?;
-            if e.codec == crate::format::Codec::None.code() {
-                let first = (x.chunk_row + rows.start - x.row_start) as usize;
-                let start = first * row_bytes;
-                let end = start + (rows.end - rows.start) as usize * row_bytes;
-                let view = stored
-                    .slice(start..end)
-                    .expect("the index was validated: extents lie inside their chunks");
-                return Ok(Tensor {
-                    dtype: field.dtype,
-                    shape,
-                    data: Buffer::File(view),
-                });
-            }
-        }
         if let Some(data) = self.stored_as_is(&touching, &rows, row_bytes)? {
             return Ok(Tensor {
                 dtype: field.dtype,
@@ -461,9 +443,9 @@ impl<'d> Sample<'d> {
     }
 
     /// Rows `rows` of the extents `touching` (in row order), when every chunk is stored as
-    /// it is and they tile the rows: one view of the storage's bytes where their parts lie one
-    /// after another in the same mapping (the row blocks of a field laid in order in a
-    /// store's pack), else a copy of the parts, each chunk read once. `None` for chunks with
+    /// it is and they tile the rows: one view of the storage's bytes where there is one chunk
+    /// or their parts lie one after another in the same mapping (the row blocks of a field
+    /// laid in order in a store's pack), else a copy of the parts, each chunk read once. `None` for chunks with
     /// a codec, or extents with gaps: the caller decodes.
     fn stored_as_is(
         &self,
@@ -490,14 +472,16 @@ impl<'d> Sample<'d> {
         if !covered || !tiled || !touching.iter().all(stored_as_is) {
             return Ok(None);
         }
-        // Each chunk is checked on first read: on the pool, as one large chunk's hash is.
+        // Each chunk is checked on first read: several on the pool, as one large chunk's
+        // hash is (one alone on this thread: handing it over would cost more).
         let chunk = |x: &&ExtentEntry| {
             self.shard
                 .chunk(x.chunk.into(), schema, self.ds.options.check)
                 .map(|(_, stored)| stored)
         };
         let bytes = (rows.end - rows.start) * row_bytes as u64;
-        let chunks: Vec<crate::io::FileBytes> = if bytes >= crate::parallel::WORTH_THE_POOL {
+        let pooled = touching.len() > 1 && bytes >= crate::parallel::WORTH_THE_POOL;
+        let chunks: Vec<crate::io::FileBytes> = if pooled {
             crate::parallel::install(|| touching.par_iter().map(chunk).collect::<Result<_>>())?
         } else {
             touching.iter().map(chunk).collect::<Result<_>>()?

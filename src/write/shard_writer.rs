@@ -306,21 +306,17 @@ fn hand_over(
                     }
                 });
             }
-            let mut hand = || -> Result<()> {
-                for (i, c) in chunks.iter().enumerate() {
-                    let h = loop {
-                        match hashes[i].get() {
-                            Some(h) => break h,
-                            // Another thread is hashing it: hash one more meanwhile.
-                            None if hash_one() => {}
-                            None => std::thread::yield_now(),
-                        }
-                    };
-                    out.write_payload(places[i] + HEADER, &c.stored, h)?;
-                }
-                Ok(())
-            };
-            let written = hand();
+            let written = chunks.iter().enumerate().try_for_each(|(i, c)| {
+                let h = loop {
+                    match hashes[i].get() {
+                        Some(h) => break h,
+                        // Another thread is hashing it: hash one more meanwhile.
+                        None if hash_one() => {}
+                        None => std::thread::yield_now(),
+                    }
+                };
+                out.write_payload(places[i] + HEADER, &c.stored, h)
+            });
             stop.store(true, Relaxed);
             written
         })
