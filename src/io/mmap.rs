@@ -18,14 +18,18 @@ use crate::error::{io, Result};
 /// Another program truncating a mapped file would make reads fault (SIGBUS): the documented
 /// hazard of reading files others are editing in place.
 pub fn map_path(path: &Path) -> std::io::Result<FileBytes> {
-    let file = File::open(path)?;
+    map_open(&File::open(path)?)
+}
+
+/// [`map_path`] of a file already open.
+fn map_open(file: &File) -> std::io::Result<FileBytes> {
     if file.metadata()?.len() == 0 {
         return Ok(FileBytes::from_vec(Vec::new()));
     }
     // SAFETY: read-only and private to this process; see the hazard above: published files
     // are never modified in place, and every access is bounds-checked against the length
     // captured here.
-    let map = unsafe { Mmap::map(&file) }?;
+    let map = unsafe { Mmap::map(file) }?;
     Ok(FileBytes::new(Backing::Mapped(map)))
 }
 
@@ -67,38 +71,27 @@ impl FileId {
     }
 }
 
-/// Maps bytes `offset..offset + len` of `path` copy-on-write: readable and writable, writes
-/// stay private to the mapping and never reach the file. Fails when the file is no longer the
-/// one `expect` names, or is shorter than the range.
-pub fn map_private_range(
-    path: &Path,
-    offset: u64,
-    len: usize,
-    expect: FileId,
-) -> Result<memmap2::MmapMut> {
+/// Maps the file at `path` read-only, as [`map_path`] does, provided it is still the file
+/// `expect` names. A mapping handed to another process by path and identity is refused this
+/// way when the file was replaced in between.
+pub fn map_identified(path: &Path, expect: FileId) -> Result<FileBytes> {
     let file = File::open(path).map_err(io(path, "open"))?;
-    let id = FileId::of(&file, path)?;
-    let size = file.metadata().map_err(io(path, "stat"))?.len();
-    if id != expect || offset.checked_add(len as u64).is_none_or(|end| end > size) {
-        return Err(crate::error::Error::Io {
-            path: path.to_path_buf(),
-            op: "map",
-            source: std::io::Error::other(
-                "the shard file was replaced or truncated since it was read; reopen the dataset",
-            ),
-        });
+    if FileId::of(&file, path)? != expect {
+        return Err(replaced(path));
     }
-    // SAFETY: as for `map_path`: hspack never rewrites a published file in place, and the
-    // identity and length were just checked. The mapping is private (copy-on-write), so
-    // writes through it change this process's pages only, never the file.
-    let map = unsafe {
-        memmap2::MmapOptions::new()
-            .offset(offset)
-            .len(len)
-            .map_copy(&file)
+    map_open(&file).map_err(io(path, "map"))
+}
+
+/// The error for a file that is no longer the one a mapping handed over named, or is shorter
+/// than the range it named.
+pub fn replaced(path: &Path) -> crate::error::Error {
+    crate::error::Error::Io {
+        path: path.to_path_buf(),
+        op: "map",
+        source: std::io::Error::other(
+            "the shard file was replaced or truncated since it was read; reopen the dataset",
+        ),
     }
-    .map_err(io(path, "map"))?;
-    Ok(map)
 }
 
 /// Flags (one byte each) in a file mapped shared, so several processes see each other's

@@ -35,8 +35,7 @@ fn _hspack(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(writer::capture_key, m)?)?;
     m.add_function(wrap_pyfunction!(writer::quantize_schema, m)?)?;
     m.add_function(wrap_pyfunction!(origin::origin, m)?)?;
-    m.add_function(wrap_pyfunction!(origin::map_private, m)?)?;
-    m.add_class::<origin::PrivateMap>()?;
+    m.add_function(wrap_pyfunction!(origin::map_received, m)?)?;
     #[cfg(feature = "cuda")]
     m.add_class::<cuda_writer::CudaWriter>()?;
     Ok(())

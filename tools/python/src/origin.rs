@@ -4,19 +4,24 @@
 //! Every shard mapping a read hands out is registered with its path and file identity. While
 //! a tensor over a mapping lives, the mapping lives, so an address inside a live registered
 //! mapping can only belong to a view of it: [`origin`] is exact, never a guess. The main
-//! process maps the range privately ([`map_private`]) and gets the same bytes, writable
-//! copy-on-write, without a copy.
+//! process maps the file ([`map_received`]) and gets the same bytes without a copy: read-only,
+//! like every view of a shard in the process that read it.
+//!
+//! The receiving process maps each file once and keeps the mapping (up to
+//! [`RECEIVED_FILES`] files): a tensor is then a slice of a mapping whose pages are already in
+//! place, rather than a new mapping that faults in every page and is torn down after.
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use hspack::io::mmap::{map_private_range, FileId};
+use hspack::io::mmap::{map_identified, replaced, FileId};
 use hspack::io::{FileBytes, MappingRef};
-use memmap2::MmapMut;
+use hspack::read::Buffer;
+use hspack::{DType, Tensor};
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
 
 use crate::errors::IntoPy;
+use crate::tensor_buffer::TensorBuffer;
 
 struct Entry {
     map: MappingRef,
@@ -46,6 +51,10 @@ pub fn register(bytes: &FileBytes, path: &Path) {
     let Ok(id) = FileId::of(&file, path) else {
         return;
     };
+    push(&mut all, map, path, id);
+}
+
+fn push(all: &mut Vec<Entry>, map: MappingRef, path: &Path, id: FileId) {
     all.retain(|e| e.map.is_alive());
     all.push(Entry {
         map,
@@ -73,50 +82,53 @@ pub fn origin(addr: usize, len: usize) -> Option<(PathBuf, u64, u64, u64)> {
         })
 }
 
-/// A private (copy-on-write) mapping of a file range, as a writable byte array for numpy;
-/// the mapping lives as long as this object (numpy arrays over it hold it as their base).
-#[pyclass(module = "hspack._hspack", frozen)]
-pub struct PrivateMap {
-    _map: MmapMut,
-    addr: usize,
-    len: usize,
+/// How many received files a process keeps mapped; past it, the file received longest ago is
+/// dropped from the cache (tensors over it keep their mapping alive).
+const RECEIVED_FILES: usize = 1024;
+
+/// The files this process mapped for tensors received from others, oldest first.
+static RECEIVED: Mutex<Vec<(FileId, FileBytes)>> = Mutex::new(Vec::new());
+
+/// The mapping of the file `path` must still be, `(dev, ino)`: the one kept from an earlier
+/// tensor, or a new one, kept and registered (so a tensor received can be handed on as a file
+/// range too).
+fn received_file(path: &Path, id: FileId) -> hspack::Result<FileBytes> {
+    let mut kept = RECEIVED.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, bytes)) = kept.iter().find(|(k, _)| *k == id) {
+        return Ok(bytes.clone());
+    }
+    let bytes = map_identified(path, id)?;
+    if let Some(map) = bytes.mapping() {
+        push(&mut entries(), map, path, id);
+    }
+    if kept.len() == RECEIVED_FILES {
+        kept.remove(0);
+    }
+    kept.push((id, bytes.clone()));
+    Ok(bytes)
 }
 
-/// Maps `len` bytes at `offset` of `path` privately; the file must still be `(dev, ino)`.
+/// Bytes `offset..offset + len` of `path`, which must still be the file `(dev, ino)`, as a
+/// read-only byte tensor over this process's one mapping of the file.
 #[pyfunction]
-pub fn map_private(
+pub fn map_received(
     py: Python<'_>,
     path: PathBuf,
-    offset: u64,
+    offset: usize,
     len: usize,
     dev: u64,
     ino: u64,
-) -> PyResult<PrivateMap> {
-    let mut map = py
-        .allow_threads(|| map_private_range(&path, offset, len, FileId { dev, ino }))
+) -> PyResult<TensorBuffer> {
+    let data = py
+        .allow_threads(|| {
+            let file = received_file(&path, FileId { dev, ino })?;
+            let end = offset.checked_add(len).ok_or_else(|| replaced(&path))?;
+            file.slice(offset..end).ok_or_else(|| replaced(&path))
+        })
         .py_err()?;
-    let addr = map.as_mut_ptr() as usize;
-    Ok(PrivateMap {
-        _map: map,
-        addr,
-        len,
-    })
-}
-
-#[pymethods]
-impl PrivateMap {
-    fn __len__(&self) -> usize {
-        self.len
-    }
-
-    /// The numpy array interface (version 3): writable bytes.
-    #[getter]
-    fn __array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let d = PyDict::new(py);
-        d.set_item("version", 3)?;
-        d.set_item("shape", (self.len,))?;
-        d.set_item("typestr", "|u1")?;
-        d.set_item("data", (self.addr, false))?;
-        Ok(d)
-    }
+    Ok(TensorBuffer::new(Tensor {
+        dtype: DType::U8,
+        shape: vec![len as u64],
+        data: Buffer::File(data),
+    }))
 }

@@ -164,8 +164,8 @@ class HspackDataset(_Reopening, tud.Dataset):
     resumable) or `TokenBudgetBatchSampler`.
 
     `transfer="map"` (default) sends zero-copy tensors from DataLoader workers as file
-    ranges that the main process maps privately (`hspack.torch.transfer`); `"copy"` leaves
-    them to torch's shared-memory copy."""
+    ranges that the main process views through its own read-only mapping of the file
+    (`hspack.torch.transfer`); `"copy"` leaves them to torch's shared-memory copy (writable)."""
 
     def __init__(self, path: str | os.PathLike, fields: Sequence[str] | None = None, *, view: Any = None, max_len: int | None = None, check: str = "once", transfer: str = "map", cache_dir: str | os.PathLike | None = None, cache_bytes: int | None = None):
         self.path, self.check = os.fspath(path), check

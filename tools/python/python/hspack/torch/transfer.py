@@ -3,9 +3,11 @@
 A DataLoader worker normally sends a tensor through shared memory: it allocates a shared
 segment and copies the tensor into it, and the main process maps the segment. For a tensor
 that is a view of a mapped shard, hspack sends `(shard path, file offset, file identity,
-dtype, shape, strides)` instead, and the main process maps that range of the file privately:
-the same bytes with no copy, writable copy-on-write (writes stay in the receiving process and
-never reach the file). A file replaced in between is refused with an error naming it.
+dtype, shape, strides)` instead, and the main process views that range of its own mapping of
+the file: the same bytes with no copy, read-only like every tensor over a shard in the process
+that reads it (write to a `.clone()`). Each file is mapped once per process and kept, so its
+pages stay mapped from one tensor (and epoch) to the next. A file replaced before the main
+process first mapped it is refused with an error naming it.
 
 `install()` registers this for `torch.Tensor` in the calling process; the hspack torch
 datasets call it when they open the dataset inside a DataLoader worker. Tensors that are not
@@ -17,9 +19,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import numpy as np
-
 from .. import _hspack
+from .._tensors import to_torch
 
 _INSTALLED = False
 
@@ -68,8 +69,8 @@ def reduce_tensor(t: Any) -> tuple:
 
 
 def rebuild(path: str, offset: int, dev: int, ino: int, nbytes: int, dtype: str, storage_offset: int, size: tuple, stride: tuple) -> Any:
-    """The tensor `reduce_tensor` described, over a private mapping of its file range."""
+    """The tensor `reduce_tensor` described, over this process's mapping of its file."""
     import torch
 
-    raw = torch.from_numpy(np.asarray(_hspack.map_private(path, offset, nbytes, dev, ino)))
+    raw = to_torch(_hspack.map_received(path, offset, nbytes, dev, ino))
     return torch.empty(0, dtype=getattr(torch, dtype)).set_(raw.untyped_storage(), storage_offset, size, stride)
