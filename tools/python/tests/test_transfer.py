@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import hspack
-from hspack.torch import HspackDataset, transfer
+from hspack.torch import HspackDataset, HspackLoader, HspackSampler, PadCollate, transfer
+from hspack.torch.batching import CollateToPinned, Uncollated
 
 H = 16
 AUX = [1, 3, 5]
@@ -206,3 +207,52 @@ def test_every_dataset_in_a_worker_loads_its_samples(stacked_path):
     b = HspackDataset(stacked_path, view=pick_readahead)
     loader = torch.utils.data.DataLoader(torch.utils.data.ConcatDataset([a, b]), batch_size=None, num_workers=2)
     assert {s["readahead"] for s in loader} == {"load"}
+
+
+def batches_of(ds, size):
+    order = list(HspackSampler(ds, shuffle=False))
+    return [order[i : i + size] for i in range(0, len(order), size)]
+
+
+def assert_same_batch(got, want):
+    assert got.keys() == want.keys()
+    for k, v in want.items():
+        assert torch.equal(got[k], v) if torch.is_tensor(v) else got[k] == v, k
+
+
+def test_batches_to_pin_come_from_workers_uncollated_with_nothing_copied(stacked_path):
+    ds = HspackDataset(stacked_path, view="eagle3")
+    collate = PadCollate()
+    want = [collate([ds[i] for i in b]) for b in batches_of(ds, 5)]
+    loader = torch.utils.data.DataLoader(ds, batch_size=5, sampler=HspackSampler(ds, shuffle=False), num_workers=2, collate_fn=CollateToPinned(collate))
+    got = list(loader)
+    assert len(got) == len(want) == 3
+    for pending, w in zip(got, want):
+        assert isinstance(pending, Uncollated)
+        for s in pending.samples:
+            # Views of the shards, sent as file ranges: the worker copied no hidden state.
+            for k in ("aux_hidden_state", "hidden_state"):
+                assert not s[k].is_shared() and transfer.origin(s[k]) is not None
+        assert_same_batch(pending.collated(), w)
+    # A loader that ends up not pinning still hands out collated batches.
+    plain = HspackLoader(ds, batch_size=5, sampler=HspackSampler(ds, shuffle=False), num_workers=2, collate_fn=CollateToPinned(collate))
+    for g, w in zip(plain, want):
+        assert_same_batch(g, w)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU here: pinned memory needs one (run on a GPU machine, see benches/README-cuda.md)")
+@pytest.mark.parametrize("workers", [0, 2])
+def test_pinned_batches_are_collated_into_pinned_memory(stacked_path, workers):
+    ds = HspackDataset(stacked_path, view="eagle3")
+    want = [PadCollate()([ds[i] for i in b]) for b in batches_of(ds, 5)]
+    loader = HspackLoader(ds, batch_size=5, sampler=HspackSampler(ds, shuffle=False), num_workers=workers, pin_memory=True)
+    assert isinstance(loader.collate_fn, CollateToPinned)
+    got = list(loader)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert_same_batch(g, w)
+        for k, v in g.items():
+            assert not torch.is_tensor(v) or v.is_pinned(), k
+        on_gpu = g["aux_hidden_state"].cuda(non_blocking=True)
+        torch.cuda.synchronize()
+        assert torch.equal(on_gpu.cpu(), w["aux_hidden_state"])

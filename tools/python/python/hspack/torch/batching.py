@@ -1,5 +1,5 @@
-"""Batching: a token-budget batch sampler (lengths from the index, no data reads) and a
-padding collate."""
+"""Batching: a token-budget batch sampler (lengths from the index, no data reads), a
+padding collate, and collation straight into pinned memory for `pin_memory=True`."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch.utils.data as tud
 
 from .._hspack import EAGLE3
 from . import order as _order
-from .views import shared_empty
+from .views import pinned_empty, shared_empty
 
 # Token ids and the attention mask, named as the Rust side names them (`hspack::format::eagle3`).
 _INPUT_IDS = EAGLE3["fields"]["input_ids"]
@@ -117,7 +117,8 @@ class PadCollate:
     cut to `max_len` and padded: `pad_ids` for `input_ids`, 0 elsewhere (so `loss_mask`
     is 0 on padding). Adds `attention_mask` (`[B, T_max]` int64, 1 on real tokens) and
     `lengths`. Ints (`ordinal`) become a tensor; other values are listed. In DataLoader
-    workers the batch tensors are allocated in shared memory.
+    workers the batch tensors are allocated in shared memory; with `pin=True`, in pinned
+    memory (what `HspackLoader(pin_memory=True)` asks for, see `CollateToPinned`).
 
     Samples that are batches of one (`[1, T, ...]`, as the `eagle3-specforge` view returns,
     like SpecForge's dataset items) are collated on their token dim, into `[B, T_max, ...]`
@@ -127,7 +128,8 @@ class PadCollate:
         self.max_len, self.pad_id, self.length_key = max_len, pad_id, length_key
         self.multiple = pad_to_multiple_of
 
-    def __call__(self, samples: Sequence[dict]) -> dict:
+    def __call__(self, samples: Sequence[dict], pin: bool = False) -> dict:
+        empty = pinned_empty if pin else shared_empty
         samples = [_unbatched(s, self.length_key) for s in samples]
         first = samples[0]
         key = self.length_key if self.length_key in first else next(k for k, v in first.items() if torch.is_tensor(v))
@@ -140,7 +142,7 @@ class PadCollate:
         out: dict = {}
         for name, v in first.items():
             if torch.is_tensor(v) and v.dim() >= 1 and v.shape[0] == first[key].shape[0]:
-                batch = shared_empty((len(samples), t_max, *v.shape[1:]), v.dtype)
+                batch = empty((len(samples), t_max, *v.shape[1:]), v.dtype)
                 fill = self.pad_id if name == _INPUT_IDS else 0
                 for b, (s, n) in enumerate(zip(samples, lengths)):
                     batch[b, :n] = s[name][:n]
@@ -148,16 +150,55 @@ class PadCollate:
                         batch[b, n:] = fill
                 out[name] = batch
             elif isinstance(v, int):
-                out[name] = torch.tensor([s[name] for s in samples], dtype=torch.int64)
+                out[name] = _ints([s[name] for s in samples], pin)
             else:
                 out[name] = [s[name] for s in samples]
-        mask = shared_empty((len(samples), t_max), torch.int64)
+        mask = empty((len(samples), t_max), torch.int64)
         for b, n in enumerate(lengths):
             mask[b, :n] = 1
             mask[b, n:] = 0
         out[_ATTENTION_MASK] = mask
-        out["lengths"] = torch.tensor(lengths, dtype=torch.int64)
+        out["lengths"] = _ints(lengths, pin)
         return out
+
+
+def _ints(values: list[int], pin: bool) -> torch.Tensor:
+    t = torch.tensor(values, dtype=torch.int64)
+    return t.pin_memory() if pin else t
+
+
+class Uncollated:
+    """The samples of one batch as a DataLoader worker sends them when the loader pins
+    memory: views of the shards travel as file ranges (`hspack.torch.transfer`), and the
+    main process's pin-memory thread collates them straight into pinned memory
+    (`pin_memory()`, which the DataLoader calls). One copy from the shards to pinned memory,
+    where collating in the worker and pinning after makes two (the second in the main
+    process)."""
+
+    def __init__(self, samples: list, collate: PadCollate):
+        self.samples, self.collate = samples, collate
+
+    def pin_memory(self, device: Any = None) -> dict:
+        return self.collate(self.samples, pin=True)
+
+    def collated(self) -> dict:
+        """The batch in ordinary memory, for a loader that did not pin after all."""
+        return self.collate(self.samples)
+
+
+class CollateToPinned:
+    """Wraps a `PadCollate` for a loader that pins memory: in a DataLoader worker it returns
+    the samples `Uncollated`, for the main process to collate into pinned memory; without
+    workers it collates into pinned memory at once (the DataLoader's pinning then finds
+    nothing to copy)."""
+
+    def __init__(self, collate: PadCollate):
+        self.collate = collate
+
+    def __call__(self, samples: Sequence[dict]) -> Any:
+        if tud.get_worker_info() is not None:
+            return Uncollated(list(samples), self.collate)
+        return self.collate(samples, pin=True)
 
 
 def _unbatched(sample: dict, length_key: str) -> dict:

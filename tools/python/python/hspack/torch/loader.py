@@ -8,8 +8,14 @@ from typing import Any
 import torch
 import torch.utils.data as tud
 
-from .batching import PadCollate, TokenBudgetBatchSampler
+from .batching import CollateToPinned, PadCollate, TokenBudgetBatchSampler, Uncollated
 from .datasets import HspackIterableDataset, HspackSampler
+
+
+def accelerator_available() -> bool:
+    """True when the DataLoader can pin memory here (it pins for the current accelerator)."""
+    acc = getattr(torch, "accelerator", None)
+    return acc.is_available() if acc is not None else torch.cuda.is_available()
 
 
 def _count(batch: Any, fallback: int) -> int:
@@ -35,7 +41,12 @@ class HspackLoader(tud.DataLoader):
 
     Batches (`batch_size` not None, or a `batch_sampler`) are collated by `PadCollate()`
     unless `collate_fn` says otherwise: samples are ragged, and torch's default collate can
-    only stack tensors of one shape."""
+    only stack tensors of one shape.
+
+    With `pin_memory=True` (and an accelerator), a `PadCollate` batch is collated straight
+    into pinned memory: workers send the samples uncollated (views of the shards as file
+    ranges) and the pin-memory thread pads them into pinned tensors, one copy in all
+    (`CollateToPinned`)."""
 
     def __init__(self, dataset: Any, batch_size: int | None = 1, **kwargs: Any):
         if isinstance(dataset, HspackIterableDataset):
@@ -57,6 +68,8 @@ class HspackLoader(tud.DataLoader):
             # Samples are ragged (one row per token): torch's default collate cannot stack
             # them, and inside workers fails with an unrelated storage error.
             kwargs["collate_fn"] = PadCollate()
+        if kwargs.get("pin_memory") and isinstance(kwargs.get("collate_fn"), PadCollate) and accelerator_available():
+            kwargs["collate_fn"] = CollateToPinned(kwargs["collate_fn"])
         if "batch_sampler" in kwargs:
             super().__init__(dataset, **kwargs)
         else:
@@ -67,6 +80,8 @@ class HspackLoader(tud.DataLoader):
         if state is not None:
             state.publish()  # workers start where the training loop stands
         for batch in super().__iter__():
+            if isinstance(batch, Uncollated):  # pinning was turned off after all
+                batch = batch.collated()
             self._progress.advance(1 if self._per_batch else _count(batch, self._fallback))
             yield batch
 

@@ -35,6 +35,14 @@ def shared_empty(shape: Sequence[int], dtype: Any) -> Any:
     return torch.empty(0, dtype=dtype).set_(storage, 0, tuple(shape))
 
 
+def pinned_empty(shape: Sequence[int], dtype: Any) -> Any:
+    """An uninitialized tensor in pinned (page-locked) memory, which the accelerator copies
+    from without staging."""
+    import torch
+
+    return torch.empty(tuple(shape), dtype=dtype, pin_memory=True)
+
+
 def clip(rows: int, max_len: int | None) -> int:
     return rows if max_len is None else min(rows, max_len)
 
