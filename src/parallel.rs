@@ -9,6 +9,7 @@
 
 use std::sync::Arc;
 
+use rayon::prelude::*;
 use rayon::{ThreadPool, ThreadPoolBuilder};
 
 use crate::per_process::PerProcess;
@@ -54,10 +55,41 @@ pub fn install<R: Send>(op: impl FnOnce() -> R + Send) -> R {
     })
 }
 
+/// Bytes a thread of the pool copies at a time in [`fill`].
+const FILL_PIECE: usize = 1 << 20;
+
+/// Fills each destination with its source's bytes (of the same length), or with zeros where
+/// the source is `None`, on the pool in pieces of 1 MiB; work smaller in all than
+/// [`WORTH_THE_POOL`] runs on the calling thread. For gathers whose caller is one thread (the
+/// DataLoader's pin-memory thread padding a batch) on a machine with cores to spare.
+///
+/// # Panics
+///
+/// When a source's length differs from its destination's.
+pub fn fill(parts: Vec<(&mut [u8], Option<&[u8]>)>) {
+    let one = |dst: &mut [u8], src: Option<&[u8]>| match src {
+        Some(src) => dst.copy_from_slice(src),
+        None => dst.fill(0),
+    };
+    let total: usize = parts.iter().map(|(dst, _)| dst.len()).sum();
+    if (total as u64) < WORTH_THE_POOL {
+        parts.into_iter().for_each(|(dst, src)| one(dst, src));
+        return;
+    }
+    let mut pieces: Vec<(&mut [u8], Option<&[u8]>)> = Vec::new();
+    for (dst, src) in parts {
+        assert!(src.is_none_or(|s| s.len() == dst.len()), "fill: lengths differ");
+        for (i, d) in dst.chunks_mut(FILL_PIECE).enumerate() {
+            let s = src.map(|s| &s[i * FILL_PIECE..][..d.len()]);
+            pieces.push((d, s));
+        }
+    }
+    install(|| pieces.into_par_iter().for_each(|(dst, src)| one(dst, src)));
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rayon::prelude::*;
 
     /// Runs parallel work through [`install`] and checks that every piece ran on our pool.
     fn assert_runs_on_our_pool() {
@@ -93,5 +125,21 @@ mod tests {
             })
         });
         assert_eq!(*lock.lock().unwrap(), 32);
+    }
+
+    #[test]
+    fn fill_copies_and_zeroes_large_work_in_pieces_and_small_work_at_once() {
+        let src: Vec<u8> = (0..5 * FILL_PIECE + 17).map(|i| (i % 251) as u8 + 1).collect();
+        let mut dst = vec![7u8; src.len() + 3 * FILL_PIECE + 5];
+        let (a, rest) = dst.split_at_mut(src.len());
+        let (b, _) = rest.split_at_mut(3 * FILL_PIECE);
+        fill(vec![(a, Some(&src)), (b, None)]);
+        assert_eq!(&dst[..src.len()], &src[..]);
+        assert!(dst[src.len()..src.len() + 3 * FILL_PIECE].iter().all(|&x| x == 0));
+        assert_eq!(&dst[src.len() + 3 * FILL_PIECE..], &[7; 5]);
+        let mut small = [9u8; 6];
+        let (x, y) = small.split_at_mut(3);
+        fill(vec![(x, Some(&[1, 2, 3])), (y, None)]);
+        assert_eq!(small, [1, 2, 3, 0, 0, 0]);
     }
 }

@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 
+import numpy as np
 import pytest
 import torch
 
@@ -238,6 +239,27 @@ def test_batches_to_pin_come_from_workers_uncollated_with_nothing_copied(stacked
     plain = HspackLoader(ds, batch_size=5, sampler=HspackSampler(ds, shuffle=False), num_workers=2, collate_fn=CollateToPinned(collate))
     for g, w in zip(plain, want):
         assert_same_batch(g, w)
+
+
+def test_padding_on_the_pool_equals_torch_padding():
+    from hspack.torch.batching import _pad_on_the_pool
+
+    g = torch.Generator().manual_seed(3)
+    big = torch.randn(3000, 96, generator=g).to(torch.bfloat16)  # over 1 MiB a batch: the pool
+    strided = torch.randn(96, 7, generator=g).to(torch.bfloat16).t()  # torch copies it
+    rows = [big[:2500], big[100:900], big[:0], strided, big[5:6]]
+    batch = torch.full((len(rows), 2500, 96), 7.0, dtype=torch.bfloat16)
+    _pad_on_the_pool(batch, rows)
+    for b, r in enumerate(rows):
+        assert torch.equal(batch[b, : len(r)], r)
+        assert not batch[b, len(r) :].any()
+    with pytest.raises(RuntimeError):  # a row of another width is refused, never smeared
+        _pad_on_the_pool(torch.empty(1, 4, 96, dtype=torch.bfloat16), [torch.zeros(4, 95, dtype=torch.bfloat16)])
+    with pytest.raises(hspack.HspackError, match="overlap"):
+        hspack._hspack.gather_into(np.zeros(8, np.uint8), [(0, np.ones(6, np.uint8)), (4, np.ones(2, np.uint8))], [])
+    out = np.zeros(8, np.uint8)
+    with pytest.raises(hspack.HspackError, match="shares memory"):
+        hspack._hspack.gather_into(out, [(0, out[4:])], [])
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU here: pinned memory needs one (run on a GPU machine, see benches/README-cuda.md)")

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 import torch.utils.data as tud
 
-from .._hspack import EAGLE3
+from .._hspack import EAGLE3, gather_into
 from . import order as _order
 from .views import pinned_empty, shared_empty
 
@@ -144,10 +144,14 @@ class PadCollate:
             if torch.is_tensor(v) and v.dim() >= 1 and v.shape[0] == first[key].shape[0]:
                 batch = empty((len(samples), t_max, *v.shape[1:]), v.dtype)
                 fill = self.pad_id if name == _INPUT_IDS else 0
-                for b, (s, n) in enumerate(zip(samples, lengths)):
-                    batch[b, :n] = s[name][:n]
-                    if n < t_max:
-                        batch[b, n:] = fill
+                rows = [s[name][:n] for s, n in zip(samples, lengths)]
+                if pin and fill == 0:
+                    _pad_on_the_pool(batch, rows)
+                else:
+                    for b, (r, n) in enumerate(zip(rows, lengths)):
+                        batch[b, :n] = r
+                        if n < t_max:
+                            batch[b, n:] = fill
                 out[name] = batch
             elif isinstance(v, int):
                 out[name] = _ints([s[name] for s in samples], pin)
@@ -160,6 +164,29 @@ class PadCollate:
         out[_ATTENTION_MASK] = mask
         out["lengths"] = _ints(lengths, pin)
         return out
+
+
+def _bytes(t: torch.Tensor) -> np.ndarray:
+    return t.reshape(-1).view(torch.uint8).numpy()
+
+
+def _pad_on_the_pool(batch: torch.Tensor, rows: list[torch.Tensor]) -> None:
+    """`batch[b, :n] = rows[b]` and zeros after, on hspack's thread pool: the pin-memory
+    thread that pads a batch is one thread (torch sets it so), and a batch of hidden states
+    is hundreds of MB."""
+    t_max = batch.shape[1]
+    row_bytes = batch[0, 0].numel() * batch.element_size() if t_max else 0
+    parts, zeros = [], []
+    for b, r in enumerate(rows):
+        at, n = b * t_max * row_bytes, r.shape[0]
+        if n:
+            if r.is_contiguous() and r.dtype == batch.dtype and r.shape[1:] == batch.shape[2:]:
+                parts.append((at, _bytes(r)))
+            else:
+                batch[b, :n] = r  # torch converts, or names the mismatch
+        if n < t_max:
+            zeros.append((at + n * row_bytes, (t_max - n) * row_bytes))
+    gather_into(_bytes(batch), parts, zeros)
 
 
 def _ints(values: list[int], pin: bool) -> torch.Tensor:
