@@ -78,7 +78,10 @@ pub fn fill(parts: Vec<(&mut [u8], Option<&[u8]>)>) {
     }
     let mut pieces: Vec<(&mut [u8], Option<&[u8]>)> = Vec::new();
     for (dst, src) in parts {
-        assert!(src.is_none_or(|s| s.len() == dst.len()), "fill: lengths differ");
+        assert!(
+            src.is_none_or(|s| s.len() == dst.len()),
+            "fill: lengths differ"
+        );
         for (i, d) in dst.chunks_mut(FILL_PIECE).enumerate() {
             let s = src.map(|s| &s[i * FILL_PIECE..][..d.len()]);
             pieces.push((d, s));
@@ -129,13 +132,17 @@ mod tests {
 
     #[test]
     fn fill_copies_and_zeroes_large_work_in_pieces_and_small_work_at_once() {
-        let src: Vec<u8> = (0..5 * FILL_PIECE + 17).map(|i| (i % 251) as u8 + 1).collect();
+        let src: Vec<u8> = (0..5 * FILL_PIECE + 17)
+            .map(|i| (i % 251) as u8 + 1)
+            .collect();
         let mut dst = vec![7u8; src.len() + 3 * FILL_PIECE + 5];
         let (a, rest) = dst.split_at_mut(src.len());
         let (b, _) = rest.split_at_mut(3 * FILL_PIECE);
         fill(vec![(a, Some(&src)), (b, None)]);
         assert_eq!(&dst[..src.len()], &src[..]);
-        assert!(dst[src.len()..src.len() + 3 * FILL_PIECE].iter().all(|&x| x == 0));
+        assert!(dst[src.len()..src.len() + 3 * FILL_PIECE]
+            .iter()
+            .all(|&x| x == 0));
         assert_eq!(&dst[src.len() + 3 * FILL_PIECE..], &[7; 5]);
         let mut small = [9u8; 6];
         let (x, y) = small.split_at_mut(3);

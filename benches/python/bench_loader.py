@@ -176,14 +176,18 @@ def evict(files):
 
 def release_mappings(loaders):
     """Drops the shard mappings this process holds through the hspack dataset objects (they
-    reopen on next use; their memos of checked chunks stay)."""
+    reopen on next use; their memos of checked chunks stay), and those it keeps for tensors
+    received from workers."""
     import gc
+
+    from hspack.torch import transfer
 
     for make, _ in loaders.values():
         ds = make()
         if hasattr(ds, "_ds"):
             ds._ds = None
     gc.collect()
+    transfer.release()
 
 
 def main():

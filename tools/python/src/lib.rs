@@ -37,6 +37,7 @@ fn _hspack(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(writer::quantize_schema, m)?)?;
     m.add_function(wrap_pyfunction!(origin::origin, m)?)?;
     m.add_function(wrap_pyfunction!(origin::map_received, m)?)?;
+    m.add_function(wrap_pyfunction!(origin::release_received, m)?)?;
     m.add_function(wrap_pyfunction!(gather::gather_into, m)?)?;
     #[cfg(feature = "cuda")]
     m.add_class::<cuda_writer::CudaWriter>()?;

@@ -108,6 +108,14 @@ fn received_file(path: &Path, id: FileId) -> hspack::Result<FileBytes> {
     Ok(bytes)
 }
 
+/// Drops this process's kept mappings of received files: their pages can then leave the page
+/// cache (`posix_fadvise(DONTNEED)`, or a deleted file's space be freed) once no tensor over
+/// them lives. The next tensor received maps its file again.
+#[pyfunction]
+pub fn release_received() {
+    RECEIVED.lock().unwrap_or_else(|e| e.into_inner()).clear();
+}
+
 /// Bytes `offset..offset + len` of `path`, which must still be the file `(dev, ino)`, as a
 /// read-only byte tensor over this process's one mapping of the file.
 #[pyfunction]

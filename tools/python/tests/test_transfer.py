@@ -92,7 +92,7 @@ def test_workers_send_mapped_tensors_as_file_ranges(stacked_path, context):
         for g, want in zip(got, ref):
             assert torch.equal(g["aux_hidden_state"], torch.cat(want["layers"], -1))
             assert torch.equal(g["hidden_state"], want["hidden.final"])
-            # Shared memory is torch's copy; a file range arrives as a private mapping.
+            # Shared memory is torch's copy; a file range arrives as a view of the file's mapping.
             assert g["aux_hidden_state"].is_shared() == (mode == "copy")
             assert g["hidden_state"].is_shared() == (mode == "copy")
         if mode == "map":
@@ -122,6 +122,10 @@ def test_a_replaced_shard_is_refused_by_name(stacked_path, tmp_path):
     # The file this process mapped when it first received from it is the one the sender
     # read: kept, it still gives the sender's bytes.
     assert torch.equal(rebuild(*args), first)
+    # Let go (as when the dataset objects are collected), that file is out of reach.
+    transfer.release()
+    with pytest.raises(hspack.HspackError, match="shard-000000.hsp.*replaced"):
+        rebuild(*args)
     # A file replaced before this process mapped it is refused, by name.
     with pytest.raises(hspack.HspackError, match=r"shard-00000\d.hsp.*replaced"):
         rebuild(*last_args)

@@ -117,6 +117,11 @@ def _remove_memo(folder: str, owner: int) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def _release_received(owner: int) -> None:
+    if os.getpid() == owner:
+        _transfer.release()
+
+
 class _Reopening:
     """Opens `self.path` on first use in each process and pickles without the mapping, so
     DataLoader workers (fork or spawn) reopen it. Inside a worker it also installs
@@ -129,6 +134,11 @@ class _Reopening:
 
     `cache_dir` and `cache_bytes` are `hspack.open`'s: for a dataset in object storage, a
     block cache the workers share (and later runs too: the folder is kept)."""
+
+    def _release_received_when_collected(self) -> None:
+        # The files this process maps for tensors its workers send stay mapped while the
+        # dataset object lives (`hspack.torch.transfer`).
+        weakref.finalize(self, _release_received, os.getpid())
 
     def _make_memo(self) -> None:
         self.checked_memo: str | None = None
@@ -174,6 +184,7 @@ class HspackDataset(_Reopening, tud.Dataset):
         self.view = make_view(view, fields, max_len)
         self._ds: Dataset | None = None
         self._make_memo()
+        self._release_received_when_collected()
         self.hspack  # fail early on a bad path
 
     def __len__(self) -> int:
@@ -238,6 +249,7 @@ class HspackIterableDataset(_Reopening, tud.IterableDataset):
         self.state = _Epoch(shuffle, seed, block_size, window_blocks, drop_last, pad, rank, world_size)
         self._ds: Dataset | None = None
         self._make_memo()
+        self._release_received_when_collected()
         self.hspack
 
     def __len__(self) -> int:

@@ -6,7 +6,8 @@ that is a view of a mapped shard, hspack sends `(shard path, file offset, file i
 dtype, shape, strides)` instead, and the main process views that range of its own mapping of
 the file: the same bytes with no copy, read-only like every tensor over a shard in the process
 that reads it (write to a `.clone()`). Each file is mapped once per process and kept, so its
-pages stay mapped from one tensor (and epoch) to the next. A file replaced before the main
+pages stay mapped from one tensor (and epoch) to the next, until `release()` (called when the
+hspack torch dataset objects that made them are collected). A file replaced before the main
 process first mapped it is refused with an error naming it.
 
 `install()` registers this for `torch.Tensor` in the calling process; the hspack torch
@@ -40,6 +41,13 @@ def install() -> None:
 
     ForkingPickler.register(torch.Tensor, reduce_tensor)
     _INSTALLED = True
+
+
+def release() -> None:
+    """Lets go of the files this process keeps mapped for tensors received from workers, so
+    their pages can be evicted (or a deleted file's space freed) once no tensor over them
+    lives; later tensors map their files again."""
+    _hspack.release_received()
 
 
 def origin(t: Any) -> tuple | None:
