@@ -190,8 +190,8 @@ def release_mappings(loaders):
     transfer.release()
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def data_arguments(ap):
+    """The options both training-read benchmarks take: the data made, workers and rounds."""
     ap.add_argument("--gb", type=float, default=1.0, help="hidden-state GB of each format")
     ap.add_argument("--hidden", type=int, default=7168)
     ap.add_argument("--layers", type=lambda s: [int(x) for x in s.split(",")], default=[2, 30, 58, 60])
@@ -199,6 +199,19 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=4096)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=5)
+
+
+def report(lines, out):
+    """Prints the table and writes it to `out`."""
+    text = "\n".join(lines) + "\n"
+    print(text)
+    with open(out, "w") as f:
+        f.write(text)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    data_arguments(ap)
     ap.add_argument("--no-cold", action="store_true", help="warm runs only")
     ap.add_argument("--hspack-bin", default=None, help="an hspack binary: warm rounds also time `hspack verify` of the hspack dataset")
     ap.add_argument("--dir", default=None, help="scratch folder (default: a temp folder)")
@@ -315,10 +328,7 @@ def main():
                     f"{med[(cache, ours, args.workers)] / med[(cache, name, best)]:.2f}x; hspack's own best: "
                     f"{max(med[(cache, ours, w)] for w in (0, args.workers)) / med[(cache, name, best)]:.2f}x"
                 )
-        text = "\n".join(lines) + "\n"
-        print(text)
-        with open(args.out, "w") as f:
-            f.write(text)
+        report(lines, args.out)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

@@ -34,7 +34,7 @@ import time
 import torch
 import torch.utils.data as tud
 
-from bench_loader import Files, make_samples, write_all
+from bench_loader import Files, data_arguments, make_samples, report, write_all
 from hspack.torch import HspackDataset, HspackLoader, HspackSampler, PadCollate
 
 HIDDEN = ("aux_hidden_state", "hidden_state")
@@ -85,14 +85,8 @@ def run(loader, gpu):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--gb", type=float, default=1.0, help="hidden-state GB of each format")
-    ap.add_argument("--hidden", type=int, default=7168)
-    ap.add_argument("--layers", type=lambda s: [int(x) for x in s.split(",")], default=[2, 30, 58, 60])
-    ap.add_argument("--min-tokens", type=int, default=128)
-    ap.add_argument("--max-tokens", type=int, default=4096)
+    data_arguments(ap)
     ap.add_argument("--batch", type=int, default=4)
-    ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--dir", default=None, help="scratch folder (default: a temp folder)")
     ap.add_argument("--out", required=True, help="markdown file for the table")
     args = ap.parse_args()
@@ -136,10 +130,7 @@ def main():
                 continue
             best = max((0, args.workers), key=lambda w: med[(name, w)])
             lines.append(f"- hspack pinned, {args.workers} workers, vs {name} in its best configuration ({best} workers): {med[ours] / med[(name, best)]:.2f}x")
-        text = "\n".join(lines) + "\n"
-        print(text)
-        with open(args.out, "w") as f:
-            f.write(text)
+        report(lines, args.out)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
