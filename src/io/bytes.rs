@@ -98,7 +98,8 @@ impl FileBytes {
 
     /// Asks the kernel to read bytes `range` (relative to these bytes) ahead; with `load`, reads
     /// them into the page cache before returning (`MADV_POPULATE_READ`, Linux 5.14+; the hint
-    /// where it is missing). Nothing to do for bytes in memory.
+    /// where it is missing), unless they are all there already. Nothing to do for bytes in
+    /// memory.
     pub fn will_need(&self, range: Range<usize>, load: bool) {
         let Backing::Mapped(map) = &*self.backing else {
             return;
@@ -106,6 +107,9 @@ impl FileBytes {
         let start = self.range.start + range.start.min(self.range.len());
         let len = range.len().min(self.range.end - start);
         if len == 0 {
+            return;
+        }
+        if load && super::mmap::resident(map, start, len) {
             return;
         }
         let loaded = load

@@ -44,6 +44,37 @@ pub(super) fn release(map: &Mmap, start: usize, len: usize) {
     let _ = unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, len) };
 }
 
+/// True when every page of bytes `start..start + len` of `map` is in the page cache
+/// (`mincore`); false when some are not, or the kernel cannot tell. Cheaper than loading pages
+/// already there (`MADV_POPULATE_READ` takes each page in turn), which a DataLoader worker
+/// otherwise does for every sample of every epoch.
+pub(super) fn resident(map: &Mmap, start: usize, len: usize) -> bool {
+    static PAGE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    // SAFETY: `sysconf` reads a constant of the system; it has no memory effects.
+    let page = *PAGE.get_or_init(|| match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
+        n if n > 0 => n as usize,
+        _ => 4096,
+    });
+    if len == 0 || start.checked_add(len).is_none_or(|end| end > map.len()) {
+        return false;
+    }
+    let addr = map.as_ptr() as usize + start;
+    let first = addr & !(page - 1);
+    let pages = (addr + len - first).div_ceil(page);
+    let mut flags = vec![0u8; pages];
+    // SAFETY: `first..first + pages * page` lies within `map`'s pages (a mapping starts on a
+    // page boundary and covers whole pages, and the range was checked against its length),
+    // `flags` holds one byte per page, and `mincore` only writes `flags`.
+    let ok = unsafe {
+        libc::mincore(
+            first as *mut libc::c_void,
+            pages * page,
+            flags.as_mut_ptr().cast(),
+        )
+    } == 0;
+    ok && flags.iter().all(|f| f & 1 == 1)
+}
+
 /// [`map_path`], with the error naming the file.
 pub fn map_file(path: &Path) -> Result<FileBytes> {
     map_path(path).map_err(io(path, "map"))
@@ -155,5 +186,32 @@ impl SharedFlags {
         if let Some(f) = self.flags().get(i) {
             f.store(1, std::sync::atomic::Ordering::Relaxed);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resident_tells_pages_in_the_page_cache_from_holes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let file = File::create(&path).unwrap();
+        // A hole: no page of it is cached. 64 MiB, so a read of one page (which reads ahead,
+        // up to the device's `read_ahead_kb`) leaves most of it out.
+        file.set_len(64 << 20).unwrap();
+        drop(file);
+        // SAFETY: a file of this test's own, not changed while mapped.
+        let map = unsafe { Mmap::map(&File::open(&path).unwrap()) }.unwrap();
+        assert!(!resident(&map, 0, 64 << 20));
+        assert_eq!(map[(32 << 20) + 5..(32 << 20) + 9], [0; 4]); // reads (caches) that page
+        assert!(resident(&map, (32 << 20) + 5, 4));
+        assert!(!resident(&map, 0, 64 << 20));
+        assert!(
+            !resident(&map, 64 << 20, 1),
+            "out of range is never resident"
+        );
+        assert!(!resident(&map, 0, 0));
     }
 }
