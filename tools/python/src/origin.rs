@@ -87,14 +87,14 @@ pub fn origin(addr: usize, len: usize) -> Option<(PathBuf, u64, u64, u64)> {
 const RECEIVED_FILES: usize = 1024;
 
 /// The files this process mapped for tensors received from others, oldest first.
-static RECEIVED: Mutex<Vec<(FileId, FileBytes)>> = Mutex::new(Vec::new());
+static RECEIVED: Mutex<Vec<(FileId, PathBuf, FileBytes)>> = Mutex::new(Vec::new());
 
 /// The mapping of the file `path` must still be, `(dev, ino)`: the one kept from an earlier
 /// tensor, or a new one, kept and registered (so a tensor received can be handed on as a file
 /// range too).
 fn received_file(path: &Path, id: FileId) -> hspack::Result<FileBytes> {
     let mut kept = RECEIVED.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some((_, bytes)) = kept.iter().find(|(k, _)| *k == id) {
+    if let Some((_, _, bytes)) = kept.iter().find(|(k, _, _)| *k == id) {
         return Ok(bytes.clone());
     }
     let bytes = map_identified(path, id)?;
@@ -104,16 +104,19 @@ fn received_file(path: &Path, id: FileId) -> hspack::Result<FileBytes> {
     if kept.len() == RECEIVED_FILES {
         kept.remove(0);
     }
-    kept.push((id, bytes.clone()));
+    kept.push((id, path.to_path_buf(), bytes.clone()));
     Ok(bytes)
 }
 
-/// Drops this process's kept mappings of received files: their pages can then leave the page
-/// cache (`posix_fadvise(DONTNEED)`, or a deleted file's space be freed) once no tensor over
-/// them lives. The next tensor received maps its file again.
+/// Drops this process's kept mappings of received files (those under folder `under`, or all):
+/// their pages can then leave the page cache (`posix_fadvise(DONTNEED)`, or a deleted file's
+/// space be freed) once no tensor over them lives. The next tensor received maps its file
+/// again.
 #[pyfunction]
-pub fn release_received() {
-    RECEIVED.lock().unwrap_or_else(|e| e.into_inner()).clear();
+#[pyo3(signature = (under = None))]
+pub fn release_received(under: Option<PathBuf>) {
+    let mut kept = RECEIVED.lock().unwrap_or_else(|e| e.into_inner());
+    kept.retain(|(_, path, _)| under.as_ref().is_some_and(|u| !path.starts_with(u)));
 }
 
 /// Bytes `offset..offset + len` of `path`, which must still be the file `(dev, ino)`, as a

@@ -133,6 +133,25 @@ def test_a_replaced_shard_is_refused_by_name(stacked_path, tmp_path):
     assert transfer.reduce_tensor(torch.zeros(3))[0] is not transfer.rebuild
 
 
+def test_kept_mappings_live_while_a_dataset_object_of_their_folder_does(stacked_path, tmp_path):
+    copy = tmp_path / "ds"
+    shutil.copytree(stacked_path, copy)
+    a, b = HspackDataset(copy, view="eagle3"), HspackDataset(copy, view="eagle3")
+    other = HspackDataset(stacked_path, view="eagle3")
+    rebuild, args = transfer.reduce_tensor(a[0]["aux_hidden_state"])
+    first = rebuild(*args)
+    shard = copy / "shard-000000.hsp"
+    shutil.copy(shard, tmp_path / "new")
+    os.replace(tmp_path / "new", shard)  # only a kept mapping still reaches the old file
+    del b, other
+    gc.collect()
+    assert torch.equal(rebuild(*args), first), "a lives: its folder's files stay mapped"
+    del a
+    gc.collect()
+    with pytest.raises(hspack.HspackError, match="shard-000000.hsp.*replaced"):
+        rebuild(*args)
+
+
 def test_workers_share_one_memo_of_checked_chunks(stacked_path, tmp_path):
     ds = HspackDataset(stacked_path, view="eagle3")
     memo = ds.checked_memo

@@ -117,9 +117,18 @@ def _remove_memo(folder: str, owner: int) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _release_received(owner: int) -> None:
-    if os.getpid() == owner:
-        _transfer.release()
+#: Live hspack torch dataset objects of this process, by folder: the files its workers send
+#: stay mapped while one of them lives.
+_LIVE: dict[str, int] = {}
+
+
+def _release_received(folder: str, owner: int) -> None:
+    if os.getpid() != owner:  # not from forked workers
+        return
+    _LIVE[folder] -= 1
+    if not _LIVE[folder]:
+        del _LIVE[folder]
+        _transfer.release(folder)
 
 
 class _Reopening:
@@ -136,9 +145,10 @@ class _Reopening:
     block cache the workers share (and later runs too: the folder is kept)."""
 
     def _release_received_when_collected(self) -> None:
-        # The files this process maps for tensors its workers send stay mapped while the
-        # dataset object lives (`hspack.torch.transfer`).
-        weakref.finalize(self, _release_received, os.getpid())
+        # The files this process maps for tensors its workers send stay mapped while a
+        # dataset object of their folder lives (`hspack.torch.transfer`).
+        _LIVE[self.path] = _LIVE.get(self.path, 0) + 1
+        weakref.finalize(self, _release_received, self.path, os.getpid())
 
     def _make_memo(self) -> None:
         self.checked_memo: str | None = None

@@ -6,8 +6,8 @@ that is a view of a mapped shard, hspack sends `(shard path, file offset, file i
 dtype, shape, strides)` instead, and the main process views that range of its own mapping of
 the file: the same bytes with no copy, read-only like every tensor over a shard in the process
 that reads it (write to a `.clone()`). Each file is mapped once per process and kept, so its
-pages stay mapped from one tensor (and epoch) to the next, until `release()` (called when the
-hspack torch dataset objects that made them are collected). A file replaced before the main
+pages stay mapped from one tensor (and epoch) to the next, until `release()` (called for a
+dataset's folder when the last hspack torch dataset object of that folder is collected). A file replaced before the main
 process first mapped it is refused with an error naming it.
 
 `install()` registers this for `torch.Tensor` in the calling process; the hspack torch
@@ -43,11 +43,11 @@ def install() -> None:
     _INSTALLED = True
 
 
-def release() -> None:
-    """Lets go of the files this process keeps mapped for tensors received from workers, so
-    their pages can be evicted (or a deleted file's space freed) once no tensor over them
-    lives; later tensors map their files again."""
-    _hspack.release_received()
+def release(under: str | os.PathLike | None = None) -> None:
+    """Lets go of the files this process keeps mapped for tensors received from workers
+    (those in folder `under`, or all), so their pages can be evicted (or a deleted file's
+    space freed) once no tensor over them lives; later tensors map their files again."""
+    _hspack.release_received(None if under is None else os.fspath(under))
 
 
 def origin(t: Any) -> tuple | None:
