@@ -31,8 +31,16 @@ struct Entry {
 
 static MAPPINGS: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
 
-fn entries() -> std::sync::MutexGuard<'static, Vec<Entry>> {
-    MAPPINGS.lock().unwrap_or_else(|e| e.into_inner())
+/// The registry, or None while another thread holds it. Never waits: a DataLoader worker is
+/// forked while the trainer's pin-memory thread may be registering a received file, and a lock
+/// held by a thread the fork did not copy would be held forever in the child. Whoever finds
+/// it held does without: an unregistered tensor is sent as bytes, as torch sends it.
+fn entries() -> Option<std::sync::MutexGuard<'static, Vec<Entry>>> {
+    match MAPPINGS.try_lock() {
+        Ok(all) => Some(all),
+        Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
+        Err(std::sync::TryLockError::WouldBlock) => None,
+    }
 }
 
 /// Registers the mapping `bytes` lie in, of shard file `path`, unless it is registered
@@ -41,7 +49,9 @@ pub fn register(bytes: &FileBytes, path: &Path) {
     let Some(map) = bytes.mapping() else {
         return;
     };
-    let mut all = entries();
+    let Some(mut all) = entries() else {
+        return;
+    };
     if all.iter().any(|e| e.map.same_as(&map)) {
         return;
     }
@@ -67,7 +77,7 @@ fn push(all: &mut Vec<Entry>, map: MappingRef, path: &Path, id: FileId) {
 /// shard mapping of this process, else None.
 #[pyfunction]
 pub fn origin(addr: usize, len: usize) -> Option<(PathBuf, u64, u64, u64)> {
-    let all = entries();
+    let all = entries()?;
     all.iter()
         .filter(|e| e.map.is_alive())
         .find(|e| {
@@ -98,8 +108,8 @@ fn received_file(path: &Path, id: FileId) -> hspack::Result<FileBytes> {
         return Ok(bytes.clone());
     }
     let bytes = map_identified(path, id)?;
-    if let Some(map) = bytes.mapping() {
-        push(&mut entries(), map, path, id);
+    if let (Some(map), Some(mut all)) = (bytes.mapping(), entries()) {
+        push(&mut all, map, path, id);
     }
     if kept.len() == RECEIVED_FILES {
         kept.remove(0);
