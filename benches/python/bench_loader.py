@@ -6,8 +6,11 @@ Every loader returns the same tensors (`input_ids`, `loss_mask`, `aux_hidden_sta
 `hidden_state [T, H]`) through the same DataLoader settings, and the training loop copies
 every hidden-state byte it receives into one reused buffer, as `.cuda()` does through its
 staging buffer (a loop that never touches the bytes would time nothing for a loader that
-hands out mappings). The table gives samples/s, GB/s of hidden-state bytes, and hspack /
-peer ratios, with a warm and a cold page cache.
+hands out mappings). The table gives GB/s of hidden-state bytes and hspack / peer ratios,
+with a warm and a cold page cache, and the share of each run spent in the loop's copy: near
+100%, the loader hands out samples faster than one trainer process can copy them, and the
+copy is the bound (for a loader whose tensors map the file, the copy also takes the page
+faults that read the file in).
 
 hspack is measured as `hspack convert` writes SpecForge data (the auxiliary layers stacked
 in one field, so the view hands them out without a copy) and with one field per layer (as
@@ -22,7 +25,8 @@ queues, as the workers' `MADV_POPULATE_READ` makes, can beat it on some disks).
 Every loader runs with 0 workers (the loop reads in the trainer process) and with
 ``--workers`` persistent workers (forked once, as a multi-epoch trainer sets them up), so each
 peer is also measured in its best configuration. Runs are
-interleaved: each round runs every (loader, workers) once, in the same order, and there are
+interleaved: each round runs every (loader, workers) once, starting one configuration later
+than the round before (so no configuration always follows the same one), and there are
 ``--rounds`` rounds (default 5) warm (after one warm-up pass each) and as many cold (the files
 of the loader evicted with ``posix_fadvise(DONTNEED)`` before each run, checked with
 ``fincore``). The table gives min and median GB/s of hidden states; ratios compare medians:
@@ -113,14 +117,17 @@ def make_loader(ds, workers):
 
 
 def run(loader, staging):
-    n, nbytes, t0 = 0, 0, time.perf_counter()
+    """One epoch: (samples, hidden-state bytes, seconds, seconds spent in the loop's copies)."""
+    n, nbytes, copying, t0 = 0, 0, 0.0, time.perf_counter()
     for s in loader:
         n += 1
+        c0 = time.perf_counter()
         for k in ("aux_hidden_state", "hidden_state"):
             t = s[k]
             staging[: t.numel()].view(t.shape).copy_(t)  # what .cuda() does via its staging buffer
             nbytes += t.nbytes
-    return n, nbytes, time.perf_counter() - t0
+        copying += time.perf_counter() - c0
+    return n, nbytes, time.perf_counter() - t0, copying
 
 
 def staging_buffer(elems):
@@ -246,6 +253,7 @@ def main():
         }
         configs = [(name, w) for name in loaders for w in (0, args.workers)]
         results = {}  # (cache, name, workers) -> [GB/s, ...]
+        in_copy = {}  # (cache, name, workers) -> [share of the run spent in the loop's copies, ...]
         resident = []
         verify_gbs = []
         staging, _keep = staging_buffer(max(lengths) * args.hidden * (len(args.layers) - 1))
@@ -263,7 +271,7 @@ def main():
                 for name, w in configs:  # fill the page cache (and the memos), start the workers
                     run(loader_for(name, w), staging)
             for r in range(args.rounds):
-                for name, w in configs:
+                for name, w in configs[r % len(configs) :] + configs[: r % len(configs)]:  # each round starts elsewhere
                     files = loaders[name][1]
                     if cache == "cold":
                         # A later epoch over data the page cache lost: the dataset object
@@ -274,9 +282,10 @@ def main():
                         kept.clear()
                         release_mappings(loaders)
                         resident.append(evict(files))
-                    n, nbytes, secs = run(loader_for(name, w), staging)
+                    n, nbytes, secs, copying = run(loader_for(name, w), staging)
                     assert n == len(lengths)
                     results.setdefault((cache, name, w), []).append(nbytes / secs / 1e9)
+                    in_copy.setdefault((cache, name, w), []).append(copying / secs)
                 if cache == "warm" and args.hspack_bin:
                     # Verify hashes every byte of the same shards: the bound a loader that
                     # checks its chunks can be held to. GB/s of the shard bytes.
@@ -299,21 +308,22 @@ def main():
         lines = [
             f"hidden {args.hidden}, layers {args.layers}, {len(lengths)} samples of {args.min_tokens}-{args.max_tokens} tokens, "
             f"{sum(lengths) * 2 * args.hidden * len(args.layers) / 1e9:.2f} GB of hidden states a format; DataLoader batch_size=None, "
-            f"persistent workers with prefetch_factor=4; the loop copies each hidden state into a reused buffer; {args.rounds} rounds, interleaved; "
+            f"persistent workers with prefetch_factor=4; the loop copies each hidden state into a reused buffer; {args.rounds} rounds, interleaved (rotating start); "
             f"{os.cpu_count()} CPUs; load average before {load_before}, after {load_after}"
             + ("" if args.no_cold else f"; cold: evicted with posix_fadvise(DONTNEED), fincore found at most {max(resident)} bytes of the loader's files resident before a run")
             + ".",
             "",
-            "| cache | loader | workers | min GB/s | median GB/s | hspack view with workers / this |",
-            "|---|---|---:|---:|---:|---:|",
+            "| cache | loader | workers | min GB/s | median GB/s | time in the loop's copy (median) | hspack view with workers / this |",
+            "|---|---|---:|---:|---:|---:|---:|",
         ]
         for (cache, name, w), v in results.items():
             ratio = med[(cache, ours, args.workers)] / med[(cache, name, w)]
-            lines.append(f"| {cache} | {name} | {w} | {min(v):.2f} | {med[(cache, name, w)]:.2f} | {ratio:.2f}x |")
+            copy_share = statistics.median(in_copy[(cache, name, w)])
+            lines.append(f"| {cache} | {name} | {w} | {min(v):.2f} | {med[(cache, name, w)]:.2f} | {copy_share:.0%} | {ratio:.2f}x |")
         if reference is not None:
-            lines.append(f"| cold | reference: the hspack shards read with `pread`, {args.workers} threads | | | {reference:.2f} | |")
+            lines.append(f"| cold | reference: the hspack shards read with `pread`, {args.workers} threads | | | {reference:.2f} | | |")
         if verify_gbs:
-            lines.append(f"| warm | `hspack verify` of the hspack dataset (GB/s of its shards) | | {min(verify_gbs):.2f} | {statistics.median(verify_gbs):.2f} | |")
+            lines.append(f"| warm | `hspack verify` of the hspack dataset (GB/s of its shards) | | {min(verify_gbs):.2f} | {statistics.median(verify_gbs):.2f} | | |")
             ratio = med[("warm", ours, args.workers)] / statistics.median(verify_gbs)
             lines.append("")
             lines.append(f"- warm: hspack view with {args.workers} workers reads at {ratio:.2f}x the speed of `hspack verify` over the same shards (medians)")

@@ -178,6 +178,8 @@ impl MappingRef {
 pub struct AlignedBytes {
     words: Vec<u64>,
     len: usize,
+    /// Made by [`AlignedBytes::for_overwrite`]: its memory goes back to be reused.
+    reused: bool,
 }
 
 impl AlignedBytes {
@@ -186,6 +188,19 @@ impl AlignedBytes {
         AlignedBytes {
             words: vec![0; len.div_ceil(8)],
             len,
+            reused: false,
+        }
+    }
+
+    /// `len` bytes for a caller that writes every one of them before any is read: memory a
+    /// dropped buffer of this kind left (already faulted in, holding its old bytes, perhaps
+    /// more of them than `len`), or new zeroed memory. It is kept for reuse when dropped (see
+    /// [`super::recycle`]).
+    pub fn for_overwrite(len: usize) -> Self {
+        AlignedBytes {
+            words: super::recycle::take(len.div_ceil(8)),
+            len,
+            reused: true,
         }
     }
 
@@ -197,6 +212,14 @@ impl AlignedBytes {
     /// The bytes, writable.
     pub fn as_bytes_mut(&mut self) -> &mut [u8] {
         &mut bytemuck::cast_slice_mut(&mut self.words)[..self.len]
+    }
+}
+
+impl Drop for AlignedBytes {
+    fn drop(&mut self) {
+        if self.reused {
+            super::recycle::give_back(std::mem::take(&mut self.words));
+        }
     }
 }
 

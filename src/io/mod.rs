@@ -20,6 +20,7 @@ pub mod memory;
 pub mod mmap;
 pub mod object;
 pub mod object_lease;
+pub mod recycle;
 pub mod runtime;
 
 use std::fmt::Debug;

@@ -12,6 +12,18 @@ use crate::io::Storage;
 use super::key_directory::{self, KeyDirectory};
 use super::key_runs::KeyRuns;
 use super::shard::{CheckPolicy, Shard};
+
+/// Bytes of a concatenated read a thread of the pool fills at a time.
+const CONCAT_BLOCK: usize = 1 << 20;
+
+/// Rows of one extent of one field in a concatenated read: where they go in each row of the
+/// output, and which of the read's rows they are (counted from its first).
+struct ConcatPart {
+    f: usize,
+    column: usize,
+    width: usize,
+    rows: Range<u64>,
+}
 use super::tensor::{AlignedBytes, Buffer, Tensor};
 
 /// The largest span of a sample's chunks [`Sample::prefetch`] fetches in one request.
@@ -433,7 +445,7 @@ impl<'d> Sample<'d> {
                 data,
             });
         }
-        let mut out = AlignedBytes::zeroed((rows.end - rows.start) as usize * row_bytes);
+        let mut out = AlignedBytes::for_overwrite((rows.end - rows.start) as usize * row_bytes);
         self.read_into(f, rows, out.as_bytes_mut())?;
         Ok(Tensor {
             dtype: field.dtype,
@@ -502,7 +514,7 @@ impl<'d> Sample<'d> {
         if let Some(view) = joined {
             return Ok(Some(Buffer::File(view)));
         }
-        let mut out = AlignedBytes::zeroed(bytes as usize);
+        let mut out = AlignedBytes::for_overwrite(bytes as usize);
         let mut at = 0;
         for part in &parts {
             out.as_bytes_mut()[at..at + part.len()].copy_from_slice(part);
@@ -549,16 +561,52 @@ impl<'d> Sample<'d> {
         Ok(())
     }
 
+    /// Rows `rows` of fields `fields` (numbers), side by side in a new buffer of shape
+    /// `[rows, elements of every field's row]`: see [`Sample::read_concat_into`]. The fields
+    /// must share a dtype. The buffer's memory is reused from earlier such buffers this
+    /// process dropped, where one fits (see [`crate::io::recycle`]).
+    pub fn read_concat(&self, fields: &[usize], rows: Range<u64>) -> Result<Tensor> {
+        let schema = self.ds.schema();
+        let Some(&first) = fields.first() else {
+            return Err(Error::BadOption {
+                option: "fields",
+                detail: "name at least one field to concatenate".into(),
+            });
+        };
+        let dtype = schema.fields[first].dtype;
+        if let Some(&f) = fields.iter().find(|&&f| schema.fields[f].dtype != dtype) {
+            return Err(Error::BadOption {
+                option: "fields",
+                detail: format!(
+                    "{} is {:?} and {} is {:?}: concatenated fields share a dtype",
+                    schema.fields[first].name, dtype, schema.fields[f].name, schema.fields[f].dtype
+                ),
+            });
+        }
+        self.check_rows(&rows)?;
+        let stride: u64 = fields.iter().map(|&f| schema.fields[f].row_bytes()).sum();
+        let n = rows.end - rows.start;
+        let mut out = AlignedBytes::for_overwrite((n * stride) as usize);
+        self.read_concat_into(fields, rows, out.as_bytes_mut())?;
+        Ok(Tensor {
+            dtype,
+            shape: vec![n, stride / dtype.size() as u64],
+            data: Buffer::Owned(out),
+        })
+    }
+
     /// Copies rows `rows` of fields `fields` (numbers) into `out`, concatenated along the
     /// last axis: row r of `out` is row r of every field, in the order given (the EAGLE-3
     /// auxiliary states, side by side). `out` must hold exactly those rows. One copy from
-    /// the shard for uncompressed chunks.
+    /// the shard for uncompressed chunks; a large sample's chunks are read (and checked) and
+    /// its rows copied on the pool.
     pub fn read_concat_into(
         &self,
         fields: &[usize],
         rows: Range<u64>,
         out: &mut [u8],
     ) -> Result<()> {
+        use rayon::prelude::*;
         let schema = self.ds.schema();
         let widths: Vec<usize> = fields
             .iter()
@@ -566,30 +614,99 @@ impl<'d> Sample<'d> {
             .collect();
         let stride: usize = widths.iter().sum();
         self.check_rows(&rows)?;
-        let want = (rows.end - rows.start) as usize * stride;
+        let n = (rows.end - rows.start) as usize;
+        let want = n * stride;
         if out.len() != want {
             return Err(Error::BadOption {
                 option: "out",
                 detail: format!("buffer holds {} bytes, the rows need {want}", out.len()),
             });
         }
+        if want == 0 {
+            return Ok(());
+        }
+        // One part per extent the rows touch: its field's column in `out`, and its rows.
+        let mut parts = Vec::new();
         let mut column = 0;
         for (&f, &width) in fields.iter().zip(&widths) {
+            let mut at = rows.start;
             for x in self.extents(f) {
                 let lo = x.row_start.max(rows.start);
                 let hi = (x.row_start + x.row_count).min(rows.end);
                 if lo >= hi {
                     continue;
                 }
-                let t = self.read_field(f, Some(lo..hi))?;
-                for (i, row) in t.bytes().chunks_exact(width).enumerate() {
-                    let at = ((lo - rows.start) as usize + i) * stride + column;
-                    out[at..at + width].copy_from_slice(row);
+                if lo != at {
+                    return Err(self.untiled(f, at));
                 }
+                at = hi;
+                let part = lo - rows.start..hi - rows.start;
+                parts.push(ConcatPart {
+                    f,
+                    column,
+                    width,
+                    rows: part,
+                });
+            }
+            if at != rows.end {
+                return Err(self.untiled(f, at));
             }
             column += width;
         }
+        let pooled = want as u64 >= crate::parallel::WORTH_THE_POOL;
+        let read = |p: &ConcatPart| {
+            let base = rows.start;
+            self.read_field(p.f, Some(base + p.rows.start..base + p.rows.end))
+        };
+        let read: Vec<Tensor> = if pooled && parts.len() > 1 {
+            crate::parallel::install(|| parts.par_iter().map(read).collect::<Result<_>>())?
+        } else {
+            parts.iter().map(read).collect::<Result<_>>()?
+        };
+        // Rows `block` of `out`, from every part that holds some of them.
+        let fill = |(b, block): (usize, &mut [u8]), rows_per_block: usize| {
+            let first = (b * rows_per_block) as u64;
+            let last = first + (block.len() / stride) as u64;
+            for (p, t) in parts.iter().zip(&read) {
+                let lo = p.rows.start.max(first);
+                let hi = p.rows.end.min(last);
+                let src = t.bytes();
+                for r in lo..hi {
+                    let from = (r - p.rows.start) as usize * p.width;
+                    let at = (r - first) as usize * stride + p.column;
+                    block[at..at + p.width].copy_from_slice(&src[from..from + p.width]);
+                }
+            }
+        };
+        if !pooled {
+            fill((0, out), n);
+            return Ok(());
+        }
+        let rows_per_block = (CONCAT_BLOCK / stride).max(1);
+        crate::parallel::install(|| {
+            out.par_chunks_mut(rows_per_block * stride)
+                .enumerate()
+                .for_each(|job| fill(job, rows_per_block))
+        });
         Ok(())
+    }
+
+    /// The error for field `f`'s extents leaving row `at` uncovered or covered twice: an index
+    /// that passed its checks never does, and a read refuses it rather than leave bytes of
+    /// its buffer unwritten.
+    fn untiled(&self, f: usize, at: u64) -> Error {
+        Error::Format {
+            path: self.shard.path().to_path_buf(),
+            source: crate::format::FormatError::Invalid {
+                structure: "shard index",
+                what: "extent row_start",
+                value: at,
+                rule: format!(
+                    "the extents of field {f} cover each row of sample {} once, in order",
+                    self.ordinal()
+                ),
+            },
+        }
     }
 
     /// Copies rows `rows` of field number `f` into `out`, which must hold exactly those rows.
@@ -616,22 +733,17 @@ impl<'d> Sample<'d> {
             if lo >= hi {
                 continue;
             }
-            let Some(skip) = lo.checked_sub(at) else {
-                return Err(Error::BadChunk {
-                    site: self.shard.site(x.chunk.into(), schema),
-                    source: crate::format::FormatError::Invalid {
-                        structure: "shard index",
-                        what: "extent row_start",
-                        value: x.row_start,
-                        rule: "extents of a field in row order, not overlapping".into(),
-                    },
-                });
-            };
-            let (dst, tail) = std::mem::take(&mut rest)[skip as usize * row_bytes..]
-                .split_at_mut((hi - lo) as usize * row_bytes);
+            if lo != at {
+                return Err(self.untiled(f, at));
+            }
+            let (dst, tail) =
+                std::mem::take(&mut rest).split_at_mut((hi - lo) as usize * row_bytes);
             rest = tail;
             at = hi;
             pieces.push((x, lo, dst));
+        }
+        if at != rows.end {
+            return Err(self.untiled(f, at));
         }
         let fill = |(x, lo, dst): (&ExtentEntry, u64, &mut [u8])| -> Result<()> {
             let (e, stored) = self

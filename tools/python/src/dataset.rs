@@ -297,6 +297,28 @@ impl Dataset {
         .py_err()
     }
 
+    /// Rows `rows` of `fields` side by side, `[rows, elements]`, in a buffer reused from
+    /// earlier ones this process dropped where one fits: the EAGLE-3 auxiliary concatenation.
+    fn read_concat(
+        &self,
+        py: Python<'_>,
+        ordinal: u64,
+        fields: Vec<String>,
+        rows: (u64, u64),
+    ) -> PyResult<TensorBuffer> {
+        let numbers = self.field_numbers(Some(fields))?;
+        let load = self.load.load(Ordering::Relaxed);
+        py.allow_threads(|| {
+            let s = self.inner.sample(ordinal)?;
+            s.prefetch(&numbers, load)?;
+            let t = s.read_concat(&numbers, rows.0..rows.1);
+            s.shard().forget_ahead();
+            t
+        })
+        .py_err()
+        .map(TensorBuffer::new)
+    }
+
     /// `(address, length)` of shard `seq`'s mapping, mapping it if needed: lets tests check
     /// that a tensor's data lies inside the mapped file.
     fn mapping_range(&self, py: Python<'_>, seq: usize) -> PyResult<(usize, usize)> {

@@ -236,3 +236,33 @@ def test_the_samples_table_is_current_after_every_commit(tmp_path):
     pyarrow = pytest.importorskip("pyarrow.parquet")
     rows = [r for f in hspack.open(tmp_path / "ds").table_files() for r in pyarrow.read_table(f).to_pylist()]
     assert [(r["key"], r["ordinal"], r["tokens"]) for r in rows] == [("k0", 0, 1), ("k1", 1, 2), ("k2", 2, 3)]
+
+
+@pytest.mark.parametrize("codec", ["none", "zstd-bytegroup"])
+def test_read_concat_joins_rows_and_reuses_memory_without_leaking_old_bytes(tmp_path, codec):
+    """`read_concat` is the fields side by side, row by row; a later result reuses the memory of
+    an earlier one the process dropped, and shows none of its bytes."""
+    hidden = 512
+    fields = [hspack.hidden_state(layer, hidden) for layer in (1, 2, 3)]
+    lengths = [700, 400, 650]  # each result over 1 MiB: the sizes that are reused
+    with hspack.Writer(tmp_path / "ds", fields, codec=codec, chunk_bytes=256 << 10, durable=False) as w:
+        for i, t in enumerate(lengths):
+            w.append(f"s{i}", **{f["name"]: random_bits(torch.bfloat16, (t, hidden), 10 * i + j) for j, f in enumerate(fields)})
+    ds = hspack.Dataset(tmp_path / "ds")
+    names = [f["name"] for f in fields][::-1]  # any order
+    first = ds.read_concat(0, names)
+    address = first.data_ptr()
+    del first
+    gc.collect()
+    for i, t in enumerate(lengths):
+        parts = ds.read(i, names)
+        want = torch.cat([parts[n] for n in names], dim=-1)
+        got = ds.read_concat(i, names)
+        assert got.shape == (t, 3 * hidden) and torch.equal(got.view(torch.int16), want.view(torch.int16)), i
+        if i == 1:
+            assert got.data_ptr() == address, "the dropped buffer of sample 0 was reused"
+        rows = ds.read_concat(i, names, rows=(5, 9))
+        assert torch.equal(rows.view(torch.int16), want[5:9].view(torch.int16))
+        del got
+    with pytest.raises(hspack.HspackError, match="fields"):
+        ds.read_concat(0, [])

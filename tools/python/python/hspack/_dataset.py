@@ -225,6 +225,16 @@ class Dataset:
         parts = self.native.read(i, list(fields) if fields is not None else None, tuple(rows) if rows is not None else None)
         return {name: convert(buf, self.format, copy) for name, buf in parts}
 
+    def read_concat(self, i: int, fields: Sequence[str], rows: tuple[int, int] | None = None) -> Any:
+        """Token rows `rows` (all when None) of `fields` side by side, `[T, sum of widths]`:
+        row t is row t of every field, in the order given (the EAGLE-3 auxiliary states).
+        The fields share a dtype. One copy from the shards, on the thread pool for a large
+        sample, into memory reused from earlier such results this process dropped."""
+        i = self._index(i)
+        n = int(self.lengths[i])
+        start, stop = rows if rows is not None else (0, n)
+        return convert(self.native.read_concat(i, list(fields), (start, stop)), self.format, False)
+
     def __getitem__(self, i: int) -> dict:
         return self.read(i)
 

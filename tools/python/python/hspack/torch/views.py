@@ -109,8 +109,9 @@ class Eagle3View:
 
     When the auxiliary layers are one stacked field (`hspack.hidden_states`, what
     `hspack convert` writes from SpecForge and ModelOpt dumps), `aux_hidden_state` is a view of
-    the mapped shard: no copy. Otherwise it is built with one copy from the mapping into a
-    tensor allocated up front (in shared memory inside DataLoader workers), GIL released.
+    the mapped shard: no copy. Otherwise it is built with one copy from the mapping, GIL
+    released: into shared memory inside DataLoader workers, else into memory the process
+    reuses from earlier samples it dropped (`hspack.Dataset.read_concat`).
     """
 
     def __init__(
@@ -147,11 +148,18 @@ class Eagle3View:
             # The width named, not -1: a sample of 0 tokens has no rows to infer it from.
             out = parts[aux[0]].reshape(n, math.prod(by_name[aux[0]]["shape"]))
         else:
-            first = by_name[aux[0]]
-            width = sum(math.prod(by_name[a]["shape"]) for a in aux)
-            out = shared_empty((n, width), torch_dtypes()[first["dtype"]])
-            flat = out.view(-1).view(torch.uint8).numpy()
-            ds.native.read_concat_into(ordinal, aux, (0, n), flat)
+            from torch.utils.data import get_worker_info
+
+            if get_worker_info() is None:
+                # In the trainer: memory this process reuses, already faulted in.
+                out = ds.read_concat(ordinal, aux, (0, n))
+            else:
+                # In a worker: shared memory, which the trainer maps without a copy.
+                first = by_name[aux[0]]
+                width = sum(math.prod(by_name[a]["shape"]) for a in aux)
+                out = shared_empty((n, width), torch_dtypes()[first["dtype"]])
+                flat = out.view(-1).view(torch.uint8).numpy()
+                ds.native.read_concat_into(ordinal, aux, (0, n), flat)
             parts = ds.read(ordinal, small + [target], (0, n))
         ids = parts[ids_field] if ids_field else None
         mask = parts[mask_field] if mask_field else torch.ones(n, dtype=torch.int64)
