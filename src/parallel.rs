@@ -55,6 +55,26 @@ pub fn install<R: Send>(op: impl FnOnce() -> R + Send) -> R {
     })
 }
 
+/// Adds `bytes` to `hasher`, a large input on this process's pool (BLAKE3's own parallel
+/// hashing), never on rayon's global pool: a child forked after the global pool hashed has
+/// none of its threads, and would wait for them forever.
+pub fn blake3_update(hasher: &mut blake3::Hasher, bytes: &[u8]) {
+    if (bytes.len() as u64) < WORTH_THE_POOL {
+        hasher.update(bytes);
+    } else {
+        install(|| {
+            hasher.update_rayon(bytes);
+        });
+    }
+}
+
+/// The BLAKE3 hash of `bytes`, as [`blake3_update`] hashes them.
+pub fn blake3_hash(bytes: &[u8]) -> blake3::Hash {
+    let mut hasher = blake3::Hasher::new();
+    blake3_update(&mut hasher, bytes);
+    hasher.finalize()
+}
+
 /// Bytes a thread of the pool copies at a time in [`fill`].
 const FILL_PIECE: usize = 1 << 20;
 
@@ -103,6 +123,20 @@ mod tests {
                 .collect()
         });
         assert!(names.iter().all(|n| n.starts_with("hspack-")), "{names:?}");
+    }
+
+    #[test]
+    fn large_inputs_hash_as_blake3_does_on_one_thread() {
+        let bytes: Vec<u8> = (0..3 * WORTH_THE_POOL as usize + 5)
+            .map(|i| (i % 251) as u8)
+            .collect();
+        for n in [0, 1000, WORTH_THE_POOL as usize, bytes.len()] {
+            assert_eq!(
+                blake3_hash(&bytes[..n]),
+                blake3::hash(&bytes[..n]),
+                "{n} bytes"
+            );
+        }
     }
 
     #[test]

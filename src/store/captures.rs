@@ -139,7 +139,7 @@ pub fn sample_digest<'a>(fields: impl IntoIterator<Item = (&'a str, &'a [u8])>) 
         h.update(&(name.len() as u32).to_le_bytes());
         h.update(name.as_bytes());
         h.update(&(bytes.len() as u64).to_le_bytes());
-        h.update_rayon(bytes);
+        crate::parallel::blake3_update(&mut h, bytes);
     }
     *h.finalize().as_bytes()
 }

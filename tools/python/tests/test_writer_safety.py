@@ -200,3 +200,28 @@ def test_a_forked_child_cannot_use_or_break_its_parents_writer(tmp_path):
     w.finish()
     assert keys(path) == ["after", "before"]
     assert hspack.verify(path)["ok"]
+
+
+def _store_capture(store, name, samples) -> None:
+    """Appends `samples` (key, token ids, hidden state) with capture keys to dataset `name` of
+    `store`: the sample digests hash each 1 MiB field on several threads."""
+    fields = [hspack.token_ids(), hspack.hidden_state(2, 4096)]
+    config = {"model": "m", "engine": "test", "deterministic": True, "dtype": "bf16", "layers": [2], "fields": [f["name"] for f in fields]}
+    with hspack.Writer(store / name, fields, create=True, durable=False) as w:
+        for key, ids, hidden in samples:
+            w.append(key, capture_key=hspack.capture_key(config, ids), input_ids=ids, **{"hidden.2": hidden})
+
+
+def test_a_forked_child_records_captures_after_the_parent_did(tmp_path):
+    """Capture digests hash on hspack's own per-process pool: a child forked after the parent
+    hashed has no threads of the parent's pools, and must not wait for them. (The samples are
+    made before the fork: torch's own OpenMP threads do not survive one either.)"""
+    samples = []
+    for i in range(2):
+        hidden = torch.randn(128, 4096, generator=torch.Generator().manual_seed(i)).to(torch.bfloat16)
+        samples.append((f"k{i}", torch.arange(128, dtype=torch.int32) + i, hidden))
+    hspack.init_store(str(tmp_path / "store"))
+    _store_capture(tmp_path / "store", "parent", samples)
+    assert _in_child(lambda: _store_capture(tmp_path / "store", "child", samples)) == 0
+    child = hspack.open(tmp_path / "store" / "child")
+    assert len(child) == 2 and torch.equal(child[1]["hidden.2"].view(torch.int16), samples[1][2].view(torch.int16))
