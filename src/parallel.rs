@@ -62,6 +62,8 @@ pub fn blake3_update(hasher: &mut blake3::Hasher, bytes: &[u8]) {
     if (bytes.len() as u64) < WORTH_THE_POOL {
         hasher.update(bytes);
     } else {
+        // On our pool: `install` makes it the one rayon's `join` inside uses.
+        #[allow(clippy::disallowed_methods)]
         install(|| {
             hasher.update_rayon(bytes);
         });
