@@ -74,9 +74,10 @@ fn push(all: &mut Vec<Entry>, map: MappingRef, path: &Path, id: FileId) {
 }
 
 /// `(path, file offset, dev, ino)` of bytes `addr..addr + len` when they lie inside one live
-/// shard mapping of this process, else None.
+/// shard mapping of this process, else None. The path goes to Python as a `str` (a
+/// `pathlib.Path` costs more to make than the rest: this runs for every tensor a worker sends).
 #[pyfunction]
-pub fn origin(addr: usize, len: usize) -> Option<(PathBuf, u64, u64, u64)> {
+pub fn origin(addr: usize, len: usize) -> Option<(std::ffi::OsString, u64, u64, u64)> {
     let all = entries()?;
     all.iter()
         .filter(|e| e.map.is_alive())
@@ -88,7 +89,7 @@ pub fn origin(addr: usize, len: usize) -> Option<(PathBuf, u64, u64, u64)> {
         })
         .map(|e| {
             let offset = (addr - e.map.base) as u64;
-            (e.path.clone(), offset, e.id.dev, e.id.ino)
+            (e.path.clone().into_os_string(), offset, e.id.dev, e.id.ino)
         })
 }
 
