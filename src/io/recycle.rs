@@ -9,7 +9,9 @@
 //! byte.
 //!
 //! The list is only ever tried, never waited for: a process forked while another thread held
-//! it (a DataLoader worker) just allocates anew.
+//! it (a DataLoader worker) just allocates anew. A forked process starts with an empty list:
+//! the buffers it inherits are its parent's pages, shared copy-on-write, and writing one would
+//! copy every page.
 
 use std::sync::Mutex;
 
@@ -41,10 +43,11 @@ pub fn kept_bytes() -> usize {
 }
 
 /// Kept buffers, oldest first, at their full length (never truncated: shortening and
-/// lengthening again would write every byte in between).
+/// lengthening again would write every byte in between), and the process they belong to.
 struct Free {
     buffers: Vec<Vec<u64>>,
     limit: usize,
+    owner: u32,
 }
 
 impl Free {
@@ -52,7 +55,18 @@ impl Free {
         Free {
             buffers: Vec::new(),
             limit,
+            owner: 0,
         }
+    }
+
+    /// The list, emptied first in a process other than the one that filled it.
+    fn mine(&mut self) -> &mut Vec<Vec<u64>> {
+        let pid = std::process::id();
+        if self.owner != pid {
+            self.buffers.clear();
+            self.owner = pid;
+        }
+        &mut self.buffers
     }
 
     fn bytes(&self) -> usize {
@@ -63,7 +77,7 @@ impl Free {
     /// `words` (only the added part is new memory: a large buffer grows by remapping its
     /// pages, not by copying them).
     fn take(&mut self, words: usize) -> Option<Vec<u64>> {
-        if words * 8 < SMALLEST || self.buffers.is_empty() {
+        if words * 8 < SMALLEST || self.mine().is_empty() {
             return None;
         }
         let by_len = |v: &Vec<u64>| v.len();
@@ -86,7 +100,7 @@ impl Free {
         if !(SMALLEST..=self.limit).contains(&(words.len() * 8)) {
             return;
         }
-        self.buffers.push(words);
+        self.mine().push(words);
         while self.bytes() > self.limit {
             self.buffers.remove(0);
         }
@@ -124,6 +138,17 @@ mod tests {
         assert_eq!(c.as_ptr(), at);
         assert!(free.take(words).is_none(), "none left");
         drop((b, c));
+    }
+
+    #[test]
+    fn a_forked_process_does_not_reuse_its_parents_buffers() {
+        let mut free = Free::new(64 * MIB);
+        free.give_back(vec![1; 4 * MIB / 8]);
+        free.owner = std::process::id() + 1; // as a child sees its parent's list
+        assert!(free.take(MIB / 8).is_none());
+        assert_eq!(free.bytes(), 0);
+        free.give_back(vec![2; 4 * MIB / 8]);
+        assert_eq!(free.take(MIB / 8).unwrap()[0], 2, "its own are reused");
     }
 
     #[test]
