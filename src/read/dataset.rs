@@ -12,6 +12,7 @@ use crate::io::Storage;
 use super::key_directory::{self, KeyDirectory};
 use super::key_runs::KeyRuns;
 use super::shard::{CheckPolicy, Shard};
+use super::tensor::{AlignedBytes, Buffer, Tensor};
 
 /// Bytes of a concatenated read a thread of the pool fills at a time.
 const CONCAT_BLOCK: usize = 1 << 20;
@@ -24,7 +25,6 @@ struct ConcatPart {
     width: usize,
     rows: Range<u64>,
 }
-use super::tensor::{AlignedBytes, Buffer, Tensor};
 
 /// The largest span of a sample's chunks [`Sample::prefetch`] fetches in one request.
 pub const MAX_PREFETCH: u64 = 256 << 20;
