@@ -58,8 +58,12 @@ pub fn install<R: Send>(op: impl FnOnce() -> R + Send) -> R {
 /// Adds `bytes` to `hasher`, a large input on this process's pool (BLAKE3's own parallel
 /// hashing), never on rayon's global pool: a child forked after the global pool hashed has
 /// none of its threads, and would wait for them forever.
+/// On a thread of another pool (`hspack cp`'s, hashing many chunks at once) it hashes there:
+/// handing each chunk to ours would cost a thread per chunk and gain nothing.
 pub fn blake3_update(hasher: &mut blake3::Hasher, bytes: &[u8]) {
-    if (bytes.len() as u64) < WORTH_THE_POOL {
+    let on_another_pool =
+        rayon::current_thread_index().is_some() && pool().current_thread_index().is_none();
+    if (bytes.len() as u64) < WORTH_THE_POOL || on_another_pool {
         hasher.update(bytes);
     } else {
         // On our pool: `install` makes it the one rayon's `join` inside uses.

@@ -174,7 +174,7 @@ impl MappingRef {
 }
 
 /// Bytes in 8-byte aligned storage, so every dtype can be viewed in place.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Default)]
 pub struct AlignedBytes {
     words: Vec<u64>,
     len: usize,
@@ -212,6 +212,17 @@ impl AlignedBytes {
     /// The bytes, writable.
     pub fn as_bytes_mut(&mut self) -> &mut [u8] {
         &mut bytemuck::cast_slice_mut(&mut self.words)[..self.len]
+    }
+}
+
+impl Clone for AlignedBytes {
+    /// A plain copy of the bytes: of `len` of them, not of a reused buffer's whole length.
+    fn clone(&self) -> Self {
+        AlignedBytes {
+            words: self.words[..self.len.div_ceil(8)].to_vec(),
+            len: self.len,
+            reused: false,
+        }
     }
 }
 

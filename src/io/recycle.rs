@@ -37,11 +37,6 @@ pub(crate) fn give_back(words: Vec<u64>) {
     }
 }
 
-/// Bytes this process keeps for reuse now.
-pub fn kept_bytes() -> usize {
-    FREE.try_lock().map_or(0, |free| free.bytes())
-}
-
 /// Kept buffers, oldest first, at their full length (never truncated: shortening and
 /// lengthening again would write every byte in between), and the process they belong to.
 struct Free {
@@ -80,13 +75,10 @@ impl Free {
         if words * 8 < SMALLEST || self.mine().is_empty() {
             return None;
         }
-        let by_len = |v: &Vec<u64>| v.len();
         let all = self.buffers.iter().enumerate();
-        let fits = all
-            .clone()
-            .filter(|(_, v)| v.len() >= words)
-            .min_by_key(|(_, v)| by_len(v));
-        let (i, _) = fits.or_else(|| all.max_by_key(|(_, v)| by_len(v)))?;
+        let fits = all.clone().filter(|(_, v)| v.len() >= words);
+        let (i, _) =
+            (fits.min_by_key(|(_, v)| v.len())).or_else(|| all.max_by_key(|(_, v)| v.len()))?;
         let mut v = self.buffers.swap_remove(i);
         if v.len() < words {
             v.reserve_exact(words - v.len()); // not the doubling `resize` alone would do

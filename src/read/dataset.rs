@@ -578,8 +578,11 @@ impl<'d> Sample<'d> {
             return Err(Error::BadOption {
                 option: "fields",
                 detail: format!(
-                    "{} is {:?} and {} is {:?}: concatenated fields share a dtype",
-                    schema.fields[first].name, dtype, schema.fields[f].name, schema.fields[f].dtype
+                    "{} is {} and {} is {}: concatenated fields share a dtype",
+                    schema.fields[first].name,
+                    dtype.name(),
+                    schema.fields[f].name,
+                    schema.fields[f].dtype.name()
                 ),
             });
         }
@@ -629,27 +632,14 @@ impl<'d> Sample<'d> {
         let mut parts = Vec::new();
         let mut column = 0;
         for (&f, &width) in fields.iter().zip(&widths) {
-            let mut at = rows.start;
-            for x in self.extents(f) {
-                let lo = x.row_start.max(rows.start);
-                let hi = (x.row_start + x.row_count).min(rows.end);
-                if lo >= hi {
-                    continue;
-                }
-                if lo != at {
-                    return Err(self.untiled(f, at));
-                }
-                at = hi;
-                let part = lo - rows.start..hi - rows.start;
+            for (_, held) in self.extents_over(f, &rows)? {
+                let rows = held.start - rows.start..held.end - rows.start;
                 parts.push(ConcatPart {
                     f,
                     column,
                     width,
-                    rows: part,
+                    rows,
                 });
-            }
-            if at != rows.end {
-                return Err(self.untiled(f, at));
             }
             column += width;
         }
@@ -663,39 +653,38 @@ impl<'d> Sample<'d> {
         } else {
             parts.iter().map(read).collect::<Result<_>>()?
         };
-        // Rows `block` of `out`, from every part that holds some of them.
-        let fill = |(b, block): (usize, &mut [u8]), rows_per_block: usize| {
+        // Rows `block` (number `b`) of `out`, from every part that holds some of them.
+        let rows_per_block = if pooled {
+            (CONCAT_BLOCK / stride).max(1)
+        } else {
+            n
+        };
+        let fill = |(b, block): (usize, &mut [u8])| {
             let first = (b * rows_per_block) as u64;
             let last = first + (block.len() / stride) as u64;
             for (p, t) in parts.iter().zip(&read) {
-                let lo = p.rows.start.max(first);
-                let hi = p.rows.end.min(last);
                 let src = t.bytes();
-                for r in lo..hi {
+                for r in p.rows.start.max(first)..p.rows.end.min(last) {
                     let from = (r - p.rows.start) as usize * p.width;
                     let at = (r - first) as usize * stride + p.column;
                     block[at..at + p.width].copy_from_slice(&src[from..from + p.width]);
                 }
             }
         };
-        if !pooled {
-            fill((0, out), n);
-            return Ok(());
+        if pooled {
+            let blocks = out.par_chunks_mut(rows_per_block * stride).enumerate();
+            crate::parallel::install(|| blocks.for_each(fill));
+        } else {
+            fill((0, out));
         }
-        let rows_per_block = (CONCAT_BLOCK / stride).max(1);
-        crate::parallel::install(|| {
-            out.par_chunks_mut(rows_per_block * stride)
-                .enumerate()
-                .for_each(|job| fill(job, rows_per_block))
-        });
         Ok(())
     }
 
-    /// The error for field `f`'s extents leaving row `at` uncovered or covered twice: an index
-    /// that passed its checks never does, and a read refuses it rather than leave bytes of
-    /// its buffer unwritten.
-    fn untiled(&self, f: usize, at: u64) -> Error {
-        Error::Format {
+    /// The extents of field `f` that hold rows `rows`, in row order, each with the rows it
+    /// holds. Refused where they leave a row uncovered or cover one twice: an index that passed
+    /// its checks never does, and a read would leave bytes of its buffer unwritten.
+    fn extents_over(&self, f: usize, rows: &Range<u64>) -> Result<Vec<(ExtentEntry, Range<u64>)>> {
+        let untiled = |at: u64| Error::Format {
             path: self.shard.path().to_path_buf(),
             source: crate::format::FormatError::Invalid {
                 structure: "shard index",
@@ -706,7 +695,25 @@ impl<'d> Sample<'d> {
                     self.ordinal()
                 ),
             },
+        };
+        let mut over = Vec::new();
+        let mut at = rows.start;
+        for x in self.extents(f) {
+            let lo = x.row_start.max(rows.start);
+            let hi = (x.row_start + x.row_count).min(rows.end);
+            if lo >= hi {
+                continue;
+            }
+            if lo != at {
+                return Err(untiled(at));
+            }
+            at = hi;
+            over.push((x, lo..hi));
         }
+        if at != rows.end {
+            return Err(untiled(at));
+        }
+        Ok(over)
     }
 
     /// Copies rows `rows` of field number `f` into `out`, which must hold exactly those rows.
@@ -721,29 +728,15 @@ impl<'d> Sample<'d> {
                 detail: format!("buffer holds {} bytes, the rows need {want}", out.len()),
             });
         }
-        // Each extent the rows touch, with the part of `out` it fills (extents are in row
-        // order and do not overlap: the index was validated).
-        let extents = self.extents(f);
+        // Each extent the rows touch, with the part of `out` it fills.
+        let extents = self.extents_over(f, &rows)?;
         let mut pieces = Vec::new();
         let mut rest = out;
-        let mut at = rows.start;
-        for x in &extents {
-            let lo = x.row_start.max(rows.start);
-            let hi = (x.row_start + x.row_count).min(rows.end);
-            if lo >= hi {
-                continue;
-            }
-            if lo != at {
-                return Err(self.untiled(f, at));
-            }
-            let (dst, tail) =
-                std::mem::take(&mut rest).split_at_mut((hi - lo) as usize * row_bytes);
+        for (x, held) in &extents {
+            let (dst, tail) = std::mem::take(&mut rest)
+                .split_at_mut((held.end - held.start) as usize * row_bytes);
             rest = tail;
-            at = hi;
-            pieces.push((x, lo, dst));
-        }
-        if at != rows.end {
-            return Err(self.untiled(f, at));
+            pieces.push((x, held.start, dst));
         }
         let fill = |(x, lo, dst): (&ExtentEntry, u64, &mut [u8])| -> Result<()> {
             let (e, stored) = self

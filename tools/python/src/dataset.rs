@@ -57,6 +57,27 @@ impl Dataset {
                 .collect(),
         }
     }
+
+    /// `read` on sample `ordinal`, the GIL released, after asking the storage for fields
+    /// `numbers` ahead; what that kept (object storage) is let go after, not kept past the
+    /// sample.
+    fn with_sample<T: Send>(
+        &self,
+        py: Python<'_>,
+        ordinal: u64,
+        numbers: &[usize],
+        read: impl FnOnce(&hspack::Sample<'_>) -> hspack::Result<T> + Send,
+    ) -> PyResult<T> {
+        let load = self.load.load(Ordering::Relaxed);
+        py.allow_threads(|| {
+            let s = self.inner.sample(ordinal)?;
+            s.prefetch(numbers, load)?;
+            let got = read(&s);
+            s.shard().forget_ahead();
+            got
+        })
+        .py_err()
+    }
 }
 
 #[pymethods]
@@ -218,24 +239,15 @@ impl Dataset {
         rows: Option<(u64, u64)>,
     ) -> PyResult<Vec<(String, TensorBuffer)>> {
         let numbers = self.field_numbers(fields)?;
-        let load = self.load.load(Ordering::Relaxed);
-        let tensors = py
-            .allow_threads(|| {
-                let s = self.inner.sample(ordinal)?;
-                s.prefetch(&numbers, load)?;
-                let tensors = numbers
-                    .iter()
-                    .map(|&f| s.read_field(f, row_range(rows)))
-                    .collect::<hspack::Result<Vec<_>>>();
-                // What prefetch kept (object storage) is not kept past the sample.
-                s.shard().forget_ahead();
-                let tensors = tensors?;
-                if let Some(mapped) = tensors.iter().find_map(|t| t.data.file_bytes()) {
-                    crate::origin::register(mapped, s.shard().path());
-                }
-                Ok(tensors)
-            })
-            .py_err()?;
+        let tensors = self.with_sample(py, ordinal, &numbers, |s| {
+            let tensors = (numbers.iter())
+                .map(|&f| s.read_field(f, row_range(rows)))
+                .collect::<hspack::Result<Vec<_>>>()?;
+            if let Some(mapped) = tensors.iter().find_map(|t| t.data.file_bytes()) {
+                crate::origin::register(mapped, s.shard().path());
+            }
+            Ok(tensors)
+        })?;
         let schema = self.inner.schema();
         Ok(numbers
             .iter()
@@ -286,15 +298,9 @@ impl Dataset {
         let numbers = self.field_numbers(Some(fields))?;
         let mut view = ByteView::new(out, "out")?;
         let out = view.as_mut_slice("out")?;
-        let load = self.load.load(Ordering::Relaxed);
-        py.allow_threads(|| {
-            let s = self.inner.sample(ordinal)?;
-            s.prefetch(&numbers, load)?;
-            let read = s.read_concat_into(&numbers, rows.0..rows.1, out);
-            s.shard().forget_ahead();
-            read
+        self.with_sample(py, ordinal, &numbers, |s| {
+            s.read_concat_into(&numbers, rows.0..rows.1, out)
         })
-        .py_err()
     }
 
     /// Rows `rows` of `fields` side by side, `[rows, elements]`, in a buffer reused from
@@ -307,16 +313,10 @@ impl Dataset {
         rows: (u64, u64),
     ) -> PyResult<TensorBuffer> {
         let numbers = self.field_numbers(Some(fields))?;
-        let load = self.load.load(Ordering::Relaxed);
-        py.allow_threads(|| {
-            let s = self.inner.sample(ordinal)?;
-            s.prefetch(&numbers, load)?;
-            let t = s.read_concat(&numbers, rows.0..rows.1);
-            s.shard().forget_ahead();
-            t
-        })
-        .py_err()
-        .map(TensorBuffer::new)
+        let t = self.with_sample(py, ordinal, &numbers, |s| {
+            s.read_concat(&numbers, rows.0..rows.1)
+        })?;
+        Ok(TensorBuffer::new(t))
     }
 
     /// `(address, length)` of shard `seq`'s mapping, mapping it if needed: lets tests check
