@@ -246,6 +246,9 @@ fn a_writer_taken_over_mid_commit_never_lists_a_removed_shard() {
             .collect::<Vec<_>>()
     };
 
+    // Failpoints are global to the process: the scenario keeps the other tests that set
+    // one out until this test is done.
+    let _scenario = fail::FailScenario::setup();
     hspack::failpoint::set("shard-published", "pause").unwrap();
     let paused = std::thread::spawn(move || stale.commit().map(drop));
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
@@ -291,8 +294,10 @@ fn a_writer_taken_over_mid_commit_never_lists_a_removed_shard() {
 /// Runs in the child processes of the shared-writer test only.
 #[test]
 fn shared_writer_child() {
-    let _scenario = fail::FailScenario::setup();
-    common::shared_writer::child_main();
+    if std::env::var(common::shared_writer::CHILD_ENV).is_ok() {
+        let _scenario = fail::FailScenario::setup();
+        common::shared_writer::child_main();
+    }
 }
 
 /// One of four writers sharing a folder crashes at each step of a commit in turn (holding
@@ -369,6 +374,9 @@ fn a_shared_writer_that_hung_past_its_commit_lease_never_commits() {
     let mut hung = DatasetWriter::open(url, schema, shared).unwrap();
     let fields = common::shared_writer::sample(0, 0);
     hung.append("hung", &as_fields(&fields)).unwrap();
+    // Failpoints are global to the process: the scenario keeps the other tests that set
+    // one out until this test is done.
+    let _scenario = fail::FailScenario::setup();
     hspack::failpoint::set("shard-published", "pause").unwrap();
     let paused = std::thread::spawn(move || hung.commit().map(drop));
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
