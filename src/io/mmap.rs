@@ -189,6 +189,137 @@ impl SharedFlags {
     }
 }
 
+/// Bytes before a [`SharedRegion`]'s data: its header (magic, then the count of loans), a
+/// page so the data starts page-aligned.
+pub const REGION_HEADER: usize = 4096;
+
+/// What a [`SharedRegion`]'s header starts with.
+const REGION_MAGIC: u64 = u64::from_le_bytes(*b"hspklend");
+
+/// Memory that other processes can map by file descriptor: an in-memory file (`memfd`), its
+/// first page a header that counts the loans other processes hold on its data (see
+/// `io::loan`), the rest the data.
+///
+/// Every page is allocated when the region is made (`posix_fallocate`), so running out of
+/// memory is an error here, never a `SIGBUS` on a later write; and the pages are mapped in
+/// ahead (`MAP_POPULATE`), so writing the data takes no page faults.
+#[derive(Debug)]
+pub struct SharedRegion {
+    file: File,
+    map: memmap2::MmapMut,
+}
+
+impl SharedRegion {
+    /// A new region of `data_len` bytes of data, no loans.
+    pub fn create(data_len: usize) -> std::io::Result<SharedRegion> {
+        let len = REGION_HEADER
+            .checked_add(data_len)
+            .ok_or_else(|| std::io::Error::other("shared region too large"))?;
+        // SAFETY: `memfd_create` reads the NUL-terminated name and returns a new descriptor
+        // (or -1); it touches no memory of ours.
+        let fd = unsafe { libc::memfd_create(c"hspack-loan".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just returned by `memfd_create` and nothing else owns it.
+        let file = unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        // SAFETY: `fd` is open (owned by `file`); `posix_fallocate` only changes the file.
+        match unsafe { libc::posix_fallocate(fd, 0, len as libc::off_t) } {
+            0 => {}
+            e => return Err(std::io::Error::from_raw_os_error(e)),
+        }
+        // SAFETY: the file is this process's own new in-memory file, `len` bytes long and
+        // never resized; other processes that map it (`receive`) touch the header only
+        // through atomics, and the data only while it is lent to them (the loan protocol of
+        // `io::loan`: the owner writes data only when no loan is out).
+        let map = unsafe {
+            memmap2::MmapOptions::new()
+                .len(len)
+                .populate()
+                .map_mut(&file)
+        }?;
+        let region = SharedRegion { file, map };
+        region.header()[0].store(REGION_MAGIC, std::sync::atomic::Ordering::Release);
+        Ok(region)
+    }
+
+    /// The region another process made, from a descriptor of it (`fd`, which stays the
+    /// caller's to close), mapped up to the end of data bytes `..data_end`. Fails when `fd`
+    /// is not an hspack region that long.
+    pub fn receive(fd: std::os::fd::RawFd, data_end: usize) -> std::io::Result<SharedRegion> {
+        // SAFETY: duplicating a descriptor number touches no memory; an invalid number fails
+        // with EBADF.
+        let own = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+        if own < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: `own` was just made by `fcntl` and nothing else owns it.
+        let file = unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(own) };
+        let not_region = || std::io::Error::other("not an hspack shared region of that length");
+        let len = REGION_HEADER.checked_add(data_end).ok_or_else(not_region)?;
+        if file.metadata()?.len() < len as u64 {
+            return Err(not_region());
+        }
+        // SAFETY: the region's owner never resizes it (checked long enough above), and
+        // touches the header only through atomics and the data only while no loan is out:
+        // the caller holds one, taken by the owner for it (the protocol of `io::loan`).
+        let map = unsafe {
+            memmap2::MmapOptions::new()
+                .len(len)
+                .populate()
+                .map_mut(&file)
+        }?;
+        let region = SharedRegion { file, map };
+        if region.header()[0].load(std::sync::atomic::Ordering::Acquire) != REGION_MAGIC {
+            return Err(not_region());
+        }
+        Ok(region)
+    }
+
+    /// Magic, then loans.
+    fn header(&self) -> &[std::sync::atomic::AtomicU64; 2] {
+        // SAFETY: the mapping is page-aligned and at least `REGION_HEADER` bytes long, lives
+        // as long as `self`, and every process touches these 16 bytes only atomically.
+        unsafe {
+            &*self
+                .map
+                .as_ptr()
+                .cast::<[std::sync::atomic::AtomicU64; 2]>()
+        }
+    }
+
+    /// Loans out (taken by [`lend`](Self::lend), ended by [`end_loan`](Self::end_loan)).
+    pub fn loans(&self) -> u64 {
+        self.header()[1].load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Takes a loan out, for a process about to receive the region.
+    pub fn lend(&self) {
+        self.header()[1].fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+    }
+
+    /// Ends a loan: the receiving process no longer reads or writes the data.
+    pub fn end_loan(&self) {
+        self.header()[1].fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+
+    /// The data's first byte. Writes through it are the owner's, while no loan is out, or a
+    /// borrower's, while it holds one.
+    pub fn data_ptr(&self) -> *const u8 {
+        self.map[REGION_HEADER..].as_ptr()
+    }
+
+    /// Bytes of data mapped.
+    pub fn data_len(&self) -> usize {
+        self.map.len() - REGION_HEADER
+    }
+
+    /// The region's file descriptor, to hand to another process.
+    pub fn fd(&self) -> std::os::fd::RawFd {
+        std::os::fd::AsRawFd::as_raw_fd(&self.file)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

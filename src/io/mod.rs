@@ -14,6 +14,7 @@
 
 pub mod bytes;
 pub mod cache;
+pub mod loan;
 pub mod local;
 pub mod lock;
 pub mod memory;

@@ -301,3 +301,69 @@ def test_pinned_batches_are_collated_into_pinned_memory(stacked_path, workers):
         on_gpu = g["aux_hidden_state"].cuda(non_blocking=True)
         torch.cuda.synchronize()
         assert torch.equal(on_gpu.cpu(), w["aux_hidden_state"])
+
+
+@pytest.fixture(scope="module")
+def layers_path(tmp_path_factory):
+    """The samples of `stacked_path` as captures write them: one field per layer."""
+    path = tmp_path_factory.mktemp("layers") / "ds"
+    schema = [hspack.token_ids(), hspack.loss_mask()] + [hspack.hidden_state(layer, H) for layer in AUX]
+    schema.append(hspack.hidden_state(7, H, point="final_norm"))
+    with hspack.Writer(path, schema, durable=False, shard_samples=5) as w:
+        for i in range(12):
+            s = stacked_sample(i)
+            layers = s.pop("layers")
+            w.append(f"s{i:03d}", **s, **{f"hidden.{layer}": x for layer, x in zip(AUX, layers)})
+    return str(path)
+
+
+def lent_region(t: torch.Tensor) -> int:
+    """The inode of the worker's shared memory that `t` lies in, as this process maps it."""
+    addr = t.untyped_storage().data_ptr()
+    with open("/proc/self/maps") as f:
+        for line in f:
+            span, _, _, _, inode, *name = line.split()
+            lo, hi = (int(x, 16) for x in span.split("-"))
+            if lo <= addr < hi:
+                assert " ".join(name).startswith("/memfd:hspack-loan"), line
+                return int(inode)
+    raise AssertionError("not mapped")
+
+
+def test_samples_built_in_workers_are_lent_and_reused_only_once_dropped(layers_path):
+    ref = [torch.cat(stacked_sample(i)["layers"], -1) for i in range(12)]
+    ds = HspackDataset(layers_path, view="eagle3")
+    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2, prefetch_factor=2, persistent_workers=True)
+    # Every sample of 3 epochs kept: none is overwritten, each has memory of its own.
+    held = []
+    for _ in range(3):
+        for g in loader:
+            assert torch.equal(g["aux_hidden_state"], ref[g["ordinal"]])
+            held.append((g["ordinal"], g["aux_hidden_state"]))
+    assert len({lent_region(t) for _, t in held}) == len(held) == 36
+    for i, t in held:
+        assert torch.equal(t, ref[i]), f"sample {i} changed while this process held it"
+    held[0][1].zero_()  # this process's to write while it holds it
+    del held, t
+    gc.collect()
+    # Each sample dropped as the next arrives: the workers reuse their memory. A worker has at
+    # most 2 samples queued, 1 being built and 1 in this process (received, or being dropped).
+    regions = []
+    for _ in range(3):
+        for g in loader:
+            assert torch.equal(g["aux_hidden_state"], ref[g["ordinal"]])
+            regions.append(lent_region(g["aux_hidden_state"]))
+    assert len(regions) == 36 and len(set(regions)) <= 2 * 4, len(set(regions))
+
+
+def test_lent_samples_arrive_through_spawned_workers_and_without_the_file_ranges(layers_path):
+    ref = [torch.cat(stacked_sample(i)["layers"], -1) for i in range(12)]
+    for mode, context in (("map", "spawn"), ("copy", "fork")):
+        ds = HspackDataset(layers_path, view="eagle3", transfer=mode)
+        loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context=context)
+        got = list(loader)
+        assert [g["ordinal"] for g in got] == list(range(12))
+        for g in got:
+            assert torch.equal(g["aux_hidden_state"], ref[g["ordinal"]])
+            # Lent memory comes with the file ranges; without them, torch's own shared memory.
+            assert g["aux_hidden_state"].is_shared() == (mode == "copy")

@@ -1,4 +1,5 @@
-"""Sending mapped tensors from DataLoader workers to the main process as file ranges.
+"""Sending tensors from DataLoader workers to the main process without copying them: mapped
+shards as file ranges, samples built in a worker as loans of its shared memory.
 
 A DataLoader worker normally sends a tensor through shared memory: it allocates a shared
 segment and copies the tensor into it, and the main process maps the segment. For a tensor
@@ -10,9 +11,15 @@ pages stay mapped from one tensor (and epoch) to the next, until `release()` (ca
 dataset's folder when the last hspack torch dataset object of that folder is collected). A file replaced before the main
 process first mapped it is refused with an error naming it.
 
+A tensor a view built in a worker (the EAGLE-3 concatenation of per-layer captures) lies in
+shared memory the worker lends (`views.shared_empty`, `hspack::io::loan`): hspack sends the
+memory's descriptor with a loan taken out, the main process maps it, and the loan ends when
+the last tensor over it there is collected; only then does the worker reuse the memory for
+another sample. The main process may write to these tensors.
+
 `install()` registers this for `torch.Tensor` in the calling process; the hspack torch
-datasets call it when they open the dataset inside a DataLoader worker. Tensors that are not
-views of a shard (gathered, decoded, or built by a view) go through torch's usual path.
+datasets call it when they open the dataset inside a DataLoader worker. Other tensors go
+through torch's usual path.
 """
 
 from __future__ import annotations
@@ -50,35 +57,69 @@ def release(under: str | os.PathLike | None = None) -> None:
     _hspack.release_received(None if under is None else os.fspath(under))
 
 
-def origin(t: Any) -> tuple | None:
-    """`(path, offset, dev, ino)` of the file range behind tensor `t`'s storage when it is a
-    view of a mapped shard of this process, else None."""
+def _plain_storage(t: Any) -> Any:
+    """`t`'s storage when `t` is a plain CPU tensor over some bytes, else None."""
     import torch
 
     if type(t) is not torch.Tensor or t.device.type != "cpu" or t.requires_grad or t.layout != torch.strided:
         return None
     s = t.untyped_storage()
-    if s.nbytes() == 0:
-        return None
-    return _hspack.origin(s.data_ptr(), s.nbytes())
+    return s if s.nbytes() else None
+
+
+def origin(t: Any) -> tuple | None:
+    """`(path, offset, dev, ino)` of the file range behind tensor `t`'s storage when it is a
+    view of a mapped shard of this process, else None."""
+    s = _plain_storage(t)
+    return None if s is None else _hspack.origin(s.data_ptr(), s.nbytes())
 
 
 def reduce_tensor(t: Any) -> tuple:
-    """The pickle reduction of `t`: a file range for a view of a mapped shard, else torch's."""
+    """The pickle reduction of `t`: a file range for a view of a mapped shard, a loan of the
+    shared memory a view built it in, else torch's."""
     o = origin(t)
     if o is None:
+        return _reduce_unmapped(t)
+    path, offset, dev, ino = o
+    return (rebuild, (os.fspath(path), offset, dev, ino) + _meta(t))
+
+
+def _meta(t: Any) -> tuple:
+    dtype = str(t.dtype).removeprefix("torch.")
+    return (t.untyped_storage().nbytes(), dtype, t.storage_offset(), tuple(t.size()), tuple(t.stride()))
+
+
+def _reduce_unmapped(t: Any) -> tuple:
+    s = _plain_storage(t)
+    lent = None if s is None else _hspack.lend(s.data_ptr(), s.nbytes())
+    if lent is None:
         from torch.multiprocessing.reductions import reduce_tensor as torch_reduce
 
         return torch_reduce(t)
-    path, offset, dev, ino = o
-    dtype = str(t.dtype).removeprefix("torch.")
-    meta = (t.untyped_storage().nbytes(), dtype, t.storage_offset(), tuple(t.size()), tuple(t.stride()))
-    return (rebuild, (os.fspath(path), offset, dev, ino) + meta)
+    from multiprocessing.reduction import DupFd
+
+    fd, offset = lent
+    return (rebuild_lent, (DupFd(fd), offset) + _meta(t))
 
 
 def rebuild(path: str, offset: int, dev: int, ino: int, nbytes: int, dtype: str, storage_offset: int, size: tuple, stride: tuple) -> Any:
     """The tensor `reduce_tensor` described, over this process's mapping of its file."""
+    raw = to_torch(_hspack.map_received(path, offset, nbytes, dev, ino))
+    return _over(raw, dtype, storage_offset, size, stride)
+
+
+def rebuild_lent(df: Any, offset: int, nbytes: int, dtype: str, storage_offset: int, size: tuple, stride: tuple) -> Any:
+    """The tensor `reduce_tensor` described, over the shared memory its worker lent: this
+    process's until the tensor (and every view of it) is collected, then the worker's again."""
+    fd = df.detach()
+    try:
+        raw = to_torch(_hspack.receive_lent(fd, offset, nbytes))
+    finally:
+        os.close(fd)
+    return _over(raw, dtype, storage_offset, size, stride)
+
+
+def _over(raw: Any, dtype: str, storage_offset: int, size: tuple, stride: tuple) -> Any:
     import torch
 
-    raw = to_torch(_hspack.map_received(path, offset, nbytes, dev, ino))
     return torch.empty(0, dtype=getattr(torch, dtype)).set_(raw.untyped_storage(), storage_offset, size, stride)

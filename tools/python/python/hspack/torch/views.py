@@ -12,7 +12,10 @@ from typing import Any, Sequence
 
 from .._errors import make_error
 from .._dtypes import torch_dtypes
+from .. import _hspack
 from .._hspack import EAGLE3
+from .._tensors import to_torch
+from . import transfer
 
 # The keys of the two EAGLE-3 layouts, as the Rust side defines them (`hspack::format::eagle3`).
 _VIEW = EAGLE3["view"]
@@ -21,7 +24,9 @@ _SPECFORGE = EAGLE3["specforge_item"]
 
 def shared_empty(shape: Sequence[int], dtype: Any) -> Any:
     """An uninitialized tensor; in a DataLoader worker it is allocated in shared memory, so
-    sending it to the main process copies nothing."""
+    sending it to the main process copies nothing. That memory is lent to the main process and
+    reused for a later sample once the main process has dropped every tensor over it
+    (`hspack.torch.transfer`): no fresh pages to fault in and zero for each sample."""
     import torch
     from torch.utils.data import get_worker_info
 
@@ -31,6 +36,12 @@ def shared_empty(shape: Sequence[int], dtype: Any) -> Any:
     for d in shape:
         numel *= int(d)
     itemsize = torch.empty(0, dtype=dtype).element_size()
+    if numel and transfer.installed():
+        try:
+            raw = to_torch(_hspack.take_shared(numel * itemsize))
+            return raw.view(dtype).view(tuple(shape))
+        except OSError:
+            pass  # no memory file here: torch's own shared memory, as for any tensor
     storage = torch.UntypedStorage._new_shared(numel * itemsize)
     return torch.empty(0, dtype=dtype).set_(storage, 0, tuple(shape))
 
