@@ -21,7 +21,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use super::mmap::SharedRegion;
+use super::mmap::{FileId, SharedRegion};
 
 /// Bytes of regions free for reuse that a process keeps; the oldest beyond go.
 pub const KEEP: usize = 512 << 20;
@@ -29,7 +29,12 @@ pub const KEEP: usize = 512 << 20;
 /// Region sizes are multiples of this.
 const GRAIN: usize = 2 << 20;
 
+/// Bytes of received regions that no loan uses a process keeps mapped; the oldest beyond go.
+pub const RECEIVED_KEEP: usize = 1 << 30;
+
 static POOL: Mutex<Pool> = Mutex::new(Pool::new(KEEP));
+
+static RECEIVED: Mutex<Received> = Mutex::new(Received::new(RECEIVED_KEEP));
 
 /// A region of at least `len` bytes of data, for this process to write and then [`lend`]: one
 /// that nobody uses any more (the smallest that fits), else a new one. A region stays in use
@@ -64,14 +69,14 @@ pub fn lend(addr: usize, len: usize) -> Option<(Arc<SharedRegion>, usize)> {
     Some((region, offset))
 }
 
-/// The pool, waiting at most about 10 ms for it (a DataLoader worker takes memory on one
-/// thread while its queue's thread lends what it sends, each holding the lock for
-/// microseconds). Never waiting for good: a process forked while another thread held the
+/// The pool (or the received regions), waiting at most about 10 ms for it (a DataLoader
+/// worker takes memory on one thread while its queue's thread lends what it sends, each
+/// holding the lock for microseconds). Never waiting for good: a process forked while another thread held the
 /// lock finds it held forever, and does without.
-fn lock(pool: &Mutex<Pool>) -> Option<std::sync::MutexGuard<'_, Pool>> {
+fn lock<T>(m: &Mutex<T>) -> Option<std::sync::MutexGuard<'_, T>> {
     for _ in 0..100 {
-        match pool.try_lock() {
-            Ok(pool) => return Some(pool),
+        match m.try_lock() {
+            Ok(guard) => return Some(guard),
             Err(std::sync::TryLockError::Poisoned(e)) => return Some(e.into_inner()),
             Err(std::sync::TryLockError::WouldBlock) => {
                 std::thread::sleep(std::time::Duration::from_micros(100))
@@ -85,19 +90,53 @@ fn lock(pool: &Mutex<Pool>) -> Option<std::sync::MutexGuard<'_, Pool>> {
 /// process's to read and write until the loan is dropped, which ends it.
 #[derive(Debug)]
 pub struct Loan {
-    region: SharedRegion,
+    region: Arc<SharedRegion>,
     offset: usize,
     len: usize,
 }
 
 impl Loan {
-    /// Maps the region whose descriptor is `fd` (which stays the caller's to close), for its
-    /// data `offset..offset + len`; the sender took the loan out ([`lend`]).
-    pub fn receive(fd: std::os::fd::RawFd, offset: usize, len: usize) -> std::io::Result<Loan> {
-        let end = offset
+    /// The region that process `pid` holds open as descriptor `fd`, of identity `id`, for its
+    /// data `offset..offset + len`; the owner took the loan out ([`lend`]). A region received
+    /// before is not opened again: the process keeps received regions mapped while their owner
+    /// may lend them again (up to [`RECEIVED_KEEP`] bytes of them unused), so their pages stay
+    /// in place from one sample to the next. A new one is opened through `/proc` (no
+    /// descriptor passing, which costs a round trip to the owner per sample).
+    pub fn receive(
+        pid: u32,
+        fd: i32,
+        id: FileId,
+        offset: usize,
+        len: usize,
+    ) -> std::io::Result<Loan> {
+        let open = || {
+            let path = format!("/proc/{pid}/fd/{fd}");
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&path);
+            let file = file.map_err(|e| {
+                std::io::Error::new(e.kind(), format!("{path}: {e} (did the worker exit?)"))
+            })?;
+            if FileId::of_open(&file)? != id {
+                return Err(std::io::Error::other(format!(
+                    "{path} is no longer the shared memory sent (did the worker exit?)"
+                )));
+            }
+            Ok(file)
+        };
+        let region = match lock(&RECEIVED) {
+            Some(mut received) => received.get(id, open)?,
+            None => Arc::new(SharedRegion::map_received(open()?)?),
+        };
+        if offset
             .checked_add(len)
-            .ok_or_else(|| std::io::Error::other("range past the end of the region"))?;
-        let region = SharedRegion::receive(fd, end)?;
+            .is_none_or(|end| end > region.data_len())
+        {
+            return Err(std::io::Error::other(
+                "range past the end of the shared region",
+            ));
+        }
         Ok(Loan {
             region,
             offset,
@@ -183,7 +222,7 @@ impl Pool {
         };
         while free_bytes(&self.regions) + coming > self.keep {
             match self.regions.iter().position(Pool::free) {
-                Some(i) => drop(self.regions.remove(i)),
+                Some(i) => self.regions.remove(i).retire(),
                 None => break,
             }
         }
@@ -201,11 +240,61 @@ impl Pool {
     }
 }
 
+/// Regions this process received, oldest first.
+struct Received {
+    regions: Vec<(FileId, Arc<SharedRegion>)>,
+    keep: usize,
+}
+
+impl Received {
+    const fn new(keep: usize) -> Self {
+        Received {
+            regions: Vec::new(),
+            keep,
+        }
+    }
+
+    /// The region of identity `id`: the mapping kept from an earlier loan, else a new one of
+    /// the file `open` gives, kept. Regions no loan uses are let go first when their owner let go of them or
+    /// exited, then the oldest beyond the limit.
+    fn get(
+        &mut self,
+        id: FileId,
+        open: impl FnOnce() -> std::io::Result<std::fs::File>,
+    ) -> std::io::Result<Arc<SharedRegion>> {
+        // While kept here the file lives, so no other file can take its identity.
+        if let Some((_, region)) = self.regions.iter().find(|(k, _)| *k == id) {
+            return Ok(region.clone());
+        }
+        let unused = |r: &Arc<SharedRegion>| Arc::strong_count(r) == 1;
+        let gone = |pid: u64| !std::path::Path::new(&format!("/proc/{pid}")).exists();
+        self.regions
+            .retain(|(_, r)| !(unused(r) && (r.retired() || gone(r.owner()))));
+        let region = Arc::new(SharedRegion::map_received(open()?)?);
+        self.regions.push((id, region.clone()));
+        loop {
+            let mut idle = self.regions.iter().filter(|(_, r)| unused(r));
+            if idle.clone().map(|(_, r)| r.data_len()).sum::<usize>() <= self.keep {
+                break;
+            }
+            let oldest = idle.next().map(|(k, _)| *k);
+            self.regions.retain(|(k, _)| Some(*k) != oldest);
+        }
+        Ok(region)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     use std::os::fd::AsRawFd;
+
+    /// A loan on `region`, received as another process receives it.
+    fn receive(region: &SharedRegion, offset: usize, len: usize) -> std::io::Result<Loan> {
+        let id = region.id().unwrap();
+        Loan::receive(std::process::id(), region.fd(), id, offset, len)
+    }
 
     const MIB: usize = 1 << 20;
 
@@ -232,7 +321,7 @@ mod tests {
         drop(c);
         // The receiver ends the loan: the region is free again.
         let region = pool.lock().unwrap().holding(at as usize, 1).unwrap();
-        let loan = Loan::receive(region.fd(), offset, 10).unwrap();
+        let loan = receive(&region, offset, 10).unwrap();
         drop(region);
         assert_ne!(
             take_in(&pool, 3 * MIB).unwrap().data_ptr(),
@@ -248,7 +337,7 @@ mod tests {
     fn a_loan_maps_the_range_asked_and_ends_when_dropped() {
         let region = SharedRegion::create(MIB).unwrap();
         region.lend();
-        let loan = Loan::receive(region.fd(), 4096, 8).unwrap();
+        let loan = receive(&region, 4096, 8).unwrap();
         assert_eq!(loan.len(), 8);
         assert_eq!(
             loan.as_ptr() as usize - loan.region.data_ptr() as usize,
@@ -260,14 +349,27 @@ mod tests {
     }
 
     #[test]
-    fn a_descriptor_of_something_else_or_too_short_is_refused() {
+    fn a_descriptor_of_another_file_or_a_range_past_the_end_is_refused() {
         let file = tempfile::tempfile().unwrap();
         file.set_len(1 << 16).unwrap();
-        assert!(Loan::receive(file.as_raw_fd(), 0, 16).is_err(), "no magic");
+        let id = FileId::of_open(&file).unwrap();
+        let me = std::process::id();
+        assert!(
+            Loan::receive(me, file.as_raw_fd(), id, 0, 16).is_err(),
+            "no magic"
+        );
         let region = SharedRegion::create(MIB).unwrap();
-        assert!(Loan::receive(region.fd(), MIB, 1).is_err(), "past the end");
-        assert!(Loan::receive(region.fd(), usize::MAX, 2).is_err());
-        assert!(Loan::receive(-1, 0, 1).is_err());
+        assert!(receive(&region, MIB, 1).is_err(), "past the end");
+        assert!(receive(&region, usize::MAX, 2).is_err());
+        let other = Loan::receive(me, region.fd(), id, 0, 1).unwrap_err();
+        assert!(
+            other
+                .to_string()
+                .contains("no longer the shared memory sent"),
+            "{other}"
+        );
+        let fresh = SharedRegion::create(MIB).unwrap();
+        assert!(Loan::receive(me, -1, fresh.id().unwrap(), 0, 1).is_err());
         assert_eq!(region.loans(), 0);
     }
 
@@ -296,5 +398,42 @@ mod tests {
             "the parent's are not reused"
         );
         drop(fresh);
+    }
+
+    #[test]
+    fn a_received_region_is_mapped_once_and_let_go_when_retired_or_beyond_the_limit() {
+        let mut received = Received::new(2 * MIB);
+        let mut get = |r: &SharedRegion| {
+            let path = format!("/proc/self/fd/{}", r.fd());
+            let open = || {
+                std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(path)
+            };
+            let got = received.get(r.id().unwrap(), open).unwrap();
+            let kept: Vec<_> = received.regions.iter().map(|(k, _)| *k).collect();
+            (got, kept)
+        };
+        let [a, b, c, d] = [2, 2, 1, 3].map(|mib| SharedRegion::create(mib * MIB).unwrap());
+        let ids = [&a, &b, &c, &d].map(|r| r.id().unwrap());
+        let (first, _) = get(&a);
+        let (again, _) = get(&a);
+        assert!(Arc::ptr_eq(&first, &again), "mapped once");
+        drop((first, again));
+        assert_eq!(get(&b).1, [ids[0], ids[1]]);
+        a.retire();
+        let (held, kept) = get(&c);
+        assert_eq!(kept, [ids[1], ids[2]], "a retired region no loan uses goes");
+        let (held_d, kept) = get(&d);
+        assert_eq!(
+            kept,
+            [ids[1], ids[2], ids[3]],
+            "2 MiB unused: within the limit"
+        );
+        drop(held);
+        // Unused: b and c (3 MiB), over the limit: the older goes.
+        assert_eq!(get(&a).1, [ids[2], ids[3], ids[0]]);
+        drop(held_d);
     }
 }

@@ -93,8 +93,13 @@ pub struct FileId {
 impl FileId {
     /// The identity of `file`.
     pub fn of(file: &File, path: &Path) -> Result<FileId> {
+        FileId::of_open(file).map_err(io(path, "stat"))
+    }
+
+    /// The identity of `file`, the error naming no path.
+    pub fn of_open(file: &File) -> std::io::Result<FileId> {
         use std::os::unix::fs::MetadataExt;
-        let m = file.metadata().map_err(io(path, "stat"))?;
+        let m = file.metadata()?;
         Ok(FileId {
             dev: m.dev(),
             ino: m.ino(),
@@ -189,8 +194,8 @@ impl SharedFlags {
     }
 }
 
-/// Bytes before a [`SharedRegion`]'s data: its header (magic, then the count of loans), a
-/// page so the data starts page-aligned.
+/// Bytes before a [`SharedRegion`]'s data: its header (magic, the count of loans, the owner's
+/// process id, whether the owner let go of it), a page so the data starts page-aligned.
 pub const REGION_HEADER: usize = 4096;
 
 /// What a [`SharedRegion`]'s header starts with.
@@ -239,30 +244,26 @@ impl SharedRegion {
                 .map_mut(&file)
         }?;
         let region = SharedRegion { file, map };
-        region.header()[0].store(REGION_MAGIC, std::sync::atomic::Ordering::Release);
+        let header = region.header();
+        header[2].store(
+            u64::from(std::process::id()),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        header[0].store(REGION_MAGIC, std::sync::atomic::Ordering::Release);
         Ok(region)
     }
 
-    /// The region another process made, from a descriptor of it (`fd`, which stays the
-    /// caller's to close), mapped up to the end of data bytes `..data_end`. Fails when `fd`
-    /// is not an hspack region that long.
-    pub fn receive(fd: std::os::fd::RawFd, data_end: usize) -> std::io::Result<SharedRegion> {
-        // SAFETY: duplicating a descriptor number touches no memory; an invalid number fails
-        // with EBADF.
-        let own = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
-        if own < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: `own` was just made by `fcntl` and nothing else owns it.
-        let file = unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(own) };
-        let not_region = || std::io::Error::other("not an hspack shared region of that length");
-        let len = REGION_HEADER.checked_add(data_end).ok_or_else(not_region)?;
-        if file.metadata()?.len() < len as u64 {
+    /// The region another process made, from its file, mapped whole. Fails
+    /// when the file is not an hspack region.
+    pub fn map_received(file: File) -> std::io::Result<SharedRegion> {
+        let not_region = || std::io::Error::other("not an hspack shared region");
+        let len = usize::try_from(file.metadata()?.len()).map_err(|_| not_region())?;
+        if len < REGION_HEADER {
             return Err(not_region());
         }
-        // SAFETY: the region's owner never resizes it (checked long enough above), and
-        // touches the header only through atomics and the data only while no loan is out:
-        // the caller holds one, taken by the owner for it (the protocol of `io::loan`).
+        // SAFETY: the region's owner never resizes it, and touches the header only through
+        // atomics and the data only while no loan is out; this process touches the data only
+        // while it holds a loan the owner took out for it (the protocol of `io::loan`).
         let map = unsafe {
             memmap2::MmapOptions::new()
                 .len(len)
@@ -276,16 +277,36 @@ impl SharedRegion {
         Ok(region)
     }
 
-    /// Magic, then loans.
-    fn header(&self) -> &[std::sync::atomic::AtomicU64; 2] {
+    /// Magic, loans, the owner's process id, whether the owner let go of it.
+    fn header(&self) -> &[std::sync::atomic::AtomicU64; 4] {
         // SAFETY: the mapping is page-aligned and at least `REGION_HEADER` bytes long, lives
-        // as long as `self`, and every process touches these 16 bytes only atomically.
+        // as long as `self`, and every process touches these 32 bytes only atomically.
         unsafe {
             &*self
                 .map
                 .as_ptr()
-                .cast::<[std::sync::atomic::AtomicU64; 2]>()
+                .cast::<[std::sync::atomic::AtomicU64; 4]>()
         }
+    }
+
+    /// The process that made the region.
+    pub fn owner(&self) -> u64 {
+        self.header()[2].load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Says the owner will not lend the region again.
+    pub fn retire(&self) {
+        self.header()[3].store(1, std::sync::atomic::Ordering::Release);
+    }
+
+    /// True once the owner said it will not lend the region again.
+    pub fn retired(&self) -> bool {
+        self.header()[3].load(std::sync::atomic::Ordering::Acquire) != 0
+    }
+
+    /// The identity of the region's file.
+    pub fn id(&self) -> std::io::Result<FileId> {
+        FileId::of_open(&self.file)
     }
 
     /// Loans out (taken by [`lend`](Self::lend), ended by [`end_loan`](Self::end_loan)).

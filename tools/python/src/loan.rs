@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use hspack::io::loan::{self, Loan};
-use hspack::io::mmap::SharedRegion;
+use hspack::io::mmap::{FileId, SharedRegion};
 use pyo3::exceptions::PyOSError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -71,22 +71,55 @@ pub fn take_shared(py: Python<'_>, nbytes: usize) -> PyResult<SharedBuffer> {
     })
 }
 
-/// `(fd, offset)` of the shared memory of this process holding bytes `addr..addr + len`, with
-/// a loan taken out for the process it is about to be sent to (which maps it with
-/// [`receive_lent`]); None when no shared memory of this process holds them.
+/// What the receiver of a loan is sent: `(pid, fd, dev, ino, offset)`.
+type Sent = (u32, i32, u64, u64, usize);
+
+/// `(pid, fd, dev, ino, offset)` of the shared memory of this process holding bytes
+/// `addr..addr + len` (this process, the region's descriptor and file identity, where the bytes
+/// start in it), with a loan taken out for the process it is about to be sent to (which maps
+/// it with [`receive_lent`]); None when no shared memory of this process holds them.
 #[pyfunction]
-pub fn lend(addr: usize, len: usize) -> Option<(i32, usize)> {
-    loan::lend(addr, len).map(|(region, offset)| (region.fd(), offset))
+pub fn lend(addr: usize, len: usize) -> PyResult<Option<Sent>> {
+    let Some((region, offset)) = loan::lend(addr, len) else {
+        return Ok(None);
+    };
+    match region.id() {
+        Ok(id) => Ok(Some((
+            std::process::id(),
+            region.fd(),
+            id.dev,
+            id.ino,
+            offset,
+        ))),
+        Err(e) => {
+            region.end_loan();
+            Err(PyOSError::new_err(format!("shared memory to send: {e}")))
+        }
+    }
 }
 
-/// The bytes `offset..offset + len` of the shared memory another process lent this one, by
-/// its descriptor `fd` (which stays the caller's to close): writable, this process's until
-/// the buffer is collected.
+/// The bytes `offset..offset + len` of the shared memory that process `pid` lent this one
+/// (its descriptor `fd`, file identity `(dev, ino)`): writable, this process's until the
+/// buffer is collected.
 #[pyfunction]
-pub fn receive_lent(py: Python<'_>, fd: i32, offset: usize, len: usize) -> PyResult<SharedBuffer> {
+pub fn receive_lent(
+    py: Python<'_>,
+    pid: u32,
+    fd: i32,
+    dev: u64,
+    ino: u64,
+    offset: usize,
+    len: usize,
+) -> PyResult<SharedBuffer> {
+    let id = FileId { dev, ino };
     let lent = py
-        .allow_threads(|| Loan::receive(fd, offset, len))
-        .map_err(|e| PyOSError::new_err(format!("shared memory received from a worker: {e}")))?;
+        .allow_threads(|| Loan::receive(pid, fd, id, offset, len))
+        .map_err(|e| {
+            PyOSError::new_err(format!(
+                "a sample a DataLoader worker built in shared memory: {e}; \
+                 transfer=\"copy\" sends samples as torch does"
+            ))
+        })?;
     Ok(SharedBuffer {
         holder: Holder::Lent(lent),
         len,

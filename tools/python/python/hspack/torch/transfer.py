@@ -13,9 +13,10 @@ process first mapped it is refused with an error naming it.
 
 A tensor a view built in a worker (the EAGLE-3 concatenation of per-layer captures) lies in
 shared memory the worker lends (`views.shared_empty`, `hspack::io::loan`): hspack sends the
-memory's descriptor with a loan taken out, the main process maps it, and the loan ends when
-the last tensor over it there is collected; only then does the worker reuse the memory for
-another sample. The main process may write to these tensors.
+memory's identity with a loan taken out, the main process maps it (once: it keeps the mapping
+for the next loan of the same memory), and the loan ends when the last tensor over it there
+is collected; only then does the worker reuse the memory for another sample. The main
+process may write to these tensors.
 
 `install()` registers this for `torch.Tensor` in the calling process; the hspack torch
 datasets call it when they open the dataset inside a DataLoader worker. Other tensors go
@@ -96,10 +97,7 @@ def _reduce_unmapped(t: Any) -> tuple:
         from torch.multiprocessing.reductions import reduce_tensor as torch_reduce
 
         return torch_reduce(t)
-    from multiprocessing.reduction import DupFd
-
-    fd, offset = lent
-    return (rebuild_lent, (DupFd(fd), offset) + _meta(t))
+    return (rebuild_lent, lent + _meta(t))
 
 
 def rebuild(path: str, offset: int, dev: int, ino: int, nbytes: int, dtype: str, storage_offset: int, size: tuple, stride: tuple) -> Any:
@@ -108,14 +106,10 @@ def rebuild(path: str, offset: int, dev: int, ino: int, nbytes: int, dtype: str,
     return _over(raw, dtype, storage_offset, size, stride)
 
 
-def rebuild_lent(df: Any, offset: int, nbytes: int, dtype: str, storage_offset: int, size: tuple, stride: tuple) -> Any:
+def rebuild_lent(pid: int, fd: int, dev: int, ino: int, offset: int, nbytes: int, dtype: str, storage_offset: int, size: tuple, stride: tuple) -> Any:
     """The tensor `reduce_tensor` described, over the shared memory its worker lent: this
     process's until the tensor (and every view of it) is collected, then the worker's again."""
-    fd = df.detach()
-    try:
-        raw = to_torch(_hspack.receive_lent(fd, offset, nbytes))
-    finally:
-        os.close(fd)
+    raw = to_torch(_hspack.receive_lent(pid, fd, dev, ino, offset, nbytes))
     return _over(raw, dtype, storage_offset, size, stride)
 
 
