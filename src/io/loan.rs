@@ -26,8 +26,11 @@ use super::mmap::{FileId, SharedRegion};
 /// Bytes of regions free for reuse that a process keeps; the oldest beyond go.
 pub const KEEP: usize = 512 << 20;
 
-/// Region sizes are multiples of this.
+/// Sizes of regions for more than half of this are multiples of it.
 const GRAIN: usize = 2 << 20;
+
+/// The smallest region.
+const PAGE: usize = 4096;
 
 /// Bytes of received regions that no loan uses a process keeps mapped; the oldest beyond go.
 pub const RECEIVED_KEEP: usize = 1 << 30;
@@ -206,9 +209,14 @@ impl Pool {
     }
 
     /// The size of a new region for `len` bytes: with room to spare, so later samples a
-    /// little longer reuse it too.
+    /// little longer reuse it too; a power of two (from a page) for small tensors (a batch's
+    /// masks and token ids).
     fn size_for(len: usize) -> usize {
-        (len + len / 4).max(1).next_multiple_of(GRAIN)
+        if len <= GRAIN / 2 {
+            len.max(PAGE).next_power_of_two()
+        } else {
+            (len + len / 4).next_multiple_of(GRAIN)
+        }
     }
 
     /// Drops the oldest free regions until the free ones, with `coming` bytes more, fit in
@@ -374,13 +382,19 @@ mod tests {
     }
 
     #[test]
+    fn small_requests_take_a_power_of_two_large_ones_room_to_spare() {
+        let sizes = [1, 5000, MIB, GRAIN, 3 * MIB].map(Pool::size_for);
+        assert_eq!(sizes, [PAGE, 8192, MIB, 2 * GRAIN, 2 * GRAIN]);
+    }
+
+    #[test]
     fn free_regions_beyond_the_limit_go_oldest_first_and_a_child_starts_empty() {
-        let pool = Mutex::new(Pool::new(8 * MIB));
-        let held: Vec<_> = (0..4).map(|_| take_in(&pool, MIB).unwrap()).collect();
+        let pool = Mutex::new(Pool::new(16 * MIB));
+        let held: Vec<_> = (0..4).map(|_| take_in(&pool, GRAIN).unwrap()).collect();
         let newest = held[3].data_ptr();
         drop(held);
-        // 4 free regions of 2 MiB (the limit): a 5 MiB request makes room for itself.
-        let big = take_in(&pool, 5 * MIB).unwrap();
+        // 4 free regions of 4 MiB (the limit): a 10 MiB request makes room for itself.
+        let big = take_in(&pool, 10 * MIB).unwrap();
         let kept: Vec<_> = pool
             .lock()
             .unwrap()

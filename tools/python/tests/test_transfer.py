@@ -367,3 +367,20 @@ def test_lent_samples_arrive_through_spawned_workers_and_without_the_file_ranges
             assert torch.equal(g["aux_hidden_state"], ref[g["ordinal"]])
             # Lent memory comes with the file ranges; without them, torch's own shared memory.
             assert g["aux_hidden_state"].is_shared() == (mode == "copy")
+
+
+def test_batches_collated_in_workers_stay_intact_while_held(layers_path):
+    ds = HspackDataset(layers_path, view="eagle3")
+    want = [PadCollate()([ds[i] for i in b]) for b in batches_of(ds, 5)]
+    loader = HspackLoader(ds, batch_size=5, sampler=HspackSampler(ds, shuffle=False), num_workers=2, persistent_workers=True)
+    held = []
+    for epoch in range(3):
+        loader.set_epoch(epoch)
+        held += list(loader)
+    assert len(held) == 3 * len(want)
+    for i, got in enumerate(held):
+        assert_same_batch(got, want[i % len(want)])
+    # Every padded tensor of every batch came in memory a worker lent, none shared by two.
+    regions = [lent_region(t) for b in held for t in b.values() if torch.is_tensor(t) and t.dim() >= 2]
+    assert len(regions) == 3 * len(want) * 5  # input_ids, loss_mask, attention_mask, the states
+    assert len(set(regions)) == len(regions)
