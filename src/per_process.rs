@@ -3,11 +3,18 @@
 //! A forked child inherits the parent's memory but none of its threads: a thread pool, an
 //! async runtime or an HTTP client inherited that way hangs when used. The inherited value is
 //! never dropped either (dropping it would signal threads that do not exist): it is forgotten.
+//!
+//! The lock is held only to read or swap one pointer, never while a value is made (which
+//! starts threads): a process forked while another thread made one would otherwise inherit
+//! the lock held, for good. It is tried for a while, never waited on without end: a child
+//! forked in the instant a thread held it makes a value for each use instead of hanging.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+
+type Slot<T> = Option<(u32, Arc<T>)>;
 
 /// One `T` per process id.
-pub(crate) struct PerProcess<T>(Mutex<Option<(u32, Arc<T>)>>);
+pub(crate) struct PerProcess<T>(Mutex<Slot<T>>);
 
 impl<T> PerProcess<T> {
     /// Empty: the first [`PerProcess::get`] of each process makes the value.
@@ -18,25 +25,77 @@ impl<T> PerProcess<T> {
     /// This process's value, made with `make` on first use in this process.
     pub(crate) fn get<E>(&self, make: impl FnOnce() -> Result<T, E>) -> Result<Arc<T>, E> {
         let pid = std::process::id();
-        // A child forked while another thread held this lock would find it poisoned or held;
-        // the lock is only held to read or set one pointer, so poisoning is all that can be
-        // seen.
-        let mut slot = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((owner, value)) = &*slot {
-            if *owner == pid {
-                return Ok(Arc::clone(value));
-            }
+        let mine = |slot: &Slot<T>| match slot {
+            Some((owner, value)) if *owner == pid => Some(Arc::clone(value)),
+            _ => None,
+        };
+        if let Some(value) = self.lock().and_then(|slot| mine(&slot)) {
+            return Ok(value);
         }
         let value = Arc::new(make()?);
+        let Some(mut slot) = self.lock() else {
+            return Ok(value);
+        };
+        if let Some(first) = mine(&slot) {
+            return Ok(first); // another thread made one meanwhile
+        }
         if let Some(inherited) = slot.replace((pid, Arc::clone(&value))) {
             std::mem::forget(inherited);
         }
         Ok(value)
+    }
+
+    /// The slot, waiting at most about 100 ms for it.
+    fn lock(&self) -> Option<MutexGuard<'_, Slot<T>>> {
+        for _ in 0..1000 {
+            match self.0.try_lock() {
+                Ok(slot) => return Some(slot),
+                Err(TryLockError::Poisoned(p)) => return Some(p.into_inner()),
+                Err(TryLockError::WouldBlock) => {
+                    std::thread::sleep(std::time::Duration::from_micros(100))
+                }
+            }
+        }
+        None
     }
 }
 
 impl<T> std::fmt::Debug for PerProcess<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("PerProcess")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_value_being_made_holds_no_lock_and_one_value_wins() {
+        static SLOT: PerProcess<u32> = PerProcess::new();
+        let (started, wait) = std::sync::mpsc::channel();
+        let (release, go) = std::sync::mpsc::channel::<()>();
+        let slow = std::thread::spawn(move || {
+            SLOT.get(|| {
+                started.send(()).unwrap();
+                go.recv().unwrap();
+                Ok::<_, ()>(1)
+            })
+        });
+        wait.recv().unwrap();
+        // While the slow thread makes its value, another gets through at once.
+        let (done, fast) = std::sync::mpsc::channel();
+        std::thread::spawn(move || done.send(SLOT.get(|| Ok::<_, ()>(2)).unwrap()));
+        let fast = fast
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("a get waited for another thread's make");
+        release.send(()).unwrap();
+        let slow = slow.join().unwrap().unwrap();
+        assert_eq!(
+            (*fast, *slow),
+            (2, 2),
+            "the value stored first is everyone's"
+        );
+        assert_eq!(*SLOT.get(|| Ok::<_, ()>(3)).unwrap(), 2);
     }
 }
