@@ -233,17 +233,7 @@ impl SharedRegion {
             0 => {}
             e => return Err(std::io::Error::from_raw_os_error(e)),
         }
-        // SAFETY: the file is this process's own new in-memory file, `len` bytes long and
-        // never resized; other processes that map it (`receive`) touch the header only
-        // through atomics, and the data only while it is lent to them (the loan protocol of
-        // `io::loan`: the owner writes data only when no loan is out).
-        let map = unsafe {
-            memmap2::MmapOptions::new()
-                .len(len)
-                .populate()
-                .map_mut(&file)
-        }?;
-        let region = SharedRegion { file, map };
+        let region = SharedRegion::map(file, len)?;
         let header = region.header();
         header[2].store(
             u64::from(std::process::id()),
@@ -253,28 +243,35 @@ impl SharedRegion {
         Ok(region)
     }
 
-    /// The region another process made, from its file, mapped whole. Fails
-    /// when the file is not an hspack region.
+    /// The region another process made, from its file, mapped whole. Fails when the file
+    /// is not an hspack region.
     pub fn map_received(file: File) -> std::io::Result<SharedRegion> {
         let not_region = || std::io::Error::other("not an hspack shared region");
         let len = usize::try_from(file.metadata()?.len()).map_err(|_| not_region())?;
         if len < REGION_HEADER {
             return Err(not_region());
         }
-        // SAFETY: the region's owner never resizes it, and touches the header only through
-        // atomics and the data only while no loan is out; this process touches the data only
-        // while it holds a loan the owner took out for it (the protocol of `io::loan`).
+        let region = SharedRegion::map(file, len)?;
+        if region.header()[0].load(std::sync::atomic::Ordering::Acquire) != REGION_MAGIC {
+            return Err(not_region());
+        }
+        Ok(region)
+    }
+
+    /// `len` bytes of the region's file, mapped shared and writable, pages mapped in ahead.
+    fn map(file: File, len: usize) -> std::io::Result<SharedRegion> {
+        // SAFETY: a region's file is never resized after it is made (`len` bytes, allocated
+        // up front), and every process that maps it follows the protocol of `io::loan`: the
+        // header is touched only through atomics; the data is written by its owner only when
+        // no loan is out, and read or written by another process only while it holds a loan
+        // the owner took out for it.
         let map = unsafe {
             memmap2::MmapOptions::new()
                 .len(len)
                 .populate()
                 .map_mut(&file)
         }?;
-        let region = SharedRegion { file, map };
-        if region.header()[0].load(std::sync::atomic::Ordering::Acquire) != REGION_MAGIC {
-            return Err(not_region());
-        }
-        Ok(region)
+        Ok(SharedRegion { file, map })
     }
 
     /// Magic, loans, the owner's process id, whether the owner let go of it.
