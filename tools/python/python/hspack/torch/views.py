@@ -121,8 +121,9 @@ class Eagle3View:
     When the auxiliary layers are one stacked field (`hspack.hidden_states`, what
     `hspack convert` writes from SpecForge and ModelOpt dumps), `aux_hidden_state` is a view of
     the mapped shard: no copy. Otherwise it is built with one copy from the mapping, GIL
-    released: into shared memory inside DataLoader workers, else into memory the process
-    reuses from earlier samples it dropped (`hspack.Dataset.read_concat`).
+    released: inside DataLoader workers into shared memory the worker lends to the trainer
+    and reuses once the trainer drops it (`shared_empty`), else into memory the process reuses
+    from earlier samples it dropped (`hspack.Dataset.read_concat`).
     """
 
     def __init__(
