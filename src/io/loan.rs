@@ -300,8 +300,8 @@ mod tests {
 
     /// A loan on `region`, received as another process receives it.
     fn receive(region: &SharedRegion, offset: usize, len: usize) -> std::io::Result<Loan> {
-        let id = region.id().unwrap();
-        Loan::receive(std::process::id(), region.fd(), id, offset, len)
+        let id = region.id();
+        Loan::receive(std::process::id(), region.fd().unwrap(), id, offset, len)
     }
 
     const MIB: usize = 1 << 20;
@@ -369,7 +369,7 @@ mod tests {
         let region = SharedRegion::create(MIB).unwrap();
         assert!(receive(&region, MIB, 1).is_err(), "past the end");
         assert!(receive(&region, usize::MAX, 2).is_err());
-        let other = Loan::receive(me, region.fd(), id, 0, 1).unwrap_err();
+        let other = Loan::receive(me, region.fd().unwrap(), id, 0, 1).unwrap_err();
         assert!(
             other
                 .to_string()
@@ -377,8 +377,36 @@ mod tests {
             "{other}"
         );
         let fresh = SharedRegion::create(MIB).unwrap();
-        assert!(Loan::receive(me, -1, fresh.id().unwrap(), 0, 1).is_err());
+        assert!(Loan::receive(me, -1, fresh.id(), 0, 1).is_err());
         assert_eq!(region.loans(), 0);
+    }
+
+    #[test]
+    fn a_received_region_holds_no_descriptor_open() {
+        let open_fds = || std::fs::read_dir("/proc/self/fd").unwrap().count();
+        let regions: Vec<_> = (0..64)
+            .map(|_| {
+                let region = SharedRegion::create(PAGE).unwrap();
+                region.lend();
+                region
+            })
+            .collect();
+        let before = open_fds();
+        let mut received = Received::new(RECEIVED_KEEP);
+        for r in &regions {
+            let path = format!("/proc/self/fd/{}", r.fd().unwrap());
+            let open = || std::fs::File::options().read(true).write(true).open(path);
+            let got = received.get(r.id(), open).unwrap();
+            assert_eq!(got.fd(), None);
+            assert_eq!(got.id(), r.id());
+        }
+        assert_eq!(received.regions.len(), 64, "all kept mapped");
+        // Other tests may open files meanwhile: 64 more would be the received ones.
+        assert!(open_fds() < before + 32, "{before} -> {}", open_fds());
+        // The mapping still holds the owner's memory: its loan count is the owner's.
+        let (_, first) = &received.regions[0];
+        first.end_loan();
+        assert_eq!(regions[0].loans(), 0);
     }
 
     #[test]
@@ -418,19 +446,19 @@ mod tests {
     fn a_received_region_is_mapped_once_and_let_go_when_retired_or_beyond_the_limit() {
         let mut received = Received::new(2 * MIB);
         let mut get = |r: &SharedRegion| {
-            let path = format!("/proc/self/fd/{}", r.fd());
+            let path = format!("/proc/self/fd/{}", r.fd().unwrap());
             let open = || {
                 std::fs::OpenOptions::new()
                     .read(true)
                     .write(true)
                     .open(path)
             };
-            let got = received.get(r.id().unwrap(), open).unwrap();
+            let got = received.get(r.id(), open).unwrap();
             let kept: Vec<_> = received.regions.iter().map(|(k, _)| *k).collect();
             (got, kept)
         };
         let [a, b, c, d] = [2, 2, 1, 3].map(|mib| SharedRegion::create(mib * MIB).unwrap());
-        let ids = [&a, &b, &c, &d].map(|r| r.id().unwrap());
+        let ids = [&a, &b, &c, &d].map(|r| r.id());
         let (first, _) = get(&a);
         let (again, _) = get(&a);
         assert!(Arc::ptr_eq(&first, &again), "mapped once");

@@ -208,9 +208,15 @@ const REGION_MAGIC: u64 = u64::from_le_bytes(*b"hspklend");
 /// Every page is allocated when the region is made (`posix_fallocate`), so running out of
 /// memory is an error here, never a `SIGBUS` on a later write; and the pages are mapped in
 /// ahead (`MAP_POPULATE`), so writing the data takes no page faults.
+///
+/// The owner keeps the region's descriptor open, for others to open it through `/proc`; a
+/// process that maps a region it received closes its descriptor at once (the mapping keeps
+/// the file, and its identity, alive), so receiving regions costs no descriptors.
 #[derive(Debug)]
 pub struct SharedRegion {
-    file: File,
+    /// The owner's descriptor; None in a process that received the region.
+    file: Option<File>,
+    id: FileId,
     map: memmap2::MmapMut,
 }
 
@@ -233,7 +239,7 @@ impl SharedRegion {
             0 => {}
             e => return Err(std::io::Error::from_raw_os_error(e)),
         }
-        let region = SharedRegion::map(file, len)?;
+        let region = SharedRegion::map(&file, len)?.keeping(file);
         let header = region.header();
         header[2].store(
             u64::from(std::process::id()),
@@ -243,23 +249,25 @@ impl SharedRegion {
         Ok(region)
     }
 
-    /// The region another process made, from its file, mapped whole. Fails when the file
-    /// is not an hspack region.
+    /// The region another process made, from its file, mapped whole; the file is closed
+    /// once mapped. Fails when the file is not an hspack region.
     pub fn map_received(file: File) -> std::io::Result<SharedRegion> {
         let not_region = || std::io::Error::other("not an hspack shared region");
         let len = usize::try_from(file.metadata()?.len()).map_err(|_| not_region())?;
         if len < REGION_HEADER {
             return Err(not_region());
         }
-        let region = SharedRegion::map(file, len)?;
+        let region = SharedRegion::map(&file, len)?;
         if region.header()[0].load(std::sync::atomic::Ordering::Acquire) != REGION_MAGIC {
             return Err(not_region());
         }
         Ok(region)
     }
 
-    /// `len` bytes of the region's file, mapped shared and writable, pages mapped in ahead.
-    fn map(file: File, len: usize) -> std::io::Result<SharedRegion> {
+    /// `len` bytes of the region's file, mapped shared and writable, pages mapped in ahead;
+    /// the descriptor is not kept.
+    fn map(file: &File, len: usize) -> std::io::Result<SharedRegion> {
+        let id = FileId::of_open(file)?;
         // SAFETY: a region's file is never resized after it is made (`len` bytes, allocated
         // up front), and every process that maps it follows the protocol of `io::loan`: the
         // header is touched only through atomics; the data is written by its owner only when
@@ -269,9 +277,21 @@ impl SharedRegion {
             memmap2::MmapOptions::new()
                 .len(len)
                 .populate()
-                .map_mut(&file)
+                .map_mut(file)
         }?;
-        Ok(SharedRegion { file, map })
+        Ok(SharedRegion {
+            file: None,
+            id,
+            map,
+        })
+    }
+
+    /// The region, keeping its owner's descriptor open.
+    fn keeping(self, file: File) -> SharedRegion {
+        SharedRegion {
+            file: Some(file),
+            ..self
+        }
     }
 
     /// Magic, loans, the owner's process id, whether the owner let go of it.
@@ -302,8 +322,8 @@ impl SharedRegion {
     }
 
     /// The identity of the region's file.
-    pub fn id(&self) -> std::io::Result<FileId> {
-        FileId::of_open(&self.file)
+    pub fn id(&self) -> FileId {
+        self.id
     }
 
     /// Loans out (taken by [`lend`](Self::lend), ended by [`end_loan`](Self::end_loan)).
@@ -332,9 +352,10 @@ impl SharedRegion {
         self.map.len() - REGION_HEADER
     }
 
-    /// The region's file descriptor, to hand to another process.
-    pub fn fd(&self) -> std::os::fd::RawFd {
-        std::os::fd::AsRawFd::as_raw_fd(&self.file)
+    /// The region's file descriptor, for another process to open it by (None where the
+    /// region was received: only its owner lends it).
+    pub fn fd(&self) -> Option<std::os::fd::RawFd> {
+        self.file.as_ref().map(std::os::fd::AsRawFd::as_raw_fd)
     }
 }
 

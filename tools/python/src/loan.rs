@@ -83,19 +83,13 @@ pub fn lend(addr: usize, len: usize) -> PyResult<Option<Sent>> {
     let Some((region, offset)) = loan::lend(addr, len) else {
         return Ok(None);
     };
-    match region.id() {
-        Ok(id) => Ok(Some((
-            std::process::id(),
-            region.fd(),
-            id.dev,
-            id.ino,
-            offset,
-        ))),
-        Err(e) => {
-            region.end_loan();
-            Err(PyOSError::new_err(format!("shared memory to send: {e}")))
-        }
-    }
+    // The pool holds only regions this process made, which keep their descriptor.
+    let Some(fd) = region.fd() else {
+        region.end_loan();
+        return Err(PyOSError::new_err("shared memory to send has no descriptor"));
+    };
+    let id = region.id();
+    Ok(Some((std::process::id(), fd, id.dev, id.ino, offset)))
 }
 
 /// The bytes `offset..offset + len` of the shared memory that process `pid` lent this one
