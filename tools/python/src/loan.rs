@@ -86,7 +86,9 @@ pub fn lend(addr: usize, len: usize) -> PyResult<Option<Sent>> {
     // The pool holds only regions this process made, which keep their descriptor.
     let Some(fd) = region.fd() else {
         region.end_loan();
-        return Err(PyOSError::new_err("shared memory to send has no descriptor"));
+        return Err(PyOSError::new_err(
+            "shared memory to send has no descriptor",
+        ));
     };
     let id = region.id();
     Ok(Some((std::process::id(), fd, id.dev, id.ino, offset)))
