@@ -17,7 +17,8 @@
 //!
 //! A loan sent but never received (a message dropped at shutdown) keeps its region out of use
 //! until the owner exits: memory held, never data overwritten. A forked process starts with
-//! no regions: the ones it inherits are its parent's.
+//! no regions: the ones it inherits are its parent's. Nor does it end the loans it inherits
+//! (a trainer forking with a batch in hand): only the process that received a loan ends it.
 
 use std::sync::{Arc, Mutex};
 
@@ -96,6 +97,10 @@ pub struct Loan {
     region: Arc<SharedRegion>,
     offset: usize,
     len: usize,
+    /// The process that received it, the only one that ends it: a child forked from it
+    /// inherits a copy that must not end the loan a second time while the parent still
+    /// reads (the owner would reuse the memory under it).
+    receiver: u32,
 }
 
 impl Loan {
@@ -144,6 +149,7 @@ impl Loan {
             region,
             offset,
             len,
+            receiver: std::process::id(),
         })
     }
 
@@ -165,7 +171,9 @@ impl Loan {
 
 impl Drop for Loan {
     fn drop(&mut self) {
-        self.region.end_loan();
+        if self.receiver == std::process::id() {
+            self.region.end_loan();
+        }
     }
 }
 
@@ -354,6 +362,16 @@ mod tests {
         assert_eq!(region.loans(), 1);
         drop(loan);
         assert_eq!(region.loans(), 0);
+    }
+
+    #[test]
+    fn a_copy_of_a_loan_dropped_in_another_process_leaves_it_out() {
+        let region = SharedRegion::create(MIB).unwrap();
+        region.lend();
+        let mut loan = receive(&region, 0, 8).unwrap();
+        loan.receiver = std::process::id() + 1; // as a forked child's copy sees it
+        drop(loan);
+        assert_eq!(region.loans(), 1, "the receiver still holds it");
     }
 
     #[test]

@@ -356,6 +356,40 @@ def test_samples_built_in_workers_are_lent_and_reused_only_once_dropped(layers_p
     assert len(regions) == 36 and len(set(regions)) <= 2 * 4, len(set(regions))
 
 
+def test_a_forked_child_dropping_a_lent_sample_leaves_it_lent_to_the_parent(layers_path):
+    """A trainer forks holding a sample (a `multiprocessing` helper, an evaluation process): the
+    child's copy, collected there, must not end the loan, or the worker would build later
+    samples in the memory the trainer still reads."""
+    ref = [torch.cat(stacked_sample(i)["layers"], -1) for i in range(12)]
+    ds = HspackDataset(layers_path, view="eagle3")
+    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2, prefetch_factor=2, persistent_workers=True)
+    it = iter(loader)
+    g = next(it)
+    i, held = g["ordinal"], g["aux_hidden_state"]
+    region = lent_region(held)
+    del g
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            del held
+            gc.collect()
+            code = 0
+        finally:
+            os._exit(code)
+    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+    later = [(g["ordinal"], lent_region(g["aux_hidden_state"])) for g in it]
+    for _ in range(3):
+        later += [(g["ordinal"], lent_region(g["aux_hidden_state"])) for g in loader]
+    assert len(later) == 11 + 36
+    assert all(r != region for _, r in later), "a worker reused memory this process holds"
+    assert torch.equal(held, ref[i]), "the sample held changed"
+    del held
+    gc.collect()
+    # Once this process drops it, the worker reuses it.
+    assert region in {lent_region(g["aux_hidden_state"]) for _ in range(2) for g in loader}
+
+
 def test_lent_samples_arrive_through_spawned_workers_and_without_the_file_ranges(layers_path):
     ref = [torch.cat(stacked_sample(i)["layers"], -1) for i in range(12)]
     for mode, context in (("map", "spawn"), ("copy", "fork")):
