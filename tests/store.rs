@@ -702,3 +702,50 @@ fn convert_with_a_capture_config_copies_what_the_store_holds_without_reading_it(
     let v = hspack(&["store", "verify", s(&store_dir)]);
     assert!(v.status.success(), "{}", text(&v));
 }
+
+/// A writer whose commit fails because the file naming the dataset's state cannot be
+/// replaced (`blocker`, that file's temp name, is taken by a folder): the commit says so,
+/// readers find the last commit, and the writer goes on from it once the cause is gone.
+fn a_commit_that_cannot_be_published_fails_and_the_last_commit_stays(dir: &Path, blocker: &Path) {
+    let mut w = DatasetWriter::create(dir, capture_schema(64), small_options()).unwrap();
+    w.append("a", &as_fields(&capture_sample(1, 5, 64)))
+        .unwrap();
+    w.commit().unwrap();
+    std::fs::create_dir(blocker).unwrap();
+    w.append("b", &as_fields(&capture_sample(2, 5, 64)))
+        .unwrap();
+    let err = w.commit().expect_err("the dataset's file was not replaced");
+    let name = blocker.file_name().unwrap().to_str().unwrap();
+    assert!(err.to_string().contains(name), "{err}");
+    assert_eq!(
+        Dataset::open(dir).unwrap().len(),
+        1,
+        "only `a` is committed"
+    );
+    std::fs::remove_dir(blocker).unwrap();
+    w.append("c", &as_fields(&capture_sample(3, 5, 64)))
+        .unwrap();
+    w.finish().unwrap();
+    let ds = Dataset::open(dir).unwrap();
+    let keys: Vec<String> = ds.samples().map(|s| s.unwrap().key.to_string()).collect();
+    assert_eq!(keys, ["a", "c"]);
+    let v = hspack(&["verify", s(dir)]);
+    assert!(v.status.success(), "{}", text(&v));
+}
+
+#[test]
+fn a_commit_whose_dataset_file_cannot_be_published_fails_and_the_last_commit_stays() {
+    let t = tempfile::tempdir().unwrap();
+    let store_dir = t.path().join("store");
+    Store::init(&store_dir).unwrap();
+    let plain = t.path().join("plain");
+    a_commit_that_cannot_be_published_fails_and_the_last_commit_stays(
+        &plain,
+        &plain.join("manifest.json.tmp"),
+    );
+    let blocker = store_dir.join("datasets").join("cap.json.tmp");
+    a_commit_that_cannot_be_published_fails_and_the_last_commit_stays(
+        &store_dir.join("cap"),
+        &blocker,
+    );
+}

@@ -429,12 +429,20 @@ impl StoreDataset {
         // The blobs are published and indexed now, so this handle reads the file back (a copy
         // proves what landed); the dataset's file, which others read, waits for the commit.
         self.flush_blobs(&mut st)?;
-        st.files
-            .as_mut()
-            .expect("loaded")
-            .insert(name.into(), record);
+        let files = st.files.as_mut().expect("loaded");
+        let before = files.insert(name.into(), record);
         if replace || name == MANIFEST_FILE {
-            self.commit(&mut st, durable)?;
+            if let Err(e) = self.commit(&mut st, durable) {
+                // Not published: the file stays the one committed, so that a writer reading
+                // its manifest back after a failed commit finds the old one, not the one that
+                // did not land.
+                let files = st.files.as_mut().expect("loaded");
+                match before {
+                    Some(record) => files.insert(name.into(), record),
+                    None => files.remove(name),
+                };
+                return Err(e);
+            }
         }
         Ok(())
     }
@@ -472,11 +480,20 @@ impl StoreDataset {
         if let Some(lock) = &st.lock {
             lock.check()?;
         }
-        match st.snapshot_hash {
-            Some(h) => datasets.replace(&file, &bytes, Some(h), durable)?,
-            None => datasets.put_new(&file, &bytes, durable)?,
+        let put = match st.snapshot_hash {
+            Some(h) => datasets.replace(&file, &bytes, Some(h), durable),
+            None => datasets.put_new(&file, &bytes, durable),
+        };
+        let hash = blake3::hash(&bytes);
+        if let Err(e) = put {
+            // A put can land and still report an error (a lost response): what is there
+            // decides.
+            let landed = self.store.snapshot(&self.name);
+            if !matches!(landed, Ok(Some((_, h))) if h == hash) {
+                return Err(e);
+            }
         }
-        st.snapshot_hash = Some(blake3::hash(&bytes));
+        st.snapshot_hash = Some(hash);
         if st.handing == 0 {
             st.gc_hold = None;
         }
@@ -639,6 +656,7 @@ impl Storage for StoreDataset {
         let mut st = self.state();
         let files = self.begin(&mut st)?;
         if files.remove(name).is_some() {
+            // Should this commit fail, the file stays out of the next.
             self.commit(&mut st, true)?;
         }
         Ok(())

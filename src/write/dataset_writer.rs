@@ -339,13 +339,18 @@ impl DatasetWriter {
         let Err(e) = self.publish_commit(commit, Some(record)) else {
             return Ok(());
         };
-        // Nobody's manifest lists the shard this writer just created: take it back, unless
-        // the lock is a lease another writer may have taken over, which may by now have put
-        // a shard of its own under that name (the next writer removes it as a leftover).
-        if self.lock.token().is_none() && commit.and_then(|c| c.token()).is_none() {
+        // Nobody's manifest lists the shard this writer just created: take it back.
+        if self.may_take_back(commit) {
             let _ = self.storage.delete(&place.name);
         }
         Err(e)
+    }
+
+    /// Whether files this writer created for a commit that failed may be removed: not when
+    /// the lock is a lease another writer may have taken over, which may by now have put
+    /// files of its own under those names (the next writer removes them as leftovers).
+    fn may_take_back(&self, commit: Option<&dyn WriterLease>) -> bool {
+        self.lock.token().is_none() && commit.and_then(|c| c.token()).is_none()
     }
 
     /// Lists the published shard `record` (if any) in a new segment with its key run and
@@ -366,6 +371,7 @@ impl DatasetWriter {
         let segments = Segments::new(&*self.storage, tag.as_deref(), self.options.durable);
         let mut result = segments.add_commit(&mut self.manifest, first_new);
         let published = segments.published.take();
+        let created = segments.created.take();
         if result.is_ok() {
             if let Some(token) = commit.and_then(|c| c.token()) {
                 self.manifest.set_lease(token);
@@ -385,6 +391,13 @@ impl DatasetWriter {
             return Ok(());
         }
         mark.restore(&mut self.manifest);
+        // The files made for this commit are listed nowhere: taken back, so that the next
+        // commit can make them again.
+        if self.may_take_back(commit) {
+            for name in &created {
+                let _ = self.storage.delete(name);
+            }
+        }
         // Another writer replaced the manifest (it took the dataset over): that, not what
         // failed after, is why this commit cannot land.
         self.check_manifest_unchanged()?;

@@ -36,6 +36,9 @@ pub(crate) struct Segments<'a> {
     /// The segment files and key runs published so far: those a merge of the same commit
     /// replaced are removed once the manifest is published.
     pub(crate) published: std::cell::RefCell<Vec<String>>,
+    /// Every file this commit created (segment files, key runs, table parts): none is listed
+    /// by the manifest as it was before the commit, so a commit that fails may remove them.
+    pub(crate) created: std::cell::RefCell<Vec<String>>,
 }
 
 impl<'a> Segments<'a> {
@@ -46,7 +49,15 @@ impl<'a> Segments<'a> {
             tag,
             durable,
             published: Default::default(),
+            created: Default::default(),
         }
+    }
+
+    /// Publishes `bytes` as the new file `name`, one of this commit's.
+    fn put_new(&self, name: &str, bytes: &[u8]) -> Result<()> {
+        self.storage.put_new(name, bytes, self.durable)?;
+        self.created.borrow_mut().push(name.to_string());
+        Ok(())
     }
 
     /// Lists `manifest.shards[first_new..]` (committed shards the manifest does not list in a
@@ -184,7 +195,7 @@ impl<'a> Segments<'a> {
         let (first, last) = ends(&manifest.shards, seqs);
         let name = table_part_file_name(first, last, self.tag);
         let bytes = samples_table::encode(rows, &self.storage.path(&name))?;
-        self.storage.put_new(&name, &bytes, self.durable)?;
+        self.put_new(&name, &bytes)?;
         Ok(TableRecord {
             file: name,
             bytes: bytes.len() as u64,
@@ -195,7 +206,7 @@ impl<'a> Segments<'a> {
 
     fn publish_run(&self, name: &str, entries: &[KeyRunEntry]) -> Result<KeyRunRecord> {
         let bytes = encode_key_run(entries);
-        self.storage.put_new(name, &bytes, self.durable)?;
+        self.put_new(name, &bytes)?;
         self.published.borrow_mut().push(name.to_string());
         Ok(KeyRunRecord {
             file: name.to_string(),
@@ -226,7 +237,7 @@ impl<'a> Segments<'a> {
         };
         let name = segment_file_name(first, last, self.tag);
         let bytes = segment.encode();
-        self.storage.put_new(&name, &bytes, self.durable)?;
+        self.put_new(&name, &bytes)?;
         self.published.borrow_mut().push(name.clone());
         let reference = segment.reference(&name, &bytes);
         Ok((reference, segment.into_parts().1))
@@ -316,6 +327,7 @@ impl<'a> Segments<'a> {
             return Err(e);
         }
         out.publish_new(name, self.durable)?;
+        self.created.borrow_mut().push(name.to_string());
         self.published.borrow_mut().push(name.to_string());
         Ok(KeyRunRecord {
             file: name.to_string(),
