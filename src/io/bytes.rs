@@ -9,8 +9,8 @@ use memmap2::Mmap;
 /// What holds a file's bytes.
 #[derive(Debug)]
 pub(crate) enum Backing {
-    /// A read-only mapping of the file.
-    Mapped(Mmap),
+    /// A read-only mapping of the file, and the identity of the file mapped.
+    Mapped(Mmap, super::mmap::FileId),
     /// A copy in 8-byte aligned memory, so every dtype can be viewed in place.
     Aligned(AlignedBytes),
     /// A copy in memory, as produced (e.g. by decompression).
@@ -20,7 +20,7 @@ pub(crate) enum Backing {
 impl Backing {
     fn bytes(&self) -> &[u8] {
         match self {
-            Backing::Mapped(m) => m,
+            Backing::Mapped(m, _) => m,
             Backing::Aligned(a) => a.as_bytes(),
             Backing::Vec(v) => v,
         }
@@ -79,7 +79,7 @@ impl FileBytes {
 
     /// True when the bytes are a mapping of the file (not a copy).
     pub fn is_mapped(&self) -> bool {
-        matches!(*self.backing, Backing::Mapped(_))
+        matches!(*self.backing, Backing::Mapped(..))
     }
 
     /// The whole mapping these bytes lie in, when they are mapped: its address and length,
@@ -87,9 +87,10 @@ impl FileBytes {
     /// offset (see `hspack.torch`'s transfer of mapped tensors).
     pub fn mapping(&self) -> Option<MappingRef> {
         match &*self.backing {
-            Backing::Mapped(m) => Some(MappingRef {
+            Backing::Mapped(m, file) => Some(MappingRef {
                 base: m.as_ptr() as usize,
                 len: m.len(),
+                file: *file,
                 alive: Arc::downgrade(&self.backing),
             }),
             _ => None,
@@ -101,7 +102,7 @@ impl FileBytes {
     /// where it is missing), unless they are all there already. Nothing to do for bytes in
     /// memory.
     pub fn will_need(&self, range: Range<usize>, load: bool) {
-        let Backing::Mapped(map) = &*self.backing else {
+        let Backing::Mapped(map, _) = &*self.backing else {
             return;
         };
         let start = self.range.start + range.start.min(self.range.len());
@@ -126,7 +127,7 @@ impl FileBytes {
     /// Drops bytes `range` (relative to these bytes) of a mapping from this process's memory;
     /// they are read again on the next access. Nothing to do for bytes in memory.
     pub fn release(&self, range: Range<usize>) {
-        let Backing::Mapped(map) = &*self.backing else {
+        let Backing::Mapped(map, _) = &*self.backing else {
             return;
         };
         let start = self.range.start + range.start.min(self.range.len());
@@ -158,6 +159,8 @@ pub struct MappingRef {
     pub base: usize,
     /// Length of the mapping.
     pub len: usize,
+    /// The file mapped, as it was when mapped: a file since replaced at its path has another.
+    pub file: super::mmap::FileId,
     alive: Weak<Backing>,
 }
 

@@ -23,14 +23,15 @@ pub fn map_path(path: &Path) -> std::io::Result<FileBytes> {
 
 /// [`map_path`] of a file already open.
 fn map_open(file: &File) -> std::io::Result<FileBytes> {
-    if file.metadata()?.len() == 0 {
+    let meta = file.metadata()?;
+    if meta.len() == 0 {
         return Ok(FileBytes::from_vec(Vec::new()));
     }
     // SAFETY: read-only and private to this process; see the hazard above: published files
     // are never modified in place, and every access is bounds-checked against the length
     // captured here.
     let map = unsafe { Mmap::map(file) }?;
-    Ok(FileBytes::new(Backing::Mapped(map)))
+    Ok(FileBytes::new(Backing::Mapped(map, FileId::of_meta(&meta))))
 }
 
 /// Drops bytes `start..start + len` of a read-only file mapping from this process's memory
@@ -98,12 +99,15 @@ impl FileId {
 
     /// The identity of `file`, the error naming no path.
     pub fn of_open(file: &File) -> std::io::Result<FileId> {
+        Ok(FileId::of_meta(&file.metadata()?))
+    }
+
+    fn of_meta(m: &std::fs::Metadata) -> FileId {
         use std::os::unix::fs::MetadataExt;
-        let m = file.metadata()?;
-        Ok(FileId {
+        FileId {
             dev: m.dev(),
             ino: m.ino(),
-        })
+        }
     }
 }
 

@@ -44,7 +44,9 @@ fn entries() -> Option<std::sync::MutexGuard<'static, Vec<Entry>>> {
 }
 
 /// Registers the mapping `bytes` lie in, of shard file `path`, unless it is registered
-/// already; bytes that are not mapped are not registered.
+/// already; bytes that are not mapped are not registered. The mapping names the file it
+/// mapped, which a receiver checks: a file replaced at `path` since is refused there, never
+/// read in its place.
 pub fn register(bytes: &FileBytes, path: &Path) {
     let Some(map) = bytes.mapping() else {
         return;
@@ -55,21 +57,15 @@ pub fn register(bytes: &FileBytes, path: &Path) {
     if all.iter().any(|e| e.map.same_as(&map)) {
         return;
     }
-    let Ok(file) = std::fs::File::open(path) else {
-        return; // unregistered tensors are simply sent as bytes
-    };
-    let Ok(id) = FileId::of(&file, path) else {
-        return;
-    };
-    push(&mut all, map, path, id);
+    push(&mut all, map, path);
 }
 
-fn push(all: &mut Vec<Entry>, map: MappingRef, path: &Path, id: FileId) {
+fn push(all: &mut Vec<Entry>, map: MappingRef, path: &Path) {
     all.retain(|e| e.map.is_alive());
     all.push(Entry {
+        id: map.file,
         map,
         path: path.to_path_buf(),
-        id,
     });
 }
 
@@ -110,7 +106,7 @@ fn received_file(path: &Path, id: FileId) -> hspack::Result<FileBytes> {
     }
     let bytes = map_identified(path, id)?;
     if let (Some(map), Some(mut all)) = (bytes.mapping(), entries()) {
-        push(&mut all, map, path, id);
+        push(&mut all, map, path);
     }
     if kept.len() == RECEIVED_FILES {
         kept.remove(0);

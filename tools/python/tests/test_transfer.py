@@ -133,6 +133,26 @@ def test_a_replaced_shard_is_refused_by_name(stacked_path, tmp_path):
     assert transfer.reduce_tensor(torch.zeros(3))[0] is not transfer.rebuild
 
 
+def test_a_shard_replaced_after_it_was_mapped_and_before_it_was_read_is_refused(stacked_path, tmp_path):
+    """The sender names the file it mapped, not the one at the path when it first reads: a
+    trainer must never get another file's bytes under a sample's name."""
+    copy = tmp_path / "ds"
+    shutil.copytree(stacked_path, copy)
+    ds = hspack.open(copy)
+    ds.lengths  # every shard mapped (its index read), no tensor read yet
+    shard = copy / "shard-000000.hsp"
+    garbage = tmp_path / "new"
+    garbage.write_bytes(os.urandom(shard.stat().st_size))
+    os.replace(garbage, shard)
+    t = ds[0]["aux_hidden_state"]  # read from the file mapped before
+    assert torch.equal(t, hspack.open(stacked_path)[0]["aux_hidden_state"])
+    transfer.release()
+    rebuild, args = transfer.reduce_tensor(t)
+    assert rebuild is transfer.rebuild
+    with pytest.raises(hspack.HspackError, match="shard-000000.hsp.*replaced"):
+        rebuild(*args)
+
+
 def test_kept_mappings_live_while_a_dataset_object_of_their_folder_does(stacked_path, tmp_path):
     copy = tmp_path / "ds"
     shutil.copytree(stacked_path, copy)
