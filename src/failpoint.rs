@@ -23,8 +23,10 @@ pub const ALL: &[&str] = &[
     "segments-merged",
     "manifest-published",
     "leftover-removed",
+    "finish-listing",
     "convert-committed",
     "convert-source-deleted",
+    "gc-index-replaced",
 ];
 
 /// Ends the process at failpoint `name`, saying so on stderr first.

@@ -84,7 +84,7 @@ fn check(dir: &Path, committed: u64, appended: u64) -> u64 {
 fn passes(point: &str) -> &'static [u32] {
     match point {
         // 8 commits a run: one merge of their segments.
-        "segments-merged" | "leftover-removed" => &[0],
+        "segments-merged" | "leftover-removed" | "finish-listing" => &[0],
         _ => &[0, 1, 4],
     }
 }
@@ -127,7 +127,9 @@ fn crash_point(stderr: &[u8]) -> Option<String> {
 
 #[test]
 fn a_writer_crashed_at_every_failpoint_loses_no_committed_sample() {
-    let writer_points = ALL.iter().filter(|p| !p.starts_with("convert-"));
+    let writer_points = ALL
+        .iter()
+        .filter(|p| !p.starts_with("convert-") && !p.starts_with("gc-"));
     let mut hits = 0;
     for point in writer_points {
         for &pass in passes(point) {
@@ -180,7 +182,8 @@ fn convert_crashed_at_every_failpoint_loses_no_sample() {
     let mut hits = 0;
     // Leftovers are removed on reopen after a crash, and segments merged every 8 commits
     // (convert commits fewer here): the writer test crosses those points.
-    let crossed = |p: &&&str| !["leftover-removed", "segments-merged"].contains(*p);
+    let crossed =
+        |p: &&&str| !["leftover-removed", "segments-merged"].contains(*p) && !p.starts_with("gc-");
     for point in ALL.iter().filter(crossed) {
         for &pass in passes(point).iter().take(2) {
             let t = tempfile::tempdir().unwrap();
@@ -210,11 +213,7 @@ fn convert_crashed_at_every_failpoint_loses_no_sample() {
 /// A writer into S3 paused after publishing a shard and before listing it, while another
 /// writer takes its lease over (it hung past the lease's life) and removes that shard as a
 /// leftover: the paused writer's commit must then fail, never list the removed shard.
-#[test]
-fn a_writer_taken_over_mid_commit_never_lists_a_removed_shard() {
-    let Some(moto) = common::moto::Moto::start() else {
-        return;
-    };
+fn a_writer_taken_over_mid_commit_never_lists_a_removed_shard(moto: &common::moto::Moto) {
     moto.bucket("hspack-fence");
     let url = "s3://hspack-fence/ds";
     let storage = hspack::io::open_location(url).unwrap();
@@ -291,6 +290,138 @@ fn a_writer_taken_over_mid_commit_never_lists_a_removed_shard() {
     assert!(report.is_ok(), "{:?}", report.problems);
 }
 
+/// A writer into S3 finishing hangs after checking its manifest and before removing the
+/// segment files and key runs it no longer lists, while another writer takes its lease over
+/// and commits: the finishing writer must not remove the other's files.
+fn a_writer_taken_over_while_finishing_leaves_the_new_writers_files(moto: &common::moto::Moto) {
+    moto.bucket("hspack-finish");
+    let url = "s3://hspack-finish/ds";
+    let no_sync = WriteOptions {
+        durable: false,
+        ..options()
+    };
+    let mut stale =
+        DatasetWriter::create(url, capture_schema(HIDDEN as u64), no_sync.clone()).unwrap();
+    stale.append("first", &as_fields(&sample(0))).unwrap();
+    stale.commit().unwrap();
+
+    let _scenario = fail::FailScenario::setup();
+    let taken = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let taken_in_point = taken.clone();
+    fail::cfg_callback("finish-listing", move || {
+        if taken_in_point.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            return; // the new writer's own finish
+        }
+        // The lease, as another machine sees it once it expired; that machine's writer
+        // opens and commits.
+        let storage = hspack::io::open_location(url).unwrap();
+        let expired = br#"{"token":"00","host":"elsewhere","pid":1,"expires_unix_ms":0}"#;
+        storage
+            .replace(hspack::io::object_lease::LEASE_FILE, expired, None, false)
+            .unwrap();
+        let mut next =
+            DatasetWriter::open(url, capture_schema(HIDDEN as u64), no_sync.clone()).unwrap();
+        next.append("next", &as_fields(&sample(2))).unwrap();
+        next.finish().unwrap();
+    })
+    .unwrap();
+    let _ = stale.finish();
+    fail::remove("finish-listing");
+    assert!(
+        taken.load(std::sync::atomic::Ordering::SeqCst),
+        "never reached"
+    );
+
+    let ds = Dataset::open(url).unwrap();
+    let keys: Vec<String> = (0..ds.len())
+        .map(|i| ds.sample(i).unwrap().key().to_string())
+        .collect();
+    assert_eq!(keys, ["first", "next"]);
+    let report = hspack::verify::verify_dataset(&ds, VerifyOptions::default(), &|_| {}).unwrap();
+    assert!(report.is_ok(), "{:?}", report.problems);
+}
+
+/// A collection of a store in S3 stops after replacing the index and before deleting what it
+/// no longer lists, past its lease's life; an add on another machine then stores a new
+/// dataset. The collection must delete none of that add's packs or runs.
+fn a_collection_that_lost_its_lease_deletes_nothing_an_add_published_since(
+    moto: &common::moto::Moto,
+) {
+    use hspack::store::{gc, Store};
+    moto.bucket("hspack-gc");
+    let url = "s3://hspack-gc/store";
+    let t = tempfile::tempdir().unwrap();
+    let write = |name: &str, seed: u64| {
+        let dir = t.path().join(name);
+        let mut w = DatasetWriter::create(&dir, capture_schema(HIDDEN as u64), options()).unwrap();
+        for i in 0..4 {
+            w.append(&format!("{name}{i}"), &as_fields(&sample(seed + i)))
+                .unwrap();
+        }
+        w.finish().unwrap();
+        Dataset::open(&dir).unwrap()
+    };
+    let (old, new) = (write("old", 100), write("new", 200));
+    let store = std::sync::Arc::new(Store::init(url).unwrap());
+    hspack::transfer::add_to_store(&store, &old, "old", &|_| {}).unwrap();
+    store.remove("old").unwrap(); // garbage for the collection
+
+    let _scenario = fail::FailScenario::setup();
+    let added = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let added_in_point = added.clone();
+    fail::cfg_callback("gc-index-replaced", move || {
+        // The collection's lease, as another machine sees it once it expired.
+        let locks = hspack::io::open_location(format!("{url}/locks")).unwrap();
+        let expired = br#"{"token":"00","host":"elsewhere","pid":1,"expires_unix_ms":0}"#;
+        locks.replace("gc.lease", expired, None, false).unwrap();
+        let other = std::sync::Arc::new(Store::open(url).unwrap());
+        hspack::transfer::add_to_store(&other, &new, "new", &|_| {}).unwrap();
+        added_in_point.store(true, std::sync::atomic::Ordering::SeqCst);
+    })
+    .unwrap();
+    let collected = gc::collect(&store, false);
+    fail::remove("gc-index-replaced");
+    assert!(
+        added.load(std::sync::atomic::Ordering::SeqCst),
+        "never reached"
+    );
+    let err = collected.expect_err("the collection's lease was taken over");
+    assert!(err.to_string().contains("lease"), "{err}");
+
+    let stored = Dataset::open(format!("{url}/new")).unwrap();
+    let written = Dataset::open(t.path().join("new")).unwrap();
+    assert_eq!(stored.len(), 4);
+    for i in 0..4 {
+        let (a, b) = (stored.sample(i).unwrap(), written.sample(i).unwrap());
+        for f in 0..written.schema().fields.len() {
+            assert_eq!(
+                a.read_field(f, None).unwrap().bytes(),
+                b.read_field(f, None).unwrap().bytes(),
+                "sample {i} field {f}"
+            );
+        }
+    }
+    let report =
+        hspack::verify::verify_dataset(&stored, VerifyOptions::default(), &|_| {}).unwrap();
+    assert!(report.is_ok(), "{:?}", report.problems);
+    // The next collection, holding its lease, frees the garbage and keeps the new dataset.
+    gc::collect(&store, false).unwrap();
+    assert_eq!(Dataset::open(format!("{url}/new")).unwrap().len(), 4);
+}
+
+/// The races staged against object storage, on one S3 server: its address is in this
+/// process's environment, so one test runs them all.
+#[test]
+fn writers_and_collections_taken_over_in_s3() {
+    let Some(moto) = common::moto::Moto::start() else {
+        return;
+    };
+    a_writer_taken_over_mid_commit_never_lists_a_removed_shard(&moto);
+    a_writer_taken_over_while_finishing_leaves_the_new_writers_files(&moto);
+    a_collection_that_lost_its_lease_deletes_nothing_an_add_published_since(&moto);
+    a_shared_writer_that_hung_past_its_commit_lease_never_commits(&moto);
+}
+
 /// Runs in the child processes of the shared-writer test only.
 #[test]
 fn shared_writer_child() {
@@ -357,11 +488,7 @@ fn a_shared_writer_crashed_at_every_commit_step_costs_the_others_nothing() {
 /// A writer sharing a dataset in S3 pauses after publishing a shard, holding the commit
 /// lease, until the lease expires (it hung) and another writer commits: the paused writer's
 /// commit must then fail, and its shard is never listed.
-#[test]
-fn a_shared_writer_that_hung_past_its_commit_lease_never_commits() {
-    let Some(moto) = common::moto::Moto::start() else {
-        return;
-    };
+fn a_shared_writer_that_hung_past_its_commit_lease_never_commits(moto: &common::moto::Moto) {
     moto.bucket("hspack-shared-fence");
     let url = "s3://hspack-shared-fence/ds";
     let storage = hspack::io::open_location(url).unwrap();

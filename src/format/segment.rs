@@ -328,6 +328,15 @@ pub fn table_part_file_name(first: u32, last: u32, tag: Option<&str>) -> String 
     tagged("samples", first, last, tag, "parquet")
 }
 
+/// True for the name of a segment file, key run or table part made by the writer whose names
+/// carry `tag`.
+pub fn is_tagged(name: &str, tag: &str) -> bool {
+    let tag = super::manifest::lease_in_name(tag);
+    name.rsplit_once('.')
+        .and_then(|(stem, _)| stem.strip_suffix(tag))
+        .is_some_and(|rest| rest.ends_with('-'))
+}
+
 fn tagged(stem: &str, first: u32, last: u32, tag: Option<&str>, ext: &str) -> String {
     match tag {
         None => format!("{stem}-{first:06}-{last:06}.{ext}"),
@@ -341,6 +350,27 @@ fn tagged(stem: &str, first: u32, last: u32, tag: Option<&str>, ext: &str) -> St
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_name_is_tagged_by_the_writer_that_made_it_only() {
+        let lease = "0123456789abcdef0123456789abcdef";
+        for name in [
+            segment_file_name(0, 3, Some(lease)),
+            key_run_file_name(4, 4, Some(lease)),
+            table_part_file_name(4, 4, Some(lease)),
+        ] {
+            assert!(is_tagged(&name, lease), "{name}");
+            assert!(
+                !is_tagged(&name, "fedcba9876543210fedcba9876543210"),
+                "{name}"
+            );
+        }
+        assert!(!is_tagged(&segment_file_name(0, 3, None), lease));
+        assert!(!is_tagged(
+            "segment-000000-000003-x0123456789abcdef.json",
+            "0123456789abcdef"
+        ));
+    }
 
     fn segment() -> Segment {
         Segment {

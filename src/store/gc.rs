@@ -8,11 +8,16 @@
 //! no longer lists. A crash before the replacement leaves the old index and its packs
 //! (the new packs are unlisted); after it, the new ones (the old packs are unlisted): either
 //! way every committed dataset reads, and the next collection removes what is unlisted.
+//!
+//! In object storage the hold is a lease, which a collection stopped past its life loses:
+//! it checks its lease before replacing the index and again before deleting, and deletes
+//! only packs and runs that were there when it began, never one an add published since.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use crate::error::Result;
+use crate::failpoint::failpoint;
 use crate::format::manifest::TEMP_SUFFIX;
 use crate::io::Storage;
 
@@ -86,7 +91,12 @@ fn finish_pack(
 
 /// Collects `store`'s garbage; see the module documentation.
 pub fn collect(store: &Arc<Store>, durable: bool) -> Result<GcReport> {
-    let _held = store.locks().collecting()?;
+    let held = store.locks().collecting()?;
+    // The runs and packs there now are all this collection may remove: one an add publishes
+    // later (were this collection's lease to lapse, a process stopped past its life) is not
+    // this collection's to judge.
+    let runs_before: HashSet<String> = store.meta().list()?.into_iter().collect();
+    let packs_before: HashSet<String> = store.packs().list()?.into_iter().collect();
     let index = store.index()?;
     let live = live_blobs(store, &index)?;
     let mut report = GcReport::default();
@@ -150,6 +160,9 @@ pub fn collect(store: &Arc<Store>, durable: bool) -> Result<GcReport> {
     let level = index.root.runs.iter().map(|r| r.level).max().unwrap_or(0);
     let run = index::write_run(meta, entries, live_count, &packs, level, durable)?;
     let run_file = run.file.clone();
+    // A collection whose lease lapsed while it marked may have judged dead a blob that an
+    // add has found since: it must not publish, nor remove anything.
+    held.check()?;
     {
         let _index = store.locks().index()?;
         let root = IndexRoot {
@@ -163,17 +176,20 @@ pub fn collect(store: &Arc<Store>, durable: bool) -> Result<GcReport> {
         }
     }
     store.forget_packs();
+    failpoint!("gc-index-replaced");
+    held.check()?;
 
     // What the new index does not list: old runs, dropped and rewritten packs, and runs,
     // packs and temp files an interrupted add or collection left.
     for name in meta.list()? {
-        if (index::is_run_name(&name) && name != run_file) || name.ends_with(TEMP_SUFFIX) {
+        let stale = (index::is_run_name(&name) && name != run_file) || name.ends_with(TEMP_SUFFIX);
+        if stale && runs_before.contains(&name) {
             meta.delete(&name)?;
         }
     }
     let kept: HashSet<String> = packs.iter().map(pack_name).collect();
     for name in store.packs().list()? {
-        if kept.contains(&name) {
+        if kept.contains(&name) || !packs_before.contains(&name) {
             continue;
         }
         let bytes = store.packs().size(&name)?.unwrap_or(0);

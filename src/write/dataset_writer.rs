@@ -7,6 +7,7 @@ use std::sync::Arc;
 use crate::error::{format, Error, Result};
 use crate::failpoint::failpoint;
 use crate::format::manifest::{hex, shard_file_name, MANIFEST_FILE, TEMP_SUFFIX};
+use crate::format::segment::is_tagged;
 use crate::format::{Manifest, Schema, ShardRecord};
 use crate::io::{temp_name, Storage, WriterLease};
 use crate::read::{Dataset, ReadOptions};
@@ -569,9 +570,18 @@ impl DatasetWriter {
             self.publish_commit(commit.as_deref(), None)?;
         }
         let listed = self.manifest.listed_names();
+        // Under a lease, another writer may have taken the dataset over since the check
+        // above (this one hung past the lease's life) and published files this manifest does
+        // not list: only files named after this writer's lease are its to remove.
+        let tag = self.name_tag(commit.as_deref());
+        let mine = |name: &str| {
+            self.may_take_back(commit.as_deref()) || tag.is_some_and(|t| is_tagged(name, t))
+        };
+        failpoint!("finish-listing");
         for name in self.storage.list()? {
             let replaced = name.starts_with("segment-") || name.starts_with("keys-");
-            if replaced && !name.ends_with(TEMP_SUFFIX) && listed.is_leftover(&name) {
+            if replaced && !name.ends_with(TEMP_SUFFIX) && listed.is_leftover(&name) && mine(&name)
+            {
                 self.storage.delete(&name)?;
             }
         }
