@@ -174,6 +174,23 @@ fn resume_and_refusals(local: &str, tmp: &Path) {
     let err = cp(local, "s3://hspack-test/grow", CopyMode::Sync).unwrap_err();
     assert!(err.to_string().contains("another dataset"), "{err}");
     assert_eq!(digest("s3://hspack-test/grow"), digest(grown));
+
+    // A writer at the destination (here or on another machine) keeps a copy out until it
+    // is done, in S3 and in a folder: the two would race for the next shard's name.
+    let folder = tmp.join("written");
+    for dst in ["s3://hspack-test/written", folder.to_str().unwrap()] {
+        cp(local, dst, CopyMode::Copy).unwrap();
+        let mut w = DatasetWriter::open(dst, capture_schema(HIDDEN as u64), options()).unwrap();
+        w.append("w0", &as_fields(&sample(100))).unwrap();
+        let err = cp(local, dst, CopyMode::Sync).unwrap_err();
+        assert!(matches!(err, Error::Locked { .. }), "{dst}: {err}");
+        w.finish().unwrap();
+        let ds = Dataset::open(dst).unwrap();
+        assert_eq!(ds.len(), 15, "{dst}: the writer's commit stays");
+        // Once it is done, the destination is no earlier state of the source.
+        let err = cp(local, dst, CopyMode::Sync).unwrap_err();
+        assert!(err.to_string().contains("another dataset"), "{dst}: {err}");
+    }
 }
 
 fn conditional_puts_refuse_to_clobber() {
@@ -682,6 +699,11 @@ fn killed_copies_never_publish_a_partial_dataset(local: &str) {
             killed += 1;
         }
         child.wait().unwrap();
+        // A killed copy's lease on the destination stays until it expires (a minute): the
+        // next copy is refused until then. Expired here, as a minute later.
+        let expired = br#"{"token":"00","host":"elsewhere","pid":1,"expires_unix_ms":0}"#;
+        dst.replace(hspack::io::object_lease::LEASE_FILE, expired, None, false)
+            .unwrap();
         if dst.read("manifest.json").unwrap().is_some() {
             // Published: then every shard it lists is there and intact.
             assert_eq!(digest("s3://hspack-test/killed"), want, "round {round}");

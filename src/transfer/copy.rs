@@ -7,7 +7,8 @@
 //! and, unless `reread` is off, every chunk read back and hashed. The samples table is copied
 //! and checked against its hash. The manifest goes last: until it is published the destination
 //! is not a dataset, so an interrupted copy is never taken for one, and a rerun sends only
-//! the shards that are not already there, whole and right.
+//! the shards that are not already there, whole and right. A copy holds the destination's
+//! writer lock throughout, so a writer or another copy there is refused, not raced.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -91,8 +92,14 @@ pub fn copy(
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<CopyReport> {
     let manifest = src.manifest();
-    let existing = destination_manifest(src, dst, options.mode)?;
+    // A refusal sends nothing and leaves the destination as it was.
+    destination_manifest(src, dst, options.mode)?;
     dst.create_root()?;
+    // The destination's writer lock, held until the manifest is published: a writer there
+    // (or another copy) would otherwise race this one for its shard names, and this copy
+    // would remove a shard it had just published as one that is not listed.
+    let _lock = dst.lock()?;
+    let existing = destination_manifest(src, dst, options.mode)?;
     let present: HashSet<String> = dst.list()?.into_iter().collect();
     let listed: HashSet<&str> = existing
         .as_ref()
