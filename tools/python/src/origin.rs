@@ -44,9 +44,9 @@ fn entries() -> Option<std::sync::MutexGuard<'static, Vec<Entry>>> {
 }
 
 /// Registers the mapping `bytes` lie in, of shard file `path`, unless it is registered
-/// already; bytes that are not mapped are not registered. The mapping names the file it
-/// mapped, which a receiver checks: a file replaced at `path` since is refused there, never
-/// read in its place.
+/// already; bytes that are not mapped are not registered, nor are those of a mapping that is
+/// not of the file at `path` now (a pack of a store, or a shard replaced since it was
+/// mapped): those are sent as bytes, never named as a range of another file.
 pub fn register(bytes: &FileBytes, path: &Path) {
     let Some(map) = bytes.mapping() else {
         return;
@@ -57,7 +57,12 @@ pub fn register(bytes: &FileBytes, path: &Path) {
     if all.iter().any(|e| e.map.same_as(&map)) {
         return;
     }
-    push(&mut all, map, path);
+    let Ok(file) = std::fs::File::open(path) else {
+        return;
+    };
+    if FileId::of(&file, path).is_ok_and(|id| id == map.file) {
+        push(&mut all, map, path);
+    }
 }
 
 fn push(all: &mut Vec<Entry>, map: MappingRef, path: &Path) {
