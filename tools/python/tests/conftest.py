@@ -33,11 +33,12 @@ def eagle_sample(i: int) -> dict:
     return out
 
 
-def write_eagle(path, n: int, **options) -> None:
+def write_eagle(path, n: int, first: int = 0, **options) -> None:
+    """Samples `first..n` (a dataset there is resumed)."""
     options.setdefault("durable", False)
     capture = {"model": "test/model", "num_layers": 8, "hidden_size": H, "dtype": "bf16"}
     with hspack.Writer(path, eagle_schema(), capture, **options) as w:
-        for i in range(n):
+        for i in range(first, n):
             w.append(f"s{i:04d}", **eagle_sample(i))
 
 

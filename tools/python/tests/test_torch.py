@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 import torch
 
-from conftest import LAYERS, eagle_sample
+from conftest import LAYERS, eagle_sample, write_eagle
 from hspack.torch import (
     Eagle3View,
     HspackDataset,
@@ -208,3 +210,173 @@ def test_eagle3_view_matches_the_written_tensors(eagle_path):
     assert sf["loss_mask"][0, -1] == 0 and torch.equal(sf["loss_mask"][0, :-1], w["loss_mask"][:7])
     assert torch.equal(sf["input_ids"][0], w["input_ids"][:8])
     assert sf["attention_mask"].dtype == torch.int64 and sf["attention_mask"].sum() == 8
+
+
+# The three resumable kinds, each through `HspackLoader` with seed 7; "iterable-workers" has
+# persistent workers, which read where each iteration starts from shared memory.
+KINDS = ["iterable", "iterable-workers", "sampler", "token-budget"]
+
+
+def loader_of(kind: str, path: str) -> HspackLoader:
+    if kind.startswith("iterable"):
+        workers = {"num_workers": 2, "persistent_workers": True} if kind == "iterable-workers" else {}
+        return HspackLoader(HspackIterableDataset(path, ["input_ids"], seed=7), batch_size=4, **workers)
+    ds = HspackDataset(path, ["input_ids"])
+    if kind == "sampler":
+        return HspackLoader(ds, batch_size=4, sampler=HspackSampler(ds, seed=7))
+    return HspackLoader(ds, batch_sampler=TokenBudgetBatchSampler(ds, max_tokens=64, bucket_size=16, seed=7))
+
+
+def one_for(loader: HspackLoader, stop: int | None = None) -> list:
+    """The batches (lists of ordinals) of one `for` over `loader`, broken off after `stop`."""
+    out = []
+    for batch in loader:
+        out.append(batch["ordinal"].tolist())
+        if len(out) == stop:
+            break
+    return out
+
+
+def flat(batches: list) -> list:
+    return [o for b in batches for o in b]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_set_epoch_after_load_state_dict_keeps_the_resumed_position(eagle_path, kind):
+    # The documented resume: load_state_dict, then set_epoch(e) for e from the saved epoch on.
+    ref = loader_of(kind, eagle_path)
+    want = {}
+    for e in (2, 3):
+        ref.set_epoch(e)
+        want[e] = flat(one_for(ref))
+    run = loader_of(kind, eagle_path)
+    run.set_epoch(2)
+    first = flat(one_for(run, stop=3))
+    state = run.state_dict()
+    resumed = loader_of(kind, eagle_path)
+    resumed.load_state_dict(state)
+    seen = {}
+    for epoch in range(state["epoch"], 4):
+        resumed.set_epoch(epoch)
+        seen[epoch] = flat(one_for(resumed))
+    assert first + seen[2] == want[2]  # each sample of epoch 2 once
+    assert seen[3] == want[3]
+    # set_epoch to another epoch than the loaded one starts that epoch from its beginning.
+    other = loader_of(kind, eagle_path)
+    other.load_state_dict(state)
+    other.set_epoch(3)
+    assert flat(one_for(other)) == want[3]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_resume_from_a_state_saved_at_the_end_of_an_epoch_moves_on(eagle_path, kind):
+    run = loader_of(kind, eagle_path)
+    run.set_epoch(2)
+    one_for(run)
+    state = run.state_dict()
+    ref = loader_of(kind, eagle_path)
+    ref.set_epoch(3)
+    resumed = loader_of(kind, eagle_path)
+    resumed.load_state_dict(state)
+    seen = {}
+    for epoch in range(state["epoch"], 4):
+        resumed.set_epoch(epoch)
+        seen[epoch] = one_for(resumed)
+    assert seen == {2: [], 3: one_for(ref)}  # epoch 2 is not trained twice
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_new_iteration_after_a_complete_epoch_starts_it_again(eagle_path, kind):
+    loader = loader_of(kind, eagle_path)  # no set_epoch at all
+    epoch = one_for(loader)
+    assert sorted(flat(epoch)) == list(range(37))
+    assert one_for(loader) == epoch  # not empty: the same epoch again, in the same order
+    assert len(loader) == len(epoch)  # what the next `for` yields: the whole epoch, not 0
+    # Broken off midway, the next `for` gives exactly the rest.
+    head = one_for(loader, stop=2)
+    assert len(loader) == len(epoch) - 2
+    assert head + one_for(loader) == epoch
+
+
+@pytest.mark.parametrize("make", [
+    lambda ds, path, **kw: HspackSampler(ds, **kw),
+    lambda ds, path, **kw: HspackIterableDataset(path, ["input_ids"], **kw),
+    lambda ds, path, **kw: TokenBudgetBatchSampler(ds, 64, **kw),
+], ids=["sampler", "iterable", "token-budget"])
+@pytest.mark.parametrize("given, message", [
+    ({"rank": 1}, "rank given without world_size"),
+    ({"world_size": 2}, "world_size given without rank"),
+    ({"rank": 2, "world_size": 2}, "rank=2 is not a rank of world_size=2"),
+    ({"rank": -1, "world_size": 2}, "rank=-1 is not a rank of world_size=2"),
+    ({"rank": 0, "world_size": 0}, "world_size=0"),
+])
+def test_rank_and_world_size_are_checked(eagle_path, make, given, message):
+    ds = HspackDataset(eagle_path, ["input_ids"])
+    with pytest.raises(ValueError, match=message):
+        make(ds, eagle_path, **given)
+    assert make(ds, eagle_path, rank=1, world_size=2).state_dict()["rank"] == 1
+
+
+def test_token_budget_state_refuses_another_world_size(eagle_path):
+    ds = HspackDataset(eagle_path, ["input_ids"])
+
+    def sampler(world_size=2, max_tokens=64):
+        return TokenBudgetBatchSampler(ds, max_tokens, bucket_size=16, seed=1, rank=0, world_size=world_size)
+
+    saved = sampler()
+    saved.advance(2)
+    state = saved.state_dict()
+    assert state["world_size"] == 2 and state["max_tokens"] == 64
+    with pytest.raises(ValueError, match="world_size=2, this run has world_size=1"):
+        sampler(world_size=1).load_state_dict(state)
+    with pytest.raises(ValueError, match="max_tokens=64, this run has max_tokens=128"):
+        sampler(max_tokens=128).load_state_dict(state)
+    same = sampler()
+    same.load_state_dict(state)
+    assert list(same) == saved.batches()[2:]
+    # A state of an earlier version (seed, epoch, consumed only) loads as before.
+    old = sampler()
+    old.load_state_dict({"seed": 1, "epoch": 0, "consumed": 2})
+    assert list(old) == saved.batches()[2:]
+
+
+def test_eagle3_view_refuses_a_dataset_without_token_ids(tmp_path):
+    import hspack
+
+    path = str(tmp_path / "no-ids")
+    schema = [hspack.hidden_state(layer, 16) for layer in LAYERS] + [hspack.hidden_state(7, 16, point="final_norm")]
+    with hspack.Writer(path, schema, durable=False) as w:
+        for i in range(2):
+            s = eagle_sample(i)
+            w.append(f"s{i}", **{k: v for k, v in s.items() if k.startswith("hidden.")})
+    # Refused where the torch dataset is built, naming the dataset and the field.
+    for view in ("eagle3", "eagle3-specforge"):
+        with pytest.raises(hspack.HspackError, match=f"dataset {path} has no token_ids field") as err:
+            HspackDataset(path, view=view)
+        assert err.value.field == "token_ids" and err.value.path == path
+        with pytest.raises(hspack.HspackError, match="no token_ids field"):
+            HspackIterableDataset(path, view=view)
+    with pytest.raises(hspack.HspackError, match="no token_ids field"):
+        Eagle3View()(hspack.open(path), 0)
+
+
+def test_spawned_workers_order_the_samples_the_dataset_object_was_made_with(tmp_path):
+    """A capture commits more samples while a loader is made and started: workers that reopen
+    the dataset (spawn) order the samples the main process saw, each once; a dataset rewritten
+    (not appended to) in between is refused by name, never read under the old ordinals."""
+    path = tmp_path / "ds"
+    write_eagle(path, 20, shard_samples=5)
+    ds = HspackIterableDataset(path, ["input_ids"], seed=3)
+    write_eagle(path, 31, first=20, shard_samples=5)
+    loader = HspackLoader(ds, batch_size=4, num_workers=2, multiprocessing_context="spawn")
+    got = [o for b in loader for o in b["ordinal"].tolist()]
+    assert sorted(got) == list(range(20)), got
+    assert got == list(ds.state.rank_order(ds.shard_ranges))
+
+    other = tmp_path / "other"
+    write_eagle(other, 20, shard_samples=7)
+    shutil.rmtree(path)
+    shutil.copytree(other, path)
+    loader = HspackLoader(ds, batch_size=4, num_workers=2, multiprocessing_context="spawn")
+    with pytest.raises(Exception, match="changed since"):
+        list(loader)

@@ -6,7 +6,11 @@
     for epoch in range(epochs):
         loader.set_epoch(epoch)
         for batch in loader: ...
-        # checkpoint: loader.state_dict(); resume: loader.load_state_dict(state)
+        # checkpoint: loader.state_dict(); resume: loader.load_state_dict(state), then this
+        # loop over range(state["epoch"], epochs): set_epoch keeps the loaded position
+
+Where each iteration starts (after set_epoch, load_state_dict, a complete or a broken-off
+epoch) is one rule for all of them: `hspack.torch.progress`.
 """
 
 from .batching import PadCollate, TokenBudgetBatchSampler, pad_collate

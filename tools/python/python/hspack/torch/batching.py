@@ -11,6 +11,7 @@ import torch.utils.data as tud
 
 from .._hspack import EAGLE3, gather_into
 from . import order as _order
+from .progress import Progress
 from .views import pinned_empty, shared_empty
 
 # Token ids and the attention mask, named as the Rust side names them (`hspack::format::eagle3`).
@@ -47,7 +48,10 @@ class TokenBudgetBatchSampler(tud.Sampler):
     other ranks are skipped this epoch), which DDP needs to stay in step.
 
     Resume: `state_dict()` holds the batches consumed (advanced by `HspackLoader`, or by you
-    with `advance(1)` per batch)."""
+    with `advance(1)` per batch), with the world size and every option the batches depend on;
+    `load_state_dict` refuses a state of other ones. Where an iteration starts (after
+    `set_epoch`, after `load_state_dict`, after a complete or a broken-off epoch): see
+    `hspack.torch.progress`. `rank` and `world_size` go together (`order.world`)."""
 
     def __init__(self, dataset: Any, max_tokens: int, *, max_len: int | None = None, shuffle: bool = True, seed: int = 0, bucket_size: int = 1024, block_size: int = 64, window_blocks: int = 16, even_batches: bool = False, rank: int | None = None, world_size: int | None = None):
         ds = dataset.hspack if hasattr(dataset, "hspack") else dataset
@@ -58,14 +62,9 @@ class TokenBudgetBatchSampler(tud.Sampler):
         self.shuffle, self.seed, self.bucket_size = shuffle, seed, bucket_size
         self.block_size, self.window_blocks = block_size, window_blocks
         self.even_batches = even_batches
-        if rank is None or world_size is None:
-            rank, world_size = _order.world()
-        self.rank, self.world_size = rank, world_size
-        self.epoch = 0
-        self.consumed = 0
-
-    def _world(self) -> tuple[int, int]:
-        return self.rank, self.world_size
+        # Consumed counts batches; the batches depend on every option below.
+        self.state = Progress(seed, rank, world_size, samples=len(lengths), max_tokens=max_tokens, max_len=max_len, shuffle=shuffle, bucket_size=bucket_size, block_size=block_size, window_blocks=window_blocks, even_batches=even_batches)
+        self.rank, self.world_size = self.state.rank, self.state.world_size
 
     def _rank_batches(self, full: np.ndarray, rank: int, world: int) -> list[list[int]]:
         part = _order.partition(full, world, rank)
@@ -75,14 +74,14 @@ class TokenBudgetBatchSampler(tud.Sampler):
             window = window[np.argsort(self.lengths[window], kind="stable")]
             batches.extend(pack(window, self.lengths, self.max_tokens))
         if self.shuffle:
-            perm = _order.rng(self.seed, self.epoch, 1 + rank).permutation(len(batches))
+            perm = _order.rng(self.seed, self.state.epoch, 1 + rank).permutation(len(batches))
             batches = [batches[j] for j in perm]
         return batches
 
     def batches(self) -> list[list[int]]:
         """This rank's batches for the epoch, consumed ones included."""
-        rank, world = self._world()
-        full = _order.epoch_order(self.shard_ranges, self.seed, self.epoch, self.shuffle, self.block_size, self.window_blocks)
+        rank, world = self.rank, self.world_size
+        full = _order.epoch_order(self.shard_ranges, self.seed, self.state.epoch, self.shuffle, self.block_size, self.window_blocks)
         mine = self._rank_batches(full, rank, world)
         if self.even_batches and world > 1:
             fewest = min(len(self._rank_batches(full, r, world)) for r in range(world))
@@ -90,24 +89,23 @@ class TokenBudgetBatchSampler(tud.Sampler):
         return mine
 
     def __iter__(self) -> Iterator[list[int]]:
-        return iter(self.batches()[self.consumed :])
+        batches = self.batches()
+        return iter(batches[self.state.begin(len(batches)) :])
 
     def __len__(self) -> int:
-        return len(self.batches()) - self.consumed
+        return self.state.left(len(self.batches()))
 
     def set_epoch(self, epoch: int) -> None:
-        self.epoch, self.consumed = int(epoch), 0
+        self.state.set_epoch(epoch)
 
     def advance(self, batches: int) -> None:
-        self.consumed += int(batches)
+        self.state.advance(batches)
 
     def state_dict(self) -> dict:
-        return {"seed": self.seed, "epoch": self.epoch, "consumed": self.consumed}
+        return self.state.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
-        if state["seed"] != self.seed:
-            raise ValueError("the state was saved with another seed; the epoch order would differ")
-        self.epoch, self.consumed = int(state["epoch"]), int(state["consumed"])
+        self.state.load_state_dict(state)
 
 
 class PadCollate:

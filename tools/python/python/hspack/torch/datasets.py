@@ -2,7 +2,7 @@
 for streaming. Both pickle as path and options and reopen the mapping lazily in each
 DataLoader worker (fork or spawn). The rank and world size come from `torch.distributed`
 when the sampler or iterable dataset is built (build it after `init_process_group`), or are
-given explicitly."""
+given explicitly, both of them. Resume and the start of each epoch: `hspack.torch.progress`."""
 
 from __future__ import annotations
 
@@ -16,7 +16,9 @@ import numpy as np
 import torch.utils.data as tud
 
 from .._dataset import Dataset
+from .._errors import make_error
 from . import order as _order
+from . import progress as _progress
 from . import transfer as _transfer
 from .views import Eagle3View, FieldsView
 
@@ -43,65 +45,34 @@ def make_view(view: Any, fields: Sequence[str] | None, max_len: int | None) -> C
     raise make_error("BadOption", f"option view: {view!r} is not a view; use None (the fields), {known}, or a callable view(dataset, ordinal)", option="view")
 
 
-class _Epoch:
-    """The (seed, epoch, consumed) state shared by the sampler and the iterable dataset:
-    this rank's order for the epoch, and how much of it the training loop has consumed."""
+class _Epoch(_progress.Progress):
+    """The position (`progress.Progress`, counting samples) of the sampler and the iterable
+    dataset, with this rank's order for the epoch."""
 
-    def __init__(self, shuffle: bool, seed: int, block_size: int, window_blocks: int, drop_last: bool, pad: bool, rank: int | None, world_size: int | None):
-        self.shuffle, self.seed = shuffle, seed
-        self.block_size, self.window_blocks = block_size, window_blocks
+    def __init__(self, shuffle: bool, seed: int, block_size: int, window_blocks: int, drop_last: bool, pad: bool, rank: int | None, world_size: int | None, samples: int):
+        self.shuffle, self.block_size, self.window_blocks = shuffle, block_size, window_blocks
         self.drop_last, self.pad = drop_last, pad
-        # Resolved here, in the main process: DataLoader workers have no process group.
-        if rank is None or world_size is None:
-            rank, world_size = _order.world()
-        self.rank, self.world_size = rank, world_size
-        self.epoch = 0
-        self.consumed = 0
-        # (epoch, consumed) as of the start of the current iteration, in shared memory, so
-        # DataLoader workers (persistent ones too) start where the main process says.
         import torch
 
+        # (epoch, consumed) as of the start of the current iteration, in shared memory, so
+        # DataLoader workers (persistent ones too) start where the main process says.
         self._shared = torch.zeros(2, dtype=torch.int64).share_memory_()
+        super().__init__(seed, rank, world_size, shuffle=shuffle, block_size=block_size, window_blocks=window_blocks, drop_last=drop_last, pad=pad, samples=samples)
 
     def publish(self) -> None:
         """Makes the current (epoch, consumed) the start of the next iteration, for every
-        worker: called by set_epoch, load_state_dict and `HspackLoader` at each iteration."""
+        worker: called by set_epoch, load_state_dict and at the start of each iteration."""
         self._shared[0], self._shared[1] = self.epoch, self.consumed
 
     def published(self) -> tuple[int, int]:
         return int(self._shared[0]), int(self._shared[1])
 
-    def _world(self) -> tuple[int, int]:
-        return self.rank, self.world_size
-
     def rank_order(self, shard_ranges: Sequence[tuple[int, int]], epoch: int | None = None) -> np.ndarray:
         """This rank's samples for the epoch (the current one when None), in order (all of
         them, consumed included)."""
-        rank, world = self._world()
         epoch = self.epoch if epoch is None else epoch
         full = _order.epoch_order(shard_ranges, self.seed, epoch, self.shuffle, self.block_size, self.window_blocks)
-        return _order.partition(full, world, rank, self.drop_last, self.pad)
-
-    def set_epoch(self, epoch: int) -> None:
-        """Starts epoch `epoch` from its beginning."""
-        self.epoch, self.consumed = int(epoch), 0
-        self.publish()
-
-    def advance(self, samples: int) -> None:
-        """Records that the training loop consumed `samples` more samples."""
-        self.consumed += int(samples)
-
-    def state_dict(self) -> dict:
-        rank, world = self._world()
-        return {"seed": self.seed, "epoch": self.epoch, "consumed": self.consumed, "rank": rank, "world_size": world}
-
-    def load_state_dict(self, state: dict) -> None:
-        """Resumes: the next iteration yields exactly the samples of the epoch not consumed.
-        The seed and world size must match the run that saved the state."""
-        if state["seed"] != self.seed or state.get("world_size", self._world()[1]) != self._world()[1]:
-            raise ValueError("the state was saved with another seed or world size; the epoch order would differ")
-        self.epoch, self.consumed = int(state["epoch"]), int(state["consumed"])
-        self.publish()
+        return _order.partition(full, self.world_size, self.rank, self.drop_last, self.pad)
 
 
 def _transfer_option(transfer: str) -> str:
@@ -129,6 +100,19 @@ def _release_received(folder: str, owner: int) -> None:
     if not _LIVE[folder]:
         del _LIVE[folder]
         _transfer.release(folder)
+
+
+def _check_grown_from(ds: Dataset, shard_ranges: list[tuple[int, int]]) -> None:
+    """Refuses a dataset, reopened in a worker, whose first shards are not the ones the main
+    process ordered (it was rewritten, not appended to): its ordinals would name other samples."""
+    now = ds.shard_ranges
+    if now[: len(shard_ranges)] != shard_ranges:
+        raise make_error(
+            "Io",
+            f"{ds.path}: the dataset changed since this DataLoader's dataset object was made (its shards are no longer "
+            f"the {len(shard_ranges)} it ordered: it was rewritten, not appended to); make the dataset object again",
+            path=ds.path,
+        )
 
 
 class _Reopening:
@@ -171,6 +155,15 @@ class _Reopening:
                 self._ds.readahead = "load"
         return self._ds
 
+    def _open(self) -> Dataset:
+        """Opens the dataset now and checks that the view can serve it (a view's `check`,
+        as `Eagle3View.check`): a bad path or a missing field fails here, at construction,
+        not in a DataLoader worker."""
+        check = getattr(self.view, "check", None)
+        if check is not None:
+            check(self.hspack)
+        return self.hspack
+
     def __getstate__(self) -> dict:
         state = {**self.__dict__, "_ds": None}
         state.pop("_memo_cleanup", None)  # the creating process removes the folder
@@ -195,7 +188,7 @@ class HspackDataset(_Reopening, tud.Dataset):
         self._ds: Dataset | None = None
         self._make_memo()
         self._release_received_when_collected()
-        self.hspack  # fail early on a bad path
+        self._open()
 
     def __len__(self) -> int:
         return len(self.hspack)
@@ -212,19 +205,22 @@ class HspackSampler(tud.Sampler):
     most one sample (with DDP, uneven ranks run different step counts: use `drop_last` or
     `pad`, see `order.partition`). Call `set_epoch(e)` before each epoch. Resume mid-epoch
     with `state_dict()` / `load_state_dict()`: the consumed count is advanced by
-    `HspackLoader` (or by you, with `advance(n)`), and iteration resumes after it."""
+    `HspackLoader` (or by you, with `advance(n)`), and iteration resumes after it. Where an
+    iteration starts (after `set_epoch`, after `load_state_dict`, after a complete or a
+    broken-off epoch): see `hspack.torch.progress`. `rank` and `world_size` go together
+    (`order.world`)."""
 
     def __init__(self, dataset: Any, *, shuffle: bool = True, seed: int = 0, block_size: int = 64, window_blocks: int = 16, drop_last: bool = False, pad: bool = False, rank: int | None = None, world_size: int | None = None):
         ds = dataset.hspack if hasattr(dataset, "hspack") else dataset
         self.shard_ranges = ds.shard_ranges
-        self.state = _Epoch(shuffle, seed, block_size, window_blocks, drop_last, pad, rank, world_size)
+        self.state = _Epoch(shuffle, seed, block_size, window_blocks, drop_last, pad, rank, world_size, len(ds))
 
     def __iter__(self) -> Iterator[int]:
-        seq = self.state.rank_order(self.shard_ranges)[self.state.consumed :]
-        return iter(seq.tolist())
+        order = self.state.rank_order(self.shard_ranges)
+        return iter(order[self.state.begin(len(order)) :].tolist())
 
     def __len__(self) -> int:
-        return len(self.state.rank_order(self.shard_ranges)) - self.state.consumed
+        return self.state.left(len(self.state.rank_order(self.shard_ranges)))
 
     def set_epoch(self, epoch: int) -> None:
         self.state.set_epoch(epoch)
@@ -246,9 +242,11 @@ class HspackIterableDataset(_Reopening, tud.IterableDataset):
 
     Set `batch_size` to the DataLoader's (`HspackLoader` does it). Call `set_epoch(e)` before
     each epoch; `state_dict()` / `load_state_dict()` resume mid-epoch with exactly the samples
-    not yet consumed. The epoch state lives in shared memory, so persistent workers
+    not yet consumed. Where an iteration of `HspackLoader` starts (after `set_epoch`, after
+    `load_state_dict`, after a complete or a broken-off epoch): see `hspack.torch.progress`.
+    The epoch state lives in shared memory, so persistent workers
     (`persistent_workers=True`) follow `set_epoch` and `load_state_dict` too. `transfer` is
-    as for `HspackDataset`."""
+    as for `HspackDataset`; `rank` and `world_size` go together (`order.world`)."""
 
     def __init__(self, path: str | os.PathLike, fields: Sequence[str] | None = None, *, view: Any = None, max_len: int | None = None, check: str = "once", transfer: str = "map", shuffle: bool = True, seed: int = 0, batch_size: int = 1, block_size: int = 64, window_blocks: int = 16, drop_last: bool = False, pad: bool = False, rank: int | None = None, world_size: int | None = None, cache_dir: str | os.PathLike | None = None, cache_bytes: int | None = None):
         self.path, self.check = os.fspath(path), check
@@ -256,19 +254,32 @@ class HspackIterableDataset(_Reopening, tud.IterableDataset):
         self.transfer = _transfer_option(transfer)
         self.view = make_view(view, fields, max_len)
         self.batch_size = batch_size
-        self.state = _Epoch(shuffle, seed, block_size, window_blocks, drop_last, pad, rank, world_size)
         self._ds: Dataset | None = None
         self._make_memo()
         self._release_received_when_collected()
-        self.hspack
+        ds = self._open()
+        # The dataset as this process opened it: every worker orders these samples, even one
+        # that reopens it (spawned) after a writer committed more.
+        self.shard_ranges = ds.shard_ranges
+        self.state = _Epoch(shuffle, seed, block_size, window_blocks, drop_last, pad, rank, world_size, len(ds))
+
+    def _total(self) -> int:
+        return len(self.state.rank_order(self.shard_ranges))
 
     def __len__(self) -> int:
-        return len(self.state.rank_order(self.hspack.shard_ranges)) - self.state.consumed
+        return self.state.left(self._total())
+
+    def begin(self) -> None:
+        """Fixes where the iteration starting now begins (`progress.Progress.begin`) and
+        publishes it to the workers, which read it when they start: `HspackLoader` calls it
+        in the main process at each iteration."""
+        self.state.begin(self._total())
 
     def __iter__(self) -> Iterator[Any]:
         ds = self.hspack
+        _check_grown_from(ds, self.shard_ranges)
         epoch, start = self.state.published()
-        seq = self.state.rank_order(ds.shard_ranges, epoch)[start:]
+        seq = self.state.rank_order(self.shard_ranges, epoch)[start:]
         info = tud.get_worker_info()
         if info is not None:
             seq = _order.interleave_batches(seq, info.num_workers, info.id, self.batch_size)

@@ -35,7 +35,10 @@ class HspackLoader(tud.DataLoader):
 
     Each batch the training loop receives advances the state of the dataset or sampler;
     `state_dict()` returns it, and `load_state_dict()` before iterating resumes the epoch with
-    exactly the samples not yet received. Samples are counted by the batch's `ordinal`
+    exactly the samples not yet received. Where each iteration starts (after `set_epoch`,
+    after `load_state_dict`, after a complete or a broken-off epoch) is the rule of
+    `hspack.torch.progress`: a resumed epoch is never replayed, a finished one never comes
+    back empty. Samples are counted by the batch's `ordinal`
     entry (present in every hspack view except `eagle3-specforge`), else by the `lengths`
     that `PadCollate` adds, else as `batch_size`. Other keyword arguments go to `torch.utils.data.DataLoader`.
 
@@ -76,9 +79,9 @@ class HspackLoader(tud.DataLoader):
             super().__init__(dataset, batch_size=batch_size, **kwargs)
 
     def __iter__(self) -> Any:
-        state = getattr(self._progress, "state", None)
-        if state is not None:
-            state.publish()  # workers start where the training loop stands
+        if isinstance(self._progress, HspackIterableDataset):
+            self._progress.begin()  # workers start where the training loop stands
+        # (The samplers fix their start in their own `__iter__`, in this process.)
         for batch in super().__iter__():
             if isinstance(batch, Uncollated):  # pinning was turned off after all
                 batch = batch.collated()

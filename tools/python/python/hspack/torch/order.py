@@ -87,10 +87,23 @@ def interleave_batches(seq: np.ndarray, workers: int, worker: int, batch_size: i
     return np.concatenate(idx) if idx else seq[:0]
 
 
-def world() -> tuple[int, int]:
-    """`(rank, world size)` of the default torch.distributed group, `(0, 1)` without one."""
-    import torch.distributed as dist
+def world(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
+    """`(rank, world size)`: the pair given, checked; with neither, the default
+    torch.distributed group's, `(0, 1)` without one. Refused: one of the two alone (the other
+    would silently default and every rank read the whole epoch), a world size below 1, a rank
+    outside `0 .. world_size - 1` (an empty or overlapping share)."""
+    if rank is None and world_size is None:
+        import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+        return 0, 1
+    if rank is None or world_size is None:
+        given, missing = ("rank", "world_size") if world_size is None else ("world_size", "rank")
+        raise ValueError(f"{given} given without {missing}: pass both (rank=r, world_size=n) or neither (both then come from torch.distributed)")
+    rank, world_size = int(rank), int(world_size)
+    if world_size < 1:
+        raise ValueError(f"world_size={world_size}: must be 1 or more (the number of ranks)")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank={rank} is not a rank of world_size={world_size}: pass a rank from 0 to {world_size - 1}")
+    return rank, world_size

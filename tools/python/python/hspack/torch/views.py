@@ -110,7 +110,8 @@ class Eagle3View:
     `input_ids [T]`, `loss_mask [T]`, `aux_hidden_state [T, sum of aux widths]` (the
     auxiliary layers concatenated on the last dim, shallowest first, e.g. `[T, 3H]`),
     `hidden_state [T, H]` (the target: final-norm state, else the deepest layer), and
-    `ordinal`.
+    `ordinal`. The dataset must hold the token ids (a `hspack.token_ids()` field; `check`);
+    without a loss mask field, the mask is all ones.
 
     `layout="specforge"` returns exactly what SpecForge's offline EAGLE-3 dataset item holds,
     ready for its padding collator and training loop: `input_ids [1, T]`,
@@ -140,13 +141,29 @@ class Eagle3View:
         self.max_len = max_len
         self.layout = layout
 
-    def _resolve(self, ds: Any) -> tuple[list[str], str, str | None, str | None]:
+    def _resolve(self, ds: Any) -> tuple[list[str], str, str, str | None]:
         aux, target = self.aux_fields, self.target_field
         if aux is None or target is None:
             a, t = eagle3_fields(ds.schema)
             aux = aux if aux is not None else a
             target = target if target is not None else t
-        return aux, target, _role_field(ds.schema, "token_ids"), _role_field(ds.schema, "loss_mask")
+        ids = _role_field(ds.schema, "token_ids")
+        if ids is None:
+            # Without them `input_ids` would be None, and the collate fail far from here.
+            raise make_error(
+                "BadOption",
+                f"option view: the EAGLE-3 view needs the token ids, and dataset {ds.path} has no token_ids field "
+                "(written from hspack.token_ids()); capture them with the hidden states, or read this dataset with view=None and the fields it has",
+                option="view",
+                path=ds.path,
+                field="token_ids",
+            )
+        return aux, target, ids, _role_field(ds.schema, "loss_mask")
+
+    def check(self, ds: Any) -> None:
+        """Refuses a dataset this view cannot serve (no token ids, no hidden states to
+        tell apart): the torch datasets call it when built, before any worker starts."""
+        self._resolve(ds)
 
     def __call__(self, ds: Any, ordinal: int) -> dict:
         import torch
@@ -154,7 +171,7 @@ class Eagle3View:
         aux, target, ids_field, mask_field = self._resolve(ds)
         by_name = {f["name"]: f for f in ds.schema}
         n = clip(int(ds.lengths[ordinal]), self.max_len)
-        small = [f for f in (ids_field, mask_field) if f is not None]
+        small = [ids_field] + ([mask_field] if mask_field is not None else [])
         if len(aux) == 1 and by_name[aux[0]]["role"].get("kind") == "hidden_states":
             parts = ds.read(ordinal, small + aux + [target], (0, n))
             # The width named, not -1: a sample of 0 tokens has no rows to infer it from.
@@ -173,7 +190,7 @@ class Eagle3View:
                 flat = out.view(-1).view(torch.uint8).numpy()
                 ds.native.read_concat_into(ordinal, aux, (0, n), flat)
             parts = ds.read(ordinal, small + [target], (0, n))
-        ids = parts[ids_field] if ids_field else None
+        ids = parts[ids_field]
         mask = parts[mask_field] if mask_field else torch.ones(n, dtype=torch.int64)
         if self.layout == "hspack":
             return {_VIEW["input_ids"]: ids, _VIEW["loss_mask"]: mask, _VIEW["aux"]: out, _VIEW["target"]: parts[target], "ordinal": ordinal}

@@ -1,0 +1,91 @@
+"""Where a rank stands in the run, and where each iteration starts: the one home of the
+rules for `set_epoch`, `load_state_dict` and a new iteration, shared by `HspackSampler`,
+`HspackIterableDataset` (which count samples) and `TokenBudgetBatchSampler` (batches).
+
+- `set_epoch(e)` starts epoch `e` from its beginning, except right after `load_state_dict`
+  of a state of epoch `e`: the restored position stands. So the resume pattern
+  `loader.load_state_dict(state)`, then `for epoch in range(state["epoch"], E):
+  loader.set_epoch(epoch); for batch in loader: ...` trains each sample once.
+- The first iteration after `load_state_dict` yields exactly what the saved epoch had left:
+  nothing when the state was saved at the epoch's end (the loop then moves to the next epoch).
+- Otherwise an iteration continues an epoch broken off midway (`break`, then `for` again:
+  exactly the rest), and starts a complete epoch again from its first sample, in the same
+  order (as torch's `DistributedSampler` without `set_epoch`): an epoch is never silently
+  empty. Call `set_epoch` each epoch for a new order.
+- `load_state_dict` refuses a state saved with another seed, world size or order option (the
+  epoch's order, hence what the consumed count covers, would differ: samples skipped or
+  repeated). A key the state lacks (states of earlier versions hold no order options, and
+  `TokenBudgetBatchSampler`'s no world size) is taken to match, as before.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import order as _order
+
+
+class Progress:
+    """`(epoch, consumed)` of this rank, and `fixed`: what the epoch's order depends on
+    (seed, world size, and the owner's `order` options), recorded in the state and checked
+    when loading one. Consumed counts samples or batches, as the owner advances it."""
+
+    def __init__(self, seed: int, rank: int | None, world_size: int | None, **order: Any):
+        # Resolved here, in the main process: DataLoader workers have no process group.
+        self.rank, self.world_size = _order.world(rank, world_size)
+        self.seed = seed
+        self.fixed = {"seed": seed, "world_size": self.world_size, **order}
+        self.epoch = 0
+        self.consumed = 0
+        # The position came from `load_state_dict`: no iteration has started from it, nor
+        # has consumption advanced since.
+        self.restored = False
+
+    def publish(self) -> None:
+        """Called after every change of the position; `_Epoch` shares it with workers."""
+
+    def set_epoch(self, epoch: int) -> None:
+        """Starts epoch `epoch` from its beginning, unless it is the epoch of a state just
+        loaded (see the module's rules)."""
+        epoch = int(epoch)
+        if not (self.restored and epoch == self.epoch):
+            self.epoch, self.consumed, self.restored = epoch, 0, False
+        self.publish()
+
+    def _start(self, total: int) -> int:
+        if self.restored or self.consumed < total:
+            return self.consumed
+        return 0  # the epoch is complete: it starts again
+
+    def begin(self, total: int) -> int:
+        """Where the iteration starting now begins, in an epoch of `total` (samples or
+        batches); recorded as the consumed count."""
+        self.consumed, self.restored = self._start(total), False
+        self.publish()
+        return self.consumed
+
+    def left(self, total: int) -> int:
+        """How many of `total` the next iteration yields."""
+        return max(0, total - self._start(total))
+
+    def advance(self, count: int) -> None:
+        """Records that the training loop consumed `count` more."""
+        self.consumed += int(count)
+        self.restored = False
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "consumed": self.consumed, "rank": self.rank, **self.fixed}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resumes: the next iteration yields exactly what the saved epoch had left. Refuses a
+        state whose order would differ (see the module's rules); the rank may differ (a
+        trainer may load rank 0's state on every rank)."""
+        for key, mine in self.fixed.items():
+            saved = state.get(key, mine)
+            if saved != mine:
+                raise ValueError(
+                    f"the state was saved with {key}={saved!r}, this run has {key}={mine!r}: the epoch order "
+                    f"would differ and samples be skipped or repeated; resume with the same {key}"
+                )
+        self.epoch, self.consumed, self.restored = int(state["epoch"]), int(state["consumed"]), True
+        self.publish()
