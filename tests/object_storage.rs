@@ -80,6 +80,7 @@ fn datasets_in_s3() {
     repair_replaces_what_is_damaged(&local);
     writers_write_into_s3(&local);
     a_writer_taken_over_cannot_commit();
+    a_lease_renewal_whose_response_was_lost_keeps_the_lease();
     killed_writers_lose_no_committed_sample();
     shared_writers_write_into_s3();
     convert_into_s3(tmp.path());
@@ -427,6 +428,34 @@ fn writers_write_into_s3(local: &str) {
 
 /// A writer whose lease was taken over (it hung past the lease's life) fails its next commit,
 /// and what it published is never listed; the new holder's samples are intact.
+/// A renewal of a writer's lease lands but its response is lost (a retried conditional put
+/// then fails on the version it moved): the writer finds its lease still its own and goes on
+/// committing.
+fn a_lease_renewal_whose_response_was_lost_keeps_the_lease() {
+    let url = "s3://hspack-test/renewed";
+    let storage = open_location(url).unwrap();
+    std::env::set_var("HSPACK_WRITER_LEASE_SECS", "3");
+    let mut w = DatasetWriter::create(url, capture_schema(HIDDEN as u64), options()).unwrap();
+    std::env::remove_var("HSPACK_WRITER_LEASE_SECS");
+    w.append("a", &as_fields(&sample(0))).unwrap();
+    w.commit().unwrap();
+    // What the lost renewal wrote: the same lease, expiring later, under a new version.
+    let lease = hspack::io::object_lease::LEASE_FILE;
+    let text = String::from_utf8(storage.read(lease).unwrap().unwrap()).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let at = v["expires_unix_ms"].as_u64().unwrap();
+    let renewed = text.replace(&at.to_string(), &(at + 2000).to_string());
+    storage
+        .replace(lease, renewed.as_bytes(), None, false)
+        .unwrap();
+    // The writer's next renewals (a second apart) run on the version it knew.
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    w.append("b", &as_fields(&sample(1))).unwrap();
+    w.commit().unwrap();
+    w.finish().unwrap();
+    assert_eq!(Dataset::open(url).unwrap().len(), 2);
+}
+
 fn a_writer_taken_over_cannot_commit() {
     let url = "s3://hspack-test/w";
     let storage = open_location(url).unwrap();

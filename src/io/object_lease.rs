@@ -383,7 +383,8 @@ fn put(
 }
 
 /// Rewrites the lease every third of `ttl` until stopped or lost. A failed renewal is tried
-/// again at the next tick; a lease another writer took over is marked lost.
+/// again at the next tick; a lease another writer took over, or a collection revoked, or
+/// that expired, is marked lost.
 fn renew_until_stopped(held: &Held, stopped: &mpsc::Receiver<()>, ttl: Duration) {
     loop {
         match stopped.recv_timeout(ttl / 3) {
@@ -404,10 +405,23 @@ fn renew_until_stopped(held: &Held, stopped: &mpsc::Receiver<()>, ttl: Duration)
                 *text = next;
                 *version = v;
             }
-            Ok(None) => {
-                held.lost.store(true, Ordering::SeqCst);
-                return;
-            }
+            // The version moved. A renewal whose response was lost (a retried put then finds
+            // its own write) moves it too: the lease, read again, is still this holder's.
+            Ok(None) => match read(&held.storage, &held.file) {
+                Ok(Some((found, v)))
+                    if found.token == text.token
+                        && found.revoked_unix_ms.is_none()
+                        && found.live() =>
+                {
+                    *text = found;
+                    *version = v;
+                }
+                Ok(_) => {
+                    held.lost.store(true, Ordering::SeqCst);
+                    return;
+                }
+                Err(_) => {}
+            },
             Err(_) => {}
         }
     }
