@@ -210,6 +210,18 @@ fn convert_crashed_at_every_failpoint_loses_no_sample() {
     eprintln!("convert failpoints: {hits} crashes, each checked and resumed");
 }
 
+/// A new dataset at `url` whose writer committed sample "first", and the options it has.
+fn committed_first(url: &str) -> (DatasetWriter, WriteOptions) {
+    let no_sync = WriteOptions {
+        durable: false,
+        ..options()
+    };
+    let mut w = DatasetWriter::create(url, capture_schema(HIDDEN as u64), no_sync.clone()).unwrap();
+    w.append("first", &as_fields(&sample(0))).unwrap();
+    w.commit().unwrap();
+    (w, no_sync)
+}
+
 /// A writer into S3 paused after publishing a shard and before listing it, while another
 /// writer takes its lease over (it hung past the lease's life) and removes that shard as a
 /// leftover: the paused writer's commit must then fail, never list the removed shard.
@@ -217,14 +229,7 @@ fn a_writer_taken_over_mid_commit_never_lists_a_removed_shard(moto: &common::mot
     moto.bucket("hspack-fence");
     let url = "s3://hspack-fence/ds";
     let storage = hspack::io::open_location(url).unwrap();
-    let no_sync = WriteOptions {
-        durable: false,
-        ..options()
-    };
-    let mut stale =
-        DatasetWriter::create(url, capture_schema(HIDDEN as u64), no_sync.clone()).unwrap();
-    stale.append("first", &as_fields(&sample(0))).unwrap();
-    stale.commit().unwrap();
+    let (mut stale, no_sync) = committed_first(url);
     stale.append("stale", &as_fields(&sample(1))).unwrap();
     let listed = || {
         Dataset::open(url)
@@ -259,10 +264,7 @@ fn a_writer_taken_over_mid_commit_never_lists_a_removed_shard(moto: &common::mot
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     // The lease, as another machine sees it once it expired; that machine's writer opens.
-    let expired = br#"{"token":"00","host":"elsewhere","pid":1,"expires_unix_ms":0}"#;
-    storage
-        .replace(hspack::io::object_lease::LEASE_FILE, expired, None, false)
-        .unwrap();
+    common::moto::expire_lease(&*storage, hspack::io::object_lease::LEASE_FILE, false);
     let mut next = DatasetWriter::open(url, capture_schema(HIDDEN as u64), no_sync).unwrap();
     assert_eq!(
         unlisted(&*storage),
@@ -296,14 +298,7 @@ fn a_writer_taken_over_mid_commit_never_lists_a_removed_shard(moto: &common::mot
 fn a_writer_taken_over_while_finishing_leaves_the_new_writers_files(moto: &common::moto::Moto) {
     moto.bucket("hspack-finish");
     let url = "s3://hspack-finish/ds";
-    let no_sync = WriteOptions {
-        durable: false,
-        ..options()
-    };
-    let mut stale =
-        DatasetWriter::create(url, capture_schema(HIDDEN as u64), no_sync.clone()).unwrap();
-    stale.append("first", &as_fields(&sample(0))).unwrap();
-    stale.commit().unwrap();
+    let (stale, no_sync) = committed_first(url);
 
     let _scenario = fail::FailScenario::setup();
     let taken = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -315,10 +310,7 @@ fn a_writer_taken_over_while_finishing_leaves_the_new_writers_files(moto: &commo
         // The lease, as another machine sees it once it expired; that machine's writer
         // opens and commits.
         let storage = hspack::io::open_location(url).unwrap();
-        let expired = br#"{"token":"00","host":"elsewhere","pid":1,"expires_unix_ms":0}"#;
-        storage
-            .replace(hspack::io::object_lease::LEASE_FILE, expired, None, false)
-            .unwrap();
+        common::moto::expire_lease(&*storage, hspack::io::object_lease::LEASE_FILE, false);
         let mut next =
             DatasetWriter::open(url, capture_schema(HIDDEN as u64), no_sync.clone()).unwrap();
         next.append("next", &as_fields(&sample(2))).unwrap();
@@ -372,8 +364,7 @@ fn a_collection_that_lost_its_lease_deletes_nothing_an_add_published_since(
     fail::cfg_callback("gc-index-replaced", move || {
         // The collection's lease, as another machine sees it once it expired.
         let locks = hspack::io::open_location(format!("{url}/locks")).unwrap();
-        let expired = br#"{"token":"00","host":"elsewhere","pid":1,"expires_unix_ms":0}"#;
-        locks.replace("gc.lease", expired, None, false).unwrap();
+        common::moto::expire_lease(&*locks, "gc.lease", false);
         let other = std::sync::Arc::new(Store::open(url).unwrap());
         hspack::transfer::add_to_store(&other, &new, "new", &|_| {}).unwrap();
         added_in_point.store(true, std::sync::atomic::Ordering::SeqCst);
@@ -389,18 +380,11 @@ fn a_collection_that_lost_its_lease_deletes_nothing_an_add_published_since(
     assert!(err.to_string().contains("lease"), "{err}");
 
     let stored = Dataset::open(format!("{url}/new")).unwrap();
-    let written = Dataset::open(t.path().join("new")).unwrap();
-    assert_eq!(stored.len(), 4);
-    for i in 0..4 {
-        let (a, b) = (stored.sample(i).unwrap(), written.sample(i).unwrap());
-        for f in 0..written.schema().fields.len() {
-            assert_eq!(
-                a.read_field(f, None).unwrap().bytes(),
-                b.read_field(f, None).unwrap().bytes(),
-                "sample {i} field {f}"
-            );
-        }
-    }
+    same_samples(
+        &Dataset::open(t.path().join("new")).unwrap(),
+        &stored,
+        |_| {},
+    );
     let report =
         hspack::verify::verify_dataset(&stored, VerifyOptions::default(), &|_| {}).unwrap();
     assert!(report.is_ok(), "{:?}", report.problems);
@@ -517,10 +501,7 @@ fn a_shared_writer_that_hung_past_its_commit_lease_never_commits(moto: &common::
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     // The commit lease, as another machine sees it once it expired.
-    let expired = br#"{"token":"00","host":"elsewhere","pid":1,"expires_unix_ms":0,"shared":true}"#;
-    storage
-        .replace(hspack::io::object_lease::LEASE_FILE, expired, None, false)
-        .unwrap();
+    common::moto::expire_lease(&*storage, hspack::io::object_lease::LEASE_FILE, true);
     // Another writer (a process of its own: the pause holds every thread of this one)
     // commits one sample.
     let tmp = tempfile::tempdir().unwrap();

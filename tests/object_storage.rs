@@ -462,10 +462,7 @@ fn a_writer_taken_over_cannot_commit() {
     let mut stale = DatasetWriter::open(url, capture_schema(HIDDEN as u64), options()).unwrap();
     stale.append("stale", &as_fields(&sample(100))).unwrap();
     // Its lease, as another machine sees it once it expired.
-    let expired = br#"{"token":"00","host":"elsewhere","pid":1,"expires_unix_ms":0}"#;
-    storage
-        .replace(hspack::io::object_lease::LEASE_FILE, expired, None, false)
-        .unwrap();
+    common::moto::expire_lease(&*storage, hspack::io::object_lease::LEASE_FILE, false);
     let mut next = DatasetWriter::open(url, capture_schema(HIDDEN as u64), options()).unwrap();
     next.append("next", &as_fields(&sample(101))).unwrap();
     next.commit().unwrap();
@@ -730,9 +727,7 @@ fn killed_copies_never_publish_a_partial_dataset(local: &str) {
         child.wait().unwrap();
         // A killed copy's lease on the destination stays until it expires (a minute): the
         // next copy is refused until then. Expired here, as a minute later.
-        let expired = br#"{"token":"00","host":"elsewhere","pid":1,"expires_unix_ms":0}"#;
-        dst.replace(hspack::io::object_lease::LEASE_FILE, expired, None, false)
-            .unwrap();
+        common::moto::expire_lease(&*dst, hspack::io::object_lease::LEASE_FILE, false);
         if dst.read("manifest.json").unwrap().is_some() {
             // Published: then every shard it lists is there and intact.
             assert_eq!(digest("s3://hspack-test/killed"), want, "round {round}");

@@ -92,12 +92,12 @@ pub fn copy(
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<CopyReport> {
     let manifest = src.manifest();
-    // A refusal sends nothing and leaves the destination as it was.
-    destination_manifest(src, dst, options.mode)?;
     dst.create_root()?;
     // The destination's writer lock, held until the manifest is published: a writer there
     // (or another copy) would otherwise race this one for its shard names, and this copy
-    // would remove a shard it had just published as one that is not listed.
+    // would remove a shard it had just published as one that is not listed. Taken before
+    // the destination's manifest is read; a refusal (only where a manifest is, so the folder
+    // was there) sends nothing.
     let _lock = dst.lock()?;
     let existing = destination_manifest(src, dst, options.mode)?;
     let present: HashSet<String> = dst.list()?.into_iter().collect();

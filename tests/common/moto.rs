@@ -96,3 +96,13 @@ fn unavailable(why: &str) -> Option<Moto> {
     eprintln!("NOT RUN: the S3 tests need a moto server: {why}");
     None
 }
+
+/// Replaces lease object `file` of `storage` with one that expired (`shared`: a shared
+/// writer's commit lease), as another machine sees a lease whose holder stopped renewing it:
+/// the next writer, add or collection takes it over.
+pub fn expire_lease(storage: &dyn hspack::io::Storage, file: &str, shared: bool) {
+    let text = format!(
+        r#"{{"token":"00","host":"elsewhere","pid":1,"expires_unix_ms":0,"shared":{shared}}}"#
+    );
+    storage.replace(file, text.as_bytes(), None, false).unwrap();
+}
