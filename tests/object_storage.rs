@@ -81,6 +81,7 @@ fn datasets_in_s3() {
     writers_write_into_s3(&local);
     a_writer_taken_over_cannot_commit();
     a_lease_renewal_whose_response_was_lost_keeps_the_lease();
+    lease_puts_whose_responses_were_lost(&moto);
     killed_writers_lose_no_committed_sample();
     shared_writers_write_into_s3();
     convert_into_s3(tmp.path());
@@ -456,6 +457,31 @@ fn a_lease_renewal_whose_response_was_lost_keeps_the_lease() {
     w.append("b", &as_fields(&sample(1))).unwrap();
     w.commit().unwrap();
     w.finish().unwrap();
+    assert_eq!(Dataset::open(url).unwrap().len(), 2);
+}
+
+/// The put that takes a writer's lease, and the one that releases it, land but their
+/// responses are lost (the client retries each, and the server refuses the retry, whose
+/// condition the landed put has changed): the writer finds the lease its own and writes, and
+/// the next writer gets in at once, not a lease's life later.
+fn lease_puts_whose_responses_were_lost(moto: &Moto) {
+    let url = "s3://hspack-test/lost";
+    let lease = hspack::io::object_lease::LEASE_FILE;
+    let proxy = FaultProxy::losing_responses(moto.port, &format!("PUT /hspack-test/lost/{lease} "));
+    let lost = || proxy.injected.load(std::sync::atomic::Ordering::SeqCst);
+    std::env::set_var("AWS_ENDPOINT_URL", proxy.endpoint());
+    proxy.lose(1);
+    let writer = DatasetWriter::create(url, capture_schema(HIDDEN as u64), options());
+    std::env::set_var("AWS_ENDPOINT_URL", moto.endpoint());
+    let mut writer = writer.unwrap();
+    assert_eq!(lost(), 1);
+    writer.append("a", &as_fields(&sample(0))).unwrap();
+    proxy.lose(1);
+    writer.finish().unwrap();
+    assert_eq!(lost(), 2);
+    let mut next = DatasetWriter::open(url, capture_schema(HIDDEN as u64), options()).unwrap();
+    next.append("b", &as_fields(&sample(1))).unwrap();
+    next.finish().unwrap();
     assert_eq!(Dataset::open(url).unwrap().len(), 2);
 }
 

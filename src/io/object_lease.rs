@@ -228,7 +228,14 @@ impl ObjectLease {
                 shared,
                 revoked_unix_ms: None,
             };
-            match put(storage, file, &text, mode)? {
+            // A put whose response was lost may have landed: refused when retried (it
+            // finds its own write), or failed in transit. The lease, read again, tells.
+            let put = match put(storage, file, &text, mode) {
+                Ok(Some(version)) => Some(version),
+                Ok(None) => landed(storage, file, &token)?,
+                Err(e) => Some(landed(storage, file, &token).ok().flatten().ok_or(e)?),
+            };
+            match put {
                 Some(version) => {
                     let state = Arc::new(Held {
                         storage: storage.clone(),
@@ -335,6 +342,14 @@ pub fn revoke_expired(storage: &ObjectStorage, file: &str) -> Result<Option<Erro
     }
 }
 
+/// The version of lease object `file` while it is the live, unrevoked lease of the holder
+/// with `token`; `None` when it is not (another holder's, expired, revoked or missing).
+fn landed(storage: &ObjectStorage, file: &str, token: &str) -> Result<Option<UpdateVersion>> {
+    Ok(read(storage, file)?.and_then(|(text, version)| {
+        (text.token == token && text.live() && text.revoked_unix_ms.is_none()).then_some(version)
+    }))
+}
+
 /// The lease object and its version, or `None` when there is none.
 fn read(storage: &ObjectStorage, file: &str) -> Result<Option<(LeaseText, UpdateVersion)>> {
     let Some((bytes, version)) = storage.read_versioned(file)? else {
@@ -407,16 +422,12 @@ fn renew_until_stopped(held: &Held, stopped: &mpsc::Receiver<()>, ttl: Duration)
             }
             // The version moved. A renewal whose response was lost (a retried put then finds
             // its own write) moves it too: the lease, read again, is still this holder's.
-            Ok(None) => match read(&held.storage, &held.file) {
-                Ok(Some((found, v)))
-                    if found.token == text.token
-                        && found.revoked_unix_ms.is_none()
-                        && found.live() =>
-                {
-                    *text = found;
+            Ok(None) => match landed(&held.storage, &held.file, &text.token) {
+                Ok(Some(v)) => {
+                    *text = next;
                     *version = v;
                 }
-                Ok(_) => {
+                Ok(None) => {
                     held.lost.store(true, Ordering::SeqCst);
                     return;
                 }
@@ -434,13 +445,7 @@ impl ObjectLease {
     pub fn confirm(&self) -> Result<()> {
         self.check()?;
         let held = &self.state;
-        let mine = match read(&held.storage, &held.file)? {
-            Some((text, _)) => {
-                text.token == self.token && text.live() && text.revoked_unix_ms.is_none()
-            }
-            None => false,
-        };
-        if !mine {
+        if landed(&held.storage, &held.file, &self.token)?.is_none() {
             held.lost.store(true, Ordering::SeqCst);
         }
         self.check()

@@ -28,17 +28,50 @@ pub struct FaultProxy {
     pub injected: Arc<AtomicU64>,
     on: Arc<AtomicBool>,
     stop: Arc<AtomicBool>,
+    losing: Option<Arc<Losing>>,
+}
+
+/// Requests whose response is lost: the server gets them and answers, the client sees its
+/// connection cut instead of the answer.
+struct Losing {
+    /// How such a request starts, e.g. `PUT /bucket/key `.
+    request: Vec<u8>,
+    /// How many more to lose.
+    left: AtomicU64,
 }
 
 impl FaultProxy {
     /// Proxies 127.0.0.1:`server`; about one connection direction in `one_in` gets a fault.
     pub fn start(server: u16, seed: u64, one_in: u64) -> FaultProxy {
+        FaultProxy::run(server, seed, one_in, None)
+    }
+
+    /// Proxies 127.0.0.1:`server` without faults, except for the requests starting with
+    /// `request` that [`FaultProxy::lose`] asks to lose the responses of.
+    pub fn losing_responses(server: u16, request: &str) -> FaultProxy {
+        let losing = Losing {
+            request: request.as_bytes().to_vec(),
+            left: AtomicU64::new(0),
+        };
+        FaultProxy::run(server, 1, u64::MAX, Some(Arc::new(losing)))
+    }
+
+    /// Loses the responses to the next `times` of the requests a
+    /// [`FaultProxy::losing_responses`] proxy watches for, once the server has answered them
+    /// (what a client sees when the network fails after its write landed).
+    pub fn lose(&self, times: u64) {
+        let losing = self.losing.as_ref().expect("a proxy losing responses");
+        losing.left.store(times, Ordering::SeqCst);
+    }
+
+    fn run(server: u16, seed: u64, one_in: u64, losing: Option<Arc<Losing>>) -> FaultProxy {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let injected = Arc::new(AtomicU64::new(0));
         let on = Arc::new(AtomicBool::new(true));
         let stop = Arc::new(AtomicBool::new(false));
         let (inj, on2, stop2) = (injected.clone(), on.clone(), stop.clone());
+        let watched = losing.clone();
         std::thread::spawn(move || {
             let mut rng = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
             for client in listener.incoming() {
@@ -75,8 +108,17 @@ impl FaultProxy {
                     }
                 }
                 let (c2, u2) = (client.try_clone().unwrap(), upstream.try_clone().unwrap());
-                std::thread::spawn(move || pump(client, upstream, up));
-                std::thread::spawn(move || pump(u2, c2, down));
+                let lose = Lose {
+                    watch: watched.clone(),
+                    armed: Arc::new(AtomicBool::new(false)),
+                    injected: inj.clone(),
+                };
+                let answer = Lose {
+                    watch: None,
+                    ..lose.clone()
+                };
+                std::thread::spawn(move || pump(client, upstream, up, lose));
+                std::thread::spawn(move || pump(u2, c2, down, answer));
             }
         });
         FaultProxy {
@@ -84,6 +126,7 @@ impl FaultProxy {
             injected,
             on,
             stop,
+            losing,
         }
     }
 
@@ -105,8 +148,41 @@ impl Drop for FaultProxy {
     }
 }
 
-/// Copies `from` to `to`, applying `fault`; closes both when either side ends.
-fn pump(mut from: TcpStream, mut to: TcpStream, fault: Fault) {
+/// One connection's lost responses: the request direction watches for a request to lose
+/// (`watch`) and arms the connection; the answer direction, once armed, cuts it.
+#[derive(Clone)]
+struct Lose {
+    watch: Option<Arc<Losing>>,
+    armed: Arc<AtomicBool>,
+    injected: Arc<AtomicU64>,
+}
+
+impl Lose {
+    /// Whether the bytes `from` has just read cut the connection here.
+    fn cuts(&self, chunk: &[u8]) -> bool {
+        match &self.watch {
+            Some(losing) => {
+                let asked = chunk.starts_with(&losing.request)
+                    && losing
+                        .left
+                        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                        .is_ok();
+                if asked {
+                    self.armed.store(true, Ordering::SeqCst);
+                }
+                false
+            }
+            None if self.armed.load(Ordering::SeqCst) => {
+                self.injected.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// Copies `from` to `to`, applying `fault` and `lose`; closes both when either side ends.
+fn pump(mut from: TcpStream, mut to: TcpStream, fault: Fault, lose: Lose) {
     let mut buf = vec![0u8; 16 << 10];
     let mut pos = 0u64;
     let mut stalled = false;
@@ -116,6 +192,9 @@ fn pump(mut from: TcpStream, mut to: TcpStream, fault: Fault) {
             Ok(n) => n,
         };
         let chunk = &mut buf[..n];
+        if lose.cuts(chunk) {
+            break;
+        }
         let end = pos + n as u64;
         match fault {
             Fault::Flip(at) if (pos..end).contains(&at) => chunk[(at - pos) as usize] ^= 0x20,
