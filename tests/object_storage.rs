@@ -81,7 +81,7 @@ fn datasets_in_s3() {
     writers_write_into_s3(&local);
     a_writer_taken_over_cannot_commit();
     a_lease_renewal_whose_response_was_lost_keeps_the_lease();
-    lease_puts_whose_responses_were_lost(&moto);
+    puts_whose_responses_were_lost(&moto);
     killed_writers_lose_no_committed_sample();
     shared_writers_write_into_s3();
     convert_into_s3(tmp.path());
@@ -460,29 +460,41 @@ fn a_lease_renewal_whose_response_was_lost_keeps_the_lease() {
     assert_eq!(Dataset::open(url).unwrap().len(), 2);
 }
 
-/// The put that takes a writer's lease, and the one that releases it, land but their
-/// responses are lost (the client retries each, and the server refuses the retry, whose
-/// condition the landed put has changed): the writer finds the lease its own and writes, and
+/// Puts that land but whose responses are lost (the client retries each, and the server
+/// refuses the retry, whose condition the landed put has changed): the one that takes a
+/// writer's lease, those that publish a commit's new files, and the one that releases the
+/// lease. The writer finds the lease its own and its files in place, every commit lands, and
 /// the next writer gets in at once, not a lease's life later.
-fn lease_puts_whose_responses_were_lost(moto: &Moto) {
+fn puts_whose_responses_were_lost(moto: &Moto) {
     let url = "s3://hspack-test/lost";
-    let lease = hspack::io::object_lease::LEASE_FILE;
-    let proxy = FaultProxy::losing_responses(moto.port, &format!("PUT /hspack-test/lost/{lease} "));
+    let lease = format!(
+        "PUT /hspack-test/lost/{}",
+        hspack::io::object_lease::LEASE_FILE
+    );
+    let proxy = FaultProxy::losing_responses(moto.port);
     let lost = || proxy.injected.load(std::sync::atomic::Ordering::SeqCst);
     std::env::set_var("AWS_ENDPOINT_URL", proxy.endpoint());
-    proxy.lose(1);
+    proxy.lose(&lease, 1);
     let writer = DatasetWriter::create(url, capture_schema(HIDDEN as u64), options());
     std::env::set_var("AWS_ENDPOINT_URL", moto.endpoint());
     let mut writer = writer.unwrap();
     assert_eq!(lost(), 1);
-    writer.append("a", &as_fields(&sample(0))).unwrap();
-    proxy.lose(1);
+    for (i, key) in ["a", "b"].iter().enumerate() {
+        writer.append(key, &as_fields(&sample(i as u64))).unwrap();
+        proxy.lose("PUT /hspack-test/lost/", 3);
+        writer.commit().unwrap();
+        assert_eq!(lost(), 4 + 3 * i as u64);
+    }
+    proxy.lose(&lease, 1);
     writer.finish().unwrap();
-    assert_eq!(lost(), 2);
+    assert_eq!(lost(), 8);
     let mut next = DatasetWriter::open(url, capture_schema(HIDDEN as u64), options()).unwrap();
-    next.append("b", &as_fields(&sample(1))).unwrap();
+    next.append("c", &as_fields(&sample(2))).unwrap();
     next.finish().unwrap();
-    assert_eq!(Dataset::open(url).unwrap().len(), 2);
+    let ds = Dataset::open(url).unwrap();
+    assert_eq!(ds.len(), 3);
+    let report = verify_dataset(&ds, VerifyOptions::default(), &|_| {}).unwrap();
+    assert!(report.is_ok(), "{:?}", report.problems);
 }
 
 fn a_writer_taken_over_cannot_commit() {

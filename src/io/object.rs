@@ -655,7 +655,8 @@ impl NewFile for ObjectNewFile {
         }
         let store = self.storage.store()?;
         let path = self.storage.object(name);
-        let payload = PutPayload::from(std::mem::take(&mut self.buf));
+        let bytes = bytes::Bytes::from(std::mem::take(&mut self.buf));
+        let payload = PutPayload::from(bytes.clone());
         let put = self.storage.run(name, "publish", async {
             store
                 .put_opts(&path, payload, PutOptions::from(PutMode::Create))
@@ -663,6 +664,13 @@ impl NewFile for ObjectNewFile {
         })?;
         match put {
             Ok(_) => Ok(()),
+            // A put whose response was lost, retried, finds its own object: what is there
+            // decides.
+            Err(e)
+                if is_conflict(&e) && self.storage.read(name)?.as_deref() == Some(&bytes[..]) =>
+            {
+                Ok(())
+            }
             Err(e) if is_conflict(&e) => Err(Error::CommitConflict {
                 path: shown,
                 detail: "an object with this name exists already".into(),

@@ -35,7 +35,7 @@ pub struct FaultProxy {
 /// connection cut instead of the answer.
 struct Losing {
     /// How such a request starts, e.g. `PUT /bucket/key `.
-    request: Vec<u8>,
+    request: std::sync::Mutex<Vec<u8>>,
     /// How many more to lose.
     left: AtomicU64,
 }
@@ -46,21 +46,22 @@ impl FaultProxy {
         FaultProxy::run(server, seed, one_in, None)
     }
 
-    /// Proxies 127.0.0.1:`server` without faults, except for the requests starting with
-    /// `request` that [`FaultProxy::lose`] asks to lose the responses of.
-    pub fn losing_responses(server: u16, request: &str) -> FaultProxy {
+    /// Proxies 127.0.0.1:`server` without faults, except for the requests whose responses
+    /// [`FaultProxy::lose`] asks to lose.
+    pub fn losing_responses(server: u16) -> FaultProxy {
         let losing = Losing {
-            request: request.as_bytes().to_vec(),
+            request: Default::default(),
             left: AtomicU64::new(0),
         };
         FaultProxy::run(server, 1, u64::MAX, Some(Arc::new(losing)))
     }
 
-    /// Loses the responses to the next `times` of the requests a
-    /// [`FaultProxy::losing_responses`] proxy watches for, once the server has answered them
-    /// (what a client sees when the network fails after its write landed).
-    pub fn lose(&self, times: u64) {
+    /// Loses the responses to the next `times` requests that start with `request` (such as
+    /// `PUT /bucket/key`), once the server has answered them: what a client sees when the
+    /// network fails after its write landed. For a [`FaultProxy::losing_responses`] proxy.
+    pub fn lose(&self, request: &str, times: u64) {
         let losing = self.losing.as_ref().expect("a proxy losing responses");
+        *losing.request.lock().unwrap() = request.as_bytes().to_vec();
         losing.left.store(times, Ordering::SeqCst);
     }
 
@@ -162,7 +163,7 @@ impl Lose {
     fn cuts(&self, chunk: &[u8]) -> bool {
         match &self.watch {
             Some(losing) => {
-                let asked = chunk.starts_with(&losing.request)
+                let asked = chunk.starts_with(&losing.request.lock().unwrap())
                     && losing
                         .left
                         .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
