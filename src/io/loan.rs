@@ -141,6 +141,8 @@ impl Loan {
             .checked_add(len)
             .is_none_or(|end| end > region.data_len())
         {
+            // Refused, the loan ends here: the owner may reuse its region.
+            region.end_loan();
             return Err(std::io::Error::other(
                 "range past the end of the shared region",
             ));
@@ -385,8 +387,15 @@ mod tests {
             "no magic"
         );
         let region = SharedRegion::create(MIB).unwrap();
+        region.lend();
+        region.lend();
         assert!(receive(&region, MIB, 1).is_err(), "past the end");
         assert!(receive(&region, usize::MAX, 2).is_err());
+        assert_eq!(
+            region.loans(),
+            0,
+            "a refused loan ends: the owner may reuse it"
+        );
         let other = Loan::receive(me, region.fd().unwrap(), id, 0, 1).unwrap_err();
         assert!(
             other
