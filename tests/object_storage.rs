@@ -1023,4 +1023,29 @@ fn stores_in_s3(local: &str, tmp: &Path) {
         "{}",
         said(&v)
     );
+
+    // A reader reads on while a collection rewrites the packs its samples are in: the same
+    // samples in other shards (their payloads those of `b`'s packs), read from a handle opened
+    // before `b` went.
+    let resharded = tmp.join("resharded");
+    let mut rw = DatasetWriter::create(
+        &resharded,
+        capture_schema(HIDDEN as u64),
+        WriteOptions {
+            shard_samples: 3,
+            ..options()
+        },
+    )
+    .unwrap();
+    for i in 0..src.len() {
+        rw.append(&format!("s{i}"), &as_fields(&sample(i))).unwrap();
+    }
+    rw.finish().unwrap();
+    hspack::transfer::add_to_store(&store, &Dataset::open(&resharded).unwrap(), "c", &|_| {})
+        .unwrap();
+    let reader = Dataset::open(format!("{url}/c")).unwrap();
+    store.remove("b").unwrap();
+    let r = gc::collect(&store, true).unwrap();
+    assert!(r.packs_rewritten > 0, "{r:?}");
+    same_samples(&src, &reader, |_| {});
 }

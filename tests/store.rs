@@ -267,6 +267,42 @@ fn gc_frees_what_no_dataset_references_and_keeps_the_rest() {
     );
 }
 
+/// A trainer reads a stored dataset on while `store gc` rewrites the packs its samples are in
+/// (another dataset that shared them went): the reader, opened before, finds every blob where
+/// the collection moved it.
+#[test]
+fn a_reader_opened_before_a_collection_rewrote_its_packs_reads_on() {
+    let t = tempfile::tempdir().unwrap();
+    let store_dir = t.path().join("store");
+    let (a, b) = (t.path().join("a"), t.path().join("b"));
+    write_plain(&a, 12, 1);
+    // The same samples in other shards: its shards' skeletons are its own, their payloads a's.
+    let mut w = DatasetWriter::create(
+        &b,
+        capture_schema(64),
+        WriteOptions {
+            shard_samples: 2,
+            ..small_options()
+        },
+    )
+    .unwrap();
+    let source = Dataset::open(&a).unwrap();
+    for i in 0..source.len() {
+        let smp = capture_sample(1 + i * 10, 3 + (i as usize * 7) % 40, 64);
+        w.append(&format!("s{i}"), &as_fields(&smp)).unwrap();
+    }
+    w.finish().unwrap();
+    let store = Arc::new(Store::init(&store_dir).unwrap());
+    add(&store, &source, "a", &|_| {}).unwrap();
+    let (_, stats) = add(&store, &Dataset::open(&b).unwrap(), "b", &|_| {}).unwrap();
+    assert!(stats.blobs_found > 0, "{stats:?}");
+    let reader = Dataset::open(store_dir.join("b")).unwrap();
+    store.remove("a").unwrap();
+    let r = gc::collect(&store, false).unwrap();
+    assert!(r.packs_rewritten > 0, "{r:?}");
+    same_samples(&Dataset::open(&b).unwrap(), &reader, |_| {});
+}
+
 #[test]
 fn killing_gc_while_a_writer_adds_loses_no_committed_chunk() {
     let t = tempfile::tempdir().unwrap();

@@ -64,6 +64,8 @@ pub struct Store {
     staging: Arc<LocalStorage>,
     locks: Locks,
     open_packs: Mutex<HashMap<[u8; 16], Arc<dyn FileReader>>>,
+    /// The index as last read to find blobs a collection moved ([`Store::with_moved`]).
+    latest_index: Mutex<Option<Arc<BlobIndex>>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -221,6 +223,7 @@ impl Store {
             staging: Arc::new(LocalStorage::new(staging)),
             locks,
             open_packs: Mutex::new(HashMap::new()),
+            latest_index: Mutex::new(None),
         })
     }
 
@@ -330,6 +333,33 @@ impl Store {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clear();
+    }
+
+    /// `read` of the blob at `at`, found before a collection may have moved it (copied into
+    /// a new pack, and deleted its pack): where `read` fails there, the blob is looked up in
+    /// the index as last read, then as read now, and read where it is now. The error of the
+    /// first read stands when the index has it nowhere else, or reading there fails too.
+    pub fn with_moved<T>(&self, at: &Location, read: impl Fn(&Location) -> Result<T>) -> Result<T> {
+        let first = match read(at) {
+            Ok(v) => return Ok(v),
+            Err(e) => e,
+        };
+        let latest = || self.latest_index.lock().unwrap_or_else(|p| p.into_inner());
+        let known = latest().clone();
+        let now = || -> Result<Arc<BlobIndex>> {
+            let index = Arc::new(self.index()?);
+            *latest() = Some(Arc::clone(&index));
+            Ok(index)
+        };
+        let indexes = known.map(Ok).into_iter().chain(std::iter::once_with(now));
+        for index in indexes {
+            let Ok(index) = index else { break };
+            let moved = index.find(&at.blob.id).filter(|m| m.pack != at.pack);
+            if let Some(Ok(v)) = moved.map(|m| read(&m)) {
+                return Ok(v);
+            }
+        }
+        Err(first)
     }
 
     /// The stored bytes of the blob at `at` (zero-copy where the pack is mapped), unchecked.

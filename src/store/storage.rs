@@ -262,8 +262,10 @@ struct StoreFile {
 }
 
 impl StoreFile {
+    /// Bytes `range` of the blob at `at`, or where a collection moved it since this file was
+    /// opened (a trainer reads on while `store gc` runs).
     fn blob_range(&self, at: &Location, range: Range<u64>) -> Result<FileBytes> {
-        match at.blob.codec {
+        self.store.with_moved(at, |at| match at.blob.codec {
             BlobCodec::None => self
                 .store
                 .pack(&at.pack)?
@@ -274,7 +276,7 @@ impl StoreFile {
                     .slice(range.start as usize..range.end as usize)
                     .expect("inside the blob"))
             }
-        }
+        })
     }
 
     /// Bytes `range` of piece `i` (the range inside it).
