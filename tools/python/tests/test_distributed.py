@@ -34,3 +34,66 @@ def test_two_ranks_partition_the_epoch(eagle_path, tmp_path):
     assert not set(a.tolist()) & set(b.tolist())
     assert sorted(a.tolist() + b.tolist()) == list(range(37))
     assert os.path.exists(out)
+
+
+def _rank_opening_around_a_commit(rank: int, path: str, init: str, out: str) -> None:
+    """Rank 0 opens the dataset before a commit adds a shard, rank 1 after it; then each
+    orders its share with the sampler, the token-budget sampler and the iterable dataset
+    (rank 1 builds the iterable after a second commit, while rank 0 waits in it)."""
+    import threading
+    import time
+
+    from conftest import write_eagle
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    from hspack.torch import HspackDataset, HspackIterableDataset, HspackSampler, TokenBudgetBatchSampler
+
+    if rank == 0:
+        ds = HspackDataset(path, ["input_ids"])
+    dist.barrier()
+    if rank == 0:
+        write_eagle(path, 39, first=26, shard_samples=13)
+    dist.barrier()
+    if rank == 1:
+        ds = HspackDataset(path, ["input_ids"])
+    seen = {"sampler": list(HspackSampler(ds, seed=3))}
+    seen["tokens"] = [i for b in TokenBudgetBatchSampler(ds, max_tokens=64, seed=3) for i in b]
+    flag = f"{out}.committed"
+    if rank == 0:
+        def commit_later() -> None:
+            time.sleep(2)  # rank 0 has opened its iterable dataset and waits in it
+            write_eagle(path, 52, first=39, shard_samples=13)
+            open(flag, "w").close()
+
+        later = threading.Thread(target=commit_later)
+        later.start()
+    else:
+        while not os.path.exists(flag):
+            time.sleep(0.05)
+    it = HspackIterableDataset(path, ["input_ids"], seed=3)
+    seen["iterable"] = [int(s["ordinal"]) for s in it]
+    if rank == 0:
+        later.join()
+    everyone: list = [None, None]
+    dist.all_gather_object(everyone, seen)
+    if rank == 0:
+        torch.save(everyone, out)
+    dist.destroy_process_group()
+
+
+def test_ranks_that_opened_the_dataset_before_and_after_a_commit_order_the_same_samples(tmp_path):
+    """A capture commits while the ranks of a job open the dataset: every rank orders the
+    samples all of them opened (the first ones, which a commit only appends to), so together
+    they read each of those once; without agreeing, the rank that opened later ordered more
+    samples, reading some twice and skipping others."""
+    from conftest import write_eagle
+
+    path = str(tmp_path / "ds")
+    write_eagle(path, 26, shard_samples=13)
+    init = f"file://{tmp_path}/rendezvous"
+    out = str(tmp_path / "seen.pt")
+    mp.spawn(_rank_opening_around_a_commit, args=(path, init, out), nprocs=2, join=True)
+    a, b = torch.load(out)
+    assert sorted(a["sampler"] + b["sampler"]) == list(range(26))
+    assert sorted(a["tokens"] + b["tokens"]) == list(range(26))
+    assert sorted(a["iterable"] + b["iterable"]) == list(range(39))

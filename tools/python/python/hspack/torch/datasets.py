@@ -2,7 +2,9 @@
 for streaming. Both pickle as path and options and reopen the mapping lazily in each
 DataLoader worker (fork or spawn). The rank and world size come from `torch.distributed`
 when the sampler or iterable dataset is built (build it after `init_process_group`), or are
-given explicitly, both of them. Resume and the start of each epoch: `hspack.torch.progress`."""
+given explicitly, both of them. With the ranks of torch.distributed, building a sampler or an
+iterable dataset is a collective: the ranks agree on the samples to order, those every rank
+opened (`order.agreed`). Resume and the start of each epoch: `hspack.torch.progress`."""
 
 from __future__ import annotations
 
@@ -212,8 +214,8 @@ class HspackSampler(tud.Sampler):
 
     def __init__(self, dataset: Any, *, shuffle: bool = True, seed: int = 0, block_size: int = 64, window_blocks: int = 16, drop_last: bool = False, pad: bool = False, rank: int | None = None, world_size: int | None = None):
         ds = dataset.hspack if hasattr(dataset, "hspack") else dataset
-        self.shard_ranges = ds.shard_ranges
-        self.state = _Epoch(shuffle, seed, block_size, window_blocks, drop_last, pad, rank, world_size, len(ds))
+        self.shard_ranges = _order.agreed(ds.path, ds.shard_ranges, rank, world_size)
+        self.state = _Epoch(shuffle, seed, block_size, window_blocks, drop_last, pad, rank, world_size, _order.samples(self.shard_ranges))
 
     def __iter__(self) -> Iterator[int]:
         order = self.state.rank_order(self.shard_ranges)
@@ -258,10 +260,11 @@ class HspackIterableDataset(_Reopening, tud.IterableDataset):
         self._make_memo()
         self._release_received_when_collected()
         ds = self._open()
-        # The dataset as this process opened it: every worker orders these samples, even one
-        # that reopens it (spawned) after a writer committed more.
-        self.shard_ranges = ds.shard_ranges
-        self.state = _Epoch(shuffle, seed, block_size, window_blocks, drop_last, pad, rank, world_size, len(ds))
+        # The dataset as this process opened it (as every rank did: `order.agreed`): every
+        # worker orders these samples, even one that reopens it (spawned) after a writer
+        # committed more.
+        self.shard_ranges = _order.agreed(ds.path, ds.shard_ranges, rank, world_size)
+        self.state = _Epoch(shuffle, seed, block_size, window_blocks, drop_last, pad, rank, world_size, _order.samples(self.shard_ranges))
 
     def _total(self) -> int:
         return len(self.state.rank_order(self.shard_ranges))

@@ -107,3 +107,33 @@ def world(rank: int | None = None, world_size: int | None = None) -> tuple[int, 
     if not 0 <= rank < world_size:
         raise ValueError(f"rank={rank} is not a rank of world_size={world_size}: pass a rank from 0 to {world_size - 1}")
     return rank, world_size
+
+
+def samples(shard_ranges: Sequence[tuple[int, int]]) -> int:
+    """The samples of `shard_ranges` (ordinals `0 ..` this)."""
+    return sum(int(count) for _, count in shard_ranges)
+
+
+def agreed(path: str, shard_ranges: Sequence[tuple[int, int]], rank: int | None = None, world_size: int | None = None) -> list[tuple[int, int]]:
+    """The shards of dataset `path` that every rank orders. With the ranks of torch.distributed (`rank` and
+    `world_size` not given), the first shards that every rank's dataset holds: a capture that
+    commits while the ranks open the dataset makes ranks that opened it later see more
+    (appended) shards, and ranks ordering different samples would read some twice and skip
+    others. A collective (every rank builds its sampler or dataset, as DDP scripts do).
+    Refused when the ranks' first shards differ (the dataset was rewritten between their
+    opens). Given `rank` and `world_size`: `shard_ranges` as it is (the caller agrees)."""
+    ranges = [(int(a), int(b)) for a, b in shard_ranges]
+    if rank is not None or world_size is not None:
+        return ranges
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return ranges
+    everyone: list = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, ranges)
+    n = min(len(r) for r in everyone)
+    if any(r[:n] != ranges[:n] for r in everyone):
+        from .._errors import make_error
+
+        raise make_error("Io", f"{path}: the ranks opened different datasets (their first shards differ: it was rewritten between their opens, or they name other folders); make the dataset objects again", path=path)
+    return ranges[:n]
