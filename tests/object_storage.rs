@@ -81,7 +81,7 @@ fn datasets_in_s3() {
     writers_write_into_s3(&local);
     a_writer_taken_over_cannot_commit();
     a_lease_renewal_whose_response_was_lost_keeps_the_lease();
-    puts_whose_responses_were_lost(&moto);
+    puts_whose_responses_were_lost(&moto, &local);
     killed_writers_lose_no_committed_sample();
     shared_writers_write_into_s3();
     convert_into_s3(tmp.path());
@@ -465,7 +465,7 @@ fn a_lease_renewal_whose_response_was_lost_keeps_the_lease() {
 /// writer's lease, those that publish a commit's new files, and the one that releases the
 /// lease. The writer finds the lease its own and its files in place, every commit lands, and
 /// the next writer gets in at once, not a lease's life later.
-fn puts_whose_responses_were_lost(moto: &Moto) {
+fn puts_whose_responses_were_lost(moto: &Moto, local: &str) {
     let url = "s3://hspack-test/lost";
     let lease = format!(
         "PUT /hspack-test/lost/{}",
@@ -495,6 +495,28 @@ fn puts_whose_responses_were_lost(moto: &Moto) {
     assert_eq!(ds.len(), 3);
     let report = verify_dataset(&ds, VerifyOptions::default(), &|_| {}).unwrap();
     assert!(report.is_ok(), "{:?}", report.problems);
+
+    // A store: the replacement of its `index.json` by an add (over the version read).
+    let store_url = "s3://hspack-test/lost-store";
+    std::env::set_var("AWS_ENDPOINT_URL", proxy.endpoint());
+    let store = hspack::store::Store::init(store_url).map(Arc::new);
+    std::env::set_var("AWS_ENDPOINT_URL", moto.endpoint());
+    let store = store.unwrap();
+    hspack::transfer::add_to_store(&store, &ds, "x", &|_| {}).unwrap();
+    proxy.lose("PUT /hspack-test/lost-store/index.json", 1);
+    let src = Dataset::open(local).unwrap();
+    hspack::transfer::add_to_store(&store, &src, "y", &|_| {}).unwrap();
+    assert_eq!(lost(), 9);
+    same_samples(
+        &src,
+        &Dataset::open(format!("{store_url}/y")).unwrap(),
+        |_| {},
+    );
+    same_samples(
+        &ds,
+        &Dataset::open(format!("{store_url}/x")).unwrap(),
+        |_| {},
+    );
 }
 
 fn a_writer_taken_over_cannot_commit() {

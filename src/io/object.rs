@@ -380,6 +380,9 @@ impl Storage for ObjectStorage {
         })?;
         match put {
             Ok(_) => Ok(()),
+            // A put whose response was lost may have landed (its retry is then refused on the
+            // condition the landed put changed): what is there decides.
+            Err(_) if self.read(name).ok().flatten().as_deref() == Some(bytes) => Ok(()),
             Err(e) if is_conflict(&e) => Err(conflict("it changed while it was being replaced")),
             Err(e) => Err(object_error(&shown, "replace", e)),
         }
