@@ -27,6 +27,7 @@ pub const ALL: &[&str] = &[
     "convert-committed",
     "convert-source-deleted",
     "gc-index-replaced",
+    "store-index-read",
 ];
 
 /// Ends the process at failpoint `name`, saying so on stderr first.

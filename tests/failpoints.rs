@@ -127,9 +127,9 @@ fn crash_point(stderr: &[u8]) -> Option<String> {
 
 #[test]
 fn a_writer_crashed_at_every_failpoint_loses_no_committed_sample() {
-    let writer_points = ALL
-        .iter()
-        .filter(|p| !p.starts_with("convert-") && !p.starts_with("gc-"));
+    let writer_points = ALL.iter().filter(|p| {
+        !p.starts_with("convert-") && !p.starts_with("gc-") && !p.starts_with("store-")
+    });
     let mut hits = 0;
     for point in writer_points {
         for &pass in passes(point) {
@@ -182,8 +182,11 @@ fn convert_crashed_at_every_failpoint_loses_no_sample() {
     let mut hits = 0;
     // Leftovers are removed on reopen after a crash, and segments merged every 8 commits
     // (convert commits fewer here): the writer test crosses those points.
-    let crossed =
-        |p: &&&str| !["leftover-removed", "segments-merged"].contains(*p) && !p.starts_with("gc-");
+    let crossed = |p: &&&str| {
+        !["leftover-removed", "segments-merged"].contains(*p)
+            && !p.starts_with("gc-")
+            && !p.starts_with("store-")
+    };
     for point in ALL.iter().filter(crossed) {
         for &pass in passes(point).iter().take(2) {
             let t = tempfile::tempdir().unwrap();
@@ -391,6 +394,107 @@ fn a_collection_that_lost_its_lease_deletes_nothing_an_add_published_since(
     // The next collection, holding its lease, frees the garbage and keeps the new dataset.
     gc::collect(&store, false).unwrap();
     assert_eq!(Dataset::open(format!("{url}/new")).unwrap().len(), 4);
+}
+
+/// A reader opens a store's blob index while an add (another process) merges the runs the
+/// index listed and deletes them: the reader, which had read `index.json` before, reads it
+/// again and opens the runs that replaced them, instead of failing on a missing run.
+#[test]
+fn a_reader_opening_the_index_while_an_add_merges_its_runs_reads_the_new_index() {
+    use hspack::store::index::{IndexRoot, INDEX_ROOT};
+    use hspack::store::Store;
+    let t = tempfile::tempdir().unwrap();
+    let store_dir = t.path().join("store");
+    let cli = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_hspack"))
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let datasets: Vec<String> = (0..4u64)
+        .map(|d| {
+            let dir = t.path().join(format!("d{d}"));
+            let mut w =
+                DatasetWriter::create(&dir, capture_schema(HIDDEN as u64), options()).unwrap();
+            for i in 0..6 {
+                w.append(&format!("d{d}-{i}"), &as_fields(&sample(100 * d + i)))
+                    .unwrap();
+            }
+            w.finish().unwrap();
+            dir.to_str().unwrap().to_string()
+        })
+        .collect();
+    let store = store_dir.to_str().unwrap().to_string();
+    cli(&["store", "init", &store]);
+    cli(&["store", "add", &store, &datasets[0], "--name", "d0"]);
+    let runs_listed = {
+        let root = store_dir.clone();
+        move || {
+            let bytes = std::fs::read(root.join(INDEX_ROOT)).unwrap();
+            IndexRoot::decode(&bytes)
+                .unwrap()
+                .runs
+                .into_iter()
+                .map(|r| r.file)
+        }
+    };
+    let _scenario = fail::FailScenario::setup();
+    let merged = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let merged_in_point = merged.clone();
+    let (store_in_point, datasets_in_point) = (store.clone(), datasets.clone());
+    let root = store_dir.clone();
+    let reader = std::thread::current().id();
+    fail::cfg_callback("store-index-read", move || {
+        if std::thread::current().id() != reader
+            || merged_in_point.swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            return;
+        }
+        // Adds until one of the runs the reader is about to open is gone.
+        let read: Vec<String> = runs_listed().collect();
+        for (d, dataset) in datasets_in_point.iter().enumerate().skip(1) {
+            let name = format!("d{d}");
+            let out = Command::new(env!("CARGO_BIN_EXE_hspack"))
+                .args(["store", "add", &store_in_point, dataset, "--name", &name])
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            if read.iter().any(|f| !root.join(f).exists()) {
+                return;
+            }
+        }
+        panic!("no add merged the runs read");
+    })
+    .unwrap();
+    let index = Store::open(&store_dir).unwrap().index();
+    fail::remove("store-index-read");
+    assert!(
+        merged.load(std::sync::atomic::Ordering::SeqCst),
+        "never reached"
+    );
+    let index = index.unwrap();
+    assert!(index.runs().len() < 8, "{} runs", index.runs().len());
+    let store = Store::open(&store_dir).unwrap();
+    let names = store.names().unwrap();
+    for (d, dataset) in datasets.iter().enumerate() {
+        let name = format!("d{d}");
+        if names.contains(&name) {
+            same_samples(
+                &Dataset::open(dataset).unwrap(),
+                &Dataset::open(store_dir.join(&name)).unwrap(),
+                |_| {},
+            );
+        }
+    }
 }
 
 /// The races staged against object storage, on one S3 server: its address is in this

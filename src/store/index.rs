@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::failpoint::failpoint;
 use crate::format::manifest::hex;
 use crate::format::FormatError;
 use crate::io::{FileBytes, Storage};
@@ -448,28 +449,44 @@ pub struct BlobIndex {
 impl BlobIndex {
     /// Reads `index.json` and opens its runs, each checked against its record.
     pub fn open(storage: &dyn Storage) -> Result<Self> {
-        let Some(bytes) = storage.read(INDEX_ROOT)? else {
+        let mut retries = 0;
+        loop {
+            let Some(bytes) = storage.read(INDEX_ROOT)? else {
+                return Ok(BlobIndex {
+                    root: IndexRoot::empty(),
+                    root_hash: None,
+                    runs: Vec::new(),
+                });
+            };
+            let root = IndexRoot::decode(&bytes).map_err(|source| Error::Format {
+                path: storage.path(INDEX_ROOT),
+                source,
+            })?;
+            failpoint!("store-index-read");
+            let runs = match root
+                .runs
+                .iter()
+                .map(|r| open_run_once(storage, r))
+                .collect::<Result<Vec<_>>>()
+            {
+                Ok(runs) => runs,
+                // A run that an add merged, or a collection dropped, once `index.json` was
+                // read: the index read again lists what replaced it.
+                Err(_)
+                    if retries < 8 && storage.read(INDEX_ROOT)?.as_deref() != Some(&bytes[..]) =>
+                {
+                    retries += 1;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            forget_runs_but(storage, &root);
             return Ok(BlobIndex {
-                root: IndexRoot::empty(),
-                root_hash: None,
-                runs: Vec::new(),
+                root,
+                root_hash: Some(blake3::hash(&bytes)),
+                runs,
             });
-        };
-        let root = IndexRoot::decode(&bytes).map_err(|source| Error::Format {
-            path: storage.path(INDEX_ROOT),
-            source,
-        })?;
-        let runs = root
-            .runs
-            .iter()
-            .map(|r| open_run_once(storage, r))
-            .collect::<Result<Vec<_>>>()?;
-        forget_runs_but(storage, &root);
-        Ok(BlobIndex {
-            root,
-            root_hash: Some(blake3::hash(&bytes)),
-            runs,
-        })
+        }
     }
 
     /// Where blob `id` is, newest run first.
