@@ -73,6 +73,7 @@ fn datasets_in_s3() {
     let local = local.to_str().unwrap().to_string();
 
     round_trip(&local, tmp.path());
+    credentials_from_the_aws_cli_profile(&moto, tmp.path());
     stores_in_s3(&local, tmp.path());
     resume_and_refusals(&local, tmp.path());
     conditional_puts_refuse_to_clobber();
@@ -95,6 +96,60 @@ fn datasets_in_s3() {
     }
     w.finish().unwrap();
     killed_copies_never_publish_a_partial_dataset(big.to_str().unwrap());
+}
+
+/// With no keys in the environment, `hspack` takes them (and the region and endpoint) from
+/// the AWS CLI's profile, as `aws configure` writes it; with none there either, the error says
+/// what to set.
+fn credentials_from_the_aws_cli_profile(moto: &Moto, tmp: &Path) {
+    let aws = tmp.join("aws");
+    std::fs::create_dir_all(&aws).unwrap();
+    std::fs::write(
+        aws.join("credentials"),
+        "[default]\naws_access_key_id = nobody\naws_secret_access_key = nothing\n\n\
+         [lab]\naws_access_key_id = test\naws_secret_access_key = test\n",
+    )
+    .unwrap();
+    std::fs::write(
+        aws.join("config"),
+        format!(
+            "[default]\nregion = eu-west-1\n\n[profile lab]\nregion = us-east-1\n\
+             endpoint_url = {}\n",
+            moto.endpoint()
+        ),
+    )
+    .unwrap();
+    let info = |credentials: &Path| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_hspack"));
+        cmd.args(["info", "s3://hspack-test/rt"]);
+        for var in [
+            "AWS_ACCESS_KEY_ID",
+            "AWS_SECRET_ACCESS_KEY",
+            "AWS_ENDPOINT_URL",
+            "AWS_REGION",
+        ] {
+            cmd.env_remove(var);
+        }
+        // No instance metadata service answers there, on any machine.
+        cmd.env("AWS_METADATA_ENDPOINT", "http://127.0.0.1:9")
+            .env("AWS_SHARED_CREDENTIALS_FILE", credentials)
+            .env("AWS_CONFIG_FILE", aws.join("config"))
+            .env("AWS_PROFILE", "lab");
+        cmd.output().unwrap()
+    };
+    let out = info(&aws.join("credentials"));
+    assert!(out.status.success(), "{}", said(&out));
+    let samples = said(&out)
+        .lines()
+        .find_map(|l| l.strip_prefix("samples").map(|n| n.trim().to_string()));
+    assert_eq!(samples.as_deref(), Some("14"), "{}", said(&out));
+    let out = info(&aws.join("none"));
+    assert!(!out.status.success());
+    assert!(
+        said(&out).contains("no AWS credentials found: set AWS_ACCESS_KEY_ID"),
+        "{}",
+        said(&out)
+    );
 }
 
 fn round_trip(local: &str, tmp: &Path) {

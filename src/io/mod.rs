@@ -12,6 +12,7 @@
 //! Modelled on tantivy's `Directory` (atomic writes, ranged reads of immutable files) and
 //! lance-io's `Reader` (size known, `get_range`).
 
+pub mod aws_profile;
 pub mod bytes;
 pub mod cache;
 pub mod loan;

@@ -1,7 +1,8 @@
 //! A dataset under an object-store prefix: `s3://`, `gs://`, `az://` and `http(s)://`
 //! (read-only), through the `object_store` crate. Credentials, region and endpoint come from
-//! the usual environment variables (`AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`, ...); plain
-//! `http` is allowed for an endpoint on this machine only.
+//! the usual environment variables (`AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`, ...), else for
+//! S3 from the AWS CLI's profile ([`super::aws_profile`]); plain `http` is allowed for an
+//! endpoint on this machine only.
 //!
 //! Reads fetch byte ranges: opening a file fetches its last [`TAIL`] bytes (which tell its
 //! size, and hold a shard's footer and usually its index), later reads only the ranges asked
@@ -70,12 +71,29 @@ pub(super) fn object_error(path: &Path, op: &'static str, e: object_store::Error
         object_store::Error::Unauthenticated { .. } => ErrorKind::PermissionDenied,
         _ => ErrorKind::Other,
     };
+    // With no keys anywhere, the client asks the instance metadata service last: its failure
+    // says nothing of what to set.
+    let said = e.to_string();
+    let source = match INSTANCE_METADATA.iter().any(|p| said.contains(p)) {
+        true => std::io::Error::new(
+            kind,
+            format!(
+                "{said} (no AWS credentials found: set AWS_ACCESS_KEY_ID and \
+                 AWS_SECRET_ACCESS_KEY, or name a profile of ~/.aws/credentials with \
+                 AWS_PROFILE; for an S3-compatible server set AWS_ENDPOINT_URL too)"
+            ),
+        ),
+        false => std::io::Error::new(kind, e),
+    };
     Error::Io {
         path: path.to_path_buf(),
         op,
-        source: std::io::Error::new(kind, e),
+        source,
     }
 }
+
+/// Paths of the instance metadata service, where credentials are asked for last.
+const INSTANCE_METADATA: &[&str] = &["/latest/api/token", "/latest/meta-data/"];
 
 pub(super) fn is_not_found(e: &object_store::Error) -> bool {
     matches!(e, object_store::Error::NotFound { .. })
@@ -194,14 +212,22 @@ fn build_store(url: &url::Url, root: &Path) -> Result<Arc<dyn ObjectStore>> {
     })?;
     let store: Arc<dyn ObjectStore> = match scheme {
         ObjectStoreScheme::AmazonS3 => {
-            let endpoint = ["AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT"]
-                .iter()
-                .find_map(|k| std::env::var(k).ok());
+            let env = |keys: &[&str]| keys.iter().find_map(|k| std::env::var(k).ok());
+            let profile = super::aws_profile::profile();
+            let endpoint = env(&["AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT"])
+                .or(profile.endpoint);
             // The server checks each upload against its SHA-256: bytes damaged on the way
             // are refused there.
             let mut b = object_store::aws::AmazonS3Builder::from_env()
                 .with_url(url.as_str())
                 .with_checksum_algorithm(object_store::aws::Checksum::SHA256);
+            let named = env(&["AWS_ACCESS_KEY_ID", "AWS_WEB_IDENTITY_TOKEN_FILE"]).is_some();
+            if let (false, Some((id, secret, token))) = (named, profile.keys) {
+                b = b.with_access_key_id(id).with_secret_access_key(secret);
+                if let Some(token) = token {
+                    b = b.with_token(token);
+                }
+            }
             if let Some(endpoint) = &endpoint {
                 b = b.with_endpoint(endpoint);
                 if local_http(endpoint) {
@@ -210,9 +236,8 @@ fn build_store(url: &url::Url, root: &Path) -> Result<Arc<dyn ObjectStore>> {
                         .with_virtual_hosted_style_request(false);
                 }
             }
-            if std::env::var("AWS_REGION").is_err() && std::env::var("AWS_DEFAULT_REGION").is_err()
-            {
-                b = b.with_region("us-east-1");
+            if env(&["AWS_REGION", "AWS_DEFAULT_REGION"]).is_none() {
+                b = b.with_region(profile.region.as_deref().unwrap_or("us-east-1"));
             }
             Arc::new(b.build().map_err(bad)?)
         }
