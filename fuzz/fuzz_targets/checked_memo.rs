@@ -6,10 +6,16 @@ use hspack::io::mmap::SharedFlags;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let Some((&n, bytes)) = data.split_first() else { return };
+    let Some((&n, bytes)) = data.split_first() else {
+        return;
+    };
     let path = std::env::temp_dir().join(format!("hspack-fuzz-memo-{}", std::process::id()));
     std::fs::write(&path, bytes).unwrap();
-    let n = if n % 2 == 0 { bytes.len() } else { usize::from(n) };
+    let n = if n % 2 == 0 {
+        bytes.len()
+    } else {
+        usize::from(n)
+    };
     if let Ok(flags) = SharedFlags::open(&path, n) {
         let i = bytes.len() / 2;
         flags.set(i);

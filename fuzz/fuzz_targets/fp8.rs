@@ -7,18 +7,27 @@ use hspack::format::{fp8, Codec, DType, Elements};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let Some((&shape, rest)) = data.split_first() else { return };
+    let Some((&shape, rest)) = data.split_first() else {
+        return;
+    };
     let dtype = [DType::BF16, DType::F16, DType::F32][usize::from(shape % 3)];
     let group = 1 + usize::from(shape >> 2) % 8;
     let row_elems = group * (1 + usize::from(shape >> 5) % 3);
-    let elements = Elements { dtype, row_elems, group };
+    let elements = Elements {
+        dtype,
+        row_elems,
+        group,
+    };
     let size = dtype.size();
     // As a stored form: for any raw length of whole rows, decoded or refused.
     for rows in 0..4u64 {
         let raw_len = rows * (row_elems * size) as u64;
         if let Ok(out) = Codec::Fp8.decode(rest, raw_len, elements) {
             assert_eq!(out.len() as u64, raw_len);
-            assert_eq!(fp8::stored_len(rows, row_elems as u64, group as u64), Some(rest.len() as u64));
+            assert_eq!(
+                fp8::stored_len(rows, row_elems as u64, group as u64),
+                Some(rest.len() as u64)
+            );
         }
     }
     // As values: whole rows of them.
@@ -27,7 +36,9 @@ fuzz_target!(|data: &[u8]| {
     match Codec::Fp8.encode(raw, elements, 0) {
         Err(e) => assert!(!e.value.is_finite()),
         Ok(stored) => {
-            let back = Codec::Fp8.decode(&stored, raw.len() as u64, elements).expect("what is quantized decodes");
+            let back = Codec::Fp8
+                .decode(&stored, raw.len() as u64, elements)
+                .expect("what is quantized decodes");
             let value = |b: &[u8], i: usize| -> f32 {
                 match dtype {
                     DType::F32 => f32::from_le_bytes(b[4 * i..4 * i + 4].try_into().unwrap()),
@@ -36,7 +47,9 @@ fuzz_target!(|data: &[u8]| {
                 }
             };
             for g in 0..raw.len() / size / group {
-                let xs: Vec<f32> = (g * group..(g + 1) * group).map(|i| value(raw, i)).collect();
+                let xs: Vec<f32> = (g * group..(g + 1) * group)
+                    .map(|i| value(raw, i))
+                    .collect();
                 let scale = f32::from_le_bytes(stored[4 * g..4 * g + 4].try_into().unwrap());
                 if scale < f32::MIN_POSITIVE {
                     continue; // a scale below f32's normals keeps too few bits to bound
@@ -45,8 +58,12 @@ fuzz_target!(|data: &[u8]| {
                     let y = value(&back, g * group + k);
                     // 3 mantissa bits, subnormal steps of scale · 2^-9, one rounding to dtype
                     // (f16 may also flush what is below its own subnormals).
-                    let bound = x.abs() / 16.0 + scale / 1024.0 + x.abs().max(y.abs()) / 128.0 + 1e-7;
-                    assert!((x - y).abs() <= bound || !y.is_finite(), "{dtype} {x} -> {y} (scale {scale})");
+                    let bound =
+                        x.abs() / 16.0 + scale / 1024.0 + x.abs().max(y.abs()) / 128.0 + 1e-7;
+                    assert!(
+                        (x - y).abs() <= bound || !y.is_finite(),
+                        "{dtype} {x} -> {y} (scale {scale})"
+                    );
                 }
             }
         }

@@ -19,16 +19,26 @@ fn schema() -> Schema {
 
 fuzz_target!(|data: &[u8]| {
     let len = data.len() as u64;
-    let Ok(footer) = Footer::decode(data, len) else { return };
-    let Ok(header) = ShardHeader::decode(data) else { return };
+    let Ok(footer) = Footer::decode(data, len) else {
+        return;
+    };
+    let Ok(header) = ShardHeader::decode(data) else {
+        return;
+    };
     let start = footer.index_offset as usize;
     let Some(index_bytes) = data.get(start..start + footer.index_len as usize) else {
         panic!("a decoded footer points inside the file");
     };
-    let Ok(index) = Index::parse(index_bytes) else { return };
+    let Ok(index) = Index::parse(index_bytes) else {
+        return;
+    };
     let schema = schema();
     if index
-        .validate(&schema, ShardHeader::SIZE as u64..footer.index_offset, 1 << header.align_log2)
+        .validate(
+            &schema,
+            ShardHeader::SIZE as u64..footer.index_offset,
+            1 << header.align_log2,
+        )
         .is_err()
     {
         return;

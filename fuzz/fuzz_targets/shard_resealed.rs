@@ -35,7 +35,9 @@ fn read_footer(shard: &[u8]) -> Footer {
 }
 
 fuzz_target!(|data: &[u8]| {
-    let Some((&mode, edits)) = data.split_first() else { return };
+    let Some((&mode, edits)) = data.split_first() else {
+        return;
+    };
     let (manifest, shard0, shard1) = GOLDEN[usize::from(mode & 1)];
     let mut shard = shard0.to_vec();
     let footer = read_footer(&shard);

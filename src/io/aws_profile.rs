@@ -57,7 +57,7 @@ pub fn profile() -> Profile {
 
 /// The `key = value` pairs of section `[name]` of an INI text (keys lowercased; comments,
 /// blank lines and empty values skipped).
-fn section(text: &str, name: &str) -> Vec<(String, String)> {
+pub fn section(text: &str, name: &str) -> Vec<(String, String)> {
     let mut inside = false;
     let mut pairs = Vec::new();
     for line in text.lines() {
