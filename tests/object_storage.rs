@@ -106,7 +106,7 @@ fn credentials_from_the_aws_cli_profile(moto: &Moto, tmp: &Path) {
     std::fs::create_dir_all(&aws).unwrap();
     std::fs::write(
         aws.join("credentials"),
-        "[default]\naws_access_key_id = nobody\naws_secret_access_key = nothing\n\n\
+        "[default]\n# no keys here: only the profile named has them\n\n\
          [lab]\naws_access_key_id = test\naws_secret_access_key = test\n",
     )
     .unwrap();
@@ -536,13 +536,23 @@ fn puts_whose_responses_were_lost(moto: &Moto, local: &str) {
     assert_eq!(lost(), 1);
     for (i, key) in ["a", "b"].iter().enumerate() {
         writer.append(key, &as_fields(&sample(i as u64))).unwrap();
-        proxy.lose("PUT /hspack-test/lost/", 3);
+        // Every put of the commit: its shard, its segment, the manifest.
+        let before = proxy.lost().len();
+        proxy.lose("PUT /hspack-test/lost/", 100);
         writer.commit().unwrap();
-        assert_eq!(lost(), 4 + 3 * i as u64);
+        proxy.lose("", 0);
+        let puts = proxy.lost()[before..].join("\n");
+        assert!(
+            ["shard-", "segment-", "manifest.json"]
+                .iter()
+                .all(|f| puts.contains(f)),
+            "commit {i}: lost {puts}"
+        );
     }
+    let before = lost();
     proxy.lose(&lease, 1);
     writer.finish().unwrap();
-    assert_eq!(lost(), 8);
+    assert_eq!(lost(), before + 1);
     let mut next = DatasetWriter::open(url, capture_schema(HIDDEN as u64), options()).unwrap();
     next.append("c", &as_fields(&sample(2))).unwrap();
     next.finish().unwrap();
@@ -558,10 +568,11 @@ fn puts_whose_responses_were_lost(moto: &Moto, local: &str) {
     std::env::set_var("AWS_ENDPOINT_URL", moto.endpoint());
     let store = store.unwrap();
     hspack::transfer::add_to_store(&store, &ds, "x", &|_| {}).unwrap();
+    let before = lost();
     proxy.lose("PUT /hspack-test/lost-store/index.json", 1);
     let src = Dataset::open(local).unwrap();
     hspack::transfer::add_to_store(&store, &src, "y", &|_| {}).unwrap();
-    assert_eq!(lost(), 9);
+    assert_eq!(lost(), before + 1);
     same_samples(
         &src,
         &Dataset::open(format!("{store_url}/y")).unwrap(),

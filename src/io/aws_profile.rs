@@ -1,11 +1,13 @@
-//! The AWS CLI's shared files, for an `s3://` dataset whose environment names no keys:
-//! `object_store` reads credentials from the environment, web identity, the container and
-//! the instance metadata service, but not from the profile `aws configure` writes.
+//! The AWS CLI's shared files, for `s3://` datasets: `object_store` reads credentials from
+//! the environment, web identity, the container and the instance metadata service, but not
+//! from the profile `aws configure` writes.
 //!
 //! Read: the profile `AWS_PROFILE` (else `default`) of `AWS_SHARED_CREDENTIALS_FILE` (else
 //! `~/.aws/credentials`: `aws_access_key_id`, `aws_secret_access_key`, `aws_session_token`)
 //! and of `AWS_CONFIG_FILE` (else `~/.aws/config`: `region`, `endpoint_url`), as the AWS CLI
-//! reads them. Environment variables win over both files.
+//! reads them. Environment variables win over both files: the keys are used where the
+//! environment names none (no `AWS_ACCESS_KEY_ID`, no web identity), the region and endpoint
+//! where it names no region or endpoint.
 
 use std::path::PathBuf;
 

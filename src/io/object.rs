@@ -74,7 +74,10 @@ pub(super) fn object_error(path: &Path, op: &'static str, e: object_store::Error
     // With no keys anywhere, the client asks the instance metadata service last: its failure
     // says nothing of what to set.
     let said = e.to_string();
-    let source = match INSTANCE_METADATA.iter().any(|p| said.contains(p)) {
+    let unnamed = std::env::var_os("AWS_ACCESS_KEY_ID").is_none()
+        && std::env::var_os("AWS_WEB_IDENTITY_TOKEN_FILE").is_none();
+    let asked_metadata = INSTANCE_METADATA.iter().any(|p| said.contains(p));
+    let source = match asked_metadata && unnamed && super::aws_profile::profile().keys.is_none() {
         true => std::io::Error::new(
             kind,
             format!(
@@ -175,6 +178,13 @@ impl ObjectStorage {
         f: impl std::future::Future<Output = object_store::Result<T>>,
     ) -> Result<object_store::Result<T>> {
         block_on(f).map_err(|e| other(&self.path(name), op, e))
+    }
+
+    /// True when object `name` holds `bytes`: asked after a put that failed, which may have
+    /// landed all the same (its response lost in transit; or its retry, refused on the
+    /// condition the landed put changed). What is there decides; a read that fails says no.
+    fn holds(&self, name: &str, bytes: &[u8]) -> bool {
+        self.read(name).ok().flatten().as_deref() == Some(bytes)
     }
 
     /// The whole of `name` and the version it was read at (for a put `If-Match` on it), or
@@ -405,9 +415,7 @@ impl Storage for ObjectStorage {
         })?;
         match put {
             Ok(_) => Ok(()),
-            // A put whose response was lost may have landed (its retry is then refused on the
-            // condition the landed put changed): what is there decides.
-            Err(_) if self.read(name).ok().flatten().as_deref() == Some(bytes) => Ok(()),
+            Err(_) if self.holds(name, bytes) => Ok(()),
             Err(e) if is_conflict(&e) => Err(conflict("it changed while it was being replaced")),
             Err(e) => Err(object_error(&shown, "replace", e)),
         }
@@ -692,13 +700,7 @@ impl NewFile for ObjectNewFile {
         })?;
         match put {
             Ok(_) => Ok(()),
-            // A put whose response was lost, retried, finds its own object: what is there
-            // decides.
-            Err(e)
-                if is_conflict(&e) && self.storage.read(name)?.as_deref() == Some(&bytes[..]) =>
-            {
-                Ok(())
-            }
+            Err(_) if self.storage.holds(name, &bytes) => Ok(()),
             Err(e) if is_conflict(&e) => Err(Error::CommitConflict {
                 path: shown,
                 detail: "an object with this name exists already".into(),

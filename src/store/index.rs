@@ -473,7 +473,10 @@ impl BlobIndex {
                 // A run that an add merged, or a collection dropped, once `index.json` was
                 // read: the index read again lists what replaced it.
                 Err(_)
-                    if retries < 8 && storage.read(INDEX_ROOT)?.as_deref() != Some(&bytes[..]) =>
+                    if retries < 8
+                        && storage
+                            .read(INDEX_ROOT)
+                            .is_ok_and(|now| now.as_deref() != Some(&bytes[..])) =>
                 {
                     retries += 1;
                     continue;

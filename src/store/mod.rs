@@ -66,6 +66,9 @@ pub struct Store {
     open_packs: Mutex<HashMap<[u8; 16], Arc<dyn FileReader>>>,
     /// The index as last read to find blobs a collection moved ([`Store::with_moved`]).
     latest_index: Mutex<Option<Arc<BlobIndex>>>,
+    /// Packs a read found gone, whose blobs were found moved: later reads of their blobs
+    /// look in the index first, not at the pack again.
+    gone_packs: Mutex<std::collections::HashSet<[u8; 16]>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -224,6 +227,7 @@ impl Store {
             locks,
             open_packs: Mutex::new(HashMap::new()),
             latest_index: Mutex::new(None),
+            gone_packs: Mutex::new(Default::default()),
         })
     }
 
@@ -340,15 +344,21 @@ impl Store {
     /// the index as last read, then as read now, and read where it is now. The error of the
     /// first read stands when the index has it nowhere else, or reading there fails too.
     pub fn with_moved<T>(&self, at: &Location, read: impl Fn(&Location) -> Result<T>) -> Result<T> {
-        let first = match read(at) {
-            Ok(v) => return Ok(v),
-            Err(e) => e,
+        let gone = || self.gone_packs.lock().unwrap_or_else(|p| p.into_inner());
+        let known_gone = gone().contains(&at.pack);
+        let first = match known_gone {
+            true => None,
+            false => match read(at) {
+                Ok(v) => return Ok(v),
+                Err(e) => Some(e),
+            },
         };
         let latest = || self.latest_index.lock().unwrap_or_else(|p| p.into_inner());
         let known = latest().clone();
         let now = || -> Result<Arc<BlobIndex>> {
             let index = Arc::new(self.index()?);
-            *latest() = Some(Arc::clone(&index));
+            let old = latest().replace(Arc::clone(&index));
+            drop(old); // unmapped outside the lock
             Ok(index)
         };
         let indexes = known.map(Ok).into_iter().chain(std::iter::once_with(now));
@@ -356,10 +366,16 @@ impl Store {
             let Ok(index) = index else { break };
             let moved = index.find(&at.blob.id).filter(|m| m.pack != at.pack);
             if let Some(Ok(v)) = moved.map(|m| read(&m)) {
+                if !known_gone {
+                    gone().insert(at.pack);
+                }
                 return Ok(v);
             }
         }
-        Err(first)
+        match first {
+            Some(e) => Err(e),
+            None => read(at),
+        }
     }
 
     /// The stored bytes of the blob at `at` (zero-copy where the pack is mapped), unchecked.

@@ -38,6 +38,10 @@ struct Losing {
     request: std::sync::Mutex<Vec<u8>>,
     /// How many more to lose.
     left: AtomicU64,
+    /// The first lines of the requests whose responses were lost; of those asked for by one
+    /// [`FaultProxy::lose`] (from `since` on), each is lost once: its retry goes through.
+    lost: std::sync::Mutex<Vec<String>>,
+    since: AtomicU64,
 }
 
 impl FaultProxy {
@@ -52,17 +56,28 @@ impl FaultProxy {
         let losing = Losing {
             request: Default::default(),
             left: AtomicU64::new(0),
+            lost: Default::default(),
+            since: AtomicU64::new(0),
         };
         FaultProxy::run(server, 1, u64::MAX, Some(Arc::new(losing)))
     }
 
     /// Loses the responses to the next `times` requests that start with `request` (such as
     /// `PUT /bucket/key`), once the server has answered them: what a client sees when the
-    /// network fails after its write landed. For a [`FaultProxy::losing_responses`] proxy.
+    /// network fails after its write landed. A request is lost once: its retry (the same
+    /// first line) goes through. For a [`FaultProxy::losing_responses`] proxy.
     pub fn lose(&self, request: &str, times: u64) {
         let losing = self.losing.as_ref().expect("a proxy losing responses");
         *losing.request.lock().unwrap() = request.as_bytes().to_vec();
+        let lost = losing.lost.lock().unwrap();
+        losing.since.store(lost.len() as u64, Ordering::SeqCst);
         losing.left.store(times, Ordering::SeqCst);
+    }
+
+    /// The first lines of the requests whose responses were lost so far.
+    pub fn lost(&self) -> Vec<String> {
+        let losing = self.losing.as_ref().expect("a proxy losing responses");
+        losing.lost.lock().unwrap().clone()
     }
 
     fn run(server: u16, seed: u64, one_in: u64, losing: Option<Arc<Losing>>) -> FaultProxy {
@@ -163,12 +178,17 @@ impl Lose {
     fn cuts(&self, chunk: &[u8]) -> bool {
         match &self.watch {
             Some(losing) => {
+                let line = chunk.split(|&b| b == b'\r').next().unwrap_or_default();
+                let line = String::from_utf8_lossy(line).into_owned();
+                let mut lost = losing.lost.lock().unwrap();
                 let asked = chunk.starts_with(&losing.request.lock().unwrap())
+                    && !lost[losing.since.load(Ordering::SeqCst) as usize..].contains(&line)
                     && losing
                         .left
                         .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
                         .is_ok();
                 if asked {
+                    lost.push(line);
                     self.armed.store(true, Ordering::SeqCst);
                 }
                 false
