@@ -39,14 +39,15 @@ def test_two_ranks_partition_the_epoch(eagle_path, tmp_path):
 def _rank_opening_around_a_commit(rank: int, path: str, init: str, out: str) -> None:
     """Rank 0 opens the dataset before a commit adds a shard, rank 1 after it; then each
     orders its share with the sampler, the token-budget sampler and the iterable dataset
-    (rank 1 builds the iterable after a second commit, while rank 0 waits in it)."""
-    import threading
+    (whose rank 0, once it has opened the dataset, commits another shard before agreeing,
+    and rank 1 builds it after that commit)."""
     import time
 
     from conftest import write_eagle
 
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
     from hspack.torch import HspackDataset, HspackIterableDataset, HspackSampler, TokenBudgetBatchSampler
+    from hspack.torch import order
 
     if rank == 0:
         ds = HspackDataset(path, ["input_ids"])
@@ -59,21 +60,22 @@ def _rank_opening_around_a_commit(rank: int, path: str, init: str, out: str) -> 
     seen = {"sampler": list(HspackSampler(ds, seed=3))}
     seen["tokens"] = [i for b in TokenBudgetBatchSampler(ds, max_tokens=64, seed=3) for i in b]
     flag = f"{out}.committed"
+    agreed = order.agreed
     if rank == 0:
-        def commit_later() -> None:
-            time.sleep(2)  # rank 0 has opened its iterable dataset and waits in it
+
+        def commit_then_agree(*args, **kwargs):
             write_eagle(path, 52, first=39, shard_samples=13)
             open(flag, "w").close()
+            return agreed(*args, **kwargs)
 
-        later = threading.Thread(target=commit_later)
-        later.start()
+        order.agreed = commit_then_agree
     else:
         while not os.path.exists(flag):
             time.sleep(0.05)
     it = HspackIterableDataset(path, ["input_ids"], seed=3)
+    order.agreed = agreed
     seen["iterable"] = [int(s["ordinal"]) for s in it]
-    if rank == 0:
-        later.join()
+    seen["opened"] = [len(ds.hspack), len(it.hspack)]
     everyone: list = [None, None]
     dist.all_gather_object(everyone, seen)
     if rank == 0:
@@ -94,6 +96,22 @@ def test_ranks_that_opened_the_dataset_before_and_after_a_commit_order_the_same_
     out = str(tmp_path / "seen.pt")
     mp.spawn(_rank_opening_around_a_commit, args=(path, init, out), nprocs=2, join=True)
     a, b = torch.load(out)
+    assert a["opened"][0] == 26 and b["opened"][0] == 39, (a["opened"], b["opened"])
+    assert a["opened"][1] == 39 and b["opened"][1] == 52, (a["opened"], b["opened"])
     assert sorted(a["sampler"] + b["sampler"]) == list(range(26))
     assert sorted(a["tokens"] + b["tokens"]) == list(range(26))
     assert sorted(a["iterable"] + b["iterable"]) == list(range(39))
+
+
+def test_ranks_agree_through_the_cpu_or_this_ranks_cuda_device(monkeypatch):
+    """The agreement gathers through gloo where the group has it; on NCCL alone, only once
+    this rank's CUDA device is the one its launcher gave it (else objects would gather on one
+    device for every rank)."""
+    from hspack.torch import order
+
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    assert order._device_set_for("gloo")
+    assert order._device_set_for("cpu:gloo,cuda:nccl")
+    assert order._device_set_for("nccl")  # no launcher said which device: as the user set it
+    monkeypatch.setenv("LOCAL_RANK", "3")  # while this process's device is still 0 (or none)
+    assert not order._device_set_for("nccl")

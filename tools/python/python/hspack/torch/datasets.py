@@ -107,8 +107,7 @@ def _release_received(folder: str, owner: int) -> None:
 def _check_grown_from(ds: Dataset, shard_ranges: list[tuple[int, int]]) -> None:
     """Refuses a dataset, reopened in a worker, whose first shards are not the ones the main
     process ordered (it was rewritten, not appended to): its ordinals would name other samples."""
-    now = ds.shard_ranges
-    if now[: len(shard_ranges)] != shard_ranges:
+    if not _order.grown_from(ds.shard_ranges, shard_ranges):
         raise make_error(
             "Io",
             f"{ds.path}: the dataset changed since this DataLoader's dataset object was made (its shards are no longer "

@@ -10,6 +10,7 @@ land anywhere in the epoch.
 
 from __future__ import annotations
 
+import os
 from typing import Sequence
 
 import numpy as np
@@ -114,14 +115,24 @@ def samples(shard_ranges: Sequence[tuple[int, int]]) -> int:
     return sum(int(count) for _, count in shard_ranges)
 
 
+def grown_from(now: Sequence[tuple[int, int]], before: Sequence[tuple[int, int]]) -> bool:
+    """True when shard ranges `now` start with `before`: the same dataset, appended to since
+    (a commit adds shards after the last), not rewritten."""
+    return [tuple(r) for r in now[: len(before)]] == [tuple(r) for r in before]
+
+
 def agreed(path: str, shard_ranges: Sequence[tuple[int, int]], rank: int | None = None, world_size: int | None = None) -> list[tuple[int, int]]:
-    """The shards of dataset `path` that every rank orders. With the ranks of torch.distributed (`rank` and
-    `world_size` not given), the first shards that every rank's dataset holds: a capture that
-    commits while the ranks open the dataset makes ranks that opened it later see more
-    (appended) shards, and ranks ordering different samples would read some twice and skip
-    others. A collective (every rank builds its sampler or dataset, as DDP scripts do).
-    Refused when the ranks' first shards differ (the dataset was rewritten between their
-    opens). Given `rank` and `world_size`: `shard_ranges` as it is (the caller agrees)."""
+    """The shards of dataset `path` that every rank orders. With the ranks of
+    torch.distributed (`rank` and `world_size` not given), the first shards that every rank's
+    dataset holds: a capture that commits while the ranks open the dataset makes ranks that
+    opened it later see more (appended) shards, and ranks ordering different samples would
+    read some twice and skip others. A collective, as the partition already assumes: every
+    rank of the group builds the sampler or dataset (one built on some ranks only takes
+    `rank` and `world_size`). On a group of NCCL alone it runs on this rank's CUDA device,
+    and is left out, with a warning, while that device is not set yet
+    (`torch.cuda.set_device`). Refused when the ranks' first shards differ (the dataset was
+    rewritten between their opens). Given `rank` and `world_size`: `shard_ranges` as it is
+    (the caller agrees)."""
     ranges = [(int(a), int(b)) for a, b in shard_ranges]
     if rank is not None or world_size is not None:
         return ranges
@@ -129,11 +140,36 @@ def agreed(path: str, shard_ranges: Sequence[tuple[int, int]], rank: int | None 
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return ranges
+    if not _device_set_for(dist.get_backend()):
+        import warnings
+
+        warnings.warn(
+            f"{path}: the ranks did not check that they order the same samples (a capture committing while they open "
+            "the dataset makes them differ): the process group is NCCL alone and this rank's CUDA device is not set yet; "
+            "call torch.cuda.set_device(local_rank) before building hspack's sampler or dataset",
+            stacklevel=3,
+        )
+        return ranges
     everyone: list = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, ranges)
-    n = min(len(r) for r in everyone)
-    if any(r[:n] != ranges[:n] for r in everyone):
+    shortest = min(everyone, key=len)
+    if not all(grown_from(r, shortest) for r in everyone):
         from .._errors import make_error
 
         raise make_error("Io", f"{path}: the ranks opened different datasets (their first shards differ: it was rewritten between their opens, or they name other folders); make the dataset objects again", path=path)
-    return ranges[:n]
+    return ranges[: len(shortest)]
+
+
+def _device_set_for(backend: str) -> bool:
+    """False for a process group of NCCL alone while this process's CUDA device is not the
+    one its launcher gave it (`LOCAL_RANK`): objects then gather through that device, and
+    ranks on one device fail."""
+    if "gloo" in backend or "nccl" not in backend:
+        return True
+    import torch
+
+    local = os.environ.get("LOCAL_RANK")
+    try:
+        return local is None or torch.cuda.current_device() == int(local)
+    except (RuntimeError, ValueError):  # no CUDA here, or a LOCAL_RANK that is no number
+        return False
