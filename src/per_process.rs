@@ -47,17 +47,25 @@ impl<T> PerProcess<T> {
 
     /// The slot, waiting at most about 100 ms for it.
     fn lock(&self) -> Option<MutexGuard<'_, Slot<T>>> {
-        for _ in 0..1000 {
-            match self.0.try_lock() {
-                Ok(slot) => return Some(slot),
-                Err(TryLockError::Poisoned(p)) => return Some(p.into_inner()),
-                Err(TryLockError::WouldBlock) => {
-                    std::thread::sleep(std::time::Duration::from_micros(100))
-                }
+        lock_briefly(&self.0, 1000)
+    }
+}
+
+/// `m`, tried every 0.1 ms up to `tries` times (a poisoned lock is taken as it is); `None`
+/// when it stays held. For locks a thread holds for an instant, in memory a fork copies: a
+/// child forked in that instant inherits the lock held for good, and does without what it
+/// guards rather than hang.
+pub(crate) fn lock_briefly<T>(m: &Mutex<T>, tries: u32) -> Option<MutexGuard<'_, T>> {
+    for _ in 0..tries {
+        match m.try_lock() {
+            Ok(guard) => return Some(guard),
+            Err(TryLockError::Poisoned(p)) => return Some(p.into_inner()),
+            Err(TryLockError::WouldBlock) => {
+                std::thread::sleep(std::time::Duration::from_micros(100))
             }
         }
-        None
     }
+    None
 }
 
 impl<T> std::fmt::Debug for PerProcess<T> {

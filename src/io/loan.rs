@@ -78,16 +78,7 @@ pub fn lend(addr: usize, len: usize) -> Option<(Arc<SharedRegion>, usize)> {
 /// holding the lock for microseconds). Never waiting for good: a process forked while another thread held the
 /// lock finds it held forever, and does without.
 fn lock<T>(m: &Mutex<T>) -> Option<std::sync::MutexGuard<'_, T>> {
-    for _ in 0..100 {
-        match m.try_lock() {
-            Ok(guard) => return Some(guard),
-            Err(std::sync::TryLockError::Poisoned(e)) => return Some(e.into_inner()),
-            Err(std::sync::TryLockError::WouldBlock) => {
-                std::thread::sleep(std::time::Duration::from_micros(100))
-            }
-        }
-    }
-    None
+    crate::per_process::lock_briefly(m, 100)
 }
 
 /// A region received from the process that lent it: the data `offset..offset + len` are this

@@ -26,6 +26,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::format::manifest::hex;
 use crate::io::{FileBytes, FileReader, LocalStorage, ObjectStorage, Storage};
+use crate::per_process::lock_briefly;
 
 pub use index::{BlobIndex, Location};
 pub use ingest::{Ingest, IngestStats};
@@ -320,23 +321,25 @@ impl Store {
         })
     }
 
-    /// Pack `id`, opened once per store handle.
+    /// Pack `id`, opened once per store handle (its memories are locked for an instant,
+    /// never across a read).
     pub fn pack(&self, id: &[u8; 16]) -> Result<Arc<dyn FileReader>> {
-        let mut open = self.open_packs.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(f) = open.get(id) {
-            return Ok(Arc::clone(f));
+        if let Some(f) = lock_briefly(&self.open_packs, 1000).and_then(|o| o.get(id).cloned()) {
+            return Ok(f);
         }
         let f = self.packs.open(&pack::pack_name(id))?;
-        open.insert(*id, Arc::clone(&f));
+        if let Some(mut open) = lock_briefly(&self.open_packs, 1000) {
+            // Another thread may have opened it meanwhile: the first one stays.
+            return Ok(Arc::clone(open.entry(*id).or_insert(f)));
+        }
         Ok(f)
     }
 
     /// Forgets the packs opened so far (after a collection replaced some).
     pub fn forget_packs(&self) {
-        self.open_packs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clear();
+        if let Some(mut open) = lock_briefly(&self.open_packs, 1000) {
+            open.clear();
+        }
     }
 
     /// `read` of the blob at `at`, found before a collection may have moved it (copied into
@@ -344,8 +347,8 @@ impl Store {
     /// the index as last read, then as read now, and read where it is now. The error of the
     /// first read stands when the index has it nowhere else, or reading there fails too.
     pub fn with_moved<T>(&self, at: &Location, read: impl Fn(&Location) -> Result<T>) -> Result<T> {
-        let gone = || self.gone_packs.lock().unwrap_or_else(|p| p.into_inner());
-        let known_gone = gone().contains(&at.pack);
+        let gone = || lock_briefly(&self.gone_packs, 1000);
+        let known_gone = gone().is_some_and(|g| g.contains(&at.pack));
         let first = match known_gone {
             true => None,
             false => match read(at) {
@@ -353,11 +356,11 @@ impl Store {
                 Err(e) => Some(e),
             },
         };
-        let latest = || self.latest_index.lock().unwrap_or_else(|p| p.into_inner());
-        let known = latest().clone();
+        let latest = || lock_briefly(&self.latest_index, 1000);
+        let known = latest().and_then(|l| l.clone());
         let now = || -> Result<Arc<BlobIndex>> {
             let index = Arc::new(self.index()?);
-            let old = latest().replace(Arc::clone(&index));
+            let old = latest().and_then(|mut l| l.replace(Arc::clone(&index)));
             drop(old); // unmapped outside the lock
             Ok(index)
         };
@@ -366,8 +369,8 @@ impl Store {
             let Ok(index) = index else { break };
             let moved = index.find(&at.blob.id).filter(|m| m.pack != at.pack);
             if let Some(Ok(v)) = moved.map(|m| read(&m)) {
-                if !known_gone {
-                    gone().insert(at.pack);
+                if let (false, Some(mut gone)) = (known_gone, gone()) {
+                    gone.insert(at.pack);
                 }
                 return Ok(v);
             }
@@ -437,5 +440,48 @@ impl Store {
         self.snapshot_or_err(name)?;
         self.datasets.delete(&snapshot::snapshot_file(name))?;
         self.datasets.sync()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A forked child inherits the store's memories locked for good when another thread of
+    /// its parent held them at the fork: reads do without them, rather than hang. Held by
+    /// this thread here, as the child sees it.
+    #[test]
+    fn a_pack_opens_while_its_memories_are_held_elsewhere() {
+        let t = tempfile::tempdir().unwrap();
+        let src = t.path().join("src");
+        let schema = crate::synth::capture_schema("m", 4, 64, &[1, 2]);
+        let mut rng = crate::synth::Rng::new(7);
+        let scales: Vec<_> = (0..2)
+            .map(|_| crate::synth::channel_scales(&mut rng, 64))
+            .collect();
+        let mut w = crate::DatasetWriter::create(&src, schema, Default::default()).unwrap();
+        for i in 0..3 {
+            let sample = crate::synth::named_capture_sample(&mut rng, 40, &[1, 2], &scales);
+            let fields: Vec<(&str, &[u8])> = sample
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_slice()))
+                .collect();
+            w.append(&format!("s{i}"), &fields).unwrap();
+        }
+        w.finish().unwrap();
+        let store = Arc::new(Store::init(t.path().join("store")).unwrap());
+        let ds = crate::Dataset::open(&src).unwrap();
+        crate::transfer::add_to_store(&store, &ds, "d", &|_| {}).unwrap();
+        let index = store.index().unwrap();
+        let at = index.entries().next().unwrap();
+        let held = (
+            store.open_packs.lock().unwrap(),
+            store.gone_packs.lock().unwrap(),
+            store.latest_index.lock().unwrap(),
+        );
+        let bytes = store.with_moved(&at, |at| store.blob(at)).unwrap();
+        assert_eq!(bytes.len() as u64, at.blob.raw_len);
+        store.forget_packs();
+        drop(held);
     }
 }
