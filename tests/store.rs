@@ -518,7 +518,13 @@ fn convert_into_a_store_dataset_killed_and_resumed_loses_nothing() {
             Ok(d) => (0..d.len())
                 .map(|o| d.sample(o).unwrap().key().to_string())
                 .collect(),
-            Err(_) => Vec::new(),
+            Err(e) => {
+                assert!(
+                    matches!(e, hspack::Error::NotADataset { .. }),
+                    "the dataset does not open: {e}"
+                );
+                Vec::new()
+            }
         }
     };
     // Kills land at growing delays until one falls between commits; each run resumes.
