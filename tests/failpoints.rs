@@ -396,6 +396,16 @@ fn a_collection_that_lost_its_lease_deletes_nothing_an_add_published_since(
     assert_eq!(Dataset::open(format!("{url}/new")).unwrap().len(), 4);
 }
 
+/// Runs the built `hspack` with `args`, which must succeed.
+fn hspack_ok(args: &[&str]) {
+    let out = common::cli::hspack(args);
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        common::cli::text(&out)
+    );
+}
+
 /// A reader opens a store's blob index while an add (another process) merges the runs the
 /// index listed and deletes them: the reader, which had read `index.json` before, reads it
 /// again and opens the runs that replaced them, instead of failing on a missing run.
@@ -405,17 +415,6 @@ fn a_reader_opening_the_index_while_an_add_merges_its_runs_reads_the_new_index()
     use hspack::store::Store;
     let t = tempfile::tempdir().unwrap();
     let store_dir = t.path().join("store");
-    let cli = |args: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_hspack"))
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
     let datasets: Vec<String> = (0..4u64)
         .map(|d| {
             let dir = t.path().join(format!("d{d}"));
@@ -430,8 +429,8 @@ fn a_reader_opening_the_index_while_an_add_merges_its_runs_reads_the_new_index()
         })
         .collect();
     let store = store_dir.to_str().unwrap().to_string();
-    cli(&["store", "init", &store]);
-    cli(&["store", "add", &store, &datasets[0], "--name", "d0"]);
+    hspack_ok(&["store", "init", &store]);
+    hspack_ok(&["store", "add", &store, &datasets[0], "--name", "d0"]);
     let runs_listed = {
         let root = store_dir.clone();
         move || {
@@ -458,16 +457,14 @@ fn a_reader_opening_the_index_while_an_add_merges_its_runs_reads_the_new_index()
         // Adds until one of the runs the reader is about to open is gone.
         let read: Vec<String> = runs_listed().collect();
         for (d, dataset) in datasets_in_point.iter().enumerate().skip(1) {
-            let name = format!("d{d}");
-            let out = Command::new(env!("CARGO_BIN_EXE_hspack"))
-                .args(["store", "add", &store_in_point, dataset, "--name", &name])
-                .output()
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+            hspack_ok(&[
+                "store",
+                "add",
+                &store_in_point,
+                dataset,
+                "--name",
+                &format!("d{d}"),
+            ]);
             if read.iter().any(|f| !root.join(f).exists()) {
                 return;
             }
