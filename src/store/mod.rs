@@ -54,6 +54,10 @@ pub struct StoreConfig {
     pub id: String,
 }
 
+/// Tries at the lock of a store's memory (open packs, gone packs, the latest index): about
+/// 100 ms ([`lock_briefly`]).
+const MEMORY_TRIES: u32 = 1000;
+
 /// A store, open.
 pub struct Store {
     root: PathBuf,
@@ -324,11 +328,13 @@ impl Store {
     /// Pack `id`, opened once per store handle (its memories are locked for an instant,
     /// never across a read).
     pub fn pack(&self, id: &[u8; 16]) -> Result<Arc<dyn FileReader>> {
-        if let Some(f) = lock_briefly(&self.open_packs, 1000).and_then(|o| o.get(id).cloned()) {
+        if let Some(f) =
+            lock_briefly(&self.open_packs, MEMORY_TRIES).and_then(|o| o.get(id).cloned())
+        {
             return Ok(f);
         }
         let f = self.packs.open(&pack::pack_name(id))?;
-        if let Some(mut open) = lock_briefly(&self.open_packs, 1000) {
+        if let Some(mut open) = lock_briefly(&self.open_packs, MEMORY_TRIES) {
             // Another thread may have opened it meanwhile: the first one stays.
             return Ok(Arc::clone(open.entry(*id).or_insert(f)));
         }
@@ -337,7 +343,7 @@ impl Store {
 
     /// Forgets the packs opened so far (after a collection replaced some).
     pub fn forget_packs(&self) {
-        if let Some(mut open) = lock_briefly(&self.open_packs, 1000) {
+        if let Some(mut open) = lock_briefly(&self.open_packs, MEMORY_TRIES) {
             open.clear();
         }
     }
@@ -347,7 +353,7 @@ impl Store {
     /// the index as last read, then as read now, and read where it is now. The error of the
     /// first read stands when the index has it nowhere else, or reading there fails too.
     pub fn with_moved<T>(&self, at: &Location, read: impl Fn(&Location) -> Result<T>) -> Result<T> {
-        let gone = || lock_briefly(&self.gone_packs, 1000);
+        let gone = || lock_briefly(&self.gone_packs, MEMORY_TRIES);
         let known_gone = gone().is_some_and(|g| g.contains(&at.pack));
         let first = match known_gone {
             true => None,
@@ -356,7 +362,7 @@ impl Store {
                 Err(e) => Some(e),
             },
         };
-        let latest = || lock_briefly(&self.latest_index, 1000);
+        let latest = || lock_briefly(&self.latest_index, MEMORY_TRIES);
         let known = latest().and_then(|l| l.clone());
         let now = || -> Result<Arc<BlobIndex>> {
             let index = Arc::new(self.index()?);
