@@ -119,7 +119,8 @@ fn credentials_from_the_aws_cli_profile(moto: &Moto, tmp: &Path) {
         ),
     )
     .unwrap();
-    let info = |credentials: &Path| {
+    // The profile is named by `profile_var` (`AWS_PROFILE` or the older `AWS_DEFAULT_PROFILE`).
+    let info = |credentials: &Path, profile_var: &str| {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_hspack"));
         cmd.args(["info", "s3://hspack-test/rt"]);
         for var in [
@@ -127,6 +128,8 @@ fn credentials_from_the_aws_cli_profile(moto: &Moto, tmp: &Path) {
             "AWS_SECRET_ACCESS_KEY",
             "AWS_ENDPOINT_URL",
             "AWS_REGION",
+            "AWS_PROFILE",
+            "AWS_DEFAULT_PROFILE",
         ] {
             cmd.env_remove(var);
         }
@@ -134,16 +137,18 @@ fn credentials_from_the_aws_cli_profile(moto: &Moto, tmp: &Path) {
         cmd.env("AWS_METADATA_ENDPOINT", "http://127.0.0.1:9")
             .env("AWS_SHARED_CREDENTIALS_FILE", credentials)
             .env("AWS_CONFIG_FILE", aws.join("config"))
-            .env("AWS_PROFILE", "lab");
+            .env(profile_var, "lab");
         cmd.output().unwrap()
     };
-    let out = info(&aws.join("credentials"));
-    assert!(out.status.success(), "{}", said(&out));
-    let samples = said(&out)
-        .lines()
-        .find_map(|l| l.strip_prefix("samples").map(|n| n.trim().to_string()));
-    assert_eq!(samples.as_deref(), Some("14"), "{}", said(&out));
-    let out = info(&aws.join("none"));
+    for profile_var in ["AWS_PROFILE", "AWS_DEFAULT_PROFILE"] {
+        let out = info(&aws.join("credentials"), profile_var);
+        assert!(out.status.success(), "{profile_var}: {}", said(&out));
+        let samples = said(&out)
+            .lines()
+            .find_map(|l| l.strip_prefix("samples").map(|n| n.trim().to_string()));
+        assert_eq!(samples.as_deref(), Some("14"), "{}", said(&out));
+    }
+    let out = info(&aws.join("none"), "AWS_PROFILE");
     assert!(!out.status.success());
     assert!(
         said(&out).contains("no AWS credentials found: set AWS_ACCESS_KEY_ID"),

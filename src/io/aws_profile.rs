@@ -2,12 +2,14 @@
 //! the environment, web identity, the container and the instance metadata service, but not
 //! from the profile `aws configure` writes.
 //!
-//! Read: the profile `AWS_PROFILE` (else `default`) of `AWS_SHARED_CREDENTIALS_FILE` (else
-//! `~/.aws/credentials`: `aws_access_key_id`, `aws_secret_access_key`, `aws_session_token`)
-//! and of `AWS_CONFIG_FILE` (else `~/.aws/config`: `region`, `endpoint_url`), as the AWS CLI
-//! reads them. Environment variables win over both files: the keys are used where the
-//! environment names none (no `AWS_ACCESS_KEY_ID`, no web identity), the region and endpoint
-//! where it names no region or endpoint.
+//! Read as the AWS CLI reads them: the profile `AWS_PROFILE` (else `AWS_DEFAULT_PROFILE`,
+//! else `default`) of `AWS_SHARED_CREDENTIALS_FILE` (else `~/.aws/credentials`) and of
+//! `AWS_CONFIG_FILE` (else `~/.aws/config`, where the profile is `[profile NAME]`, and the
+//! default one `[default]` or `[profile default]`). The keys (`aws_access_key_id`,
+//! `aws_secret_access_key`, `aws_session_token`) come from `credentials`, else from `config`;
+//! `region` and `endpoint_url` from `config`. Environment variables win over both files: the
+//! keys are used where the environment names none (no `AWS_ACCESS_KEY_ID`, no web identity),
+//! the region and endpoint where it names no region or endpoint.
 
 use std::path::PathBuf;
 
@@ -24,7 +26,10 @@ pub struct Profile {
 
 /// The profile of this environment's AWS CLI files, where they are and hold it.
 pub fn profile() -> Profile {
-    let name = std::env::var("AWS_PROFILE").unwrap_or_else(|_| "default".into());
+    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+    let name = var("AWS_PROFILE")
+        .or_else(|| var("AWS_DEFAULT_PROFILE"))
+        .unwrap_or_else(|| "default".into());
     let home = std::env::var_os("HOME").map(PathBuf::from);
     let file = |var: &str, default: &str| {
         std::env::var_os(var)
@@ -33,27 +38,35 @@ pub fn profile() -> Profile {
             .and_then(|p| std::fs::read_to_string(p).ok())
             .unwrap_or_default()
     };
-    let credentials = section(&file("AWS_SHARED_CREDENTIALS_FILE", "credentials"), &name);
-    // In `config`, a profile other than the default is `[profile NAME]`.
-    let config_name = match name.as_str() {
-        "default" => name.clone(),
-        _ => format!("profile {name}"),
-    };
-    let config = section(&file("AWS_CONFIG_FILE", "config"), &config_name);
+    resolve(
+        &name,
+        &file("AWS_SHARED_CREDENTIALS_FILE", "credentials"),
+        &file("AWS_CONFIG_FILE", "config"),
+    )
+}
+
+/// Profile `name` of the texts of a `credentials` and a `config` file.
+pub fn resolve(name: &str, credentials: &str, config: &str) -> Profile {
+    let credentials = section(credentials, name);
+    // In `config`, a profile is `[profile NAME]`; the default one may also be `[default]`.
+    let mut settings = section(config, &format!("profile {name}"));
+    if name == "default" {
+        settings.extend(section(config, "default"));
+    }
     let get = |pairs: &[(String, String)], key: &str| {
         pairs.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone())
     };
-    let keys = match (
-        get(&credentials, "aws_access_key_id"),
-        get(&credentials, "aws_secret_access_key"),
+    let keys_of = |pairs: &[(String, String)]| match (
+        get(pairs, "aws_access_key_id"),
+        get(pairs, "aws_secret_access_key"),
     ) {
-        (Some(id), Some(secret)) => Some((id, secret, get(&credentials, "aws_session_token"))),
+        (Some(id), Some(secret)) => Some((id, secret, get(pairs, "aws_session_token"))),
         _ => None,
     };
     Profile {
-        keys,
-        region: get(&config, "region"),
-        endpoint: get(&config, "endpoint_url"),
+        keys: keys_of(&credentials).or_else(|| keys_of(&settings)),
+        region: get(&settings, "region"),
+        endpoint: get(&settings, "endpoint_url"),
     }
 }
 
@@ -99,5 +112,42 @@ mod tests {
         let other = section(text, "profile other");
         assert_eq!(other[0], ("region".to_string(), "eu-west-1".to_string()));
         assert!(section(text, "missing").is_empty());
+    }
+
+    fn keys(id: &str, secret: &str) -> Option<(String, String, Option<String>)> {
+        Some((id.into(), secret.into(), None))
+    }
+
+    #[test]
+    fn the_default_profile_is_read_from_either_config_header() {
+        let config = "[profile default]\nregion = eu-west-1\n";
+        assert_eq!(
+            resolve("default", "", config).region.as_deref(),
+            Some("eu-west-1")
+        );
+        let config = "[default]\nregion = us-east-2\nendpoint_url = http://s3.local\n";
+        let p = resolve("default", "", config);
+        assert_eq!(p.region.as_deref(), Some("us-east-2"));
+        assert_eq!(p.endpoint.as_deref(), Some("http://s3.local"));
+        // Another profile is only `[profile NAME]` in config.
+        let config = "[other]\nregion = eu-west-1\n[profile other]\nregion = ap-south-1\n";
+        assert_eq!(
+            resolve("other", "", config).region.as_deref(),
+            Some("ap-south-1")
+        );
+    }
+
+    #[test]
+    fn keys_come_from_credentials_else_from_config() {
+        let config = "[profile lab]\naws_access_key_id = C\naws_secret_access_key = D\n";
+        assert_eq!(resolve("lab", "", config).keys, keys("C", "D"));
+        let credentials = "[lab]\naws_access_key_id = A\naws_secret_access_key = B\n";
+        assert_eq!(resolve("lab", credentials, config).keys, keys("A", "B"));
+        // Half a pair is no keys.
+        assert_eq!(
+            resolve("lab", "[lab]\naws_access_key_id = A\n", "").keys,
+            None
+        );
+        assert_eq!(resolve("other", credentials, config), Profile::default());
     }
 }
