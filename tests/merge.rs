@@ -13,13 +13,22 @@ use hspack::{Codec, Dataset, DatasetWriter, Error, WriteOptions};
 const HIDDEN: usize = 16;
 
 fn write(dir: &Path, prefix: &str, n: u64, hidden: usize) {
+    write_samples(dir, prefix, n, hidden, 0);
+}
+
+/// `write`, the samples' bytes drawn from other seeds (`shift` added).
+fn write_seeded(dir: &Path, prefix: &str, n: u64, shift: u64) {
+    write_samples(dir, prefix, n, HIDDEN, shift);
+}
+
+fn write_samples(dir: &Path, prefix: &str, n: u64, hidden: usize, shift: u64) {
     let options = WriteOptions {
         shard_samples: 3,
         ..small_options()
     };
     let mut w = DatasetWriter::create(dir, capture_schema(hidden as u64), options).unwrap();
     for i in 0..n {
-        let sample = capture_sample(seed(prefix, i), 2 + i as usize % 5, hidden);
+        let sample = capture_sample(seed(prefix, i) + shift, 2 + i as usize % 5, hidden);
         w.append(&format!("{prefix}{i}"), &as_fields(&sample))
             .unwrap();
     }
@@ -133,7 +142,86 @@ fn the_command_line_merges_and_says_what_it_did() {
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     let o = hspack_in(&["merge", "r0", "all"], t.path());
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    // `all` is not a merge of r1 then r0: refused, with nothing to resume.
+    let o = hspack_in(&["merge", "r1", "r0", "all"], t.path());
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("merge into a new folder"), "{}", text(&o));
+    assert!(!text(&o).contains("rerun to resume"), "{}", text(&o));
     let o = hspack_in(&["merge", "r0", "r1", "bad", "--codec", "lz4"], t.path());
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(text(&o).contains("zstd-bytegroup"), "{}", text(&o));
+}
+
+#[test]
+fn a_destination_that_is_not_an_interrupted_merge_of_the_sources_is_refused() {
+    let t = tempfile::tempdir().unwrap();
+    write(&t.path().join("a"), "k", 6, HIDDEN);
+    write(&t.path().join("b"), "b", 4, HIDDEN);
+    // Other contents under the same keys (a capture run again, say).
+    write_seeded(&t.path().join("other"), "k", 6, 7);
+    let dst = |name: &str| hspack::io::open_location(t.path().join(name)).unwrap();
+    let other = Dataset::open(t.path().join("other")).unwrap();
+    let before = other.sample(0).unwrap().read("hidden.2", None).unwrap();
+    let keys = |ds: &Dataset| -> Vec<String> {
+        ds.samples().map(|s| s.unwrap().key.to_string()).collect()
+    };
+    let refusals = [
+        // Same keys, other bytes: nothing of `a` would be copied.
+        (vec!["a"], "other", "differs in field"),
+        // Another order of the same sources.
+        (vec!["b", "a"], "ab", "is where this merge puts \"b0\""),
+        // More samples than the sources have.
+        (vec!["a"], "ab", "is past the sources' last sample"),
+    ];
+    merge(
+        &open_all(t.path(), &["a", "b"]),
+        dst("ab"),
+        Default::default(),
+        &|_| {},
+    )
+    .unwrap();
+    for (sources, into, why) in refusals {
+        let held = Dataset::open(t.path().join(into)).unwrap();
+        let err = merge(
+            &open_all(t.path(), &sources),
+            dst(into),
+            Default::default(),
+            &|_| {},
+        )
+        .unwrap_err();
+        assert!(matches!(err, Error::CopyRefused { .. }), "{err}");
+        let msg = err.to_string();
+        assert!(
+            msg.contains(why) && msg.contains("nothing was written"),
+            "{msg}"
+        );
+        let after = Dataset::open(t.path().join(into)).unwrap();
+        assert_eq!(keys(&after), keys(&held), "{sources:?} into {into}");
+    }
+    let other = Dataset::open(t.path().join("other")).unwrap();
+    assert_eq!(
+        other
+            .sample(0)
+            .unwrap()
+            .read("hidden.2", None)
+            .unwrap()
+            .bytes(),
+        before.bytes()
+    );
+    // A merge of a prefix of the sources, then of all of them, goes on from where it was.
+    merge(
+        &open_all(t.path(), &["a"]),
+        dst("a_then_b"),
+        Default::default(),
+        &|_| {},
+    )
+    .unwrap();
+    let report = merge(
+        &open_all(t.path(), &["a", "b"]),
+        dst("a_then_b"),
+        Default::default(),
+        &|_| {},
+    )
+    .unwrap();
+    assert_eq!((report.samples, report.samples_copied), (10, 4));
 }

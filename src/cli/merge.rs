@@ -48,10 +48,16 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let report = match merge(&opened, storage, options, &|_| {}) {
         Ok(r) => r,
         Err(e) => {
-            eprintln!(
-                "hspack: {} holds what was committed so far; rerun to resume",
-                dst.display()
-            );
+            // A refusal comes before anything is written: there is nothing to resume.
+            if !matches!(
+                e,
+                hspack::Error::CopyRefused { .. } | hspack::Error::SchemaMismatch { .. }
+            ) {
+                eprintln!(
+                    "hspack: {} holds what was committed so far; rerun to resume",
+                    dst.display()
+                );
+            }
             return Ok(super::read_failed(e.into()));
         }
     };

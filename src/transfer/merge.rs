@@ -8,14 +8,16 @@
 //! hash as it is read; the destination is verified when the merge ends. Keys must be unique
 //! across the sources, checked before anything is written. A merge that stops (killed, a
 //! failed write) resumes when run again with the same sources: samples already committed to
-//! the destination are not copied again.
+//! the destination are not copied again. A destination that is not such a merge (it holds
+//! other samples, other contents under a source's key, or the sources' samples in another
+//! order) is refused before anything is written.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::io::Storage;
-use crate::read::Dataset;
+use crate::read::{Dataset, Sample, Tensor};
 use crate::verify::{verify_dataset, VerifyOptions};
 use crate::write::dataset_writer::describe_difference;
 use crate::write::{DatasetWriter, WriteOptions};
@@ -79,20 +81,19 @@ pub fn merge(
             seen.insert(key, i);
         }
     }
+    let done = merged_so_far(sources, &dst, &refused)?;
     let mut w = DatasetWriter::open_in(dst, first.schema().clone(), options)?;
     let mut report = MergeReport::default();
+    let mut skip = done;
     for ds in sources {
         report
             .sources
             .push((ds.dir().display().to_string(), ds.len()));
-        for ordinal in 0..ds.len() {
+        let resumed = skip.min(ds.len());
+        skip -= resumed;
+        for ordinal in resumed..ds.len() {
             let sample = ds.sample(ordinal)?;
-            if w.contains_key(sample.key()) {
-                continue;
-            }
-            let tensors = (ds.schema().fields.iter())
-                .map(|f| sample.read(&f.name, None))
-                .collect::<Result<Vec<_>>>()?;
+            let tensors = read_all(ds, &sample)?;
             let fields: Vec<(&str, &[u8])> = (ds.schema().fields.iter())
                 .zip(&tensors)
                 .map(|(f, t)| (f.name.as_str(), t.bytes()))
@@ -114,4 +115,62 @@ pub fn merge(
     report.bytes = stats.bytes;
     report.digest = verified.digest;
     Ok(report)
+}
+
+/// Every field of `sample` (of `ds`), in schema order.
+fn read_all(ds: &Dataset, sample: &Sample<'_>) -> Result<Vec<Tensor>> {
+    (0..ds.schema().fields.len())
+        .map(|f| sample.read_field(f, None))
+        .collect()
+}
+
+/// How many samples of the merge an interrupted run committed to `dst` (0 when it holds no
+/// dataset): its samples must be the first of the sources' in order, key for key and byte for
+/// byte, else the destination is another dataset and the merge is refused.
+fn merged_so_far(
+    sources: &[Dataset],
+    dst: &Arc<dyn Storage>,
+    refused: &dyn Fn(String) -> Error,
+) -> Result<u64> {
+    let held = match Dataset::open_in(Arc::clone(dst), Default::default()) {
+        Ok(d) => d,
+        Err(Error::NotADataset { .. }) => return Ok(0),
+        Err(e) => return Err(e),
+    };
+    let mut wanted = sources
+        .iter()
+        .flat_map(|ds| (0..ds.len()).map(move |o| (ds, o)));
+    for ordinal in 0..held.len() {
+        let there = held.sample(ordinal)?;
+        let not_ours = |what: String| {
+            refused(format!(
+                "it holds a dataset that is not an interrupted merge of these sources: its \
+                 sample {ordinal} ({:?}) {what}; nothing was written: merge into a new folder",
+                there.key()
+            ))
+        };
+        let Some((ds, o)) = wanted.next() else {
+            return Err(not_ours("is past the sources' last sample".into()));
+        };
+        let source = ds.sample(o)?;
+        if source.key() != there.key() {
+            return Err(not_ours(format!(
+                "is where this merge puts {:?} of {}",
+                source.key(),
+                ds.dir().display()
+            )));
+        }
+        for (f, (a, b)) in (ds.schema().fields.iter())
+            .zip(read_all(ds, &source)?.iter().zip(&read_all(&held, &there)?))
+        {
+            if a.bytes() != b.bytes() {
+                return Err(not_ours(format!(
+                    "differs in field {:?} from the sample of that key in {}",
+                    f.name,
+                    ds.dir().display()
+                )));
+            }
+        }
+    }
+    Ok(held.len())
 }
