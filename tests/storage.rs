@@ -347,3 +347,73 @@ fn a_shard_published_without_its_manifest_is_a_leftover_not_damage() {
     write(&storage, 5..9, small_options());
     check_all("after the next writer", &open(&storage), 9);
 }
+
+/// A commit whose manifest landed while its publish reported an error, and whose read-back
+/// failed too: the writer cannot tell whether it landed, so it takes nothing back.
+#[test]
+fn a_commit_that_may_have_landed_takes_back_none_of_its_files() {
+    let m = MemoryStorage::new("unsure");
+    let storage: Arc<dyn Storage> = Arc::new(m.clone());
+    write(&storage, 0..5, small_options());
+    let mut w = DatasetWriter::open_in(
+        storage.clone(),
+        capture_schema(HIDDEN as u64),
+        small_options(),
+    )
+    .unwrap();
+    for i in 5..8 {
+        w.append(&format!("s{i}"), &as_fields(&sample(i))).unwrap();
+    }
+    m.set_faults(Faults {
+        failing_publishes_of: Some("manifest.json".into()),
+        failed_publishes_land: true,
+        failing_reads_of: Some("manifest.json".into()),
+        ..Faults::default()
+    });
+    let err = w.commit().unwrap_err();
+    assert!(err.to_string().contains("injected fault"), "{err}");
+    m.set_faults(Faults::default());
+    drop(w);
+    // The manifest that landed lists the commit's files: they are all there.
+    let ds = open(&storage);
+    check_all("after the unsure commit", &ds, 8);
+    let report = verify_dataset(&ds, VerifyOptions::default(), &|_| {}).unwrap();
+    assert!(report.is_ok(), "{:?}", report.problems);
+}
+
+/// Under a lease, a commit whose manifest failed to publish leaves its files (named after the
+/// lease) listed nowhere; the same writer's next commit makes them again and lands.
+#[test]
+fn a_leased_writer_commits_again_after_a_failed_commit() {
+    let m = MemoryStorage::new("leased");
+    m.lease_as("a11ce5");
+    let storage: Arc<dyn Storage> = Arc::new(m.clone());
+    write(&storage, 0..5, small_options());
+    let mut w = DatasetWriter::open_in(
+        storage.clone(),
+        capture_schema(HIDDEN as u64),
+        small_options(),
+    )
+    .unwrap();
+    let append = |w: &mut DatasetWriter| {
+        for i in 5..8 {
+            w.append(&format!("s{i}"), &as_fields(&sample(i))).unwrap();
+        }
+    };
+    append(&mut w);
+    m.set_faults(Faults {
+        failing_publishes_of: Some("manifest.json".into()),
+        ..Faults::default()
+    });
+    let err = w.commit().unwrap_err();
+    assert!(err.to_string().contains("injected fault"), "{err}");
+    m.set_faults(Faults::default());
+    // Its samples were not committed: appended again, and committed.
+    append(&mut w);
+    w.commit().unwrap();
+    w.finish().unwrap();
+    let ds = open(&storage);
+    check_all("after the second commit", &ds, 8);
+    let report = verify_dataset(&ds, VerifyOptions::default(), &|_| {}).unwrap();
+    assert!(report.is_ok() && report.leftovers.is_empty(), "{report:?}");
+}

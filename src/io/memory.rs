@@ -24,6 +24,13 @@ pub struct Faults {
     /// Deletions fail, as they do for a writer that died before making them: with a failed
     /// publish, the state a crash leaves.
     pub deletes_fail: bool,
+    /// Publishes of files whose name contains this fail.
+    pub failing_publishes_of: Option<String>,
+    /// A failing publish lands all the same, as one whose response was lost, or a rename
+    /// whose folder fsync then failed.
+    pub failed_publishes_land: bool,
+    /// Whole-file reads of files whose name contains this fail.
+    pub failing_reads_of: Option<String>,
 }
 
 #[derive(Debug, Default)]
@@ -95,19 +102,28 @@ impl MemoryStorage {
         check: impl FnOnce(&State) -> Result<()>,
     ) -> Result<()> {
         let mut s = self.state();
-        if let Some(n) = s.faults.publishes_before_failure {
-            if s.publishes >= n {
-                return Err(Error::Io {
-                    path: self.path(name),
-                    op: "publish",
-                    source: std::io::Error::other("injected fault: the publish failed"),
-                });
-            }
+        let fails = s
+            .faults
+            .publishes_before_failure
+            .is_some_and(|n| s.publishes >= n)
+            || (s.faults.failing_publishes_of)
+                .as_deref()
+                .is_some_and(|part| name.contains(part));
+        let failed = || Error::Io {
+            path: self.path(name),
+            op: "publish",
+            source: std::io::Error::other("injected fault: the publish failed"),
+        };
+        if fails && !s.faults.failed_publishes_land {
+            return Err(failed());
         }
         check(&s)?;
         s.publishes += 1;
         s.files.insert(name.to_string(), bytes);
-        Ok(())
+        match fails {
+            true => Err(failed()),
+            false => Ok(()),
+        }
     }
 }
 
@@ -125,6 +141,16 @@ impl Storage for MemoryStorage {
     }
 
     fn read(&self, name: &str) -> Result<Option<Vec<u8>>> {
+        let fails = (self.state().faults.failing_reads_of)
+            .as_deref()
+            .is_some_and(|part| name.contains(part));
+        if fails {
+            return Err(Error::Io {
+                path: self.path(name),
+                op: "read",
+                source: std::io::Error::other("injected fault: the read failed"),
+            });
+        }
         Ok(self.get(name))
     }
 

@@ -337,21 +337,30 @@ impl DatasetWriter {
         let commit = commit.as_deref();
         let place = self.next_place(commit);
         let record = shard.finish(&place, self.options.durable)?;
-        let Err(e) = self.publish_commit(commit, Some(record)) else {
-            return Ok(());
-        };
-        // Nobody's manifest lists the shard this writer just created: take it back.
-        if self.may_take_back(commit) {
-            let _ = self.storage.delete(&place.name);
-        }
-        Err(e)
+        self.publish_commit(commit, Some(record))
     }
 
-    /// Whether files this writer created for a commit that failed may be removed: not when
-    /// the lock is a lease another writer may have taken over, which may by now have put
-    /// files of its own under those names (the next writer removes them as leftovers).
+    /// Whether files this writer created may be removed without knowing what the manifest
+    /// lists: not when the lock is a lease another writer may have taken over, which may by
+    /// now have put files of its own under those names (the next writer removes them as
+    /// leftovers).
     fn may_take_back(&self, commit: Option<&dyn WriterLease>) -> bool {
         self.lock.token().is_none() && commit.and_then(|c| c.token()).is_none()
+    }
+
+    /// Whether the files created for a commit whose manifest did not land, read back as
+    /// `there`, are listed nowhere and may be taken back. Not when the read failed: the
+    /// manifest may have landed. Under a lease, only when `there` is the manifest this writer
+    /// last wrote: the files are named after its lease, and no other writer published since,
+    /// so none lists them; and then the next commit can make them again.
+    fn unlisted(&self, commit: Option<&dyn WriterLease>, there: &Result<Option<Vec<u8>>>) -> bool {
+        match there {
+            Err(_) => false,
+            Ok(_) if self.may_take_back(commit) => true,
+            Ok(found) => found
+                .as_ref()
+                .is_some_and(|f| blake3::hash(f) == self.manifest_hash),
+        }
     }
 
     /// Lists the published shard `record` (if any) in a new segment with its key run and
@@ -364,6 +373,7 @@ impl DatasetWriter {
     ) -> Result<()> {
         let mark = Mark::of(&self.manifest);
         let first_new = self.manifest.shards.len();
+        let shard_file = record.as_ref().map(|r| r.file.clone());
         if let Some(record) = record {
             self.manifest.samples += record.samples;
             self.manifest.shards.push(record);
@@ -386,16 +396,17 @@ impl DatasetWriter {
         // A replacement can land and still report an error (a lost response, a retried
         // conditional put that then finds its own write): what is there decides.
         let bytes = self.manifest.encode();
-        if self.storage.read(MANIFEST_FILE).ok().flatten().as_ref() == Some(&bytes) {
+        let there = self.storage.read(MANIFEST_FILE);
+        if matches!(&there, Ok(Some(found)) if *found == bytes) {
             self.manifest_hash = blake3::hash(&bytes);
             self.remove_replaced(&mark, &published);
             return Ok(());
         }
         mark.restore(&mut self.manifest);
-        // The files made for this commit are listed nowhere: taken back, so that the next
-        // commit can make them again.
-        if self.may_take_back(commit) {
-            for name in &created {
+        // The files made for this commit, its shard among them, are taken back where they are
+        // listed nowhere, so that the next commit can make them again.
+        if self.unlisted(commit, &there) {
+            for name in shard_file.iter().chain(&created) {
                 let _ = self.storage.delete(name);
             }
         }
