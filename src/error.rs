@@ -142,7 +142,7 @@ pub enum Error {
         detail: String,
     },
     /// A key run (manifest version 4) does not match its segment or its shards.
-    #[error("{}: {detail}: rewrite it from the shards with `hspack reindex DATASET`, or restore it from a copy with `hspack repair`", path.display())]
+    #[error("{}: {detail}: rewrite it from the shards with `hspack reindex DATASET`, or restore it from an intact copy with `hspack repair DATASET --from COPY`", path.display())]
     KeyRun {
         /// Key run file.
         path: PathBuf,

@@ -152,3 +152,62 @@ fn a_reader_open_across_commits_keeps_its_snapshot() {
     assert!(early.get_by_key("k6").is_err(), "committed after it opened");
     assert_eq!(Dataset::open(&dir).unwrap().len(), 80);
 }
+
+/// A copy whose segment is missing, and whose other segment is damaged, does not open:
+/// verify says so as damage naming the file and the command, and repair restores both from
+/// an intact copy.
+#[test]
+fn a_missing_or_damaged_segment_is_named_and_repaired_from_a_copy() {
+    use common::cli::{hspack, text};
+    let t = tempfile::tempdir().unwrap();
+    let (good, bad) = (t.path().join("good"), t.path().join("bad"));
+    let options = WriteOptions {
+        shard_samples: 2,
+        ..small_options()
+    };
+    let mut w = DatasetWriter::create(&good, capture_schema(HIDDEN as u64), options).unwrap();
+    for i in 0..6u64 {
+        w.append(&format!("k{i}"), &as_fields(&capture_sample(i, 2, HIDDEN)))
+            .unwrap();
+        if i % 2 == 1 {
+            w.commit().unwrap();
+        }
+    }
+    w.finish().unwrap();
+    std::fs::create_dir_all(&bad).unwrap();
+    for e in std::fs::read_dir(&good).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), bad.join(e.file_name())).unwrap();
+    }
+    let ds = Dataset::open(&good).unwrap();
+    let segments: Vec<String> = (ds.manifest().listed_files().iter())
+        .map(|f| f.file.to_string())
+        .filter(|f| f.starts_with("segment-"))
+        .collect();
+    assert!(segments.len() >= 2, "{segments:?}");
+    std::fs::remove_file(bad.join(&segments[0])).unwrap();
+    let damaged = bad.join(&segments[1]);
+    let mut bytes = std::fs::read(&damaged).unwrap();
+    bytes[10] ^= 1;
+    std::fs::write(&damaged, bytes).unwrap();
+    let s = |p: &std::path::Path| p.to_str().unwrap().to_string();
+    let v = hspack(&["verify", &s(&bad)]);
+    assert_eq!(v.status.code(), Some(1), "{}", text(&v));
+    assert!(
+        text(&v).contains(&segments[0])
+            && text(&v).contains("hspack repair DATASET --from COPY")
+            && !text(&v).contains("the manifest is the root of trust"),
+        "{}",
+        text(&v)
+    );
+    let r = hspack(&["repair", &s(&bad), "--from", &s(&good), "--json"]);
+    assert!(r.status.success(), "{}", text(&r));
+    let report: serde_json::Value = serde_json::from_str(&common::cli::stdout(&r)).unwrap();
+    let replaced = report["files_replaced"].as_array().unwrap();
+    for name in &segments[..2] {
+        assert!(replaced.contains(&serde_json::json!(name)), "{report}");
+    }
+    assert_eq!(report["problems_left"], serde_json::json!([]));
+    let v = hspack(&["verify", &s(&bad)]);
+    assert_eq!(v.status.code(), Some(0), "{}", text(&v));
+}

@@ -128,11 +128,19 @@ pub fn open_failed(e: hspack::Error, json: bool) -> anyhow::Result<ExitCode> {
     if json {
         let v = serde_json::json!({"ok": false, "problems": [e.to_string()]});
         println!("{}", serde_json::to_string_pretty(&v)?);
-    } else {
+    } else if is_manifest_damage(&e) {
         eprintln!("DAMAGED {e}");
         eprintln!("the manifest is the root of trust: restore it from an intact copy");
+    } else {
+        eprintln!("DAMAGED {e}");
     }
     Ok(ExitCode::from(EXIT_DAMAGED))
+}
+
+/// Whether `e` is damage in the manifest itself (not in a part it lists).
+pub fn is_manifest_damage(e: &hspack::Error) -> bool {
+    matches!(e, hspack::Error::Format { path, .. }
+        if path.file_name().and_then(|n| n.to_str()) == Some(hspack::format::manifest::MANIFEST_FILE))
 }
 
 /// The error and its causes, each said once: hspack's errors put their cause in their own

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use hspack::transfer::repair;
+use hspack::transfer::repair::{repair, restore_listed};
 use hspack::verify::count;
 
 use super::EXIT_DAMAGED;
@@ -21,12 +21,34 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
+    let good = hspack::Dataset::open(&a.from)?;
+    let mut restored = Vec::new();
     let damaged = match hspack::Dataset::open(&a.damaged) {
         Ok(ds) => ds,
+        // Its manifest is intact and a segment it lists is not: restored first, from the copy.
+        Err(e @ hspack::Error::Format { .. }) if !super::is_manifest_damage(&e) => {
+            let storage = hspack::store::open_location(&a.damaged)?;
+            match restore_listed(&storage, &good) {
+                Ok(files) if !files.is_empty() => restored = files,
+                _ => return super::open_failed(e, a.json),
+            }
+            hspack::Dataset::open(&a.damaged)?
+        }
         Err(e) => return super::open_failed(e, a.json),
     };
-    let good = hspack::Dataset::open(&a.from)?;
-    let report = repair(&damaged, &good)?;
+    let mut report = repair(&damaged, &good)?;
+    if !restored.is_empty() {
+        report.problems_found.insert(
+            0,
+            format!(
+                "{} did not open: its {} restored",
+                a.damaged.display(),
+                restored.join(", ")
+            ),
+        );
+        restored.extend(std::mem::take(&mut report.files_replaced));
+        report.files_replaced = restored;
+    }
     let ok = report.problems_left.is_empty();
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report)?);

@@ -132,7 +132,7 @@ impl Segment {
         if hex(blake3::hash(bytes).as_bytes()) != at.blake3.to_ascii_lowercase() {
             return Err(json(
                 "its BLAKE3 differs from the manifest's: the segment is damaged; restore it \
-                 from a copy (`hspack repair`)"
+                 from an intact copy with `hspack repair DATASET --from COPY`"
                     .into(),
             ));
         }

@@ -32,6 +32,18 @@ pub fn load_manifest(storage: &dyn Storage) -> Result<Option<(Manifest, Vec<u8>)
             {
                 attempt += 1;
             }
+            // A part the manifest lists and that is not there is damage, as a damaged one is.
+            Err(Error::Io { path, source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound =>
+            {
+                return Err(Error::Format {
+                    path,
+                    source: crate::format::FormatError::Json {
+                        structure: "segment",
+                        detail: source.to_string(),
+                    },
+                })
+            }
             Err(e) => return Err(e),
         }
     }
@@ -52,8 +64,8 @@ pub fn add_segments(storage: &dyn Storage, manifest: &mut Manifest) -> Result<()
                         op: "read",
                         source: std::io::Error::new(
                             std::io::ErrorKind::NotFound,
-                            "the manifest lists this segment but it is missing: restore it from a \
-                             copy with `hspack repair DATASET COPY`",
+                            "the manifest lists it but it is missing: restore it from an intact \
+                             copy with `hspack repair DATASET --from COPY`",
                         ),
                     });
                 };

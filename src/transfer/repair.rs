@@ -3,14 +3,18 @@
 //!
 //! The unit replaced is the shard file: a damaged shard is deleted and sent again from the
 //! good copy, every chunk checked as it passes and read back where it landed, as `hspack cp`
-//! does. A damaged or missing samples table, key run or table part is copied again. The manifest, the root of trust,
-//! is never replaced: the two copies must already share it byte for byte.
+//! does. A damaged or missing samples table, segment, key run or table part is copied again
+//! (a copy whose segments are damaged does not open: `restore_listed` comes first). The
+//! manifest, the root of trust, is never replaced: the two copies must already share it byte
+//! for byte.
 
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
+use crate::format::manifest::MANIFEST_FILE;
+use crate::io::Storage;
 use crate::read::Dataset;
 use crate::verify::{verify_dataset, Report, VerifyOptions};
 
@@ -48,17 +52,32 @@ fn problem_file(e: &Error) -> Option<&Path> {
     }
 }
 
+/// Copies again, from `good`, the files besides shards that the manifest of the dataset in
+/// `dst` lists and that are missing there or differ from their hash (segments, key runs,
+/// samples table parts): what a dataset needs to open. Refused unless the two manifests are
+/// the same bytes. Returns the files copied.
+pub fn restore_listed(dst: &Arc<dyn Storage>, good: &Dataset) -> Result<Vec<String>> {
+    if dst.read(MANIFEST_FILE)?.as_deref() != Some(good.manifest_bytes()) {
+        return Err(not_a_copy(dst.root(), good));
+    }
+    copy_listed_files(good, dst, &|_| true)
+}
+
+fn not_a_copy(damaged: &Path, good: &Dataset) -> Error {
+    Error::CopyRefused {
+        path: damaged.to_path_buf(),
+        detail: format!(
+            "{} is not a copy of the same dataset (their manifests differ); repair takes \
+             its parts only from a copy with the same digest",
+            good.dir().display()
+        ),
+    }
+}
+
 /// Repairs `damaged` from `good`, two copies of one dataset.
 pub fn repair(damaged: &Dataset, good: &Dataset) -> Result<RepairReport> {
     if damaged.manifest_bytes() != good.manifest_bytes() {
-        return Err(Error::CopyRefused {
-            path: damaged.dir().to_path_buf(),
-            detail: format!(
-                "{} is not a copy of the same dataset (their manifests differ); repair takes \
-                 its parts only from a copy with the same digest",
-                good.dir().display()
-            ),
-        });
+        return Err(not_a_copy(damaged.dir(), good));
     }
     let first = verify_dataset(damaged, VerifyOptions::default(), &|_| {})?;
     let intact = verify_dataset(good, VerifyOptions::default(), &|_| {})?;
