@@ -101,13 +101,15 @@ impl WriteOptions {
     }
 
     /// Rows per chunk of `field`: whole token blocks of at least [`BLOCK_CHUNK_BYTES`] when
-    /// `block_rows` is set, else as many rows as fit the chunk target of its codec.
+    /// `block_rows` is set, else as many rows as fit the chunk target of its codec; never more
+    /// than the format allows in one chunk (a block of wide rows is cut to that).
     pub fn rows_per_chunk(&self, field: &Field) -> u64 {
         let row_bytes = field.row_bytes().max(1);
-        match self.block_rows {
+        let rows = match self.block_rows {
             Some(block) => block * BLOCK_CHUNK_BYTES.div_ceil(block * row_bytes).max(1),
-            None => (self.chunk_target(self.codec_of(field)) / row_bytes).max(1),
-        }
+            None => self.chunk_target(self.codec_of(field)) / row_bytes,
+        };
+        rows.min(crate::format::index::MAX_CHUNK_BYTES / row_bytes).max(1)
     }
 
     /// The "shard is full" rule: whether a shard of `bytes` bytes holding `samples` samples
@@ -160,4 +162,30 @@ pub struct WriteStats {
     pub bytes: u64,
     /// Decoded bytes of committed samples.
     pub raw_bytes: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::index::MAX_CHUNK_BYTES;
+    use crate::format::{DType, Role};
+
+    #[test]
+    fn no_chunk_is_larger_than_the_format_allows() {
+        for width in [1u64, 7168, 65536, 1 << 20] {
+            let field = Field::new("h", DType::BF16, &[width], Role::Other);
+            for block_rows in [None, Some(1), Some(64), Some(4096), Some(1 << 20)] {
+                let options = WriteOptions {
+                    block_rows,
+                    ..WriteOptions::default()
+                };
+                let rows = options.rows_per_chunk(&field);
+                assert!(rows >= 1);
+                assert!(
+                    rows * field.row_bytes() <= MAX_CHUNK_BYTES,
+                    "width {width}, block_rows {block_rows:?}: {rows} rows"
+                );
+            }
+        }
+    }
 }
