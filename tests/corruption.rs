@@ -627,3 +627,40 @@ fn lookups_by_key_over_many_shards_survive_a_damaged_shard() {
         Err(Error::NoSuchKey { .. })
     ));
 }
+
+/// A manifest (version 3) whose shards claim 2^40 samples each: a lookup by key is an error
+/// naming a shard, never an allocation sized by the claim (which aborts the process).
+#[test]
+fn a_manifest_claiming_huge_shards_fails_a_lookup_cleanly() {
+    let golden = Path::new(env!("CARGO_MANIFEST_DIR")).join("format-spec/golden/v3/leased");
+    let mut m: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(golden.join("manifest.json")).unwrap()).unwrap();
+    let template = m["shards"][0].clone();
+    let claim = 1u64 << 40;
+    let shards: Vec<serde_json::Value> = (0..9u64)
+        .map(|seq| {
+            let mut s = template.clone();
+            s["file"] = format!("shard-{seq:06}.hsp").into();
+            s["seq"] = seq.into();
+            s["first_ordinal"] = (seq * claim).into();
+            s["samples"] = claim.into();
+            s
+        })
+        .collect();
+    m["shards"] = shards.into();
+    m["samples"] = (9 * claim).into();
+    m["samples_table"] = serde_json::Value::Null;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("manifest.json"),
+        serde_json::to_vec(&m).unwrap(),
+    )
+    .unwrap();
+    let ds = match Dataset::open(dir.path()) {
+        Ok(ds) => ds,
+        // Refusing the claim when the manifest is read is as good.
+        Err(e) => return assert!(e.to_string().contains("manifest.json"), "{e}"),
+    };
+    let err = ds.find("req-0").unwrap_err().to_string();
+    assert!(err.contains("shard-000000.hsp"), "{err}");
+}

@@ -41,7 +41,10 @@ impl KeyDirectory {
                 .collect()
         });
         let mut unindexed = Vec::new();
-        let mut pairs = Vec::with_capacity(ds.len() as usize);
+        // Sized by what the shards hold, not by the manifest's counts (a crafted manifest
+        // may claim any number of samples).
+        let found: usize = per_shard.iter().flatten().map(Vec::len).sum();
+        let mut pairs = Vec::with_capacity(found);
         for shard in per_shard {
             match shard {
                 Ok(found) => pairs.extend(found),

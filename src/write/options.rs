@@ -109,7 +109,8 @@ impl WriteOptions {
             Some(block) => block * BLOCK_CHUNK_BYTES.div_ceil(block * row_bytes).max(1),
             None => self.chunk_target(self.codec_of(field)) / row_bytes,
         };
-        rows.min(crate::format::index::MAX_CHUNK_BYTES / row_bytes).max(1)
+        rows.min(crate::format::index::MAX_CHUNK_BYTES / row_bytes)
+            .max(1)
     }
 
     /// The "shard is full" rule: whether a shard of `bytes` bytes holding `samples` samples
