@@ -380,3 +380,60 @@ def test_spawned_workers_order_the_samples_the_dataset_object_was_made_with(tmp_
     loader = HspackLoader(ds, batch_size=4, num_workers=2, multiprocessing_context="spawn")
     with pytest.raises(Exception, match="changed since"):
         list(loader)
+
+
+@pytest.mark.parametrize("kind", ["sampler", "iterable", "iterable-workers"])
+def test_drop_last_never_leaves_later_epochs_empty(eagle_path, kind):
+    # 37 samples in batches of 4: the last sample is dropped, and the epoch is complete all
+    # the same: each `for` (no set_epoch) is the whole epoch again, never the one left over.
+    if kind == "sampler":
+        ds = HspackDataset(eagle_path, ["input_ids"])
+        loader = HspackLoader(ds, batch_size=4, sampler=HspackSampler(ds, seed=7), drop_last=True)
+    else:
+        workers = {"num_workers": 2, "persistent_workers": True} if kind == "iterable-workers" else {}
+        loader = HspackLoader(HspackIterableDataset(eagle_path, ["input_ids"], seed=7), batch_size=4, drop_last=True, **workers)
+    first = one_for(loader)
+    assert len(first) == 9 and all(len(b) == 4 for b in first)
+    assert loader.state_dict()["consumed"] == 37
+    assert len(loader) == 9
+    assert one_for(loader) == first
+    loader.set_epoch(1)
+    assert len(one_for(loader)) == 9
+
+
+def test_an_unbatched_item_counts_as_one_sample_whatever_its_structure(eagle_path):
+    # A view returning a tuple: unbatched, the DataLoader hands it on as a list of 2.
+    ds = HspackIterableDataset(eagle_path, view=lambda d, i: (d.read(i)["input_ids"], i), seed=7)
+    loader = HspackLoader(ds, batch_size=None)
+    got = []
+    for item in loader:
+        got.append(item[1])
+        if len(got) == 5:
+            break
+    assert loader.state_dict()["consumed"] == 5
+    rest = [item[1] for item in loader]
+    assert sorted(got + rest) == list(range(37))
+
+
+def test_out_of_order_batches_are_refused(eagle_path):
+    ds = HspackIterableDataset(eagle_path, ["input_ids"])
+    with pytest.raises(ValueError, match="in_order=True"):
+        HspackLoader(ds, batch_size=4, num_workers=2, in_order=False)
+
+
+def test_a_specforge_item_cut_by_the_collate_is_masked_as_specforge_masks_it(eagle_path):
+    # SpecForge cuts a sample to its max length, then zeroes the loss mask's last position:
+    # PadCollate(max_len) over the uncut view gives what the view cut to max_len gives.
+    whole = HspackDataset(eagle_path, view="eagle3-specforge")
+    cut = HspackDataset(eagle_path, view="eagle3-specforge", max_len=8)
+    long = [i for i in range(len(whole)) if whole[i]["input_ids"].shape[1] > 8]
+    short = [i for i in range(len(whole)) if whole[i]["input_ids"].shape[1] <= 8]
+    assert long and short
+    collate = PadCollate(max_len=8)
+    for i in long[:5] + short[:2]:
+        batch = collate([whole[i]])
+        want = cut[i]["loss_mask"][0]
+        assert torch.equal(batch["loss_mask"][0, : want.shape[0]], want.to(batch["loss_mask"].dtype)), i
+    batch = collate([whole[long[0]], whole[short[0]]])
+    n = int(batch["lengths"][1])
+    assert batch["loss_mask"][0, 7] == 0 and batch["loss_mask"][1, n - 1] == 0

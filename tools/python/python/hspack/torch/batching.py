@@ -17,6 +17,7 @@ from .views import pinned_empty, shared_empty
 # Token ids and the attention mask, named as the Rust side names them (`hspack::format::eagle3`).
 _INPUT_IDS = EAGLE3["fields"]["input_ids"]
 _ATTENTION_MASK = EAGLE3["specforge_item"]["attention_mask"]
+_LOSS_MASK = EAGLE3["specforge_item"]["loss_mask"]
 
 
 def pack(ordinals: np.ndarray, lengths: np.ndarray, max_tokens: int) -> list[list[int]]:
@@ -101,6 +102,9 @@ class TokenBudgetBatchSampler(tud.Sampler):
     def advance(self, batches: int) -> None:
         self.state.advance(batches)
 
+    def finish(self) -> None:
+        self.state.finish()
+
     def state_dict(self) -> dict:
         return self.state.state_dict()
 
@@ -120,7 +124,9 @@ class PadCollate:
 
     Samples that are batches of one (`[1, T, ...]`, as the `eagle3-specforge` view returns,
     like SpecForge's dataset items) are collated on their token dim, into `[B, T_max, ...]`
-    as SpecForge's collator does."""
+    as SpecForge's collator does; one cut to `max_len` has its loss mask zeroed at its last
+    kept token, as SpecForge's dataset zeroes the last token of what it keeps (the view
+    zeroed the last of the whole sample)."""
 
     def __init__(self, max_len: int | None = None, pad_id: int = 0, length_key: str = _INPUT_IDS, pad_to_multiple_of: int | None = None):
         self.max_len, self.pad_id, self.length_key = max_len, pad_id, length_key
@@ -128,12 +134,14 @@ class PadCollate:
 
     def __call__(self, samples: Sequence[dict], pin: bool = False) -> dict:
         empty = pinned_empty if pin else shared_empty
-        samples = [_unbatched(s, self.length_key) for s in samples]
+        items = [_unbatched(s, self.length_key) for s in samples]
+        # SpecForge items (batches of one): cut, then the last token kept is not trained on.
+        zero_last = [u is not s for u, s in zip(items, samples)]
+        samples = items
         first = samples[0]
         key = self.length_key if self.length_key in first else next(k for k, v in first.items() if torch.is_tensor(v))
-        lengths = [int(s[key].shape[0]) for s in samples]
-        if self.max_len is not None:
-            lengths = [min(n, self.max_len) for n in lengths]
+        full = [int(s[key].shape[0]) for s in samples]
+        lengths = full if self.max_len is None else [min(n, self.max_len) for n in full]
         t_max = max(lengths) if lengths else 0
         if self.multiple:
             t_max = -(-t_max // self.multiple) * self.multiple
@@ -150,6 +158,10 @@ class PadCollate:
                         batch[b, :n] = r
                         if n < t_max:
                             batch[b, n:] = fill
+                if name == _LOSS_MASK:
+                    for b, (n, whole, zero) in enumerate(zip(lengths, full, zero_last)):
+                        if zero and 0 < n < whole:
+                            batch[b, n - 1] = 0
                 out[name] = batch
             elif isinstance(v, int):
                 out[name] = _ints([s[name] for s in samples], pin)

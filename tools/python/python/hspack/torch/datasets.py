@@ -229,6 +229,9 @@ class HspackSampler(tud.Sampler):
     def advance(self, samples: int) -> None:
         self.state.advance(samples)
 
+    def finish(self) -> None:
+        self.state.finish()
+
     def state_dict(self) -> dict:
         return self.state.state_dict()
 
@@ -293,6 +296,9 @@ class HspackIterableDataset(_Reopening, tud.IterableDataset):
 
     def advance(self, samples: int) -> None:
         self.state.advance(samples)
+
+    def finish(self) -> None:
+        self.state.finish()
 
     def state_dict(self) -> dict:
         return self.state.state_dict()

@@ -19,13 +19,14 @@ def accelerator_available() -> bool:
 
 
 def _count(batch: Any, fallback: int) -> int:
+    """Samples in a collated batch: by its `ordinal` or `lengths` entry, else `fallback` (the
+    batch size; a last, partial batch is then counted as full, and the count stops at the
+    epoch's end)."""
     if isinstance(batch, dict):
         for key in ("ordinal", "lengths"):  # `lengths`: from PadCollate, for every view
             o = batch.get(key)
             if torch.is_tensor(o) or isinstance(o, list):
                 return len(o)
-    if isinstance(batch, list):
-        return len(batch)
     return fallback
 
 
@@ -38,9 +39,11 @@ class HspackLoader(tud.DataLoader):
     exactly the samples not yet received. Where each iteration starts (after `set_epoch`,
     after `load_state_dict`, after a complete or a broken-off epoch) is the rule of
     `hspack.torch.progress`: a resumed epoch is never replayed, a finished one never comes
-    back empty. Samples are counted by the batch's `ordinal`
-    entry (present in every hspack view except `eagle3-specforge`), else by the `lengths`
-    that `PadCollate` adds, else as `batch_size`. Other keyword arguments go to `torch.utils.data.DataLoader`.
+    back empty, and an iteration that ran to its end completes the epoch (with `drop_last`
+    too). Samples are counted one per item when unbatched (`batch_size=None`), else by the
+    batch's `ordinal` entry (present in every hspack view except `eagle3-specforge`), else by
+    the `lengths` that `PadCollate` adds, else as `batch_size`. `in_order=False` is refused:
+    the count names the samples received only when they come in order. Other keyword arguments go to `torch.utils.data.DataLoader`.
 
     Batches (`batch_size` not None, or a `batch_sampler`) are collated by `PadCollate()`
     unless `collate_fn` says otherwise: samples are ragged, and torch's default collate can
@@ -65,8 +68,14 @@ class HspackLoader(tud.DataLoader):
             self._per_batch = False
         else:
             raise TypeError("HspackLoader needs an HspackIterableDataset, or sampler=HspackSampler, or batch_sampler=TokenBudgetBatchSampler")
+        if kwargs.get("in_order") is False:
+            # Batches would come as workers finish them: the count of those received could
+            # not say which samples they were, and a resume would skip some and repeat others.
+            raise ValueError("HspackLoader needs in_order=True (the default): state_dict() counts the samples received, which names them only when they come in order")
         self._fallback = batch_size or 1
         batched = batch_size is not None or kwargs.get("batch_sampler") is not None
+        # Unbatched (`batch_size=None`), each item is one sample, whatever its structure.
+        self._batched = batched
         if batched and kwargs.get("collate_fn") is None:
             # Samples are ragged (one row per token): torch's default collate cannot stack
             # them, and inside workers fails with an unrelated storage error.
@@ -85,8 +94,13 @@ class HspackLoader(tud.DataLoader):
         for batch in super().__iter__():
             if isinstance(batch, Uncollated):  # pinning was turned off after all
                 batch = batch.collated()
-            self._progress.advance(1 if self._per_batch else _count(batch, self._fallback))
+            if self._per_batch or not self._batched:
+                self._progress.advance(1)
+            else:
+                self._progress.advance(_count(batch, self._fallback))
             yield batch
+        # Ran to its end: the epoch is complete, whatever `drop_last` left out.
+        self._progress.finish()
 
     def set_epoch(self, epoch: int) -> None:
         self._progress.set_epoch(epoch)

@@ -11,7 +11,8 @@ rules for `set_epoch`, `load_state_dict` and a new iteration, shared by `HspackS
 - Otherwise an iteration continues an epoch broken off midway (`break`, then `for` again:
   exactly the rest), and starts a complete epoch again from its first sample, in the same
   order (as torch's `DistributedSampler` without `set_epoch`): an epoch is never silently
-  empty. Call `set_epoch` each epoch for a new order.
+  empty. Call `set_epoch` each epoch for a new order. An iteration that ran to its end
+  completed its epoch, whatever `drop_last` left out of its last batch (`finish`).
 - `load_state_dict` refuses a state saved with another seed, world size or order option (the
   epoch's order, hence what the consumed count covers, would differ: samples skipped or
   repeated). A key the state lacks (states of earlier versions hold no order options, and
@@ -37,6 +38,8 @@ class Progress:
         self.fixed = {"seed": seed, "world_size": self.world_size, **order}
         self.epoch = 0
         self.consumed = 0
+        # The size of the epoch the last iteration began in (samples or batches).
+        self.total: int | None = None
         # The position came from `load_state_dict`: no iteration has started from it, nor
         # has consumption advanced since.
         self.restored = False
@@ -60,9 +63,17 @@ class Progress:
     def begin(self, total: int) -> int:
         """Where the iteration starting now begins, in an epoch of `total` (samples or
         batches); recorded as the consumed count."""
-        self.consumed, self.restored = self._start(total), False
+        self.consumed, self.restored, self.total = self._start(total), False, total
         self.publish()
         return self.consumed
+
+    def finish(self) -> None:
+        """Records that the iteration ran to its end: its epoch is complete, even where the
+        DataLoader's `drop_last` dropped the last samples (else every later iteration would
+        start at those few, and drop them again: empty epochs)."""
+        if self.total is not None:
+            self.consumed, self.restored = self.total, False
+            self.publish()
 
     def left(self, total: int) -> int:
         """How many of `total` the next iteration yields."""
@@ -71,6 +82,9 @@ class Progress:
     def advance(self, count: int) -> None:
         """Records that the training loop consumed `count` more."""
         self.consumed += int(count)
+        if self.total is not None:
+            # A last batch counted as a full one (no `ordinal` to count by) stops at the end.
+            self.consumed = min(self.consumed, self.total)
         self.restored = False
 
     def state_dict(self) -> dict:
