@@ -183,3 +183,35 @@ fn a_new_dataset_is_not_created_over_a_manifest_that_appeared() {
     assert!(matches!(err, Error::CommitConflict { .. }), "{err}");
     assert_eq!(std::fs::read(&target).unwrap(), b"old");
 }
+
+/// A child forked while the commit lock is held (a worker pool started by another
+/// thread) does not keep the other writers out once the parent lets the lock go.
+#[test]
+fn a_forked_child_does_not_keep_the_commit_lock() {
+    let dir = tempfile::tempdir().unwrap();
+    let lock = hspack::io::lock::CommitLock::take(dir.path()).unwrap();
+    // SAFETY: the child calls only async-signal-safe functions (`sleep`, `_exit`), then
+    // ends; the parent kills and reaps it below.
+    let child = unsafe { libc::fork() };
+    if child == 0 {
+        unsafe {
+            libc::sleep(30);
+            libc::_exit(0);
+        }
+    }
+    assert!(child > 0, "fork failed");
+    drop(lock);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let path = dir.path().to_path_buf();
+    std::thread::spawn(move || tx.send(hspack::io::lock::CommitLock::take(&path).map(drop)));
+    let taken = rx.recv_timeout(std::time::Duration::from_secs(5));
+    // SAFETY: `child` is this test's own child process.
+    unsafe {
+        libc::kill(child, libc::SIGKILL);
+        libc::waitpid(child, std::ptr::null_mut(), 0);
+    }
+    assert!(
+        matches!(taken, Ok(Ok(()))),
+        "the lock was not free: {taken:?}"
+    );
+}

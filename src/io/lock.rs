@@ -174,12 +174,14 @@ impl Drop for SharedLock {
     fn drop(&mut self) {
         // The last writer out (the only one that can lock exclusively) deletes the file, as
         // a sole writer does; a failed try gives up this writer's shared lock, as leaving does.
-        if self.pid == std::process::id()
-            && self.file.try_lock().is_ok()
-            && still_named(&self.file, &self.path).unwrap_or(false)
-        {
+        if self.pid != std::process::id() {
+            return;
+        }
+        if self.file.try_lock().is_ok() && still_named(&self.file, &self.path).unwrap_or(false) {
             let _ = std::fs::remove_file(&self.path);
         }
+        // Released outright: a child forked meanwhile holds the same open file until it exits.
+        let _ = self.file.unlock();
     }
 }
 
@@ -189,7 +191,7 @@ impl Drop for SharedLock {
 /// writer sees).
 #[derive(Debug)]
 pub struct CommitLock {
-    _file: File,
+    file: File,
     pid: u32,
 }
 
@@ -200,7 +202,7 @@ impl CommitLock {
         let file = open_lock_file(&path)?;
         file.lock().map_err(io(&path, "lock"))?;
         Ok(CommitLock {
-            _file: file,
+            file,
             pid: std::process::id(),
         })
     }
@@ -209,6 +211,16 @@ impl CommitLock {
 impl super::WriterLease for CommitLock {
     fn is_owner(&self) -> bool {
         self.pid == std::process::id()
+    }
+}
+
+impl Drop for CommitLock {
+    fn drop(&mut self) {
+        // Released outright, not by closing the file: a child forked meanwhile holds the same
+        // open file, and with it the lock, until it exits. Only the process that took it.
+        if self.pid == std::process::id() {
+            let _ = self.file.unlock();
+        }
     }
 }
 
