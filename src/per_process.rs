@@ -47,9 +47,12 @@ impl<T> PerProcess<T> {
 
     /// The slot, waiting at most about 100 ms for it.
     fn lock(&self) -> Option<MutexGuard<'_, Slot<T>>> {
-        lock_briefly(&self.0, 1000)
+        lock_briefly(&self.0, INSTANT_TRIES)
     }
 }
+
+/// Tries at a lock held for an instant: about 100 ms ([`lock_briefly`]).
+pub(crate) const INSTANT_TRIES: u32 = 1000;
 
 /// `m`, tried every 0.1 ms up to `tries` times (a poisoned lock is taken as it is); `None`
 /// when it stays held. For locks a thread holds for an instant, in memory a fork copies: a

@@ -261,12 +261,16 @@ impl ChunkCache {
         *h.finalize().as_bytes()
     }
 
-    fn recent(&self) -> std::sync::MutexGuard<'_, Recent> {
-        self.inner.recent.lock().unwrap_or_else(|e| e.into_inner())
+    /// The blocks read last; `None` in a child forked while another thread held them (it
+    /// then reads block files without them, never hangs).
+    fn recent(&self) -> Option<std::sync::MutexGuard<'_, Recent>> {
+        crate::per_process::lock_briefly(&self.inner.recent, crate::per_process::INSTANT_TRIES)
     }
 
     fn remember(&self, id: BlockId, file: BlockFile) {
-        let mut recent = self.recent();
+        let Some(mut recent) = self.recent() else {
+            return;
+        };
         recent.retain(|(i, _)| *i != id);
         if recent.len() >= RECENT {
             recent.pop_front();
@@ -277,8 +281,13 @@ impl ChunkCache {
     /// Block `n` of the file `key`, `len` payload bytes, when the cache holds it intact. A
     /// block file of the wrong length or checksum is deleted.
     fn load(&self, key: &[u8; 32], n: u64, len: u64) -> Option<BlockFile> {
-        if let Some((_, file)) = self.recent().iter().find(|(i, _)| *i == (*key, n)) {
-            return Some(Arc::clone(file));
+        let hit = (self.recent()).and_then(|r| {
+            r.iter()
+                .find(|(i, _)| *i == (*key, n))
+                .map(|(_, f)| Arc::clone(f))
+        });
+        if hit.is_some() {
+            return hit;
         }
         let path = self.block_path(key, n);
         let mut f = File::open(&path).ok()?;

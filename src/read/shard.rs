@@ -267,7 +267,7 @@ impl Shard {
         if self.mapped || range.start > range.end {
             return None;
         }
-        let window = self.window.lock().unwrap_or_else(|e| e.into_inner());
+        let window = self.window()?;
         let (at, bytes) = window.as_ref()?;
         let start = range.start.checked_sub(*at)?;
         bytes.slice(start as usize..(range.end - at) as usize)
@@ -282,8 +282,16 @@ impl Shard {
         }
         let end = range.end.min(self.file.len());
         let bytes = self.file.read(range.start..end)?;
-        *self.window.lock().unwrap_or_else(|e| e.into_inner()) = Some((range.start, bytes));
+        if let Some(mut window) = self.window() {
+            *window = Some((range.start, bytes));
+        }
         Ok(())
+    }
+
+    /// What [`Shard::fetch_ahead`] kept; `None` in a child forked while another thread held
+    /// it (reads then go to the file, never hang).
+    fn window(&self) -> Option<std::sync::MutexGuard<'_, Option<(u64, FileBytes)>>> {
+        crate::per_process::lock_briefly(&self.window, crate::per_process::INSTANT_TRIES)
     }
 
     /// Bytes `from..to` of padding (between the header, chunks and index), which must be zero:
@@ -301,7 +309,9 @@ impl Shard {
 
     /// Drops the bytes [`Shard::fetch_ahead`] kept.
     pub fn forget_ahead(&self) {
-        *self.window.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        if let Some(mut window) = self.window() {
+            *window = None;
+        }
     }
 
     /// Makes sure the bytes `range` are kept ahead, fetching from its start at least

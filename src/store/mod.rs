@@ -56,7 +56,7 @@ pub struct StoreConfig {
 
 /// Tries at the lock of a store's memory (open packs, gone packs, the latest index): about
 /// 100 ms ([`lock_briefly`]).
-const MEMORY_TRIES: u32 = 1000;
+const MEMORY_TRIES: u32 = crate::per_process::INSTANT_TRIES;
 
 /// A store, open.
 pub struct Store {

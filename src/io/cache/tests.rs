@@ -280,3 +280,19 @@ fn tails_and_mapped_files_pass_through() {
     assert!(g.read(0..10).unwrap().is_mapped());
     assert_eq!(cache.stats().misses, 1, "a mapped file is not cached");
 }
+
+/// The blocks read last are locked for an instant, never waited on: with them held elsewhere
+/// for good (as a child forked mid-read finds them), reads go on from the block files.
+#[test]
+fn reads_go_on_while_the_recent_blocks_are_held_elsewhere() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bytes = data(3_000, 5);
+    let cached = CachedStorage::new(memory_with("f", &bytes), cache_in(tmp.path(), u64::MAX));
+    let f = cached.open("f").unwrap();
+    assert_eq!(&*f.read(0..2_500).unwrap(), &bytes[0..2_500]);
+    let held = cached.cache().inner.recent.lock().unwrap();
+    let again = cached.open("f").unwrap();
+    assert_eq!(&*again.read(100..2_900).unwrap(), &bytes[100..2_900]);
+    drop(held);
+    assert!(cached.cache().stats().hits > 0);
+}
