@@ -83,6 +83,7 @@ fn datasets_in_s3() {
     a_writer_taken_over_cannot_commit();
     a_lease_renewal_whose_response_was_lost_keeps_the_lease();
     puts_whose_responses_were_lost(&moto, &local);
+    a_server_ignoring_conditional_writes_is_refused(&moto);
     killed_writers_lose_no_committed_sample();
     shared_writers_write_into_s3();
     convert_into_s3(tmp.path());
@@ -525,6 +526,30 @@ fn a_lease_renewal_whose_response_was_lost_keeps_the_lease() {
 /// writer's lease, those that publish a commit's new files, and the one that releases the
 /// lease. The writer finds the lease its own and its files in place, every commit lands, and
 /// the next writer gets in at once, not a lease's life later.
+/// Through a proxy that hides the conditional-write headers from the server (as a server that
+/// ignores them would), a writer is refused before it writes anything, naming the cause; its
+/// lease is not left behind: straight to the server, the next writer goes in.
+fn a_server_ignoring_conditional_writes_is_refused(moto: &Moto) {
+    let url = "s3://hspack-test/unconditional";
+    let proxy = FaultProxy::ignoring_conditions(moto.port);
+    std::env::set_var("AWS_ENDPOINT_URL", proxy.endpoint());
+    let refused = DatasetWriter::create(url, capture_schema(HIDDEN as u64), options());
+    std::env::set_var("AWS_ENDPOINT_URL", moto.endpoint());
+    let Err(err) = refused else {
+        panic!("a writer is refused")
+    };
+    assert!(matches!(err, Error::Unsupported { .. }), "{err}");
+    assert!(
+        err.to_string()
+            .contains("ignores conditional writes (If-None-Match)"),
+        "{err}"
+    );
+    let mut w = DatasetWriter::create(url, capture_schema(HIDDEN as u64), options()).unwrap();
+    w.append("a", &as_fields(&sample(0))).unwrap();
+    w.finish().unwrap();
+    assert_eq!(Dataset::open(url).unwrap().len(), 1);
+}
+
 fn puts_whose_responses_were_lost(moto: &Moto, local: &str) {
     let url = "s3://hspack-test/lost";
     let lease = format!(

@@ -237,6 +237,7 @@ impl ObjectLease {
             };
             match put {
                 Some(version) => {
+                    let version = enforced(storage, file, &text, version)?;
                     let state = Arc::new(Held {
                         storage: storage.clone(),
                         file: file.to_string(),
@@ -267,6 +268,57 @@ impl ObjectLease {
             holder: format!("writers racing for its lease {file}"),
         })
     }
+}
+
+/// The prefixes of this process whose server was seen to enforce conditional puts.
+static ENFORCING: Mutex<Vec<std::path::PathBuf>> = Mutex::new(Vec::new());
+
+/// `version`, once the server is seen to refuse the conditional puts leases and manifests
+/// rest on (once per prefix and process): a create over the lease just taken (`If-None-Match`)
+/// and an update against a version it does not have (`If-Match`). A server that ignores them
+/// would let two writers both commit, each over the other's manifest: refused, naming it.
+fn enforced(
+    storage: &ObjectStorage,
+    file: &str,
+    text: &LeaseText,
+    version: UpdateVersion,
+) -> Result<UpdateVersion> {
+    let root = storage.root().to_path_buf();
+    let known = |seen: &Vec<std::path::PathBuf>| seen.contains(&root);
+    if crate::per_process::lock_briefly(&ENFORCING, crate::per_process::INSTANT_TRIES)
+        .is_some_and(|seen| known(&seen))
+    {
+        return Ok(version);
+    }
+    let stale = UpdateVersion {
+        e_tag: Some("\"00000000000000000000000000000000\"".into()),
+        version: None,
+    };
+    for (mode, header) in [
+        (PutMode::Create, "If-None-Match"),
+        (PutMode::Update(stale), "If-Match"),
+    ] {
+        if put(storage, file, text, mode)?.is_some() {
+            let _ = storage.delete(file);
+            return Err(Error::Unsupported {
+                path: storage.root().to_path_buf(),
+                detail: format!(
+                    "the server ignores conditional writes ({header}): it let a put through \
+                     that had to be refused, so two writers could both commit and lose each \
+                     other's samples; write to a server that enforces them (AWS S3, or an \
+                     S3-compatible server with conditional writes)"
+                ),
+            });
+        }
+    }
+    if let Some(mut seen) =
+        crate::per_process::lock_briefly(&ENFORCING, crate::per_process::INSTANT_TRIES)
+    {
+        if !known(&seen) {
+            seen.push(root);
+        }
+    }
+    Ok(version)
 }
 
 fn hex16(bytes: [u8; 16]) -> String {

@@ -50,6 +50,13 @@ impl FaultProxy {
         FaultProxy::run(server, seed, one_in, None)
     }
 
+    /// Proxies 127.0.0.1:`server` without faults, but renames the conditional-write headers
+    /// of every request (`If-Match`, `If-None-Match`) so that the server never sees them: a
+    /// server that ignores conditions, as some S3-compatible servers do.
+    pub fn ignoring_conditions(server: u16) -> FaultProxy {
+        FaultProxy::run_with(server, 1, u64::MAX, None, true)
+    }
+
     /// Proxies 127.0.0.1:`server` without faults, except for the requests whose responses
     /// [`FaultProxy::lose`] asks to lose.
     pub fn losing_responses(server: u16) -> FaultProxy {
@@ -81,6 +88,16 @@ impl FaultProxy {
     }
 
     fn run(server: u16, seed: u64, one_in: u64, losing: Option<Arc<Losing>>) -> FaultProxy {
+        FaultProxy::run_with(server, seed, one_in, losing, false)
+    }
+
+    fn run_with(
+        server: u16,
+        seed: u64,
+        one_in: u64,
+        losing: Option<Arc<Losing>>,
+        unconditional: bool,
+    ) -> FaultProxy {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let injected = Arc::new(AtomicU64::new(0));
@@ -133,8 +150,8 @@ impl FaultProxy {
                     watch: None,
                     ..lose.clone()
                 };
-                std::thread::spawn(move || pump(client, upstream, up, lose));
-                std::thread::spawn(move || pump(u2, c2, down, answer));
+                std::thread::spawn(move || pump(client, upstream, up, lose, unconditional));
+                std::thread::spawn(move || pump(u2, c2, down, answer, false));
             }
         });
         FaultProxy {
@@ -202,8 +219,9 @@ impl Lose {
     }
 }
 
-/// Copies `from` to `to`, applying `fault` and `lose`; closes both when either side ends.
-fn pump(mut from: TcpStream, mut to: TcpStream, fault: Fault, lose: Lose) {
+/// Copies `from` to `to`, applying `fault` and `lose` (and with `unconditional`, renaming
+/// the conditional-write headers); closes both when either side ends.
+fn pump(mut from: TcpStream, mut to: TcpStream, fault: Fault, lose: Lose, unconditional: bool) {
     let mut buf = vec![0u8; 16 << 10];
     let mut pos = 0u64;
     let mut stalled = false;
@@ -215,6 +233,21 @@ fn pump(mut from: TcpStream, mut to: TcpStream, fault: Fault, lose: Lose) {
         let chunk = &mut buf[..n];
         if lose.cuts(chunk) {
             break;
+        }
+        if unconditional {
+            // Same lengths: the request stays well-formed, the headers unknown to the server.
+            for (header, renamed) in [
+                (&b"\r\nif-none-match:"[..], &b"\r\nx-no-matching:"[..]),
+                (b"\r\nif-match:", b"\r\nx-ignore:"),
+            ] {
+                let mut i = 0;
+                while i + header.len() <= chunk.len() {
+                    if chunk[i..i + header.len()].eq_ignore_ascii_case(header) {
+                        chunk[i..i + header.len()].copy_from_slice(renamed);
+                    }
+                    i += 1;
+                }
+            }
         }
         let end = pos + n as u64;
         match fault {
