@@ -13,12 +13,18 @@ const HIDDEN: usize = 64;
 
 /// A dataset of 8 samples in 2 shards of 4 (chunks of 4 rows of hidden state).
 fn dataset(codec: Codec) -> (tempfile::TempDir, Vec<SampleBytes>) {
+    dataset_with_id(codec, [9; 16])
+}
+
+/// [`dataset`], with dataset id `id`.
+fn dataset_with_id(codec: Codec, id: [u8; 16]) -> (tempfile::TempDir, Vec<SampleBytes>) {
     let dir = tempfile::tempdir().unwrap();
     let opts = WriteOptions {
         chunk_bytes: Some(4 * HIDDEN as u64 * 2),
         shard_samples: 4,
         shard_bytes: u64::MAX,
         codec,
+        dataset_id: Some(id),
         ..small_options()
     };
     let mut w = DatasetWriter::create(dir.path(), capture_schema(HIDDEN as u64), opts).unwrap();
@@ -471,9 +477,27 @@ fn a_shared_memo_spares_other_readers_the_hash_and_only_holds_checked_chunks() {
         .unwrap()
         .read("hidden.2", None)
         .is_err());
+    // A dataset written again at the same path, with the same shapes (and the same damage)
+    // under another id: the memo vouches for none of its chunks.
+    let before = std::fs::read_dir(memo.path()).unwrap().count();
+    let (again, _) = dataset_with_id(Codec::None, [7; 16]);
+    std::fs::remove_dir_all(dir.path()).unwrap();
+    std::fs::rename(again.path(), dir.path()).unwrap();
+    flip(&shard_path(dir.path(), 0), e0.offset + 128);
+    assert!(with_memo()
+        .sample(0)
+        .unwrap()
+        .read("hidden.2", None)
+        .is_err());
+    assert!(std::fs::read_dir(memo.path()).unwrap().count() > before);
     // A memo file of another shape is refused, naming the file.
+    let memo_file = std::fs::read_dir(memo.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .find(|n| n.contains("shard-000000"))
+        .unwrap();
     let other = tempfile::tempdir().unwrap();
-    std::fs::write(other.path().join("shard-000000.checked"), [0u8; 3]).unwrap();
+    std::fs::write(other.path().join(&memo_file), [0u8; 3]).unwrap();
     let options = ReadOptions {
         check: CheckPolicy::Once,
         checked_memo: Some(other.path().to_path_buf()),
@@ -482,7 +506,7 @@ fn a_shared_memo_spares_other_readers_the_hash_and_only_holds_checked_chunks() {
     let ds = Dataset::open_with(dir.path(), options).unwrap();
     let e = ds.sample(0).unwrap_err().to_string();
     assert!(
-        e.contains("shard-000000.checked") && e.contains("own memo folder"),
+        e.contains(&memo_file) && e.contains("own memo folder"),
         "{e}"
     );
 }

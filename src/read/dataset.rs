@@ -37,7 +37,10 @@ pub struct ReadOptions {
     /// A folder (e.g. in `/dev/shm`) where [`CheckPolicy::Once`] records which chunks were
     /// checked, shared by every process that opens the dataset with the same folder: the
     /// DataLoader workers of one training run hash each chunk once in all, not once each and
-    /// every epoch. One small file per shard (a byte per chunk). `None`: per process.
+    /// every epoch. One small file per shard (a byte per chunk), named after the dataset and
+    /// the shard's index, so that a folder given to another dataset vouches for none of its
+    /// chunks. A memo lives as long as one reading session: what it records was checked then.
+    /// `None`: per process.
     pub checked_memo: Option<PathBuf>,
     /// A local folder that keeps the blocks of files read from object storage, shared by
     /// every process given the same folder, so later epochs read local disk
