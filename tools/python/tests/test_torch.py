@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 
+import hspack
 import numpy as np
 import pytest
 import torch
@@ -378,6 +379,23 @@ def test_spawned_workers_order_the_samples_the_dataset_object_was_made_with(tmp_
     shutil.rmtree(path)
     shutil.copytree(other, path)
     loader = HspackLoader(ds, batch_size=4, num_workers=2, multiprocessing_context="spawn")
+    with pytest.raises(Exception, match="changed since"):
+        list(loader)
+
+
+def test_spawned_workers_refuse_a_map_style_dataset_rewritten_with_the_same_layout(tmp_path):
+    """Workers of a map-style dataset that reopen it (spawn) check it is still the one the
+    main process ordered, down to each shard's index: a dataset rewritten with the same shard
+    layout and other samples is refused, never read under the old ordinals."""
+    path = tmp_path / "ds"
+    write_eagle(path, 20, shard_samples=5)
+    ds = HspackDataset(path, ["input_ids"])
+    other = tmp_path / "other"
+    write_eagle(other, 120, first=100, shard_samples=5)
+    assert hspack.open(other).shard_ranges == ds.hspack.shard_ranges
+    shutil.rmtree(path)
+    shutil.copytree(other, path)
+    loader = HspackLoader(ds, batch_size=4, sampler=HspackSampler(ds, seed=3), num_workers=1, multiprocessing_context="spawn")
     with pytest.raises(Exception, match="changed since"):
         list(loader)
 

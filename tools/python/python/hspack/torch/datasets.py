@@ -104,14 +104,20 @@ def _release_received(folder: str, owner: int) -> None:
         _transfer.release(folder)
 
 
-def _check_grown_from(ds: Dataset, shard_ranges: list[tuple[int, int]]) -> None:
-    """Refuses a dataset, reopened in a worker, whose first shards are not the ones the main
-    process ordered (it was rewritten, not appended to): its ordinals would name other samples."""
-    if not _order.grown_from(ds.shard_ranges, shard_ranges):
+def _shards_of(ds: Dataset) -> list[tuple[int, int, str]]:
+    """What names each shard of `ds`: its first ordinal, its samples and its index's hash."""
+    return [(s["first_ordinal"], s["samples"], s["index_blake3"][:32]) for s in ds.shards]
+
+
+def _check_grown_from(ds: Dataset, opened: list[tuple[int, int, str]]) -> None:
+    """Refuses a dataset, reopened in a worker, whose first shards are not the ones the
+    process that made the dataset object opened (it was rewritten, not appended to): the
+    ordinals ordered there would name other samples here."""
+    if _shards_of(ds)[: len(opened)] != opened:
         raise make_error(
             "Io",
             f"{ds.path}: the dataset changed since this DataLoader's dataset object was made (its shards are no longer "
-            f"the {len(shard_ranges)} it ordered: it was rewritten, not appended to); make the dataset object again",
+            f"the {len(opened)} it was made with: it was rewritten, not appended to); make the dataset object again",
             path=ds.path,
         )
 
@@ -144,9 +150,16 @@ class _Reopening:
 
     @property
     def hspack(self) -> Dataset:
-        """The underlying `hspack.Dataset`, opened on first use in each process."""
+        """The underlying `hspack.Dataset`, opened on first use in each process; reopened
+        (a spawned worker), it must hold the shards first opened, else it is refused."""
         if self._ds is None:
-            self._ds = Dataset(self.path, check=self.check, checked_memo=self.checked_memo, cache_dir=self.cache_dir, cache_bytes=self.cache_bytes)
+            ds = Dataset(self.path, check=self.check, checked_memo=self.checked_memo, cache_dir=self.cache_dir, cache_bytes=self.cache_bytes)
+            opened = getattr(self, "_opened", None)
+            if opened is None:
+                self._opened = _shards_of(ds)
+            else:
+                _check_grown_from(ds, opened)
+            self._ds = ds
         if self.transfer == "map" and tud.get_worker_info() is not None:  # a worker, forked or spawned
             if not _transfer.installed():
                 _transfer.install()
@@ -282,7 +295,6 @@ class HspackIterableDataset(_Reopening, tud.IterableDataset):
 
     def __iter__(self) -> Iterator[Any]:
         ds = self.hspack
-        _check_grown_from(ds, self.shard_ranges)
         epoch, start = self.state.published()
         seq = self.state.rank_order(self.shard_ranges, epoch)[start:]
         info = tud.get_worker_info()
