@@ -206,7 +206,10 @@ impl Shard {
                 // Named after the dataset and the shard's index (every chunk's hash): a memo
                 // folder given to another dataset, or to one written again at the same path,
                 // never vouches for its chunks.
-                let index_hash = record.index_blake3.get(..32).unwrap_or(&record.index_blake3);
+                let index_hash = record
+                    .index_blake3
+                    .get(..32)
+                    .unwrap_or(&record.index_blake3);
                 let name = format!(
                     "{}-shard-{:06}-{index_hash}.checked",
                     hex(&dataset_id),
