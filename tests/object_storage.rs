@@ -84,6 +84,7 @@ fn datasets_in_s3() {
     a_lease_renewal_whose_response_was_lost_keeps_the_lease();
     puts_whose_responses_were_lost(&moto, &local);
     a_server_ignoring_conditional_writes_is_refused(&moto);
+    an_upload_that_fails_is_aborted(&moto);
     killed_writers_lose_no_committed_sample();
     shared_writers_write_into_s3();
     convert_into_s3(tmp.path());
@@ -548,6 +549,25 @@ fn a_server_ignoring_conditional_writes_is_refused(moto: &Moto) {
     w.append("a", &as_fields(&sample(0))).unwrap();
     w.finish().unwrap();
     assert_eq!(Dataset::open(url).unwrap().len(), 1);
+}
+
+/// A multipart upload that started and then failed (here: published under another name than
+/// it was started for) is aborted, not left to be billed.
+fn an_upload_that_fails_is_aborted(moto: &Moto) {
+    let storage = open_location("s3://hspack-test/aborted").unwrap();
+    let mut file = storage.create("big.bin.tmp").unwrap();
+    let part = vec![7u8; 33 << 20];
+    file.write_at(0, &part).unwrap();
+    assert!(
+        moto.multipart_uploads("hspack-test")
+            .iter()
+            .any(|k| k == "aborted/big.bin"),
+        "the upload started"
+    );
+    let err = file.publish_new("other.bin", false).unwrap_err();
+    assert!(matches!(err, Error::Unsupported { .. }), "{err}");
+    let left = moto.multipart_uploads("hspack-test");
+    assert!(!left.iter().any(|k| k.starts_with("aborted/")), "{left:?}");
 }
 
 fn puts_whose_responses_were_lost(moto: &Moto, local: &str) {

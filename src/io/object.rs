@@ -379,6 +379,7 @@ impl Storage for ObjectStorage {
             len: 0,
             upload: None,
             spool: None,
+            pid: std::process::id(),
         }))
     }
 
@@ -515,6 +516,22 @@ struct ObjectNewFile {
     len: u64,
     upload: Option<WriteMultipart>,
     spool: Option<std::fs::File>,
+    /// The process that writes it: a forked child's copy never aborts its upload.
+    pid: u32,
+}
+
+impl Drop for ObjectNewFile {
+    /// A multipart upload started and never completed (a failed part, a refused name, an
+    /// error on the way to publishing) is aborted: an incomplete upload is invisible to
+    /// listings, so nothing else would remove its parts, billed until a lifecycle rule does.
+    fn drop(&mut self) {
+        if self.pid != std::process::id() {
+            return;
+        }
+        if let Some(upload) = self.upload.take() {
+            let _ = block_on(upload.abort());
+        }
+    }
 }
 
 impl std::fmt::Debug for ObjectNewFile {
@@ -709,9 +726,7 @@ impl NewFile for ObjectNewFile {
         }
     }
 
-    fn abandon(mut self: Box<Self>) {
-        if let Some(upload) = self.upload.take() {
-            let _ = block_on(upload.abort());
-        }
+    fn abandon(self: Box<Self>) {
+        // Dropped: an upload started is aborted.
     }
 }

@@ -82,6 +82,29 @@ impl Moto {
     }
 }
 
+impl Moto {
+    /// The keys of bucket `bucket`'s multipart uploads started and neither completed nor
+    /// aborted (invisible to listings).
+    pub fn multipart_uploads(&self, bucket: &str) -> Vec<String> {
+        let mut s = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        write!(
+            s,
+            "GET /{bucket}?uploads HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nConnection: close\r\n\r\n",
+            self.port
+        )
+        .unwrap();
+        let mut reply = String::new();
+        s.read_to_string(&mut reply).unwrap();
+        assert!(reply.starts_with("HTTP/1.1 200"), "list uploads: {reply}");
+        reply
+            .split("<Key>")
+            .skip(1)
+            .filter_map(|k| k.split("</Key>").next())
+            .map(str::to_string)
+            .collect()
+    }
+}
+
 impl Drop for Moto {
     fn drop(&mut self) {
         let _ = self.child.kill();
