@@ -153,7 +153,7 @@ fn credentials_from_the_aws_cli_profile(moto: &Moto, tmp: &Path) {
     let out = info(&aws.join("none"), "AWS_PROFILE");
     assert!(!out.status.success());
     assert!(
-        said(&out).contains("no AWS credentials found: set AWS_ACCESS_KEY_ID"),
+        said(&out).contains("no AWS credentials found: profile lab (named by AWS_PROFILE"),
         "{}",
         said(&out)
     );

@@ -22,14 +22,51 @@ pub struct Profile {
     pub region: Option<String>,
     /// `endpoint_url` (an S3-compatible server).
     pub endpoint: Option<String>,
+    /// The profile's name.
+    pub name: String,
+    /// Whether the environment named it (`AWS_PROFILE`, `AWS_DEFAULT_PROFILE`).
+    pub named: bool,
+    /// A setting through which the AWS CLI gets this profile's keys and hspack does not
+    /// (`role_arn`, `credential_process`, `sso_session`, `sso_start_url`).
+    pub indirect: Option<String>,
+}
+
+/// The settings of a profile whose keys come from elsewhere than the files.
+const INDIRECT: &[&str] = &[
+    "role_arn",
+    "credential_process",
+    "sso_session",
+    "sso_start_url",
+];
+
+impl Profile {
+    /// What to do when no credentials were found anywhere, for this profile.
+    pub fn missing_keys_hint(&self) -> String {
+        match (&self.indirect, self.named) {
+            (Some(setting), _) => format!(
+                "profile {0} gets its keys through `{setting}`, which hspack does not read: \
+                 export them with `aws configure export-credentials --profile {0} --format env`",
+                self.name
+            ),
+            (None, true) => format!(
+                "profile {} (named by AWS_PROFILE or AWS_DEFAULT_PROFILE) has no \
+                 aws_access_key_id and aws_secret_access_key in ~/.aws/credentials or \
+                 ~/.aws/config (AWS_SHARED_CREDENTIALS_FILE, AWS_CONFIG_FILE): check its name, \
+                 or set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
+                self.name
+            ),
+            (None, false) => "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or name a \
+                 profile of ~/.aws/credentials with AWS_PROFILE"
+                .into(),
+        }
+    }
 }
 
 /// The profile of this environment's AWS CLI files, where they are and hold it.
 pub fn profile() -> Profile {
     let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
-    let name = var("AWS_PROFILE")
-        .or_else(|| var("AWS_DEFAULT_PROFILE"))
-        .unwrap_or_else(|| "default".into());
+    let named = var("AWS_PROFILE").or_else(|| var("AWS_DEFAULT_PROFILE"));
+    let name = named.clone().unwrap_or_else(|| "default".into());
     let home = std::env::var_os("HOME").map(PathBuf::from);
     let file = |var: &str, default: &str| {
         std::env::var_os(var)
@@ -38,11 +75,14 @@ pub fn profile() -> Profile {
             .and_then(|p| std::fs::read_to_string(p).ok())
             .unwrap_or_default()
     };
-    resolve(
-        &name,
-        &file("AWS_SHARED_CREDENTIALS_FILE", "credentials"),
-        &file("AWS_CONFIG_FILE", "config"),
-    )
+    Profile {
+        named: named.is_some(),
+        ..resolve(
+            &name,
+            &file("AWS_SHARED_CREDENTIALS_FILE", "credentials"),
+            &file("AWS_CONFIG_FILE", "config"),
+        )
+    }
 }
 
 /// Profile `name` of the texts of a `credentials` and a `config` file.
@@ -63,10 +103,16 @@ pub fn resolve(name: &str, credentials: &str, config: &str) -> Profile {
         (Some(id), Some(secret)) => Some((id, secret, get(pairs, "aws_session_token"))),
         _ => None,
     };
+    let indirect = (INDIRECT.iter())
+        .find(|k| get(&settings, k).or_else(|| get(&credentials, k)).is_some())
+        .map(|k| k.to_string());
     Profile {
         keys: keys_of(&credentials).or_else(|| keys_of(&settings)),
         region: get(&settings, "region"),
         endpoint: get(&settings, "endpoint_url"),
+        name: name.to_string(),
+        named: false,
+        indirect,
     }
 }
 
@@ -148,6 +194,30 @@ mod tests {
             resolve("lab", "[lab]\naws_access_key_id = A\n", "").keys,
             None
         );
-        assert_eq!(resolve("other", credentials, config), Profile::default());
+        let other = resolve("other", credentials, config);
+        assert_eq!(
+            (other.keys, other.region, other.endpoint),
+            (None, None, None)
+        );
+    }
+
+    #[test]
+    fn the_hint_names_the_profile_and_why_its_keys_are_not_there() {
+        let config = "[profile sso]\nsso_session = corp\nregion = eu-west-1\n";
+        let hint = resolve("sso", "", config).missing_keys_hint();
+        assert!(
+            hint.contains("profile sso gets its keys through `sso_session`")
+                && hint.contains("aws configure export-credentials --profile sso"),
+            "{hint}"
+        );
+        let typo = Profile {
+            named: true,
+            ..resolve("lba", "[lab]\naws_access_key_id = A\n", "")
+        };
+        let hint = typo.missing_keys_hint();
+        assert!(hint.contains("profile lba (named by AWS_PROFILE"), "{hint}");
+        assert!(resolve("default", "", "")
+            .missing_keys_hint()
+            .contains("AWS_PROFILE"));
     }
 }

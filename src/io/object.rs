@@ -77,16 +77,17 @@ pub(super) fn object_error(path: &Path, op: &'static str, e: object_store::Error
     let unnamed = std::env::var_os("AWS_ACCESS_KEY_ID").is_none()
         && std::env::var_os("AWS_WEB_IDENTITY_TOKEN_FILE").is_none();
     let asked_metadata = INSTANCE_METADATA.iter().any(|p| said.contains(p));
-    let source = match asked_metadata && unnamed && super::aws_profile::profile().keys.is_none() {
-        true => std::io::Error::new(
+    let profile = (asked_metadata && unnamed).then(super::aws_profile::profile);
+    let source = match profile.filter(|p| p.keys.is_none()) {
+        Some(p) => std::io::Error::new(
             kind,
             format!(
-                "{said} (no AWS credentials found: set AWS_ACCESS_KEY_ID and \
-                 AWS_SECRET_ACCESS_KEY, or name a profile of ~/.aws/credentials with \
-                 AWS_PROFILE; for an S3-compatible server set AWS_ENDPOINT_URL too)"
+                "{said} (no AWS credentials found: {}; for an S3-compatible server set \
+                 AWS_ENDPOINT_URL too)",
+                p.missing_keys_hint()
             ),
         ),
-        false => std::io::Error::new(kind, e),
+        None => std::io::Error::new(kind, e),
     };
     Error::Io {
         path: path.to_path_buf(),
