@@ -455,3 +455,17 @@ def test_a_specforge_item_cut_by_the_collate_is_masked_as_specforge_masks_it(eag
     batch = collate([whole[long[0]], whole[short[0]]])
     n = int(batch["lengths"][1])
     assert batch["loss_mask"][0, 7] == 0 and batch["loss_mask"][1, n - 1] == 0
+
+
+def test_a_state_saved_before_a_capture_grew_the_dataset_says_what_to_do(tmp_path):
+    path = tmp_path / "ds"
+    write_eagle(path, 20, shard_samples=5)
+    ds = HspackDataset(path, ["input_ids"])
+    sampler = HspackSampler(ds, seed=3)
+    sampler.set_epoch(2)
+    sampler.advance(7)
+    state = sampler.state_dict()
+    write_eagle(path, 30, first=20, shard_samples=5)
+    grown = HspackDataset(path, ["input_ids"])
+    with pytest.raises(ValueError, match=r"saved over 20 samples, the dataset holds 30 now .* call set_epoch\(3\)"):
+        HspackSampler(grown, seed=3).load_state_dict(state)

@@ -96,6 +96,13 @@ class Progress:
         trainer may load rank 0's state on every rank)."""
         for key, mine in self.fixed.items():
             saved = state.get(key, mine)
+            if saved != mine and key == "samples":
+                raise ValueError(
+                    f"the state was saved over {saved} samples, the dataset holds {mine} now (a capture committed more, "
+                    "or it was written again): the saved epoch's order covers the samples it had, so resuming it would "
+                    f"skip or repeat some. Either finish epoch {state.get('epoch')} over a copy of the dataset as it was, "
+                    f"or start the next epoch over every sample: skip load_state_dict and call set_epoch({int(state.get('epoch', 0)) + 1})"
+                )
             if saved != mine:
                 raise ValueError(
                     f"the state was saved with {key}={saved!r}, this run has {key}={mine!r}: the epoch order "
