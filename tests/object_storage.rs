@@ -522,11 +522,6 @@ fn a_lease_renewal_whose_response_was_lost_keeps_the_lease() {
     assert_eq!(Dataset::open(url).unwrap().len(), 2);
 }
 
-/// Puts that land but whose responses are lost (the client retries each, and the server
-/// refuses the retry, whose condition the landed put has changed): the one that takes a
-/// writer's lease, those that publish a commit's new files, and the one that releases the
-/// lease. The writer finds the lease its own and its files in place, every commit lands, and
-/// the next writer gets in at once, not a lease's life later.
 /// Through a proxy that hides the conditional-write headers from the server (as a server that
 /// ignores them would), a writer is refused before it writes anything, naming the cause; its
 /// lease is not left behind: straight to the server, the next writer goes in.
@@ -570,6 +565,11 @@ fn an_upload_that_fails_is_aborted(moto: &Moto) {
     assert!(!left.iter().any(|k| k.starts_with("aborted/")), "{left:?}");
 }
 
+/// Puts that land but whose responses are lost (the client retries each, and the server
+/// refuses the retry, whose condition the landed put has changed): the one that takes a
+/// writer's lease, those that publish a commit's new files, and the one that releases the
+/// lease. The writer finds the lease its own and its files in place, every commit lands, and
+/// the next writer gets in at once, not a lease's life later.
 fn puts_whose_responses_were_lost(moto: &Moto, local: &str) {
     let url = "s3://hspack-test/lost";
     let lease = format!(

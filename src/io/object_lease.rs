@@ -237,7 +237,14 @@ impl ObjectLease {
             };
             match put {
                 Some(version) => {
-                    let version = enforced(storage, file, &text, version)?;
+                    let version = match enforced(storage, file, &text, version) {
+                        Ok(version) => version,
+                        Err(e) => {
+                            // Not held: left live, it would keep every writer out for its life.
+                            let _ = storage.delete(file);
+                            return Err(e);
+                        }
+                    };
                     let state = Arc::new(Held {
                         storage: storage.clone(),
                         file: file.to_string(),
@@ -270,8 +277,9 @@ impl ObjectLease {
     }
 }
 
-/// The prefixes of this process whose server was seen to enforce conditional puts.
-static ENFORCING: Mutex<Vec<std::path::PathBuf>> = Mutex::new(Vec::new());
+/// The prefixes (with the endpoint they were reached at) of this process whose server was
+/// seen to enforce conditional puts.
+static ENFORCING: Mutex<Vec<String>> = Mutex::new(Vec::new());
 
 /// `version`, once the server is seen to refuse the conditional puts leases and manifests
 /// rest on (once per prefix and process): a create over the lease just taken (`If-None-Match`)
@@ -283,16 +291,21 @@ fn enforced(
     text: &LeaseText,
     version: UpdateVersion,
 ) -> Result<UpdateVersion> {
-    let root = storage.root().to_path_buf();
-    let known = |seen: &Vec<std::path::PathBuf>| seen.contains(&root);
+    let endpoint = ["AWS_ENDPOINT_URL", "AWS_ENDPOINT"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok())
+        .unwrap_or_default();
+    let root = format!("{} at {endpoint}", storage.root().display());
+    let known = |seen: &Vec<String>| seen.contains(&root);
     if crate::per_process::lock_briefly(&ENFORCING, crate::per_process::INSTANT_TRIES)
         .is_some_and(|seen| known(&seen))
     {
         return Ok(version);
     }
+    // Neither the ETag (S3, Azure) nor the generation (GCS) of any object.
     let stale = UpdateVersion {
         e_tag: Some("\"00000000000000000000000000000000\"".into()),
-        version: None,
+        version: Some("1".into()),
     };
     for (mode, header) in [
         (PutMode::Create, "If-None-Match"),
