@@ -521,17 +521,25 @@ struct ObjectNewFile {
     pid: u32,
 }
 
+/// How long dropping a file waits for its unfinished multipart upload to be aborted.
+const ABORT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 impl Drop for ObjectNewFile {
     /// A multipart upload started and never completed (a failed part, a refused name, an
     /// error on the way to publishing) is aborted: an incomplete upload is invisible to
     /// listings, so nothing else would remove its parts, billed until a lifecycle rule does.
     fn drop(&mut self) {
+        let Some(upload) = self.upload.take() else {
+            return;
+        };
         if self.pid != std::process::id() {
+            // The parent's: not aborted, and its tasks, on the parent's runtime, not touched.
+            std::mem::forget(upload);
             return;
         }
-        if let Some(upload) = self.upload.take() {
-            let _ = block_on(upload.abort());
-        }
+        // Bounded: where the network is gone, the error that got here is not held up for the
+        // client's whole retry budget (the parts are then left to a lifecycle rule).
+        let _ = block_on(async { tokio::time::timeout(ABORT_WAIT, upload.abort()).await });
     }
 }
 
