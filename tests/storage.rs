@@ -381,10 +381,11 @@ fn a_commit_that_may_have_landed_takes_back_none_of_its_files() {
     assert!(report.is_ok(), "{:?}", report.problems);
 }
 
-/// Under a lease, a commit whose manifest failed to publish leaves its files (named after the
-/// lease) listed nowhere; the same writer's next commit makes them again and lands.
+/// Under a lease, a commit that failed before its manifest's put leaves its files (named after
+/// the lease) listed nowhere: taken back, and the same writer's next commit makes them again
+/// and lands. One whose manifest put failed in transit keeps them: that put may still land.
 #[test]
-fn a_leased_writer_commits_again_after_a_failed_commit() {
+fn a_leased_writer_takes_back_only_what_no_manifest_can_list() {
     let m = MemoryStorage::new("leased");
     m.lease_as("a11ce5");
     let storage: Arc<dyn Storage> = Arc::new(m.clone());
@@ -400,20 +401,42 @@ fn a_leased_writer_commits_again_after_a_failed_commit() {
             w.append(&format!("s{i}"), &as_fields(&sample(i))).unwrap();
         }
     };
+    let failing = |part: &str| {
+        m.set_faults(Faults {
+            failing_publishes_of: Some(part.into()),
+            ..Faults::default()
+        })
+    };
+    // The segment fails: no manifest put was tried.
     append(&mut w);
-    m.set_faults(Faults {
-        failing_publishes_of: Some("manifest.json".into()),
-        ..Faults::default()
-    });
+    let before = storage.list().unwrap();
+    failing("segment-");
     let err = w.commit().unwrap_err();
     assert!(err.to_string().contains("injected fault"), "{err}");
+    assert_eq!(storage.list().unwrap(), before, "all taken back");
     m.set_faults(Faults::default());
     // Its samples were not committed: appended again, and committed.
     append(&mut w);
     w.commit().unwrap();
-    w.finish().unwrap();
+    check_all("after the second commit", &open(&storage), 8);
+    // The manifest's put fails in transit: the next commit's files stay.
+    for i in 8..10 {
+        w.append(&format!("s{i}"), &as_fields(&sample(i))).unwrap();
+    }
+    let before = storage.list().unwrap();
+    failing("manifest.json");
+    w.commit().unwrap_err();
+    m.set_faults(Faults::default());
+    let after = storage.list().unwrap();
+    assert!(
+        after
+            .iter()
+            .any(|f| f.starts_with("shard-") && !before.contains(f)),
+        "the shard is kept: {after:?}"
+    );
+    drop(w);
     let ds = open(&storage);
-    check_all("after the second commit", &ds, 8);
+    check_all("after the failed put", &ds, 8);
     let report = verify_dataset(&ds, VerifyOptions::default(), &|_| {}).unwrap();
-    assert!(report.is_ok() && report.leftovers.is_empty(), "{report:?}");
+    assert!(report.is_ok() && !report.leftovers.is_empty(), "{report:?}");
 }

@@ -349,17 +349,28 @@ impl DatasetWriter {
     }
 
     /// Whether the files created for a commit whose manifest did not land, read back as
-    /// `there`, are listed nowhere and may be taken back. Not when the read failed: the
-    /// manifest may have landed. Under a lease, only when `there` is the manifest this writer
-    /// last wrote: the files are named after its lease, and no other writer published since,
-    /// so none lists them; and then the next commit can make them again.
-    fn unlisted(&self, commit: Option<&dyn WriterLease>, there: &Result<Option<Vec<u8>>>) -> bool {
+    /// `there`, are listed nowhere and may be taken back; `put` is how the manifest's put
+    /// ended (`None`: it was not tried). Not when the read failed: the manifest may have
+    /// landed. Under a lease (object storage), only when `there` is the manifest this writer
+    /// last wrote (no other writer published since, so none lists files named after this
+    /// writer's lease) and the put was not tried or was refused: one that failed in transit
+    /// may still land after the read. The next commit can then make them again.
+    fn unlisted(
+        &self,
+        commit: Option<&dyn WriterLease>,
+        there: &Result<Option<Vec<u8>>>,
+        put: Option<&Error>,
+    ) -> bool {
+        let refused = put.is_none_or(|e| matches!(e, Error::CommitConflict { .. }));
         match there {
             Err(_) => false,
             Ok(_) if self.may_take_back(commit) => true,
-            Ok(found) => found
-                .as_ref()
-                .is_some_and(|f| blake3::hash(f) == self.manifest_hash),
+            Ok(found) => {
+                refused
+                    && found
+                        .as_ref()
+                        .is_some_and(|f| blake3::hash(f) == self.manifest_hash)
+            }
         }
     }
 
@@ -383,7 +394,8 @@ impl DatasetWriter {
         let mut result = segments.add_commit(&mut self.manifest, first_new);
         let published = segments.published.take();
         let created = segments.created.take();
-        if result.is_ok() {
+        let put_tried = result.is_ok();
+        if put_tried {
             if let Some(token) = commit.and_then(|c| c.token()) {
                 self.manifest.set_lease(token);
             }
@@ -405,7 +417,7 @@ impl DatasetWriter {
         mark.restore(&mut self.manifest);
         // The files made for this commit, its shard among them, are taken back where they are
         // listed nowhere, so that the next commit can make them again.
-        if self.unlisted(commit, &there) {
+        if self.unlisted(commit, &there, Some(&e).filter(|_| put_tried)) {
             for name in shard_file.iter().chain(&created) {
                 let _ = self.storage.delete(name);
             }
