@@ -165,7 +165,8 @@ fn a_missing_or_damaged_segment_is_named_and_repaired_from_a_copy() {
         shard_samples: 2,
         ..small_options()
     };
-    let mut w = DatasetWriter::create(&good, capture_schema(HIDDEN as u64), options).unwrap();
+    let mut w =
+        DatasetWriter::create(&good, capture_schema(HIDDEN as u64), options.clone()).unwrap();
     for i in 0..6u64 {
         w.append(&format!("k{i}"), &as_fields(&capture_sample(i, 2, HIDDEN)))
             .unwrap();
@@ -199,6 +200,20 @@ fn a_missing_or_damaged_segment_is_named_and_repaired_from_a_copy() {
             && !text(&v).contains("the manifest is the root of trust"),
         "{}",
         text(&v)
+    );
+    // From a copy of another dataset: refused, saying why.
+    let other = t.path().join("other");
+    let mut w = DatasetWriter::create(&other, capture_schema(HIDDEN as u64), options).unwrap();
+    w.append("x", &as_fields(&capture_sample(99, 2, HIDDEN)))
+        .unwrap();
+    w.finish().unwrap();
+    let r = hspack(&["repair", &s(&bad), "--from", &s(&other)]);
+    assert_eq!(r.status.code(), Some(2), "{}", text(&r));
+    assert!(
+        text(&r).contains("restoring its parts from")
+            && text(&r).contains("not a copy of the same dataset"),
+        "{}",
+        text(&r)
     );
     let r = hspack(&["repair", &s(&bad), "--from", &s(&good), "--json"]);
     assert!(r.status.success(), "{}", text(&r));

@@ -30,7 +30,15 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             let storage = hspack::store::open_location(&a.damaged)?;
             match restore_listed(&storage, &good) {
                 Ok(files) if !files.is_empty() => restored = files,
-                _ => return super::open_failed(e, a.json),
+                // Nothing to restore: the damage is not in what the copy can give.
+                Ok(_) => return super::open_failed(e, a.json),
+                Err(why) => {
+                    return Err(anyhow::Error::new(why).context(format!(
+                        "{} does not open ({e}); restoring its parts from {} failed",
+                        a.damaged.display(),
+                        a.from.display()
+                    )))
+                }
             }
             hspack::Dataset::open(&a.damaged)?
         }
