@@ -199,7 +199,7 @@ impl Dataset {
     /// Keys in ordinal order; raises naming the first shard that cannot be opened.
     fn keys(&self, py: Python<'_>) -> PyResult<Vec<String>> {
         py.allow_threads(|| {
-            let mut keys = Vec::with_capacity(self.inner.len() as usize);
+            let mut keys = Vec::with_capacity(claimed(self.inner.len()));
             for part in self.inner.keys_by_shard() {
                 keys.extend(part.keys?.into_iter().map(str::to_string));
             }
@@ -213,7 +213,7 @@ impl Dataset {
     fn lengths<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
         let bytes = py
             .allow_threads(|| {
-                let n = self.inner.len() as usize;
+                let n = claimed(self.inner.len());
                 let mut rows = Vec::with_capacity(16 * n);
                 let mut loss = Vec::with_capacity(8 * n);
                 for s in self.inner.samples() {
@@ -332,4 +332,10 @@ impl Dataset {
         })
         .py_err()
     }
+}
+
+/// Room to reserve for `samples` entries, as the manifest counts them: a crafted manifest may
+/// claim any number, so no more than a million up front (the vectors grow past it as read).
+fn claimed(samples: u64) -> usize {
+    samples.min(1 << 20) as usize
 }

@@ -64,3 +64,23 @@ def test_verify_names_the_damage(damaged):
     [p] = r["problems"]
     assert isinstance(p, hspack.HspackError)
     assert (p.kind, p.shard, p.key, p.field) == ("ChecksumMismatch", shard, "s0015", "hidden.3")
+
+
+def test_a_manifest_claiming_huge_shards_is_an_error_not_an_abort(tmp_path):
+    """Shards that claim 2^40 samples each (a crafted manifest): listing keys or lengths is
+    an error naming a shard, never an allocation sized by the claim."""
+    import json
+    from pathlib import Path
+
+    golden = Path(__file__).resolve().parents[3] / "format-spec/golden/v3/leased/manifest.json"
+    m = json.loads(golden.read_text())
+    claim = 1 << 40
+    m["shards"] = [dict(m["shards"][0], file=f"shard-{seq:06d}.hsp", seq=seq, first_ordinal=seq * claim, samples=claim) for seq in range(9)]
+    m["samples"] = 9 * claim
+    m["samples_table"] = None
+    (tmp_path / "manifest.json").write_text(json.dumps(m))
+    ds = hspack.open(tmp_path)
+    with pytest.raises(hspack.HspackError, match="shard-000000.hsp"):
+        ds.keys()
+    with pytest.raises(hspack.HspackError, match="shard-000000.hsp"):
+        ds.lengths
