@@ -58,6 +58,16 @@ fn write(storage: &Arc<dyn Storage>, range: std::ops::Range<u64>, options: Write
     w.finish().unwrap();
 }
 
+/// A writer of the dataset in `storage`, as `write` opens it.
+fn reopen(storage: &Arc<dyn Storage>) -> DatasetWriter {
+    DatasetWriter::open_in(
+        storage.clone(),
+        capture_schema(HIDDEN as u64),
+        small_options(),
+    )
+    .unwrap()
+}
+
 fn open(storage: &Arc<dyn Storage>) -> Dataset {
     Dataset::open_in(storage.clone(), ReadOptions::default()).unwrap()
 }
@@ -320,12 +330,7 @@ fn a_shard_published_without_its_manifest_is_a_leftover_not_damage() {
         deletes_fail: true,
         ..Faults::default()
     });
-    let mut w = DatasetWriter::open_in(
-        storage.clone(),
-        capture_schema(HIDDEN as u64),
-        small_options(),
-    )
-    .unwrap();
+    let mut w = reopen(&storage);
     for i in 5..8 {
         w.append(&format!("s{i}"), &as_fields(&sample(i))).unwrap();
     }
@@ -355,12 +360,7 @@ fn a_commit_that_may_have_landed_takes_back_none_of_its_files() {
     let m = MemoryStorage::new("unsure");
     let storage: Arc<dyn Storage> = Arc::new(m.clone());
     write(&storage, 0..5, small_options());
-    let mut w = DatasetWriter::open_in(
-        storage.clone(),
-        capture_schema(HIDDEN as u64),
-        small_options(),
-    )
-    .unwrap();
+    let mut w = reopen(&storage);
     for i in 5..8 {
         w.append(&format!("s{i}"), &as_fields(&sample(i))).unwrap();
     }
@@ -390,12 +390,7 @@ fn a_leased_writer_takes_back_only_what_no_manifest_can_list() {
     m.lease_as("a11ce5");
     let storage: Arc<dyn Storage> = Arc::new(m.clone());
     write(&storage, 0..5, small_options());
-    let mut w = DatasetWriter::open_in(
-        storage.clone(),
-        capture_schema(HIDDEN as u64),
-        small_options(),
-    )
-    .unwrap();
+    let mut w = reopen(&storage);
     let append = |w: &mut DatasetWriter| {
         for i in 5..8 {
             w.append(&format!("s{i}"), &as_fields(&sample(i))).unwrap();

@@ -66,10 +66,15 @@ impl Moto {
 
     /// Creates bucket `name`.
     pub fn bucket(&self, name: &str) {
+        self.request("PUT", &format!("/{name}"));
+    }
+
+    /// The reply to an unsigned `method` request of `target`, which must succeed.
+    fn request(&self, method: &str, target: &str) -> String {
         let mut s = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
         write!(
             s,
-            "PUT /{name} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+            "{method} {target} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
             self.port
         )
         .unwrap();
@@ -77,8 +82,9 @@ impl Moto {
         s.read_to_string(&mut reply).unwrap();
         assert!(
             reply.starts_with("HTTP/1.1 200"),
-            "create bucket {name}: {reply}"
+            "{method} {target}: {reply}"
         );
+        reply
     }
 }
 
@@ -86,17 +92,7 @@ impl Moto {
     /// The keys of bucket `bucket`'s multipart uploads started and neither completed nor
     /// aborted (invisible to listings).
     pub fn multipart_uploads(&self, bucket: &str) -> Vec<String> {
-        let mut s = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
-        write!(
-            s,
-            "GET /{bucket}?uploads HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nConnection: close\r\n\r\n",
-            self.port
-        )
-        .unwrap();
-        let mut reply = String::new();
-        s.read_to_string(&mut reply).unwrap();
-        assert!(reply.starts_with("HTTP/1.1 200"), "list uploads: {reply}");
-        reply
+        self.request("GET", &format!("/{bucket}?uploads"))
             .split("<Key>")
             .skip(1)
             .filter_map(|k| k.split("</Key>").next())
