@@ -9,8 +9,9 @@
 //! across the sources, checked before anything is written. A merge that stops (killed, a
 //! failed write) resumes when run again with the same sources: samples already committed to
 //! the destination are not copied again. A destination that is not such a merge (it holds
-//! other samples, other contents under a source's key, or the sources' samples in another
-//! order) is refused before anything is written.
+//! other samples, the sources' samples in another order, or other contents under a source's
+//! key in the first sample of one of its shards or in its last) is refused before anything
+//! is written.
 
 use std::collections::HashMap;
 use std::sync::Arc;
