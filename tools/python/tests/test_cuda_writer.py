@@ -243,7 +243,8 @@ def test_stacked_eagle3_layout_from_the_gpu(tmp_path):
     from hspack.torch import HspackDataset
 
     aux_layers, target = LAYERS[:-1], LAYERS[-1]
-    fields = [hspack.hidden_states(list(aux_layers), HIDDEN), hspack.hidden_state(target, HIDDEN)]
+    # The EAGLE-3 view needs the token ids (it refuses a dataset without them).
+    fields = [hspack.token_ids(), hspack.hidden_states(list(aux_layers), HIDDEN), hspack.hidden_state(target, HIDDEN)]
     gen = torch.Generator(device="cuda").manual_seed(3)
     expect = {}
     w = CudaWriter(tmp_path / "ds", fields, durable=False)
@@ -251,7 +252,8 @@ def test_stacked_eagle3_layout_from_the_gpu(tmp_path):
         layers = [torch.randn(t, HIDDEN, device="cuda", generator=gen).to(torch.bfloat16) for _ in LAYERS]
         aux = torch.stack(layers[:-1], 1)
         expect[f"s{i}"] = (aux.cpu(), layers[-1].cpu())
-        w.append(f"s{i}", **{"aux_hidden_state": aux, f"hidden.{target}": layers[-1]})
+        ids = torch.arange(t, dtype=torch.int32, device="cuda")
+        w.append(f"s{i}", **{"input_ids": ids, "aux_hidden_state": aux, f"hidden.{target}": layers[-1]})
         del aux, layers  # the writer keeps them alive until copied
     w.finish()
     got = read_back(tmp_path / "ds")
