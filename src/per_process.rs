@@ -47,12 +47,14 @@ impl<T> PerProcess<T> {
 
     /// The slot, waiting at most about 100 ms for it.
     fn lock(&self) -> Option<MutexGuard<'_, Slot<T>>> {
-        lock_briefly(&self.0, INSTANT_TRIES)
+        lock_for_an_instant(&self.0)
     }
 }
 
-/// Tries at a lock held for an instant: about 100 ms ([`lock_briefly`]).
-pub(crate) const INSTANT_TRIES: u32 = 1000;
+/// `m`, a lock threads hold for an instant, tried for about 100 ms ([`lock_briefly`]).
+pub(crate) fn lock_for_an_instant<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
+    lock_briefly(m, 1000)
+}
 
 /// `m`, tried every 0.1 ms up to `tries` times (a poisoned lock is taken as it is); `None`
 /// when it stays held. For locks a thread holds for an instant, in memory a fork copies: a

@@ -264,7 +264,7 @@ impl ChunkCache {
     /// The blocks read last; `None` in a child forked while another thread held them (it
     /// then reads block files without them, never hangs).
     fn recent(&self) -> Option<std::sync::MutexGuard<'_, Recent>> {
-        crate::per_process::lock_briefly(&self.inner.recent, crate::per_process::INSTANT_TRIES)
+        crate::per_process::lock_for_an_instant(&self.inner.recent)
     }
 
     fn remember(&self, id: BlockId, file: BlockFile) {

@@ -297,9 +297,7 @@ fn enforced(
         .unwrap_or_default();
     let root = format!("{} at {endpoint}", storage.root().display());
     let known = |seen: &Vec<String>| seen.contains(&root);
-    if crate::per_process::lock_briefly(&ENFORCING, crate::per_process::INSTANT_TRIES)
-        .is_some_and(|seen| known(&seen))
-    {
+    if crate::per_process::lock_for_an_instant(&ENFORCING).is_some_and(|seen| known(&seen)) {
         return Ok(version);
     }
     // Neither the ETag (S3, Azure) nor the generation (GCS) of any object.
@@ -324,9 +322,7 @@ fn enforced(
             });
         }
     }
-    if let Some(mut seen) =
-        crate::per_process::lock_briefly(&ENFORCING, crate::per_process::INSTANT_TRIES)
-    {
+    if let Some(mut seen) = crate::per_process::lock_for_an_instant(&ENFORCING) {
         if !known(&seen) {
             seen.push(root);
         }

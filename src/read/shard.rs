@@ -302,7 +302,7 @@ impl Shard {
     /// What [`Shard::fetch_ahead`] kept; `None` in a child forked while another thread held
     /// it (reads then go to the file, never hang).
     fn window(&self) -> Option<std::sync::MutexGuard<'_, Option<(u64, FileBytes)>>> {
-        crate::per_process::lock_briefly(&self.window, crate::per_process::INSTANT_TRIES)
+        crate::per_process::lock_for_an_instant(&self.window)
     }
 
     /// Bytes `from..to` of padding (between the header, chunks and index), which must be zero:

@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::format::manifest::hex;
 use crate::io::{FileBytes, FileReader, LocalStorage, ObjectStorage, Storage};
-use crate::per_process::lock_briefly;
+use crate::per_process::lock_for_an_instant;
 
 pub use index::{BlobIndex, Location};
 pub use ingest::{Ingest, IngestStats};
@@ -53,10 +53,6 @@ pub struct StoreConfig {
     /// 16 random bytes, hex.
     pub id: String,
 }
-
-/// Tries at the lock of a store's memory (open packs, gone packs, the latest index): about
-/// 100 ms ([`lock_briefly`]).
-const MEMORY_TRIES: u32 = crate::per_process::INSTANT_TRIES;
 
 /// A store, open.
 pub struct Store {
@@ -328,13 +324,11 @@ impl Store {
     /// Pack `id`, opened once per store handle (its memories are locked for an instant,
     /// never across a read).
     pub fn pack(&self, id: &[u8; 16]) -> Result<Arc<dyn FileReader>> {
-        if let Some(f) =
-            lock_briefly(&self.open_packs, MEMORY_TRIES).and_then(|o| o.get(id).cloned())
-        {
+        if let Some(f) = lock_for_an_instant(&self.open_packs).and_then(|o| o.get(id).cloned()) {
             return Ok(f);
         }
         let f = self.packs.open(&pack::pack_name(id))?;
-        if let Some(mut open) = lock_briefly(&self.open_packs, MEMORY_TRIES) {
+        if let Some(mut open) = lock_for_an_instant(&self.open_packs) {
             // Another thread may have opened it meanwhile: the first one stays.
             return Ok(Arc::clone(open.entry(*id).or_insert(f)));
         }
@@ -343,7 +337,7 @@ impl Store {
 
     /// Forgets the packs opened so far (after a collection replaced some).
     pub fn forget_packs(&self) {
-        if let Some(mut open) = lock_briefly(&self.open_packs, MEMORY_TRIES) {
+        if let Some(mut open) = lock_for_an_instant(&self.open_packs) {
             open.clear();
         }
     }
@@ -353,7 +347,7 @@ impl Store {
     /// the index as last read, then as read now, and read where it is now. The error of the
     /// first read stands when the index has it nowhere else, or reading there fails too.
     pub fn with_moved<T>(&self, at: &Location, read: impl Fn(&Location) -> Result<T>) -> Result<T> {
-        let gone = || lock_briefly(&self.gone_packs, MEMORY_TRIES);
+        let gone = || lock_for_an_instant(&self.gone_packs);
         let known_gone = gone().is_some_and(|g| g.contains(&at.pack));
         let first = match known_gone {
             true => None,
@@ -362,7 +356,7 @@ impl Store {
                 Err(e) => Some(e),
             },
         };
-        let latest = || lock_briefly(&self.latest_index, MEMORY_TRIES);
+        let latest = || lock_for_an_instant(&self.latest_index);
         let known = latest().and_then(|l| l.clone());
         let now = || -> Result<Arc<BlobIndex>> {
             let index = Arc::new(self.index()?);
