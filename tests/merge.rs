@@ -39,6 +39,19 @@ fn seed(prefix: &str, i: u64) -> u64 {
     prefix.bytes().map(u64::from).sum::<u64>() * 1000 + i
 }
 
+/// Merging `sources` (folders of `t`) into folder `into` is refused, saying `why` and that
+/// nothing was written.
+fn assert_refused(t: &Path, sources: &[&str], into: &str, why: &str) {
+    let dst = hspack::io::open_location(t.join(into)).unwrap();
+    let err = merge(&open_all(t, sources), dst, Default::default(), &|_| {}).unwrap_err();
+    assert!(matches!(err, Error::CopyRefused { .. }), "{err}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains(why) && msg.contains("nothing was written"),
+        "{msg}"
+    );
+}
+
 fn open_all(t: &Path, names: &[&str]) -> Vec<Dataset> {
     names
         .iter()
@@ -97,19 +110,7 @@ fn a_shared_key_or_another_schema_is_refused_before_anything_is_written() {
     write(&t.path().join("b"), "k", 2, HIDDEN);
     write(&t.path().join("wide"), "w", 2, 2 * HIDDEN);
     let dst = || hspack::io::open_location(t.path().join("out")).unwrap();
-    let err = merge(
-        &open_all(t.path(), &["a", "b"]),
-        dst(),
-        Default::default(),
-        &|_| {},
-    )
-    .unwrap_err();
-    assert!(matches!(err, Error::CopyRefused { .. }), "{err}");
-    let msg = err.to_string();
-    assert!(
-        msg.contains("\"k0\"") && msg.contains("nothing was written"),
-        "{msg}"
-    );
+    assert_refused(t.path(), &["a", "b"], "out", "\"k0\"");
     let err = merge(
         &open_all(t.path(), &["a", "wide"]),
         dst(),
@@ -182,19 +183,7 @@ fn a_destination_that_is_not_an_interrupted_merge_of_the_sources_is_refused() {
     .unwrap();
     for (sources, into, why) in refusals {
         let held = Dataset::open(t.path().join(into)).unwrap();
-        let err = merge(
-            &open_all(t.path(), &sources),
-            dst(into),
-            Default::default(),
-            &|_| {},
-        )
-        .unwrap_err();
-        assert!(matches!(err, Error::CopyRefused { .. }), "{err}");
-        let msg = err.to_string();
-        assert!(
-            msg.contains(why) && msg.contains("nothing was written"),
-            "{msg}"
-        );
+        assert_refused(t.path(), &sources, into, why);
         let after = Dataset::open(t.path().join(into)).unwrap();
         assert_eq!(keys(&after), keys(&held), "{sources:?} into {into}");
     }
