@@ -103,6 +103,39 @@ def test_ranks_that_opened_the_dataset_before_and_after_a_commit_order_the_same_
     assert sorted(a["iterable"] + b["iterable"]) == list(range(39))
 
 
+def _rank_opening_its_own_dataset(rank: int, paths: list, init: str, out: str) -> None:
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    import hspack
+    from hspack.torch import HspackSampler
+
+    try:
+        HspackSampler(hspack.open(paths[rank]), seed=3)
+        said = None
+    except Exception as e:  # noqa: BLE001 - what each rank was told is the result
+        said = f"{type(e).__name__}: {e}"
+    everyone: list = [None, None]
+    dist.all_gather_object(everyone, said)
+    if rank == 0:
+        torch.save(everyone, out)
+    dist.destroy_process_group()
+
+
+def test_ranks_that_opened_different_datasets_of_the_same_shard_sizes_are_refused(tmp_path):
+    """Two datasets whose shards hold as many samples each (the same run written twice, once
+    compressed): ranks given different ones are refused, as the ordinals would name other
+    samples on each rank; shard sizes alone did not tell them apart."""
+    from conftest import write_eagle
+
+    paths = [str(tmp_path / "plain"), str(tmp_path / "zstd")]
+    write_eagle(paths[0], 26, shard_samples=13)
+    write_eagle(paths[1], 26, shard_samples=13, codec="zstd")
+    out = str(tmp_path / "said.pt")
+    mp.spawn(_rank_opening_its_own_dataset, args=(paths, f"file://{tmp_path}/rendezvous", out), nprocs=2, join=True)
+    said = torch.load(out)
+    for told in said:
+        assert told is not None and "the ranks opened different datasets" in told, said
+
+
 def test_ranks_agree_through_the_cpu_or_this_ranks_cuda_device(monkeypatch):
     """The agreement gathers through gloo where the group has it; on NCCL alone, only once
     this rank's CUDA device is the one its launcher gave it (else objects would gather on one

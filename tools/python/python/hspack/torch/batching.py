@@ -56,7 +56,7 @@ class TokenBudgetBatchSampler(tud.Sampler):
 
     def __init__(self, dataset: Any, max_tokens: int, *, max_len: int | None = None, shuffle: bool = True, seed: int = 0, bucket_size: int = 1024, block_size: int = 64, window_blocks: int = 16, even_batches: bool = False, rank: int | None = None, world_size: int | None = None):
         ds = dataset.hspack if hasattr(dataset, "hspack") else dataset
-        self.shard_ranges = _order.agreed(ds.path, ds.shard_ranges, rank, world_size)
+        self.shard_ranges = _order.agreed(ds, rank, world_size)
         lengths = ds.lengths[: _order.samples(self.shard_ranges)]
         self.lengths = lengths if max_len is None else np.minimum(lengths, max_len)
         self.max_tokens = max_tokens

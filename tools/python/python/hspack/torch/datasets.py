@@ -104,16 +104,11 @@ def _release_received(folder: str, owner: int) -> None:
         _transfer.release(folder)
 
 
-def _shards_of(ds: Dataset) -> list[tuple[int, int, str]]:
-    """What names each shard of `ds`: its first ordinal, its samples and its index's hash."""
-    return [(s["first_ordinal"], s["samples"], s["index_blake3"][:32]) for s in ds.shards]
-
-
 def _check_grown_from(ds: Dataset, opened: list[tuple[int, int, str]]) -> None:
     """Refuses a dataset, reopened in a worker, whose first shards are not the ones the
     process that made the dataset object opened (it was rewritten, not appended to): the
     ordinals ordered there would name other samples here."""
-    if _shards_of(ds)[: len(opened)] != opened:
+    if not _order.grown_from(_order.shards_of(ds), opened):
         raise make_error(
             "Io",
             f"{ds.path}: the dataset changed since this DataLoader's dataset object was made (its shards are no longer "
@@ -156,7 +151,7 @@ class _Reopening:
             ds = Dataset(self.path, check=self.check, checked_memo=self.checked_memo, cache_dir=self.cache_dir, cache_bytes=self.cache_bytes)
             opened = getattr(self, "_opened", None)
             if opened is None:
-                self._opened = _shards_of(ds)
+                self._opened = _order.shards_of(ds)
             else:
                 _check_grown_from(ds, opened)
             self._ds = ds
@@ -226,7 +221,7 @@ class HspackSampler(tud.Sampler):
 
     def __init__(self, dataset: Any, *, shuffle: bool = True, seed: int = 0, block_size: int = 64, window_blocks: int = 16, drop_last: bool = False, pad: bool = False, rank: int | None = None, world_size: int | None = None):
         ds = dataset.hspack if hasattr(dataset, "hspack") else dataset
-        self.shard_ranges = _order.agreed(ds.path, ds.shard_ranges, rank, world_size)
+        self.shard_ranges = _order.agreed(ds, rank, world_size)
         self.state = _Epoch(shuffle, seed, block_size, window_blocks, drop_last, pad, rank, world_size, _order.samples(self.shard_ranges))
 
     def __iter__(self) -> Iterator[int]:
@@ -278,7 +273,7 @@ class HspackIterableDataset(_Reopening, tud.IterableDataset):
         # The dataset as this process opened it (as every rank did: `order.agreed`): every
         # worker orders these samples, even one that reopens it (spawned) after a writer
         # committed more.
-        self.shard_ranges = _order.agreed(ds.path, ds.shard_ranges, rank, world_size)
+        self.shard_ranges = _order.agreed(ds, rank, world_size)
         self.state = _Epoch(shuffle, seed, block_size, window_blocks, drop_last, pad, rank, world_size, _order.samples(self.shard_ranges))
 
     def _total(self) -> int:

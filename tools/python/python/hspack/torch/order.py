@@ -11,7 +11,7 @@ land anywhere in the epoch.
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -115,14 +115,20 @@ def samples(shard_ranges: Sequence[tuple[int, int]]) -> int:
     return sum(int(count) for _, count in shard_ranges)
 
 
-def grown_from(now: Sequence[tuple[int, int]], before: Sequence[tuple[int, int]]) -> bool:
-    """True when shard ranges `now` start with `before`: the same dataset, appended to since
-    (a commit adds shards after the last), not rewritten."""
+def shards_of(ds: Any) -> list[tuple[int, int, str]]:
+    """What names each shard of `hspack.Dataset` `ds`: its first ordinal, its samples and its
+    index's hash (so two datasets whose shards hold as many samples still differ)."""
+    return [(int(s["first_ordinal"]), int(s["samples"]), str(s["index_blake3"])[:32]) for s in ds.shards]
+
+
+def grown_from(now: Sequence[tuple], before: Sequence[tuple]) -> bool:
+    """True when shards `now` (`shards_of`) start with `before`: the same dataset, appended to
+    since (a commit adds shards after the last), not rewritten."""
     return [tuple(r) for r in now[: len(before)]] == [tuple(r) for r in before]
 
 
-def agreed(path: str, shard_ranges: Sequence[tuple[int, int]], rank: int | None = None, world_size: int | None = None) -> list[tuple[int, int]]:
-    """The shards of dataset `path` that every rank orders. With the ranks of
+def agreed(ds: Any, rank: int | None = None, world_size: int | None = None) -> list[tuple[int, int]]:
+    """The shards (`(first ordinal, samples)`) of `hspack.Dataset` `ds` that every rank orders. With the ranks of
     torch.distributed (`rank` and `world_size` not given), the first shards that every rank's
     dataset holds: a capture that commits while the ranks open the dataset makes ranks that
     opened it later see more (appended) shards, and ranks ordering different samples would
@@ -131,9 +137,12 @@ def agreed(path: str, shard_ranges: Sequence[tuple[int, int]], rank: int | None 
     `rank` and `world_size`). On a group of NCCL alone it runs on this rank's CUDA device,
     and is left out, with a warning, while that device is not set yet
     (`torch.cuda.set_device`). Refused when the ranks' first shards differ (the dataset was
-    rewritten between their opens). Given `rank` and `world_size`: `shard_ranges` as it is
-    (the caller agrees)."""
-    ranges = [(int(a), int(b)) for a, b in shard_ranges]
+    rewritten between their opens, or they opened other datasets: each shard is named by its
+    index's hash too). Given `rank` and `world_size`: every shard of `ds` (the caller
+    agrees)."""
+    path = ds.path
+    shards = shards_of(ds)
+    ranges = [(first, count) for first, count, _ in shards]
     if rank is not None or world_size is not None:
         return ranges
     import torch.distributed as dist
@@ -151,12 +160,12 @@ def agreed(path: str, shard_ranges: Sequence[tuple[int, int]], rank: int | None 
         )
         return ranges
     everyone: list = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, ranges)
+    dist.all_gather_object(everyone, shards)
     shortest = min(everyone, key=len)
     if not all(grown_from(r, shortest) for r in everyone):
         from .._errors import make_error
 
-        raise make_error("Io", f"{path}: the ranks opened different datasets (their first shards differ: it was rewritten between their opens, or they name other folders); make the dataset objects again", path=path)
+        raise make_error("Io", f"{path}: the ranks opened different datasets (their first shards differ: it was rewritten between their opens, or the ranks name other datasets); give every rank the same dataset and make the dataset objects again", path=path)
     return ranges[: len(shortest)]
 
 
