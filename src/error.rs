@@ -209,6 +209,26 @@ pub enum Error {
         /// Samples of the refused commit.
         samples: u64,
     },
+    /// A writer whose commit inside `append` failed: the open shard was full, and the
+    /// samples it held, accepted (and given ordinals) by earlier appends, may not be in the
+    /// dataset. The writer takes no more samples, so none of their ordinals is given again.
+    #[error("{}: this writer stopped: appending `{refused}` first commits the full open shard, and that commit failed ({cause}). Its {samples} samples (`{first}` to `{last}`{ordinals}) may not be in the dataset, and `{refused}` was not appended; open the dataset again (writing resumes after its last commit) and append from `{first}` on (`contains_key`, in Python `Writer.contains`, says which samples it holds)", path.display())]
+    WriterStopped {
+        /// The dataset.
+        path: PathBuf,
+        /// The key whose append committed the shard.
+        refused: String,
+        /// Samples of the shard whose commit failed.
+        samples: u64,
+        /// Its first key.
+        first: String,
+        /// Its last key.
+        last: String,
+        /// `, ordinals A to B`, where the writer gave them (not when sharing the dataset).
+        ordinals: String,
+        /// Why the commit failed.
+        cause: String,
+    },
     /// Appending with a schema other than the dataset's.
     #[error("{}: the dataset's schema differs from the one given ({detail}); write to a new folder", path.display())]
     SchemaMismatch {

@@ -353,6 +353,67 @@ fn a_shard_published_without_its_manifest_is_a_leftover_not_damage() {
     check_all("after the next writer", &open(&storage), 9);
 }
 
+/// A commit inside `append` (the open shard is full) that fails stops the writer: the shard's
+/// samples were accepted, and given ordinals, by earlier appends, so every later call is
+/// refused with an error naming them, and no ordinal is given twice. Reopened, the dataset
+/// resumes after its last commit and takes them again.
+#[test]
+fn a_failed_commit_inside_append_stops_the_writer() {
+    let m = MemoryStorage::new("stopped");
+    let storage: Arc<dyn Storage> = Arc::new(m.clone());
+    let five_a_shard = WriteOptions {
+        shard_bytes: 1 << 30,
+        ..small_options()
+    };
+    write(&storage, 0..5, five_a_shard.clone());
+    let mut w =
+        DatasetWriter::open_in(storage.clone(), capture_schema(HIDDEN as u64), five_a_shard)
+            .unwrap();
+    for i in 5..10 {
+        assert_eq!(
+            w.append(&format!("s{i}"), &as_fields(&sample(i))).unwrap(),
+            i
+        );
+    }
+    m.set_faults(Faults {
+        failing_publishes_of: Some("segment-".into()),
+        ..Faults::default()
+    });
+    let err = w.append("s10", &as_fields(&sample(10))).unwrap_err();
+    m.set_faults(Faults::default());
+    let said = err.to_string();
+    assert!(matches!(err, Error::WriterStopped { .. }), "{err:?}");
+    for part in [
+        "`s5` to `s9`",
+        "ordinals 5 to 9",
+        "5 samples",
+        "`s10` was not appended",
+        "injected fault",
+        "open the dataset again",
+    ] {
+        assert!(said.contains(part), "{part:?} is not in: {said}");
+    }
+    // Every later call is refused the same way: no ordinal 5 for another sample, and no
+    // commit that reports success over the lost ones.
+    let again = w.append("s11", &as_fields(&sample(11))).unwrap_err();
+    assert!(matches!(again, Error::WriterStopped { .. }), "{again:?}");
+    assert!(matches!(
+        w.commit().unwrap_err(),
+        Error::WriterStopped { .. }
+    ));
+    assert!(
+        !w.contains_key("s5"),
+        "a lost sample is not reported as held"
+    );
+    assert!(matches!(
+        w.finish().unwrap_err(),
+        Error::WriterStopped { .. }
+    ));
+    check_all("after the stop", &open(&storage), 5);
+    write(&storage, 5..11, small_options());
+    check_all("reopened and appended again", &open(&storage), 11);
+}
+
 /// A commit whose manifest landed while its publish reported an error, and whose read-back
 /// failed too: the writer cannot tell whether it landed, so it takes nothing back.
 #[test]

@@ -39,6 +39,9 @@ pub struct DatasetWriter {
     current_keys: Vec<String>,
     /// Keys of this writer's failed commit that another writer committed first.
     taken: HashSet<String>,
+    /// Why this writer takes no more samples: a commit inside `append` failed
+    /// ([`Error::WriterStopped`]).
+    stopped: Option<Stopped>,
     schema: std::sync::Arc<Schema>,
     lanes_opened: std::sync::Arc<std::sync::atomic::AtomicU64>,
     /// BLAKE3 of the manifest as this writer last read or wrote it: a commit publishes only
@@ -48,6 +51,17 @@ pub struct DatasetWriter {
     /// Hex digits no other writer has, in the names of this writer's files when it shares
     /// the dataset.
     tag: String,
+}
+
+/// The commit inside `append` that failed and stopped a writer: what
+/// [`Error::WriterStopped`] says.
+struct Stopped {
+    refused: String,
+    samples: u64,
+    first: String,
+    last: String,
+    ordinals: String,
+    cause: String,
 }
 
 /// What [`DatasetWriter::append`] returns for a writer sharing its dataset: the ordinal is
@@ -155,6 +169,7 @@ impl DatasetWriter {
             keys,
             current_keys: Vec::new(),
             taken: HashSet::new(),
+            stopped: None,
             manifest_hash,
             lock,
             tag,
@@ -223,6 +238,7 @@ impl DatasetWriter {
     /// or [`ORDINAL_AT_COMMIT`] for a writer sharing the dataset.
     pub fn append(&mut self, key: &str, fields: &[(&str, &[u8])]) -> Result<u64> {
         self.check_owner()?;
+        self.check_not_stopped()?;
         if self.keys.contains(key) {
             return Err(Error::DuplicateKey {
                 key: key.to_string(),
@@ -230,7 +246,7 @@ impl DatasetWriter {
         }
         let schema = std::sync::Arc::clone(&self.schema);
         let checked = sample::check(&schema, key, fields, self.options.prequantized)?;
-        self.roll_if_full(checked.raw)?;
+        self.roll_if_full(key, checked.raw)?;
         let ordinal = match self.options.shared {
             true => ORDINAL_AT_COMMIT,
             false => self.len(),
@@ -243,16 +259,65 @@ impl DatasetWriter {
         Ok(ordinal)
     }
 
-    fn roll_if_full(&mut self, incoming: u64) -> Result<()> {
-        if let Some(s) = &self.current {
-            if self
-                .options
-                .shard_is_full(s.len(), s.sample_count(), incoming)
-            {
-                self.commit()?;
+    /// Commits the open shard before `key`'s sample of `incoming` bytes when it is full. Where
+    /// that commit fails, the writer stops ([`Error::WriterStopped`]): the shard's samples were
+    /// accepted, and given ordinals, by earlier appends, and a writer that went on would give
+    /// those ordinals to the next samples. A commit refused for a key another writer sharing
+    /// the dataset committed first stays [`Error::KeyTaken`], which says what to append again.
+    fn roll_if_full(&mut self, key: &str, incoming: u64) -> Result<()> {
+        let Some(s) = &self.current else {
+            return Ok(());
+        };
+        if !self
+            .options
+            .shard_is_full(s.len(), s.sample_count(), incoming)
+        {
+            return Ok(());
+        }
+        let samples = s.sample_count();
+        let first_ordinal = self.manifest.samples;
+        let (first, last) = match (self.current_keys.first(), self.current_keys.last()) {
+            (Some(first), Some(last)) => (first.clone(), last.clone()),
+            _ => return self.commit().map(drop),
+        };
+        match self.commit() {
+            Ok(_) => Ok(()),
+            Err(e @ Error::KeyTaken { .. }) => Err(e),
+            Err(cause) => {
+                let stopped = Stopped {
+                    refused: key.to_string(),
+                    samples,
+                    first,
+                    last,
+                    ordinals: match self.options.shared {
+                        true => String::new(),
+                        false => format!(
+                            ", ordinals {first_ordinal} to {}",
+                            first_ordinal + samples.saturating_sub(1)
+                        ),
+                    },
+                    cause: cause.to_string(),
+                };
+                self.stopped = Some(stopped);
+                self.check_not_stopped()
             }
         }
-        Ok(())
+    }
+
+    /// Refuses every call once the writer stopped ([`Error::WriterStopped`]).
+    fn check_not_stopped(&self) -> Result<()> {
+        let Some(s) = &self.stopped else {
+            return Ok(());
+        };
+        Err(Error::WriterStopped {
+            path: self.storage.root().to_path_buf(),
+            refused: s.refused.clone(),
+            samples: s.samples,
+            first: s.first.clone(),
+            last: s.last.clone(),
+            ordinals: s.ordinals.clone(),
+            cause: s.cause.clone(),
+        })
     }
 
     fn current_shard(&mut self) -> Result<&mut ShardWriter> {
@@ -292,6 +357,7 @@ impl DatasetWriter {
     /// Commits the open shard: after this, its samples survive a crash and readers see them.
     pub fn commit(&mut self) -> Result<WriteStats> {
         self.check_owner()?;
+        self.check_not_stopped()?;
         let keys = std::mem::take(&mut self.current_keys);
         if let Some(shard) = self.current.take() {
             if let Err(e) = self.commit_shard(shard, &HashSet::new()) {

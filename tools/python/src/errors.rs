@@ -236,6 +236,17 @@ impl Context {
                     ..c
                 },
             ),
+            Error::WriterStopped {
+                path, first, cause, ..
+            } => (
+                "WriterStopped",
+                Context {
+                    path: text(path),
+                    key: Some(first.clone()),
+                    detail: Some(cause.clone()),
+                    ..c
+                },
+            ),
             Error::ForkedWriter { path } => (
                 "ForkedWriter",
                 Context {
