@@ -212,22 +212,12 @@ pub enum Error {
     /// A writer whose commit inside `append` failed: the open shard was full, and the
     /// samples it held, accepted (and given ordinals) by earlier appends, may not be in the
     /// dataset. The writer takes no more samples, so none of their ordinals is given again.
-    #[error("{}: this writer stopped: appending `{refused}` first commits the full open shard, and that commit failed ({cause}). Its {samples} samples (`{first}` to `{last}`{ordinals}) may not be in the dataset, and `{refused}` was not appended; open the dataset again (writing resumes after its last commit) and append from `{first}` on (`contains_key`, in Python `Writer.contains`, says which samples it holds)", path.display())]
+    #[error("{}: {commit}", path.display())]
     WriterStopped {
         /// The dataset.
         path: PathBuf,
-        /// The key whose append committed the shard.
-        refused: String,
-        /// Samples of the shard whose commit failed.
-        samples: u64,
-        /// Its first key.
-        first: String,
-        /// Its last key.
-        last: String,
-        /// `, ordinals A to B`, where the writer gave them (not when sharing the dataset).
-        ordinals: String,
-        /// Why the commit failed.
-        cause: String,
+        /// The commit that failed.
+        commit: Box<StoppedCommit>,
     },
     /// Appending with a schema other than the dataset's.
     #[error("{}: the dataset's schema differs from the one given ({detail}); write to a new folder", path.display())]
@@ -341,4 +331,46 @@ pub(crate) fn io(
 pub(crate) fn format(path: impl Into<PathBuf>) -> impl FnOnce(FormatError) -> Error {
     let path = path.into();
     move |source| Error::Format { path, source }
+}
+
+/// The commit inside `append` that failed and stopped a writer ([`Error::WriterStopped`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoppedCommit {
+    /// The key whose append committed the shard.
+    pub refused: String,
+    /// Samples of the shard whose commit failed.
+    pub samples: u64,
+    /// Its first key.
+    pub first: String,
+    /// Its last key.
+    pub last: String,
+    /// Its ordinals, where the writer gave them (not when sharing the dataset).
+    pub ordinals: Option<std::ops::RangeInclusive<u64>>,
+    /// Why the commit failed.
+    pub cause: String,
+}
+
+impl std::fmt::Display for StoppedCommit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let StoppedCommit {
+            refused,
+            samples,
+            first,
+            last,
+            ordinals,
+            cause,
+        } = self;
+        let ordinals = match ordinals {
+            Some(o) => format!(", ordinals {} to {}", o.start(), o.end()),
+            None => String::new(),
+        };
+        write!(
+            f,
+            "this writer stopped: appending `{refused}` first commits the full open shard, and \
+             that commit failed ({cause}). Its {samples} samples (`{first}` to `{last}`{ordinals}) \
+             may not be in the dataset, and `{refused}` was not appended; open the dataset again \
+             (writing resumes after its last commit) and append from `{first}` on \
+             (`contains_key`, in Python `Writer.contains`, says which samples it holds)"
+        )
+    }
 }

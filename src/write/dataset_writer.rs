@@ -4,7 +4,7 @@ use std::collections::HashSet;
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::error::{format, Error, Result};
+use crate::error::{format, Error, Result, StoppedCommit};
 use crate::failpoint::failpoint;
 use crate::format::manifest::{hex, shard_file_name, MANIFEST_FILE, TEMP_SUFFIX};
 use crate::format::segment::is_tagged;
@@ -41,7 +41,7 @@ pub struct DatasetWriter {
     taken: HashSet<String>,
     /// Why this writer takes no more samples: a commit inside `append` failed
     /// ([`Error::WriterStopped`]).
-    stopped: Option<Stopped>,
+    stopped: Option<StoppedCommit>,
     schema: std::sync::Arc<Schema>,
     lanes_opened: std::sync::Arc<std::sync::atomic::AtomicU64>,
     /// BLAKE3 of the manifest as this writer last read or wrote it: a commit publishes only
@@ -51,17 +51,6 @@ pub struct DatasetWriter {
     /// Hex digits no other writer has, in the names of this writer's files when it shares
     /// the dataset.
     tag: String,
-}
-
-/// The commit inside `append` that failed and stopped a writer: what
-/// [`Error::WriterStopped`] says.
-struct Stopped {
-    refused: String,
-    samples: u64,
-    first: String,
-    last: String,
-    ordinals: String,
-    cause: String,
 }
 
 /// What [`DatasetWriter::append`] returns for a writer sharing its dataset: the ordinal is
@@ -284,18 +273,13 @@ impl DatasetWriter {
             Ok(_) => Ok(()),
             Err(e @ Error::KeyTaken { .. }) => Err(e),
             Err(cause) => {
-                let stopped = Stopped {
+                let stopped = StoppedCommit {
                     refused: key.to_string(),
                     samples,
                     first,
                     last,
-                    ordinals: match self.options.shared {
-                        true => String::new(),
-                        false => format!(
-                            ", ordinals {first_ordinal} to {}",
-                            first_ordinal + samples.saturating_sub(1)
-                        ),
-                    },
+                    ordinals: (!self.options.shared)
+                        .then(|| first_ordinal..=first_ordinal + samples.saturating_sub(1)),
                     cause: cause.to_string(),
                 };
                 self.stopped = Some(stopped);
@@ -306,18 +290,13 @@ impl DatasetWriter {
 
     /// Refuses every call once the writer stopped ([`Error::WriterStopped`]).
     fn check_not_stopped(&self) -> Result<()> {
-        let Some(s) = &self.stopped else {
-            return Ok(());
-        };
-        Err(Error::WriterStopped {
-            path: self.storage.root().to_path_buf(),
-            refused: s.refused.clone(),
-            samples: s.samples,
-            first: s.first.clone(),
-            last: s.last.clone(),
-            ordinals: s.ordinals.clone(),
-            cause: s.cause.clone(),
-        })
+        match &self.stopped {
+            Some(commit) => Err(Error::WriterStopped {
+                path: self.storage.root().to_path_buf(),
+                commit: Box::new(commit.clone()),
+            }),
+            None => Ok(()),
+        }
     }
 
     fn current_shard(&mut self) -> Result<&mut ShardWriter> {

@@ -236,14 +236,12 @@ impl Context {
                     ..c
                 },
             ),
-            Error::WriterStopped {
-                path, first, cause, ..
-            } => (
+            Error::WriterStopped { path, commit } => (
                 "WriterStopped",
                 Context {
                     path: text(path),
-                    key: Some(first.clone()),
-                    detail: Some(cause.clone()),
+                    key: Some(commit.first.clone()),
+                    detail: Some(commit.cause.clone()),
                     ..c
                 },
             ),
