@@ -44,6 +44,36 @@ fn demo_writes_verifies_and_reads_back() {
     assert!(demo(t.path()).status.success());
 }
 
+/// The demo replaces only its own earlier dataset: another dataset in `--out` is refused
+/// and left whole.
+#[test]
+fn the_demo_refuses_to_replace_another_dataset() {
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().join("ds");
+    let schema = hspack::synth::capture_schema("org/real-model", 61, 64, &[2, 30]);
+    let mut w =
+        hspack::DatasetWriter::create(&dir, schema, hspack::WriteOptions::default()).unwrap();
+    let mut rng = hspack::synth::Rng::new(1);
+    let scales = vec![hspack::synth::channel_scales(&mut rng, 64); 2];
+    let sample = hspack::synth::named_capture_sample(&mut rng, 3, &[2, 30], &scales);
+    let fields: Vec<(&str, &[u8])> = sample.iter().map(|(n, b)| (n.as_str(), &b[..])).collect();
+    w.append("mine", &fields).unwrap();
+    w.finish().unwrap();
+    let before = std::fs::read(dir.join("manifest.json")).unwrap();
+    let o = demo(t.path());
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains(
+            "holds a dataset the demo did not write (a dataset of model `org/real-model`)"
+        ),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(std::fs::read(dir.join("manifest.json")).unwrap(), before);
+    let ds = hspack::Dataset::open(&dir).unwrap();
+    assert_eq!(ds.sample(0).unwrap().key(), "mine");
+}
+
 #[test]
 fn info_ls_show_and_export() {
     let t = tempfile::tempdir().unwrap();

@@ -15,9 +15,13 @@ use super::{gbps, human_bytes};
 /// Where the demo writes unless `--out` says otherwise (git-ignored in this repository).
 const DEFAULT_OUT: &str = "hspack-demo";
 
+/// The model a demo dataset names: what marks a dataset the demo may replace.
+const DEMO_MODEL: &str = "synthetic DeepSeek-V3-style";
+
 #[derive(clap::Args)]
 pub struct Args {
-    /// Folder to write (replaced if it holds an earlier dataset); about 775 MB with the
+    /// Folder to write (replaced if it holds an earlier demo's dataset; any other dataset is
+    /// refused); about 812 MB with the
     /// default sizes.
     #[arg(long, default_value = DEFAULT_OUT)]
     out: PathBuf,
@@ -45,9 +49,28 @@ fn clear_previous(dir: &Path) -> anyhow::Result<()> {
     if !dir.exists() {
         return Ok(());
     }
-    if !dir.join("manifest.json").exists() && std::fs::read_dir(dir)?.next().is_some() {
+    if !dir.join("manifest.json").exists() {
+        if std::fs::read_dir(dir)?.next().is_some() {
+            bail!(
+                "{} exists and is not an hspack dataset: choose another --out",
+                dir.display()
+            );
+        }
+        return Ok(());
+    }
+    // Only an earlier demo is replaced: a dataset that fails to open, or names another
+    // model, may be someone's data.
+    let model = Dataset::open(dir)
+        .map_err(|e| e.to_string())
+        .and_then(|ds| match ds.schema().capture.as_ref() {
+            Some(c) if c.model == DEMO_MODEL => Ok(()),
+            Some(c) => Err(format!("a dataset of model `{}`", c.model)),
+            None => Err("a dataset with no capture metadata".into()),
+        });
+    if let Err(what) = model {
         bail!(
-            "{} exists and is not an hspack dataset: choose another --out",
+            "{} holds a dataset the demo did not write ({what}); the demo replaces only its own: \
+             choose another --out",
             dir.display()
         );
     }
@@ -73,7 +96,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         bail!("need --samples >= 1 and --min-tokens <= --max-tokens");
     }
     clear_previous(&a.out)?;
-    let schema = capture_schema("synthetic DeepSeek-V3-style", 61, a.hidden, &a.layers);
+    let schema = capture_schema(DEMO_MODEL, 61, a.hidden, &a.layers);
     let mut rng = Rng::new(42);
     let scales: Vec<Vec<f32>> = a
         .layers
