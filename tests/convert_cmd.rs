@@ -630,6 +630,56 @@ fn write_fwd_safetensors(path: &Path, rids: &[i64], lens: &[i64]) {
     safetensors::serialize_to_file(views.iter().map(|(n, v)| (n.clone(), v)), None, path).unwrap();
 }
 
+/// Two files with one key (`a.pt` and `a.safetensors`) are refused with `--split-by` as
+/// without it: a unit reads one file, so the other would be ignored, then deleted with
+/// `--delete-source`.
+#[test]
+fn two_files_with_one_key_are_refused_when_splitting_too() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    write_fwd_safetensors(&src.join("a.safetensors"), &[1, 2], &[3, 3]);
+    write_fwd_safetensors(&src.join("a.bin"), &[3, 4], &[2, 4]);
+    let ds = t.path().join("ds");
+    let o = hspack(&fwd_args(&src, &ds, &["--delete-source"]));
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("both give sample key `a`"),
+        "{}",
+        text(&o)
+    );
+    for f in ["a.safetensors", "a.bin"] {
+        assert!(src.join(f).exists(), "{f} was deleted");
+    }
+}
+
+/// Links in the dump are followed: a linked file and a linked folder are converted (they were
+/// skipped without a word); a link back up the tree is refused by name.
+#[test]
+fn linked_files_and_folders_are_converted_and_a_loop_is_refused() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, elsewhere) = (t.path().join("src"), t.path().join("elsewhere"));
+    std::fs::create_dir_all(elsewhere.join("more")).unwrap();
+    std::fs::create_dir(&src).unwrap();
+    write_fwd_safetensors(&src.join("a.safetensors"), &[1, 2], &[3, 3]);
+    write_fwd_safetensors(&elsewhere.join("b.safetensors"), &[3], &[4]);
+    write_fwd_safetensors(&elsewhere.join("more/c.safetensors"), &[4, 5], &[1, 2]);
+    std::os::unix::fs::symlink(elsewhere.join("b.safetensors"), src.join("b.safetensors")).unwrap();
+    std::os::unix::fs::symlink(elsewhere.join("more"), src.join("more")).unwrap();
+    let ds = t.path().join("ds");
+    let o = hspack(&fwd_args(&src, &ds, &[]));
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(Dataset::open(&ds).unwrap().len(), 5, "{}", text(&o));
+    std::os::unix::fs::symlink(&src, elsewhere.join("more/up")).unwrap();
+    let o = hspack(&fwd_args(&src, &t.path().join("ds2"), &[]));
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("more/up") && text(&o).contains("a loop"),
+        "{}",
+        text(&o)
+    );
+}
+
 fn keys_in_order(ds: &Path) -> Vec<String> {
     let d = Dataset::open(ds).unwrap();
     (0..d.len())

@@ -13,11 +13,10 @@ use super::units::Unit;
 /// Groups are planned no smaller than this unless shards are.
 const MIN_GROUP_BYTES: u64 = 64 << 20;
 
-/// Refuses two units with one key. Split units are keyed per request, checked as they come.
-pub(super) fn check_duplicates(units: &[Unit], split: bool) -> Result<(), RunError> {
-    if split {
-        return Ok(());
-    }
+/// Refuses two files with one key (split or not: a unit reads one file per part, so the
+/// second would be ignored, and deleted with `--delete-source`). The keys of split units'
+/// requests are checked as they come.
+pub(super) fn check_duplicates(units: &[Unit]) -> Result<(), RunError> {
     // Units are sorted by key and grouped, so equal keys can only come from one group: a
     // group of unnamed parts holds two files with one key (`a.pt` and `a.pt.gz`).
     for u in units {

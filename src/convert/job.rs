@@ -173,7 +173,7 @@ fn convert(o: &ConvertOptions, progress: &mut dyn FnMut(Progress)) -> Result<Rep
         o.group_by.as_deref(),
         o.split_file.as_deref(),
     )?;
-    check_duplicates(&plan.units, o.split_by.is_some())?;
+    check_duplicates(&plan.units)?;
     let mut run = Run::new(o, plan.ignored.len() as u64)?;
     if plan.units.is_empty() {
         if has_dataset(&o.dst)? {

@@ -119,22 +119,39 @@ pub fn key_of(rel: &str) -> String {
     base.to_string()
 }
 
-fn walk(dir: &Path, out: &mut Vec<(PathBuf, u64)>) -> Result<(), ConvertError> {
-    let io = |source| ConvertError::Io {
-        file: dir.to_path_buf(),
-        source,
+/// Every file under `dir`, links followed (to files and to folders): a linked dump is
+/// converted, never skipped. A link to a folder above it (a loop) is an error naming it.
+/// `above`: the device and inode of the folders the walk is in.
+fn walk(
+    dir: &Path,
+    above: &mut Vec<(u64, u64)>,
+    out: &mut Vec<(PathBuf, u64)>,
+) -> Result<(), ConvertError> {
+    use std::os::unix::fs::MetadataExt;
+    let io = |file: &Path| {
+        let file = file.to_path_buf();
+        move |source| ConvertError::Io { file, source }
     };
-    for entry in std::fs::read_dir(dir).map_err(io)? {
-        let entry = entry.map_err(io)?;
-        let ty = entry.file_type().map_err(io)?;
+    let here = std::fs::metadata(dir).map_err(io(dir))?;
+    if above.contains(&(here.dev(), here.ino())) {
+        return Err(io(dir)(std::io::Error::other(
+            "a link to a folder that holds it (a loop): remove the link, or convert a folder \
+             that does not hold it",
+        )));
+    }
+    above.push((here.dev(), here.ino()));
+    for entry in std::fs::read_dir(dir).map_err(io(dir))? {
+        let entry = entry.map_err(io(dir))?;
         let path = entry.path();
-        if ty.is_dir() {
-            walk(&path, out)?;
-        } else if ty.is_file() {
-            let len = entry.metadata().map_err(io)?.len();
-            out.push((path, len));
+        // Through a link: what it names (a link to nothing is an error naming it).
+        let meta = std::fs::metadata(&path).map_err(io(&path))?;
+        if meta.is_dir() {
+            walk(&path, above, out)?;
+        } else if meta.is_file() {
+            out.push((path, meta.len()));
         }
     }
+    above.pop();
     Ok(())
 }
 
@@ -211,7 +228,7 @@ pub fn plan(
 ) -> Result<Plan, ConvertError> {
     let mut files = Vec::new();
     let root = if src.is_dir() {
-        walk(src, &mut files)?;
+        walk(src, &mut Vec::new(), &mut files)?;
         src.to_path_buf()
     } else {
         let len = std::fs::metadata(src)
