@@ -680,6 +680,91 @@ fn linked_files_and_folders_are_converted_and_a_loop_is_refused() {
     );
 }
 
+/// A source whose key the dataset holds with other data (a second dump with the same file
+/// names, or a rewritten file) is refused by name, never skipped as converted nor deleted; a
+/// rerun over the same sources still resumes.
+#[test]
+fn a_key_the_dataset_holds_with_other_data_is_refused_not_deleted() {
+    let t = tempfile::tempdir().unwrap();
+    let (first, second) = (t.path().join("first"), t.path().join("second"));
+    for dir in [&first, &second] {
+        std::fs::create_dir(dir).unwrap();
+    }
+    write_fwd_safetensors(&first.join("a.safetensors"), &[1, 2], &[3, 3]);
+    write_fwd_safetensors(&second.join("a.safetensors"), &[1, 2], &[3, 4]);
+    let ds = t.path().join("ds");
+    // Split by request: every request's key is compared as it comes.
+    assert!(hspack(&fwd_args(&first, &ds, &[])).status.success());
+    let o = hspack(&fwd_args(&first, &ds, &[]));
+    assert!(o.status.success(), "a rerun resumes: {}", text(&o));
+    let o = hspack(&fwd_args(&second, &ds, &["--delete-source"]));
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("which the dataset holds with other data"),
+        "{}",
+        text(&o)
+    );
+    assert!(second.join("a.safetensors").exists(), "deleted");
+    // Whole units: with --delete-source, units held by key are compared before deletion.
+    let whole = |src: &Path, ds: &Path, extra: &[&str]| {
+        let mut a = vec![
+            "convert",
+            s(src),
+            s(ds),
+            "--layout",
+            "generic",
+            "--field",
+            "input_ids=input_ids",
+            "--field",
+            "hidden.7=hidden",
+        ];
+        a.extend_from_slice(extra);
+        hspack(&a)
+    };
+    let ds = t.path().join("whole");
+    assert!(whole(&first, &ds, &[]).status.success());
+    let o = whole(&second, &ds, &["--delete-source"]);
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("a.safetensors: gives sample key `a`"),
+        "{}",
+        text(&o)
+    );
+    assert!(second.join("a.safetensors").exists(), "deleted");
+    // The same sources again: held, equal, and deleted.
+    let o = whole(&first, &ds, &["--delete-source"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(!first.join("a.safetensors").exists(), "kept");
+    assert_eq!(Dataset::open(&ds).unwrap().len(), 1);
+}
+
+/// A rerun with `--capture-config` over split batches, after more batches came: the
+/// requests the dataset holds are not copied from the store again (that was a duplicate key
+/// error), and the new batch's are converted.
+#[test]
+fn a_rerun_with_a_capture_config_resumes_split_batches() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, store) = (t.path().join("src"), t.path().join("store"));
+    std::fs::create_dir(&src).unwrap();
+    assert!(hspack(&["store", "init", s(&store)]).status.success());
+    let config = t.path().join("capture.json");
+    std::fs::write(
+        &config,
+        r#"{"model": "org/model", "revision": "abc", "config_hash": null, "engine": "sglang",
+            "deterministic": true, "dtype": "bf16", "layers": [7]}"#,
+    )
+    .unwrap();
+    let ds = store.join("ds");
+    let args = ["--capture-config", s(&config)];
+    write_fwd_safetensors(&src.join("a.safetensors"), &[1, 2], &[3, 3]);
+    let o = hspack(&fwd_args(&src, &ds, &args));
+    assert!(o.status.success(), "{}", text(&o));
+    write_fwd_safetensors(&src.join("b.safetensors"), &[3, 4], &[2, 5]);
+    let o = hspack(&fwd_args(&src, &ds, &args));
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(keys_in_order(&ds), ["a/0", "a/1", "b/0", "b/1"]);
+}
+
 fn keys_in_order(ds: &Path) -> Vec<String> {
     let d = Dataset::open(ds).unwrap();
     (0..d.len())

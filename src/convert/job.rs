@@ -28,7 +28,7 @@ use super::prepare::Decoder;
 use super::report::{BadFile, BadLog, Progress, Report};
 use super::spec::{ConvertOptions, ConvertSpec, SpecError};
 use super::unit_error::UnitError;
-use super::units::{plan, Inputs, Unit};
+use super::units::{natural_cmp, plan, Inputs, Unit};
 use super::ConvertError;
 
 pub use super::report::REPORT_FILE;
@@ -69,6 +69,15 @@ pub enum RunError {
         a: PathBuf,
         /// The other.
         b: PathBuf,
+    },
+    /// A source gives a key the dataset holds, with other data: not skipped as converted
+    /// before, nor deleted.
+    #[error("{}: gives sample key `{key}`, which the dataset holds with other data (a file converted before gave it); this file was neither skipped nor deleted: key its samples another way (--key-from), or convert it into another dataset", file.display())]
+    KeyHeldWithOtherData {
+        /// The key.
+        key: String,
+        /// The unit's file.
+        file: PathBuf,
     },
     /// No source file matches the layout.
     #[error("{}: no source files for the {layout} layout ({ignored} other files); check the path and --layout", src.display())]
@@ -198,22 +207,24 @@ fn convert(o: &ConvertOptions, progress: &mut dyn FnMut(Progress)) -> Result<Rep
         return Ok(run.report);
     };
     let mut writer = DatasetWriter::open(&o.dst, decoder.schema.clone(), o.write.clone())?;
-    let (todo, present) = to_convert(
+    let (mut todo, present) = to_convert(
         plan.units,
         &run.bad_units,
         run.keys.as_ref(),
         &writer,
         o.split_by.is_some(),
     );
-    run.report.present = present.len() as u64;
+    // With --delete-source, the units the dataset holds by key (samples of an interrupted
+    // run) are decoded too: each sample is compared with what the dataset holds under its
+    // key, and a file goes only once its samples match and what is committed is verified.
+    let recheck = o.delete_source && !present.is_empty();
     run.verified = writer.stats().shards;
-    if o.delete_source && !present.is_empty() {
-        // Samples of an interrupted run: verify what is committed, then their sources may go.
+    if recheck {
         run.verified = 0;
-        run.verify_new(writer.stats().shards)?;
-        for u in &present {
-            run.delete(u)?;
-        }
+        todo.extend(present);
+        todo.sort_by(|a, b| natural_cmp(&a.key, &b.key));
+    } else {
+        run.report.present = present.len() as u64;
     }
     let captures = match &o.capture {
         Some(config) => Some(Captures::of(o, config, &decoder.schema)?),
@@ -235,7 +246,9 @@ fn convert(o: &ConvertOptions, progress: &mut dyn FnMut(Progress)) -> Result<Rep
         // units (keys known only once decoded) and keys taken from the files: with those, a
         // sample already committed is skipped as it comes, even when the key log is gone.
         // A unit some of whose samples were copied from the store goes on from the others.
-        skip_present: o.split_by.is_some() || o.key_from.is_some() || partly_reused,
+        // With --delete-source, units held by key are compared (`recheck`). A skipped sample
+        // is compared with what the dataset holds under its key.
+        skip_present: o.split_by.is_some() || o.key_from.is_some() || partly_reused || recheck,
         capture: captures.as_ref().map(|c| &c.config),
     };
     write_in_lanes(
@@ -494,7 +507,8 @@ impl<'o> Run<'o> {
     /// Copies from the store, under their sample keys, the samples of `todo` whose capture
     /// it holds (checked against the recorded digest), reading only their token ids, commits
     /// them and records them as captures of this dataset too. Returns the units left to
-    /// convert, and whether some of those had samples copied (the lanes then skip those).
+    /// convert, and whether some of those had samples copied or held already (the lanes then
+    /// skip those).
     fn reuse_captured(
         &mut self,
         c: &Captures,
@@ -512,7 +526,24 @@ impl<'o> Run<'o> {
                 .collect()
         });
         let items: Vec<(String, [u8; 32])> = keys.iter().flatten().flatten().cloned().collect();
-        let (digests, stats) = reuse_captured(&c.store, writer, &items)?;
+        // Keys the dataset holds (a rerun) are not copied again: the lanes compare those
+        // samples with the sources and skip them.
+        let held: Vec<bool> = items.iter().map(|(k, _)| writer.contains_key(k)).collect();
+        let fresh: Vec<(String, [u8; 32])> = items
+            .iter()
+            .zip(&held)
+            .filter(|(_, &h)| !h)
+            .map(|(item, _)| item.clone())
+            .collect();
+        let (fresh_digests, stats) = reuse_captured(&c.store, writer, &fresh)?;
+        let mut fresh_digests = fresh_digests.into_iter();
+        let digests: Vec<Option<[u8; 32]>> = held
+            .iter()
+            .map(|&h| match h {
+                true => None,
+                false => fresh_digests.next().flatten(),
+            })
+            .collect();
         let records: Vec<([u8; 32], [u8; 32], String)> = items
             .iter()
             .zip(&digests)
@@ -543,7 +574,7 @@ impl<'o> Run<'o> {
                 self.delete(unit)?;
             }
         }
-        Ok((rest, partly))
+        Ok((rest, partly || held.contains(&true)))
     }
 
     /// Hashes every chunk of the shards committed since the last check.

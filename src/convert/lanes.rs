@@ -12,7 +12,8 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Mutex};
 
-use crate::store::captures::{written_digest, CaptureConfig};
+use crate::read::{Dataset, ReadOptions};
+use crate::store::captures::{sample_digest, sample_tensors, written_digest, CaptureConfig};
 use crate::write::{DatasetWriter, Lanes, ShardLane, WriteOptions};
 
 use super::groups::shard_groups;
@@ -58,10 +59,19 @@ pub(super) fn write_in_lanes(
     // Units whose samples the dataset holds were left out of `todo` by key, except split
     // units (keys known only once decoded) and keys taken from the files: with those, a
     // sample already committed is skipped as it comes, even when the key log is gone.
-    let present = if lanes.skip_present {
+    let present: HashSet<String> = if lanes.skip_present {
         writer.keys().map(str::to_string).collect()
     } else {
         HashSet::new()
+    };
+    // What the dataset holds under those keys, compared with what the sources give before a
+    // sample is skipped (and its file deleted) as converted before.
+    let stored = match present.is_empty() {
+        true => None,
+        false => Some(Dataset::open_in(
+            std::sync::Arc::clone(writer.storage()),
+            ReadOptions::default(),
+        )?),
     };
     let lane = LaneJob {
         decoder,
@@ -70,6 +80,7 @@ pub(super) fn write_in_lanes(
         write: lanes.write,
         stop_at_bad: lanes.stop_at_bad,
         present: &present,
+        stored: stored.as_ref(),
         capture: lanes.capture,
         stop: AtomicBool::new(false),
     };
@@ -187,6 +198,8 @@ struct LaneJob<'a> {
     /// Keys committed before this run, with split units or `--key-from` (others are skipped
     /// whole before the run).
     present: &'a HashSet<String>,
+    /// The dataset as committed before this run, where `present` holds keys.
+    stored: Option<&'a Dataset>,
     capture: Option<&'a CaptureConfig>,
     /// Set when the run fails: threads leave their groups.
     stop: AtomicBool,
@@ -242,6 +255,30 @@ impl LaneJob<'_> {
         Ok(done)
     }
 
+    /// Refuses a sample whose key the dataset holds with other data (a source converted
+    /// earlier gave the key): it is neither skipped as converted nor deleted. Quantized fields
+    /// are compared as they decode.
+    fn check_same_as_stored(
+        &self,
+        key: &str,
+        named: &[(&str, &[u8])],
+        p: &Prepared,
+    ) -> Result<(), RunError> {
+        let Some(ds) = self.stored else {
+            return Ok(());
+        };
+        let ordinal = ds.get_by_key(key)?.ordinal();
+        let stored = sample_tensors(ds, ordinal)?;
+        let held = sample_digest(stored.iter().map(|(n, t)| (n.as_str(), t.bytes())));
+        if held == written_digest(&self.decoder.schema, named) {
+            return Ok(());
+        }
+        Err(RunError::KeyHeldWithOtherData {
+            key: key.to_string(),
+            file: p.inputs.path().to_path_buf(),
+        })
+    }
+
     fn append(&self, p: &Prepared, lanes: &mut Vec<ShardLane>) -> Result<Outcome, RunError> {
         let decoder = self.decoder;
         let mut fields = Vec::with_capacity(decoder.specs.len());
@@ -254,10 +291,6 @@ impl LaneJob<'_> {
         let (mut appended, mut present) = (0, 0);
         let mut captures = Vec::new();
         for (key, rows) in &p.samples {
-            if self.present.contains(key) {
-                present += 1;
-                continue;
-            }
             let named: Vec<(&str, &[u8])> = decoder
                 .schema
                 .fields
@@ -271,6 +304,11 @@ impl LaneJob<'_> {
                     )
                 })
                 .collect();
+            if self.present.contains(key) {
+                self.check_same_as_stored(key, &named, p)?;
+                present += 1;
+                continue;
+            }
             let raw: u64 = named.iter().map(|(_, b)| b.len() as u64).sum();
             let lane = lanes.last_mut().expect("a group has a lane");
             if self
