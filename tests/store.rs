@@ -75,6 +75,54 @@ fn a_dataset_added_twice_is_stored_once_and_exports_bit_exact() {
     );
 }
 
+/// Two adds of the same dataset at once write the same index runs (runs are named by what
+/// they hold): one merging a run away must never leave `index.json` naming it for the other.
+/// Before, 8 of 40 such pairs left a store no command could open.
+#[test]
+fn two_adds_of_the_same_blobs_at_once_leave_a_store_that_opens() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    // Many shards (a run for each), so that adds merge runs while the other writes them.
+    let mut w = DatasetWriter::create(
+        &src,
+        capture_schema(64),
+        WriteOptions {
+            shard_samples: 2,
+            ..small_options()
+        },
+    )
+    .unwrap();
+    for i in 0..24u64 {
+        let smp = capture_sample(i * 10, 3 + (i as usize * 7) % 40, 64);
+        w.append(&format!("s{i}"), &as_fields(&smp)).unwrap();
+    }
+    w.finish().unwrap();
+    for round in 0..20 {
+        let store_dir = t.path().join(format!("store{round}"));
+        Store::init(&store_dir).unwrap();
+        let adds: Vec<_> = ["a", "b"]
+            .into_iter()
+            .map(|name| {
+                let (src, store_dir) = (src.clone(), store_dir.clone());
+                std::thread::spawn(move || {
+                    let store = Arc::new(Store::open(&store_dir).unwrap());
+                    let ds = Dataset::open(&src).unwrap();
+                    add(&store, &ds, name, &|_| {}).map(|_| ())
+                })
+            })
+            .collect();
+        for a in adds {
+            a.join().unwrap().unwrap();
+        }
+        let v = hspack(&["store", "verify", s(&store_dir)]);
+        assert!(v.status.success(), "round {round}: {}", text(&v));
+        for name in ["a", "b"] {
+            let stored = Dataset::open(store_dir.join(name)).unwrap();
+            same_samples(&Dataset::open(&src).unwrap(), &stored, |_| {});
+        }
+    }
+}
+
 /// `rows` rows of a sample whose first `prefix` rows are those of `shared_seed`.
 fn prefixed(
     seed: u64,

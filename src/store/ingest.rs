@@ -270,14 +270,16 @@ impl Ingest {
             self.store.packs().sync()?;
         }
         if !self.new.is_empty() {
-            // The packs must still be there: a collection deletes unlisted packs once it has
-            // revoked the hold of an add that stopped renewing it.
-            self.lock.check()?;
             let mut packs: Vec<[u8; 16]> = self.new.values().map(|l| l.pack).collect();
             packs.sort();
             packs.dedup();
             let meta = &**self.store.meta();
             let count = self.new.len() as u64;
+            // The run is written and listed under `index.lock`: runs are named by what they
+            // hold, so another add of the same blobs writes the same run, and one that
+            // merged it away (deleting it) between this write and this listing would leave
+            // `index.json` naming a file that is gone.
+            let _index = self.store.locks().index()?;
             let run = index::write_run(
                 meta,
                 std::mem::take(&mut self.new).into_values(),
@@ -286,16 +288,26 @@ impl Ingest {
                 0,
                 self.durable,
             )?;
-            add_run(&self.store, run, self.durable)?;
+            // The packs must still be there: a collection deletes unlisted packs once it has
+            // revoked the hold of an add that stopped renewing it. Checked last, just before
+            // `index.json` is replaced.
+            let lock = &self.lock;
+            add_run(&self.store, run, self.durable, &|| lock.check())?;
         }
         Ok((self.stats, self.lock))
     }
 }
 
-/// Adds `run` to `index.json` under `index.lock`, merging the last runs while 8 of them share
-/// a level; the runs merged are deleted once the new `index.json` is published.
-pub fn add_run(store: &Store, run: RunRecord, durable: bool) -> Result<()> {
-    let _lock = store.locks().index()?;
+/// Adds `run` to `index.json`, merging the last runs while 8 of them share a level; the runs
+/// merged are deleted once the new `index.json` is published. The caller holds `index.lock`;
+/// `check` runs just before `index.json` is replaced. A run `index.json` lists already (the
+/// same blobs, added by another add) is not listed twice.
+fn add_run(
+    store: &Store,
+    run: RunRecord,
+    durable: bool,
+    check: &dyn Fn() -> Result<()>,
+) -> Result<()> {
     let meta = &**store.meta();
     let current = meta.read(INDEX_ROOT)?;
     let mut root = match &current {
@@ -305,6 +317,9 @@ pub fn add_run(store: &Store, run: RunRecord, durable: bool) -> Result<()> {
         })?,
         None => IndexRoot::empty(),
     };
+    if root.runs.iter().any(|r| r.file == run.file) {
+        return check();
+    }
     root.runs.push(run);
     let mut replaced = Vec::new();
     loop {
@@ -338,6 +353,7 @@ pub fn add_run(store: &Store, run: RunRecord, durable: bool) -> Result<()> {
         replaced.extend(inputs.into_iter().map(|r| r.file));
     }
     let bytes = root.encode();
+    check()?;
     match &current {
         Some(old) => meta.replace(INDEX_ROOT, &bytes, Some(blake3::hash(old)), durable)?,
         None => meta.put_new(INDEX_ROOT, &bytes, durable)?,
