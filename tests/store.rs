@@ -315,6 +315,37 @@ fn gc_frees_what_no_dataset_references_and_keeps_the_rest() {
     );
 }
 
+/// A dataset removed while `du` runs (listed, then its file gone: here a link to nothing)
+/// has no entry, and what each other dataset alone holds is charged to it (the index into
+/// the entries was shifted: bytes went to the next dataset, or out of bounds).
+#[test]
+fn usage_skips_a_dataset_removed_while_it_runs() {
+    let t = tempfile::tempdir().unwrap();
+    let store_dir = t.path().join("store");
+    let store = Arc::new(Store::init(&store_dir).unwrap());
+    for (name, seed) in [("b", 1), ("c", 500)] {
+        let dir = t.path().join(name);
+        write_plain(&dir, 5, seed);
+        add(&store, &Dataset::open(&dir).unwrap(), name, &|_| {}).unwrap();
+    }
+    let alone = usage::usage(&store).unwrap();
+    std::os::unix::fs::symlink(
+        t.path().join("gone.json"),
+        store_dir.join("datasets/a.json"),
+    )
+    .unwrap();
+    assert_eq!(store.names().unwrap(), ["a", "b", "c"]);
+    let u = usage::usage(&store).unwrap();
+    let own = |u: &usage::StoreUsage| -> Vec<(String, u64)> {
+        u.datasets
+            .iter()
+            .map(|d| (d.name.clone(), d.own_bytes))
+            .collect()
+    };
+    assert_eq!(own(&u), own(&alone));
+    assert!(u.datasets.iter().all(|d| d.own_bytes > 0), "{u:?}");
+}
+
 /// A trainer reads a stored dataset on while `store gc` rewrites the packs its samples are in
 /// (another dataset that shared them went): the reader, opened before, finds every blob where
 /// the collection moved it.

@@ -71,10 +71,12 @@ pub fn usage(store: &Store) -> Result<StoreUsage> {
             }
         }
     };
-    for (d, name) in store.names()?.into_iter().enumerate() {
+    for name in store.names()? {
+        // A name removed since it was listed has no entry: `d` indexes `u.datasets`.
         let Some((snap, _)) = store.snapshot(&name)? else {
             continue;
         };
+        let d = u.datasets.len();
         let mut du = DatasetUsage {
             name: name.clone(),
             files: snap.files.len() as u64,
