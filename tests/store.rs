@@ -346,6 +346,37 @@ fn usage_skips_a_dataset_removed_while_it_runs() {
     assert!(u.datasets.iter().all(|d| d.own_bytes > 0), "{u:?}");
 }
 
+/// A crafted index entry (or pack table) claiming a huge decoded length is damage named by
+/// the blob, never an abort on the allocation (2^56 bytes was one).
+#[test]
+fn a_blob_claiming_a_huge_length_is_damage_not_an_abort() {
+    use hspack::store::pack::BlobCodec;
+    let t = tempfile::tempdir().unwrap();
+    let store_dir = t.path().join("store");
+    let src = t.path().join("src");
+    write_plain(&src, 5, 1);
+    let store = Arc::new(Store::init(&store_dir).unwrap());
+    add(&store, &Dataset::open(&src).unwrap(), "a", &|_| {}).unwrap();
+    let index = store.index().unwrap();
+    let zstd = index
+        .entries()
+        .find(|at| at.blob.codec == BlobCodec::Zstd)
+        .expect("a compressed blob (a skeleton)");
+    store.blob(&zstd).unwrap();
+    for raw_len in [1 << 56, u64::MAX, zstd.blob.raw_len + 1] {
+        let mut crafted = zstd;
+        crafted.blob.raw_len = raw_len;
+        let err = store.blob(&crafted).unwrap_err().to_string();
+        assert!(
+            err.contains(&format!(
+                "declares {} bytes where the index records {raw_len}",
+                zstd.blob.raw_len
+            )),
+            "{err}"
+        );
+    }
+}
+
 /// A trainer reads a stored dataset on while `store gc` rewrites the packs its samples are in
 /// (another dataset that shared them went): the reader, opened before, finds every blob where
 /// the collection moved it.

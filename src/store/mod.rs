@@ -393,7 +393,26 @@ impl Store {
         let bytes = match at.blob.codec {
             BlobCodec::None => stored,
             BlobCodec::Zstd => {
-                let raw = zstd::bulk::decompress(&stored, at.blob.raw_len as usize)
+                // The length the index records and the one the frame declares must agree
+                // before any memory is taken for it; a crafted length that cannot be
+                // allocated is an error, not an abort.
+                let raw_len = at.blob.raw_len;
+                let declared = zstd::zstd_safe::get_frame_content_size(&stored);
+                if let Ok(Some(n)) = declared.as_ref().map(|d| d.filter(|&n| n != raw_len)) {
+                    return Err(self.damaged(
+                        at,
+                        format!("declares {n} bytes where the index records {raw_len}"),
+                    ));
+                }
+                let mut raw = Vec::new();
+                usize::try_from(raw_len)
+                    .ok()
+                    .and_then(|n| raw.try_reserve_exact(n).ok())
+                    .ok_or_else(|| {
+                        self.damaged(at, format!("holds {raw_len} bytes, more than memory"))
+                    })?;
+                zstd::bulk::Decompressor::new()
+                    .and_then(|mut d| d.decompress_to_buffer(&stored, &mut raw))
                     .map_err(|e| self.damaged(at, format!("does not decode ({e})")))?;
                 FileBytes::from_vec(raw)
             }

@@ -181,10 +181,6 @@ pub fn open_file(
     };
     let at = index.find(&id).ok_or_else(|| missing(&id))?;
     if !record.shard {
-        let bytes = match at.blob.codec {
-            BlobCodec::None => None,
-            BlobCodec::Zstd => Some(store.blob(&at)?),
-        };
         if at.blob.raw_len != record.bytes {
             return Err(Error::StoreDamage {
                 path,
@@ -194,6 +190,10 @@ pub fn open_file(
                 ),
             });
         }
+        let bytes = match at.blob.codec {
+            BlobCodec::None => None,
+            BlobCodec::Zstd => Some(store.blob(&at)?),
+        };
         return Ok(Arc::new(StoreFile {
             store: Arc::clone(store),
             path,
@@ -219,8 +219,24 @@ pub fn open_file(
     let locations = map
         .pieces
         .iter()
-        .map(|(_, _, p)| match p {
-            Piece::Payload(id) => index.find(id).map(Some).ok_or_else(|| missing(id)),
+        .map(|(_, len, p)| match p {
+            Piece::Payload(id) => {
+                let at = index.find(id).ok_or_else(|| missing(id))?;
+                // A piece reads its blob and nothing past it (a blob stored as is lies among
+                // others in its pack).
+                if at.blob.raw_len != *len {
+                    return Err(Error::StoreDamage {
+                        path: path.clone(),
+                        detail: format!(
+                            "its skeleton names blob {} for {len} bytes, and the blob holds {}: \
+                             run `hspack store verify`",
+                            hex(id),
+                            at.blob.raw_len
+                        ),
+                    });
+                }
+                Ok(Some(at))
+            }
             _ => Ok(None),
         })
         .collect::<Result<Vec<_>>>()?;
