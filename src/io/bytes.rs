@@ -4,13 +4,11 @@
 use std::ops::{Deref, Range};
 use std::sync::{Arc, Weak};
 
-use memmap2::Mmap;
-
 /// What holds a file's bytes.
 #[derive(Debug)]
 pub(crate) enum Backing {
     /// A read-only mapping of the file, and the identity of the file mapped.
-    Mapped(Mmap, super::mmap::FileId),
+    Mapped(super::mmap::ReadOnlyMap, super::mmap::FileId),
     /// A copy in 8-byte aligned memory, so every dtype can be viewed in place.
     Aligned(AlignedBytes),
     /// A copy in memory, as produced (e.g. by decompression).

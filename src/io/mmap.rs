@@ -18,11 +18,11 @@ use crate::error::{io, Result};
 /// Another program truncating a mapped file would make reads fault (SIGBUS): the documented
 /// hazard of reading files others are editing in place.
 pub fn map_path(path: &Path) -> std::io::Result<FileBytes> {
-    map_open(&File::open(path)?)
+    map_open(&File::open(path)?, path)
 }
 
-/// [`map_path`] of a file already open.
-fn map_open(file: &File) -> std::io::Result<FileBytes> {
+/// [`map_path`] of a file already open, found at `path`.
+fn map_open(file: &File, path: &Path) -> std::io::Result<FileBytes> {
     let meta = file.metadata()?;
     if meta.len() == 0 {
         return Ok(FileBytes::from_vec(Vec::new()));
@@ -31,7 +31,154 @@ fn map_open(file: &File) -> std::io::Result<FileBytes> {
     // are never modified in place, and every access is bounds-checked against the length
     // captured here.
     let map = unsafe { Mmap::map(file) }?;
+    let map = ReadOnlyMap::listed(map, path);
     Ok(FileBytes::new(Backing::Mapped(map, FileId::of_meta(&meta))))
+}
+
+/// A read-only file mapping, listed while it lives (once [`explain_write_faults`] was
+/// called) so that a write into it is explained before the process dies.
+#[derive(Debug)]
+pub struct ReadOnlyMap {
+    map: Mmap,
+    slot: Option<usize>,
+}
+
+impl ReadOnlyMap {
+    fn listed(map: Mmap, path: &Path) -> ReadOnlyMap {
+        let slot = written::list(map.as_ptr() as usize, map.len(), path);
+        ReadOnlyMap { map, slot }
+    }
+}
+
+impl std::ops::Deref for ReadOnlyMap {
+    type Target = Mmap;
+    fn deref(&self) -> &Mmap {
+        &self.map
+    }
+}
+
+impl Drop for ReadOnlyMap {
+    fn drop(&mut self) {
+        if let Some(slot) = self.slot {
+            written::unlist(slot);
+        }
+    }
+}
+
+/// Makes a write into a read-only mapping of a dataset's file (a zero-copy tensor written in
+/// place: torch has no read-only tensors) say what happened before the process dies of it:
+/// the signal's disposition before this call is put back, so the process then dies as it
+/// would have (a core dump, Python's `faulthandler`). For a process that hands mapped bytes
+/// to code that may write them (the Python package calls it when imported).
+pub fn explain_write_faults() {
+    written::install();
+}
+
+/// The mappings a write fault is checked against, and the handler that checks.
+mod written {
+    use std::path::Path;
+    use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
+    use std::sync::Once;
+
+    const SLOTS: usize = 4096;
+    /// `si_code` of a fault on a page whose protection refuses the access (`<signal.h>`;
+    /// the `libc` crate does not export it).
+    const SEGV_ACCERR: libc::c_int = 2;
+    /// `start`, `end` of each listed mapping (0, 0: a free slot), and its file's path.
+    static STARTS: [AtomicUsize; SLOTS] = [const { AtomicUsize::new(0) }; SLOTS];
+    static ENDS: [AtomicUsize; SLOTS] = [const { AtomicUsize::new(0) }; SLOTS];
+    static PATHS: [AtomicPtr<Vec<u8>>; SLOTS] =
+        [const { AtomicPtr::new(std::ptr::null_mut()) }; SLOTS];
+    static ON: AtomicBool = AtomicBool::new(false);
+    static INSTALL: Once = Once::new();
+    /// The disposition before ours, put back by the handler.
+    static PREVIOUS: AtomicPtr<libc::sigaction> = AtomicPtr::new(std::ptr::null_mut());
+
+    pub(super) fn list(start: usize, len: usize, path: &Path) -> Option<usize> {
+        if !ON.load(Ordering::Acquire) {
+            return None;
+        }
+        let slot = (0..SLOTS).find(|&i| {
+            ENDS[i]
+                .compare_exchange(0, usize::MAX, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        })?;
+        let name = Box::into_raw(Box::new(path.as_os_str().as_encoded_bytes().to_vec()));
+        let old = PATHS[slot].swap(name, Ordering::AcqRel);
+        if !old.is_null() {
+            // SAFETY: the pointer came from `Box::into_raw` in this function, and the swap
+            // took it out of the table, so no one else frees it.
+            drop(unsafe { Box::from_raw(old) });
+        }
+        STARTS[slot].store(start, Ordering::Release);
+        ENDS[slot].store(start + len, Ordering::Release);
+        Some(slot)
+    }
+
+    pub(super) fn unlist(slot: usize) {
+        STARTS[slot].store(0, Ordering::Release);
+        ENDS[slot].store(0, Ordering::Release);
+    }
+
+    pub(super) fn install() {
+        INSTALL.call_once(|| {
+            // SAFETY: plain `sigaction` calls with zeroed, then filled, structures; the old
+            // disposition is kept (leaked) for the handler to put back.
+            unsafe {
+                let previous = Box::into_raw(Box::new(std::mem::zeroed::<libc::sigaction>()));
+                let mut ours: libc::sigaction = std::mem::zeroed();
+                ours.sa_sigaction = on_fault as *const () as usize;
+                ours.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
+                libc::sigemptyset(&mut ours.sa_mask);
+                if libc::sigaction(libc::SIGSEGV, std::ptr::null(), previous) != 0 {
+                    return;
+                }
+                PREVIOUS.store(previous, Ordering::Release);
+                ON.store(true, Ordering::Release);
+                if libc::sigaction(libc::SIGSEGV, &ours, std::ptr::null_mut()) != 0 {
+                    ON.store(false, Ordering::Release);
+                }
+            }
+        });
+    }
+
+    /// Puts the previous disposition back, says what happened when the fault is a write into
+    /// a listed mapping, and returns: the write faults again, and the previous disposition
+    /// acts. Only async-signal-safe calls (`sigaction`, `write`).
+    extern "C" fn on_fault(_: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
+        let previous = PREVIOUS.load(Ordering::Acquire);
+        // SAFETY: `previous` was stored before this handler was installed and is never freed;
+        // `info` is the kernel's, valid for this call.
+        let (addr, code) = unsafe {
+            libc::sigaction(libc::SIGSEGV, previous, std::ptr::null_mut());
+            ((*info).si_addr() as usize, (*info).si_code)
+        };
+        if code != SEGV_ACCERR {
+            return;
+        }
+        let Some(slot) = (0..SLOTS).find(|&i| {
+            let start = STARTS[i].load(Ordering::Acquire);
+            start != 0 && start <= addr && addr < ENDS[i].load(Ordering::Acquire)
+        }) else {
+            return;
+        };
+        let say = |bytes: &[u8]| {
+            // SAFETY: `write` of a live buffer to standard error.
+            unsafe { libc::write(2, bytes.as_ptr().cast(), bytes.len()) };
+        };
+        say(b"hspack: this process wrote into memory that maps a dataset's file read-only (");
+        let path = PATHS[slot].load(Ordering::Acquire);
+        if !path.is_null() {
+            // SAFETY: a path is freed only when its slot is listed again, and the slot is
+            // listed (its range matched just now).
+            say(unsafe { &*path });
+        }
+        say(
+            b"): a tensor hspack reads without copying shares the file's pages and must not \
+              be written in place; write to a copy (`t.clone()`, or read with copy=True). \
+              The process stops here.\n",
+        );
+    }
 }
 
 /// Drops bytes `start..start + len` of a read-only file mapping from this process's memory
@@ -119,7 +266,7 @@ pub fn map_identified(path: &Path, expect: FileId) -> Result<FileBytes> {
     if FileId::of(&file, path)? != expect {
         return Err(replaced(path));
     }
-    map_open(&file).map_err(io(path, "map"))
+    map_open(&file, path).map_err(io(path, "map"))
 }
 
 /// The error for a file that is no longer the one a mapping handed over named, or is shorter

@@ -206,6 +206,12 @@ impl DatasetWriter {
         self.keys.contains(key)
     }
 
+    /// Keys of the samples appended since the last commit, in order: what dropping the
+    /// writer without a commit leaves out of the dataset.
+    pub fn uncommitted_keys(&self) -> &[String] {
+        &self.current_keys
+    }
+
     /// Keys of the samples appended, committed or not.
     pub fn keys(&self) -> impl Iterator<Item = &str> {
         self.keys.iter().map(String::as_str)

@@ -23,6 +23,9 @@ use pyo3::prelude::*;
 #[pymodule]
 fn _hspack(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
+    // Tensors over mapped shards are read-only and torch cannot say so: a write into one is
+    // explained on standard error before the process dies of it.
+    hspack::io::mmap::explain_write_faults();
     m.add("HspackError", py.get_type::<errors::HspackError>())?;
     m.add("ERROR_CONTEXT", errors::CONTEXT.to_vec())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

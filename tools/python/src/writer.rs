@@ -64,6 +64,37 @@ pub struct Writer {
     store: Option<(Arc<Store>, String)>,
     /// Capture keys of the samples appended since the last commit: (key, digest, sample key).
     captured: Mutex<Vec<Captured>>,
+    /// The process that opened it: a forked copy's drop says nothing.
+    pid: u32,
+}
+
+impl Drop for Writer {
+    /// Says so when samples appended since the last commit are dropped with the writer
+    /// (neither `finish` nor `abort` was called): they are not in the dataset.
+    fn drop(&mut self) {
+        let inner = self.inner.get_mut().unwrap_or_else(|e| e.into_inner());
+        let Some(w) = inner.as_ref().filter(|_| std::process::id() == self.pid) else {
+            return;
+        };
+        let (Some(first), Some(last)) = (w.uncommitted_keys().first(), w.uncommitted_keys().last())
+        else {
+            return;
+        };
+        let said = format!(
+            "hspack.Writer for {} was dropped with {} samples appended since its last commit \
+             (`{first}` to `{last}`), which are not in the dataset: call finish() (or write in \
+             `with hspack.Writer(...) as w:`), or abort() to drop them on purpose",
+            w.dir().display(),
+            w.uncommitted_keys().len(),
+        );
+        Python::with_gil(|py| {
+            let category = py.get_type::<pyo3::exceptions::PyUserWarning>();
+            let text = std::ffi::CString::new(said.replace('\0', " ")).unwrap_or_default();
+            if let Err(e) = PyErr::warn(py, &category, &text, 1) {
+                e.write_unraisable(py, None);
+            }
+        });
+    }
 }
 
 type Captured = ([u8; 32], [u8; 32], String);
@@ -146,6 +177,7 @@ impl Writer {
             inner: Mutex::new(Some(w)),
             store,
             captured: Mutex::new(Vec::new()),
+            pid: std::process::id(),
         })
     }
 

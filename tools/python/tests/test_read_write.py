@@ -205,6 +205,66 @@ def test_writer_resumes(tmp_path):
     assert e.value.kind == "SchemaMismatch"
 
 
+def test_a_writer_dropped_with_samples_since_its_last_commit_warns(tmp_path):
+    """Samples appended since the last commit are not in the dataset when the writer is
+    dropped unfinished: a warning names them. A finished or aborted writer says nothing."""
+    import warnings
+
+    from conftest import eagle_schema
+
+    path = tmp_path / "ds"
+    w = hspack.Writer(path, eagle_schema(), durable=False)
+    w.append("s0", **eagle_sample(0))
+    w.commit()
+    for i in (1, 2):
+        w.append(f"s{i}", **eagle_sample(i))
+    with pytest.warns(UserWarning, match=r"dropped with 2 samples appended since its last commit \(`s1` to `s2`\)"):
+        del w
+        gc.collect()
+    assert hspack.open(path).keys() == ["s0"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        w = hspack.Writer(path, eagle_schema(), durable=False)
+        w.append("s1", **eagle_sample(1))
+        w.abort()
+        del w
+        w = hspack.Writer(path, eagle_schema(), durable=False)
+        w.append("s1", **eagle_sample(1))
+        w.finish()
+        del w
+        gc.collect()
+    assert hspack.open(path).keys() == ["s0", "s1"]
+
+
+WRITES_INTO_A_READ_TENSOR = """
+import sys, hspack
+t = hspack.open(sys.argv[1])[0][sys.argv[2]]
+t.mul_(2) if sys.argv[3] == "torch" else t.numpy().__setitem__(0, 1)
+"""
+
+
+@pytest.mark.parametrize("how", ["torch", "numpy of torch"])
+def test_a_write_into_a_mapped_tensor_is_explained_before_the_process_dies(eagle_path, how):
+    """Torch has no read-only tensors: a write into one over a mapped shard kills the process
+    (SIGSEGV). Standard error says why, naming the file and what to do, and the process
+    still dies of the signal (Python's faulthandler, a core dump, as before)."""
+    import signal
+    import subprocess
+    import sys
+
+    field = "hidden.3" if how == "torch" else "input_ids"  # numpy has no bf16
+    run = subprocess.run([sys.executable, "-c", WRITES_INTO_A_READ_TENSOR, eagle_path, field, how.split()[0]], capture_output=True, text=True, timeout=120)
+    assert run.returncode == -signal.SIGSEGV, (run.returncode, run.stderr)
+    said = run.stderr
+    assert "hspack: this process wrote into memory that maps a dataset's file read-only" in said, said
+    assert eagle_path in said and ".hsp" in said, said
+    assert "t.clone()" in said and "copy=True" in said, said
+    # A fault of another cause is not explained as one.
+    other = subprocess.run([sys.executable, "-c", "import ctypes, hspack; ctypes.string_at(8)"], capture_output=True, text=True, timeout=120)
+    assert other.returncode == -signal.SIGSEGV, (other.returncode, other.stderr)
+    assert "hspack:" not in other.stderr, other.stderr
+
+
 def test_context_manager_does_not_commit_on_error(tmp_path):
     from conftest import eagle_schema
 

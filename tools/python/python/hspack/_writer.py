@@ -105,6 +105,11 @@ class Writer:
         """Commits and closes."""
         return _stats(self._native.finish())
 
+    def abort(self) -> None:
+        """Closes without committing: the samples appended since the last commit are
+        dropped (a writer dropped that way unasked warns)."""
+        self._native.abort()
+
     def __enter__(self) -> "Writer":
         return self
 
@@ -112,7 +117,7 @@ class Writer:
         if exc_type is None:
             self.finish()
         else:
-            self._native.abort()
+            self.abort()
 
 
 def quantize_spec(quantize: Any) -> str:
