@@ -765,6 +765,19 @@ fn a_rerun_with_a_capture_config_resumes_split_batches() {
     assert_eq!(keys_in_order(&ds), ["a/0", "a/1", "b/0", "b/1"]);
 }
 
+/// `--delete-source` with one file as the source deletes the file, not its folder.
+#[test]
+fn deleting_a_source_that_is_one_file_keeps_its_folder() {
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().join("solo/sub");
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("a.safetensors");
+    write_fwd_safetensors(&file, &[1, 2], &[3, 3]);
+    let o = hspack(&fwd_args(&file, &t.path().join("ds"), &["--delete-source"]));
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(!file.exists() && dir.is_dir(), "{}", text(&o));
+}
+
 fn keys_in_order(ds: &Path) -> Vec<String> {
     let d = Dataset::open(ds).unwrap();
     (0..d.len())

@@ -285,6 +285,19 @@ pub enum ConvertError {
         key: String,
     },
 
+    /// Two tensors whose paths in the file flatten to one name (a dict key holding a dot
+    /// beside nested dicts, or the key `0` beside `"0"`): neither is read in place of the
+    /// other.
+    #[error("{}: {count} tensors have the name `{name}` (paths are dict keys joined by `.`: a key holding a dot, or the key 0 beside \"0\"); rename one of them in the dump", file.display())]
+    AmbiguousName {
+        /// The file being read.
+        file: PathBuf,
+        /// The name.
+        name: String,
+        /// Tensors that have it.
+        count: usize,
+    },
+
     /// A group of files (`--group-by`) lacks a part other groups have.
     #[error("{}: missing: group `{group}` has no part `{part}` (other groups have one), so `{wanted}` cannot be read; add the file, or move the group's other files out of the source folder", file.display())]
     MissingPart {
@@ -356,6 +369,7 @@ impl ConvertError {
             | ConvertError::OverlappingEntries { file, .. }
             | ConvertError::ChecksumMismatch { file, .. }
             | ConvertError::Missing { file, .. }
+            | ConvertError::AmbiguousName { file, .. }
             | ConvertError::MissingPart { file, .. }
             | ConvertError::UnsupportedDType { file, .. }
             | ConvertError::TensorOutOfBounds { file, .. }

@@ -606,8 +606,9 @@ impl<'o> Run<'o> {
                 Ok(()) => {
                     failpoint!("convert-source-deleted");
                     self.report.deleted += 1;
-                    // A folder the deletion emptied goes too (never the source root).
-                    if let Some(dir) = path.parent().filter(|d| *d != self.o.src) {
+                    // A folder the deletion emptied goes too: never the source folder, nor
+                    // one that holds it (the folder of a source that is one file).
+                    if let Some(dir) = path.parent().filter(|d| !self.o.src.starts_with(d)) {
                         let _ = std::fs::remove_dir(dir);
                     }
                 }

@@ -250,11 +250,16 @@ impl SourceFile {
         };
         match &self.inner {
             Inner::Torch(t) => {
-                let (_, like) = t
-                    .tensors()
-                    .into_iter()
-                    .find(|(n, _)| n == name)
-                    .ok_or_else(missing)?;
+                let mut named = t.tensors().into_iter().filter(|(n, _)| n == name);
+                let (_, like) = named.next().ok_or_else(missing)?;
+                let others = named.count();
+                if others > 0 {
+                    return Err(ConvertError::AmbiguousName {
+                        file: self.path.clone(),
+                        name: name.to_string(),
+                        count: others + 1,
+                    });
+                }
                 let bytes = match like {
                     TensorLike::Tensor(r) => t.tensor_bytes_named(name, r)?,
                     TensorLike::NdArray(a) => array_bytes(&self.path, name, a, u64::MAX)?,

@@ -403,8 +403,9 @@ impl Inputs {
                         t.name = name.to_string();
                         return Ok(t);
                     }
-                    // Not in this part: the next part may hold it.
-                    Err(ConvertError::Missing { .. }) => {}
+                    // Not in this part: the next part may hold it. (A storage or entry
+                    // the file lacks is that file's fault, and said so.)
+                    Err(ConvertError::Missing { what: "tensor", .. }) => {}
                     // In this part, but unreadable: that is the answer.
                     Err(e) => return Err(e),
                 }

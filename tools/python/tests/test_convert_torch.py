@@ -367,6 +367,36 @@ def test_unsupported_dtypes_only_fail_when_used(tmp_path):
         assert "re-save" in p.stderr, p.stderr
 
 
+def test_two_tensors_of_one_name_and_a_missing_storage_are_named(tmp_path):
+    """A key holding a dot beside nested dicts gives two tensors one name: refused, naming it
+    (the first was read, the other unreachable); a storage the archive lacks is named as
+    such, not as a missing tensor."""
+    import zipfile
+
+    src = tmp_path / "src"
+    save({"input_ids": torch.arange(4), "a.b": torch.zeros(4, H).bfloat16(), "a": {"b": torch.ones(4, H).bfloat16()}},
+         src / "x.pt")
+    p = hspack("convert", src, tmp_path / "ds", "--layout", "generic", "--field", "input_ids=input_ids",
+               "--field", "hidden.3=a.b", ok=False)
+    assert p.returncode == 2, p.stderr
+    assert "x.pt" in p.stderr and "2 tensors have the name `a.b`" in p.stderr, p.stderr
+    # An archive without the entry of one storage.
+    buf = io.BytesIO()
+    torch.save({"input_ids": torch.arange(4), "hidden": torch.ones(4, H).bfloat16()}, buf)
+    whole = zipfile.ZipFile(io.BytesIO(buf.getvalue()))
+    storages = sorted(n for n in whole.namelist() if "/data/" in n and not n.endswith(".pkl"))
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    with zipfile.ZipFile(cut / "y.pt", "w", zipfile.ZIP_STORED) as z:
+        for info in whole.infolist():
+            if info.filename != storages[-1]:
+                z.writestr(info, whole.read(info))
+    p = hspack("convert", cut, tmp_path / "ds2", "--layout", "generic", "--field", "input_ids=input_ids",
+               "--field", "hidden.3=hidden", ok=False)
+    assert p.returncode == 2, p.stderr
+    assert "y.pt" in p.stderr and "missing storage" in p.stderr and "missing tensor" not in p.stderr, p.stderr
+
+
 def modelopt_dump(path, t, conversation_id, seed):
     gen = g(seed)
     d = {"input_ids": torch.randint(0, 1000, (t,), generator=gen),
