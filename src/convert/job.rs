@@ -258,7 +258,21 @@ fn convert(o: &ConvertOptions, progress: &mut dyn FnMut(Progress)) -> Result<Rep
         lanes,
         progress,
         &mut |units, done, writer| run.commit_group(units, done, writer, captures.as_ref()),
-    )?;
+    )
+    .map_err(|e| match e {
+        // The key log knows which file gave the key: both are named.
+        RunError::KeyHeldWithOtherData { key, file } => {
+            match run.keys.as_ref().and_then(|log| log.unit_of(&key)) {
+                Some((_, other)) if other != file => RunError::DuplicateKey {
+                    key,
+                    a: other.to_path_buf(),
+                    b: file,
+                },
+                _ => RunError::KeyHeldWithOtherData { key, file },
+            }
+        }
+        e => e,
+    })?;
     let stats = writer.finish()?;
     run.report.stats = stats;
     run.report.elapsed = started.elapsed();
