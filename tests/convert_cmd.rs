@@ -156,9 +156,16 @@ fn rerun_resumes_without_duplicates() {
     let o = hspack(&convert_args(&src, &ds, &[]));
     assert!(o.status.success(), "{}", text(&o));
     write_dumps(&src, 7..12);
-    let o = hspack(&convert_args(&src, &ds, &[]));
+    let o = hspack(&loud_args(&src, &ds, &[]));
     assert!(o.status.success(), "{}", text(&o));
     assert_eq!(check_dataset(&ds).len(), 12);
+    // The report counts the units skipped whole and their samples alike.
+    assert!(
+        text(&o).contains("(7 already in the dataset and skipped, 0 bad")
+            && text(&o).contains("appended  5 samples (7 already in the dataset and skipped)"),
+        "{}",
+        text(&o)
+    );
     let o = hspack(&convert_args(&src, &ds, &["--delete-source"]));
     assert!(o.status.success(), "{}", text(&o));
     assert_eq!(std::fs::read_dir(&src).unwrap().count(), 0);

@@ -224,7 +224,9 @@ fn convert(o: &ConvertOptions, progress: &mut dyn FnMut(Progress)) -> Result<Rep
         todo.extend(present);
         todo.sort_by(|a, b| natural_cmp(&a.key, &b.key));
     } else {
+        // Skipped whole: a unit not split is one sample.
         run.report.present = present.len() as u64;
+        run.report.samples_present = present.len() as u64;
     }
     let captures = match &o.capture {
         Some(config) => Some(Captures::of(o, config, &decoder.schema)?),
