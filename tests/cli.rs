@@ -44,6 +44,27 @@ fn demo_writes_verifies_and_reads_back() {
     assert!(demo(t.path()).status.success());
 }
 
+/// `cp` into a destination that holds another dataset is refused with what to do, and does
+/// not also say that running it again would resume.
+#[test]
+fn a_refused_copy_does_not_say_to_rerun() {
+    let t = tempfile::tempdir().unwrap();
+    assert!(demo(t.path()).status.success());
+    let o = hspack_in(
+        &["demo", "--out", "other", "--samples", "2", "--hidden", "64"],
+        t.path(),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let o = hspack_in(&["cp", "ds", "other"], t.path());
+    assert!(!o.status.success());
+    assert!(text(&o).contains("holds another dataset"), "{}", text(&o));
+    assert!(
+        !text(&o).contains("again to resume") && !text(&o).contains("rerun"),
+        "{}",
+        text(&o)
+    );
+}
+
 /// The demo replaces only its own earlier dataset: another dataset in `--out` is refused
 /// and left whole.
 #[test]

@@ -80,7 +80,7 @@ pub(super) fn object_error(path: &Path, op: &'static str, e: object_store::Error
     let profile = (asked_metadata && unnamed).then(super::aws_profile::profile);
     let source = match profile.filter(|p| p.keys.is_none()) {
         Some(p) => std::io::Error::new(
-            kind,
+            ErrorKind::PermissionDenied,
             format!(
                 "{said} (no AWS credentials found: {}; for an S3-compatible server set \
                  AWS_ENDPOINT_URL too)",
