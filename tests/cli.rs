@@ -149,6 +149,14 @@ fn info_ls_show_and_export() {
     let npy = std::fs::read(t.path().join("npy/hidden.2.npy")).unwrap();
     assert!(npy.starts_with(b"\x93NUMPY"));
     assert!(String::from_utf8_lossy(&npy[..128]).contains("'descr': '<u2'"));
+    // bf16 as its raw bits is said, with how to view it; int32 needs no note.
+    assert!(
+        text(&o).contains("hidden.2.npy: bf16 stored as its raw bits (uint16")
+            && text(&o).contains("torch.from_numpy(a).view(torch.bfloat16)")
+            && !text(&o).contains("input_ids.npy:"),
+        "{}",
+        text(&o)
+    );
     assert!(!t.path().join("npy/loss_mask.npy").exists());
     let o = hspack_in(&["show", "ds", "no-such-key"], t.path());
     assert_eq!(o.status.code(), Some(2));

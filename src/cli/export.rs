@@ -14,7 +14,8 @@ use safetensors::{Dtype, View};
 enum To {
     /// One .safetensors file holding every field.
     Safetensors,
-    /// A folder with one .npy file per field.
+    /// A folder with one .npy file per field (bf16 and fp8 as their raw bits, uint16 and
+    /// uint8: numpy has no such types).
     Npy,
 }
 
@@ -82,6 +83,24 @@ fn npy_descr(d: DType) -> Option<&'static str> {
         DType::F8E4M3FN | DType::F8E5M2 => "|u1",
         _ => return None,
     })
+}
+
+/// The numpy type a dtype numpy lacks is exported as (its raw bits).
+fn raw_bits(d: DType) -> Option<&'static str> {
+    match d {
+        DType::BF16 => Some("uint16"),
+        DType::F8E4M3FN | DType::F8E5M2 => Some("uint8"),
+        _ => None,
+    }
+}
+
+/// The name `ml_dtypes` and torch both give a dtype numpy lacks.
+fn lacked_type_name(d: DType) -> &'static str {
+    match d {
+        DType::F8E4M3FN => "float8_e4m3fn",
+        DType::F8E5M2 => "float8_e5m2",
+        _ => "bfloat16",
+    }
 }
 
 /// `dir/{name}{ext}`: joins one plain path component and refuses anything else, so a field
@@ -172,6 +191,16 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                 .with_context(|| format!("cannot create {}", a.out.display()))?;
             for (path, (_, t)) in files.iter().zip(&tensors) {
                 write_npy(path, t)?;
+                if let Some(bits) = raw_bits(t.dtype) {
+                    eprintln!(
+                        "NOTE {}: {} stored as its raw bits ({bits}: numpy has no {0}); view it \
+                         as {0} with ml_dtypes (`a.view(ml_dtypes.{2})`) or torch \
+                         (`torch.from_numpy(a).view(torch.{2})`)",
+                        path.display(),
+                        t.dtype.name(),
+                        lacked_type_name(t.dtype),
+                    );
+                }
             }
         }
     }
