@@ -266,6 +266,40 @@ def test_extract_command_writes_a_dataset_that_reads_back_bitwise(tmp_path, caus
     assert hspack.verify(str(out))["ok"]
 
 
+def test_extract_without_a_tokenizer_and_its_refusals_without_a_traceback(tmp_path, causal_lm):
+    """A model saved without a tokenizer captures prompts given as token ids; prompts that
+    need one, layers the model lacks and a missing prompt file are plain errors (exit 2, no
+    traceback), each found before the model is loaded."""
+    import subprocess
+    import sys
+
+    import hspack
+
+    lm = causal_lm.to(torch.bfloat16)
+    lm.save_pretrained(tmp_path / "model")
+    data = tmp_path / "prompts.jsonl"
+    data.write_text(json.dumps({"id": "a", "input_ids": [5, 6, 7, 8]}) + "\n")
+
+    def extract(*extra, data=data, layers=LAYERS):
+        cmd = [sys.executable, "-m", "hspack.capture.hf", "extract", "--model", str(tmp_path / "model"),
+               "--data", str(data), "--layers", ",".join(map(str, layers)), "--out", str(tmp_path / "ds"), *extra]
+        return subprocess.run(cmd, capture_output=True, text=True)
+
+    run = extract()
+    assert run.returncode == 0, run.stderr
+    assert hspack.open(str(tmp_path / "ds")).keys() == ["a"]
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text(json.dumps({"id": "b", "messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    for run, said in [
+        (extract(data=chat), "its tokenizer does not load"),
+        (extract(layers=[2, 99]), "outside"),
+        (extract(data=tmp_path / "nosuch.jsonl"), "nosuch.jsonl"),
+    ]:
+        assert run.returncode == 2, run.stderr
+        assert "Traceback" not in run.stderr and said in run.stderr, run.stderr
+        assert run.stderr.startswith("python -m hspack.capture.hf: error: "), run.stderr
+
+
 def test_extract_ranks_capture_their_parts_into_one_shared_dataset(tmp_path, causal_lm):
     import subprocess
     import sys

@@ -280,7 +280,16 @@ def extract(
 
     torch_dtype = _DTYPES[dtype]
     config = AutoConfig.from_pretrained(model, revision=revision, trust_remote_code=trust_remote_code)
-    tokenizer = AutoTokenizer.from_pretrained(model, revision=revision, trust_remote_code=trust_remote_code)
+    # The layers and the prompts are checked before the model is loaded.
+    num_layers, hidden_size = model_shape(config)
+    points = CapturePoints.select(num_layers, layers, stack=stack)
+    tokenizer = _Tokenizer(lambda: AutoTokenizer.from_pretrained(model, revision=revision, trust_remote_code=trust_remote_code), model)
+    samples = list(read_samples(data, tokenizer, max_len))
+    # Every rank reads the whole file: a key repeated across ranks' parts is refused here,
+    # not at some rank's commit.
+    _check_unique_keys(samples)
+    samples = samples[rank::world_size]
+    pad_id = tokenizer.pad_id(config)
     kwargs = dict(revision=revision, trust_remote_code=trust_remote_code, dtype=torch_dtype)
     try:
         net = AutoModelForCausalLM.from_pretrained(model, **kwargs)
@@ -289,14 +298,6 @@ def extract(
 
         net = AutoModel.from_pretrained(model, **kwargs)
     net.to(device).eval()
-    num_layers, hidden_size = model_shape(config)
-    points = CapturePoints.select(num_layers, layers, stack=stack)
-    samples = list(read_samples(data, tokenizer, max_len))
-    # Every rank reads the whole file: a key repeated across ranks' parts is refused here,
-    # not at some rank's commit.
-    _check_unique_keys(samples)
-    samples = samples[rank::world_size]
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     if sink is None:
         import hspack
 
@@ -329,6 +330,49 @@ def extract(
                            counts=counts)
 
 
+class _Tokenizer:
+    """The model's tokenizer, loaded when a prompt first needs it (conversations are
+    tokenized; prompts given as token ids need none, so a model saved without one captures
+    them)."""
+
+    def __init__(self, load, model: str):
+        self._load, self._model, self._loaded = load, model, None
+
+    def _get(self):
+        if self._loaded is None:
+            try:
+                self._loaded = self._load()
+            except Exception as e:  # noqa: BLE001 - any failure to load is told as one
+                raise ValueError(
+                    f"{self._model}: its tokenizer does not load ({type(e).__name__}: {e}); prompts given as "
+                    "conversations or messages are tokenized with it: save the tokenizer beside the model, or give "
+                    "every prompt as input_ids"
+                ) from e
+        return self._loaded
+
+    def __getattr__(self, name: str):
+        return getattr(self._get(), name)
+
+    def __call__(self, *args, **kwargs):
+        return self._get()(*args, **kwargs)
+
+    def pad_id(self, config) -> int:
+        """The pad token: the tokenizer's where one loads, else the model config's, else 0 (its
+        rows are masked and never stored)."""
+        if self._loaded is None:
+            try:
+                self._get()
+            except ValueError:
+                pad = getattr(config, "pad_token_id", None)
+                return int(pad) if isinstance(pad, int) else 0
+        pad = self._loaded.pad_token_id
+        return pad if pad is not None else 0
+
+
+#: What the capture command reports as a plain error (exit 2), not a traceback: bad input.
+_USER_ERRORS = (ValueError, OSError)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point of ``python -m hspack.capture.hf``."""
     parser = argparse.ArgumentParser(prog="python -m hspack.capture.hf", description=__doc__.split("\n")[0])
@@ -356,13 +400,19 @@ def main(argv: Optional[List[str]] = None) -> int:
                     help="share --out with other writers even with one rank (on whenever --world-size > 1)")
     args = parser.parse_args(argv)
     counts = CaptureCounts()
-    n = extract(
-        args.model, args.data, parse_layers(args.layers), args.out,
-        batch_size=args.batch_size, max_len=args.max_len, dtype=args.dtype, device=args.device,
-        padding_side=args.padding_side, revision=args.revision, trust_remote_code=args.trust_remote_code,
-        stack=args.stack, rank=args.rank, world_size=args.world_size,
-        shared=True if args.shared else None, counts=counts, quantize=args.quantize,
-    )
+    import hspack
+
+    try:
+        n = extract(
+            args.model, args.data, parse_layers(args.layers), args.out,
+            batch_size=args.batch_size, max_len=args.max_len, dtype=args.dtype, device=args.device,
+            padding_side=args.padding_side, revision=args.revision, trust_remote_code=args.trust_remote_code,
+            stack=args.stack, rank=args.rank, world_size=args.world_size,
+            shared=True if args.shared else None, counts=counts, quantize=args.quantize,
+        )
+    except (*_USER_ERRORS, hspack.HspackError) as e:
+        print(f"{parser.prog}: error: {e}", file=sys.stderr)
+        return 2
     print(f"wrote {n} samples to {args.out}; {counts.summary()}", file=sys.stderr)
     return 0
 
