@@ -100,6 +100,10 @@ def test_extract_through_engine_hook_equals_sglangs_own_capture(results):
     _check(results, "extract")
 
 
+def test_extract_names_the_prompts_the_engine_did_not_complete(results):
+    _check(results, "extract_missing")
+
+
 def test_engine_hook_refuses_prefill_cuda_graphs(results):
     _check(results, "refuse_graphs")
 
@@ -420,6 +424,34 @@ def _check_extract(sg, work):
     decoder.layers_to_capture = []
 
 
+def _check_extract_reports_what_the_engine_left_out(sg, work):
+    """An engine that completes none of the requests (each aborted, or its scheduler gone
+    before the writer committed): extract names the prompts missing instead of reporting
+    every prompt written."""
+    import sglang
+    from hspack.capture.sglang import extract
+
+    class CompletesNothing:
+        def __init__(self, **kwargs):
+            pass
+
+        def generate(self, input_ids, sampling_params, rid):
+            pass
+
+        def shutdown(self):
+            pass
+
+    engine, sglang.Engine = sglang.Engine, CompletesNothing
+    try:
+        extract(os.path.join(work, "model"), os.path.join(work, "prompts.jsonl"), LAYERS, os.path.join(work, "none"))
+    except RuntimeError as e:
+        assert "3 of the 3 prompts sent to the engine are not in the dataset (a, b, c)" in str(e), str(e)
+    else:
+        raise AssertionError("extract reported success for prompts the engine never completed")
+    finally:
+        sglang.Engine = engine
+
+
 def _check_refuse_graphs(sg, work):
     from hspack.capture import UnsupportedSetup
     from hspack.capture.sglang import hook_factory
@@ -450,6 +482,7 @@ def _main(work, out):
         ("signatures", lambda: _check_signatures(sg)),
         ("server_args", lambda: _check_server_args(sg, work)),
         ("extract", lambda: _check_extract(sg, work)),
+        ("extract_missing", lambda: _check_extract_reports_what_the_engine_left_out(sg, work)),
         ("refuse_graphs", lambda: _check_refuse_graphs(sg, work)),
     ]
     results = {}

@@ -363,6 +363,7 @@ _REQUIRED_ARGS = {
     "enable_dp_attention": (False, "drop --enable-dp-attention: DP attention scatters rows across ranks"),
     "attn_dp_size": (1, "drop --attn-dp-size: DP attention scatters rows across ranks"),
     "pp_size": (1, "use --pp-size 1: the final norm runs on the last stage only"),
+    "dp_size": (1, "use --dp-size 1: each data-parallel replica's writer would see only its part of the prompts"),
     "speculative_algorithm": (None, "drop --speculative-algorithm: draft passes share the hooks"),
 }
 
@@ -570,6 +571,17 @@ def extract(
                 bar.close()
             finally:
                 engine.shutdown()
+        # The scheduler's writer commits once every planned request is written: a request
+        # the engine aborted or cut short, or a scheduler that died, leaves some out.
+        held = hspack.open(out)
+        missing = [s.key for s in todo if s.key not in held]
+        if missing:
+            raise RuntimeError(
+                f"{out}: {len(missing)} of the {len(todo)} prompts sent to the engine are not in the dataset "
+                f"({', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''}): the engine did not complete them "
+                "(a request it aborted or truncated, over its context or KV pool, or a scheduler that stopped); "
+                "see its log, then run again to capture what is missing"
+            )
         counts.forward = len(todo)
     if work.twins:
         # Samples sharing a run sample's tokens: the engine recorded that one's capture key,
