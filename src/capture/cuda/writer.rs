@@ -577,7 +577,14 @@ impl CudaWriter {
     pub fn commit(&mut self) -> Result<(), CaptureError> {
         self.flush()?;
         if let Some(sink) = lock(&self.sink).as_mut() {
-            sink.commit()?;
+            if let Err(e) = sink.commit() {
+                // The samples of a failed commit are not in the dataset: `contains` says so
+                // from now on (every sample given was handed to the sink by the flush).
+                if let Ok(held) = sink.existing_keys() {
+                    self.keys = held.into_iter().collect();
+                }
+                return Err(e.into());
+            }
         }
         Ok(())
     }

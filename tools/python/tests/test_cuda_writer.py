@@ -90,6 +90,67 @@ def test_in_place_buffers_ordering_and_bytes(tmp_path):
 
 
 @gpu
+@pytest.mark.parametrize("how", ["non-contiguous", "fp8"])
+def test_work_on_the_tensors_runs_on_the_producer_stream_given(tmp_path, how):
+    """Tensors produced on a side stream, after a GPU-side delay, appended from the default
+    stream with `stream=` naming the producer: the contiguous copy (or the FP8 form) the writer
+    makes must wait for them. It ran on torch's current stream, read the tensors before they
+    were written, and stored the old bytes."""
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    rows = 1500
+    fields = [hspack.hidden_state(LAYERS[0], HIDDEN, dtype="bf16")]
+    options = {"quantize": "fp8"} if how == "fp8" else {}
+    want = torch.randn(rows, HIDDEN, device="cuda", generator=gen).to(torch.bfloat16)
+    expect = {}
+    w = CudaWriter(tmp_path / "ds", fields, durable=False, **options)
+    side = torch.cuda.Stream()
+    for i in range(3):
+        value = want * (i + 1)
+        # Non-contiguous: [rows, HIDDEN] seen through a transposed buffer; fp8: contiguous.
+        backing = torch.zeros((HIDDEN, rows) if how == "non-contiguous" else (rows, HIDDEN), dtype=torch.bfloat16, device="cuda")
+        torch.cuda.synchronize()
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(200_000_000)
+            backing.copy_(value.t() if how == "non-contiguous" else value)
+        given = backing.t() if how == "non-contiguous" else backing
+        expect[f"s{i}"] = value
+        w.append(f"s{i}", stream=side.cuda_stream, **{fields[0]["name"]: given})
+    w.finish()
+    if how == "fp8":
+        with hspack.Writer(tmp_path / "host", fields, durable=False, quantize="fp8") as host:
+            for key, t in expect.items():
+                host.append(key, **{fields[0]["name"]: t.cpu()})
+        expect = {k: v[fields[0]["name"]] for k, v in read_back(tmp_path / "host").items()}
+    got = read_back(tmp_path / "ds")
+    for key, ref in expect.items():
+        assert equal_bits(got[key][fields[0]["name"]], ref), key
+
+
+@gpu
+def test_a_failed_commit_leaves_its_samples_out_of_contains(tmp_path):
+    """A commit that fails (the manifest's temp name is taken by a folder): its samples are
+    not in the dataset, and `contains` no longer says they are, so a loop that skips what
+    the writer holds captures them again."""
+    fields = [hspack.hidden_state(LAYERS[0], HIDDEN, dtype="bf16")]
+    name = fields[0]["name"]
+    h = torch.ones(3, HIDDEN, dtype=torch.bfloat16, device="cuda")
+    w = CudaWriter(tmp_path / "ds", fields, durable=False)
+    w.append("a", **{name: h})
+    w.commit()
+    blocker = tmp_path / "ds" / "manifest.json.tmp"
+    blocker.mkdir()
+    w.append("b", **{name: h * 2})
+    with pytest.raises(hspack.HspackError):
+        w.commit()
+    assert w.contains("a") and not w.contains("b")
+    blocker.rmdir()
+    w.append("b", **{name: h * 2})
+    w.finish()
+    got = read_back(tmp_path / "ds")
+    assert sorted(got) == ["a", "b"] and equal_bits(got["b"][name], h * 2)
+
+
+@gpu
 def test_fresh_tensors_are_kept_alive_until_copied(tmp_path):
     """The producer drops its tensors right after append and allocates new ones of the same
     size: without the writer's reference, the allocator would hand the same memory out."""

@@ -145,6 +145,18 @@ def _fp8_on_device(key: str, name: str, field: dict, value: Any) -> tuple[int, i
     return stored.data_ptr(), stored.numel(), stored, dev, None
 
 
+def _on_stream(stream: int | None, device: int):
+    """A context in which torch's work runs on stream handle `stream` of `device` (nothing
+    changes when it is None: torch's current stream, which the copy then waits on)."""
+    import contextlib
+
+    if stream is None:
+        return contextlib.nullcontext()
+    import torch
+
+    return torch.cuda.stream(torch.cuda.ExternalStream(int(stream), device=torch.device("cuda", device)))
+
+
 class CudaWriter:
     """Writes (or resumes) the dataset in folder `path` from GPU tensors.
 
@@ -233,19 +245,23 @@ class CudaWriter:
         parts = []
         owners = []
         seen_stream = None
-        for name, value in tensors.items():
-            f = self._by_name.get(name)
-            if f is None:
-                raise _bad(key, name, f"the schema has no such field; it has {', '.join(self._by_name)}")
-            if f.get("quantized"):
-                ptr, n, owner, dev, s = _fp8_on_device(key, name, f, value)
-            else:
-                ptr, n, owner, dev, s = _device_view(key, name, f, value)
-            if dev is not None and dev != self.device:
-                raise _bad(key, name, f"the tensor is on cuda:{dev}, this writer copies from cuda:{self.device}; use one writer per device")
-            parts.append((name, ptr, n))
-            owners.append(owner)
-            seen_stream = seen_stream if s is None else s
+        # What this writer computes from the tensors (a contiguous copy, the FP8 form) runs on
+        # the producer's stream when one is given: after the work that produces them, and
+        # before the copy, which waits on that stream.
+        with _on_stream(stream, self.device):
+            for name, value in tensors.items():
+                f = self._by_name.get(name)
+                if f is None:
+                    raise _bad(key, name, f"the schema has no such field; it has {', '.join(self._by_name)}")
+                if f.get("quantized"):
+                    ptr, n, owner, dev, s = _fp8_on_device(key, name, f, value)
+                else:
+                    ptr, n, owner, dev, s = _device_view(key, name, f, value)
+                if dev is not None and dev != self.device:
+                    raise _bad(key, name, f"the tensor is on cuda:{dev}, this writer copies from cuda:{self.device}; use one writer per device")
+                parts.append((name, ptr, n))
+                owners.append(owner)
+                seen_stream = seen_stream if s is None else s
         if stream is None:
             stream = seen_stream if seen_stream is not None else _torch_current_stream(self.device)
         if len(self._natives) > 1 and self.contains(key):
