@@ -134,14 +134,45 @@ impl Writer {
         })
     }
 
-    /// Records the capture keys appended since the last commit (called after a commit).
+    /// Records the capture keys appended since the last commit (called after a commit that
+    /// landed). Records that fail to be recorded are kept for the next commit.
     fn record_captured(&self, py: Python<'_>) -> PyResult<()> {
         let Some((store, name)) = &self.store else {
             return Ok(());
         };
         let records = std::mem::take(&mut *self.captured.lock().unwrap_or_else(|e| e.into_inner()));
-        py.allow_threads(|| store.record_captures(name, &records).map(|_| ()))
-            .py_err()
+        let recorded = py.allow_threads(|| store.record_captures(name, &records).map(|_| ()));
+        let Err(e) = recorded else {
+            return Ok(());
+        };
+        let n = records.len();
+        self.captured
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(records);
+        Err(hspack::Error::Store {
+            path: store.root().join(name),
+            detail: format!(
+                "the commit landed, but the capture records of {n} samples were not recorded ({e}); \
+                 the next commit tries again (until then, runs capture them again instead of \
+                 reusing them)"
+            ),
+        })
+        .py_err()
+    }
+
+    /// Forgets the capture records of samples a failed commit left out of the dataset.
+    fn forget_uncommitted(&self, py: Python<'_>) {
+        let records = std::mem::take(&mut *self.captured.lock().unwrap_or_else(|e| e.into_inner()));
+        let kept = self.with(py, move |w| {
+            Ok(records
+                .into_iter()
+                .filter(|(_, _, key)| w.contains_key(key))
+                .collect::<Vec<_>>())
+        });
+        if let Ok(kept) = kept {
+            *self.captured.lock().unwrap_or_else(|e| e.into_inner()) = kept;
+        }
     }
 }
 
@@ -268,7 +299,9 @@ impl Writer {
 
     /// Commits what was appended: `(samples, shards, bytes, raw_bytes)`.
     fn commit(&self, py: Python<'_>) -> PyResult<Stats> {
-        let s = self.with(py, |w| w.commit().map(stats))?;
+        let s = self.with(py, |w| w.commit().map(stats)).inspect_err(|_| {
+            self.forget_uncommitted(py);
+        })?;
         self.record_captured(py)?;
         Ok(s)
     }

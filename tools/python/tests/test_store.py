@@ -78,3 +78,30 @@ def test_torch_datasets_read_a_store_dataset_in_worker_processes(tmp_path):
         want = torch.cat([w[f"hidden.{layer}"] for layer in LAYERS], dim=-1)
         assert torch.equal(s["aux_hidden_state"], want)
         assert torch.equal(s["hidden_state"], w["hidden.final"])
+
+
+def test_a_failed_commit_forgets_the_capture_records_of_its_samples(tmp_path):
+    """Samples of a failed commit (the store's dataset file cannot be replaced) are not in
+    the dataset: their capture records are dropped with them, so the next commit, of other
+    samples, lands and records its own (it failed on the stale ones before)."""
+    from conftest import eagle_sample, eagle_schema
+
+    store = tmp_path / "store"
+    hspack.init_store(store)
+    config = {"model": "m", "revision": None, "config_hash": None, "engine": "transformers", "deterministic": True,
+              "dtype": "bf16", "layers": [3], "fields": [f["name"] for f in eagle_schema()]}
+    w = hspack.Writer(store / "d", eagle_schema(), durable=False)
+    w.append("s0", capture_key=hspack.capture_key(config, [0]), **eagle_sample(0))
+    w.commit()
+    blocker = store / "datasets" / "d.json.tmp"
+    blocker.mkdir()
+    w.append("s1", capture_key=hspack.capture_key(config, [1]), **eagle_sample(1))
+    try:
+        w.commit()
+        raise AssertionError("the commit landed over the blocker")
+    except hspack.HspackError:
+        pass
+    blocker.rmdir()
+    w.append("s2", capture_key=hspack.capture_key(config, [2]), **eagle_sample(2))
+    w.finish()
+    assert hspack.open(store / "d").keys() == ["s0", "s2"]
