@@ -346,6 +346,54 @@ fn usage_skips_a_dataset_removed_while_it_runs() {
     assert!(u.datasets.iter().all(|d| d.own_bytes > 0), "{u:?}");
 }
 
+/// A dataset whose shard's skeleton the store lost: `ls` and `du` still list every dataset,
+/// naming the damaged one and what to do (exit 1); `gc` deletes nothing and names it (one
+/// such dataset stopped all three with a message naming only the store).
+#[test]
+fn a_damaged_dataset_is_named_by_ls_du_and_gc_and_does_not_hide_the_others() {
+    let t = tempfile::tempdir().unwrap();
+    let store_dir = t.path().join("store");
+    let store = Arc::new(Store::init(&store_dir).unwrap());
+    for (name, seed) in [("a", 1), ("b", 500)] {
+        let dir = t.path().join(name);
+        write_plain(&dir, 5, seed);
+        add(&store, &Dataset::open(&dir).unwrap(), name, &|_| {}).unwrap();
+    }
+    let file = store_dir.join("datasets/a.json");
+    let mut snap: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    let shard = snap["files"]
+        .as_array_mut()
+        .unwrap()
+        .iter_mut()
+        .find(|f| f["shard"] == true)
+        .unwrap();
+    shard["blob"] = serde_json::json!("ab".repeat(32));
+    std::fs::write(&file, serde_json::to_vec(&snap).unwrap()).unwrap();
+    for command in ["ls", "du"] {
+        let o = hspack(&["store", command, s(&store_dir)]);
+        assert_eq!(o.status.code(), Some(1), "{command}: {}", text(&o));
+        assert!(stdout(&o).contains('b'), "{command}: {}", text(&o));
+        assert!(
+            text(&o).contains("/a: DAMAGED") && text(&o).contains("store rm"),
+            "{command}: {}",
+            text(&o)
+        );
+    }
+    let packs = std::fs::read_dir(store_dir.join("packs")).unwrap().count();
+    let o = hspack(&["store", "gc", s(&store_dir)]);
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("dataset `a`") && text(&o).contains("deletes nothing"),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(
+        std::fs::read_dir(store_dir.join("packs")).unwrap().count(),
+        packs
+    );
+}
+
 /// A crafted index entry (or pack table) claiming a huge decoded length is damage named by
 /// the blob, never an abort on the allocation (2^56 bytes was one).
 #[test]

@@ -1,6 +1,6 @@
 //! `hspack store`: a deduplicating store of datasets.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
@@ -173,6 +173,9 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                     );
                 }
             }
+            if say_damaged(&store, &u) {
+                return Ok(ExitCode::from(super::EXIT_DAMAGED));
+            }
         }
         Command::Du { store, json } => {
             let st = open(&store)?;
@@ -206,6 +209,9 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                     human_bytes(u.saved_across_datasets),
                     human_bytes(u.saved_compression.max(0) as u64)
                 );
+            }
+            if say_damaged(&store, &u) {
+                return Ok(ExitCode::from(super::EXIT_DAMAGED));
             }
         }
         Command::Rm { store, name } => {
@@ -287,4 +293,24 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Names on standard error each dataset whose sizes are partial (a file of it cannot be
+/// read), with what to do; true when there is one.
+fn say_damaged(store: &Path, u: &usage::StoreUsage) -> bool {
+    let damaged: Vec<_> = u.datasets.iter().filter(|d| d.damaged.is_some()).collect();
+    for d in &damaged {
+        eprintln!(
+            "hspack: {}/{}: DAMAGED, its sizes are partial: {}; `hspack store verify {}` \
+             names what is wrong: restore the dataset from a copy, or remove it with \
+             `hspack store rm {} {}`",
+            store.display(),
+            d.name,
+            d.damaged.as_deref().unwrap_or_default(),
+            store.display(),
+            store.display(),
+            d.name
+        );
+    }
+    !damaged.is_empty()
 }

@@ -16,7 +16,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::failpoint::failpoint;
 use crate::format::manifest::TEMP_SUFFIX;
 use crate::io::Storage;
@@ -61,7 +61,18 @@ pub fn live_blobs(store: &Store, index: &index::BlobIndex) -> Result<HashSet<[u8
             let id = blob_id(&f.blob).expect("checked when read");
             live.insert(id);
             if f.shard {
-                let skeleton = store.blob_by_id(index, &id)?;
+                // A collection marks everything each dataset references; one it cannot read
+                // stops it, before anything is deleted.
+                let skeleton = store
+                    .blob_by_id(index, &id)
+                    .map_err(|e| Error::StoreDamage {
+                        path: store.root().join(&name).join(&f.name),
+                        detail: format!(
+                            "{e}; gc cannot see what dataset `{name}` references, so it deletes \
+                         nothing: restore the dataset from a copy, or remove it (`hspack store \
+                         rm STORE {name}`), then collect again"
+                        ),
+                    })?;
                 let map = map_skeleton(&skeleton).map_err(|source| crate::Error::Format {
                     path: store.root().join(&name).join(&f.name),
                     source,

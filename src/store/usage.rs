@@ -25,6 +25,9 @@ pub struct DatasetUsage {
     pub logical_bytes: u64,
     /// Stored bytes of the blobs no other dataset references.
     pub own_bytes: u64,
+    /// Why its sizes are partial: a file of it that cannot be read (the others are counted).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub damaged: Option<String>,
 }
 
 /// Where the bytes went.
@@ -82,7 +85,9 @@ pub fn usage(store: &Store) -> Result<StoreUsage> {
             files: snap.files.len() as u64,
             ..DatasetUsage::default()
         };
-        for f in &snap.files {
+        // A file that cannot be read is named on its dataset; the rest is counted.
+        let mut damaged = None;
+        let mut count = |f: &super::snapshot::FileRecord| -> Result<()> {
             du.logical_bytes += f.bytes;
             let id = blob_id(&f.blob).expect("checked when read");
             let skeleton = f.shard.then(|| store.blob_by_id(&index, &id)).transpose()?;
@@ -92,7 +97,9 @@ pub fn usage(store: &Store) -> Result<StoreUsage> {
                     u.saved_across_datasets += skeleton_len;
                 }
             }
-            let Some(skeleton) = skeleton else { continue };
+            let Some(skeleton) = skeleton else {
+                return Ok(());
+            };
             let path = store.root().join(&name).join(&f.name);
             let format = |source| Error::Format {
                 path: path.clone(),
@@ -128,7 +135,14 @@ pub fn usage(store: &Store) -> Result<StoreUsage> {
                     }
                 }
             }
+            Ok(())
+        };
+        for f in &snap.files {
+            if let Err(e) = count(f) {
+                damaged.get_or_insert_with(|| e.to_string());
+            }
         }
+        du.damaged = damaged;
         u.logical_bytes += du.logical_bytes;
         u.datasets.push(du);
     }
