@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::format::manifest::hex;
 use crate::format::{FormatError, Role, Schema};
 use crate::read::{Dataset, Tensor};
@@ -309,6 +309,15 @@ pub fn is_capture_file_name(name: &str) -> bool {
         .is_some_and(|h| h.len() == 32 && h.bytes().all(|c| c.is_ascii_hexdigit()))
 }
 
+/// A store's capture files ([`Store::capture_files`]).
+#[derive(Debug, Default)]
+pub struct CaptureFiles {
+    /// Those that decode, by file name.
+    pub files: Vec<(String, CaptureFile)>,
+    /// The names of those that do not.
+    pub damaged: Vec<String>,
+}
+
 /// A stored sample a capture key names.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CaptureHit {
@@ -345,31 +354,28 @@ impl Store {
         Ok(names)
     }
 
-    /// Every capture file, by file name, checked.
-    pub fn capture_files(&self) -> Result<Vec<(String, CaptureFile)>> {
+    /// Every capture file, by file name, checked; and the names of those that do not decode
+    /// (damaged: capture files are hints, so lookups pass over them and a collection
+    /// deletes them).
+    pub fn capture_files(&self) -> Result<CaptureFiles> {
         let storage = self.captures();
-        self.capture_names()?
-            .into_iter()
-            .filter_map(|name| match storage.read(&name) {
-                Ok(Some(bytes)) => Some(
-                    CaptureFile::decode(&bytes)
-                        .map(|f| (name.clone(), f))
-                        .map_err(|source| Error::Format {
-                            path: storage.path(&name),
-                            source,
-                        }),
-                ),
-                // Removed by a collection since the listing.
-                Ok(None) => None,
-                Err(e) => Some(Err(e)),
-            })
-            .collect()
+        let mut found = CaptureFiles::default();
+        for name in self.capture_names()? {
+            // None: removed by a collection since the listing.
+            if let Some(bytes) = storage.read(&name)? {
+                match CaptureFile::decode(&bytes) {
+                    Ok(f) => found.files.push((name, f)),
+                    Err(_) => found.damaged.push(name),
+                }
+            }
+        }
+        Ok(found)
     }
 
     /// For each key, a stored sample recorded for it (`None` where there is none). A hit is
     /// a hint: [`reuse_captured`] checks the sample's bytes against the digest.
     pub fn find_captures(&self, keys: &[[u8; 32]]) -> Result<Vec<Option<CaptureHit>>> {
-        let files = self.capture_files()?;
+        let files = self.capture_files()?.files;
         let names = self.names()?;
         let files: Vec<&CaptureFile> = files
             .iter()

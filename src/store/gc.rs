@@ -210,11 +210,17 @@ pub fn collect(store: &Arc<Store>, durable: bool) -> Result<GcReport> {
     }
     let names = store.names()?;
     let captures = store.captures();
-    for (file, f) in store.capture_files()? {
+    let found = store.capture_files()?;
+    for (file, f) in found.files {
         if names.binary_search(&f.dataset).is_err() {
             captures.delete(&file)?;
             report.capture_files_removed += 1;
         }
+    }
+    // A capture file that does not decode is a hint no lookup can use.
+    for file in found.damaged {
+        captures.delete(&file)?;
+        report.capture_files_removed += 1;
     }
     report.staged_files_removed = remove_dead_staging(store)?;
     report.packs_rewritten = rewrite.len() as u64;
