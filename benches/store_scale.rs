@@ -88,7 +88,7 @@ fn grow(store: &Arc<Store>, from: u64, to: u64) {
     let mut next = from;
     while next < to {
         let end = (next + 1_000_000).min(to);
-        let mut ingest = Ingest::new(store, false).unwrap();
+        let mut ingest = Ingest::new(store).unwrap();
         for i in next..end {
             let mut blob = [0u8; 64];
             blob[..8].copy_from_slice(&i.to_le_bytes());

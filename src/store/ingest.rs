@@ -15,7 +15,7 @@ use crate::io::FileReader;
 
 use super::index::{self, IndexRoot, Location, RunRecord, INDEX_ROOT, MERGE_WIDTH};
 use super::locks::StoreLock;
-use super::pack::{pack_name, BlobCodec, PackWriter, PACK_TARGET};
+use super::pack::{BlobCodec, PackWriter, PACK_TARGET};
 use super::skeleton::{map_skeleton, payloads, skeleton_of};
 use super::snapshot::FileRecord;
 use super::Store;
@@ -55,9 +55,6 @@ pub struct Ingest {
     open: HashSet<[u8; 32]>,
     /// Blobs in packs published by this ingest.
     new: BTreeMap<[u8; 32], Location>,
-    durable: bool,
-    /// Packs published without a sync (before the ingest was made durable).
-    unsynced: Vec<[u8; 16]>,
     /// What was stored and found so far.
     pub stats: IngestStats,
     lock: StoreLock,
@@ -78,8 +75,11 @@ fn compressed(bytes: &[u8]) -> Option<Vec<u8>> {
 }
 
 impl Ingest {
-    /// Starts adding to `store`: waits while a collection runs.
-    pub fn new(store: &Arc<Store>, durable: bool) -> Result<Self> {
+    /// Starts adding to `store`: waits while a collection runs. Packs, index runs and
+    /// `index.json` are always synced, whatever the writer's durability: other datasets come
+    /// to reference the blobs of this one, so a writer without fsync (scratch data) risks only
+    /// its own dataset's file.
+    pub fn new(store: &Arc<Store>) -> Result<Self> {
         let lock = store.locks().adding()?;
         let index = store.index()?;
         Ok(Ingest {
@@ -88,8 +88,6 @@ impl Ingest {
             pack: None,
             open: HashSet::new(),
             new: BTreeMap::new(),
-            durable,
-            unsynced: Vec::new(),
             stats: IngestStats::default(),
             lock,
         })
@@ -132,18 +130,9 @@ impl Ingest {
         Ok(true)
     }
 
-    /// Makes the commit durable: packs, run and `index.json` synced (packs published before
-    /// are synced at the commit).
-    pub fn make_durable(&mut self, durable: bool) {
-        self.durable |= durable;
-    }
-
     fn close_pack(&mut self) -> Result<()> {
         if let Some(p) = self.pack.take() {
-            let (pack, blobs) = p.finish(self.durable)?;
-            if !self.durable {
-                self.unsynced.push(pack);
-            }
+            let (pack, blobs) = p.finish(true)?;
             for blob in blobs {
                 self.new.insert(blob.id, Location { pack, blob });
             }
@@ -263,12 +252,6 @@ impl Ingest {
     /// hold of `gc.lock`: publish what references the blobs, then drop it.
     pub fn commit(mut self) -> Result<(IngestStats, StoreLock)> {
         self.close_pack()?;
-        if self.durable && !self.unsynced.is_empty() {
-            for pack in std::mem::take(&mut self.unsynced) {
-                self.store.packs().sync_published(&pack_name(&pack))?;
-            }
-            self.store.packs().sync()?;
-        }
         if !self.new.is_empty() {
             let mut packs: Vec<[u8; 16]> = self.new.values().map(|l| l.pack).collect();
             packs.sort();
@@ -286,13 +269,13 @@ impl Ingest {
                 count,
                 &packs,
                 0,
-                self.durable,
+                true,
             )?;
             // The packs must still be there: a collection deletes unlisted packs once it has
             // revoked the hold of an add that stopped renewing it. Checked last, just before
             // `index.json` is replaced.
             let lock = &self.lock;
-            add_run(&self.store, run, self.durable, &|| lock.check())?;
+            add_run(&self.store, run, &|| lock.check())?;
         }
         Ok((self.stats, self.lock))
     }
@@ -302,12 +285,9 @@ impl Ingest {
 /// merged are deleted once the new `index.json` is published. The caller holds `index.lock`;
 /// `check` runs just before `index.json` is replaced. A run `index.json` lists already (the
 /// same blobs, added by another add) is not listed twice.
-fn add_run(
-    store: &Store,
-    run: RunRecord,
-    durable: bool,
-    check: &dyn Fn() -> Result<()>,
-) -> Result<()> {
+fn add_run(store: &Store, run: RunRecord, check: &dyn Fn() -> Result<()>) -> Result<()> {
+    // Synced always (see `Ingest::new`).
+    let durable = true;
     let meta = &**store.meta();
     let current = meta.read(INDEX_ROOT)?;
     let mut root = match &current {

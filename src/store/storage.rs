@@ -404,9 +404,9 @@ impl StoreDataset {
         Ok(st.files.as_mut().expect("loaded"))
     }
 
-    fn ingest<'a>(&self, st: &'a mut WriteState, durable: bool) -> Result<&'a mut Ingest> {
+    fn ingest<'a>(&self, st: &'a mut WriteState) -> Result<&'a mut Ingest> {
         if st.ingest.is_none() {
-            st.ingest = Some(Ingest::new(&self.store, durable)?);
+            st.ingest = Some(Ingest::new(&self.store)?);
         }
         Ok(st.ingest.as_mut().expect("started"))
     }
@@ -441,8 +441,7 @@ impl StoreDataset {
             });
         }
         let shard = is_shard_file_name(name);
-        let ingest = self.ingest(&mut st, durable)?;
-        ingest.make_durable(durable);
+        let ingest = self.ingest(&mut st)?;
         let record = ingest.put_file(name, file, &self.path(name), shard, handed)?;
         // The blobs are published and indexed now, so this handle reads the file back (a copy
         // proves what landed); the dataset's file, which others read, waits for the commit.
@@ -552,9 +551,7 @@ impl NewFile for StagedFile {
     /// it); the staged file keeps a hole there.
     fn write_payload(&mut self, offset: u64, bytes: &[u8], hash: &[u8; 32]) -> Result<()> {
         let mut st = self.owner.state();
-        self.owner
-            .ingest(&mut st, false)?
-            .put(*hash, bytes, false)?;
+        self.owner.ingest(&mut st)?.put(*hash, bytes, false)?;
         if self.handed.is_empty() {
             st.handing += 1;
         }

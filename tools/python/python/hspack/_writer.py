@@ -21,8 +21,10 @@ class Writer:
     `schema` is a list of fields (dicts or `hspack.field` / `hidden_state` / `token_ids` /
     `loss_mask`); `capture` optionally describes the capture (`model`, `num_layers`,
     `hidden_size`, `dtype`, ...). Options: `chunk_bytes`, `shard_bytes`, `shard_samples`,
-    `codec` (`"none"`, `"zstd"`, `"zstd-bytegroup"`), `zstd_level`, `align_log2`, `durable`,
-    `shared`, `quantize`.
+    `codec` (`"none"`, `"zstd"`, `"zstd-bytegroup"`), `zstd_level`, `align_log2`, `durable`
+    (default True; False skips fsync, for scratch data: a crash can lose what was committed;
+    into a store `STORE/NAME` only the dataset's own file, as the store's packs and index,
+    which other datasets share, are always synced), `shared`, `quantize`.
 
     `quantize="fp8"` stores every hidden-state field as FP8 E4M3FN with one f32 scale per row
     and layer (lossy, about half the bytes of bf16); `quantize="fp8:NAME,NAME"` (or a list of
