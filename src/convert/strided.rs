@@ -16,6 +16,11 @@ pub(crate) struct View<'a> {
     pub swap: bool,
 }
 
+/// A view may gather at most this many times its storage's bytes (see `materialize`) ...
+const REPEAT: u64 = 16;
+/// ... or this many bytes, whichever is more.
+const REPEATED_BYTES: u64 = 256 << 20;
+
 /// C-order strides (in elements) for a shape.
 pub(crate) fn contiguous_strides(shape: &[u64]) -> Option<Vec<i64>> {
     let mut strides = vec![0i64; shape.len()];
@@ -93,6 +98,23 @@ pub(crate) fn materialize<'d>(
         .filter(|&n| n <= limit)
         .and_then(|n| usize::try_from(n).ok())
         .ok_or_else(|| format!("{numel} elements exceed the limit of {limit} bytes per tensor"))?;
+    // A view that repeats its storage's bytes (a stride of 0: an expanded tensor) could make
+    // a small file ask for any amount of memory: it may gather at most REPEAT times the bytes
+    // its storage holds, or REPEATED_BYTES.
+    let repeat_cap = (data.len() as u64)
+        .saturating_mul(REPEAT)
+        .max(REPEATED_BYTES);
+    if out_len as u64 > repeat_cap {
+        return Err(format!(
+            "the view (shape {:?}, strides {:?}) repeats its storage of {} bytes into {out_len}: \
+             more than {REPEAT} times its bytes or {} MiB; save the tensor materialized \
+             (`.contiguous()` or `.clone()` before torch.save)",
+            view.shape,
+            view.strides,
+            data.len(),
+            REPEATED_BYTES >> 20
+        ));
+    }
     let start = usize::try_from(view.offset * elem).map_err(|_| "offset overflows".to_string())?;
 
     let contiguous = {
@@ -218,6 +240,18 @@ mod tests {
             &*materialize(&data, &view(&[0, 5], &[5, 1], 100), u64::MAX).unwrap(),
             &[] as &[u8]
         );
+    }
+
+    #[test]
+    fn a_broadcast_repeats_its_storage_a_bounded_number_of_times() {
+        let data = [7u8; 4];
+        // An expanded mask of a million tokens: gathered.
+        let mask = materialize(&data, &view(&[1 << 20], &[0], 0), u64::MAX).unwrap();
+        assert!(mask.iter().all(|&b| b == 7) && mask.len() == 1 << 20);
+        // Two billion elements from four bytes: refused before any allocation.
+        let err = materialize(&data, &view(&[1 << 31], &[0], 0), u64::MAX).unwrap_err();
+        assert!(err.contains("repeats its storage of 4 bytes"), "{err}");
+        assert!(err.contains(".contiguous()"), "{err}");
     }
 
     #[test]

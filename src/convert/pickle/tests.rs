@@ -191,6 +191,34 @@ fn cycles_and_expansion_bombs_are_bounded() {
     ));
 }
 
+/// One large byte string referenced many times: refused once its copies pass 16 times the
+/// pickle or 256 MiB, not at 256 times the pickle (a 4 MiB string, memoised and appended 500
+/// times, expanded to a gigabyte before it was refused).
+#[test]
+fn shared_references_to_large_values_expand_a_bounded_amount() {
+    let big = 4 << 20;
+    let mut p = b"\x80\x02]q\x00(B".to_vec();
+    p.extend_from_slice(&(big as u32).to_le_bytes());
+    p.extend(std::iter::repeat_n(b'x', big));
+    p.extend_from_slice(b"q\x01");
+    for _ in 0..100 {
+        p.extend_from_slice(b"h\x01");
+    }
+    p.extend_from_slice(b"e.");
+    assert!(matches!(
+        parse(&p, file()),
+        Err(ConvertError::PickleTooComplex {
+            what: "expanded size in bytes",
+            ..
+        })
+    ));
+    // Ten copies are within the bound.
+    let keep = p.len() - 2 - 90 * 2;
+    let mut ten = p[..keep].to_vec();
+    ten.extend_from_slice(b"e.");
+    assert!(matches!(parse(&ten, file()), Ok(Value::List(items)) if items.len() == 11));
+}
+
 #[test]
 fn repeated_dict_keys_keep_the_last_value_in_first_position() {
     // {'a': 1, 'b': 2, 'a': 3} via SETITEMS.

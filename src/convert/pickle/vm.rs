@@ -66,9 +66,8 @@ pub(super) struct Machine<'a> {
 
 impl<'a> Machine<'a> {
     pub(super) fn new(data: &'a [u8], file: &'a Path) -> Self {
-        let budget_limit = (data.len() as u64)
-            .saturating_mul(256)
-            .saturating_add(16 << 20);
+        // Shared references expand to copies: at most 16 times the pickle, or 256 MiB.
+        let budget_limit = (data.len() as u64).saturating_mul(16).max(256 << 20);
         Machine {
             data,
             pos: 0,
