@@ -785,6 +785,75 @@ fn deleting_a_source_that_is_one_file_keeps_its_folder() {
     assert!(!file.exists() && dir.is_dir(), "{}", text(&o));
 }
 
+/// A mistyped `--split-by` tensor is the flag's fault: said so, naming the tensors the file
+/// has (it was called a bad file, and `--skip-bad` then skipped every one); lengths that do
+/// not add up say what they add up to.
+#[test]
+fn a_mistyped_split_tensor_and_lengths_that_do_not_add_up_say_so() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    write_fwd_safetensors(&src.join("a.safetensors"), &[1, 2], &[3, 3]);
+    let ds = t.path().join("ds");
+    let mut args = fwd_args(&src, &ds, &["--skip-bad"]);
+    let at = args.iter().position(|a| *a == "lengths:seq_lens").unwrap();
+    args[at] = "lengths:seq_len";
+    let o = hspack(&args);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o)
+            .contains("--split-by names tensor `seq_len`, which the file does not hold (it has: ")
+            && text(&o).contains("seq_lens")
+            && text(&o).contains("check the flag"),
+        "{}",
+        text(&o)
+    );
+    // Lengths of 5 and 6 for 12 tokens.
+    let short = t.path().join("short");
+    std::fs::create_dir(&short).unwrap();
+    let (ids, hidden) = (vec![0u8; 12 * 8], vec![7u8; 12 * 16]);
+    let lens: Vec<u8> = [5i64, 6].iter().flat_map(|v| v.to_le_bytes()).collect();
+    let views = [
+        (
+            "input_ids",
+            V {
+                dtype: Dtype::I64,
+                shape: vec![12],
+                data: ids,
+            },
+        ),
+        (
+            "hidden",
+            V {
+                dtype: Dtype::BF16,
+                shape: vec![12, 8],
+                data: hidden,
+            },
+        ),
+        (
+            "seq_lens",
+            V {
+                dtype: Dtype::I64,
+                shape: vec![2],
+                data: lens,
+            },
+        ),
+    ];
+    safetensors::serialize_to_file(
+        views.iter().map(|(n, v)| (n.to_string(), v)),
+        None,
+        &short.join("c.safetensors"),
+    )
+    .unwrap();
+    let o = hspack(&fwd_args(&short, &t.path().join("ds2"), &[]));
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("`seq_lens` does not split the 12 tokens: its 2 lengths add up to 11"),
+        "{}",
+        text(&o)
+    );
+}
+
 fn keys_in_order(ds: &Path) -> Vec<String> {
     let d = Dataset::open(ds).unwrap();
     (0..d.len())

@@ -24,7 +24,7 @@ use super::groups::{check_duplicates, to_convert};
 use super::keys::{misnamed, KeyError, KeyLog};
 use super::lanes::{write_in_lanes, GroupDone, LaneOptions, Outcome};
 use super::layout::{derive_schema, specs_for, LayoutError};
-use super::prepare::Decoder;
+use super::prepare::{Decoder, SplitBy};
 use super::report::{BadFile, BadLog, Progress, Report};
 use super::spec::{ConvertOptions, ConvertSpec, SpecError};
 use super::unit_error::UnitError;
@@ -108,6 +108,17 @@ pub enum RunError {
     /// `--key-from` names no value of the first unit's files (a mistake in the flag).
     #[error(transparent)]
     KeyFrom(KeyError),
+    /// `--split-by` names a tensor the first unit does not hold (a mistake in the flag, not
+    /// a bad file).
+    #[error("{}: --split-by names tensor `{tensor}`, which the file does not hold (it has: {have}); check the flag", file.display())]
+    SplitTensor {
+        /// The first unit's file.
+        file: PathBuf,
+        /// The tensor named.
+        tensor: String,
+        /// The tensors the unit has.
+        have: String,
+    },
     /// A bug: a thread failed while converting these files. Nothing of their run was
     /// committed; a rerun resumes before them.
     #[error("internal error while converting {}: {detail}; please report it with the file", file.display())]
@@ -397,6 +408,23 @@ impl<'o> Run<'o> {
                     }
                     if let Some(e) = o.key_from.as_deref().and_then(|k| misnamed(&inputs, k)) {
                         return Err(RunError::KeyFrom(e));
+                    }
+                    if let (Some(SplitBy::Lengths(name) | SplitBy::CuSeqlens(name)), None) =
+                        (&o.split_by, &u.split_file)
+                    {
+                        if let Err(ConvertError::Missing { what: "tensor", .. }) =
+                            inputs.tensor(name)
+                        {
+                            return Err(RunError::SplitTensor {
+                                file: first.clone(),
+                                tensor: name.clone(),
+                                have: tensors
+                                    .iter()
+                                    .map(|t| t.name.as_str())
+                                    .collect::<Vec<_>>()
+                                    .join(", "),
+                            });
+                        }
                     }
                     return Ok(Some(Decoder {
                         specs,

@@ -470,14 +470,32 @@ fn bounds(
         }
         SplitBy::CuSeqlens(_) => bounds = values,
     }
-    if bounds.first() != Some(&0)
-        || bounds.last() != Some(&(rows as i64))
-        || bounds.windows(2).any(|w| w[1] < w[0])
-    {
+    let falls = bounds.windows(2).position(|w| w[1] < w[0]);
+    let got = match (by, bounds.first(), bounds.last()) {
+        (SplitBy::Lengths(_), ..) if falls.is_some() => {
+            Some(format!("length {} is negative", falls.unwrap_or_default()))
+        }
+        (SplitBy::Lengths(_), _, Some(&sum)) if sum != rows as i64 => {
+            Some(format!("its {} lengths add up to {sum}", bounds.len() - 1))
+        }
+        (SplitBy::CuSeqlens(_), None, _) => Some("it holds no offsets".into()),
+        (SplitBy::CuSeqlens(_), Some(&first), _) if first != 0 => {
+            Some(format!("its offsets start at {first}, not 0"))
+        }
+        (SplitBy::CuSeqlens(_), _, Some(&last)) if last != rows as i64 => {
+            Some(format!("its offsets end at {last}, not {rows}"))
+        }
+        (SplitBy::CuSeqlens(_), ..) if falls.is_some() => Some(format!(
+            "its offsets fall after position {}",
+            falls.unwrap_or_default()
+        )),
+        _ => None,
+    };
+    if let Some(got) = got {
         return Err(SplitError::Bounds {
             tensor: name.to_string(),
             rows,
-            values: bounds.len(),
+            got,
         });
     }
     Ok(bounds

@@ -136,15 +136,16 @@ pub enum SplitError {
     /// Lengths whose sum overflows.
     #[error("lengths overflow")]
     Overflow,
-    /// Offsets that do not rise from 0 to the token count.
-    #[error("`{tensor}` does not split the {rows} tokens: the offsets must rise from 0 to {rows}, got {values} values")]
+    /// Lengths that do not add up to the token count, or offsets that do not rise from 0 to
+    /// it.
+    #[error("`{tensor}` does not split the {rows} tokens: {got}")]
     Bounds {
         /// The tensor.
         tensor: String,
         /// The unit's tokens.
         rows: u64,
-        /// The offsets it gives.
-        values: usize,
+        /// What it gives instead (its lengths' sum, its first or last offset).
+        got: String,
     },
 }
 
@@ -211,13 +212,12 @@ mod tests {
                     error: Box::new(SplitError::Bounds {
                         tensor: "".into(),
                         rows: 4,
-                        values: 6,
+                        got: "its 2 lengths add up to 3".into(),
                     }),
                 },
                 &batch,
-                "split file d/b_0.lens.pt of this batch: `` does not split the 4 tokens: the \
-                 offsets must rise from 0 to 4, got 6 values; each batch needs its split file \
-                 (--split-by-file)",
+                "split file d/b_0.lens.pt of this batch: `` does not split the 4 tokens: its 2 \
+                 lengths add up to 3; each batch needs its split file (--split-by-file)",
             ),
             (
                 UnitError::Key(KeyError::Value {

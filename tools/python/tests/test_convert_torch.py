@@ -474,4 +474,4 @@ def test_split_by_a_file_beside_each_batch(tmp_path):
     p = hspack("convert", src, tmp_path / "wrong", "--layout", "generic", "--split-by", "lengths",
                "--split-by-file", "{stem}.lens.pt", *fields, ok=False)
     assert p.returncode == 2 and "batch_1.pt" in p.stderr and "batch_1.lens.pt" in p.stderr, p.stderr
-    assert "does not split the 4 tokens" in p.stderr, p.stderr
+    assert "does not split the 4 tokens: its 2 lengths add up to 8" in p.stderr, p.stderr
