@@ -62,10 +62,12 @@ pub enum Error {
         source: FormatError,
     },
     /// The folder has no manifest.
-    #[error("{} is not an hspack dataset: it has no manifest.json (write one with hspack's writer, or run `hspack demo`)", path.display())]
+    #[error("{} is not an hspack dataset: {why}", path.display())]
     NotADataset {
         /// Folder.
         path: PathBuf,
+        /// What is there instead, and what to do.
+        why: String,
     },
     /// A dataset exists where a new one was to be created.
     #[error("{} already holds a dataset: open it to append, or choose another folder", path.display())]

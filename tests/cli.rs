@@ -161,6 +161,14 @@ fn info_ls_show_and_export() {
     let o = hspack_in(&["show", "ds", "no-such-key"], t.path());
     assert_eq!(o.status.code(), Some(2));
     assert!(text(&o).contains("no sample has key `no-such-key`"));
+    // A number that is no key: how to ask for an ordinal.
+    let o = hspack_in(&["show", "ds", "3"], t.path());
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        text(&o).contains("write `#3`") && text(&o).contains("no sample has key `3`"),
+        "{}",
+        text(&o)
+    );
 }
 
 #[test]
@@ -213,7 +221,28 @@ fn verify_and_digest_exit_codes_name_the_damage() {
     // Not a dataset: exit 2 with a hint.
     let o = hspack_in(&["verify", "nowhere"], t.path());
     assert_eq!(o.status.code(), Some(2));
-    assert!(text(&o).contains("not an hspack dataset"), "{}", text(&o));
+    assert!(
+        text(&o).contains("nowhere is not an hspack dataset: there is nothing there"),
+        "{}",
+        text(&o)
+    );
+    // A file (the manifest itself), and a store: each said, with what to give instead.
+    let o = hspack_in(&["info", "copy/manifest.json"], t.path());
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        text(&o).contains("it is a file; give the dataset's folder"),
+        "{}",
+        text(&o)
+    );
+    assert!(hspack_in(&["store", "init", "st"], t.path())
+        .status
+        .success());
+    let o = hspack_in(&["info", "st"], t.path());
+    assert!(
+        text(&o).contains("it is a store of datasets: name one as st/NAME"),
+        "{}",
+        text(&o)
+    );
 }
 
 /// Every file under `dir`, relative to it.

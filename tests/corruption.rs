@@ -566,7 +566,7 @@ fn every_user_error_names_what_to_fix() {
     std::fs::write(&missing, "").unwrap();
     assert!(matches!(
         Dataset::open(missing.join("x")),
-        Err(Error::Io { .. })
+        Err(Error::NotADataset { why, .. }) if why.contains("there is nothing there")
     ));
 }
 

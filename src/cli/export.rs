@@ -140,11 +140,8 @@ fn write_npy(path: &Path, t: &Tensor) -> anyhow::Result<()> {
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let ds = Dataset::open(&a.dir)?;
-    let read = || -> hspack::Result<_> {
-        let s = match a.key.strip_prefix('#').and_then(|n| n.parse::<u64>().ok()) {
-            Some(ordinal) => ds.sample(ordinal)?,
-            None => ds.get_by_key(&a.key)?,
-        };
+    let read = || -> anyhow::Result<_> {
+        let s = super::sample_named(&ds, &a.key)?;
         let names: Vec<String> = if a.fields.is_empty() {
             ds.schema().fields.iter().map(|f| f.name.clone()).collect()
         } else {
@@ -159,7 +156,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     // Damage met reading the sample exits 1, as `verify` does; other errors 2.
     let (s, tensors) = match read() {
         Ok(read) => read,
-        Err(e) => return Ok(super::read_failed(e.into())),
+        Err(e) => return Ok(super::read_failed(e)),
     };
     match a.to {
         To::Safetensors => {

@@ -104,6 +104,21 @@ pub fn main() -> ExitCode {
 
 /// The exit code for an error met reading a dataset that opened: [`EXIT_DAMAGED`] for damage
 /// (as `verify` reports it, [`hspack::Error::is_damage`]), else [`EXIT_ERROR`]. Prints the error.
+/// The sample `key` names on the command line: `#N` the sample at ordinal N, anything else a
+/// sample key (one that no sample has and reads as a number says how to ask for an ordinal).
+pub fn sample_named<'d>(ds: &'d hspack::Dataset, key: &str) -> anyhow::Result<hspack::Sample<'d>> {
+    if let Some(ordinal) = key.strip_prefix('#').and_then(|n| n.parse::<u64>().ok()) {
+        return Ok(ds.sample(ordinal)?);
+    }
+    ds.get_by_key(key).map_err(|e| {
+        let numeric = matches!(e, hspack::Error::NoSuchKey { .. }) && key.parse::<u64>().is_ok();
+        match numeric {
+            true => anyhow::anyhow!("{e}; for the sample at ordinal {key}, write `#{key}`"),
+            false => e.into(),
+        }
+    })
+}
+
 pub fn read_failed(e: anyhow::Error) -> ExitCode {
     eprintln!("hspack: error: {}", error_text(&e));
     let damaged = e.chain().any(|c| {

@@ -31,13 +31,9 @@ fn number(v: f64) -> String {
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let ds = Dataset::open(&a.dir)?;
     // Past the manifest, a failed read is damage (exit 1) or an error (exit 2), as in export.
-    let s = match a.key.strip_prefix('#').and_then(|n| n.parse::<u64>().ok()) {
-        Some(ordinal) => ds.sample(ordinal),
-        None => ds.get_by_key(&a.key),
-    };
-    let s = match s {
+    let s = match super::sample_named(&ds, &a.key) {
         Ok(s) => s,
-        Err(e) => return Ok(super::read_failed(e.into())),
+        Err(e) => return Ok(super::read_failed(e)),
     };
     let mut fields = Vec::new();
     for f in &ds.schema().fields {

@@ -68,7 +68,15 @@ impl Storage for LocalStorage {
         let path = self.dir.join(name);
         match std::fs::read(&path) {
             Ok(b) => Ok(Some(b)),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            // No such file, or the folder is a file: the file is not there.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
+                ) =>
+            {
+                Ok(None)
+            }
             Err(e) => Err(io(&path, "read")(e)),
         }
     }

@@ -66,6 +66,33 @@ pub struct Dataset {
     key_runs: KeyRuns,
 }
 
+/// The error for a location with no manifest, saying what is there instead.
+fn not_a_dataset(root: &Path) -> Error {
+    let local = !crate::io::is_remote(root);
+    let why = if local && !root.exists() {
+        "there is nothing there; check the path (`hspack demo` writes a dataset to try)".into()
+    } else if local && root.is_file() {
+        let folder = root
+            .parent()
+            .map_or(".".into(), |p| p.display().to_string());
+        format!(
+            "it is a file; give the dataset's folder (the one holding manifest.json: {folder}?)"
+        )
+    } else if crate::store::is_store(root) {
+        format!(
+            "it is a store of datasets: name one as {}/NAME (`hspack store ls {}` lists them)",
+            root.display(),
+            root.display()
+        )
+    } else {
+        "it has no manifest.json (write one with hspack's writer, or run `hspack demo`)".into()
+    };
+    Error::NotADataset {
+        path: root.to_path_buf(),
+        why,
+    }
+}
+
 impl Dataset {
     /// Opens the dataset in folder `dir`.
     pub fn open(dir: impl AsRef<Path>) -> Result<Dataset> {
@@ -88,9 +115,7 @@ impl Dataset {
     /// Opens the dataset in `storage` with `options`.
     pub fn open_in(storage: Arc<dyn Storage>, options: ReadOptions) -> Result<Dataset> {
         let Some((manifest, manifest_bytes)) = super::load_manifest(&*storage)? else {
-            return Err(Error::NotADataset {
-                path: storage.root().to_path_buf(),
-            });
+            return Err(not_a_dataset(storage.root()));
         };
         let shards = manifest.shards.iter().map(|_| OnceLock::new()).collect();
         let key_runs = KeyRuns::new(manifest.segments.len());

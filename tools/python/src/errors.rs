@@ -73,10 +73,11 @@ impl Context {
                     ..c
                 },
             ),
-            Error::NotADataset { path } => (
+            Error::NotADataset { path, why } => (
                 "NotADataset",
                 Context {
                     path: text(path),
+                    detail: Some(why.clone()),
                     ..c
                 },
             ),
