@@ -154,6 +154,27 @@ def test_errors_carry_context(eagle_path):
     assert e.value.kind == "NotADataset"
 
 
+def test_small_stumbles_get_clear_answers(tmp_path, eagle_path):
+    """A list given for a field names the sample and the field; `final-norm` (as the CLI
+    spells it) is `final_norm`; a torch dataset indexed by key finds the sample, or says
+    which key is missing."""
+    from conftest import eagle_schema
+
+    from hspack.torch import HspackDataset
+
+    w = hspack.Writer(tmp_path / "ds", eagle_schema(), durable=False)
+    with pytest.raises(hspack.HspackError, match=r"sample `a`, field `input_ids`: a list, not a tensor"):
+        w.append("a", **dict(eagle_sample(0), input_ids=[1, 2, 3]))
+    w.abort()
+    assert hspack.hidden_state(61, 8, point="final-norm") == hspack.hidden_state(61, 8, point="final_norm")
+    with pytest.raises(hspack.HspackError, match="must be one of"):
+        hspack.hidden_state(61, 8, point="final")
+    ds = HspackDataset(eagle_path, ["input_ids"])
+    assert torch.equal(ds["s0010"]["input_ids"], ds[10]["input_ids"])
+    with pytest.raises(KeyError, match="no sample has key 'nope'"):
+        ds["nope"]
+
+
 def test_writer_rejects_wrong_dtype_and_shape(tmp_path):
     schema = [hspack.field("x", "bf16", [4])]
     with hspack.Writer(tmp_path / "ds", schema, durable=False) as w:

@@ -121,6 +121,13 @@ def input_bytes(key: str, name: str, field: dict, value: Any) -> np.ndarray:
     memory with `value` when it is contiguous. Checks dtype and row shape against `field`."""
     want = field["dtype"]
     row_shape = tuple(field["shape"])
+    if not isinstance(value, np.ndarray) and not (hasattr(value, "dtype") and hasattr(value, "shape")):
+        raise make_error(
+            "BadSample",
+            f"sample `{key}`, field `{name}`: a {type(value).__name__}, not a tensor; pass a torch tensor or a numpy array (torch.tensor(...) makes one)",
+            key=key,
+            field=name,
+        )
     if field["role"].get("kind") == "token_ids":
         value = _token_ids_as(key, name, want, value)
     if isinstance(value, np.ndarray):

@@ -12,6 +12,14 @@ _NAMES = EAGLE3["fields"]
 POINTS = ("layer_input", "layer_output", "final_norm")
 
 
+def _point(point: str) -> str:
+    """`point` as the schema spells it: `final-norm` (as the CLI takes it) is `final_norm`."""
+    spelled = str(point).replace("-", "_")
+    if spelled not in POINTS:
+        raise make_error("BadOption", f"option point: {point!r} must be one of {', '.join(POINTS)}", option="point")
+    return spelled
+
+
 def _role(role: Any) -> dict:
     if isinstance(role, dict):
         return dict(role)
@@ -29,8 +37,7 @@ def hidden_state(layer: int, width: int, point: str = "layer_input", dtype: str 
     """A hidden-state field of decoder layer `layer`, `width` wide, taken at `point`
     (`"layer_input"`, `"layer_output"` or `"final_norm"`). Named `hidden.<layer>` (or
     `hidden.final`) unless `name` is given."""
-    if point not in POINTS:
-        raise make_error("BadOption", f"option point: must be one of {', '.join(POINTS)}", option="point")
+    point = _point(point)
     if name is None:
         name = _NAMES["hidden_final"] if point == "final_norm" else f"{_NAMES['hidden_prefix']}{layer}"
     return field(name, dtype, [width], {"kind": "hidden_state", "layer": int(layer), "point": point})
@@ -41,8 +48,7 @@ def hidden_states(layers: Sequence[int], width: int, point: str = "layer_input",
     `[len(layers), width]`), taken at `point`. A row read flat is the layers concatenated
     on the last dim: EAGLE-3's `aux_hidden_state [T, k*H]`, which `hspack.torch`'s EAGLE-3 view
     then returns without copying. Append `[T, k, H]` or `[T, k*H]` tensors."""
-    if point not in POINTS:
-        raise make_error("BadOption", f"option point: must be one of {', '.join(POINTS)}", option="point")
+    point = _point(point)
     layers = [int(x) for x in layers]
     if not layers:
         raise make_error("BadOption", "option layers: name at least one layer", option="layers")

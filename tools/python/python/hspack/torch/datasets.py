@@ -203,6 +203,11 @@ class HspackDataset(_Reopening, tud.Dataset):
         return len(self.hspack)
 
     def __getitem__(self, i: int) -> Any:
+        if isinstance(i, str):
+            ordinal = self.hspack.ordinal(i)
+            if ordinal is None:
+                raise KeyError(f"{self.path}: no sample has key {i!r}")
+            i = ordinal
         return self.view(self.hspack, int(i))
 
 
