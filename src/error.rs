@@ -221,8 +221,8 @@ pub enum Error {
         /// The commit that failed.
         commit: Box<StoppedCommit>,
     },
-    /// Appending with a schema other than the dataset's.
-    #[error("{}: the dataset's schema differs from the one given ({detail}); write to a new folder", path.display())]
+    /// Appending (or merging) with a schema other than the dataset's.
+    #[error("{}: {detail}", path.display())]
     SchemaMismatch {
         /// Folder.
         path: PathBuf,

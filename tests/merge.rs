@@ -120,6 +120,16 @@ fn a_shared_key_or_another_schema_is_refused_before_anything_is_written() {
     .unwrap_err();
     assert!(matches!(err, Error::SchemaMismatch { .. }), "{err}");
     assert!(err.to_string().contains("wide"), "{err}");
+    // Said in words, with advice that fits a merge (not "write to a new folder").
+    let said = err.to_string();
+    assert!(
+        said.contains(&format!("[{HIDDEN}] (hidden state, layer"))
+            && said.contains(&format!("[{}] (hidden state, layer", 2 * HIDDEN))
+            && said.contains("only datasets of one schema")
+            && !said.contains("new folder")
+            && !said.contains("HiddenState"),
+        "{said}"
+    );
     assert!(
         !t.path().join("out").exists(),
         "the refused merges wrote nothing"

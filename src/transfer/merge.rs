@@ -60,7 +60,8 @@ pub fn merge(
             return Err(Error::SchemaMismatch {
                 path: ds.dir().to_path_buf(),
                 detail: format!(
-                    "it cannot be merged with {}: {}",
+                    "it cannot be merged with {}: {}; only datasets of one schema (fields and \
+                     capture metadata) merge",
                     first.dir().display(),
                     describe_difference(first.schema(), ds.schema())
                 ),

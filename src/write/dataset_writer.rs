@@ -125,7 +125,11 @@ impl DatasetWriter {
             if ds.schema() != &schema {
                 return Err(Error::SchemaMismatch {
                     path: storage.root().to_path_buf(),
-                    detail: describe_difference(ds.schema(), &schema),
+                    detail: format!(
+                        "the dataset's schema differs from the one given ({}); write to a new \
+                         folder",
+                        describe_difference(ds.schema(), &schema)
+                    ),
                 });
             }
             for s in ds.samples() {
@@ -703,21 +707,45 @@ pub fn reindex_in(storage: Arc<dyn Storage>) -> Result<Vec<String>> {
     segments.rewrite_derived(&w.manifest)
 }
 
+/// What differs between two schemas, in words: the first field that differs (dtype, shape,
+/// what it holds), the field names, or the capture metadata's first differing entry.
 pub(crate) fn describe_difference(have: &Schema, given: &Schema) -> String {
     let differing = have.fields.iter().zip(&given.fields).find(|(a, b)| a != b);
+    let field = |f: &crate::format::Field| {
+        let quantized = if f.quantized.is_some() {
+            ", stored as fp8"
+        } else {
+            ""
+        };
+        format!("{} {:?} ({}{quantized})", f.dtype.name(), f.shape, f.role)
+    };
     if let (true, Some((a, b))) = (have.fields.len() == given.fields.len(), differing) {
-        format!(
-            "field `{}`: the dataset's is {:?} {:?} {:?}, the given one {:?} {:?} {:?}",
-            a.name, a.dtype, a.shape, a.role, b.dtype, b.shape, b.role
-        )
+        let named = match a.name == b.name {
+            true => format!("field `{}`", a.name),
+            false => format!("field `{}` (given: `{}`)", a.name, b.name),
+        };
+        format!("{named}: {} here, {} given", field(a), field(b))
     } else if have.fields != given.fields {
         format!(
-            "dataset fields: {}; given: {}",
+            "fields {} here, {} given",
             field_names(have),
             field_names(given)
         )
     } else {
-        "the capture metadata differs".into()
+        let json = |s: &Schema| serde_json::to_value(&s.capture).unwrap_or_default();
+        let (a, b) = (json(have), json(given));
+        let entry = a
+            .as_object()
+            .into_iter()
+            .flatten()
+            .find(|(k, v)| b.get(k.as_str()) != Some(v))
+            .map(|(k, v)| {
+                format!(
+                    "capture `{k}`: {v} here, {} given",
+                    b.get(k.as_str()).unwrap_or(&serde_json::Value::Null)
+                )
+            });
+        entry.unwrap_or_else(|| "the capture metadata differs".into())
     }
 }
 
