@@ -10,7 +10,7 @@ use crate::store::captures::CaptureConfig;
 
 use super::keys::{stored_keys, StoredKeys};
 use super::layout::{check_field, field_bytes, field_part, FieldSpec, Part};
-use super::unit_error::{unit_error, SplitError, UnitError, UnitProblem};
+use super::unit_error::{tensor_error, unit_error, SplitError, UnitError, UnitProblem};
 use super::units::{Inputs, Unit};
 use super::Limits;
 
@@ -262,13 +262,14 @@ impl Decoder {
         let mut rows = None;
         for (i, (spec, field)) in self.specs.iter().zip(&self.schema.fields).enumerate() {
             let t = inputs.tensor(&spec.source)?;
-            let r =
-                check_field(field, spec, t.dtype, &t.shape).map_err(|e| unit_error(&inputs, e))?;
+            let r = check_field(field, spec, t.dtype, &t.shape)
+                .map_err(|e| tensor_error(&inputs, &spec.source, e))?;
             match rows {
                 None => rows = Some(r),
                 Some(prev) if prev != r => {
-                    return Err(unit_error(
+                    return Err(tensor_error(
                         &inputs,
+                        &spec.source,
                         UnitProblem::Tokens {
                             field: spec.name.clone(),
                             tensor: spec.source.clone(),
@@ -288,8 +289,8 @@ impl Decoder {
                 pieces.push(self.stacked(&inputs, spec, field, r)?);
                 continue;
             }
-            let part =
-                field_part(spec, &t.shape, t.dtype.size()).map_err(|e| unit_error(&inputs, e))?;
+            let part = field_part(spec, &t.shape, t.dtype.size())
+                .map_err(|e| tensor_error(&inputs, &spec.source, e))?;
             pieces.push(match (part, t.bytes) {
                 (Part::Range(r), Cow::Borrowed(b)) => {
                     touch(&b[r]);
@@ -345,8 +346,9 @@ impl Decoder {
         for name in spec.sources() {
             let t = inputs.tensor(name)?;
             let r = check_field(field, spec, t.dtype, &t.shape).map_err(|error| {
-                unit_error(
+                tensor_error(
                     inputs,
+                    name,
                     UnitProblem::Layer {
                         tensor: name.to_string(),
                         error,
@@ -354,8 +356,9 @@ impl Decoder {
                 )
             })?;
             if r != rows {
-                return Err(unit_error(
+                return Err(tensor_error(
                     inputs,
+                    name,
                     UnitProblem::LayerTokens {
                         tensor: name.to_string(),
                         rows: r,
@@ -367,7 +370,7 @@ impl Decoder {
             }
             layers.push(
                 field_bytes(spec, &t.shape, t.dtype.size(), t.bytes)
-                    .map_err(|e| unit_error(inputs, e))?,
+                    .map_err(|e| tensor_error(inputs, name, e))?,
             );
         }
         let row = field.shape.get(1).copied().unwrap_or(1) as usize * field.dtype.size();

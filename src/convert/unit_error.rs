@@ -183,6 +183,19 @@ pub(super) fn unit_error(inputs: &Inputs, problem: impl Into<UnitProblem>) -> Un
     }
 }
 
+/// A [`UnitError`] about tensor `tensor` of `inputs`, naming the file that holds it (in a
+/// group of files, not the group's first).
+pub(super) fn tensor_error(
+    inputs: &Inputs,
+    tensor: &str,
+    problem: impl Into<UnitProblem>,
+) -> UnitError {
+    UnitError::Unit {
+        file: inputs.file_of(tensor).to_path_buf(),
+        problem: Box::new(problem.into()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::keys::KeyProblem;

@@ -394,6 +394,17 @@ impl Inputs {
         None
     }
 
+    /// The file holding the tensor called `name`: the part's whose tensors it is among, else
+    /// the unit's first file.
+    pub fn file_of(&self, name: &str) -> &Path {
+        self.files
+            .iter()
+            .find(|(part, f)| {
+                in_part(part, name).is_some_and(|inner| f.tensors().iter().any(|t| t.name == inner))
+            })
+            .map_or(self.path(), |(_, f)| f.path())
+    }
+
     /// The tensor called `name` (as listed by [`Inputs::tensors`]).
     pub fn tensor(&self, name: &str) -> Result<SourceTensor<'_>, ConvertError> {
         for (part, f) in &self.files {

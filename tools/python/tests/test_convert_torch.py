@@ -297,6 +297,14 @@ def test_generic_group_by_layer_files(tmp_path):
         got = read_sample(ds, key, tmp_path)
         for name, t in fields.items():
             same(got[name], t)
+    # A layer file of the wrong width or token count: the error names that file, not the
+    # group's first.
+    for bad in (torch.randn(4, H + 1).bfloat16(), torch.randn(7, H).bfloat16()):
+        save(bad, src / "req1" / "layer_9.pt")
+        p = hspack("convert", src, tmp_path / "bad", "--layout", "generic", "--group-by", "{key}/{part}.pt",
+                   "--field", "input_ids=ids", "--field", "hidden.4=layer_4", "--field", "hidden.9=layer_9", ok=False)
+        assert p.returncode == 2, p.stderr
+        assert "req1/layer_9.pt" in p.stderr and "req1/ids.pt" not in p.stderr, p.stderr
 
 
 @pytest.mark.parametrize("how", ["lengths", "cu_seqlens"])
