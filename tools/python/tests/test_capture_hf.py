@@ -169,6 +169,9 @@ def test_refusals(causal_lm):
     with HFCapture(wrapper, [2]) as cap:
         with pytest.raises(RowMismatch, match="contiguous"):
             cap.run(torch.ones(1, 4, dtype=torch.long), torch.tensor([[1, 0, 1, 1]]))
+        # Rows that do not fit the sample are named with its key.
+        with pytest.raises(RowMismatch, match=r"sample `req-7`: layer id 2: captured shape \(3, 64\)"):
+            cap.points.sample(torch.arange(4), torch.ones(4), {2: torch.zeros(3, 64), 61: torch.zeros(4, 64)}, key="req-7")
     with pytest.raises(UnsupportedSetup, match="no decoder"):
         HFCapture(nn.Sequential(nn.Linear(2, 2)), [0])
     with pytest.raises(ValueError, match="unique"):

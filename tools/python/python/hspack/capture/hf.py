@@ -206,10 +206,15 @@ def capture_samples(
         for start in range(0, len(todo), batch_size):
             chunk = todo[start : start + batch_size]
             ids, mask = _pad(chunk, pad_id, padding_side == "left", device)
-            rows = cap.run(ids, mask)
+            try:
+                rows = cap.run(ids, mask)
+            except RowMismatch as e:
+                keys = ", ".join(f"`{s.key}`" for s in chunk)
+                hint = "; try --batch-size 1" if len(chunk) > 1 else ""
+                raise RowMismatch(f"the batch of samples {keys}: {e}{hint}") from e
             for s, hidden in zip(chunk, rows):
                 tensors = cap.points.sample(
-                    torch.tensor(s.input_ids), torch.tensor(s.loss_mask), hidden
+                    torch.tensor(s.input_ids), torch.tensor(s.loss_mask), hidden, key=s.key
                 )
                 twins = work.twins.get(s.key, [])
                 for t in [s] + twins:

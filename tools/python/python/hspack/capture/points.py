@@ -149,14 +149,17 @@ class CapturePoints:
         input_ids: torch.Tensor,
         loss_mask: torch.Tensor,
         hidden: dict,
+        key: str | None = None,
     ) -> dict:
-        """The tensors of one sample, keyed by field name, after checking row counts."""
+        """The tensors of one sample (sample `key`, which errors name), keyed by field name,
+        after checking row counts."""
         from .errors import RowMismatch
 
+        said = "" if key is None else f"sample `{key}`: "
         n = int(input_ids.shape[0])
         if input_ids.dim() != 1 or loss_mask.shape != input_ids.shape:
             raise RowMismatch(
-                f"input_ids {tuple(input_ids.shape)} and loss_mask {tuple(loss_mask.shape)} "
+                f"{said}input_ids {tuple(input_ids.shape)} and loss_mask {tuple(loss_mask.shape)} "
                 "must be equal-length 1-D tensors"
             )
         out = {
@@ -165,12 +168,12 @@ class CapturePoints:
         }
         missing = [i for i in self.ids if i not in hidden]
         if missing:
-            raise RowMismatch(f"no captured rows for layer ids {missing}")
+            raise RowMismatch(f"{said}no captured rows for layer ids {missing}")
         for i in self.ids:
             t = hidden[i]
             if t.dim() != 2 or t.shape[0] != n:
                 raise RowMismatch(
-                    f"layer id {i}: captured shape {tuple(t.shape)}, expected ({n}, hidden) "
+                    f"{said}layer id {i}: captured shape {tuple(t.shape)}, expected ({n}, hidden) "
                     f"for a sample of {n} tokens"
                 )
             if i not in self.stacked_ids:

@@ -215,7 +215,7 @@ class PrefillStitcher:
             self.pending[rid] = state
             if state.length == ids.numel():
                 hidden_rows = {i: torch.cat(p, 0) for i, p in state.pieces.items()}
-                self.sink.append(rid, **self.points.sample(ids, mask, hidden_rows))
+                self.sink.append(rid, **self.points.sample(ids, mask, hidden_rows, key=rid))
                 del self.pending[rid]
                 self.done.add(rid)
                 written.append(rid)
