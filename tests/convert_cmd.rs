@@ -754,13 +754,7 @@ fn a_rerun_with_a_capture_config_resumes_split_batches() {
     let (src, store) = (t.path().join("src"), t.path().join("store"));
     std::fs::create_dir(&src).unwrap();
     assert!(hspack(&["store", "init", s(&store)]).status.success());
-    let config = t.path().join("capture.json");
-    std::fs::write(
-        &config,
-        r#"{"model": "org/model", "revision": "abc", "config_hash": null, "engine": "sglang",
-            "deterministic": true, "dtype": "bf16", "layers": [7]}"#,
-    )
-    .unwrap();
+    let config = common::dumps::write_capture_config(t.path());
     let ds = store.join("ds");
     let args = ["--capture-config", s(&config)];
     write_fwd_safetensors(&src.join("a.safetensors"), &[1, 2], &[3, 3]);

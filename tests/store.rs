@@ -821,13 +821,7 @@ fn convert_with_a_capture_config_copies_what_the_store_holds_without_reading_it(
     let t = tempfile::tempdir().unwrap();
     let store_dir = t.path().join("store");
     Store::init(&store_dir).unwrap();
-    let config = t.path().join("capture.json");
-    std::fs::write(
-        &config,
-        r#"{"model": "org/model", "revision": "abc", "config_hash": null, "engine": "sglang",
-            "deterministic": true, "dtype": "bf16", "layers": [7]}"#,
-    )
-    .unwrap();
+    let config = common::dumps::write_capture_config(t.path());
     let command = |src: &Path, dst: &Path| {
         let mut c = common::dumps::convert_command(src, dst);
         c.args(["--capture-config", s(&config), "--json"]);

@@ -3,7 +3,7 @@
 
 use std::borrow::Cow;
 use std::collections::HashSet;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use hspack::Dataset;
@@ -130,4 +130,17 @@ pub fn run_then_kill(command: &mut Command, delay_ms: u64) -> bool {
     }
     child.wait().unwrap();
     finished
+}
+
+/// Writes `capture.json` into `dir`: the `--capture-config` of the dumps these tests convert
+/// (layer 7 of `org/model`, captured with SGLang); returns its path.
+pub fn write_capture_config(dir: &Path) -> PathBuf {
+    let config = dir.join("capture.json");
+    std::fs::write(
+        &config,
+        r#"{"model": "org/model", "revision": "abc", "config_hash": null, "engine": "sglang",
+            "deterministic": true, "dtype": "bf16", "layers": [7]}"#,
+    )
+    .unwrap();
+    config
 }
