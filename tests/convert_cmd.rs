@@ -673,10 +673,22 @@ fn linked_files_and_folders_are_converted_and_a_loop_is_refused() {
     write_fwd_safetensors(&elsewhere.join("more/c.safetensors"), &[4, 5], &[1, 2]);
     std::os::unix::fs::symlink(elsewhere.join("b.safetensors"), src.join("b.safetensors")).unwrap();
     std::os::unix::fs::symlink(elsewhere.join("more"), src.join("more")).unwrap();
+    // The same folder linked again (`latest -> step_1000`) is converted once; a link to
+    // nothing is passed over. Both are counted with the files ignored.
+    std::os::unix::fs::symlink(elsewhere.join("more"), src.join("zz-again")).unwrap();
+    std::os::unix::fs::symlink(t.path().join("gone"), src.join("dangling.safetensors")).unwrap();
     let ds = t.path().join("ds");
     let o = hspack(&fwd_args(&src, &ds, &[]));
     assert!(o.status.success(), "{}", text(&o));
     assert_eq!(Dataset::open(&ds).unwrap().len(), 5, "{}", text(&o));
+    assert_eq!(
+        keys_in_order(&ds)
+            .iter()
+            .filter(|k| k.starts_with("zz-again"))
+            .count(),
+        0
+    );
+    assert!(text(&o).contains("2 other files ignored"), "{}", text(&o));
     std::os::unix::fs::symlink(&src, elsewhere.join("more/up")).unwrap();
     let o = hspack(&fwd_args(&src, &t.path().join("ds2"), &[]));
     assert!(!o.status.success(), "{}", text(&o));

@@ -102,8 +102,6 @@ pub fn main() -> ExitCode {
     }
 }
 
-/// The exit code for an error met reading a dataset that opened: [`EXIT_DAMAGED`] for damage
-/// (as `verify` reports it, [`hspack::Error::is_damage`]), else [`EXIT_ERROR`]. Prints the error.
 /// The sample `key` names on the command line: `#N` the sample at ordinal N, anything else a
 /// sample key (one that no sample has and reads as a number says how to ask for an ordinal).
 pub fn sample_named<'d>(ds: &'d hspack::Dataset, key: &str) -> anyhow::Result<hspack::Sample<'d>> {
@@ -119,6 +117,8 @@ pub fn sample_named<'d>(ds: &'d hspack::Dataset, key: &str) -> anyhow::Result<hs
     })
 }
 
+/// The exit code for an error met reading a dataset that opened: [`EXIT_DAMAGED`] for damage
+/// (as `verify` reports it, [`hspack::Error::is_damage`]), else [`EXIT_ERROR`]. Prints the error.
 pub fn read_failed(e: anyhow::Error) -> ExitCode {
     eprintln!("hspack: error: {}", error_text(&e));
     let damaged = e.chain().any(|c| {

@@ -259,9 +259,11 @@ fn convert(o: &ConvertOptions, progress: &mut dyn FnMut(Progress)) -> Result<Rep
         // units (keys known only once decoded) and keys taken from the files: with those, a
         // sample already committed is skipped as it comes, even when the key log is gone.
         // A unit some of whose samples were copied from the store goes on from the others.
-        // With --delete-source, units held by key are compared (`recheck`). A skipped sample
-        // is compared with what the dataset holds under its key.
+        // With --delete-source, units held by key are decoded too (`recheck`), and every
+        // skipped sample is compared with what the dataset holds under its key before its
+        // file goes; without it, a held key is skipped as the resume it is.
         skip_present: o.split_by.is_some() || o.key_from.is_some() || partly_reused || recheck,
+        compare_present: o.delete_source,
         capture: captures.as_ref().map(|c| &c.config),
     };
     write_in_lanes(

@@ -33,6 +33,9 @@ pub(super) struct LaneOptions<'a> {
     pub stop_at_bad: bool,
     /// Skip samples whose keys the dataset holds as they come.
     pub skip_present: bool,
+    /// Compare such a sample with what the dataset holds before it is skipped: its source
+    /// is deleted after (`--delete-source`).
+    pub compare_present: bool,
     /// Record each sample appended as this capture (its key and digest).
     pub capture: Option<&'a CaptureConfig>,
 }
@@ -65,10 +68,10 @@ pub(super) fn write_in_lanes(
         HashSet::new()
     };
     // What the dataset holds under those keys, compared with what the sources give before a
-    // sample is skipped (and its file deleted) as converted before.
-    let stored = match present.is_empty() {
-        true => None,
-        false => Some(Dataset::open_in(
+    // sample is skipped and its file deleted as converted before.
+    let stored = match lanes.compare_present && !present.is_empty() {
+        false => None,
+        true => Some(Dataset::open_in(
             std::sync::Arc::clone(writer.storage()),
             ReadOptions::default(),
         )?),
@@ -257,7 +260,9 @@ impl LaneJob<'_> {
 
     /// Refuses a sample whose key the dataset holds with other data (a source converted
     /// earlier gave the key): it is neither skipped as converted nor deleted. Quantized fields
-    /// are compared as they decode.
+    /// are compared as they decode. With a capture config, what is compared is the capture
+    /// (its key: the token ids and loss mask under the config), as a sample copied from the
+    /// store was never compared with its source's hidden states.
     fn check_same_as_stored(
         &self,
         key: &str,
@@ -269,8 +274,19 @@ impl LaneJob<'_> {
         };
         let ordinal = ds.get_by_key(key)?.ordinal();
         let stored = sample_tensors(ds, ordinal)?;
-        let held = sample_digest(stored.iter().map(|(n, t)| (n.as_str(), t.bytes())));
-        if held == written_digest(&self.decoder.schema, named) {
+        let pairs: Vec<(&str, &[u8])> = stored
+            .iter()
+            .map(|(n, t)| (n.as_str(), t.bytes()))
+            .collect();
+        let schema = &self.decoder.schema;
+        let captured = self
+            .capture
+            .and_then(|c| Some((c.key_of(schema, &pairs)?, c.key_of(schema, named)?)));
+        let same = match captured {
+            Some((held, given)) => held == given,
+            None => sample_digest(pairs.iter().copied()) == written_digest(schema, named),
+        };
+        if same {
             return Ok(());
         }
         Err(RunError::KeyHeldWithOtherData {

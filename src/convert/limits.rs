@@ -19,3 +19,14 @@ impl Default for Limits {
         }
     }
 }
+
+/// How many times its own bytes a source may make the reader build by repeating them (a
+/// view with a stride of 0, a pickle's shared references) ...
+pub const EXPANSION: u64 = 16;
+/// ... or this many bytes, whichever is more.
+pub const EXPANDED_BYTES: u64 = 256 << 20;
+
+/// The bytes a reader may build from `stored` bytes by repeating them.
+pub fn expansion_cap(stored: u64) -> u64 {
+    stored.saturating_mul(EXPANSION).max(EXPANDED_BYTES)
+}

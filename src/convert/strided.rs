@@ -2,6 +2,8 @@
 
 use std::borrow::Cow;
 
+use super::limits::{expansion_cap, EXPANDED_BYTES, EXPANSION};
+
 /// A strided view: element size, shape, strides and offset in elements.
 pub(crate) struct View<'a> {
     /// Bytes per element.
@@ -15,11 +17,6 @@ pub(crate) struct View<'a> {
     /// Whether each element must be byte-reversed (big-endian source).
     pub swap: bool,
 }
-
-/// A view may gather at most this many times its storage's bytes (see `materialize`) ...
-const REPEAT: u64 = 16;
-/// ... or this many bytes, whichever is more.
-const REPEATED_BYTES: u64 = 256 << 20;
 
 /// C-order strides (in elements) for a shape.
 pub(crate) fn contiguous_strides(shape: &[u64]) -> Option<Vec<i64>> {
@@ -99,20 +96,16 @@ pub(crate) fn materialize<'d>(
         .and_then(|n| usize::try_from(n).ok())
         .ok_or_else(|| format!("{numel} elements exceed the limit of {limit} bytes per tensor"))?;
     // A view that repeats its storage's bytes (a stride of 0: an expanded tensor) could make
-    // a small file ask for any amount of memory: it may gather at most REPEAT times the bytes
-    // its storage holds, or REPEATED_BYTES.
-    let repeat_cap = (data.len() as u64)
-        .saturating_mul(REPEAT)
-        .max(REPEATED_BYTES);
-    if out_len as u64 > repeat_cap {
+    // a small file ask for any amount of memory.
+    if out_len as u64 > expansion_cap(data.len() as u64) {
         return Err(format!(
             "the view (shape {:?}, strides {:?}) repeats its storage of {} bytes into {out_len}: \
-             more than {REPEAT} times its bytes or {} MiB; save the tensor materialized \
+             more than {EXPANSION} times its bytes or {} MiB; save the tensor materialized \
              (`.contiguous()` or `.clone()` before torch.save)",
             view.shape,
             view.strides,
             data.len(),
-            REPEATED_BYTES >> 20
+            EXPANDED_BYTES >> 20
         ));
     }
     let start = usize::try_from(view.offset * elem).map_err(|_| "offset overflows".to_string())?;

@@ -119,36 +119,62 @@ pub fn key_of(rel: &str) -> String {
     base.to_string()
 }
 
-/// Every file under `dir`, links followed (to files and to folders): a linked dump is
-/// converted, never skipped. A link to a folder above it (a loop) is an error naming it.
-/// `above`: the device and inode of the folders the walk is in.
-fn walk(
-    dir: &Path,
-    above: &mut Vec<(u64, u64)>,
-    out: &mut Vec<(PathBuf, u64)>,
-) -> Result<(), ConvertError> {
+/// What a walk of a source folder found.
+#[derive(Default)]
+struct Walk {
+    /// Every file, with its length.
+    files: Vec<(PathBuf, u64)>,
+    /// Links to nothing, and folders reached a second time through a link: not converted,
+    /// and reported with the files the layout does not take.
+    passed_over: Vec<PathBuf>,
+    /// The device and inode of every folder walked.
+    seen: std::collections::HashSet<(u64, u64)>,
+}
+
+/// Walks `dir`, links followed (to files and to folders): a linked dump is converted, never
+/// skipped. A folder reached again (`latest -> step_1000`) is walked once, and a link to
+/// nothing is passed over: both are reported. A link to a folder above it (a loop) is an
+/// error naming it. `above`: the device and inode of the folders the walk is in.
+fn walk(dir: &Path, above: &mut Vec<(u64, u64)>, found: &mut Walk) -> Result<(), ConvertError> {
     use std::os::unix::fs::MetadataExt;
     let io = |file: &Path| {
         let file = file.to_path_buf();
         move |source| ConvertError::Io { file, source }
     };
     let here = std::fs::metadata(dir).map_err(io(dir))?;
-    if above.contains(&(here.dev(), here.ino())) {
+    let id = (here.dev(), here.ino());
+    if above.contains(&id) {
         return Err(io(dir)(std::io::Error::other(
             "a link to a folder that holds it (a loop): remove the link, or convert a folder \
              that does not hold it",
         )));
     }
-    above.push((here.dev(), here.ino()));
-    for entry in std::fs::read_dir(dir).map_err(io(dir))? {
-        let entry = entry.map_err(io(dir))?;
-        let path = entry.path();
-        // Through a link: what it names (a link to nothing is an error naming it).
-        let meta = std::fs::metadata(&path).map_err(io(&path))?;
+    if !found.seen.insert(id) {
+        found.passed_over.push(dir.to_path_buf());
+        return Ok(());
+    }
+    above.push(id);
+    let mut entries = std::fs::read_dir(dir)
+        .map_err(io(dir))?
+        .map(|e| e.map(|e| e.path()))
+        .collect::<std::io::Result<Vec<_>>>()
+        .map_err(io(dir))?;
+    // The same folder reached twice is walked under its first name in order.
+    entries.sort();
+    for path in entries {
+        // Through a link: what it names.
+        let meta = match std::fs::metadata(&path) {
+            Ok(m) => m,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                found.passed_over.push(path);
+                continue;
+            }
+            Err(e) => return Err(io(&path)(e)),
+        };
         if meta.is_dir() {
-            walk(&path, above, out)?;
+            walk(&path, above, found)?;
         } else if meta.is_file() {
-            out.push((path, meta.len()));
+            found.files.push((path, meta.len()));
         }
     }
     above.pop();
@@ -226,9 +252,9 @@ pub fn plan(
     group_by: Option<&str>,
     split_file: Option<&str>,
 ) -> Result<Plan, ConvertError> {
-    let mut files = Vec::new();
+    let mut found = Walk::default();
     let root = if src.is_dir() {
-        walk(src, &mut Vec::new(), &mut files)?;
+        walk(src, &mut Vec::new(), &mut found)?;
         src.to_path_buf()
     } else {
         let len = std::fs::metadata(src)
@@ -237,11 +263,15 @@ pub fn plan(
                 source,
             })?
             .len();
-        files.push((src.to_path_buf(), len));
+        found.files.push((src.to_path_buf(), len));
         src.parent().map(Path::to_path_buf).unwrap_or_default()
     };
+    let mut files = found.files;
     files.sort();
-    let mut plan = Plan::default();
+    let mut plan = Plan {
+        ignored: found.passed_over,
+        ..Plan::default()
+    };
     let mut groups: BTreeMap<Natural, Unit> = BTreeMap::new();
     for (path, len) in files {
         let rel = rel_name(&root, &path);

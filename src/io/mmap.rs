@@ -90,6 +90,9 @@ mod written {
     static PATHS: [AtomicPtr<Vec<u8>>; SLOTS] =
         [const { AtomicPtr::new(std::ptr::null_mut()) }; SLOTS];
     static ON: AtomicBool = AtomicBool::new(false);
+    /// Set by the thread that says what happened; `SAID` once it has.
+    static SAYING: AtomicBool = AtomicBool::new(false);
+    static SAID: AtomicBool = AtomicBool::new(false);
     static INSTALL: Once = Once::new();
     /// The disposition before ours, put back by the handler.
     static PREVIOUS: AtomicPtr<libc::sigaction> = AtomicPtr::new(std::ptr::null_mut());
@@ -110,8 +113,9 @@ mod written {
             // took it out of the table, so no one else frees it.
             drop(unsafe { Box::from_raw(old) });
         }
-        STARTS[slot].store(start, Ordering::Release);
+        // The end first: a slot matches only once its start is set, and never past its end.
         ENDS[slot].store(start + len, Ordering::Release);
+        STARTS[slot].store(start, Ordering::Release);
         Some(slot)
     }
 
@@ -142,26 +146,45 @@ mod written {
         });
     }
 
-    /// Puts the previous disposition back, says what happened when the fault is a write into
-    /// a listed mapping, and returns: the write faults again, and the previous disposition
-    /// acts. Only async-signal-safe calls (`sigaction`, `write`).
+    /// Says what happened when the fault is a write into a listed mapping (once, however many
+    /// threads fault at once: the others wait for it), then puts the previous disposition
+    /// back and returns: the write faults again, and the previous disposition acts. A signal
+    /// sent (`kill`, `raise`) rather than a fault is raised again, to be delivered that way.
+    /// Only async-signal-safe calls (`sigaction`, `write`, `raise`).
     extern "C" fn on_fault(_: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
         let previous = PREVIOUS.load(Ordering::Acquire);
-        // SAFETY: `previous` was stored before this handler was installed and is never freed;
-        // `info` is the kernel's, valid for this call.
-        let (addr, code) = unsafe {
-            libc::sigaction(libc::SIGSEGV, previous, std::ptr::null_mut());
-            ((*info).si_addr() as usize, (*info).si_code)
+        let put_back = || {
+            // SAFETY: `previous` was stored before this handler was installed and is never
+            // freed.
+            unsafe { libc::sigaction(libc::SIGSEGV, previous, std::ptr::null_mut()) };
         };
-        if code != SEGV_ACCERR {
+        // SAFETY: `info` is the kernel's, valid for this call.
+        let (addr, code) = unsafe { ((*info).si_addr() as usize, (*info).si_code) };
+        if code <= 0 {
+            put_back();
+            // SAFETY: raising a signal; it is blocked in this handler, so it is delivered,
+            // with the disposition put back, once the handler returns.
+            unsafe { libc::raise(libc::SIGSEGV) };
             return;
         }
-        let Some(slot) = (0..SLOTS).find(|&i| {
-            let start = STARTS[i].load(Ordering::Acquire);
-            start != 0 && start <= addr && addr < ENDS[i].load(Ordering::Acquire)
-        }) else {
+        let slot = (code == SEGV_ACCERR)
+            .then(|| {
+                (0..SLOTS).find(|&i| {
+                    let start = STARTS[i].load(Ordering::Acquire);
+                    start != 0 && start <= addr && addr < ENDS[i].load(Ordering::Acquire)
+                })
+            })
+            .flatten();
+        let Some(slot) = slot else {
+            put_back();
             return;
         };
+        if SAYING.swap(true, Ordering::AcqRel) {
+            while !SAID.load(Ordering::Acquire) {
+                std::hint::spin_loop();
+            }
+            return;
+        }
         let say = |bytes: &[u8]| {
             // SAFETY: `write` of a live buffer to standard error.
             unsafe { libc::write(2, bytes.as_ptr().cast(), bytes.len()) };
@@ -178,6 +201,8 @@ mod written {
               be written in place; write to a copy (`t.clone()`, or read with copy=True). \
               The process stops here.\n",
         );
+        put_back();
+        SAID.store(true, Ordering::Release);
     }
 }
 

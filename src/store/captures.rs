@@ -355,8 +355,8 @@ impl Store {
     }
 
     /// Every capture file, by file name, checked; and the names of those that do not decode
-    /// (damaged: capture files are hints, so lookups pass over them and a collection
-    /// deletes them).
+    /// (damaged, or of a newer version: capture files are hints, so lookups and collections
+    /// pass over them, and `store verify` names them).
     pub fn capture_files(&self) -> Result<CaptureFiles> {
         let storage = self.captures();
         let mut found = CaptureFiles::default();

@@ -217,11 +217,8 @@ pub fn collect(store: &Arc<Store>, durable: bool) -> Result<GcReport> {
             report.capture_files_removed += 1;
         }
     }
-    // A capture file that does not decode is a hint no lookup can use.
-    for file in found.damaged {
-        captures.delete(&file)?;
-        report.capture_files_removed += 1;
-    }
+    // A capture file that does not decode (damaged, or of a newer version) is passed over:
+    // `store verify` names it.
     report.staged_files_removed = remove_dead_staging(store)?;
     report.packs_rewritten = rewrite.len() as u64;
     report.packs_kept = (packs.len() - new_packs.len()) as u64;

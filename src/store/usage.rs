@@ -59,6 +59,15 @@ pub struct StoreUsage {
 
 /// Sizes of `store`, and how much each kind of deduplication saved.
 pub fn usage(store: &Store) -> Result<StoreUsage> {
+    // The datasets first, then the index: a writer publishes its blobs' index before the
+    // dataset that references them, so a dataset committed meanwhile is not taken for damaged.
+    let mut snapshots = Vec::new();
+    for name in store.names()? {
+        // A name removed since it was listed has no entry.
+        if let Some((snap, _)) = store.snapshot(&name)? {
+            snapshots.push((name, snap));
+        }
+    }
     let index = store.index()?;
     let mut u = StoreUsage::default();
     // id -> (first dataset, references by dataset)
@@ -74,12 +83,7 @@ pub fn usage(store: &Store) -> Result<StoreUsage> {
             }
         }
     };
-    for name in store.names()? {
-        // A name removed since it was listed has no entry: `d` indexes `u.datasets`.
-        let Some((snap, _)) = store.snapshot(&name)? else {
-            continue;
-        };
-        let d = u.datasets.len();
+    for (d, (name, snap)) in snapshots.into_iter().enumerate() {
         let mut du = DatasetUsage {
             name: name.clone(),
             files: snap.files.len() as u64,
@@ -138,8 +142,13 @@ pub fn usage(store: &Store) -> Result<StoreUsage> {
             Ok(())
         };
         for f in &snap.files {
-            if let Err(e) = count(f) {
-                damaged.get_or_insert_with(|| e.to_string());
+            match count(f) {
+                Ok(()) => {}
+                // Damage is named on its dataset; any other failure (I/O) is the command's.
+                Err(e) if e.is_damage() => {
+                    damaged.get_or_insert_with(|| e.to_string());
+                }
+                Err(e) => return Err(e),
             }
         }
         du.damaged = damaged;

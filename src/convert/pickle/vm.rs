@@ -66,8 +66,8 @@ pub(super) struct Machine<'a> {
 
 impl<'a> Machine<'a> {
     pub(super) fn new(data: &'a [u8], file: &'a Path) -> Self {
-        // Shared references expand to copies: at most 16 times the pickle, or 256 MiB.
-        let budget_limit = (data.len() as u64).saturating_mul(16).max(256 << 20);
+        // Shared references expand to copies, bounded as any repetition of a source's bytes.
+        let budget_limit = crate::convert::limits::expansion_cap(data.len() as u64);
         Machine {
             data,
             pos: 0,

@@ -264,6 +264,29 @@ t.mul_(2) if sys.argv[3] == "torch" else t.numpy().__setitem__(0, 1)
 """
 
 
+WRITES_ON_MANY_THREADS = """
+import sys, torch, hspack
+torch.set_num_threads(8)
+t = hspack.open(sys.argv[1])[0]["hidden.3"]
+t.mul_(2)
+"""
+
+
+def test_a_write_on_many_threads_at_once_is_explained_once(tmp_path):
+    """A large tensor written in place on several threads faults on each: the message comes
+    whole, once, before the process dies."""
+    import signal
+    import subprocess
+    import sys
+
+    with hspack.Writer(tmp_path / "big", [hspack.hidden_state(3, 4096)], durable=False) as w:
+        w.append("a", **{"hidden.3": torch.ones(2048, 4096, dtype=torch.bfloat16)})
+    run = subprocess.run([sys.executable, "-c", WRITES_ON_MANY_THREADS, str(tmp_path / "big")], capture_output=True, text=True, timeout=120)
+    assert run.returncode == -signal.SIGSEGV, (run.returncode, run.stderr)
+    assert run.stderr.count("hspack: this process wrote into memory") == 1, run.stderr
+    assert "The process stops here." in run.stderr, run.stderr
+
+
 @pytest.mark.parametrize("how", ["torch", "numpy of torch"])
 def test_a_write_into_a_mapped_tensor_is_explained_before_the_process_dies(eagle_path, how):
     """Torch has no read-only tensors: a write into one over a mapped shard kills the process
