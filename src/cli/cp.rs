@@ -50,7 +50,7 @@ pub fn run(a: Args, mode: CopyMode) -> anyhow::Result<ExitCode> {
         Ok(r) => r,
         Err(e) => {
             bar.finish_and_clear();
-            if rerun_helps(&e) {
+            if super::rerun_helps(&e) {
                 eprintln!(
                     "hspack: the copy stopped before its manifest, so the destination is not a \
                      copy yet; run the same command again to resume (what was sent and checked \
@@ -103,17 +103,4 @@ pub fn run(a: Args, mode: CopyMode) -> anyhow::Result<ExitCode> {
     );
     println!("digest {}", report.digest);
     Ok(ExitCode::SUCCESS)
-}
-
-/// Whether the same copy run again can get further: it failed in transit (I/O), not on a
-/// refusal, a missing file or a missing permission (credentials), which say what to do.
-fn rerun_helps(e: &hspack::Error) -> bool {
-    use std::io::ErrorKind;
-    match e {
-        hspack::Error::Io { source, .. } => !matches!(
-            source.kind(),
-            ErrorKind::NotFound | ErrorKind::PermissionDenied
-        ),
-        _ => false,
-    }
 }

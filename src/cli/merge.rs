@@ -49,12 +49,10 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         Ok(r) => r,
         Err(e) => {
             // A refusal comes before anything is written: there is nothing to resume.
-            if !matches!(
-                e,
-                hspack::Error::CopyRefused { .. } | hspack::Error::SchemaMismatch { .. }
-            ) {
+            if super::rerun_helps(&e) {
                 eprintln!(
-                    "hspack: {} holds what was committed so far; rerun to resume",
+                    "hspack: {} holds what was committed so far; run the same command again \
+                     to resume",
                     dst.display()
                 );
             }

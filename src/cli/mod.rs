@@ -102,6 +102,19 @@ pub fn main() -> ExitCode {
     }
 }
 
+/// Whether the same command run again can get further: it failed in transit (I/O), not on a
+/// refusal, a missing file or a missing permission (credentials), which say what to do.
+pub fn rerun_helps(e: &hspack::Error) -> bool {
+    use std::io::ErrorKind;
+    match e {
+        hspack::Error::Io { source, .. } => !matches!(
+            source.kind(),
+            ErrorKind::NotFound | ErrorKind::PermissionDenied
+        ),
+        _ => false,
+    }
+}
+
 /// The sample `key` names on the command line: `#N` the sample at ordinal N, anything else a
 /// sample key (one that no sample has and reads as a number says how to ask for an ordinal).
 pub fn sample_named<'d>(ds: &'d hspack::Dataset, key: &str) -> anyhow::Result<hspack::Sample<'d>> {

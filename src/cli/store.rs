@@ -125,16 +125,20 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                 Err(e) => return super::open_failed(e, json),
             };
             let bar = bytes_bar(src.manifest().shard_bytes().unwrap_or(0), "add", json);
-            let (report, added) = match hspack::transfer::add_to_store(&st, &src, &name, &|n| {
-                bar.inc(n)
-            }) {
-                Ok(r) => r,
-                Err(e) => {
-                    bar.finish_and_clear();
-                    eprintln!("hspack: the store has what was committed so far; rerun to resume");
-                    return Ok(super::read_failed(e.into()));
-                }
-            };
+            let (report, added) =
+                match hspack::transfer::add_to_store(&st, &src, &name, &|n| bar.inc(n)) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        bar.finish_and_clear();
+                        if super::rerun_helps(&e) {
+                            eprintln!(
+                                "hspack: the store has what was committed so far; run the same \
+                             command again to resume"
+                            );
+                        }
+                        return Ok(super::read_failed(e.into()));
+                    }
+                };
             bar.finish_and_clear();
             if json {
                 let v = serde_json::json!({"name": name, "copy": report, "added": added});
