@@ -309,15 +309,6 @@ pub fn is_capture_file_name(name: &str) -> bool {
         .is_some_and(|h| h.len() == 32 && h.bytes().all(|c| c.is_ascii_hexdigit()))
 }
 
-/// A store's capture files ([`Store::capture_files`]).
-#[derive(Debug, Default)]
-pub struct CaptureFiles {
-    /// Those that decode, by file name.
-    pub files: Vec<(String, CaptureFile)>,
-    /// The names of those that do not.
-    pub damaged: Vec<String>,
-}
-
 /// A stored sample a capture key names.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CaptureHit {
@@ -354,28 +345,26 @@ impl Store {
         Ok(names)
     }
 
-    /// Every capture file, by file name, checked; and the names of those that do not decode
-    /// (damaged, or of a newer version: capture files are hints, so lookups and collections
-    /// pass over them, and `store verify` names them).
-    pub fn capture_files(&self) -> Result<CaptureFiles> {
+    /// Every capture file that decodes, by file name. One that does not (damaged, or of a
+    /// newer version) is passed over: capture files are hints, and `store verify` names it.
+    pub fn capture_files(&self) -> Result<Vec<(String, CaptureFile)>> {
         let storage = self.captures();
-        let mut found = CaptureFiles::default();
+        let mut files = Vec::new();
         for name in self.capture_names()? {
             // None: removed by a collection since the listing.
             if let Some(bytes) = storage.read(&name)? {
-                match CaptureFile::decode(&bytes) {
-                    Ok(f) => found.files.push((name, f)),
-                    Err(_) => found.damaged.push(name),
+                if let Ok(f) = CaptureFile::decode(&bytes) {
+                    files.push((name, f));
                 }
             }
         }
-        Ok(found)
+        Ok(files)
     }
 
     /// For each key, a stored sample recorded for it (`None` where there is none). A hit is
     /// a hint: [`reuse_captured`] checks the sample's bytes against the digest.
     pub fn find_captures(&self, keys: &[[u8; 32]]) -> Result<Vec<Option<CaptureHit>>> {
-        let files = self.capture_files()?.files;
+        let files = self.capture_files()?;
         let names = self.names()?;
         let files: Vec<&CaptureFile> = files
             .iter()

@@ -210,15 +210,13 @@ pub fn collect(store: &Arc<Store>, durable: bool) -> Result<GcReport> {
     }
     let names = store.names()?;
     let captures = store.captures();
-    let found = store.capture_files()?;
-    for (file, f) in found.files {
+    // A capture file that does not decode is passed over (`capture_files`).
+    for (file, f) in store.capture_files()? {
         if names.binary_search(&f.dataset).is_err() {
             captures.delete(&file)?;
             report.capture_files_removed += 1;
         }
     }
-    // A capture file that does not decode (damaged, or of a newer version) is passed over:
-    // `store verify` names it.
     report.staged_files_removed = remove_dead_staging(store)?;
     report.packs_rewritten = rewrite.len() as u64;
     report.packs_kept = (packs.len() - new_packs.len()) as u64;

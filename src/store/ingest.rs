@@ -286,8 +286,6 @@ impl Ingest {
 /// `check` runs just before `index.json` is replaced. A run `index.json` lists already (the
 /// same blobs, added by another add) is not listed twice.
 fn add_run(store: &Store, run: RunRecord, check: &dyn Fn() -> Result<()>) -> Result<()> {
-    // Synced always (see `Ingest::new`).
-    let durable = true;
     let meta = &**store.meta();
     let current = meta.read(INDEX_ROOT)?;
     let mut root = match &current {
@@ -321,22 +319,17 @@ fn add_run(store: &Store, run: RunRecord, check: &dyn Fn() -> Result<()>) -> Res
         let mut packs: Vec<[u8; 16]> = opened.iter().flat_map(|r| r.packs().to_vec()).collect();
         packs.sort();
         packs.dedup();
-        let merged = index::write_run(
-            meta,
-            index::merged(&opened),
-            count,
-            &packs,
-            level + 1,
-            durable,
-        )?;
+        let merged =
+            index::write_run(meta, index::merged(&opened), count, &packs, level + 1, true)?;
         root.runs.push(merged);
         replaced.extend(inputs.into_iter().map(|r| r.file));
     }
     let bytes = root.encode();
     check()?;
     match &current {
-        Some(old) => meta.replace(INDEX_ROOT, &bytes, Some(blake3::hash(old)), durable)?,
-        None => meta.put_new(INDEX_ROOT, &bytes, durable)?,
+        // Synced always (see `Ingest::new`).
+        Some(old) => meta.replace(INDEX_ROOT, &bytes, Some(blake3::hash(old)), true)?,
+        None => meta.put_new(INDEX_ROOT, &bytes, true)?,
     }
     for f in replaced {
         meta.delete(&f)?;
