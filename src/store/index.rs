@@ -514,22 +514,25 @@ impl BlobIndex {
 /// it adds, not the size of the index.
 type OpenedRuns = HashMap<(PathBuf, String), Arc<Run>>;
 
-fn opened_runs() -> std::sync::MutexGuard<'static, OpenedRuns> {
+/// The runs opened so far. The lock is held for an instant, and tried for one (`lock_for_an_instant`): a process
+/// forked while another thread held it (a trainer's thread committing into the store as
+/// DataLoader workers are forked) inherits it held for good, and opens runs uncached rather
+/// than hang.
+pub(super) fn opened_runs() -> Option<std::sync::MutexGuard<'static, OpenedRuns>> {
     static OPENED: OnceLock<Mutex<OpenedRuns>> = OnceLock::new();
-    OPENED
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
+    crate::per_process::lock_for_an_instant(OPENED.get_or_init(Default::default))
 }
 
 /// [`open_run`], once per process for each run.
 pub(crate) fn open_run_once(storage: &dyn Storage, r: &RunRecord) -> Result<Arc<Run>> {
     let key = (storage.path(&r.file), r.blake3.clone());
-    if let Some(run) = opened_runs().get(&key) {
-        return Ok(Arc::clone(run));
+    if let Some(run) = opened_runs().and_then(|o| o.get(&key).cloned()) {
+        return Ok(run);
     }
     let run = Arc::new(open_run(storage, r)?);
-    opened_runs().insert(key, Arc::clone(&run));
+    if let Some(mut opened) = opened_runs() {
+        opened.insert(key, Arc::clone(&run));
+    }
     Ok(run)
 }
 
@@ -539,7 +542,9 @@ fn forget_runs_but(storage: &dyn Storage, root: &IndexRoot) {
     let listed: HashSet<PathBuf> = root.runs.iter().map(|r| storage.path(&r.file)).collect();
     let folder = storage.path(INDEX_ROOT);
     let folder = folder.parent();
-    opened_runs().retain(|(path, _), _| path.parent() != folder || listed.contains(path));
+    if let Some(mut opened) = opened_runs() {
+        opened.retain(|(path, _), _| path.parent() != folder || listed.contains(path));
+    }
 }
 
 /// Opens run `r` of `storage`, checking its length and BLAKE3 against the record.

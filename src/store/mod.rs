@@ -466,13 +466,9 @@ impl Store {
 mod tests {
     use super::*;
 
-    /// A forked child inherits the store's memories locked for good when another thread of
-    /// its parent held them at the fork: reads do without them, rather than hang. Held by
-    /// this thread here, as the child sees it.
-    #[test]
-    fn a_pack_opens_while_its_memories_are_held_elsewhere() {
-        let t = tempfile::tempdir().unwrap();
-        let src = t.path().join("src");
+    /// A store holding dataset "d" of 3 synthetic samples, under `dir`.
+    pub(crate) fn store_with_a_dataset(dir: &std::path::Path) -> Arc<Store> {
+        let src = dir.join("src");
         let schema = crate::synth::capture_schema("m", 4, 64, &[1, 2]);
         let mut rng = crate::synth::Rng::new(7);
         let scales: Vec<_> = (0..2)
@@ -488,9 +484,19 @@ mod tests {
             w.append(&format!("s{i}"), &fields).unwrap();
         }
         w.finish().unwrap();
-        let store = Arc::new(Store::init(t.path().join("store")).unwrap());
+        let store = Arc::new(Store::init(dir.join("store")).unwrap());
         let ds = crate::Dataset::open(&src).unwrap();
         crate::transfer::add_to_store(&store, &ds, "d", &|_| {}).unwrap();
+        store
+    }
+
+    /// A forked child inherits the store's memories locked for good when another thread of
+    /// its parent held them at the fork: reads do without them, rather than hang. Held by
+    /// this thread here, as the child sees it.
+    #[test]
+    fn a_pack_opens_while_its_memories_are_held_elsewhere() {
+        let t = tempfile::tempdir().unwrap();
+        let store = store_with_a_dataset(t.path());
         let index = store.index().unwrap();
         let at = index.entries().next().unwrap();
         let held = (

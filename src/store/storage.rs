@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use crate::error::{Error, Result};
 use crate::format::manifest::{hex, is_shard_file_name, MANIFEST_FILE};
 use crate::io::{FileBytes, FileReader, LocalStorage, NewFile, Storage, WriterLease};
+use crate::per_process::lock_for_an_instant;
 
 use super::index::{BlobIndex, Location};
 use super::ingest::Ingest;
@@ -43,6 +44,9 @@ pub struct StoreDataset {
     staging: Arc<LocalStorage>,
     state: Arc<Mutex<WriteState>>,
     index: Mutex<Option<Arc<BlobIndex>>>,
+    /// The process that opened the handle: only it writes through it (see
+    /// [`StoreDataset::state`]).
+    pid: u32,
 }
 
 #[derive(Debug, Default)]
@@ -81,6 +85,7 @@ impl StoreDataset {
             store,
             state: Arc::new(Mutex::new(WriteState::default())),
             index: Mutex::new(None),
+            pid: std::process::id(),
         })
     }
 
@@ -93,6 +98,7 @@ impl StoreDataset {
             staging: Arc::clone(self.store.staging()),
             state: Arc::clone(&self.state),
             index: Mutex::new(None),
+            pid: self.pid,
         }
     }
 
@@ -106,13 +112,34 @@ impl StoreDataset {
         &self.name
     }
 
-    /// What the commits through this handle stored and found so far.
+    /// What the commits through this handle stored and found so far (nothing, in a process
+    /// forked from the one that opened it).
     pub fn added(&self) -> super::IngestStats {
-        self.state().added
+        self.state().map(|st| st.added).unwrap_or_default()
     }
 
-    fn state(&self) -> MutexGuard<'_, WriteState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    /// The write state, in the process that opened the handle. A process forked from it
+    /// (a DataLoader worker) reads what is committed and writes nothing: the state is its
+    /// parent's, and a parent thread writing through the handle at the fork (an add holds
+    /// the lock while it packs and syncs) would leave the lock held in the child for good.
+    fn state(&self) -> Result<MutexGuard<'_, WriteState>> {
+        if self.pid != std::process::id() {
+            return Err(Error::Store {
+                path: self.path.clone(),
+                detail: format!(
+                    "this handle on the stored dataset was opened in process {}, and this \
+                     process was forked from it: open the dataset again in this process to \
+                     write to it",
+                    self.pid
+                ),
+            });
+        }
+        Ok(self.state.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// The files this handle will publish, where it writes and has loaded them.
+    fn pending<R>(&self, f: impl FnOnce(&BTreeMap<String, FileRecord>) -> R) -> Option<R> {
+        self.state().ok()?.files.as_ref().map(f)
     }
 
     fn committed(&self) -> Result<Option<Snapshot>> {
@@ -120,8 +147,8 @@ impl StoreDataset {
     }
 
     fn record(&self, name: &str) -> Result<Option<FileRecord>> {
-        if let Some(files) = &self.state().files {
-            return Ok(files.get(name).cloned());
+        if let Some(record) = self.pending(|files| files.get(name).cloned()) {
+            return Ok(record);
         }
         Ok(self.committed()?.and_then(|s| s.file(name).cloned()))
     }
@@ -141,21 +168,26 @@ impl StoreDataset {
     pub fn open_record(&self, record: &FileRecord) -> Result<Arc<dyn FileReader>> {
         // The index as last read; read again once when it lacks a blob (a commit or a
         // collection since may have added or moved it).
-        let cached = self.index.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        // Held for an instant, and tried for one: a forked child that inherited it held does
+        // without it.
+        let cached = lock_for_an_instant(&self.index).and_then(|i| i.clone());
         if let Some(index) = cached {
             if let Ok(file) = open_file(&self.store, &index, record, self.path(&record.name)) {
                 return Ok(file);
             }
         }
         let index = Arc::new(self.store.index()?);
-        *self.index.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::clone(&index));
+        if let Some(mut cached) = lock_for_an_instant(&self.index) {
+            *cached = Some(Arc::clone(&index));
+        }
         let opened = open_file(&self.store, &index, record, self.path(&record.name));
         if opened.is_err() {
             // A writer reading back what it added, whose hold a collection revoked (it hung
             // past its lease) and whose blobs it removed: that is the error to report.
-            let st = self.state();
-            if let Some(hold) = &st.gc_hold {
-                hold.check()?;
+            if let Ok(st) = self.state() {
+                if let Some(hold) = &st.gc_hold {
+                    hold.check()?;
+                }
             }
         }
         opened
@@ -432,7 +464,7 @@ impl StoreDataset {
         replace: bool,
         handed: &HashMap<u64, [u8; 32]>,
     ) -> Result<()> {
-        let mut st = self.state();
+        let mut st = self.state()?;
         let files = self.begin(&mut st)?;
         if !replace && files.contains_key(name) {
             return Err(Error::CommitConflict {
@@ -532,8 +564,9 @@ impl StagedFile {
     /// Ends the file's handing of payloads (published or abandoned).
     fn done_handing(&self) {
         if !self.handed.is_empty() {
-            let mut st = self.owner.state();
-            st.handing -= 1;
+            if let Ok(mut st) = self.owner.state() {
+                st.handing -= 1;
+            }
         }
     }
 }
@@ -550,7 +583,7 @@ impl NewFile for StagedFile {
     /// The payload goes straight into the store's open pack (or nowhere, where the store has
     /// it); the staged file keeps a hole there.
     fn write_payload(&mut self, offset: u64, bytes: &[u8], hash: &[u8; 32]) -> Result<()> {
-        let mut st = self.owner.state();
+        let mut st = self.owner.state()?;
         self.owner.ingest(&mut st)?.put(*hash, bytes, false)?;
         if self.handed.is_empty() {
             st.handing += 1;
@@ -582,7 +615,9 @@ impl NewFile for StagedFile {
             added.and(owner.staging.delete(&staged))
         });
         if !handed.is_empty() {
-            owner.state().handing -= 1;
+            if let Ok(mut st) = owner.state() {
+                st.handing -= 1;
+            }
         }
         added
     }
@@ -603,8 +638,8 @@ impl Storage for StoreDataset {
     }
 
     fn list(&self) -> Result<Vec<String>> {
-        if let Some(files) = &self.state().files {
-            return Ok(files.keys().cloned().collect());
+        if let Some(names) = self.pending(|files| files.keys().cloned().collect()) {
+            return Ok(names);
         }
         Ok(self
             .committed()?
@@ -628,7 +663,7 @@ impl Storage for StoreDataset {
     fn create(&self, temp: &str) -> Result<Box<dyn NewFile>> {
         // The dataset's lock is held before a file of it is staged, so a collection that can
         // take the lock knows the dataset's staged files are leftovers of a writer that died.
-        self.begin(&mut self.state())?;
+        self.begin(&mut *self.state()?)?;
         self.staging.create_root()?;
         let staged = format!(
             "{}{STAGED_SEPARATOR}{}-{}",
@@ -668,7 +703,7 @@ impl Storage for StoreDataset {
     }
 
     fn delete(&self, name: &str) -> Result<()> {
-        let mut st = self.state();
+        let mut st = self.state()?;
         let files = self.begin(&mut st)?;
         if files.remove(name).is_some() {
             // Should this commit fail, the file stays out of the next.
@@ -689,10 +724,59 @@ impl Storage for StoreDataset {
     }
 
     fn lock(&self) -> Result<Box<dyn WriterLease>> {
-        let mut st = self.state();
+        let mut st = self.state()?;
         self.begin(&mut st)?;
         Ok(Box::new(DatasetLease {
             pid: std::process::id(),
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A DataLoader worker forked while a thread of the trainer wrote through the same handle
+    /// (or opened an index run) inherits those locks held for good: it reads what is
+    /// committed without them, and refuses to write, rather than hang. The handle is marked
+    /// as another process's and its locks held by this thread, as the child sees them.
+    #[test]
+    fn a_forked_reader_reads_while_the_handles_locks_are_held_and_writes_nothing() {
+        let t = tempfile::tempdir().unwrap();
+        let store = super::super::tests::store_with_a_dataset(t.path());
+        let expected = crate::Dataset::open(t.path().join("src")).unwrap();
+        let mut ds = StoreDataset::new(Arc::clone(&store), "d").unwrap();
+        ds.list().unwrap(); // loads the index into the handle's memory
+        ds.pid = 0;
+        let ds = Arc::new(ds);
+        let held = (
+            ds.state.lock().unwrap(),
+            ds.index.lock().unwrap(),
+            super::super::index::opened_runs().unwrap(),
+        );
+        let read = crate::Dataset::open_in(Arc::clone(&ds) as _, Default::default()).unwrap();
+        assert_eq!(read.len(), 3);
+        for i in 0..3 {
+            assert_eq!(
+                read.sample(i)
+                    .unwrap()
+                    .read("hidden.1", None)
+                    .unwrap()
+                    .bytes(),
+                expected
+                    .sample(i)
+                    .unwrap()
+                    .read("hidden.1", None)
+                    .unwrap()
+                    .bytes()
+            );
+        }
+        let refused = ds.create("x.tmp").map(|_| ()).unwrap_err().to_string();
+        assert!(
+            refused.contains("forked") && refused.contains("open the dataset again"),
+            "{refused}"
+        );
+        assert!(ds.delete("manifest.json").is_err());
+        drop(held);
     }
 }
