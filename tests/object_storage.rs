@@ -1058,7 +1058,7 @@ fn stores_in_s3(local: &str, tmp: &Path) {
         leases(url, "add-").is_empty(),
         "a released add lease is deleted"
     );
-    let collecting = store.locks().collecting().unwrap();
+    let collecting = store.locks().collecting(&|_| {}).unwrap();
     let refused = store.locks().adding().unwrap_err();
     assert!(refused.to_string().contains("gc.lease"), "{refused}");
     drop(collecting);

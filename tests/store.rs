@@ -315,6 +315,59 @@ fn gc_frees_what_no_dataset_references_and_keeps_the_rest() {
     );
 }
 
+/// `store gc` while a writer is between finding blobs and publishing what references them
+/// (it holds `gc.lock` shared) says what it waits for, then collects once the writer is done.
+#[test]
+fn gc_says_it_waits_for_a_committing_writer_and_then_collects() {
+    use std::io::Read;
+    let t = tempfile::tempdir().unwrap();
+    let store_dir = t.path().join("store");
+    write_plain(&t.path().join("a"), 5, 1);
+    let store = Arc::new(Store::init(&store_dir).unwrap());
+    add(
+        &store,
+        &Dataset::open(t.path().join("a")).unwrap(),
+        "a",
+        &|_| {},
+    )
+    .unwrap();
+    let writer = store.locks().adding().unwrap();
+    let mut gc = Command::new(env!("CARGO_BIN_EXE_hspack"))
+        .args(["store", "gc", s(&store_dir)])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = gc.stderr.take().unwrap();
+    let (said, heard) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = Vec::new();
+        let mut byte = [0u8];
+        while err.read(&mut byte).unwrap_or(0) == 1 && byte[0] != b'\n' {
+            line.push(byte[0]);
+        }
+        said.send(String::from_utf8_lossy(&line).into_owned())
+            .unwrap();
+    });
+    let line = heard.recv_timeout(Duration::from_secs(60)).unwrap();
+    assert!(
+        line.contains("waiting for the writers") && line.contains(s(&store_dir)),
+        "{line}"
+    );
+    assert!(
+        gc.try_wait().unwrap().is_none(),
+        "gc ran while a writer held the store"
+    );
+    drop(writer);
+    let out = gc.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("live"));
+}
+
 /// A dataset removed while `du` runs (listed, then its file gone: here a link to nothing)
 /// has no entry, and what each other dataset alone holds is charged to it (the index into
 /// the entries was shifted: bytes went to the next dataset, or out of bounds).

@@ -228,7 +228,8 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         }
         Command::Gc { store, json } => {
             let start = Instant::now();
-            let r = gc::collect(&open(&store)?, true)?;
+            let said = |what: &str| eprintln!("{}: {what}", store.display());
+            let r = gc::collect_telling(&open(&store)?, true, &said)?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&r)?);
             } else {

@@ -102,7 +102,16 @@ fn finish_pack(
 
 /// Collects `store`'s garbage; see the module documentation.
 pub fn collect(store: &Arc<Store>, durable: bool) -> Result<GcReport> {
-    let held = store.locks().collecting()?;
+    collect_telling(store, durable, &|_| {})
+}
+
+/// [`collect`], telling `waiting` when it must first wait for writers to finish their commits.
+pub fn collect_telling(
+    store: &Arc<Store>,
+    durable: bool,
+    waiting: &dyn Fn(&str),
+) -> Result<GcReport> {
+    let held = store.locks().collecting(waiting)?;
     // The runs and packs there now are all this collection may remove: one an add publishes
     // later (were this collection's lease to lapse, a process stopped past its life) is not
     // this collection's to judge.

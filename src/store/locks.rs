@@ -102,6 +102,11 @@ fn add_lease_name() -> String {
 
 const GC_LEASE: &str = "gc.lease";
 
+/// What a collection waits for when writers are committing.
+const WAITING_FOR_ADDS: &str = "waiting for the writers adding to the store to finish their \
+     commits (a collection starts between commits; a writer that is stuck holds it up: see \
+     `ps` for hspack processes)";
+
 impl Locks {
     fn file(dir: &Path, name: &str) -> Result<File> {
         let path = dir.join(name);
@@ -147,15 +152,23 @@ impl Locks {
     }
 
     /// Takes the collector's lock (refused while another collection runs), then waits until
-    /// no add holds its lock.
-    pub fn collecting(&self) -> Result<StoreLock> {
+    /// no add holds its lock; `waiting` is told once, with what it waits for, when it must.
+    pub fn collecting(&self, waiting: &dyn Fn(&str)) -> Result<StoreLock> {
         let leases = match self {
-            Locks::Folder(dir) => return Locks::hold(dir, "gc.lock", false),
+            Locks::Folder(dir) => {
+                let file = Locks::file(dir, "gc.lock")?;
+                if let Err(TryLockError::WouldBlock) = file.try_lock() {
+                    waiting(WAITING_FOR_ADDS);
+                    file.lock().map_err(io(dir.join("gc.lock"), "lock"))?;
+                }
+                return Ok(StoreLock::new(Held::File(file)));
+            }
             Locks::Objects(leases) => leases,
         };
         let mine = ObjectLease::take_file(leases, GC_LEASE)?;
         let deadline = Instant::now() + object_lease::commit_wait();
         let mut pause = Backoff::up_to(Duration::from_secs(1));
+        let mut told = false;
         loop {
             let mut adding = None;
             for name in leases.list()? {
@@ -166,7 +179,13 @@ impl Locks {
             match adding {
                 None => return Ok(StoreLock::new(Held::Lease(mine))),
                 Some(add) if Instant::now() >= deadline => return Err(add),
-                Some(_) => pause.wait(),
+                Some(_) => {
+                    if !told {
+                        waiting(WAITING_FOR_ADDS);
+                        told = true;
+                    }
+                    pause.wait()
+                }
             }
         }
     }
