@@ -446,6 +446,13 @@ fn generic_stacks_one_tensor_per_layer() {
     let parts = [&want["aux.0"][..], &want["aux.1"][..], &want["aux.2"][..]];
     assert_eq!(got.bytes(), &interleave(&parts, 8 * 2)[..]);
     assert_eq!(d.schema().fields[1].shape, [3, 8]);
+    // Neither --model nor --num-layers was given: `info` says so, and which flags record them.
+    let info = text(&hspack(&["info", s(&ds)]));
+    assert!(
+        info.contains("model unknown: layer count unknown")
+            && info.contains("--model and --num-layers record them"),
+        "{info}"
+    );
 }
 
 #[test]

@@ -72,15 +72,27 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         }
     }
     if let Some(c) = &m.schema.capture {
+        // A converted dump records what its flags said: "unknown" and 0 where none did.
+        let unknown = c.model == "unknown" || c.num_layers == 0;
         println!(
-            "capture   {}: {}, hidden {}, {}, tensor-parallel {}; by {} {}",
-            c.model,
-            count(c.num_layers.into(), "layer"),
+            "capture   {}: {}, hidden {}, {}, tensor-parallel {}; by {} {}{}",
+            match c.model.as_str() {
+                "unknown" => "model unknown",
+                model => model,
+            },
+            match c.num_layers {
+                0 => "layer count unknown".to_string(),
+                n => count(n.into(), "layer"),
+            },
             c.hidden_size,
             c.dtype,
             c.tp_size,
             c.tool,
-            c.tool_version
+            c.tool_version,
+            match unknown {
+                true => " (convert's --model and --num-layers record them)",
+                false => "",
+            }
         );
     }
     println!("fields    (shape of one token's row)");
