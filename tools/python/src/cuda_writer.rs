@@ -62,14 +62,47 @@ fn capture_err(err: CaptureError) -> PyErr {
 #[pyclass(module = "hspack._hspack", frozen)]
 pub struct CudaWriter {
     inner: Mutex<Option<Inner>>,
+    /// The process that opened it: its copy and writer threads, its CUDA context and pinned
+    /// buffers are that process's.
+    pid: u32,
+}
+
+impl Drop for CudaWriter {
+    /// In a process forked from the one that opened it, the writer is forgotten, not stopped:
+    /// stopping waits for threads the fork did not copy.
+    fn drop(&mut self) {
+        if self.pid != std::process::id() {
+            let inner = self.inner.get_mut().unwrap_or_else(|e| e.into_inner());
+            std::mem::forget(inner.take());
+        }
+    }
 }
 
 impl CudaWriter {
+    /// Refuses in a process forked from the one that opened the writer (a DataLoader worker,
+    /// `os.fork()`): the threads that copy and write are the parent's, so a flush there would
+    /// wait for good, and CUDA does not work across a fork.
+    fn check_owner(&self) -> PyResult<()> {
+        if self.pid == std::process::id() {
+            return Ok(());
+        }
+        Err(bad_option(
+            "writer",
+            &format!(
+                "this CudaWriter was opened in process {}, and this process was forked from it; \
+                 its threads and CUDA buffers are that process's: append from there, or open a \
+                 new CudaWriter in this process (to its own dataset, or with shared writers)",
+                self.pid
+            ),
+        ))
+    }
+
     fn with<T: Send>(
         &self,
         py: Python<'_>,
         f: impl FnOnce(&mut Inner) -> Result<T, CaptureError> + Send,
     ) -> PyResult<T> {
+        self.check_owner()?;
         py.allow_threads(|| {
             let mut guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
             guard.as_mut().map(f)
@@ -122,6 +155,7 @@ impl CudaWriter {
         });
         Ok(CudaWriter {
             inner: Mutex::new(Some(w.map_err(capture_err)?)),
+            pid: std::process::id(),
         })
     }
 
@@ -175,6 +209,7 @@ impl CudaWriter {
 
     /// Flushes, finishes the dataset and stops the threads; returns the counters.
     fn finish(&self, py: Python<'_>) -> PyResult<Stats> {
+        self.check_owner()?;
         let w = py.allow_threads(|| {
             let mut guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
             guard.take()
@@ -187,10 +222,12 @@ impl CudaWriter {
 
     /// Stops without committing what was given since the last commit (samples in flight are
     /// still copied, so no copy outlives its memory).
-    fn abort(&self, py: Python<'_>) {
+    fn abort(&self, py: Python<'_>) -> PyResult<()> {
+        self.check_owner()?;
         py.allow_threads(|| {
             let mut guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
             drop(guard.take());
         });
+        Ok(())
     }
 }

@@ -151,6 +151,49 @@ def test_a_failed_commit_leaves_its_samples_out_of_contains(tmp_path):
 
 
 @gpu
+def test_a_forked_process_is_refused_and_the_parents_writer_goes_on(tmp_path):
+    """A process forked from the one holding the writer (a DataLoader worker, `os.fork()`)
+    has none of its threads: every call there is refused at once with a message saying what
+    to do, where a flush would have waited for good, and the child's exit leaves the parent's
+    writer whole."""
+    fields = [hspack.hidden_state(LAYERS[0], HIDDEN, dtype="bf16")]
+    name = fields[0]["name"]
+    h = torch.ones(5, HIDDEN, dtype=torch.bfloat16, device="cuda")
+    w = CudaWriter(tmp_path / "ds", fields, durable=False)
+    w.append("a", **{name: h})
+    r, wfd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: no CUDA here, only the writer's refusals
+        os.close(r)
+        said = []
+        for call in (w.flush, w.commit, lambda: w.contains("a"), w.abort):
+            try:
+                call()
+                said.append("returned")
+            except hspack.HspackError as e:
+                said.append(str(e))
+        os.write(wfd, "\n".join(said).encode())
+        os.close(wfd)
+        del w
+        os._exit(0)
+    os.close(wfd)
+    said = b""
+    while chunk := os.read(r, 65536):
+        said += chunk
+    os.close(r)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    lines = said.decode().split("\n")
+    assert len(lines) == 4, lines
+    for line in lines:
+        assert "forked" in line and "open a new CudaWriter" in line, line
+    w.append("b", **{name: h * 2})
+    w.finish()
+    got = read_back(tmp_path / "ds")
+    assert sorted(got) == ["a", "b"] and equal_bits(got["b"][name], h * 2)
+
+
+@gpu
 def test_fresh_tensors_are_kept_alive_until_copied(tmp_path):
     """The producer drops its tensors right after append and allocates new ones of the same
     size: without the writer's reference, the allocator would hand the same memory out."""

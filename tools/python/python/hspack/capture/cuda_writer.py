@@ -310,6 +310,12 @@ class CudaWriter:
 
     close = finish
 
+    def abort(self) -> None:
+        """Stops without committing what was given since the last commit (samples in flight
+        are still copied, so no copy outlives its memory); what was committed stays."""
+        for n in self._natives:
+            n.abort()
+
     def __enter__(self) -> "CudaWriter":
         return self
 
@@ -317,8 +323,7 @@ class CudaWriter:
         if exc_type is None:
             self.finish()
         else:
-            for n in self._natives:
-                n.abort()
+            self.abort()
 
 
 def _summed(stats: list) -> dict:
