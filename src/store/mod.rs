@@ -490,6 +490,37 @@ mod tests {
         store
     }
 
+    /// A zstd blob whose frame declares the huge length its index entry also records (a
+    /// crafted or damaged store) is named as damaged before any memory is taken for it: no
+    /// abort on a failed allocation.
+    #[test]
+    fn a_blob_declaring_more_than_memory_is_damage_not_an_abort() {
+        let t = tempfile::tempdir().unwrap();
+        let store = Store::init(t.path().join("store")).unwrap();
+        let huge = 1u64 << 60;
+        // A zstd frame: magic, single segment with an 8-byte content size, one empty raw last
+        // block.
+        let mut frame = vec![0x28, 0xb5, 0x2f, 0xfd, 0xe0];
+        frame.extend_from_slice(&huge.to_le_bytes());
+        frame.extend_from_slice(&[0x01, 0x00, 0x00]);
+        assert!(
+            matches!(zstd::zstd_safe::get_frame_content_size(&frame), Ok(Some(n)) if n == huge)
+        );
+        let mut w = pack::PackWriter::create(&**store.packs()).unwrap();
+        w.push([7; 32], &frame, huge, pack::BlobCodec::Zstd)
+            .unwrap();
+        let (pack, blobs) = w.finish(false).unwrap();
+        let at = index::Location {
+            pack,
+            blob: blobs[0],
+        };
+        let err = store.blob(&at).unwrap_err().to_string();
+        assert!(
+            err.contains(&format!("holds {huge} bytes, more than memory")),
+            "{err}"
+        );
+    }
+
     /// A forked child inherits the store's memories locked for good when another thread of
     /// its parent held them at the fork: reads do without them, rather than hang. Held by
     /// this thread here, as the child sees it.
