@@ -81,6 +81,7 @@ fn datasets_in_s3() {
     repair_replaces_what_is_damaged(&local);
     writers_write_into_s3(&local);
     a_writer_taken_over_cannot_commit();
+    a_copy_whose_lease_was_taken_over_publishes_nothing(&local);
     a_lease_renewal_whose_response_was_lost_keeps_the_lease();
     puts_whose_responses_were_lost(&moto, &local);
     a_server_ignoring_conditional_writes_is_refused(&moto);
@@ -633,6 +634,34 @@ fn puts_whose_responses_were_lost(moto: &Moto, local: &str) {
         &Dataset::open(format!("{store_url}/x")).unwrap(),
         |_| {},
     );
+}
+
+/// A copy that stalls past its lease's life (a suspended machine) while another process takes
+/// the destination over publishes no manifest when it goes on: its shards, proven before the
+/// stall, may since have been replaced by the other's. The lease is expired and taken while
+/// the copy sends its first shard.
+fn a_copy_whose_lease_was_taken_over_publishes_nothing(local: &str) {
+    let url = "s3://hspack-test/taken-copy";
+    let dst = open_location(url).unwrap();
+    let src = Dataset::open(local).unwrap();
+    let other = std::sync::Mutex::new(None);
+    let taken = |_: u64| {
+        let mut other = other.lock().unwrap();
+        if other.is_none() {
+            common::moto::expire_lease(&*dst, hspack::io::object_lease::LEASE_FILE, false);
+            *other = Some(open_location(url).unwrap().lock().unwrap());
+        }
+    };
+    let err = copy(&src, &dst, &CopyOptions::default(), &taken).unwrap_err();
+    assert!(
+        matches!(err, Error::CommitConflict { .. }) && err.to_string().contains("taken over"),
+        "{err}"
+    );
+    assert!(dst.read("manifest.json").unwrap().is_none());
+    // Once the other holder is done, the copy goes through.
+    drop(other.into_inner().unwrap());
+    cp(local, url, CopyMode::Copy).unwrap();
+    assert_eq!(digest(url), digest(local));
 }
 
 fn a_writer_taken_over_cannot_commit() {

@@ -127,6 +127,14 @@ pub trait WriterLease: Send + Sync + Debug {
     fn check(&self) -> Result<()> {
         Ok(())
     }
+
+    /// [`WriterLease::check`], after reading the lock again where it can be lost unnoticed
+    /// (a lease whose holder stalled past its life and another took over): asked just before
+    /// publishing what the lock alone fences (a copy's manifest, the source's bytes, can
+    /// carry no token).
+    fn confirm(&self) -> Result<()> {
+        self.check()
+    }
 }
 
 /// Where a dataset's files live.

@@ -522,6 +522,10 @@ impl WriterLease for ObjectLease {
         Some(&self.token)
     }
 
+    fn confirm(&self) -> Result<()> {
+        ObjectLease::confirm(self)
+    }
+
     fn check(&self) -> Result<()> {
         if !self.state.lost.load(Ordering::SeqCst) {
             return Ok(());

@@ -98,7 +98,7 @@ pub fn copy(
     // would remove a shard it had just published as one that is not listed. Taken before
     // the destination's manifest is read; a refusal (only where a manifest is, so the folder
     // was there) sends nothing.
-    let _lock = dst.lock()?;
+    let lock = dst.lock()?;
     let existing = destination_manifest(src, dst, options.mode)?;
     let present: HashSet<String> = dst.list()?.into_iter().collect();
     let listed: HashSet<&str> = existing
@@ -157,7 +157,7 @@ pub fn copy(
             })
     })?;
     copy_listed_files(src, dst, &|_| true)?;
-    let published = publish_manifest(src, dst, existing.as_ref())?;
+    let published = publish_manifest(src, dst, existing.as_ref(), &*lock)?;
     let mut replaced = replaced.into_inner().unwrap_or_else(|e| e.into_inner());
     replaced.sort();
     Ok(CopyReport {
@@ -364,14 +364,21 @@ pub(crate) fn copy_listed_files(
 /// Publishes the source's manifest at the destination, last: where none is, or over the
 /// earlier state whose hash is `existing` (never over anything else). False when the
 /// destination has it already.
+///
+/// The destination's lock is read again first: a copy that stalled past its lease's life,
+/// which another copy or writer then took, publishes nothing (its shards, proven before, may
+/// since have been replaced by the other's). A manifest read back other than the one put is
+/// taken back only while the lock is still this copy's.
 fn publish_manifest(
     src: &Dataset,
     dst: &Arc<dyn Storage>,
     existing: Option<&(Manifest, blake3::Hash, Vec<u8>)>,
+    lock: &dyn crate::io::WriterLease,
 ) -> Result<bool> {
     let previous: &[u8] = existing.map_or(&[], |(_, _, b)| b);
     let existing = existing.map(|(_, h, _)| *h);
     let bytes = src.manifest_bytes();
+    lock.confirm()?;
     let published = match existing {
         None => {
             dst.put_new(MANIFEST_FILE, bytes, true)?;
@@ -385,7 +392,9 @@ fn publish_manifest(
     };
     let landed = dst.read(MANIFEST_FILE)?.unwrap_or_default();
     if landed != bytes {
-        // Damaged on the way: taken back, so that nothing takes it for the dataset.
+        // Damaged on the way: taken back, so that nothing takes it for the dataset (unless
+        // another holds the destination now: what is there is then its own).
+        lock.confirm()?;
         match existing {
             None => dst.delete(MANIFEST_FILE)?,
             Some(_) => dst.replace(MANIFEST_FILE, previous, None, true)?,
