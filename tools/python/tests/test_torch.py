@@ -92,6 +92,30 @@ def test_dataloader_with_two_workers(eagle_path, context):
     assert ords == list(range(37))
 
 
+def test_loaders_of_other_batch_sizes_over_one_iterable_each_deal_their_own(eagle_path):
+    """Workers deal the order out a batch each: a second loader over the same dataset object,
+    with another batch size (one to look at samples), must not change how the first one's
+    workers deal, or its batches come out of order and a resume skips and repeats samples."""
+    ds = HspackIterableDataset(eagle_path, ["input_ids"], seed=7)
+    train = HspackLoader(ds, batch_size=4, num_workers=2)
+    peek = HspackLoader(ds, batch_size=1)
+    assert [o for b in train for o in b["ordinal"].tolist()] == reference_order(SHARDS, 7, 0)
+    assert [int(b["ordinal"][0]) for b in peek] == reference_order(SHARDS, 7, 0)
+    ds.set_epoch(1)
+    first = []
+    for k, batch in enumerate(train):
+        first += batch["ordinal"].tolist()
+        if k == 2:
+            break
+    state = train.state_dict()
+    fresh = HspackIterableDataset(eagle_path, ["input_ids"], seed=7)
+    resumed = HspackLoader(fresh, batch_size=4, num_workers=2)
+    HspackLoader(fresh, batch_size=1)
+    resumed.load_state_dict(state)
+    rest = [o for b in resumed for o in b["ordinal"].tolist()]
+    assert first + rest == reference_order(SHARDS, 7, 1)
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_iterable_resume_gives_exactly_the_rest(eagle_path, workers):
     def loader_of(ds):
@@ -455,6 +479,51 @@ def test_a_specforge_item_cut_by_the_collate_is_masked_as_specforge_masks_it(eag
     batch = collate([whole[long[0]], whole[short[0]]])
     n = int(batch["lengths"][1])
     assert batch["loss_mask"][0, 7] == 0 and batch["loss_mask"][1, n - 1] == 0
+
+
+def test_a_state_of_the_same_samples_cut_into_other_shards_or_of_other_lengths_is_refused(tmp_path):
+    """A shuffled order follows shard boundaries, and token-budget batches the lengths: a
+    state saved over the same count of samples laid out otherwise (the dataset re-converted
+    or quantized with another shard size) would resume at the wrong place. Without shuffle
+    the order is the ordinals', whatever the shards, and such a state loads."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    write_eagle(a, 37, shard_samples=13)
+    write_eagle(b, 37, shard_samples=10)
+    da, db = HspackDataset(a, ["input_ids"]), HspackDataset(b, ["input_ids"])
+    saved = HspackSampler(da, seed=3)
+    saved.advance(20)
+    with pytest.raises(ValueError, match=r"saved over 37 samples cut into other shards .* set_epoch\(1\)"):
+        HspackSampler(db, seed=3).load_state_dict(saved.state_dict())
+    with pytest.raises(ValueError, match="cut into other shards"):
+        HspackIterableDataset(b, ["input_ids"], seed=3).load_state_dict(saved.state_dict())
+    in_order = HspackSampler(da, shuffle=False)
+    in_order.advance(20)
+    resumed = HspackSampler(db, shuffle=False)
+    resumed.load_state_dict(in_order.state_dict())
+    assert list(resumed) == list(range(20, 37))
+    # Batches follow the lengths: the same samples clipped at another length differ.
+    tb = TokenBudgetBatchSampler(da, 64, seed=1)
+    tb.advance(2)
+    with pytest.raises(ValueError, match="max_len=None, this run has max_len=3"):
+        TokenBudgetBatchSampler(da, 64, seed=1, max_len=3).load_state_dict(tb.state_dict())
+    state = tb.state_dict()
+    state["max_len"] = 3  # as if saved with max_len=3 over samples whose lengths differ
+    with pytest.raises(ValueError, match="of other lengths"):
+        TokenBudgetBatchSampler(da, 64, seed=1, max_len=3).load_state_dict(state)
+
+
+def test_a_state_of_the_other_kind_of_sampler_is_refused(eagle_path):
+    """One counts samples, the other batches: each one's consumed count read as the other's
+    would skip or repeat samples."""
+    ds = HspackDataset(eagle_path, ["input_ids"])
+    samples = HspackSampler(ds, seed=1)
+    samples.advance(20)
+    batches = TokenBudgetBatchSampler(ds, 64, seed=1)
+    batches.advance(3)
+    with pytest.raises(ValueError, match="the state counts samples .* this one counts batches"):
+        TokenBudgetBatchSampler(ds, 64, seed=1).load_state_dict(samples.state_dict())
+    with pytest.raises(ValueError, match="the state counts batches .* this one counts samples"):
+        HspackSampler(ds, seed=1).load_state_dict(batches.state_dict())
 
 
 def test_a_state_saved_before_a_capture_grew_the_dataset_says_what_to_do(tmp_path):

@@ -64,7 +64,11 @@ class TokenBudgetBatchSampler(tud.Sampler):
         self.block_size, self.window_blocks = block_size, window_blocks
         self.even_batches = even_batches
         # Consumed counts batches; the batches depend on every option below.
-        self.state = Progress(seed, rank, world_size, samples=len(lengths), max_tokens=max_tokens, max_len=max_len, shuffle=shuffle, bucket_size=bucket_size, block_size=block_size, window_blocks=window_blocks, even_batches=even_batches)
+        # The batches follow the (clipped) lengths, and a shuffled order shard boundaries.
+        shape = {"lengths": _order.digest(self.lengths)}
+        if shuffle:
+            shape["shards"] = _order.digest(self.shard_ranges)
+        self.state = Progress(seed, rank, world_size, "batches", samples=len(lengths), max_tokens=max_tokens, max_len=max_len, shuffle=shuffle, bucket_size=bucket_size, block_size=block_size, window_blocks=window_blocks, even_batches=even_batches, **shape)
         self.rank, self.world_size = self.state.rank, self.state.world_size
 
     def _rank_batches(self, full: np.ndarray, rank: int, world: int) -> list[list[int]]:

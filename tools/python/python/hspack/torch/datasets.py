@@ -51,15 +51,20 @@ class _Epoch(_progress.Progress):
     """The position (`progress.Progress`, counting samples) of the sampler and the iterable
     dataset, with this rank's order for the epoch."""
 
-    def __init__(self, shuffle: bool, seed: int, block_size: int, window_blocks: int, drop_last: bool, pad: bool, rank: int | None, world_size: int | None, samples: int):
+    def __init__(self, shuffle: bool, seed: int, block_size: int, window_blocks: int, drop_last: bool, pad: bool, rank: int | None, world_size: int | None, shard_ranges: Sequence[tuple[int, int]]):
         self.shuffle, self.block_size, self.window_blocks = shuffle, block_size, window_blocks
         self.drop_last, self.pad = drop_last, pad
         import torch
 
-        # (epoch, consumed) as of the start of the current iteration, in shared memory, so
-        # DataLoader workers (persistent ones too) start where the main process says.
-        self._shared = torch.zeros(2, dtype=torch.int64).share_memory_()
-        super().__init__(seed, rank, world_size, shuffle=shuffle, block_size=block_size, window_blocks=window_blocks, drop_last=drop_last, pad=pad, samples=samples)
+        # (epoch, consumed) as of the start of the current iteration, and the batch size the
+        # loader iterating batches by (an iterable dataset's workers deal whole batches), in
+        # shared memory, so DataLoader workers (persistent ones too) start where the main
+        # process says.
+        self._shared = torch.zeros(3, dtype=torch.int64).share_memory_()
+        # A shuffled order follows shard boundaries: the same count of samples cut into other
+        # shards (a copy re-converted or quantized) orders them otherwise.
+        shards = {"shards": _order.digest(shard_ranges)} if shuffle else {}
+        super().__init__(seed, rank, world_size, "samples", shuffle=shuffle, block_size=block_size, window_blocks=window_blocks, drop_last=drop_last, pad=pad, samples=_order.samples(shard_ranges), **shards)
 
     def publish(self) -> None:
         """Makes the current (epoch, consumed) the start of the next iteration, for every
@@ -68,6 +73,12 @@ class _Epoch(_progress.Progress):
 
     def published(self) -> tuple[int, int]:
         return int(self._shared[0]), int(self._shared[1])
+
+    def publish_batch_size(self, batch_size: int) -> None:
+        self._shared[2] = int(batch_size)
+
+    def published_batch_size(self) -> int:
+        return int(self._shared[2])
 
     def rank_order(self, shard_ranges: Sequence[tuple[int, int]], epoch: int | None = None) -> np.ndarray:
         """This rank's samples for the epoch (the current one when None), in order (all of
@@ -227,7 +238,7 @@ class HspackSampler(tud.Sampler):
     def __init__(self, dataset: Any, *, shuffle: bool = True, seed: int = 0, block_size: int = 64, window_blocks: int = 16, drop_last: bool = False, pad: bool = False, rank: int | None = None, world_size: int | None = None):
         ds = dataset.hspack if hasattr(dataset, "hspack") else dataset
         self.shard_ranges = _order.agreed(ds, rank, world_size)
-        self.state = _Epoch(shuffle, seed, block_size, window_blocks, drop_last, pad, rank, world_size, _order.samples(self.shard_ranges))
+        self.state = _Epoch(shuffle, seed, block_size, window_blocks, drop_last, pad, rank, world_size, self.shard_ranges)
 
     def __iter__(self) -> Iterator[int]:
         order = self.state.rank_order(self.shard_ranges)
@@ -257,7 +268,8 @@ class HspackIterableDataset(_Reopening, tud.IterableDataset):
     and views as `HspackDataset` + `HspackSampler`), split across DataLoader workers so that
     the loader yields them in the rank's order (batch k comes from worker k % workers).
 
-    Set `batch_size` to the DataLoader's (`HspackLoader` does it). Call `set_epoch(e)` before
+    Set `batch_size` to the DataLoader's (`HspackLoader` gives its own at each iteration, so
+    several loaders over one dataset object each split by theirs). Call `set_epoch(e)` before
     each epoch; `state_dict()` / `load_state_dict()` resume mid-epoch with exactly the samples
     not yet consumed. Where an iteration of `HspackLoader` starts (after `set_epoch`, after
     `load_state_dict`, after a complete or a broken-off epoch): see `hspack.torch.progress`.
@@ -270,7 +282,6 @@ class HspackIterableDataset(_Reopening, tud.IterableDataset):
         self.cache_dir, self.cache_bytes = cache_dir, cache_bytes
         self.transfer = _transfer_option(transfer)
         self.view = make_view(view, fields, max_len)
-        self.batch_size = batch_size
         self._ds: Dataset | None = None
         self._make_memo()
         self._release_received_when_collected()
@@ -279,7 +290,18 @@ class HspackIterableDataset(_Reopening, tud.IterableDataset):
         # worker orders these samples, even one that reopens it (spawned) after a writer
         # committed more.
         self.shard_ranges = _order.agreed(ds, rank, world_size)
-        self.state = _Epoch(shuffle, seed, block_size, window_blocks, drop_last, pad, rank, world_size, _order.samples(self.shard_ranges))
+        self.state = _Epoch(shuffle, seed, block_size, window_blocks, drop_last, pad, rank, world_size, self.shard_ranges)
+        self.batch_size = batch_size
+
+    @property
+    def batch_size(self) -> int:
+        """The DataLoader's batch size: workers deal the order out a whole batch each, in
+        turn, so the loader yields it in order."""
+        return self.state.published_batch_size()
+
+    @batch_size.setter
+    def batch_size(self, batch_size: int) -> None:
+        self.state.publish_batch_size(batch_size)
 
     def _total(self) -> int:
         return len(self.state.rank_order(self.shard_ranges))
@@ -287,10 +309,12 @@ class HspackIterableDataset(_Reopening, tud.IterableDataset):
     def __len__(self) -> int:
         return self.state.left(self._total())
 
-    def begin(self) -> None:
+    def begin(self, batch_size: int | None = None) -> None:
         """Fixes where the iteration starting now begins (`progress.Progress.begin`) and
-        publishes it to the workers, which read it when they start: `HspackLoader` calls it
-        in the main process at each iteration."""
+        publishes it, with the iterating loader's `batch_size`, to the workers, which read
+        them when they start: `HspackLoader` calls it in the main process at each iteration."""
+        if batch_size is not None:
+            self.batch_size = batch_size
         self.state.begin(self._total())
 
     def __iter__(self) -> Iterator[Any]:

@@ -56,7 +56,6 @@ class HspackLoader(tud.DataLoader):
 
     def __init__(self, dataset: Any, batch_size: int | None = 1, **kwargs: Any):
         if isinstance(dataset, HspackIterableDataset):
-            dataset.batch_size = batch_size or 1
             self._progress = dataset
             self._per_batch = False
         elif isinstance(kwargs.get("batch_sampler"), TokenBudgetBatchSampler):
@@ -89,7 +88,8 @@ class HspackLoader(tud.DataLoader):
 
     def __iter__(self) -> Any:
         if isinstance(self._progress, HspackIterableDataset):
-            self._progress.begin()  # workers start where the training loop stands
+            # Workers start where the training loop stands, and deal out this loader's batches.
+            self._progress.begin(self._fallback)
         # (The samplers fix their start in their own `__iter__`, in this process.)
         for batch in super().__iter__():
             if isinstance(batch, Uncollated):  # pinning was turned off after all

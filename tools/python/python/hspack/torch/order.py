@@ -110,6 +110,14 @@ def world(rank: int | None = None, world_size: int | None = None) -> tuple[int, 
     return rank, world_size
 
 
+def digest(values: Any) -> str:
+    """A short digest of integers (shard ranges, sample lengths): what an order depends on
+    beyond the sample count, recorded in a resume state and compared when loading one."""
+    import hashlib
+
+    return hashlib.blake2b(np.ascontiguousarray(values, dtype=np.int64).tobytes(), digest_size=8).hexdigest()
+
+
 def samples(shard_ranges: Sequence[tuple[int, int]]) -> int:
     """The samples of `shard_ranges` (ordinals `0 ..` this)."""
     return sum(int(count) for _, count in shard_ranges)

@@ -13,10 +13,12 @@ rules for `set_epoch`, `load_state_dict` and a new iteration, shared by `HspackS
   order (as torch's `DistributedSampler` without `set_epoch`): an epoch is never silently
   empty. Call `set_epoch` each epoch for a new order. An iteration that ran to its end
   completed its epoch, whatever `drop_last` left out of its last batch (`finish`).
-- `load_state_dict` refuses a state saved with another seed, world size or order option (the
-  epoch's order, hence what the consumed count covers, would differ: samples skipped or
-  repeated). A key the state lacks (states of earlier versions hold no order options, and
-  `TokenBudgetBatchSampler`'s no world size) is taken to match, as before.
+- `load_state_dict` refuses a state saved with another seed, world size or order option, over
+  another count of samples, samples cut into other shards (a shuffled order follows shard
+  boundaries) or of other lengths (batches follow them), or by the other kind of sampler (one
+  counts samples, the other batches): the epoch's order, hence what the consumed count
+  covers, would differ, and samples be skipped or repeated. A key the state lacks (states of
+  earlier versions) is taken to match, as before.
 """
 
 from __future__ import annotations
@@ -31,11 +33,11 @@ class Progress:
     (seed, world size, and the owner's `order` options), recorded in the state and checked
     when loading one. Consumed counts samples or batches, as the owner advances it."""
 
-    def __init__(self, seed: int, rank: int | None, world_size: int | None, **order: Any):
+    def __init__(self, seed: int, rank: int | None, world_size: int | None, unit: str, **order: Any):
         # Resolved here, in the main process: DataLoader workers have no process group.
         self.rank, self.world_size = _order.world(rank, world_size)
         self.seed = seed
-        self.fixed = {"seed": seed, "world_size": self.world_size, **order}
+        self.fixed = {"seed": seed, "world_size": self.world_size, "unit": unit, **order}
         self.epoch = 0
         self.consumed = 0
         # The size of the epoch the last iteration began in (samples or batches).
@@ -96,12 +98,26 @@ class Progress:
         trainer may load rank 0's state on every rank)."""
         for key, mine in self.fixed.items():
             saved = state.get(key, mine)
+            if saved != mine and key == "unit":
+                raise ValueError(
+                    f"the state counts {saved} (saved by {'a batch sampler' if saved == 'batches' else 'a sample sampler or dataset'}), "
+                    f"this one counts {mine}: its consumed count would be read as {mine} and samples skipped or repeated; "
+                    "load a state saved by the same kind of sampler"
+                )
             if saved != mine and key == "samples":
                 raise ValueError(
                     f"the state was saved over {saved} samples, the dataset holds {mine} now (a capture committed more, "
                     "or it was written again): the saved epoch's order covers the samples it had, so resuming it would "
                     f"skip or repeat some. Either finish epoch {state.get('epoch')} over a copy of the dataset as it was, "
                     f"or start the next epoch over every sample: skip load_state_dict and call set_epoch({int(state.get('epoch', 0)) + 1})"
+                )
+            if saved != mine and key in ("shards", "lengths"):
+                what = "cut into other shards" if key == "shards" else "of other lengths (another dataset, or another max_len)"
+                raise ValueError(
+                    f"the state was saved over {self.fixed['samples']} samples {what} than this dataset's: the epoch's order "
+                    f"follows {'shard boundaries' if key == 'shards' else 'sample lengths'}, so resuming it would skip or repeat "
+                    f"samples. Either finish epoch {state.get('epoch')} over the dataset the state was saved with, or start the "
+                    f"next epoch here: skip load_state_dict and call set_epoch({int(state.get('epoch', 0)) + 1})"
                 )
             if saved != mine:
                 raise ValueError(
