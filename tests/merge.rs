@@ -137,6 +137,15 @@ fn a_shared_key_or_another_schema_is_refused_before_anything_is_written() {
 }
 
 #[test]
+fn a_source_given_as_the_destination_is_refused() {
+    let t = tempfile::tempdir().unwrap();
+    write(&t.path().join("a"), "a", 4, HIDDEN);
+    write(&t.path().join("b"), "b", 3, HIDDEN);
+    assert_refused(t.path(), &["a", "b"], "a/.", "one of the datasets to merge");
+    assert_eq!(Dataset::open(t.path().join("a")).unwrap().len(), 4);
+}
+
+#[test]
 fn the_command_line_merges_and_says_what_it_did() {
     let t = tempfile::tempdir().unwrap();
     write(&t.path().join("r0"), "r0-", 5, HIDDEN);

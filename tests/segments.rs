@@ -215,6 +215,21 @@ fn a_missing_or_damaged_segment_is_named_and_repaired_from_a_copy() {
         "{}",
         text(&r)
     );
+    // From the copy itself, spelled otherwise: refused before anything is deleted.
+    let r = hspack(&[
+        "repair",
+        &s(&bad),
+        "--from",
+        &format!("{}/../bad/", s(&bad)),
+    ]);
+    assert_eq!(r.status.code(), Some(2), "{}", text(&r));
+    assert!(text(&r).contains("names the same copy"), "{}", text(&r));
+    // While a writer (or a copy) holds the copy to repair: refused.
+    let held = hspack::io::Storage::lock(&hspack::io::LocalStorage::new(&bad)).unwrap();
+    let r = hspack(&["repair", &s(&bad), "--from", &s(&good)]);
+    assert_ne!(r.status.code(), Some(0), "{}", text(&r));
+    assert!(text(&r).contains("writer"), "{}", text(&r));
+    drop(held);
     let r = hspack(&["repair", &s(&bad), "--from", &s(&good), "--json"]);
     assert!(r.status.success(), "{}", text(&r));
     let report: serde_json::Value = serde_json::from_str(&common::cli::stdout(&r)).unwrap();

@@ -315,6 +315,34 @@ fn gc_frees_what_no_dataset_references_and_keeps_the_rest() {
     );
 }
 
+/// A store's root is not a dataset's folder: a copy, a writer or a merge into it is refused
+/// with what to name instead, and the store stays as it was.
+#[test]
+fn a_dataset_written_into_a_stores_root_is_refused() {
+    let t = tempfile::tempdir().unwrap();
+    let (a, store_dir) = (t.path().join("a"), t.path().join("store"));
+    write_plain(&a, 3, 1);
+    Store::init(&store_dir).unwrap();
+    let o = hspack(&["cp", s(&a), s(&store_dir)]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let said = text(&o);
+    assert!(
+        said.contains("is a store of datasets")
+            && said.contains(&format!("{}/NAME", s(&store_dir))),
+        "{said}"
+    );
+    let err = DatasetWriter::create(&store_dir, capture_schema(64), small_options()).unwrap_err();
+    assert!(err.to_string().contains("is a store of datasets"), "{err}");
+    let into = hspack::store::open_location(&store_dir).unwrap();
+    let sources = [Dataset::open(&a).unwrap()];
+    let err = hspack::transfer::merge(&sources, into, Default::default(), &|_| {}).unwrap_err();
+    assert!(err.to_string().contains("is a store of datasets"), "{err}");
+    assert!(!store_dir.join("manifest.json").exists());
+    assert!(hspack(&["cp", s(&a), s(&store_dir.join("a"))])
+        .status
+        .success());
+}
+
 /// `store gc` while a writer is between finding blobs and publishing what references them
 /// (it holds `gc.lock` shared) says what it waits for, then collects once the writer is done.
 #[test]

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use hspack::transfer::repair::{repair, restore_listed};
+use hspack::transfer::repair::{refuse_same_copy, repair, restore_listed};
 use hspack::verify::count;
 
 use super::EXIT_DAMAGED;
@@ -21,6 +21,7 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
+    refuse_same_copy(&a.damaged, &a.from)?;
     let good = hspack::Dataset::open(&a.from)?;
     let mut restored = Vec::new();
     let damaged = match hspack::Dataset::open(&a.damaged) {

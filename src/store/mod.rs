@@ -87,6 +87,23 @@ pub fn is_store(dir: &Path) -> bool {
     has_file(dir, STORE_FILE)
 }
 
+/// Refuses `storage` as where a dataset is written when it is a store's root: the dataset's
+/// files would lie beside the store's, where neither the store nor a reader of the folder
+/// finds it. A dataset goes into a store as `STORE/NAME`.
+pub fn refuse_root(storage: &dyn Storage) -> Result<()> {
+    if storage.size(STORE_FILE)?.is_none() {
+        return Ok(());
+    }
+    let root = storage.root().display();
+    Err(Error::Store {
+        path: storage.root().to_path_buf(),
+        detail: format!(
+            "it is a store of datasets, not a dataset's folder; nothing was written: write the \
+             dataset into it as {root}/NAME (`hspack store ls {root}` lists those there)"
+        ),
+    })
+}
+
 /// True when `dir` (a folder or a URL) holds file `name`; false where it cannot be read.
 fn has_file(dir: &Path, name: &str) -> bool {
     if !crate::io::is_remote(dir) {

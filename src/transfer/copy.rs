@@ -92,6 +92,7 @@ pub fn copy(
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<CopyReport> {
     let manifest = src.manifest();
+    crate::store::refuse_root(&**dst)?;
     dst.create_root()?;
     // The destination's writer lock, held until the manifest is published: a writer there
     // (or another copy) would otherwise race this one for its shard names, and this copy

@@ -55,6 +55,16 @@ pub fn merge(
     let Some(first) = sources.first() else {
         return Err(refused("no dataset to merge was given".into()));
     };
+    if let Some(ds) = sources
+        .iter()
+        .find(|ds| super::same_place(ds.dir(), dst.root()))
+    {
+        return Err(refused(format!(
+            "it is one of the datasets to merge ({}); nothing was written: merge into a new \
+             folder",
+            ds.dir().display()
+        )));
+    }
     for ds in &sources[1..] {
         if ds.schema() != first.schema() {
             return Err(Error::SchemaMismatch {

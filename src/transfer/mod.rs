@@ -8,6 +8,25 @@ pub use copy::{copy, CopyMode, CopyOptions, CopyReport};
 pub use merge::{merge, MergeReport};
 pub use repair::{repair, RepairReport};
 
+use std::path::{Path, PathBuf};
+
+/// True when `a` and `b` name one place: the same folder (through links, `.` and `..`), or
+/// the same URL up to repeated and trailing slashes. A job that reads one copy and writes
+/// another (repair, merge) refuses to be given one place twice.
+pub(crate) fn same_place(a: &Path, b: &Path) -> bool {
+    let resolved = |p: &Path| -> PathBuf {
+        let local = p.to_string_lossy();
+        let local = Path::new(local.strip_prefix("file://").unwrap_or(&local));
+        match crate::io::is_remote(p) {
+            true => p.components().collect(),
+            false => local
+                .canonicalize()
+                .unwrap_or_else(|_| local.components().collect()),
+        }
+    };
+    resolved(a) == resolved(b)
+}
+
 /// Imports dataset `src` into `store` as `name`: a verified copy ([`copy`]: every chunk
 /// checked as it passes and read back from the store), whose blobs already stored are
 /// referenced, not stored again. A rerun of an interrupted add resumes. Returns the copy's

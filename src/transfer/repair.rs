@@ -57,10 +57,29 @@ fn problem_file(e: &Error) -> Option<&Path> {
 /// samples table parts): what a dataset needs to open. Refused unless the two manifests are
 /// the same bytes. Returns the files copied.
 pub fn restore_listed(dst: &Arc<dyn Storage>, good: &Dataset) -> Result<Vec<String>> {
+    refuse_same_copy(dst.root(), good.dir())?;
     if dst.read(MANIFEST_FILE)?.as_deref() != Some(good.manifest_bytes()) {
         return Err(not_a_copy(dst.root(), good));
     }
+    // No writer or copy may be at work there meanwhile.
+    let _lock = dst.lock()?;
     copy_listed_files(good, dst, &|_| true)
+}
+
+/// Refuses `from` when it is the copy at `damaged` itself (another spelling of the path): a
+/// repair deletes a damaged shard before sending it again from the good copy.
+pub fn refuse_same_copy(damaged: &Path, from: &Path) -> Result<()> {
+    if !super::same_place(damaged, from) {
+        return Ok(());
+    }
+    Err(Error::CopyRefused {
+        path: damaged.to_path_buf(),
+        detail: format!(
+            "--from names the same copy ({}); nothing was changed: repair from another copy \
+             of the dataset (`hspack cp` makes one; `hspack verify` names what is damaged)",
+            from.display()
+        ),
+    })
 }
 
 fn not_a_copy(damaged: &Path, good: &Dataset) -> Error {
@@ -76,6 +95,7 @@ fn not_a_copy(damaged: &Path, good: &Dataset) -> Error {
 
 /// Repairs `damaged` from `good`, two copies of one dataset.
 pub fn repair(damaged: &Dataset, good: &Dataset) -> Result<RepairReport> {
+    refuse_same_copy(damaged.dir(), good.dir())?;
     if damaged.manifest_bytes() != good.manifest_bytes() {
         return Err(not_a_copy(damaged.dir(), good));
     }
@@ -101,6 +121,8 @@ pub fn repair(damaged: &Dataset, good: &Dataset) -> Result<RepairReport> {
     }
     let names = damaged_files(&first);
     let dst: Arc<dyn crate::io::Storage> = Arc::clone(damaged.storage());
+    // No writer or copy may be at work there while shards are replaced.
+    let _lock = dst.lock()?;
     let stats = Stats::default();
     for (seq, record) in damaged.manifest().shards.iter().enumerate() {
         if !names.contains(record.file.as_str()) {

@@ -98,6 +98,7 @@ impl DatasetWriter {
         schema: Schema,
         mut options: WriteOptions,
     ) -> Result<Self> {
+        crate::store::refuse_root(&*storage)?;
         let defaults = storage.write_defaults();
         options.block_rows = options.block_rows.or(defaults.block_rows);
         options.align_log2 = options.align_log2.or(defaults.align_log2);
