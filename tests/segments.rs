@@ -241,3 +241,39 @@ fn a_missing_or_damaged_segment_is_named_and_repaired_from_a_copy() {
     let v = hspack(&["verify", &s(&bad)]);
     assert_eq!(v.status.code(), Some(0), "{}", text(&v));
 }
+
+/// A copy of a dataset opened before a writer's commit merged its segments (every eighth
+/// commit replaces the level's segments and key runs by one) says the source changed and to
+/// run again, not that it is damaged; the rerun, of the dataset as it is now, goes through.
+#[test]
+fn a_copy_of_a_source_that_merged_segments_meanwhile_says_run_again() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    let options = WriteOptions {
+        shard_samples: 1,
+        ..small_options()
+    };
+    let mut w = DatasetWriter::create(&src, capture_schema(HIDDEN as u64), options).unwrap();
+    for i in 0..7u64 {
+        w.append(&format!("k{i}"), &as_fields(&capture_sample(i, 2, HIDDEN)))
+            .unwrap();
+        w.commit().unwrap();
+    }
+    let opened = Dataset::open(&src).unwrap();
+    w.append("k7", &as_fields(&capture_sample(7, 2, HIDDEN)))
+        .unwrap();
+    w.commit().unwrap();
+    let to = hspack::io::open_location(&dst).unwrap();
+    let err = hspack::transfer::copy(&opened, &to, &Default::default(), &|_| {}).unwrap_err();
+    assert!(!err.is_damage(), "{err}");
+    assert!(
+        err.to_string().contains("has since replaced it")
+            && err.to_string().contains("run the copy again"),
+        "{err}"
+    );
+    assert!(!dst.join("manifest.json").exists());
+    w.finish().unwrap();
+    let now = Dataset::open(&src).unwrap();
+    hspack::transfer::copy(&now, &to, &Default::default(), &|_| {}).unwrap();
+    same_samples(&now, &Dataset::open(&dst).unwrap(), |_| {});
+}

@@ -115,6 +115,9 @@ pub fn copy(
             option: "jobs",
             detail: e.to_string(),
         })?;
+    // The files besides shards first, while the source is as it was opened: a writer
+    // committing to it replaces segments and key runs as it merges them.
+    copy_listed_files(src, dst, &|_| true)?;
     pool.install(|| {
         manifest
             .shards
@@ -157,7 +160,6 @@ pub fn copy(
                 Ok(())
             })
     })?;
-    copy_listed_files(src, dst, &|_| true)?;
     let published = publish_manifest(src, dst, existing.as_ref(), &*lock)?;
     let mut replaced = replaced.into_inner().unwrap_or_else(|e| e.into_inner());
     replaced.sort();
@@ -339,7 +341,18 @@ pub(crate) fn copy_listed_files(
         if !wanted(f.file) || dst.read(f.file)?.is_some_and(|b| hash(&b) == want) {
             continue;
         }
-        let bytes = src.storage().read(f.file)?.unwrap_or_default();
+        let Some(bytes) = src.storage().read(f.file)? else {
+            // A writer committing to the source merged its segments since it was opened, and
+            // removed those this copy was to send: the source changed, it is not damaged.
+            return Err(Error::CopyRefused {
+                path: src.storage().path(f.file),
+                detail: "the source's manifest listed it when the copy began, and a writer \
+                         committing to the source has since replaced it; the source's manifest \
+                         was not published at the destination: run the copy again (what was \
+                         sent is kept)"
+                    .into(),
+            });
+        };
         if hash(&bytes) != want || bytes.len() as u64 != f.bytes {
             return Err(Error::SamplesTable {
                 path: src.storage().path(f.file),
