@@ -11,7 +11,8 @@
 //!
 //! A block file is named by a key that no other object can share: the BLAKE3 of the storage
 //! root, the file name, its length, its last 128 bytes (a shard's footer, which holds its
-//! index hash) and the block size. It starts with a BLAKE3 of its payload keyed by that key
+//! index hash), its version where the backend names one (an object's version id or ETag: a
+//! shard put again whole by `hspack repair` is another version) and the block size. It starts with a BLAKE3 of its payload keyed by that key
 //! (and the block number), checked on every hit: a damaged or truncated block file is deleted
 //! and fetched again, never served. Above that, the bytes go through the shard reader's own
 //! chunk checks (`CheckPolicy`) exactly as uncached bytes do.
@@ -235,11 +236,20 @@ impl ChunkCache {
         &self.inner.counters
     }
 
-    /// The key of a file: no other object, in this storage or another, has it.
-    fn key(&self, root: &Path, name: &str, len: u64, tail: &[u8]) -> [u8; 32] {
-        let mut h = blake3::Hasher::new_derive_key("hspack 2025 chunk cache block key v1");
+    /// The key of a file: no other object, in this storage or another, nor another version
+    /// of it (`version`, where the backend names versions), has it.
+    fn key(
+        &self,
+        root: &Path,
+        name: &str,
+        len: u64,
+        tail: &[u8],
+        version: Option<&str>,
+    ) -> [u8; 32] {
+        let mut h = blake3::Hasher::new_derive_key("hspack 2025 chunk cache block key v2");
         let root = root.as_os_str().as_encoded_bytes();
-        for part in [root, name.as_bytes(), tail] {
+        let version = version.unwrap_or_default().as_bytes();
+        for part in [root, name.as_bytes(), tail, version] {
             h.update(&(part.len() as u64).to_le_bytes());
             h.update(part);
         }
@@ -482,7 +492,9 @@ impl Storage for CachedStorage {
         let len = file.len();
         let tail = file.read(len.saturating_sub(KEY_TAIL)..len)?;
         Ok(Arc::new(CachedFile {
-            key: self.cache.key(self.inner.root(), name, len, &tail),
+            key: self
+                .cache
+                .key(self.inner.root(), name, len, &tail, file.version()),
             path: self.inner.path(name),
             cache: self.cache.clone(),
             file,

@@ -71,6 +71,14 @@ pub trait FileReader: Send + Sync + Debug {
     fn maps_ranges(&self) -> bool {
         self.whole().is_some()
     }
+
+    /// What the backend calls this version of the file (an object's ETag or version id),
+    /// where it has one: a file put again under its name (`hspack repair` sends a damaged
+    /// shard again, with the same length and tail) is another version, so a cache of its
+    /// bytes keyed by it never serves the old ones.
+    fn version(&self) -> Option<&str> {
+        None
+    }
 }
 
 /// A file being written under a temp name: bytes written at offsets, then published under

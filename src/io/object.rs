@@ -345,28 +345,28 @@ impl Storage for ObjectStorage {
                 ..GetOptions::default()
             };
             let got = store.get_opts(&path, options).await?;
-            let (range, size) = (got.range.clone(), got.meta.size);
-            Ok((range, size, got.bytes().await?))
+            let (range, meta) = (got.range.clone(), got.meta.clone());
+            Ok((range, meta, got.bytes().await?))
         })?;
-        let (len, tail) = match fetched {
-            Ok((range, size, bytes)) => {
+        let (meta, tail) = match fetched {
+            Ok((range, meta, bytes)) => {
                 let tail = expect_whole(&shown, &range, FileBytes::copy_of(&bytes))?;
-                (size, Some((range.start, tail)))
+                (meta, Some((range.start, tail)))
             }
             Err(e) if is_not_found(&e) => return Err(object_error(&shown, "open", e)),
             // An empty object has no suffix to fetch: ask for its size alone.
             Err(_) => {
                 let meta = self.run(name, "open", store.head(&path))?;
-                let meta = meta.map_err(|e| object_error(&shown, "open", e))?;
-                (meta.size, None)
+                (meta.map_err(|e| object_error(&shown, "open", e))?, None)
             }
         };
         Ok(Arc::new(ObjectFile {
             storage: self.clone(),
             path,
             shown,
-            len,
+            len: meta.size,
             tail,
+            version: meta.version.or(meta.e_tag),
         }))
     }
 
@@ -463,11 +463,17 @@ struct ObjectFile {
     len: u64,
     /// The last bytes, fetched at open: (their offset, the bytes).
     tail: Option<(u64, FileBytes)>,
+    /// The object's version id, else its ETag, as opened.
+    version: Option<String>,
 }
 
 impl FileReader for ObjectFile {
     fn len(&self) -> u64 {
         self.len
+    }
+
+    fn version(&self) -> Option<&str> {
+        self.version.as_deref()
     }
 
     fn read(&self, range: Range<u64>) -> Result<FileBytes> {
