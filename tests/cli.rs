@@ -65,6 +65,47 @@ fn a_refused_copy_does_not_say_to_rerun() {
     );
 }
 
+/// `cp` over a complete copy that lost a segment since restores it; over one whose listed
+/// shard is damaged, it is refused with the `repair` command that mends it (a copy never
+/// overwrites what the destination's manifest lists), which then works.
+#[test]
+fn cp_over_a_complete_copy_restores_a_lost_segment_and_points_a_damaged_shard_to_repair() {
+    let t = tempfile::tempdir().unwrap();
+    let o = hspack_in(
+        &["demo", "--out", "a", "--samples", "6", "--hidden", "64"],
+        t.path(),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(hspack_in(&["cp", "a", "b"], t.path()).status.success());
+    let b = t.path().join("b");
+    let ds = hspack::Dataset::open(&b).unwrap();
+    let segment = (ds.manifest().listed_files().iter())
+        .map(|f| f.file.to_string())
+        .find(|f| f.starts_with("segment-"))
+        .unwrap();
+    let shard = b.join(&ds.manifest().shards[0].file);
+    drop(ds);
+    std::fs::remove_file(b.join(&segment)).unwrap();
+    let o = hspack_in(&["cp", "a", "b"], t.path());
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(b.join(&segment).exists());
+    let mut bytes = std::fs::read(&shard).unwrap();
+    let at = bytes.len() / 2;
+    bytes[at] ^= 1;
+    std::fs::write(&shard, bytes).unwrap();
+    let o = hspack_in(&["cp", "a", "b"], t.path());
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("damaged there") && text(&o).contains("hspack repair b --from a"),
+        "{}",
+        text(&o)
+    );
+    assert!(hspack_in(&["repair", "b", "--from", "a"], t.path())
+        .status
+        .success());
+    assert!(hspack_in(&["verify", "b"], t.path()).status.success());
+}
+
 /// The demo replaces only its own earlier dataset: another dataset in `--out` is refused
 /// and left whole.
 #[test]

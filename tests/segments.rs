@@ -277,3 +277,46 @@ fn a_copy_of_a_source_that_merged_segments_meanwhile_says_run_again() {
     hspack::transfer::copy(&now, &to, &Default::default(), &|_| {}).unwrap();
     same_samples(&now, &Dataset::open(&dst).unwrap(), |_| {});
 }
+
+/// `sync` over an earlier copy, once the source's eighth commit merged its segments: the
+/// destination lists the merged segment and keeps none of those it replaced.
+#[test]
+fn a_sync_leaves_no_segment_the_source_merged_away() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    let options = WriteOptions {
+        shard_samples: 1,
+        ..small_options()
+    };
+    let mut w = DatasetWriter::create(&src, capture_schema(HIDDEN as u64), options).unwrap();
+    let to = hspack::io::open_location(&dst).unwrap();
+    let sync = hspack::transfer::CopyOptions {
+        mode: hspack::transfer::CopyMode::Sync,
+        ..Default::default()
+    };
+    for i in 0..8u64 {
+        w.append(&format!("k{i}"), &as_fields(&capture_sample(i, 2, HIDDEN)))
+            .unwrap();
+        w.commit().unwrap();
+        let now = Dataset::open(&src).unwrap();
+        hspack::transfer::copy(&now, &to, &sync, &|_| {}).unwrap();
+    }
+    w.finish().unwrap();
+    let now = Dataset::open(&src).unwrap();
+    hspack::transfer::copy(&now, &to, &sync, &|_| {}).unwrap();
+    let copy = Dataset::open(&dst).unwrap();
+    let mut listed: Vec<String> = (copy.manifest().listed_files().iter())
+        .map(|f| f.file.to_string())
+        .chain(copy.manifest().shards.iter().map(|s| s.file.clone()))
+        .collect();
+    listed.push("manifest.json".into());
+    let mut there: Vec<String> = std::fs::read_dir(&dst)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| !n.starts_with('.'))
+        .collect();
+    listed.sort();
+    there.sort();
+    assert_eq!(there, listed);
+    same_samples(&now, &copy, |_| {});
+}

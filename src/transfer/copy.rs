@@ -139,7 +139,19 @@ pub fn copy(
                         }
                         // A shard the destination's own manifest lists is its committed data:
                         // damage there is for `hspack repair`, never silently overwritten.
-                        Err(e) if listed.contains(record.file.as_str()) => return Err(e),
+                        Err(e) if listed.contains(record.file.as_str()) => {
+                            return Err(Error::CopyRefused {
+                                path: dst.path(&record.file),
+                                detail: format!(
+                                    "the destination's manifest lists this shard and it is \
+                                     damaged there ({e}); a copy never overwrites what a \
+                                     manifest lists: run `hspack repair {} --from {}`, which \
+                                     sends it again",
+                                    dst.root().display(),
+                                    src.dir().display()
+                                ),
+                            })
+                        }
                         Err(_) => {
                             dst.delete(&record.file)?;
                             replaced
@@ -161,6 +173,16 @@ pub fn copy(
             })
     })?;
     let published = publish_manifest(src, dst, existing.as_ref(), &*lock)?;
+    if let (true, Some((before, _, _))) = (published, &existing) {
+        // A sync over an earlier state: the segments, key runs and table parts that state
+        // listed and the source's merges replaced are listed by nothing now.
+        let now: HashSet<&str> = manifest.listed_files().iter().map(|f| f.file).collect();
+        for f in before.listed_files() {
+            if !now.contains(f.file) {
+                let _ = dst.delete(f.file);
+            }
+        }
+    }
     let mut replaced = replaced.into_inner().unwrap_or_else(|e| e.into_inner());
     replaced.sort();
     Ok(CopyReport {
@@ -202,6 +224,12 @@ fn destination_manifest(
         path: dst.root().to_path_buf(),
         detail,
     };
+    if bytes == src.manifest_bytes() {
+        // The copy is there, or was published and lost a part since: what it lists is
+        // proven or sent again below, as for a new copy.
+        let theirs = src.manifest().clone();
+        return Ok(Some((theirs, blake3::hash(&bytes), bytes)));
+    }
     let mut theirs = Manifest::decode(&bytes).map_err(|e| {
         refuse(format!(
             "it holds a manifest.json that does not decode ({e}); nothing was sent: choose \
@@ -216,9 +244,6 @@ fn destination_manifest(
     })?;
     let ours = src.manifest();
     let found = Some((theirs.clone(), blake3::hash(&bytes), bytes.clone()));
-    if bytes == src.manifest_bytes() {
-        return Ok(found);
-    }
     let prefix = theirs.dataset_id == ours.dataset_id
         && theirs.schema == ours.schema
         && theirs.shards.len() <= ours.shards.len()
