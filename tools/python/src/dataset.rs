@@ -45,6 +45,9 @@ pub struct Dataset {
     inner: Arc<hspack::Dataset>,
     /// `readahead="load"`: see [`hspack::Sample::prefetch`].
     load: AtomicBool,
+    /// Whether the zero-copy tensors it reads may go to another process as file ranges
+    /// (`origin::register`); a torch dataset with `transfer="copy"` says no.
+    sends_ranges: AtomicBool,
 }
 
 impl Dataset {
@@ -123,6 +126,7 @@ impl Dataset {
         Ok(Dataset {
             inner: Arc::new(inner),
             load: AtomicBool::new(load),
+            sends_ranges: AtomicBool::new(true),
         })
     }
 
@@ -149,6 +153,12 @@ impl Dataset {
 
     fn __len__(&self) -> usize {
         self.inner.len() as usize
+    }
+
+    /// Whether the zero-copy tensors read from now on may be sent to another process as file
+    /// ranges (`hspack.torch.transfer`); the default is yes.
+    fn set_sends_ranges(&self, yes: bool) {
+        self.sends_ranges.store(yes, Ordering::Relaxed);
     }
 
     /// Sets the readahead mode: `"hint"` or `"load"` (see [`hspack::Sample::prefetch`]).
@@ -243,7 +253,8 @@ impl Dataset {
             let tensors = (numbers.iter())
                 .map(|&f| s.read_field(f, row_range(rows)))
                 .collect::<hspack::Result<Vec<_>>>()?;
-            if let Some(mapped) = tensors.iter().find_map(|t| t.data.file_bytes()) {
+            let mapped = tensors.iter().find_map(|t| t.data.file_bytes());
+            if let Some(mapped) = mapped.filter(|_| self.sends_ranges.load(Ordering::Relaxed)) {
                 crate::origin::register(mapped, s.shard().path());
             }
             Ok(tensors)

@@ -512,6 +512,24 @@ def test_a_state_of_the_same_samples_cut_into_other_shards_or_of_other_lengths_i
         TokenBudgetBatchSampler(da, 64, seed=1, max_len=3).load_state_dict(state)
 
 
+def test_uneven_ranks_under_ddp_are_warned_of(eagle_path):
+    """37 samples over 2 ranks: one rank runs a step more, which under DDP hangs at its
+    gradient sync; the sampler says so and what to pass, and is quiet when told."""
+    import warnings
+
+    ds = HspackDataset(eagle_path, ["input_ids"])
+    with pytest.warns(UserWarning, match="pass drop_last=True .* or pad=True"):
+        HspackSampler(ds, rank=0, world_size=2)
+    with pytest.warns(UserWarning, match="pass even_batches=True"):
+        TokenBudgetBatchSampler(ds, 64, rank=0, world_size=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        HspackSampler(ds, rank=0, world_size=2, drop_last=True)
+        HspackSampler(ds, rank=0, world_size=2, pad=True)
+        HspackSampler(ds)
+        TokenBudgetBatchSampler(ds, 64, rank=0, world_size=2, even_batches=True)
+
+
 def test_a_state_of_the_other_kind_of_sampler_is_refused(eagle_path):
     """One counts samples, the other batches: each one's consumed count read as the other's
     would skip or repeat samples."""

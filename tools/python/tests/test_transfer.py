@@ -186,6 +186,57 @@ def test_workers_share_one_memo_of_checked_chunks(stacked_path, tmp_path):
     assert not os.path.exists(memo)
 
 
+def test_a_copy_of_a_dataset_object_keeps_its_memo_when_the_original_goes(stacked_path):
+    """`copy.deepcopy` in the process that made the object: the copy gets a memo of its own,
+    so it reads on after the original (and its folder) is collected."""
+    import copy
+
+    ds = HspackDataset(stacked_path, view="eagle3")
+    twin = copy.deepcopy(ds)
+    assert twin.checked_memo != ds.checked_memo and os.path.isdir(twin.checked_memo)
+    del ds
+    gc.collect()
+    assert [twin[i]["ordinal"] for i in range(12)] == list(range(12))
+
+
+def test_memo_folders_of_killed_processes_are_removed(stacked_path):
+    """A memo folder is removed when its object is collected, which a killed process never
+    does: the next dataset object made removes those of processes that are gone."""
+    import signal
+    import subprocess
+    import sys
+
+    code = (
+        "import os, signal, sys\n"
+        "from hspack.torch import HspackDataset\n"
+        f"ds = HspackDataset({stacked_path!r}, view='eagle3')\n"
+        "ds[0]\n"
+        "print(ds.checked_memo, flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert run.returncode == -signal.SIGKILL, run.stderr
+    left = run.stdout.strip()
+    assert os.path.isdir(left) and os.listdir(left)
+    ds = HspackDataset(stacked_path, view="eagle3")
+    assert not os.path.exists(left) and os.path.isdir(ds.checked_memo)
+
+
+def test_a_copy_dataset_beside_a_map_dataset_in_one_worker_sends_writable_copies(stacked_path):
+    """`transfer` is the dataset's: one with "copy" read by the same worker as one with "map"
+    still hands out writable shared-memory copies, not read-only file ranges."""
+    mapped = HspackDataset(stacked_path, view="eagle3", transfer="map")
+    copied = HspackDataset(stacked_path, view="eagle3", transfer="copy")
+    both = torch.utils.data.ConcatDataset([mapped, copied])
+    got = list(torch.utils.data.DataLoader(both, batch_size=None, num_workers=1))
+    assert len(got) == 24
+    for g in got[:12]:
+        assert transfer.origin(g["hidden_state"]) is not None
+    for g in got[12:]:
+        assert transfer.origin(g["hidden_state"]) is None and g["hidden_state"].is_shared()
+        g["hidden_state"].add_(1)  # writable: a file range would fault here
+
+
 def test_a_damaged_chunk_raises_in_a_worker_every_epoch(stacked_path, tmp_path):
     copy = tmp_path / "ds"
     shutil.copytree(stacked_path, copy)

@@ -70,6 +70,15 @@ class TokenBudgetBatchSampler(tud.Sampler):
             shape["shards"] = _order.digest(self.shard_ranges)
         self.state = Progress(seed, rank, world_size, "batches", samples=len(lengths), max_tokens=max_tokens, max_len=max_len, shuffle=shuffle, bucket_size=bucket_size, block_size=block_size, window_blocks=window_blocks, even_batches=even_batches, **shape)
         self.rank, self.world_size = self.state.rank, self.state.world_size
+        if self.world_size > 1 and not even_batches:
+            import warnings
+
+            warnings.warn(
+                f"batches of at most {max_tokens} tokens over {self.world_size} ranks: each rank packs its own samples, "
+                "so ranks yield different numbers of batches, and under DDP the ranks with more wait for the others at "
+                "a gradient sync (a hang, or a timeout); pass even_batches=True",
+                stacklevel=2,
+            )
 
     def _rank_batches(self, full: np.ndarray, rank: int, world: int) -> list[list[int]]:
         part = _order.partition(full, world, rank)

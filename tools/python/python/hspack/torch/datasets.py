@@ -65,6 +65,17 @@ class _Epoch(_progress.Progress):
         # shards (a copy re-converted or quantized) orders them otherwise.
         shards = {"shards": _order.digest(shard_ranges)} if shuffle else {}
         super().__init__(seed, rank, world_size, "samples", shuffle=shuffle, block_size=block_size, window_blocks=window_blocks, drop_last=drop_last, pad=pad, samples=_order.samples(shard_ranges), **shards)
+        samples = _order.samples(shard_ranges)
+        if self.world_size > 1 and samples % self.world_size and not (drop_last or pad):
+            import warnings
+
+            warnings.warn(
+                f"{samples} samples over {self.world_size} ranks: some ranks get one sample more than others, so under "
+                "DDP they run a step more and wait for the others at its gradient sync (a hang, or a timeout); pass "
+                "drop_last=True (every rank the same count, the last samples of the epoch left out) or pad=True (the "
+                "short ranks repeat a sample)",
+                stacklevel=3,
+            )
 
     def publish(self) -> None:
         """Makes the current (epoch, consumed) the start of the next iteration, for every
@@ -99,6 +110,38 @@ def _transfer_option(transfer: str) -> str:
 def _remove_memo(folder: str, owner: int) -> None:
     if os.getpid() == owner:  # not from forked workers
         shutil.rmtree(folder, ignore_errors=True)
+
+
+#: Checked-chunk memo folders are named `hspack-checked-{pid namespace}-{pid}-...`.
+_MEMO_PREFIX = "hspack-checked-"
+
+
+def _pid_namespace() -> str:
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return "0"
+
+
+def _remove_dead_memos(base: str | None) -> None:
+    """Removes the memo folders of processes of this pid namespace that are gone: a folder is
+    removed when its dataset object is collected, which a process killed (`SIGKILL`, or the
+    `SIGTERM` torchrun sends the ranks when one fails) never does, and `/dev/shm` is memory."""
+    folder, mine = base or tempfile.gettempdir(), f"{_MEMO_PREFIX}{_pid_namespace()}-"
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(mine) :].split("-")[0] if name.startswith(mine) else ""
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
+        except OSError:  # alive, another user's
+            pass
 
 
 #: Live hspack torch dataset objects of this process, by folder: the files its workers send
@@ -149,9 +192,12 @@ class _Reopening:
 
     def _make_memo(self) -> None:
         self.checked_memo: str | None = None
+        self._memo_owner = os.getpid()
         if self.check == "once":
             base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
-            self.checked_memo = tempfile.mkdtemp(prefix="hspack-checked-", dir=base)
+            _remove_dead_memos(base)
+            prefix = f"{_MEMO_PREFIX}{_pid_namespace()}-{os.getpid()}-"
+            self.checked_memo = tempfile.mkdtemp(prefix=prefix, dir=base)
             self._memo_cleanup = weakref.finalize(self, _remove_memo, self.checked_memo, os.getpid())
 
     @property
@@ -165,6 +211,9 @@ class _Reopening:
                 self._opened = _order.shards_of(ds)
             else:
                 _check_grown_from(ds, opened)
+            # With transfer="copy" its tensors go as torch sends them (writable copies), even
+            # where another dataset of the worker sends its own as file ranges.
+            ds.native.set_sends_ranges(self.transfer == "map")
             self._ds = ds
         if self.transfer == "map" and tud.get_worker_info() is not None:  # a worker, forked or spawned
             if not _transfer.installed():
@@ -188,6 +237,14 @@ class _Reopening:
         state = {**self.__dict__, "_ds": None}
         state.pop("_memo_cleanup", None)  # the creating process removes the folder
         return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        if state.get("_memo_owner") == os.getpid():
+            # A copy made in the process that made the memo (`copy.deepcopy`): the original
+            # removes its folder when collected, so the copy gets its own.
+            self._make_memo()
+            self._release_received_when_collected()
 
 
 class HspackDataset(_Reopening, tud.Dataset):
