@@ -237,6 +237,30 @@ def test_a_copy_dataset_beside_a_map_dataset_in_one_worker_sends_writable_copies
         g["hidden_state"].add_(1)  # writable: a file range would fault here
 
 
+def test_a_tensor_not_received_in_the_pin_memory_thread_raises_when_pinned(tmp_path):
+    """The pin-memory thread unpickles what workers send outside its error handling: a file
+    range that cannot be mapped there (the shard deleted since) comes out as a value whose
+    pinning raises the error, which torch hands to the trainer, rather than ending the thread
+    with the error lost. In the main thread the error is raised at once."""
+    import threading
+
+    from torch.utils.data._utils.pin_memory import pin_memory
+
+    gone = str(tmp_path / "shard-000000.hsp")
+    args = (gone, 0, 1, 2, 64, "bfloat16", 0, (2, 16), (16, 1))
+    with pytest.raises(hspack.HspackError, match="shard-000000.hsp"):
+        transfer.rebuild(*args)
+    got = {}
+    worker = threading.Thread(target=lambda: got.update(batch={"hidden_state": transfer.rebuild(*args)}))
+    worker.start()
+    worker.join()
+    assert isinstance(got["batch"]["hidden_state"], transfer.Unreadable)
+    with pytest.raises(hspack.HspackError, match="shard-000000.hsp"):
+        pin_memory(got["batch"], None)
+    with pytest.raises(hspack.HspackError):
+        got["batch"]["hidden_state"].shape
+
+
 def test_a_damaged_chunk_raises_in_a_worker_every_epoch(stacked_path, tmp_path):
     copy = tmp_path / "ds"
     shutil.copytree(stacked_path, copy)

@@ -102,15 +102,47 @@ def _reduce_unmapped(t: Any) -> tuple:
 
 def rebuild(path: str, offset: int, dev: int, ino: int, nbytes: int, dtype: str, storage_offset: int, size: tuple, stride: tuple) -> Any:
     """The tensor `reduce_tensor` described, over this process's mapping of its file."""
-    raw = to_torch(_hspack.map_received(path, offset, nbytes, dev, ino))
+    try:
+        raw = to_torch(_hspack.map_received(path, offset, nbytes, dev, ino))
+    except Exception as e:
+        return _unreadable(e)
     return _over(raw, dtype, storage_offset, size, stride)
 
 
 def rebuild_lent(pid: int, fd: int, dev: int, ino: int, offset: int, nbytes: int, dtype: str, storage_offset: int, size: tuple, stride: tuple) -> Any:
     """The tensor `reduce_tensor` described, over the shared memory its worker lent: this
     process's until the tensor (and every view of it) is collected, then the worker's again."""
-    raw = to_torch(_hspack.receive_lent(pid, fd, dev, ino, offset, nbytes))
+    try:
+        raw = to_torch(_hspack.receive_lent(pid, fd, dev, ino, offset, nbytes))
+    except Exception as e:
+        return _unreadable(e)
     return _over(raw, dtype, storage_offset, size, stride)
+
+
+class Unreadable:
+    """What a tensor that could not be rebuilt becomes outside the main thread: any use of it
+    raises the error. The DataLoader's pin-memory thread unpickles what workers send outside
+    its error handling, so an error raised there ends the thread and the trainer learns only
+    that it exited; this way the thread's `pin_memory` of the batch raises it, and the trainer
+    gets it, as any error of a worker."""
+
+    def __init__(self, error: BaseException):
+        object.__setattr__(self, "_error", error)
+
+    def __getattr__(self, name: str) -> Any:
+        raise self._error
+
+    def __repr__(self) -> str:
+        return f"<hspack tensor that could not be received: {self._error}>"
+
+
+def _unreadable(error: BaseException) -> Any:
+    """Raises `error` in the main thread; elsewhere returns it as an `Unreadable`."""
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        raise error
+    return Unreadable(error)
 
 
 def _over(raw: Any, dtype: str, storage_offset: int, size: tuple, stride: tuple) -> Any:
