@@ -417,6 +417,43 @@ fn modelopt_keys_from_the_stored_conversation_id() {
     assert_eq!(Dataset::open(&ds).unwrap().len(), 3);
 }
 
+/// SpecForge files converted with the eagle layout, which reads only `hidden_state`: the
+/// auxiliary layers would be lost (and with --delete-source, their only copy): refused,
+/// naming the tensor, before anything is written or deleted.
+#[test]
+fn a_preset_that_would_leave_out_hidden_states_is_refused() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::copy(
+        pt_fixtures().join("specforge.ckpt"),
+        src.join("data_0.ckpt"),
+    )
+    .unwrap();
+    let ds = t.path().join("ds");
+    let o = hspack(&[
+        "convert",
+        s(&src),
+        s(&ds),
+        "--layout",
+        "eagle",
+        "--layers",
+        "61",
+        "--num-layers",
+        "61",
+        "--delete-source",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("does not convert tensor `aux_hidden_state`")
+            && text(&o).contains("--layout generic"),
+        "{}",
+        text(&o)
+    );
+    assert!(src.join("data_0.ckpt").exists());
+    assert!(Dataset::open(&ds).is_err());
+}
+
 #[test]
 fn generic_stacks_one_tensor_per_layer() {
     let t = tempfile::tempdir().unwrap();

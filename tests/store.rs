@@ -605,15 +605,19 @@ fn killing_gc_while_a_writer_adds_loses_no_committed_chunk() {
         let mut child = Command::new(env!("CARGO_BIN_EXE_hspack"))
             .args(["store", "gc", s(&store_dir)])
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(Stdio::piped())
             .spawn()
             .unwrap();
         std::thread::sleep(Duration::from_micros(u64::from(*d) * 40));
         let _ = child.kill();
-        match child.wait().unwrap().code() {
+        let out = child.wait_with_output().unwrap();
+        match out.status.code() {
             Some(0) => finished += 1,
             None => killed += 1,
-            Some(other) => panic!("gc failed with exit code {other}"),
+            Some(other) => panic!(
+                "gc failed with exit code {other}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ),
         }
         // Whatever the collection had done, every committed dataset reads.
         same_samples(

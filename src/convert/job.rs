@@ -133,7 +133,10 @@ pub enum RunError {
 fn is_layout_flag_error(e: &LayoutError) -> bool {
     matches!(
         e,
-        LayoutError::Layers { .. } | LayoutError::FinalNormId { .. } | LayoutError::BadOption(_)
+        LayoutError::Layers { .. }
+            | LayoutError::FinalNormId { .. }
+            | LayoutError::BadOption(_)
+            | LayoutError::LeftOut { .. }
     )
 }
 

@@ -234,6 +234,24 @@ pub enum LayoutError {
         /// Tensors the file has.
         have: String,
     },
+    /// A preset reads only some tensors of the files, and one it leaves out looks like hidden
+    /// states: the files are likely another layout's, and converting (then `--delete-source`)
+    /// would lose it.
+    #[error(
+        "the {layout} layout does not convert tensor `{tensor}` ({what}) of these files, which \
+         looks like hidden states: they are likely another layout's, and converting them with \
+         this one (and --delete-source) would lose it; choose the --layout that reads it \
+         (`hspack convert --help` lists what each reads), or name every field to keep with \
+         --layout generic --field"
+    )]
+    LeftOut {
+        /// Layout name.
+        layout: &'static str,
+        /// The tensor left out.
+        tensor: String,
+        /// Its dtype and shape.
+        what: String,
+    },
     /// The layer ids are not given or do not match the data.
     #[error("{detail}")]
     Layers {
@@ -330,6 +348,9 @@ pub fn specs_for(
         Preset::Speculators => layouts::speculators::specs(tensors, options)?,
         Preset::Generic => layouts::generic::specs(tensors, options)?,
     };
+    if preset != Preset::Generic {
+        refuse_left_out(preset, &specs, tensors)?;
+    }
     let mut kept = Vec::with_capacity(specs.len());
     for mut s in specs {
         let missing = s
@@ -354,6 +375,30 @@ pub fn specs_for(
         }
     }
     Ok(kept)
+}
+
+/// Refuses tensors of `tensors` that no spec of a preset reads and that look like hidden
+/// states (floating point, two or more dimensions): a preset knows every tensor its tool
+/// writes, so one it does not read means another tool's files.
+fn refuse_left_out(
+    preset: Preset,
+    specs: &[FieldSpec],
+    tensors: &[TensorInfo],
+) -> Result<(), LayoutError> {
+    let floating = |d: DType| matches!(d, DType::F16 | DType::BF16 | DType::F32 | DType::F64);
+    let left = tensors.iter().find(|t| {
+        floating(t.dtype)
+            && t.shape.len() >= 2
+            && !specs.iter().any(|s| s.sources().any(|src| src == t.name))
+    });
+    match left {
+        None => Ok(()),
+        Some(t) => Err(LayoutError::LeftOut {
+            layout: preset.name(),
+            tensor: t.name.clone(),
+            what: format!("{} {:?}", t.dtype, t.shape),
+        }),
+    }
 }
 
 /// Finds a tensor by name.

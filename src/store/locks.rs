@@ -157,9 +157,14 @@ impl Locks {
         let leases = match self {
             Locks::Folder(dir) => {
                 let file = Locks::file(dir, "gc.lock")?;
-                if let Err(TryLockError::WouldBlock) = file.try_lock() {
-                    waiting(WAITING_FOR_ADDS);
-                    file.lock().map_err(io(dir.join("gc.lock"), "lock"))?;
+                let failed = io(dir.join("gc.lock"), "lock");
+                match file.try_lock() {
+                    Ok(()) => {}
+                    Err(TryLockError::WouldBlock) => {
+                        waiting(WAITING_FOR_ADDS);
+                        file.lock().map_err(failed)?;
+                    }
+                    Err(TryLockError::Error(e)) => return Err(failed(e)),
                 }
                 return Ok(StoreLock::new(Held::File(file)));
             }

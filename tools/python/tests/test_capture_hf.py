@@ -293,8 +293,12 @@ def test_extract_without_a_tokenizer_and_its_refusals_without_a_traceback(tmp_pa
     assert hspack.open(str(tmp_path / "ds")).keys() == ["a"]
     chat = tmp_path / "chat.jsonl"
     chat.write_text(json.dumps({"id": "b", "messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    foreign = tmp_path / "foreign.jsonl"
+    vocab = lm.config.vocab_size
+    foreign.write_text(json.dumps({"id": "f", "input_ids": [1, 2, vocab]}) + "\n")
     for run, said in [
         (extract(data=chat), "its tokenizer does not load"),
+        (extract(data=foreign), f"prompt `f` has token id {vocab} at position 2, outside the model's vocabulary"),
         (extract(layers=[2, 99]), "outside"),
         (extract(data=tmp_path / "nosuch.jsonl"), "nosuch.jsonl"),
     ]:

@@ -173,6 +173,10 @@ def test_small_stumbles_get_clear_answers(tmp_path, eagle_path):
     assert torch.equal(ds["s0010"]["input_ids"], ds[10]["input_ids"])
     with pytest.raises(KeyError, match="no sample has key 'nope'"):
         ds["nope"]
+    # One field named as a string is that field, not its letters.
+    plain = hspack.open(eagle_path)
+    assert list(plain.read(3, fields="hidden.1")) == ["hidden.1"]
+    assert torch.equal(plain.read_concat(3, "hidden.1"), plain.read(3)["hidden.1"])
 
 
 def test_writer_rejects_wrong_dtype_and_shape(tmp_path):

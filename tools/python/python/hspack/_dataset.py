@@ -31,6 +31,13 @@ class Sample:
         return self.tensors[name]
 
 
+def _names(fields: Sequence[str] | str | None) -> list[str] | None:
+    """Field names as a list: one name given as a string is that one field (not its letters)."""
+    if fields is None:
+        return None
+    return [fields] if isinstance(fields, str) else list(fields)
+
+
 def _readahead_option(mode: str) -> None:
     if mode not in READAHEADS:
         raise make_error("BadOption", "option readahead: must be \"hint\" or \"load\"", option="readahead")
@@ -222,7 +229,7 @@ class Dataset:
         """`{field: tensor}` of sample `i`: only `fields` (all when None), only token rows
         `rows = (start, stop)` (all when None)."""
         i = self._index(i)
-        parts = self.native.read(i, list(fields) if fields is not None else None, tuple(rows) if rows is not None else None)
+        parts = self.native.read(i, _names(fields), tuple(rows) if rows is not None else None)
         return {name: convert(buf, self.format, copy) for name, buf in parts}
 
     def read_concat(self, i: int, fields: Sequence[str], rows: tuple[int, int] | None = None) -> Any:
@@ -233,7 +240,7 @@ class Dataset:
         i = self._index(i)
         n = int(self.lengths[i])
         start, stop = rows if rows is not None else (0, n)
-        return convert(self.native.read_concat(i, list(fields), (start, stop)), self.format, False)
+        return convert(self.native.read_concat(i, _names(fields), (start, stop)), self.format, False)
 
     def __getitem__(self, i: int) -> dict:
         return self.read(i)

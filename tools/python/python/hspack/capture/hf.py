@@ -239,6 +239,24 @@ def _check_unique_keys(samples: Sequence[Sample]) -> None:
         raise ValueError(f"sample keys must be unique; repeated: {dup}")
 
 
+def _check_token_ids(samples: Sequence[Sample], config, data: str) -> None:
+    """Refuses a prompt holding a token id outside the model's vocabulary (prompts tokenized
+    for another model), naming it, before the model is loaded: the embedding would fail on it
+    with an index error (a device-side assert on a GPU) that names no prompt."""
+    from .points import text_config
+
+    vocab = getattr(text_config(config), "vocab_size", None)
+    if not isinstance(vocab, int) or vocab <= 0:
+        return
+    for s in samples:
+        bad = next((i for i, t in enumerate(s.input_ids) if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ValueError(
+                f"{data}: prompt `{s.key}` has token id {s.input_ids[bad]} at position {bad}, outside the model's "
+                f"vocabulary of {vocab} ids (0 to {vocab - 1}): were its input_ids made by another model's tokenizer?"
+            )
+
+
 def _tool_version() -> str:
     import transformers
 
@@ -293,6 +311,7 @@ def extract(
     # Every rank reads the whole file: a key repeated across ranks' parts is refused here,
     # not at some rank's commit.
     _check_unique_keys(samples)
+    _check_token_ids(samples, config, data)
     samples = samples[rank::world_size]
     pad_id = tokenizer.pad_id(config)
     kwargs = dict(revision=revision, trust_remote_code=trust_remote_code, dtype=torch_dtype)
