@@ -433,6 +433,42 @@ fn check_policy_never_trusts_bytes_and_always_rechecks() {
     assert!(never.sample(0).unwrap().read("hidden.2", None).is_ok());
 }
 
+/// A memo folder shared by the readers of a dataset and of a copy of it (`cp -r`: the same
+/// dataset id and index hashes, other files) vouches for no chunk of the copy: the copy,
+/// damaged since, is found damaged.
+#[test]
+fn a_shared_memo_vouches_for_no_chunk_of_a_copy() {
+    use hspack::{CheckPolicy, ReadOptions};
+    let (dir, _) = dataset(Codec::None);
+    let memo = tempfile::tempdir().unwrap();
+    let open = |at: &Path| {
+        let options = ReadOptions {
+            check: CheckPolicy::Once,
+            checked_memo: Some(memo.path().to_path_buf()),
+            ..ReadOptions::default()
+        };
+        Dataset::open_with(at, options).unwrap()
+    };
+    let original = open(dir.path());
+    for i in 0..original.len() {
+        original.sample(i).unwrap().read("hidden.2", None).unwrap();
+    }
+    let copy = tempfile::tempdir().unwrap();
+    for e in std::fs::read_dir(dir.path()).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), copy.path().join(e.file_name())).unwrap();
+    }
+    let e0 = chunk_entry(copy.path(), 0, 2);
+    flip(&shard_path(copy.path(), 0), e0.offset + 128);
+    let err = open(copy.path())
+        .sample(0)
+        .unwrap()
+        .read("hidden.2", None)
+        .unwrap_err();
+    assert!(matches!(err, Error::ChecksumMismatch { .. }), "{err}");
+    assert!(original.sample(0).unwrap().read("hidden.2", None).is_ok());
+}
+
 #[test]
 fn a_shared_memo_spares_other_readers_the_hash_and_only_holds_checked_chunks() {
     use hspack::{CheckPolicy, ReadOptions};

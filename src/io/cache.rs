@@ -573,6 +573,10 @@ impl FileReader for CachedFile {
         self.file.len()
     }
 
+    fn version(&self) -> Option<&str> {
+        self.file.version()
+    }
+
     fn read(&self, range: Range<u64>) -> Result<FileBytes> {
         let len = self.file.len();
         let c = self.cache.counters();

@@ -203,17 +203,19 @@ impl Shard {
             .map_err(format(path))?;
         let checked = match checked_memo {
             Some(dir) if footer.chunk_count > 0 => {
-                // Named after the dataset and the shard's index (every chunk's hash): a memo
-                // folder given to another dataset, or to one written again at the same path,
-                // never vouches for its chunks.
+                // Named after the dataset, the shard's index (every chunk's hash) and the file
+                // itself: a memo folder given to another dataset, to one written again at the
+                // same path, or to a copy of this one (damaged since, as the memo cannot
+                // see), never vouches for its chunks.
                 let index_hash = record
                     .index_blake3
                     .get(..32)
                     .unwrap_or(&record.index_blake3);
                 let name = format!(
-                    "{}-shard-{:06}-{index_hash}.checked",
+                    "{}-shard-{:06}-{index_hash}-{}.checked",
                     hex(&dataset_id),
-                    record.seq
+                    record.seq,
+                    file_identity(&*file, path)
                 );
                 Checked::Shared(SharedFlags::open(
                     &dir.join(name),
@@ -623,4 +625,17 @@ fn elements(schema: &Schema, e: &ChunkEntry) -> Elements {
         .field(e.field.into())
         .map(Elements::of)
         .unwrap_or(Elements::plain(crate::format::DType::U8))
+}
+
+/// What names a shard file in a memo of checked chunks, beyond its dataset and index: the
+/// mapped file's device and inode, an object's version, else its path (a store's file).
+fn file_identity(file: &dyn FileReader, path: &Path) -> String {
+    if let Some(m) = file.whole().and_then(|b| b.mapping()) {
+        return format!("{:x}.{:x}", m.file.dev, m.file.ino);
+    }
+    let named = match file.version() {
+        Some(v) => blake3::hash(v.as_bytes()),
+        None => blake3::hash(path.as_os_str().as_encoded_bytes()),
+    };
+    hex(&named.as_bytes()[..8])
 }
