@@ -54,11 +54,20 @@ pub struct Report {
     /// damage.
     pub unknown_files: Vec<PathBuf>,
     /// The dataset digest (BLAKE3 of the manifest), which covers every byte through the hash
-    /// tree; only meaningful when `problems` is empty.
+    /// tree; only meaningful when `problems` is empty (see [`Report::proven_digest`]).
     pub digest: String,
+    /// True for the quick check, which hashes no payload.
+    pub quick: bool,
 }
 
 impl Report {
+    /// The digest, where this verification proved the bytes behind it: a full check that
+    /// found nothing wrong. `None` after the quick check (it hashes no payload, so damaged
+    /// bytes can be behind the manifest) or when something is damaged.
+    pub fn proven_digest(&self) -> Option<&str> {
+        (self.is_ok() && !self.quick).then_some(self.digest.as_str())
+    }
+
     /// True when nothing is wrong.
     pub fn is_ok(&self) -> bool {
         self.problems.is_empty()
@@ -155,6 +164,7 @@ pub fn verify_dataset(
         leftovers,
         unknown_files,
         digest: hex(blake3::hash(ds.manifest_bytes()).as_bytes()),
+        quick: options.quick,
     };
     // Shards a storage maps are hashed chunk by chunk on every core; the others (object
     // storage) are scanned in file order, several shards at once, in large reads.

@@ -227,6 +227,13 @@ fn verify_says_what_it_did_with_plurals_right() {
         .chunk(0)
         .unwrap();
     flip(&t.path().join("one/shard-000000.hsp"), e.offset + 130);
+    // The quick check hashes no payload: it finds nothing, and proves no digest.
+    let o = hspack_in(&["verify", "one", "--quick", "--json"], t.path());
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(v["ok"] == true && v["digest"].is_null(), "{v}");
+    let o = hspack_in(&["verify", "one", "--json"], t.path());
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(v["ok"] == false && v["digest"].is_null(), "{v}");
     let o = hspack_in(&["verify", "one"], t.path());
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(stdout(&o).contains(": 1 problem\n"), "{}", text(&o));

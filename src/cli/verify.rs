@@ -47,7 +47,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             "problems": report.problems.iter().map(|p| p.to_string()).collect::<Vec<_>>(),
             "leftovers": paths(&report.leftovers), "unknown_files": paths(&report.unknown_files),
             "notes": report.notes(),
-            "digest": report.is_ok().then_some(&report.digest),
+            "digest": report.proven_digest(),
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {

@@ -30,7 +30,7 @@ pub fn verify<'py>(
     d.set_item("chunks", report.chunks)?;
     d.set_item("bytes_hashed", report.bytes_hashed)?;
     d.set_item("shard_bytes", report.shard_bytes)?;
-    d.set_item("digest", report.digest)?;
+    d.set_item("digest", report.proven_digest())?;
     d.set_item("leftovers", report.leftovers)?;
     d.set_item("unknown_files", report.unknown_files)?;
     let problems: Vec<PyObject> = report

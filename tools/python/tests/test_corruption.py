@@ -60,7 +60,8 @@ def test_check_never_returns_the_bytes_as_stored(damaged):
 def test_verify_names_the_damage(damaged):
     path, shard = damaged
     r = hspack.verify(path)
-    assert not r["ok"]
+    assert not r["ok"] and r["digest"] is None  # no digest stands for damaged bytes
+    assert hspack.verify(path, quick=True)["digest"] is None  # nor for bytes not hashed
     [p] = r["problems"]
     assert isinstance(p, hspack.HspackError)
     assert (p.kind, p.shard, p.key, p.field) == ("ChecksumMismatch", shard, "s0015", "hidden.3")

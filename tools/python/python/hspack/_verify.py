@@ -14,7 +14,8 @@ def verify(path: str | os.PathLike, quick: bool = False) -> dict:
     table; otherwise also every payload byte against its BLAKE3 and all padding.
 
     Returns a dict: `ok`, `shards`, `samples`, `chunks`, `bytes_hashed`, `shard_bytes`,
-    `digest` and `problems`, a list of `HspackError` objects (not raised), each naming shard,
+    `digest` (the BLAKE3 of the manifest, which stands for every byte: only after a full check
+    that found nothing wrong, else None) and `problems`, a list of `HspackError` objects (not raised), each naming shard,
     sample, field and rows where it can. Raises `HspackError` only when the manifest cannot
     be read."""
     return _hspack.verify(os.fspath(path), quick)
