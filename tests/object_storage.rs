@@ -82,6 +82,7 @@ fn datasets_in_s3() {
     writers_write_into_s3(&local);
     a_writer_taken_over_cannot_commit();
     a_copy_whose_lease_was_taken_over_publishes_nothing(&local);
+    a_shard_written_again_while_read_is_an_error(tmp.path());
     a_lease_renewal_whose_response_was_lost_keeps_the_lease();
     puts_whose_responses_were_lost(&moto, &local);
     a_server_ignoring_conditional_writes_is_refused(&moto);
@@ -662,6 +663,44 @@ fn a_copy_whose_lease_was_taken_over_publishes_nothing(local: &str) {
     drop(other.into_inner().unwrap());
     cp(local, url, CopyMode::Copy).unwrap();
     assert_eq!(digest(url), digest(local));
+}
+
+/// A shard object written again (other bytes under its name) while a reader has the dataset
+/// open: the reader's next read of it is an error saying to reopen, never the new bytes
+/// served under chunks it checked in the old ones (`CheckPolicy::Once` hashes a chunk once).
+fn a_shard_written_again_while_read_is_an_error(tmp: &Path) {
+    // Shards past the 64 KiB tail an open fetches, so that reads go to the object.
+    let local = tmp.join("rewritten");
+    let mut w = DatasetWriter::open(&local, capture_schema(2048), options()).unwrap();
+    for i in 0..4u64 {
+        w.append(&format!("r{i}"), &as_fields(&capture_sample(i, 40, 2048)))
+            .unwrap();
+    }
+    w.finish().unwrap();
+    let url = "s3://hspack-test/rewritten";
+    cp(local.to_str().unwrap(), url, CopyMode::Copy).unwrap();
+    let options = ReadOptions {
+        check: CheckPolicy::Once,
+        ..ReadOptions::default()
+    };
+    let ds = Dataset::open_with(url, options).unwrap();
+    let first = ds.sample(0).unwrap().read("hidden.2", None).unwrap();
+    let s3 = open_location(url).unwrap();
+    let name = ds.manifest().shards[0].file.clone();
+    let mut bytes = s3.read(&name).unwrap().unwrap();
+    let at = 4096;
+    bytes[at] ^= 0x10;
+    s3.replace(&name, &bytes, None, false).unwrap();
+    let again = ds.sample(0).and_then(|s| s.read("hidden.2", None));
+    match again {
+        Err(e) => assert!(e.to_string().contains("open the dataset again"), "{e}"),
+        Ok(t) => assert_eq!(t.bytes(), first.bytes(), "the new bytes were served"),
+    }
+    let err = (0..ds.len())
+        .map(|i| ds.sample(i).and_then(|s| s.read("hidden.2", None)))
+        .find_map(|r| r.err())
+        .expect("every read of the written-again shard went through");
+    assert!(err.to_string().contains("open the dataset again"), "{err}");
 }
 
 fn a_writer_taken_over_cannot_commit() {

@@ -366,7 +366,8 @@ impl Storage for ObjectStorage {
             shown,
             len: meta.size,
             tail,
-            version: meta.version.or(meta.e_tag),
+            version: meta.version,
+            e_tag: meta.e_tag,
         }))
     }
 
@@ -463,8 +464,12 @@ struct ObjectFile {
     len: u64,
     /// The last bytes, fetched at open: (their offset, the bytes).
     tail: Option<(u64, FileBytes)>,
-    /// The object's version id, else its ETag, as opened.
+    /// The object's version id (a versioned bucket) and ETag, as opened: every ranged read
+    /// asks for that version, or for bytes only while the ETag is the same (`If-Match`), so a
+    /// dataset written again under the same names while it is read is an error, never a mix
+    /// of the two writes' bytes.
     version: Option<String>,
+    e_tag: Option<String>,
 }
 
 impl FileReader for ObjectFile {
@@ -473,7 +478,7 @@ impl FileReader for ObjectFile {
     }
 
     fn version(&self) -> Option<&str> {
-        self.version.as_deref()
+        self.version.as_deref().or(self.e_tag.as_deref())
     }
 
     fn read(&self, range: Range<u64>) -> Result<FileBytes> {
@@ -492,14 +497,32 @@ impl FileReader for ObjectFile {
             return Ok(FileBytes::from_vec(Vec::new()));
         }
         let store = self.storage.store()?;
-        let got = block_on(store.get_range(&self.path, range.clone()))
+        let options = GetOptions {
+            range: Some(GetRange::Bounded(range.clone())),
+            version: self.version.clone(),
+            // A weak ETag never matches an `If-Match` (a strong comparison).
+            if_match: match self.version {
+                None => self.e_tag.clone().filter(|t| !t.starts_with("W/")),
+                Some(_) => None,
+            },
+            ..GetOptions::default()
+        };
+        let got = block_on(async { store.get_opts(&self.path, options).await?.bytes().await })
             .map_err(|e| other(&self.shown, "read", e))?
-            .map_err(|e| {
-                other(
+            .map_err(|e| match e {
+                object_store::Error::Precondition { .. } | object_store::Error::NotFound { .. } => {
+                    other(
+                        &self.shown,
+                        "read",
+                        "the object was deleted or written again since the dataset was opened \
+                         (a copy or writer replaced it): open the dataset again",
+                    )
+                }
+                e => other(
                     &self.shown,
                     "read",
                     format!("bytes {}..{}: {e}", range.start, range.end),
-                )
+                ),
             })?;
         expect_whole(&self.shown, &range, FileBytes::copy_of(&got))
     }
