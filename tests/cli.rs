@@ -192,13 +192,31 @@ fn info_ls_show_and_export() {
     assert!(String::from_utf8_lossy(&npy[..128]).contains("'descr': '<u2'"));
     // bf16 as its raw bits is said, with how to view it; int32 needs no note.
     assert!(
-        text(&o).contains("hidden.2.npy: bf16 stored as its raw bits (uint16")
+        text(&o).contains("hidden.2.npy: bf16 stored as its raw bits (uint16: numpy has no bf16)")
+            && text(&o).contains("view it as bf16 with ml_dtypes")
             && text(&o).contains("torch.from_numpy(a).view(torch.bfloat16)")
             && !text(&o).contains("input_ids.npy:"),
         "{}",
         text(&o)
     );
     assert!(!t.path().join("npy/loss_mask.npy").exists());
+    // A field named twice: refused, not a panic in the writer.
+    let o = hspack_in(
+        &[
+            "export",
+            "ds",
+            "#0",
+            "--to",
+            "safetensors",
+            "--out",
+            "twice.safetensors",
+            "--fields",
+            "hidden.2,hidden.2",
+        ],
+        t.path(),
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("names `hidden.2` twice"), "{}", text(&o));
     let o = hspack_in(&["show", "ds", "no-such-key"], t.path());
     assert_eq!(o.status.code(), Some(2));
     assert!(text(&o).contains("no sample has key `no-such-key`"));

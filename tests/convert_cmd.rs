@@ -454,6 +454,42 @@ fn a_preset_that_would_leave_out_hidden_states_is_refused() {
     assert!(Dataset::open(&ds).is_err());
 }
 
+/// A destination inside the source folder: a rerun (the documented resume) does not take the
+/// dataset's own files for dumps, and adds what was dumped since.
+#[test]
+fn a_destination_inside_the_source_is_not_read_as_dumps() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("dumps");
+    write_dumps(&src, 0..4);
+    let ds = src.join("out");
+    let convert = || {
+        hspack(&[
+            "convert",
+            s(&src),
+            s(&ds),
+            "--layout",
+            "generic",
+            "--field",
+            "input_ids=ids",
+            "--field",
+            "hidden.7=h",
+            "--shard-samples",
+            "3",
+        ])
+    };
+    let o = convert();
+    assert!(o.status.success(), "{}", text(&o));
+    write_dumps(&src, 4..6);
+    let o = convert();
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("0 bad, 0 other files ignored"),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(check_dataset(&ds).len(), 6);
+}
+
 #[test]
 fn generic_stacks_one_tensor_per_layer() {
     let t = tempfile::tempdir().unwrap();

@@ -163,11 +163,11 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     write_secs += t.elapsed().as_secs_f64();
     bar.finish_and_clear();
     println!(
-        "write : {}, {}, {} on disk ({:.2}x of raw) in {write_secs:.2} s: {:.2} GB/s (fsync'd, atomic commit)",
+        "write : {}, {}, {} on disk ({:.2}x the raw bytes) in {write_secs:.2} s: {:.2} GB/s (fsync'd, atomic commit)",
         count(stats.samples, "sample"),
         count(stats.shards as u64, "shard"),
         human_bytes(stats.bytes),
-        stats.raw_bytes as f64 / stats.bytes as f64,
+        stats.bytes as f64 / stats.raw_bytes as f64,
         gbps(stats.raw_bytes, write_secs)
     );
 

@@ -147,6 +147,12 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         } else {
             a.fields.clone()
         };
+        if let Some(twice) = names
+            .iter()
+            .find(|n| names.iter().filter(|m| m == n).count() > 1)
+        {
+            anyhow::bail!("--fields names `{twice}` twice: name each field once");
+        }
         let mut tensors = Vec::new();
         for n in &names {
             tensors.push((n.clone(), s.read(n, None)?));
@@ -190,8 +196,8 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                 write_npy(path, t)?;
                 if let Some(bits) = raw_bits(t.dtype) {
                     eprintln!(
-                        "NOTE {}: {} stored as its raw bits ({bits}: numpy has no {0}); view it \
-                         as {0} with ml_dtypes (`a.view(ml_dtypes.{2})`) or torch \
+                        "NOTE {}: {} stored as its raw bits ({bits}: numpy has no {1}); view it \
+                         as {1} with ml_dtypes (`a.view(ml_dtypes.{2})`) or torch \
                          (`torch.from_numpy(a).view(torch.{2})`)",
                         path.display(),
                         t.dtype.name(),

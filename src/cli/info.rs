@@ -61,10 +61,11 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let tables = m.table_files();
     match (m.is_segmented(), tables.as_slice()) {
         (true, _) => println!(
-            "table     {} in {} (pandas: `pd.concat(map(pd.read_parquet, FILES))`, \
-             FILES from `hspack info --json`'s table_files)",
+            "table     {} in {} (pandas: `pd.concat(map(pd.read_parquet, \
+             hspack.open({:?}).table_files()))`)",
             count(m.samples, "row"),
-            count(tables.len() as u64, "part")
+            count(tables.len() as u64, "part"),
+            a.dir.display().to_string()
         ),
         (false, [t]) => println!("table     {}", t.file),
         (false, _) => {

@@ -192,6 +192,7 @@ fn convert(o: &ConvertOptions, progress: &mut dyn FnMut(Progress)) -> Result<Rep
     let started = Instant::now();
     let plan = plan(
         &o.src,
+        &o.dst,
         o.preset,
         o.group_by.as_deref(),
         o.split_file.as_deref(),

@@ -129,6 +129,9 @@ struct Walk {
     passed_over: Vec<PathBuf>,
     /// The device and inode of every folder walked.
     seen: std::collections::HashSet<(u64, u64)>,
+    /// The device and inode of the destination, when it lies in the source: not walked (its
+    /// files are the dataset being written, not dumps).
+    skip: Option<(u64, u64)>,
 }
 
 /// Walks `dir`, links followed (to files and to folders): a linked dump is converted, never
@@ -143,6 +146,9 @@ fn walk(dir: &Path, above: &mut Vec<(u64, u64)>, found: &mut Walk) -> Result<(),
     };
     let here = std::fs::metadata(dir).map_err(io(dir))?;
     let id = (here.dev(), here.ino());
+    if found.skip == Some(id) {
+        return Ok(());
+    }
     if above.contains(&id) {
         return Err(io(dir)(std::io::Error::other(
             "a link to a folder that holds it (a loop): remove the link, or convert a folder \
@@ -243,16 +249,22 @@ pub fn split_file_of(pattern: &str, path: &Path) -> PathBuf {
 }
 
 /// Walks `src` (a folder, or one file) and groups its files into units, in the natural order
-/// of their keys ([`natural_cmp`]).
+/// of their keys ([`natural_cmp`]); folder `dst` (the dataset written), where it lies inside
+/// `src`, is not walked.
 /// With `split_file` (a file name pattern with `{stem}`), files matching it are not units but
 /// hold the split of the unit beside them.
 pub fn plan(
     src: &Path,
+    dst: &Path,
     preset: Preset,
     group_by: Option<&str>,
     split_file: Option<&str>,
 ) -> Result<Plan, ConvertError> {
-    let mut found = Walk::default();
+    use std::os::unix::fs::MetadataExt;
+    let mut found = Walk {
+        skip: std::fs::metadata(dst).ok().map(|m| (m.dev(), m.ino())),
+        ..Walk::default()
+    };
     let root = if src.is_dir() {
         walk(src, &mut Vec::new(), &mut found)?;
         src.to_path_buf()

@@ -196,13 +196,13 @@ impl AlignedBytes {
     /// `len` bytes for a caller that writes every one of them before any is read: memory a
     /// dropped buffer of this kind left (already faulted in, holding its old bytes, perhaps
     /// more of them than `len`), or new zeroed memory. It is kept for reuse when dropped (see
-    /// [`super::recycle`]).
-    pub fn for_overwrite(len: usize) -> Self {
-        AlignedBytes {
-            words: super::recycle::take(len.div_ceil(8)),
+    /// [`super::recycle`]). `None` when that much memory cannot be had.
+    pub fn for_overwrite(len: usize) -> Option<Self> {
+        Some(AlignedBytes {
+            words: super::recycle::take(len.div_ceil(8))?,
             len,
             reused: true,
-        }
+        })
     }
 
     /// The bytes.

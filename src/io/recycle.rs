@@ -24,10 +24,17 @@ const SMALLEST: usize = 1 << 20;
 static FREE: Mutex<Free> = Mutex::new(Free::new(KEEP));
 
 /// At least `words` words: a kept buffer where one fits (holding an earlier buffer's bytes,
-/// and perhaps longer than asked: callers use the first `words`), else new zeroed ones.
-pub(crate) fn take(words: usize) -> Vec<u64> {
-    let kept = FREE.try_lock().ok().and_then(|mut free| free.take(words));
-    kept.unwrap_or_else(|| vec![0; words])
+/// and perhaps longer than asked: callers use the first `words`), else new zeroed ones;
+/// `None` when that much memory cannot be had (a length a damaged or crafted index declares:
+/// an error for the caller to name, not an abort).
+pub(crate) fn take(words: usize) -> Option<Vec<u64>> {
+    if let Some(kept) = FREE.try_lock().ok().and_then(|mut free| free.take(words)) {
+        return Some(kept);
+    }
+    let mut fresh = Vec::new();
+    fresh.try_reserve_exact(words).ok()?;
+    fresh.resize(words, 0);
+    Some(fresh)
 }
 
 /// Keeps `words` for a later [`take`] (or drops them, when the list is busy).
@@ -72,7 +79,7 @@ impl Free {
     /// `words` (only the added part is new memory: a large buffer grows by remapping its
     /// pages, not by copying them).
     fn take(&mut self, words: usize) -> Option<Vec<u64>> {
-        if words * 8 < SMALLEST || self.mine().is_empty() {
+        if words.saturating_mul(8) < SMALLEST || self.mine().is_empty() {
             return None;
         }
         let all = self.buffers.iter().enumerate();
@@ -81,7 +88,11 @@ impl Free {
             (fits.min_by_key(|(_, v)| v.len())).or_else(|| all.max_by_key(|(_, v)| v.len()))?;
         let mut v = self.buffers.swap_remove(i);
         if v.len() < words {
-            v.reserve_exact(words - v.len()); // not the doubling `resize` alone would do
+            // Not the doubling `resize` alone would do; more than memory holds: none.
+            if v.try_reserve_exact(words - v.len()).is_err() {
+                self.buffers.push(v);
+                return None;
+            }
             v.resize(words, 0);
         }
         Some(v)
@@ -130,6 +141,18 @@ mod tests {
         assert_eq!(c.as_ptr(), at);
         assert!(free.take(words).is_none(), "none left");
         drop((b, c));
+    }
+
+    /// More than memory holds, asked of the list (its largest buffer would grow) and of the
+    /// allocator: none, not an abort.
+    #[test]
+    fn more_than_memory_is_none() {
+        let mut free = Free::new(64 * MIB);
+        free.give_back(vec![1; 4 * MIB / 8]);
+        assert!(free.take(usize::MAX / 16).is_none());
+        assert_eq!(free.bytes(), 4 * MIB, "the kept buffer stays");
+        assert!(take(usize::MAX / 16).is_none());
+        assert!(take(usize::MAX).is_none());
     }
 
     #[test]

@@ -424,6 +424,29 @@ impl<'d> Sample<'d> {
         &self.shard
     }
 
+    /// Memory for `rows` rows of `row_bytes` bytes of this sample, or an error naming it where
+    /// that much cannot be had (rows a damaged or crafted index declares): never an abort.
+    fn memory_for(&self, rows: u64, row_bytes: u64) -> Result<AlignedBytes> {
+        let bytes = rows.checked_mul(row_bytes);
+        bytes
+            .and_then(|n| usize::try_from(n).ok())
+            .and_then(AlignedBytes::for_overwrite)
+            .ok_or_else(|| Error::Io {
+                path: self.shard.path().to_path_buf(),
+                op: "allocate",
+                source: std::io::Error::new(
+                    std::io::ErrorKind::OutOfMemory,
+                    format!(
+                        "sample `{}` (ordinal {}): {rows} rows of {row_bytes} bytes are more \
+                         memory than this process can have; its shard's index declares them \
+                         (run `hspack verify` if the sample is not that large)",
+                        self.key(),
+                        self.ordinal()
+                    ),
+                ),
+            })
+    }
+
     /// The extents of field number `field`.
     pub fn extents(&self, field: usize) -> Vec<ExtentEntry> {
         self.shard
@@ -473,7 +496,7 @@ impl<'d> Sample<'d> {
                 data,
             });
         }
-        let mut out = AlignedBytes::for_overwrite((rows.end - rows.start) as usize * row_bytes);
+        let mut out = self.memory_for(rows.end - rows.start, row_bytes as u64)?;
         self.read_into(f, rows, out.as_bytes_mut())?;
         Ok(Tensor {
             dtype: field.dtype,
@@ -542,7 +565,7 @@ impl<'d> Sample<'d> {
         if let Some(view) = joined {
             return Ok(Some(Buffer::File(view)));
         }
-        let mut out = AlignedBytes::for_overwrite(bytes as usize);
+        let mut out = self.memory_for(1, bytes)?;
         let mut at = 0;
         for part in &parts {
             out.as_bytes_mut()[at..at + part.len()].copy_from_slice(part);
@@ -617,7 +640,7 @@ impl<'d> Sample<'d> {
         self.check_rows(&rows)?;
         let stride: u64 = fields.iter().map(|&f| schema.fields[f].row_bytes()).sum();
         let n = rows.end - rows.start;
-        let mut out = AlignedBytes::for_overwrite((n * stride) as usize);
+        let mut out = self.memory_for(n, stride)?;
         self.read_concat_into(fields, rows, out.as_bytes_mut())?;
         Ok(Tensor {
             dtype,
