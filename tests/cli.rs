@@ -5,7 +5,7 @@ mod common;
 use std::path::Path;
 use std::process::{Command, Output};
 
-use common::cli::{hspack_in, text};
+use common::cli::{hspack_in, stderr, stdout, text};
 
 fn demo(cwd: &Path) -> Output {
     hspack_in(
@@ -104,6 +104,51 @@ fn cp_over_a_complete_copy_restores_a_lost_segment_and_points_a_damaged_shard_to
         .status
         .success());
     assert!(hspack_in(&["verify", "b"], t.path()).status.success());
+}
+
+/// `digest` of several datasets does every one, whatever the others are, and exits with the
+/// worst met; a dataset that lost a segment is damage (exit 1) to every command that opens
+/// it, as to `verify`.
+#[test]
+fn digest_does_every_dataset_and_a_lost_segment_is_damage_everywhere() {
+    let t = tempfile::tempdir().unwrap();
+    let o = hspack_in(
+        &["demo", "--out", "a", "--samples", "3", "--hidden", "64"],
+        t.path(),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let o = hspack_in(&["digest", "a", "nothing-here", "a"], t.path());
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert_eq!(stdout(&o).lines().count(), 2, "{}", text(&o));
+    assert!(stderr(&o).contains("nothing-here"), "{}", text(&o));
+    let ds = hspack::Dataset::open(t.path().join("a")).unwrap();
+    let segment = (ds.manifest().listed_files().iter())
+        .map(|f| f.file.to_string())
+        .find(|f| f.starts_with("segment-"))
+        .unwrap();
+    drop(ds);
+    std::fs::remove_file(t.path().join("a").join(&segment)).unwrap();
+    for args in [
+        &["verify", "a"][..],
+        &["ls", "a"],
+        &["info", "a"],
+        &["show", "a", "#0"],
+        &[
+            "export",
+            "a",
+            "#0",
+            "--to",
+            "safetensors",
+            "--out",
+            "x.safetensors",
+        ],
+        &["compare", "a", "a"],
+        &["digest", "a"],
+    ] {
+        let o = hspack_in(args, t.path());
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {}", text(&o));
+        assert!(text(&o).contains(&segment), "{args:?}: {}", text(&o));
+    }
 }
 
 /// The demo replaces only its own earlier dataset: another dataset in `--out` is refused

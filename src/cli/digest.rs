@@ -15,12 +15,20 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
-    let mut code = ExitCode::SUCCESS;
+    // Every dataset is done, whatever the others are; the exit code is the worst met: an
+    // error (2) over damage (1) over none.
+    let mut worst = 0u8;
     for dir in a.dirs {
         let report = match verify(&dir, VerifyOptions::default(), &|_| {}) {
             Ok(report) => report,
             Err(e) => {
-                code = super::open_failed(e, false)?;
+                worst = match super::open_failed(e, false) {
+                    Ok(_) => worst.max(EXIT_DAMAGED),
+                    Err(e) => {
+                        eprintln!("hspack: error: {e:#}");
+                        worst.max(super::EXIT_ERROR)
+                    }
+                };
                 continue;
             }
         };
@@ -38,8 +46,8 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                 dir.display(),
                 count(report.problems.len() as u64, "problem")
             );
-            code = ExitCode::from(EXIT_DAMAGED);
+            worst = worst.max(EXIT_DAMAGED);
         }
     }
-    Ok(code)
+    Ok(ExitCode::from(worst))
 }

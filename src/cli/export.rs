@@ -139,7 +139,10 @@ fn write_npy(path: &Path, t: &Tensor) -> anyhow::Result<()> {
 }
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
-    let ds = Dataset::open(&a.dir)?;
+    let ds = match Dataset::open(&a.dir) {
+        Ok(ds) => ds,
+        Err(e) => return super::open_failed(e, false),
+    };
     let read = || -> anyhow::Result<_> {
         let s = super::sample_named(&ds, &a.key)?;
         let names: Vec<String> = if a.fields.is_empty() {

@@ -20,7 +20,10 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
-    let ds = Dataset::open(&a.dir)?;
+    let ds = match Dataset::open(&a.dir) {
+        Ok(ds) => ds,
+        Err(e) => return super::open_failed(e, a.json),
+    };
     let m = ds.manifest();
     let manifest = || {
         a.dir

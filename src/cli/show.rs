@@ -29,7 +29,10 @@ fn number(v: f64) -> String {
 }
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
-    let ds = Dataset::open(&a.dir)?;
+    let ds = match Dataset::open(&a.dir) {
+        Ok(ds) => ds,
+        Err(e) => return super::open_failed(e, false),
+    };
     // Past the manifest, a failed read is damage (exit 1) or an error (exit 2), as in export.
     let s = match super::sample_named(&ds, &a.key) {
         Ok(s) => s,
