@@ -25,7 +25,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                 worst = match super::open_failed(e, false) {
                     Ok(_) => worst.max(EXIT_DAMAGED),
                     Err(e) => {
-                        eprintln!("hspack: error: {e:#}");
+                        eprintln!("hspack: error: {}", super::error_text(&e));
                         worst.max(super::EXIT_ERROR)
                     }
                 };

@@ -174,7 +174,7 @@ pub fn is_manifest_damage(e: &hspack::Error) -> bool {
 /// The error and its causes, each said once: hspack's errors put their cause in their own
 /// message and also return it as `source()`, so a cause whose text is already there is not
 /// repeated.
-fn error_text(e: &anyhow::Error) -> String {
+pub fn error_text(e: &anyhow::Error) -> String {
     let mut text = String::new();
     for cause in e.chain() {
         let part = cause.to_string();
