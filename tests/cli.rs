@@ -151,6 +151,56 @@ fn digest_does_every_dataset_and_a_lost_segment_is_damage_everywhere() {
     }
 }
 
+/// A file given where a folder goes: each command says it is a file and what to give, and
+/// none says that running it again would help.
+#[test]
+fn a_file_given_for_a_folder_is_named_as_a_file() {
+    let t = tempfile::tempdir().unwrap();
+    let o = hspack_in(
+        &["demo", "--out", "a", "--samples", "2", "--hidden", "64"],
+        t.path(),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    std::fs::write(t.path().join("notes.py"), "x = 1\n").unwrap();
+    for args in [
+        &["cp", "a", "notes.py"][..],
+        &[
+            "demo",
+            "--out",
+            "notes.py",
+            "--samples",
+            "2",
+            "--hidden",
+            "64",
+        ],
+        &["info", "notes.py"],
+    ] {
+        let o = hspack_in(args, t.path());
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
+        let said = text(&o);
+        assert!(
+            said.contains("notes.py") && said.contains("is a file"),
+            "{args:?}: {said}"
+        );
+        assert!(
+            !said.contains("again") && !said.contains("os error"),
+            "{args:?}: {said}"
+        );
+        assert!(!said.contains(": ?"), "{args:?}: {said}");
+    }
+    let err = hspack::DatasetWriter::create(
+        t.path().join("notes.py"),
+        hspack::synth::capture_schema("m", 4, 8, &[1]),
+        Default::default(),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("it is a file"), "{err}");
+    assert_eq!(
+        std::fs::read_to_string(t.path().join("notes.py")).unwrap(),
+        "x = 1\n"
+    );
+}
+
 /// The demo replaces only its own earlier dataset: another dataset in `--out` is refused
 /// and left whole.
 #[test]

@@ -490,6 +490,32 @@ fn a_destination_inside_the_source_is_not_read_as_dumps() {
     assert_eq!(check_dataset(&ds).len(), 6);
 }
 
+/// Sources the layout does not read (SpecForge's layout reads `.ckpt` files): the error says
+/// which file names it reads.
+#[test]
+fn no_source_files_says_which_files_the_layout_reads() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("st");
+    write_dumps(&src, 0..1);
+    let o = hspack(&[
+        "convert",
+        s(&src),
+        s(&t.path().join("ds")),
+        "--layout",
+        "specforge",
+        "--layers",
+        "2,30,58,61",
+        "--num-layers",
+        "61",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("which reads files named *.ckpt, *.ckpt.gz (1 other files there)"),
+        "{}",
+        text(&o)
+    );
+}
+
 #[test]
 fn generic_stacks_one_tensor_per_layer() {
     let t = tempfile::tempdir().unwrap();

@@ -49,6 +49,12 @@ fn clear_previous(dir: &Path) -> anyhow::Result<()> {
     if !dir.exists() {
         return Ok(());
     }
+    if !dir.is_dir() {
+        bail!(
+            "{} is a file: choose another --out (a folder)",
+            dir.display()
+        );
+    }
     if !dir.join("manifest.json").exists() {
         if std::fs::read_dir(dir)?.next().is_some() {
             bail!(

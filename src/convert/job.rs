@@ -80,12 +80,16 @@ pub enum RunError {
         file: PathBuf,
     },
     /// No source file matches the layout.
-    #[error("{}: no source files for the {layout} layout ({ignored} other files); check the path and --layout", src.display())]
+    #[error("{}: no source files for the {layout} layout, which reads files named {names}{grouped} ({ignored} other files there); check the path and --layout", src.display())]
     NoSources {
         /// Source path.
         src: PathBuf,
         /// Layout name.
         layout: &'static str,
+        /// The names of the files it reads.
+        names: String,
+        /// `--group-by`'s pattern, when given, in words.
+        grouped: String,
         /// Files ignored.
         ignored: u64,
     },
@@ -213,6 +217,12 @@ fn convert(o: &ConvertOptions, progress: &mut dyn FnMut(Progress)) -> Result<Rep
         return Err(RunError::NoSources {
             src: o.src.clone(),
             layout: o.preset.name(),
+            names: o.preset.file_names(),
+            grouped: o
+                .group_by
+                .as_deref()
+                .map(|p| format!(" matching --group-by '{p}'"))
+                .unwrap_or_default(),
             ignored: plan.ignored.len() as u64,
         });
     }

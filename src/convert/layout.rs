@@ -189,15 +189,38 @@ impl Preset {
 
     /// Whether a file name (relative path) is a source file of this layout.
     pub fn accepts(self, name: &str) -> bool {
-        let base = name.strip_suffix(".gz").unwrap_or(name);
-        let ext = |e: &[&str]| e.iter().any(|x| base.ends_with(x));
+        let (extensions, gzipped) = self.extensions();
+        let base = match name.strip_suffix(".gz") {
+            Some(base) if gzipped => base,
+            Some(_) => return false,
+            None => name,
+        };
+        extensions.iter().any(|x| base.ends_with(x))
+    }
+
+    /// The extensions of the files the preset reads, and whether it reads them gzipped too
+    /// (`NAME.gz`).
+    pub fn extensions(self) -> (&'static [&'static str], bool) {
         match self {
-            Preset::SpecForge => ext(&[".ckpt"]),
-            Preset::Eagle => ext(&[".ckpt"]) && !name.ends_with(".gz"),
-            Preset::ModelOpt => ext(&[".pt"]) && !name.ends_with(".gz"),
-            Preset::Speculators => ext(&[".pt", ".pth", ".safetensors"]),
-            Preset::Generic => ext(&[".pt", ".pth", ".ckpt", ".bin", ".safetensors", ".npy"]),
+            Preset::SpecForge => (&[".ckpt"], true),
+            Preset::Eagle => (&[".ckpt"], false),
+            Preset::ModelOpt => (&[".pt"], false),
+            Preset::Speculators => (&[".pt", ".pth", ".safetensors"], true),
+            Preset::Generic => (
+                &[".pt", ".pth", ".ckpt", ".bin", ".safetensors", ".npy"],
+                true,
+            ),
         }
+    }
+
+    /// The files the preset reads, in words: `*.ckpt or *.ckpt.gz`.
+    pub fn file_names(self) -> String {
+        let (extensions, gzipped) = self.extensions();
+        let mut names: Vec<String> = extensions.iter().map(|x| format!("*{x}")).collect();
+        if gzipped {
+            names.extend(extensions.iter().map(|x| format!("*{x}.gz")));
+        }
+        names.join(", ")
     }
 }
 

@@ -202,7 +202,7 @@ pub fn check_field_name(name: &str) -> Result<(), FormatError> {
     Err(FormatError::Json {
         structure: "schema",
         detail: format!(
-            "field name {shown:?}{cut} {problem}, but {FIELD_NAME_RULE}: rename the field (a manifest holding such a name was not written by hspack, or was edited)"
+            "field name {shown:?}{cut} {problem}, but {FIELD_NAME_RULE}: rename the field"
         ),
     })
 }
@@ -332,6 +332,18 @@ impl Schema {
     /// The field holding the loss mask, if any.
     pub fn loss_mask_field(&self) -> Option<usize> {
         self.fields.iter().position(|f| f.role == Role::LossMask)
+    }
+
+    /// [`Schema::validate`] of a schema a caller gives (a writer's): what is wrong said of
+    /// the schema, not of a manifest's bytes.
+    pub fn validate_given(&self) -> Result<(), String> {
+        self.validate().map_err(|e| match e {
+            FormatError::Invalid {
+                what, value, rule, ..
+            } => format!("the schema given is not valid: {what} is {value}, but must be {rule}"),
+            FormatError::Json { detail, .. } => format!("the schema given is not valid: {detail}"),
+            e => e.to_string(),
+        })
     }
 
     /// Checks the rules of the format: 1..=4096 fields, unique names that pass

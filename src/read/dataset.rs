@@ -74,6 +74,7 @@ fn not_a_dataset(root: &Path) -> Error {
     } else if local && root.is_file() {
         let folder = root
             .parent()
+            .filter(|p| !p.as_os_str().is_empty())
             .map_or(".".into(), |p| p.display().to_string());
         format!(
             "it is a file; give the dataset's folder (the one holding manifest.json: {folder}?)"

@@ -87,10 +87,19 @@ pub fn is_store(dir: &Path) -> bool {
     has_file(dir, STORE_FILE)
 }
 
-/// Refuses `storage` as where a dataset is written when it is a store's root: the dataset's
-/// files would lie beside the store's, where neither the store nor a reader of the folder
-/// finds it. A dataset goes into a store as `STORE/NAME`.
+/// Refuses `storage` as where a dataset is written when it is a file, or a store's root: the
+/// dataset's files would lie beside the store's, where neither the store nor a reader of the
+/// folder finds it. A dataset goes into a store as `STORE/NAME`.
 pub fn refuse_root(storage: &dyn Storage) -> Result<()> {
+    let root = storage.root();
+    if !crate::io::is_remote(root) && root.is_file() {
+        return Err(Error::NotADataset {
+            path: root.to_path_buf(),
+            why: "it is a file: give a folder to write the dataset in (a new one, or one \
+                  holding the dataset)"
+                .into(),
+        });
+    }
     if storage.size(STORE_FILE)?.is_none() {
         return Ok(());
     }

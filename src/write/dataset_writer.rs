@@ -4,7 +4,7 @@ use std::collections::HashSet;
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::error::{format, Error, Result, StoppedCommit};
+use crate::error::{Error, Result, StoppedCommit};
 use crate::failpoint::failpoint;
 use crate::format::manifest::{hex, shard_file_name, MANIFEST_FILE, TEMP_SUFFIX};
 use crate::format::segment::is_tagged;
@@ -103,9 +103,10 @@ impl DatasetWriter {
         options.block_rows = options.block_rows.or(defaults.block_rows);
         options.align_log2 = options.align_log2.or(defaults.align_log2);
         options.validate()?;
-        schema
-            .validate()
-            .map_err(format(storage.path(MANIFEST_FILE)))?;
+        schema.validate_given().map_err(|detail| Error::BadOption {
+            option: "schema",
+            detail,
+        })?;
         storage.create_root()?;
         let lock = match options.shared {
             false => storage.lock()?,

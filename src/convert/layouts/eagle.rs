@@ -20,9 +20,10 @@ use super::{ids, mask};
 
 /// The specs for an EAGLE file.
 pub fn specs(
-    _tensors: &[TensorInfo],
+    tensors: &[TensorInfo],
     options: &LayoutOptions,
 ) -> Result<Vec<FieldSpec>, LayoutError> {
+    super::require("eagle", tensors, SAVED.target)?;
     let roles = hidden_roles(
         "eagle",
         1,

@@ -24,6 +24,23 @@ pub(crate) fn mask(source: &str) -> FieldSpec {
     FieldSpec::new(eagle3::LOSS_MASK, source, Role::LossMask)
 }
 
+/// Refuses files without tensor `name`, which `layout`'s files always hold: said before its
+/// flags are checked, since no flag makes another tool's files this layout's.
+pub(crate) fn require(
+    layout: &'static str,
+    tensors: &[TensorInfo],
+    name: &str,
+) -> Result<(), LayoutError> {
+    match find(tensors, name) {
+        Some(_) => Ok(()),
+        None => Err(LayoutError::MissingTensor {
+            layout,
+            tensor: name.into(),
+            have: super::layout::list_tensors(tensors),
+        }),
+    }
+}
+
 /// How many hidden-size parts the last axis of `concat` holds, given one state `single`.
 pub(crate) fn parts(
     tensors: &[TensorInfo],

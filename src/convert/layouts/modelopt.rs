@@ -30,6 +30,7 @@ pub fn specs(
     tensors: &[TensorInfo],
     options: &LayoutOptions,
 ) -> Result<Vec<FieldSpec>, LayoutError> {
+    super::require("modelopt", tensors, SAVED.target)?;
     let k = parts(tensors, SAVED.aux, SAVED.target)?.unwrap_or(0);
     let mut defaults = vec![Some(CapturePoint::LayerInput); k as usize];
     defaults.push(Some(CapturePoint::FinalNorm));

@@ -34,6 +34,7 @@ pub fn specs(
     tensors: &[TensorInfo],
     options: &LayoutOptions,
 ) -> Result<Vec<FieldSpec>, LayoutError> {
+    super::require("specforge", tensors, SAVED.target)?;
     let k = parts(tensors, SAVED.aux, SAVED.target)?.unwrap_or(3);
     let mut defaults = vec![Some(CapturePoint::LayerInput); k as usize];
     defaults.push(Some(CapturePoint::FinalNorm));

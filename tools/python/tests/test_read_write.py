@@ -199,10 +199,25 @@ def test_writer_refuses_a_field_name_that_is_not_a_plain_file_name(tmp_path, nam
     schema = [hspack.token_ids(), hspack.field(name, "f32", [4])]
     with pytest.raises(hspack.HspackError) as e:
         hspack.Writer(tmp_path / "ds", schema, durable=False)
-    assert e.value.kind == "Format"
+    assert e.value.kind == "BadOption"
     message = str(e.value)
     assert f"field name {json.dumps(name)}" in message, message
     assert "field names must be 1..=128 bytes of ASCII letters, digits" in message, message
+    assert "the schema given is not valid" in message and "manifest" not in message, message
+
+
+def test_a_mistake_in_the_schema_given_is_said_of_the_schema(tmp_path):
+    """A field named twice or of zero bytes a row is the caller's schema, not a damaged
+    manifest."""
+    for schema, said in [
+        ([hspack.token_ids(), hspack.token_ids()], "field name `input_ids` appears twice"),
+        ([hspack.token_ids(), hspack.hidden_state(2, 0)], "row bytes is 0"),
+    ]:
+        with pytest.raises(hspack.HspackError) as e:
+            hspack.Writer(tmp_path / "ds", schema, durable=False)
+        message = str(e.value)
+        assert e.value.kind == "BadOption" and said in message, message
+        assert "the schema given is not valid" in message and "damaged" not in message, message
     assert not (tmp_path / "ds").exists()
 
 
