@@ -115,9 +115,14 @@ pub fn copy(
             option: "jobs",
             detail: e.to_string(),
         })?;
-    // The files besides shards first, while the source is as it was opened: a writer
-    // committing to it replaces segments and key runs as it merges them.
-    copy_listed_files(src, dst, &|_| true)?;
+    // A writer committing to the source replaces segments and key runs as it merges them:
+    // one gone already is said before any shard is sent. (They are sent last, as a store
+    // destination has always added them.)
+    for f in manifest.listed_files() {
+        if src.storage().size(f.file)?.is_none() {
+            return Err(source_changed(src, f.file));
+        }
+    }
     pool.install(|| {
         manifest
             .shards
@@ -172,6 +177,7 @@ pub fn copy(
                 Ok(())
             })
     })?;
+    copy_listed_files(src, dst, &|_| true)?;
     let published = publish_manifest(src, dst, existing.as_ref(), &*lock)?;
     if let (true, Some((before, _, _))) = (published, &existing) {
         // A sync over an earlier state: the segments, key runs and table parts that state
@@ -367,16 +373,7 @@ pub(crate) fn copy_listed_files(
             continue;
         }
         let Some(bytes) = src.storage().read(f.file)? else {
-            // A writer committing to the source merged its segments since it was opened, and
-            // removed those this copy was to send: the source changed, it is not damaged.
-            return Err(Error::CopyRefused {
-                path: src.storage().path(f.file),
-                detail: "the source's manifest listed it when the copy began, and a writer \
-                         committing to the source has since replaced it; the source's manifest \
-                         was not published at the destination: run the copy again (what was \
-                         sent is kept)"
-                    .into(),
-            });
+            return Err(source_changed(src, f.file));
         };
         if hash(&bytes) != want || bytes.len() as u64 != f.bytes {
             return Err(Error::SamplesTable {
@@ -398,6 +395,19 @@ pub(crate) fn copy_listed_files(
         }
     }
     Ok(copied)
+}
+
+/// File `file` the source's manifest listed is gone: a writer committing to the source merged
+/// its segments since it was opened, and removed those this copy was to send. The source
+/// changed; it is not damaged.
+fn source_changed(src: &Dataset, file: &str) -> Error {
+    Error::CopyRefused {
+        path: src.storage().path(file),
+        detail: "the source's manifest listed it when the copy began, and a writer committing \
+                 to the source has since replaced it; the source's manifest was not published \
+                 at the destination: run the copy again (what was sent is kept)"
+            .into(),
+    }
 }
 
 /// Publishes the source's manifest at the destination, last: where none is, or over the

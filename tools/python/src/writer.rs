@@ -17,6 +17,11 @@ fn stats(s: hspack::write::WriteStats) -> Stats {
     (s.samples, s.shards, s.bytes, s.raw_bytes)
 }
 
+/// The writer options a user gives, as an unknown one is answered: those matched below but
+/// `prequantized` (`CudaWriter`'s own), and `quantize`, which the Python writer takes first.
+const USER_OPTIONS: &str = "chunk_bytes, block_rows, shard_bytes, shard_samples, codec, \
+                            zstd_level, align_log2, durable, shared, quantize";
+
 pub(crate) fn write_options(options: Option<&Bound<'_, PyDict>>) -> PyResult<WriteOptions> {
     let mut o = WriteOptions::default();
     let Some(options) = options else {
@@ -48,7 +53,7 @@ pub(crate) fn write_options(options: Option<&Bound<'_, PyDict>>) -> PyResult<Wri
             other => {
                 return Err(bad_option(
                     "options",
-                    &format!("unknown option `{other}`; known: chunk_bytes, block_rows, shard_bytes, shard_samples, codec, zstd_level, align_log2, durable, shared, prequantized"),
+                    &format!("unknown option `{other}`; known: {USER_OPTIONS}"),
                 ))
             }
         }

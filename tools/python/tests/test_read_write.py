@@ -206,6 +206,14 @@ def test_writer_refuses_a_field_name_that_is_not_a_plain_file_name(tmp_path, nam
     assert "the schema given is not valid" in message and "manifest" not in message, message
 
 
+def test_an_unknown_writer_option_lists_the_ones_there_are(tmp_path):
+    with pytest.raises(hspack.HspackError) as e:
+        hspack.Writer(tmp_path / "ds", [hspack.token_ids()], chunk_byte=4096)
+    message = str(e.value)
+    assert "unknown option `chunk_byte`" in message and "chunk_bytes" in message, message
+    assert "quantize" in message and "prequantized" not in message, message
+
+
 def test_a_mistake_in_the_schema_given_is_said_of_the_schema(tmp_path):
     """A field named twice or of zero bytes a row is the caller's schema, not a damaged
     manifest."""
