@@ -273,7 +273,20 @@ fn a_copy_of_a_source_that_merged_segments_meanwhile_says_run_again() {
     );
     assert!(!dst.join("manifest.json").exists());
     w.finish().unwrap();
+    // A part gone while the manifest stays the same is the source's damage, not a change.
     let now = Dataset::open(&src).unwrap();
+    let keys = (now.manifest().listed_files().iter())
+        .map(|f| f.file.to_string())
+        .find(|f| f.starts_with("keys-"))
+        .unwrap();
+    let saved = std::fs::read(src.join(&keys)).unwrap();
+    std::fs::remove_file(src.join(&keys)).unwrap();
+    let err = hspack::transfer::copy(&now, &to, &Default::default(), &|_| {}).unwrap_err();
+    assert!(
+        err.is_damage() && err.to_string().contains("hspack reindex"),
+        "{err}"
+    );
+    std::fs::write(src.join(&keys), saved).unwrap();
     hspack::transfer::copy(&now, &to, &Default::default(), &|_| {}).unwrap();
     same_samples(&now, &Dataset::open(&dst).unwrap(), |_| {});
 }

@@ -24,7 +24,7 @@ pub struct Args {
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let (x, y) = match (Dataset::open(&a.a), Dataset::open(&a.b)) {
         (Ok(x), Ok(y)) => (x, y),
-        (Err(e), _) | (_, Err(e)) => return super::open_failed(e, false),
+        (Err(e), _) | (_, Err(e)) => return super::open_failed(e, a.json),
     };
     let options = CompareOptions { samples: a.samples };
     let c = match compare(&x, &y, &options) {

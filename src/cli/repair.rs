@@ -95,7 +95,9 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             ),
         };
         println!("{}: {verdict}", a.damaged.display());
-        println!("digest {}", report.digest);
+        if let Some(digest) = &report.digest {
+            println!("digest {digest}");
+        }
     }
     Ok(if ok {
         ExitCode::SUCCESS

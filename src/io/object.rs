@@ -465,7 +465,7 @@ struct ObjectFile {
     /// The last bytes, fetched at open: (their offset, the bytes).
     tail: Option<(u64, FileBytes)>,
     /// The object's version id (a versioned bucket) and ETag, as opened: every ranged read
-    /// asks for that version, or for bytes only while the ETag is the same (`If-Match`), so a
+    /// asks for bytes only while the ETag is the same (`If-Match`), or for that version, so a
     /// dataset written again under the same names while it is read is an error, never a mix
     /// of the two writes' bytes.
     version: Option<String>,
@@ -497,14 +497,14 @@ impl FileReader for ObjectFile {
             return Ok(FileBytes::from_vec(Vec::new()));
         }
         let store = self.storage.store()?;
+        // Pinned by `If-Match` on a strong ETag (a weak one never matches: the comparison is
+        // strong); by version id only where there is none, since S3 asks a reader naming a
+        // version for a permission (`s3:GetObjectVersion`) that `s3:GetObject` lacks.
+        let if_match = self.e_tag.clone().filter(|t| !t.starts_with("W/"));
         let options = GetOptions {
             range: Some(GetRange::Bounded(range.clone())),
-            version: self.version.clone(),
-            // A weak ETag never matches an `If-Match` (a strong comparison).
-            if_match: match self.version {
-                None => self.e_tag.clone().filter(|t| !t.starts_with("W/")),
-                Some(_) => None,
-            },
+            version: self.version.clone().filter(|_| if_match.is_none()),
+            if_match,
             ..GetOptions::default()
         };
         let got = block_on(async { store.get_opts(&self.path, options).await?.bytes().await })

@@ -31,10 +31,9 @@ pub(crate) fn take(words: usize) -> Option<Vec<u64>> {
     if let Some(kept) = FREE.try_lock().ok().and_then(|mut free| free.take(words)) {
         return Some(kept);
     }
-    let mut fresh = Vec::new();
-    fresh.try_reserve_exact(words).ok()?;
-    fresh.resize(words, 0);
-    Some(fresh)
+    // Asked first, then taken zeroed (`calloc`: fresh pages, not written here).
+    Vec::<u64>::new().try_reserve_exact(words).ok()?;
+    Some(vec![0; words])
 }
 
 /// Keeps `words` for a later [`take`] (or drops them, when the list is busy).

@@ -104,8 +104,8 @@ const GC_LEASE: &str = "gc.lease";
 
 /// What a collection waits for when writers are committing.
 const WAITING_FOR_ADDS: &str = "waiting for the writers adding to the store to finish their \
-     commits (a collection starts between commits; a writer that is stuck holds it up: see \
-     `ps` for hspack processes)";
+     commits, or for another collection (a collection starts between commits; a process that \
+     is stuck holds it up: see `ps` for hspack processes)";
 
 impl Locks {
     fn file(dir: &Path, name: &str) -> Result<File> {
@@ -151,8 +151,9 @@ impl Locks {
         }
     }
 
-    /// Takes the collector's lock (refused while another collection runs), then waits until
-    /// no add holds its lock; `waiting` is told once, with what it waits for, when it must.
+    /// Takes the collector's lock, then waits until no add holds its lock (in a folder: waits
+    /// for another collection too; in object storage, refused while another runs); `waiting`
+    /// is told once, with what it waits for, when it must.
     pub fn collecting(&self, waiting: &dyn Fn(&str)) -> Result<StoreLock> {
         let leases = match self {
             Locks::Folder(dir) => {

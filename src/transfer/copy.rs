@@ -106,6 +106,9 @@ pub fn copy(
         .as_ref()
         .map(|(m, _, _)| m.shards.iter().map(|s| s.file.as_str()).collect())
         .unwrap_or_default();
+    let same_state = existing
+        .as_ref()
+        .is_some_and(|(_, _, bytes)| bytes[..] == *src.manifest_bytes());
     let stats = Stats::default();
     let replaced = std::sync::Mutex::new(Vec::new());
     let pool = rayon::ThreadPoolBuilder::new()
@@ -144,20 +147,21 @@ pub fn copy(
                         }
                         // A shard the destination's own manifest lists is its committed data:
                         // damage there is for `hspack repair`, never silently overwritten.
-                        Err(e) if listed.contains(record.file.as_str()) => {
+                        Err(e) if listed.contains(record.file.as_str()) && e.is_damage() => {
                             return Err(Error::CopyRefused {
                                 path: dst.path(&record.file),
                                 detail: format!(
                                     "the destination's manifest lists this shard and it is \
                                      damaged there ({e}); a copy never overwrites what a \
-                                     manifest lists: run `hspack repair {} --from {}`, which \
-                                     sends it again",
-                                    dst.root().display(),
-                                    src.dir().display()
+                                     manifest lists: {}",
+                                    mend_at_destination(src, dst, same_state)
                                 ),
                             })
                         }
+                        Err(e) if listed.contains(record.file.as_str()) => return Err(e),
                         Err(_) => {
+                            // Not this copy's to delete once another holds the destination.
+                            lock.check()?;
                             dst.delete(&record.file)?;
                             replaced
                                 .lock()
@@ -177,16 +181,16 @@ pub fn copy(
                 Ok(())
             })
     })?;
+    // The files besides shards are put over any of their names there: only while the
+    // destination is still this copy's.
+    lock.confirm()?;
     copy_listed_files(src, dst, &|_| true)?;
     let published = publish_manifest(src, dst, existing.as_ref(), &*lock)?;
     if let (true, Some((before, _, _))) = (published, &existing) {
-        // A sync over an earlier state: the segments, key runs and table parts that state
-        // listed and the source's merges replaced are listed by nothing now.
-        let now: HashSet<&str> = manifest.listed_files().iter().map(|f| f.file).collect();
-        for f in before.listed_files() {
-            if !now.contains(f.file) {
-                let _ = dst.delete(f.file);
-            }
+        // A sync over an earlier state: the segments and key runs the source's merges
+        // replaced, as a writer removes them once its manifest is published.
+        for name in crate::write::segments::Mark::of(before).files_replaced_in(manifest, &[]) {
+            let _ = dst.delete(&name);
         }
     }
     let mut replaced = replaced.into_inner().unwrap_or_else(|e| e.into_inner());
@@ -397,16 +401,43 @@ pub(crate) fn copy_listed_files(
     Ok(copied)
 }
 
-/// File `file` the source's manifest listed is gone: a writer committing to the source merged
-/// its segments since it was opened, and removed those this copy was to send. The source
-/// changed; it is not damaged.
+/// File `file` the source's manifest lists is gone. When the manifest there is another now, a
+/// writer committing to the source merged its segments since it was opened and removed those
+/// this copy was to send: the source changed, it is not damaged. Else the source lost it.
 fn source_changed(src: &Dataset, file: &str) -> Error {
-    Error::CopyRefused {
-        path: src.storage().path(file),
-        detail: "the source's manifest listed it when the copy began, and a writer committing \
-                 to the source has since replaced it; the source's manifest was not published \
-                 at the destination: run the copy again (what was sent is kept)"
-            .into(),
+    let path = src.storage().path(file);
+    match src.storage().read(MANIFEST_FILE) {
+        Ok(Some(now)) if now == src.manifest_bytes() => Error::SamplesTable {
+            path,
+            detail: "the source's manifest lists it and it is missing; run `hspack reindex` on \
+                     the source (or `hspack repair` from another copy), then copy again"
+                .into(),
+        },
+        _ => Error::CopyRefused {
+            path,
+            detail: "the source's manifest listed it when the copy began, and a writer \
+                     committing to the source has since replaced it; the source's manifest was \
+                     not published at the destination: run the copy again (what was sent is \
+                     kept)"
+                .into(),
+        },
+    }
+}
+
+/// How to mend a damaged shard the destination's manifest lists: `repair` from the source
+/// where the destination holds the source's state (`same_state`), else a new copy.
+fn mend_at_destination(src: &Dataset, dst: &Arc<dyn Storage>, same_state: bool) -> String {
+    match same_state {
+        true => format!(
+            "run `hspack repair {} --from {}`, which sends it again",
+            dst.root().display(),
+            src.dir().display()
+        ),
+        false => format!(
+            "the destination holds an earlier state of the dataset: repair it from a copy of \
+             that state (`hspack repair {} --from COPY`), or copy into a new destination",
+            dst.root().display()
+        ),
     }
 }
 

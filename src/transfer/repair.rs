@@ -31,8 +31,9 @@ pub struct RepairReport {
     pub files_replaced: Vec<String>,
     /// Problems left after the repair (empty when it worked).
     pub problems_left: Vec<String>,
-    /// The dataset digest.
-    pub digest: String,
+    /// The dataset digest, where the copy verified intact (after the repair, or before when
+    /// there was nothing to repair).
+    pub digest: Option<String>,
 }
 
 /// The file a problem is in.
@@ -113,7 +114,7 @@ pub fn repair(damaged: &Dataset, good: &Dataset) -> Result<RepairReport> {
     }
     let mut report = RepairReport {
         problems_found: first.problems.iter().map(Error::to_string).collect(),
-        digest: first.digest.clone(),
+        digest: first.proven_digest().map(str::to_string),
         ..RepairReport::default()
     };
     if first.is_ok() {
@@ -137,6 +138,7 @@ pub fn repair(damaged: &Dataset, good: &Dataset) -> Result<RepairReport> {
     report.files_replaced = copy_listed_files(good, &dst, &|name| names.contains(name))?;
     let after = verify_dataset(damaged, VerifyOptions::default(), &|_| {})?;
     report.problems_left = after.problems.iter().map(Error::to_string).collect();
+    report.digest = after.proven_digest().map(str::to_string);
     Ok(report)
 }
 

@@ -7,7 +7,7 @@ pub mod lane;
 pub mod options;
 pub mod sample;
 pub mod samples_table;
-mod segments;
+pub(crate) mod segments;
 pub mod shard_writer;
 pub mod sink;
 

@@ -237,28 +237,49 @@ def test_a_copy_dataset_beside_a_map_dataset_in_one_worker_sends_writable_copies
         g["hidden_state"].add_(1)  # writable: a file range would fault here
 
 
-def test_a_tensor_not_received_in_the_pin_memory_thread_raises_when_pinned(tmp_path):
-    """The pin-memory thread unpickles what workers send outside its error handling: a file
-    range that cannot be mapped there (the shard deleted since) comes out as a value whose
-    pinning raises the error, which torch hands to the trainer, rather than ending the thread
-    with the error lost. In the main thread the error is raised at once."""
+class _Gone:
+    """Unpickles as `transfer.rebuild` of a shard that is not there."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (transfer.rebuild, (self.path, 0, 1, 2, 64, "bfloat16", 0, (2, 16), (16, 1)))
+
+
+def test_a_tensor_not_received_in_the_pin_memory_thread_reaches_the_trainer(tmp_path, monkeypatch):
+    """Torch's pin-memory thread unpickles what workers send outside its error handling: a
+    file range that cannot be mapped there (the shard deleted since) comes out as a value
+    whose pinning raises the error, which torch's loop hands to the trainer as a worker's
+    error, rather than ending the thread with the error lost. Elsewhere (the main thread,
+    another thread of the trainer) the error is raised where the tensor is received."""
+    import multiprocessing
+    import queue
     import threading
 
-    from torch.utils.data._utils.pin_memory import pin_memory
+    from torch.utils.data._utils.pin_memory import _pin_memory_loop
 
     gone = str(tmp_path / "shard-000000.hsp")
-    args = (gone, 0, 1, 2, 64, "bfloat16", 0, (2, 16), (16, 1))
     with pytest.raises(hspack.HspackError, match="shard-000000.hsp"):
-        transfer.rebuild(*args)
-    got = {}
-    worker = threading.Thread(target=lambda: got.update(batch={"hidden_state": transfer.rebuild(*args)}))
-    worker.start()
-    worker.join()
-    assert isinstance(got["batch"]["hidden_state"], transfer.Unreadable)
+        pickle_roundtrip(_Gone(gone))
+    raised = []
+    other = threading.Thread(target=lambda: raised.append(pytest.raises(hspack.HspackError, pickle_roundtrip, _Gone(gone))))
+    other.start()
+    other.join()
+    assert raised
+    # The loop itself, on this machine's CPU (it sets the accelerator's device first).
+    monkeypatch.setattr(torch.accelerator, "set_device_index", lambda index: None)
+    into, out, done = multiprocessing.Queue(), queue.Queue(), threading.Event()
+    into.put((0, {"hidden_state": _Gone(gone)}))
+    loop = threading.Thread(target=_pin_memory_loop, args=(into, out, 0, done, "cpu"), daemon=True)
+    loop.start()
+    try:
+        index, got = out.get(timeout=60)
+    finally:
+        done.set()
+    assert index == 0 and "shard-000000.hsp" in got.exc_msg, got
     with pytest.raises(hspack.HspackError, match="shard-000000.hsp"):
-        pin_memory(got["batch"], None)
-    with pytest.raises(hspack.HspackError):
-        got["batch"]["hidden_state"].shape
+        got.reraise()
 
 
 def test_a_damaged_chunk_raises_in_a_worker_every_epoch(stacked_path, tmp_path):

@@ -117,8 +117,12 @@ _MEMO_PREFIX = "hspack-checked-"
 
 
 def _pid_namespace() -> str:
+    """This boot of this machine and its pid namespace: pids are those of one namespace of one
+    host (a temp folder may be shared with other hosts, and namespace inodes repeat across
+    them); "0" where `/proc` cannot say, which no cleanup touches."""
     try:
-        return str(os.stat("/proc/self/ns/pid").st_ino)
+        boot = open("/proc/sys/kernel/random/boot_id").read().strip().replace("-", "")[:12]
+        return f"{boot}.{os.stat('/proc/self/ns/pid').st_ino}"
     except OSError:
         return "0"
 
@@ -127,7 +131,10 @@ def _remove_dead_memos(base: str | None) -> None:
     """Removes the memo folders of processes of this pid namespace that are gone: a folder is
     removed when its dataset object is collected, which a process killed (`SIGKILL`, or the
     `SIGTERM` torchrun sends the ranks when one fails) never does, and `/dev/shm` is memory."""
-    folder, mine = base or tempfile.gettempdir(), f"{_MEMO_PREFIX}{_pid_namespace()}-"
+    namespace = _pid_namespace()
+    if namespace == "0":
+        return
+    folder, mine = base or tempfile.gettempdir(), f"{_MEMO_PREFIX}{namespace}-"
     try:
         names = os.listdir(folder)
     except OSError:

@@ -120,8 +120,8 @@ def rebuild_lent(pid: int, fd: int, dev: int, ino: int, offset: int, nbytes: int
 
 
 class Unreadable:
-    """What a tensor that could not be rebuilt becomes outside the main thread: any use of it
-    raises the error. The DataLoader's pin-memory thread unpickles what workers send outside
+    """What a tensor that could not be rebuilt becomes in torch's pin-memory thread: any use of
+    it raises the error. The DataLoader's pin-memory thread unpickles what workers send outside
     its error handling, so an error raised there ends the thread and the trainer learns only
     that it exited; this way the thread's `pin_memory` of the batch raises it, and the trainer
     gets it, as any error of a worker."""
@@ -137,12 +137,17 @@ class Unreadable:
 
 
 def _unreadable(error: BaseException) -> Any:
-    """Raises `error` in the main thread; elsewhere returns it as an `Unreadable`."""
-    import threading
+    """Returns `error` as an `Unreadable` in torch's pin-memory thread (unpickling inside its
+    loop); raises it everywhere else, where the caller's `next()` hands it on."""
+    import sys
 
-    if threading.current_thread() is threading.main_thread():
-        raise error
-    return Unreadable(error)
+    frame = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "_pin_memory_loop" and code.co_filename.endswith("pin_memory.py"):
+            return Unreadable(error)
+        frame = frame.f_back
+    raise error
 
 
 def _over(raw: Any, dtype: str, storage_offset: int, size: tuple, stride: tuple) -> Any:
