@@ -188,6 +188,15 @@ fn a_file_given_for_a_folder_is_named_as_a_file() {
         );
         assert!(!said.contains(": ?"), "{args:?}: {said}");
     }
+    // A layer the demo's model does not have: refused before anything is written.
+    let o = hspack_in(&["demo", "--out", "b", "--layers", "2,70"], t.path());
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("--layers 70: the demo's model has 61 layers"),
+        "{}",
+        text(&o)
+    );
+    assert!(!t.path().join("b").exists());
     let err = hspack::DatasetWriter::create(
         t.path().join("notes.py"),
         hspack::synth::capture_schema("m", 4, 8, &[1]),

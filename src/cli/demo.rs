@@ -17,6 +17,8 @@ const DEFAULT_OUT: &str = "hspack-demo";
 
 /// The model a demo dataset names: what marks a dataset the demo may replace.
 const DEMO_MODEL: &str = "synthetic DeepSeek-V3-style";
+/// Decoder layers of the demo's model (a DeepSeek-V3 / Kimi-K2.5 shape).
+const DEMO_LAYERS: u32 = 61;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -101,8 +103,14 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     if a.min_tokens > a.max_tokens || a.samples == 0 {
         bail!("need --samples >= 1 and --min-tokens <= --max-tokens");
     }
+    if let Some(l) = a.layers.iter().find(|&&l| l >= DEMO_LAYERS) {
+        bail!(
+            "--layers {l}: the demo's model has {DEMO_LAYERS} layers, whose inputs are ids 0 to {}",
+            DEMO_LAYERS - 1
+        );
+    }
     clear_previous(&a.out)?;
-    let schema = capture_schema(DEMO_MODEL, 61, a.hidden, &a.layers);
+    let schema = capture_schema(DEMO_MODEL, DEMO_LAYERS, a.hidden, &a.layers);
     let mut rng = Rng::new(42);
     let scales: Vec<Vec<f32>> = a
         .layers
