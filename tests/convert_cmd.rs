@@ -8,7 +8,7 @@ use common::dumps::{check_dataset, run_then_kill, write_dumps, V};
 use common::{pt_fixtures, s};
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use hspack::Dataset;
@@ -417,19 +417,24 @@ fn modelopt_keys_from_the_stored_conversation_id() {
     assert_eq!(Dataset::open(&ds).unwrap().len(), 3);
 }
 
+/// Folder `dir` holding the SpecForge fixture as `data_0.ckpt`; returns it.
+fn one_specforge_file(dir: &Path) -> PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::copy(
+        pt_fixtures().join("specforge.ckpt"),
+        dir.join("data_0.ckpt"),
+    )
+    .unwrap();
+    dir.to_path_buf()
+}
+
 /// SpecForge files converted with the eagle layout, which reads only `hidden_state`: the
 /// auxiliary layers would be lost (and with --delete-source, their only copy): refused,
 /// naming the tensor, before anything is written or deleted.
 #[test]
 fn a_preset_that_would_leave_out_hidden_states_is_refused() {
     let t = tempfile::tempdir().unwrap();
-    let src = t.path().join("src");
-    std::fs::create_dir_all(&src).unwrap();
-    std::fs::copy(
-        pt_fixtures().join("specforge.ckpt"),
-        src.join("data_0.ckpt"),
-    )
-    .unwrap();
+    let src = one_specforge_file(&t.path().join("src"));
     let ds = t.path().join("ds");
     let o = hspack(&[
         "convert",
@@ -1151,13 +1156,7 @@ fn grouped_files_name_values_as_fields_and_errors_name_the_file_at_fault() {
 #[test]
 fn the_last_layer_is_the_final_norm_only_when_num_layers_says_so() {
     let t = tempfile::tempdir().unwrap();
-    let src = t.path().join("src/rows_0-1");
-    std::fs::create_dir_all(&src).unwrap();
-    std::fs::copy(
-        pt_fixtures().join("specforge.ckpt"),
-        src.join("data_0.ckpt"),
-    )
-    .unwrap();
+    one_specforge_file(&t.path().join("src/rows_0-1"));
     let src = t.path().join("src");
     let run = |ds: &Path, extra: &[&str]| {
         let mut a = vec![

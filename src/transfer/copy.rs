@@ -147,18 +147,9 @@ pub fn copy(
                         }
                         // A shard the destination's own manifest lists is its committed data:
                         // damage there is for `hspack repair`, never silently overwritten.
-                        Err(e) if listed.contains(record.file.as_str()) && e.is_damage() => {
-                            return Err(Error::CopyRefused {
-                                path: dst.path(&record.file),
-                                detail: format!(
-                                    "the destination's manifest lists this shard and it is \
-                                     damaged there ({e}); a copy never overwrites what a \
-                                     manifest lists: {}",
-                                    mend_at_destination(src, dst, same_state)
-                                ),
-                            })
+                        Err(e) if listed.contains(record.file.as_str()) => {
+                            return Err(listed_shard_failed(e, src, dst, record, same_state))
                         }
-                        Err(e) if listed.contains(record.file.as_str()) => return Err(e),
                         Err(_) => {
                             // Not this copy's to delete once another holds the destination.
                             lock.check()?;
@@ -424,10 +415,20 @@ fn source_changed(src: &Dataset, file: &str) -> Error {
     }
 }
 
-/// How to mend a damaged shard the destination's manifest lists: `repair` from the source
-/// where the destination holds the source's state (`same_state`), else a new copy.
-fn mend_at_destination(src: &Dataset, dst: &Arc<dyn Storage>, same_state: bool) -> String {
-    match same_state {
+/// Why a shard the destination's manifest lists failed its proof, `e`: damage is refused with
+/// how to mend it (`repair` from the source where the destination holds the source's state,
+/// `same_state`; else from a copy of its own state), any other error is returned as it is.
+fn listed_shard_failed(
+    e: Error,
+    src: &Dataset,
+    dst: &Arc<dyn Storage>,
+    record: &ShardRecord,
+    same_state: bool,
+) -> Error {
+    if !e.is_damage() {
+        return e;
+    }
+    let mend = match same_state {
         true => format!(
             "run `hspack repair {} --from {}`, which sends it again",
             dst.root().display(),
@@ -437,6 +438,13 @@ fn mend_at_destination(src: &Dataset, dst: &Arc<dyn Storage>, same_state: bool) 
             "the destination holds an earlier state of the dataset: repair it from a copy of \
              that state (`hspack repair {} --from COPY`), or copy into a new destination",
             dst.root().display()
+        ),
+    };
+    Error::CopyRefused {
+        path: dst.path(&record.file),
+        detail: format!(
+            "the destination's manifest lists this shard and it is damaged there ({e}); a copy \
+             never overwrites what a manifest lists: {mend}"
         ),
     }
 }

@@ -64,8 +64,8 @@ class _Epoch(_progress.Progress):
         # A shuffled order follows shard boundaries: the same count of samples cut into other
         # shards (a copy re-converted or quantized) orders them otherwise.
         shards = {"shards": _order.digest(shard_ranges)} if shuffle else {}
-        super().__init__(seed, rank, world_size, "samples", shuffle=shuffle, block_size=block_size, window_blocks=window_blocks, drop_last=drop_last, pad=pad, samples=_order.samples(shard_ranges), **shards)
         samples = _order.samples(shard_ranges)
+        super().__init__(seed, rank, world_size, "samples", shuffle=shuffle, block_size=block_size, window_blocks=window_blocks, drop_last=drop_last, pad=pad, samples=samples, **shards)
         if self.world_size > 1 and samples % self.world_size and not (drop_last or pad):
             import warnings
 
