@@ -211,9 +211,10 @@ pub enum Error {
         /// Samples of the refused commit.
         samples: u64,
     },
-    /// A writer whose commit inside `append` failed: the open shard was full, and the
-    /// samples it held, accepted (and given ordinals) by earlier appends, may not be in the
-    /// dataset. The writer takes no more samples, so none of their ordinals is given again.
+    /// A writer whose open shard could not be committed: its commit failed (inside `append`,
+    /// the shard being full, or asked for), or a write into it failed part way. The samples
+    /// it held, accepted (and given ordinals) by earlier appends, may not be in the dataset;
+    /// the writer takes no more samples, so none of their ordinals is given again.
     #[error("{}: {commit}", path.display())]
     WriterStopped {
         /// The dataset.
@@ -335,12 +336,24 @@ pub(crate) fn format(path: impl Into<PathBuf>) -> impl FnOnce(FormatError) -> Er
     move |source| Error::Format { path, source }
 }
 
-/// The commit inside `append` that failed and stopped a writer ([`Error::WriterStopped`]).
+/// What stopped a writer ([`Error::WriterStopped`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StopCause {
+    /// Appending this key first committed the full open shard, and that commit failed.
+    CommitBefore(String),
+    /// Writing this key's sample into the open shard failed part way: the shard holds bytes
+    /// its index does not list and is not committed.
+    Write(String),
+    /// A commit asked for (`commit`, `finish`) failed.
+    Commit,
+}
+
+/// The open shard's commit that failed and stopped a writer ([`Error::WriterStopped`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoppedCommit {
-    /// The key whose append committed the shard.
-    pub refused: String,
-    /// Samples of the shard whose commit failed.
+    /// What failed.
+    pub what: StopCause,
+    /// Samples of the open shard, now not committed.
     pub samples: u64,
     /// Its first key.
     pub first: String,
@@ -355,7 +368,7 @@ pub struct StoppedCommit {
 impl std::fmt::Display for StoppedCommit {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let StoppedCommit {
-            refused,
+            what,
             samples,
             first,
             last,
@@ -366,12 +379,31 @@ impl std::fmt::Display for StoppedCommit {
             Some(o) => format!(", ordinals {} to {}", o.start(), o.end()),
             None => String::new(),
         };
+        let (failed, not_appended) = match what {
+            StopCause::CommitBefore(key) => (
+                format!(
+                    "appending `{key}` first commits the full open shard, and that commit \
+                     failed ({cause})"
+                ),
+                format!(", and `{key}` was not appended"),
+            ),
+            StopCause::Write(key) => (
+                format!(
+                    "writing `{key}` into the open shard failed part way ({cause}), so that \
+                     shard is not committed"
+                ),
+                format!(", and `{key}` was not appended"),
+            ),
+            StopCause::Commit => (
+                format!("the commit of the open shard failed ({cause})"),
+                String::new(),
+            ),
+        };
         write!(
             f,
-            "this writer stopped: appending `{refused}` first commits the full open shard, and \
-             that commit failed ({cause}). Its {samples} samples (`{first}` to `{last}`{ordinals}) \
-             may not be in the dataset, and `{refused}` was not appended; open the dataset again \
-             (writing resumes after its last commit) and append from `{first}` on \
+            "this writer stopped: {failed}. Its {samples} samples (`{first}` to \
+             `{last}`{ordinals}) may not be in the dataset{not_appended}; open the dataset \
+             again (writing resumes after its last commit) and append from `{first}` on \
              (`contains_key`, in Python `Writer.contains`, says which samples it holds)"
         )
     }

@@ -416,6 +416,100 @@ fn a_failed_commit_inside_append_stops_the_writer() {
 
 /// A commit whose manifest landed while its publish reported an error, and whose read-back
 /// failed too: the writer cannot tell whether it landed, so it takes nothing back.
+/// A write into the open shard that fails part way (a full disk) leaves bytes of a sample its
+/// index does not list: the shard is dropped, never committed over them, and the writer
+/// stops, naming the samples it held; with no sample held, it only starts the shard again.
+#[test]
+fn a_failed_write_into_the_open_shard_stops_the_writer_and_commits_nothing_damaged() {
+    let m = MemoryStorage::new("full-disk");
+    let storage: Arc<dyn Storage> = Arc::new(m.clone());
+    write(&storage, 0..5, small_options());
+    let mut w = reopen(&storage);
+    // The first sample of a new shard fails: nothing was given an ordinal, so the writer
+    // goes on with a fresh shard.
+    m.set_faults(Faults {
+        writes_before_failure: Some(1),
+        ..Faults::default()
+    });
+    let err = w.append("s5", &as_fields(&sample(5))).unwrap_err();
+    assert!(err.to_string().contains("no space left"), "{err}");
+    m.set_faults(Faults::default());
+    for i in 5..8 {
+        assert_eq!(
+            w.append(&format!("s{i}"), &as_fields(&sample(i))).unwrap(),
+            i
+        );
+    }
+    // The second chunk of the next sample fails, its first one written.
+    m.set_faults(Faults {
+        writes_before_failure: Some(1),
+        ..Faults::default()
+    });
+    let err = w.append("s8", &as_fields(&sample(8))).unwrap_err();
+    m.set_faults(Faults::default());
+    let said = err.to_string();
+    assert!(matches!(err, Error::WriterStopped { .. }), "{err:?}");
+    for part in [
+        "writing `s8` into the open shard failed part way",
+        "`s5` to `s7`",
+        "ordinals 5 to 7",
+        "3 samples",
+        "`s8` was not appended",
+        "no space left",
+        "open the dataset again",
+    ] {
+        assert!(said.contains(part), "{part:?} is not in: {said}");
+    }
+    let again = w.append("s9", &as_fields(&sample(9))).unwrap_err();
+    assert!(matches!(again, Error::WriterStopped { .. }), "{again:?}");
+    assert!(!w.contains_key("s5"), "a sample not committed is not held");
+    assert!(matches!(
+        w.finish().unwrap_err(),
+        Error::WriterStopped { .. }
+    ));
+    let ds = open(&storage);
+    check_all("after the stop", &ds, 5);
+    let report = verify_dataset(&ds, VerifyOptions::default(), &|_| {}).unwrap();
+    assert!(report.is_ok(), "{:?}", report.problems);
+    write(&storage, 5..10, small_options());
+    check_all("reopened and appended again", &open(&storage), 10);
+}
+
+/// A commit asked for that fails returns its error and stops the writer too: the samples it
+/// held were given ordinals, and a writer that went on would give them again.
+#[test]
+fn a_failed_commit_stops_the_writer() {
+    let m = MemoryStorage::new("commit-fails");
+    let storage: Arc<dyn Storage> = Arc::new(m.clone());
+    write(&storage, 0..5, small_options());
+    let mut w = reopen(&storage);
+    for i in 5..8 {
+        w.append(&format!("s{i}"), &as_fields(&sample(i))).unwrap();
+    }
+    m.set_faults(Faults {
+        failing_publishes_of: Some("segment-".into()),
+        ..Faults::default()
+    });
+    let err = w.commit().unwrap_err();
+    m.set_faults(Faults::default());
+    assert!(err.to_string().contains("injected fault"), "{err}");
+    let again = w.append("s5", &as_fields(&sample(5))).unwrap_err();
+    assert!(matches!(again, Error::WriterStopped { .. }), "{again:?}");
+    let said = again.to_string();
+    for part in [
+        "the commit of the open shard failed",
+        "`s5` to `s7`",
+        "ordinals 5 to 7",
+        "injected fault",
+    ] {
+        assert!(said.contains(part), "{part:?} is not in: {said}");
+    }
+    drop(w);
+    check_all("after the stop", &open(&storage), 5);
+    write(&storage, 5..8, small_options());
+    check_all("reopened and appended again", &open(&storage), 8);
+}
+
 #[test]
 fn a_commit_that_may_have_landed_takes_back_none_of_its_files() {
     let m = MemoryStorage::new("unsure");
@@ -443,8 +537,8 @@ fn a_commit_that_may_have_landed_takes_back_none_of_its_files() {
 }
 
 /// Under a lease, a commit that failed before its manifest's put leaves its files (named after
-/// the lease) listed nowhere: taken back, and the same writer's next commit makes them again
-/// and lands. One whose manifest put failed in transit keeps them: that put may still land.
+/// the lease) listed nowhere: taken back, and the writer reopened makes them again and
+/// lands. One whose manifest put failed in transit keeps them: that put may still land.
 #[test]
 fn a_leased_writer_takes_back_only_what_no_manifest_can_list() {
     let m = MemoryStorage::new("leased");
@@ -471,7 +565,14 @@ fn a_leased_writer_takes_back_only_what_no_manifest_can_list() {
     assert!(err.to_string().contains("injected fault"), "{err}");
     assert_eq!(storage.list().unwrap(), before, "all taken back");
     m.set_faults(Faults::default());
-    // Its samples were not committed: appended again, and committed.
+    // Its samples were not committed: the writer stopped; reopened, it appends them again
+    // and commits them under the same names.
+    assert!(matches!(
+        w.append("s5", &as_fields(&sample(5))).unwrap_err(),
+        Error::WriterStopped { .. }
+    ));
+    drop(w);
+    let mut w = reopen(&storage);
     append(&mut w);
     w.commit().unwrap();
     check_all("after the second commit", &open(&storage), 8);

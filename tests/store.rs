@@ -703,6 +703,24 @@ fn capture_keys_find_stored_samples_until_their_dataset_goes() {
         (Some(records[4].1), true, 1)
     );
     w.finish().unwrap();
+    // Not into a dataset whose fields are of another dtype of the same width: the bytes
+    // would pass every length check and mean other values.
+    let mut f16 = capture_schema(64);
+    for f in &mut f16.fields {
+        if f.dtype == hspack::DType::BF16 {
+            f.dtype = hspack::DType::F16;
+        }
+    }
+    assert_ne!(f16, capture_schema(64));
+    let mut w16 = DatasetWriter::create_in(
+        Arc::new(store.dataset("f16").unwrap()),
+        f16,
+        WriteOptions::default(),
+    )
+    .unwrap();
+    let (done, stats) = reuse_captured(&store, &mut w16, &[("x".into(), key(4))]).unwrap();
+    assert_eq!((done[0], stats.reused, w16.len()), (None, 0, 0));
+    drop(w16);
     let b = Dataset::open(store_dir.join("b")).unwrap();
     assert_eq!(b.len(), 1);
     assert_eq!(
@@ -1013,7 +1031,8 @@ fn convert_with_a_capture_config_copies_what_the_store_holds_without_reading_it(
 
 /// A writer whose commit fails because the file naming the dataset's state cannot be
 /// replaced (`blocker`, that file's temp name, is taken by a folder): the commit says so,
-/// readers find the last commit, and the writer goes on from it once the cause is gone.
+/// readers find the last commit, the writer stops, and one opened again goes on from the last
+/// commit once the cause is gone.
 fn a_commit_that_cannot_be_published_fails_and_the_last_commit_stays(dir: &Path, blocker: &Path) {
     let mut w = DatasetWriter::create(dir, capture_schema(64), small_options()).unwrap();
     w.append("a", &as_fields(&capture_sample(1, 5, 64)))
@@ -1031,6 +1050,13 @@ fn a_commit_that_cannot_be_published_fails_and_the_last_commit_stays(dir: &Path,
         "only `a` is committed"
     );
     std::fs::remove_dir(blocker).unwrap();
+    // The writer stopped: `b` was given an ordinal, and is not in the dataset.
+    let stopped = w
+        .append("c", &as_fields(&capture_sample(3, 5, 64)))
+        .unwrap_err();
+    assert!(stopped.to_string().contains("`b` to `b`"), "{stopped}");
+    drop(w);
+    let mut w = DatasetWriter::open(dir, capture_schema(64), small_options()).unwrap();
     w.append("c", &as_fields(&capture_sample(3, 5, 64)))
         .unwrap();
     w.finish().unwrap();

@@ -31,6 +31,9 @@ pub struct Faults {
     pub failed_publishes_land: bool,
     /// Whole-file reads of files whose name contains this fail.
     pub failing_reads_of: Option<String>,
+    /// Writes into files being written that succeed before every later one fails, as on a
+    /// full disk (counted from when the faults are set).
+    pub writes_before_failure: Option<u32>,
 }
 
 #[derive(Debug, Default)]
@@ -38,6 +41,7 @@ struct State {
     files: BTreeMap<String, FileBytes>,
     faults: Faults,
     publishes: u32,
+    writes: u32,
     /// The process holding the writer lock, if any.
     locked_by: Option<u32>,
     /// The token of the leases handed out, as object storage's are ([`MemoryStorage::lease_as`]).
@@ -69,6 +73,7 @@ impl MemoryStorage {
         let mut s = self.state();
         s.faults = faults;
         s.publishes = 0;
+        s.writes = 0;
     }
 
     /// The bytes of `name`, if there is such a file.
@@ -290,6 +295,17 @@ struct MemoryNewFile {
 
 impl NewFile for MemoryNewFile {
     fn write_at(&mut self, offset: u64, bytes: &[u8]) -> Result<()> {
+        {
+            let mut s = self.storage.state();
+            s.writes += 1;
+            if (s.faults.writes_before_failure).is_some_and(|n| s.writes > n) {
+                return Err(Error::Io {
+                    path: self.storage.path(&self.temp),
+                    op: "write",
+                    source: std::io::Error::other("injected fault: no space left"),
+                });
+            }
+        }
         let range = offset..offset.saturating_add(bytes.len() as u64);
         let Some(r) = usize_range(&range) else {
             return Err(out_of_file(

@@ -459,8 +459,9 @@ pub fn reuse_captured(
             continue;
         };
         if !stores_as_exactly(ds.schema(), writer.schema()) {
-            // Values read back approximately must not become another dataset's values: a
-            // sample of a quantized dataset is reused only by one that quantizes it alike.
+            // Values read back approximately, or bytes of another dtype, must not become
+            // another dataset's values: a sample is reused only by a dataset that stores its
+            // fields alike.
             out.push(None);
             continue;
         }
@@ -481,14 +482,19 @@ pub fn reuse_captured(
     Ok((out, stats))
 }
 
-/// True when every field of `to` is stored exactly in `from`, or quantized there as `to`
-/// quantizes it: a sample of `from` is then a sample `to` may hold.
+/// True when every field of `to` is in `from` with its dtype and row shape, stored exactly or
+/// quantized as `to` quantizes it: a sample of `from` is then a sample `to` may hold (bytes of
+/// another dtype of the same width would pass every length check, and mean other values).
 fn stores_as_exactly(from: &crate::format::Schema, to: &crate::format::Schema) -> bool {
     to.fields.iter().all(|f| {
         from.fields
             .iter()
             .find(|g| g.name == f.name)
-            .is_some_and(|g| g.quantized.is_none() || g.quantized == f.quantized)
+            .is_some_and(|g| {
+                g.dtype == f.dtype
+                    && g.shape == f.shape
+                    && (g.quantized.is_none() || g.quantized == f.quantized)
+            })
     })
 }
 

@@ -4,7 +4,7 @@ use std::collections::HashSet;
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::error::{Error, Result, StoppedCommit};
+use crate::error::{Error, Result, StopCause, StoppedCommit};
 use crate::failpoint::failpoint;
 use crate::format::manifest::{hex, shard_file_name, MANIFEST_FILE, TEMP_SUFFIX};
 use crate::format::segment::is_tagged;
@@ -254,10 +254,63 @@ impl DatasetWriter {
         };
         let options = self.options.clone();
         let shard = self.current_shard()?;
-        sample::write(shard, &schema, &options, key, &checked)?;
+        if let Err(e) = sample::write(shard, &schema, &options, key, &checked) {
+            if shard.unfit().is_some() {
+                return self.stop_after_failed_write(key, e);
+            }
+            return Err(e);
+        }
         self.keys.insert(key.to_string());
         self.current_keys.push(key.to_string());
         Ok(ordinal)
+    }
+
+    /// A write into the open shard failed part way: the shard is dropped. The writer stops
+    /// when it held samples, which earlier appends gave ordinals; an empty one is only
+    /// started again.
+    fn stop_after_failed_write(&mut self, key: &str, e: Error) -> Result<u64> {
+        let Some(shard) = self.current.take() else {
+            return Err(e);
+        };
+        if shard.sample_count() == 0 {
+            shard.abandon();
+            return Err(e);
+        }
+        self.stop(StopCause::Write(key.to_string()), e, Some(shard))
+    }
+
+    /// Stops the writer: the open shard (`shard`, or the one whose commit just failed) is
+    /// not committed, its samples forgotten (those another writer sharing the dataset
+    /// committed first excepted), and every later call refused with what happened. Returns
+    /// [`Error::WriterStopped`], or for a commit asked for, the commit's own error.
+    fn stop<T>(&mut self, what: StopCause, cause: Error, shard: Option<ShardWriter>) -> Result<T> {
+        let samples = shard
+            .as_ref()
+            .map_or(self.current_keys.len() as u64, |s| s.sample_count());
+        if let Some(shard) = shard {
+            shard.abandon();
+        }
+        let keys = std::mem::take(&mut self.current_keys);
+        for k in keys.iter().filter(|k| !self.taken.contains(*k)) {
+            self.keys.remove(k);
+        }
+        let first_ordinal = self.manifest.samples;
+        let stopped = StoppedCommit {
+            what,
+            samples,
+            first: keys.first().cloned().unwrap_or_default(),
+            last: keys.last().cloned().unwrap_or_default(),
+            ordinals: (!self.options.shared)
+                .then(|| first_ordinal..=first_ordinal + samples.saturating_sub(1)),
+            cause: cause.to_string(),
+        };
+        let error = match stopped.what {
+            // Asked for: the commit's own error, which says why; later calls say the rest.
+            StopCause::Commit => cause,
+            _ => self.stopped_error(&stopped),
+        };
+        self.stopped = Some(stopped);
+        Err(error)
     }
 
     /// Commits the open shard before `key`'s sample of `incoming` bytes when it is full. Where
@@ -275,39 +328,21 @@ impl DatasetWriter {
         {
             return Ok(());
         }
-        let samples = s.sample_count();
-        let first_ordinal = self.manifest.samples;
-        let (first, last) = match (self.current_keys.first(), self.current_keys.last()) {
-            (Some(first), Some(last)) => (first.clone(), last.clone()),
-            _ => return self.commit().map(drop),
-        };
-        match self.commit() {
-            Ok(_) => Ok(()),
-            Err(e @ Error::KeyTaken { .. }) => Err(e),
-            Err(cause) => {
-                let stopped = StoppedCommit {
-                    refused: key.to_string(),
-                    samples,
-                    first,
-                    last,
-                    ordinals: (!self.options.shared)
-                        .then(|| first_ordinal..=first_ordinal + samples.saturating_sub(1)),
-                    cause: cause.to_string(),
-                };
-                self.stopped = Some(stopped);
-                self.check_not_stopped()
-            }
-        }
+        self.commit_or_stop(StopCause::CommitBefore(key.to_string()))
     }
 
     /// Refuses every call once the writer stopped ([`Error::WriterStopped`]).
     fn check_not_stopped(&self) -> Result<()> {
         match &self.stopped {
-            Some(commit) => Err(Error::WriterStopped {
-                path: self.storage.root().to_path_buf(),
-                commit: Box::new(commit.clone()),
-            }),
+            Some(stopped) => Err(self.stopped_error(stopped)),
             None => Ok(()),
+        }
+    }
+
+    fn stopped_error(&self, stopped: &StoppedCommit) -> Error {
+        Error::WriterStopped {
+            path: self.storage.root().to_path_buf(),
+            commit: Box::new(stopped.clone()),
         }
     }
 
@@ -346,21 +381,39 @@ impl DatasetWriter {
     }
 
     /// Commits the open shard: after this, its samples survive a crash and readers see them.
+    /// Where the commit fails, its error is returned and the writer stops, as after a commit
+    /// inside `append`: every later call is refused with [`Error::WriterStopped`], which names
+    /// the samples not committed. A commit refused for a key another writer sharing the
+    /// dataset committed first ([`Error::KeyTaken`]) leaves the writer going.
     pub fn commit(&mut self) -> Result<WriteStats> {
         self.check_owner()?;
         self.check_not_stopped()?;
-        let keys = std::mem::take(&mut self.current_keys);
-        if let Some(shard) = self.current.take() {
-            if let Err(e) = self.commit_shard(shard, &HashSet::new()) {
+        self.commit_or_stop(StopCause::Commit)?;
+        Ok(self.stats())
+    }
+
+    /// Commits the open shard, stopping the writer as `what` where that fails.
+    fn commit_or_stop(&mut self, what: StopCause) -> Result<()> {
+        let Some(shard) = self.current.take() else {
+            return Ok(());
+        };
+        match self.commit_shard(shard, &HashSet::new()) {
+            Ok(()) => {
+                self.current_keys.clear();
+                Ok(())
+            }
+            Err(e @ Error::KeyTaken { .. }) => {
                 // Not committed: a resumed run must not skip these samples (those another
                 // writer committed first are there, though).
-                for k in keys.iter().filter(|k| !self.taken.contains(*k)) {
-                    self.keys.remove(k);
+                for k in std::mem::take(&mut self.current_keys) {
+                    if !self.taken.contains(&k) {
+                        self.keys.remove(&k);
+                    }
                 }
-                return Err(e);
+                Err(e)
             }
+            Err(e) => self.stop(what, e, None),
         }
-        Ok(self.stats())
     }
 
     /// Refuses to act in a process forked from the one that opened the writer: the parent

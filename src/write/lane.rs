@@ -90,6 +90,16 @@ impl ShardLane {
                 key: key.to_string(),
             });
         }
+        if let Some(cause) = self.shard.as_ref().and_then(|s| s.unfit()) {
+            return Err(Error::Io {
+                path: "lane".into(),
+                op: "append",
+                source: std::io::Error::other(format!(
+                    "a write into this lane's shard failed ({cause}), so it takes no more \
+                     samples and is not committed: drop it and append its samples to a new lane"
+                )),
+            });
+        }
         let schema = Arc::clone(&self.schema);
         let checked = sample::check(&schema, key, fields, self.options.prequantized)?;
         let position = self.sample_count();

@@ -8,7 +8,7 @@
 
 use rayon::prelude::*;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::failpoint::failpoint;
 use crate::format::manifest::hex;
 use crate::format::{
@@ -28,6 +28,9 @@ pub struct ShardWriter {
     align_log2: u8,
     index: IndexBuilder,
     raw_bytes: u64,
+    /// Why the shard cannot be finished: a write of a sample's chunks failed part way, so
+    /// bytes of a sample the index does not list may lie past its end or in its padding.
+    unfit: Option<String>,
 }
 
 /// Where a finished shard goes in its dataset.
@@ -59,6 +62,7 @@ impl ShardWriter {
             align_log2,
             index: IndexBuilder::new(0),
             raw_bytes: 0,
+            unfit: None,
         };
         // The header is written again at finish, with the shard's sequence number.
         w.put(&[0; ShardHeader::SIZE])?;
@@ -73,6 +77,11 @@ impl ShardWriter {
     /// True before any chunk is written.
     pub fn is_empty(&self) -> bool {
         self.index.chunk_count() == 0
+    }
+
+    /// Why the shard cannot be finished, if it cannot: a write into it failed part way.
+    pub fn unfit(&self) -> Option<&str> {
+        self.unfit.as_deref()
     }
 
     /// Samples added so far.
@@ -132,7 +141,10 @@ impl ShardWriter {
                 )
             })
         };
-        written?;
+        if let Err(e) = written {
+            self.unfit = Some(e.to_string());
+            return Err(e);
+        }
         let sample = self.index.sample_count();
         let ids = chunks
             .iter()
@@ -182,6 +194,16 @@ impl ShardWriter {
     /// publishes the file as `place.name`. The shard is not yet part of the dataset: the
     /// manifest commits it.
     pub fn finish(mut self, place: &ShardPlace, durable: bool) -> Result<ShardRecord> {
+        if let Some(cause) = self.unfit.take() {
+            self.out.abandon();
+            return Err(Error::Io {
+                path: place.name.clone().into(),
+                op: "finish",
+                source: std::io::Error::other(format!(
+                    "a write into this shard failed ({cause}), so it is not published"
+                )),
+            });
+        }
         let seq = place.seq;
         self.index.rebase(place.first_ordinal);
         let header = ShardHeader::new(seq, self.dataset_id, self.schema_hash, self.align_log2);
