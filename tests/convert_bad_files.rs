@@ -444,3 +444,35 @@ fn a_truncated_storage_names_its_key_and_lengths() {
         "{msg}"
     );
 }
+
+/// A tensor of a million dimensions (a few bytes of data, megabytes of header) is refused when
+/// the file is opened, naming the tensor: shapes are compared many times per file.
+#[test]
+fn a_tensor_of_too_many_dimensions_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ranks.safetensors");
+    let view =
+        safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![1; 100_000], &[0u8; 4])
+            .unwrap();
+    safetensors::serialize_to_file([("hidden_state", view)], None, &path).unwrap();
+    let t0 = std::time::Instant::now();
+    let Err(err) = open_source(&path) else {
+        panic!("a tensor of 100000 dimensions was read");
+    };
+    assert!(
+        matches!(
+            &err,
+            ConvertError::DeclaredSizeTooLarge {
+                declared: 100_000,
+                limit: 64,
+                ..
+            }
+        ) && err.to_string().contains("`hidden_state`"),
+        "{err}"
+    );
+    assert!(
+        t0.elapsed() < std::time::Duration::from_secs(10),
+        "{:?}",
+        t0.elapsed()
+    );
+}

@@ -459,6 +459,82 @@ fn a_preset_that_would_leave_out_hidden_states_is_refused() {
     assert!(Dataset::open(&ds).is_err());
 }
 
+/// A ModelOpt-like dump in safetensors bytes (the name need not say so): `input_ids`, `hidden_states` [T, 8] and, where asked,
+/// `aux_hidden_states` [T, 16] (two layers) and `loss_mask`.
+fn write_modelopt_safetensors(path: &Path, tokens: usize, aux: bool, loss_mask: bool) {
+    let le = |v: &[i64]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let mut tensors = vec![
+        (
+            "input_ids",
+            vec![tokens],
+            Dtype::I64,
+            le(&(0..tokens as i64).collect::<Vec<_>>()),
+        ),
+        (
+            "hidden_states",
+            vec![tokens, 8],
+            Dtype::BF16,
+            vec![7u8; tokens * 16],
+        ),
+    ];
+    if aux {
+        tensors.push((
+            "aux_hidden_states",
+            vec![tokens, 16],
+            Dtype::BF16,
+            vec![9u8; tokens * 32],
+        ));
+    }
+    if loss_mask {
+        tensors.push(("loss_mask", vec![tokens], Dtype::I64, le(&vec![1; tokens])));
+    }
+    let views: Vec<(String, V)> = tensors
+        .into_iter()
+        .map(|(n, shape, dtype, data)| (n.to_string(), V { dtype, shape, data }))
+        .collect();
+    safetensors::serialize_to_file(views.iter().map(|(n, v)| (n.clone(), v)), None, path).unwrap();
+}
+
+/// The schema comes from the first file converted; a later file holding a tensor the layout
+/// would read into a field that schema lacks (an optional part the first file had not) is
+/// refused, naming the tensor, and never deleted: converting it would lose that tensor.
+#[test]
+fn a_later_file_holding_what_the_first_lacked_is_refused_not_cut_down() {
+    for (extra, said) in [
+        ("aux", "does not convert tensor `aux_hidden_states`"),
+        ("mask", "holds tensor `loss_mask`"),
+    ] {
+        let t = tempfile::tempdir().unwrap();
+        let src = t.path().join("src");
+        std::fs::create_dir(&src).unwrap();
+        write_modelopt_safetensors(&src.join("0.pt"), 4, false, false);
+        write_modelopt_safetensors(&src.join("1.pt"), 5, extra == "aux", extra == "mask");
+        let ds = t.path().join("ds");
+        let o = hspack(&[
+            "convert",
+            s(&src),
+            s(&ds),
+            "--layout",
+            "modelopt",
+            "--layers",
+            "32",
+            "--num-layers",
+            "32",
+            "--delete-source",
+        ]);
+        assert!(!o.status.success(), "{extra}: {}", text(&o));
+        assert!(
+            text(&o).contains(said) && text(&o).contains("1.pt"),
+            "{extra}: {}",
+            text(&o)
+        );
+        assert!(src.join("1.pt").exists(), "{extra}: deleted");
+        if let Ok(d) = Dataset::open(&ds) {
+            assert!(d.get_by_key("1").is_err(), "{extra}: converted cut down");
+        }
+    }
+}
+
 /// A destination inside the source folder: a rerun (the documented resume) does not take the
 /// dataset's own files for dumps, and adds what was dumped since.
 #[test]

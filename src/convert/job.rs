@@ -443,6 +443,7 @@ impl<'o> Run<'o> {
                         }
                     }
                     return Ok(Some(Decoder {
+                        layout: (o.preset, o.layout.clone()),
                         specs,
                         schema,
                         split_by: o.split_by.clone(),

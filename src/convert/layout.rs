@@ -275,6 +275,24 @@ pub enum LayoutError {
         /// Its dtype and shape.
         what: String,
     },
+    /// A file holds a tensor the layout reads into a field the dataset lacks: the first file
+    /// converted, which the schema was made from, had none.
+    #[error(
+        "this file holds tensor `{tensor}` ({what}), which the {layout} layout reads into field \
+         `{field}`, but the first file converted had no such tensor, so the dataset has no \
+         field for it and converting this file (with --delete-source) would lose it; convert \
+         the files with `{tensor}` and those without into separate datasets"
+    )]
+    NotInSchema {
+        /// Layout name.
+        layout: &'static str,
+        /// The tensor.
+        tensor: String,
+        /// Its dtype and shape.
+        what: String,
+        /// The field the layout reads it into.
+        field: String,
+    },
     /// The layer ids are not given or do not match the data.
     #[error("{detail}")]
     Layers {
@@ -400,6 +418,38 @@ pub fn specs_for(
     Ok(kept)
 }
 
+/// Refuses a file whose tensors `preset` would convert into fields other than `specs`, those
+/// made from the first file: a tensor no field reads that looks like hidden states, or one an
+/// optional field reads that the first file lacked. The generic layout reads what it is told.
+pub fn refuse_unconverted(
+    preset: Preset,
+    specs: &[FieldSpec],
+    tensors: &[TensorInfo],
+    options: &LayoutOptions,
+) -> Result<(), LayoutError> {
+    if preset == Preset::Generic {
+        return Ok(());
+    }
+    refuse_left_out(preset, specs, tensors)?;
+    let Ok(own) = specs_for(preset, tensors, options) else {
+        // What this file lacks is refused field by field, as a missing tensor.
+        return Ok(());
+    };
+    let extra = own.iter().find(|o| !specs.iter().any(|s| s.name == o.name));
+    match extra {
+        None => Ok(()),
+        Some(o) => {
+            let t = find(tensors, &o.source);
+            Err(LayoutError::NotInSchema {
+                layout: preset.name(),
+                tensor: o.source.clone(),
+                what: t.map_or_else(String::new, |t| format!("{} {:?}", t.dtype, t.shape)),
+                field: o.name.clone(),
+            })
+        }
+    }
+}
+
 /// Refuses tensors of `tensors` that no spec of a preset reads and that look like hidden
 /// states (floating point, two or more dimensions): a preset knows every tensor its tool
 /// writes, so one it does not read means another tool's files.
@@ -422,6 +472,13 @@ fn refuse_left_out(
             what: format!("{} {:?}", t.dtype, t.shape),
         }),
     }
+}
+
+/// Drops leading dimensions of 1 from `shape` while it has more than `keep`.
+fn drop_leading_ones(shape: &mut Vec<u64>, keep: usize) {
+    let extra = shape.len().saturating_sub(keep);
+    let ones = shape.iter().take(extra).take_while(|&&d| d == 1).count();
+    shape.drain(..ones);
 }
 
 /// Finds a tensor by name.
@@ -620,9 +677,7 @@ pub fn field_shape(spec: &FieldSpec, shape: &[u64]) -> Result<Vec<u64>, LayoutEr
                 format!("[.., T, {k}·H] ({k} layers concatenated on the last dim)"),
             ),
         };
-        while s.len() > dims && s[0] == 1 {
-            s.remove(0);
-        }
+        drop_leading_ones(&mut s, dims);
         let ok = s.len() == dims
             && match &spec.stack {
                 Stack::Axis => s[1] == k,
@@ -647,9 +702,7 @@ pub fn field_shape(spec: &FieldSpec, shape: &[u64]) -> Result<Vec<u64>, LayoutEr
         return Ok(s);
     }
     let target = spec.target_dims();
-    while s.len() > target && s[0] == 1 {
-        s.remove(0);
-    }
+    drop_leading_ones(&mut s, target);
     if s.is_empty() || s.len() != target && !matches!(spec.role, Role::Other) {
         return Err(bad(format!(
             "{target} dimension(s) after dropping leading ones for field `{}`",

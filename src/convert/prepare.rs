@@ -9,7 +9,10 @@ use crate::format::{DType, Field, Role, Schema};
 use crate::store::captures::CaptureConfig;
 
 use super::keys::{stored_keys, StoredKeys};
-use super::layout::{check_field, field_bytes, field_part, FieldSpec, Part};
+use super::layout::{
+    check_field, field_bytes, field_part, refuse_unconverted, FieldSpec, LayoutError,
+    LayoutOptions, Part, Preset,
+};
 use super::unit_error::{tensor_error, unit_error, SplitError, UnitError, UnitProblem};
 use super::units::{Inputs, Unit};
 use super::Limits;
@@ -43,6 +46,9 @@ pub enum Trim {
 /// What workers need to decode a unit.
 #[derive(Debug)]
 pub struct Decoder {
+    /// The layout, and what the user said of it: every unit is checked to hold nothing the
+    /// layout would read that `specs` leave out.
+    pub layout: (Preset, LayoutOptions),
     /// Field specs, one per schema field, in schema order.
     pub specs: Vec<FieldSpec>,
     /// The dataset schema.
@@ -258,6 +264,16 @@ impl Decoder {
         wanted: &dyn Fn(usize) -> bool,
     ) -> Result<Prepared, UnitError> {
         let inputs = Inputs::open(unit, self.limits)?;
+        let (preset, options) = &self.layout;
+        refuse_unconverted(*preset, &self.specs, &inputs.tensors(), options).map_err(|e| {
+            let tensor = match &e {
+                LayoutError::LeftOut { tensor, .. } | LayoutError::NotInSchema { tensor, .. } => {
+                    tensor.clone()
+                }
+                _ => String::new(),
+            };
+            tensor_error(&inputs, &tensor, e)
+        })?;
         let mut pieces = Vec::with_capacity(self.specs.len());
         let mut rows = None;
         for (i, (spec, field)) in self.specs.iter().zip(&self.schema.fields).enumerate() {

@@ -96,12 +96,25 @@ pub fn open_source_with(path: &Path, limits: Limits) -> Result<SourceFile, Conve
         (backing, false)
     };
     let inner = from_backing(path, backing, limits)?;
-    Ok(SourceFile {
+    let file = SourceFile {
         path: path.to_path_buf(),
         gzipped,
         inner,
-    })
+    };
+    if let Some(t) = file.tensors().iter().find(|t| t.shape.len() > MAX_RANK) {
+        return Err(ConvertError::DeclaredSizeTooLarge {
+            file: path.to_path_buf(),
+            what: format!("the rank of tensor `{}`", t.name),
+            declared: t.shape.len() as u64,
+            limit: MAX_RANK as u64,
+        });
+    }
+    Ok(file)
 }
+
+/// The most dimensions a tensor of a dump may have: far more than any hidden state's, and few
+/// enough that shapes cost nothing to compare.
+const MAX_RANK: usize = 64;
 
 /// What a file's first bytes say it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -354,7 +354,8 @@ impl<'a> Machine<'a> {
                 limit: u64::from(MAX_DEPTH),
             });
         }
-        self.charge(16)?;
+        // What the expanded node takes in memory, inline parts included.
+        self.charge(std::mem::size_of::<Value>() as u64)?;
         let node = self
             .nodes
             .get(id)
