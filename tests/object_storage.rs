@@ -1230,6 +1230,62 @@ fn stores_in_s3(local: &str, tmp: &Path) {
         said(&v)
     );
 
+    // A collection that hangs past its lease (stopped while it waits for an add to finish):
+    // an add meanwhile revokes the expired lease and goes on; woken, the collection learns it
+    // lost its lease and deletes nothing. Without an add it learns so all the same: its
+    // renewals never bring an expired lease back to life.
+    let locks = hspack::io::ObjectStorage::open(&format!("{url}/locks")).unwrap();
+    for with_add in [true, false] {
+        let adding = store.locks().adding().unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_hspack"))
+            .args(["store", "gc", url])
+            .env("HSPACK_WRITER_LEASE_SECS", "2")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while hspack::io::object_lease::live_holder(&locks, "gc.lease")
+            .unwrap()
+            .is_none()
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the collection took no lease"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let pid = child.id().to_string();
+        assert!(Command::new("kill")
+            .args(["-STOP", &pid])
+            .status()
+            .unwrap()
+            .success());
+        std::thread::sleep(std::time::Duration::from_millis(3000));
+        drop(adding);
+        if with_add {
+            let add = hspack_cli(&["store", "add", url, big, "--name", "during-gc"]);
+            assert!(add.status.success(), "{}", said(&add));
+            let text = String::from_utf8(locks.read("gc.lease").unwrap().unwrap()).unwrap();
+            assert!(text.contains("revoked_unix_ms"), "{text}");
+        }
+        Command::new("kill").args(["-CONT", &pid]).status().unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(!out.status.success(), "with_add {with_add}: {}", said(&out));
+        assert!(
+            said(&out).contains("lease on the store expired"),
+            "with_add {with_add}: {}",
+            said(&out)
+        );
+        let v = hspack_cli(&["store", "verify", url]);
+        assert!(
+            v.status.success() && said(&v).contains("OK"),
+            "{}",
+            said(&v)
+        );
+    }
+    assert_eq!(digest(&format!("{url}/during-gc")), digest(big));
+
     // A reader reads on while a collection rewrites the packs its samples are in: the same
     // samples in other shards (their payloads those of `b`'s packs), read from a handle opened
     // before `b` went.

@@ -460,7 +460,7 @@ fn put(
 
 /// Rewrites the lease every third of `ttl` until stopped or lost. A failed renewal is tried
 /// again at the next tick; a lease another writer took over, or a collection revoked, or
-/// that expired, is marked lost.
+/// that expired (its life as last written passed before a renewal landed), is marked lost.
 fn renew_until_stopped(held: &Held, stopped: &mpsc::Receiver<()>, ttl: Duration) {
     loop {
         match stopped.recv_timeout(ttl / 3) {
@@ -469,6 +469,12 @@ fn renew_until_stopped(held: &Held, stopped: &mpsc::Receiver<()>, ttl: Duration)
         }
         let mut guard = held.text.lock().unwrap_or_else(|e| e.into_inner());
         let (text, version) = &mut *guard;
+        if !text.live() {
+            // Past the life it last wrote (the holder hung, or renewals failed): another may
+            // have taken it, or judged it gone, meanwhile. Never renewed back to life.
+            held.lost.store(true, Ordering::SeqCst);
+            return;
+        }
         let mut next = text.clone();
         next.expires_unix_ms = now_ms() + ttl.as_millis() as u64;
         match put(

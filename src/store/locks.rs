@@ -13,7 +13,8 @@
 //! ([`crate::io::object_lease`]: taken by conditional puts, renewed while their holder
 //! lives, expiring when it stops):
 //! - an add puts its own `add-TOKEN.lease`, then looks for a live `gc.lease`: while there is
-//!   one it takes its lease back and waits. A collection takes `gc.lease`, then waits until
+//!   one it takes its lease back and waits; an expired one it revokes, so that a collection
+//!   that hung learns it lost its lease before it deletes anything. A collection takes `gc.lease`, then waits until
 //!   no `add-*.lease` is live, revoking the expired ones (rewritten as revoked, so their
 //!   holders' renewals fail; deleted by a collection an hour later). Each side writes
 //!   before it looks, and listings are strongly consistent, so of an add and a collection
@@ -52,7 +53,7 @@ pub struct StoreLock {
 
 #[derive(Debug)]
 enum Held {
-    File(#[allow(dead_code)] File),
+    File(File),
     Lease(ObjectLease),
 }
 
@@ -88,6 +89,17 @@ impl StoreLock {
                 },
                 e => e,
             }),
+        }
+    }
+}
+
+impl Drop for StoreLock {
+    /// Releases a folder's `flock` now, in the process that took it: a child forked meanwhile
+    /// shares the open file, and would otherwise hold the lock until it exits. A forked
+    /// child's copy releases nothing. A lease releases itself ([`ObjectLease`]'s drop).
+    fn drop(&mut self) {
+        if let (Held::File(file), true) = (&self.held, self.is_owner()) {
+            let _ = file.unlock();
         }
     }
 }
@@ -140,7 +152,9 @@ impl Locks {
         let mut pause = Backoff::up_to(Duration::from_secs(1));
         loop {
             let mine = ObjectLease::take_new(leases, &add_lease_name())?;
-            match object_lease::live_holder(leases, GC_LEASE)? {
+            // A collection whose lease expired (it hung) is revoked, so that it learns so
+            // before it deletes what this add may find and reference.
+            match object_lease::revoke_expired(leases, GC_LEASE)? {
                 None => return Ok(StoreLock::new(Held::Lease(mine))),
                 Some(gc) if Instant::now() >= deadline => return Err(gc),
                 Some(_) => {

@@ -119,9 +119,10 @@ pub fn usage(store: &Store) -> Result<StoreUsage> {
             for c in 0..idx.chunk_count() {
                 let e = idx.chunk(c).expect("in range");
                 if e.stored_len > 0 {
-                    if let Some(v) =
-                        by_sample.get_mut((e.sample - idx.header().first_ordinal) as usize)
-                    {
+                    // A sample out of the shard's range (damage `store verify` names) is
+                    // counted nowhere.
+                    let at = e.sample.checked_sub(idx.header().first_ordinal);
+                    if let Some(v) = at.and_then(|at| by_sample.get_mut(at as usize)) {
                         v.push((e.hash, e.stored_len));
                     }
                 }
