@@ -1015,9 +1015,29 @@ fn convert_with_a_capture_config_copies_what_the_store_holds_without_reading_it(
         assert_eq!(s.read("hidden.7", None).unwrap().bytes(), &h[..], "{i}");
         assert_eq!(s.rows() as usize * HIDDEN * 2, h.len());
     }
-    // `--delete-source`: the sources of copied samples go too, once committed.
-    assert_eq!(std::fs::read_dir(&second).unwrap().count(), 0);
-    assert_eq!(r["deleted"].as_u64(), Some(16), "{r}");
+    // `--delete-source`: a source goes once committed and, where its sample was copied from
+    // the store, once its hidden states are read and found equal to what the store holds;
+    // the 12 whose hidden states differ are kept: their bytes are nowhere else.
+    assert_eq!(
+        (r["deleted"].as_u64(), r["kept"].as_u64()),
+        (Some(4), Some(12)),
+        "{r}"
+    );
+    let left: Vec<_> = std::fs::read_dir(&second).unwrap().collect();
+    assert_eq!(left.len(), 12, "{left:?}");
+    // Run again, they are samples the dataset holds under the same capture: compared, and
+    // kept again.
+    let r = convert(&second, "run2");
+    assert_eq!(
+        (
+            r["samples"].as_u64(),
+            r["deleted"].as_u64(),
+            r["kept"].as_u64()
+        ),
+        (Some(0), Some(0), Some(12)),
+        "{r}"
+    );
+    assert_eq!(std::fs::read_dir(&second).unwrap().count(), 12);
     // The 4 converted in run2 were recorded by the lanes: a third run copies all 16.
     let r = convert(&third, "run3");
     assert_eq!(

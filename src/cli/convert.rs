@@ -256,7 +256,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             "samples": r.samples, "samples_already_present": r.samples_present,
             "reused": r.reused, "samples_reused": r.samples_reused,
             "captures_stale": r.captures_stale,
-            "source_bytes": r.source_bytes, "ignored": r.ignored, "deleted": r.deleted,
+            "source_bytes": r.source_bytes, "ignored": r.ignored, "deleted": r.deleted, "kept": r.kept,
             "bad": r.bad, "report": r.report_path,
             "dataset": {"path": spec.dst, "samples": r.stats.samples, "shards": r.stats.shards,
                         "bytes": r.stats.bytes},
@@ -301,7 +301,15 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         ));
     }
     if spec.delete_source {
-        lines.push(format!("deleted   {} source files", r.deleted));
+        let kept = match r.kept {
+            0 => String::new(),
+            n => format!(
+                "; kept {n} units whose captures the dataset holds with other hidden states \
+                 than theirs (the same tokens and capture config): compare them before \
+                 deleting them by hand"
+            ),
+        };
+        lines.push(format!("deleted   {} source files{kept}", r.deleted));
     }
     if !r.bad.is_empty() {
         let listed = r

@@ -501,6 +501,7 @@ impl<'o> Run<'o> {
                     present,
                     request_keys,
                     captures,
+                    kept,
                 } => {
                     captured.extend(captures);
                     for k in request_keys {
@@ -545,7 +546,11 @@ impl<'o> Run<'o> {
                         self.report.converted += 1;
                         self.report.source_bytes += unit.bytes;
                     }
-                    converted.push(unit);
+                    if kept {
+                        self.report.kept += 1;
+                    } else {
+                        converted.push(unit);
+                    }
                 }
             }
         }
@@ -631,8 +636,22 @@ impl<'o> Run<'o> {
         self.report.reused = reused.len() as u64;
         if self.o.delete_source && !reused.is_empty() {
             self.verify_new(writer.stats().shards)?;
+            // A file is deleted only where the dataset holds its bytes: its hidden states,
+            // never read to reuse the capture, are read and compared now.
+            let copied: HashMap<&str, [u8; 32]> = items
+                .iter()
+                .zip(&digests)
+                .filter_map(|((key, _), d)| Some((key.as_str(), (*d)?)))
+                .collect();
             for unit in &reused {
-                self.delete(unit)?;
+                let same = decoder.sample_digests(unit).is_ok_and(|d| {
+                    d.iter()
+                        .all(|(key, digest)| copied.get(key.as_str()) == Some(digest))
+                });
+                match same {
+                    true => self.delete(unit)?,
+                    false => self.report.kept += 1,
+                }
             }
         }
         Ok((rest, partly || held.contains(&true)))

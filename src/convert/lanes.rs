@@ -18,7 +18,7 @@ use crate::write::{DatasetWriter, Lanes, ShardLane, WriteOptions};
 
 use super::groups::shard_groups;
 use super::job::RunError;
-use super::prepare::{Decoder, Prepared};
+use super::prepare::{sample_rows, Decoder, Prepared};
 use super::report::Progress;
 use super::unit_error::UnitError;
 use super::units::Unit;
@@ -186,6 +186,9 @@ pub(super) enum Outcome {
         /// With a capture config: `(capture key, digest, sample key)` of each sample
         /// appended.
         captures: Vec<([u8; 32], [u8; 32], String)>,
+        /// A sample the dataset held under the same capture holds other hidden states than
+        /// the source's: the source is kept (never deleted).
+        kept: bool,
     },
     /// Why the unit is bad.
     Bad(UnitError),
@@ -262,15 +265,17 @@ impl LaneJob<'_> {
     /// earlier gave the key): it is neither skipped as converted nor deleted. Quantized fields
     /// are compared as they decode. With a capture config, what is compared is the capture
     /// (its key: the token ids and loss mask under the config), as a sample copied from the
-    /// store was never compared with its source's hidden states.
+    /// store was never compared with its source's hidden states. Returns whether the stored
+    /// sample holds the source's bytes: where it does not (the same capture, other hidden
+    /// states), the source is not deleted.
     fn check_same_as_stored(
         &self,
         key: &str,
         named: &[(&str, &[u8])],
         p: &Prepared,
-    ) -> Result<(), RunError> {
+    ) -> Result<bool, RunError> {
         let Some(ds) = self.stored else {
-            return Ok(());
+            return Ok(true);
         };
         let ordinal = ds.get_by_key(key)?.ordinal();
         let stored = sample_tensors(ds, ordinal)?;
@@ -279,15 +284,16 @@ impl LaneJob<'_> {
             .map(|(n, t)| (n.as_str(), t.bytes()))
             .collect();
         let schema = &self.decoder.schema;
+        let equal = sample_digest(pairs.iter().copied()) == written_digest(schema, named);
         let captured = self
             .capture
             .and_then(|c| Some((c.key_of(schema, &pairs)?, c.key_of(schema, named)?)));
         let same = match captured {
             Some((held, given)) => held == given,
-            None => sample_digest(pairs.iter().copied()) == written_digest(schema, named),
+            None => equal,
         };
         if same {
-            return Ok(());
+            return Ok(equal);
         }
         Err(RunError::KeyHeldWithOtherData {
             key: key.to_string(),
@@ -304,24 +310,12 @@ impl LaneJob<'_> {
                 Err(e) => return Ok(Outcome::Bad(e)),
             }
         }
-        let (mut appended, mut present) = (0, 0);
+        let (mut appended, mut present, mut kept) = (0, 0, false);
         let mut captures = Vec::new();
         for (key, rows) in &p.samples {
-            let named: Vec<(&str, &[u8])> = decoder
-                .schema
-                .fields
-                .iter()
-                .zip(&fields)
-                .map(|(f, b)| {
-                    let rb = f.row_bytes() as usize;
-                    (
-                        f.name.as_str(),
-                        &b[rows.start as usize * rb..rows.end as usize * rb],
-                    )
-                })
-                .collect();
+            let named = sample_rows(&decoder.schema, &fields, rows);
             if self.present.contains(key) {
-                self.check_same_as_stored(key, &named, p)?;
+                kept |= !self.check_same_as_stored(key, &named, p)?;
                 present += 1;
                 continue;
             }
@@ -358,6 +352,7 @@ impl LaneJob<'_> {
                 false => Vec::new(),
             },
             captures,
+            kept,
         })
     }
 }

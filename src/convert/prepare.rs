@@ -6,7 +6,7 @@ use std::ops::Range;
 use std::sync::Mutex;
 
 use crate::format::{DType, Field, Role, Schema};
-use crate::store::captures::CaptureConfig;
+use crate::store::captures::{written_digest, CaptureConfig};
 
 use super::keys::{stored_keys, StoredKeys};
 use super::layout::{
@@ -162,6 +162,26 @@ fn touch(bytes: &[u8]) {
 }
 
 impl Decoder {
+    /// The digest ([`written_digest`]) of each sample of `unit`, with its key: what its
+    /// sources hold, read whole, as a dataset holding them would give it back.
+    pub fn sample_digests(&self, unit: &Unit) -> Result<Vec<(String, [u8; 32])>, UnitError> {
+        let p = self.prepare(unit)?;
+        let fields = (0..self.specs.len())
+            .map(|f| self.field(&p, f))
+            .collect::<Result<Vec<_>, _>>()?;
+        let digests = p
+            .samples
+            .iter()
+            .map(|(key, rows)| {
+                let named = sample_rows(&self.schema, &fields, rows);
+                (key.clone(), written_digest(&self.schema, &named))
+            })
+            .collect();
+        drop(fields);
+        self.recycle(p);
+        Ok(digests)
+    }
+
     /// Returns a unit's gather buffers for reuse.
     pub fn recycle(&self, p: Prepared) {
         for piece in p.pieces {
@@ -521,4 +541,25 @@ fn bounds(
         .windows(2)
         .map(|w| w[0] as u64..w[1] as u64)
         .collect())
+}
+
+/// The bytes of each field of `schema` (`fields`, the unit's, in schema order) for the
+/// sample of `rows`, by field name.
+pub fn sample_rows<'a>(
+    schema: &'a Schema,
+    fields: &'a [Cow<'a, [u8]>],
+    rows: &Range<u64>,
+) -> Vec<(&'a str, &'a [u8])> {
+    schema
+        .fields
+        .iter()
+        .zip(fields)
+        .map(|(f, b)| {
+            let rb = f.row_bytes() as usize;
+            (
+                f.name.as_str(),
+                &b[rows.start as usize * rb..rows.end as usize * rb],
+            )
+        })
+        .collect()
 }

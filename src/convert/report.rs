@@ -70,6 +70,10 @@ pub struct Report {
     pub ignored: u64,
     /// Source files deleted.
     pub deleted: u64,
+    /// Units not deleted with `delete_source` although the dataset holds their samples'
+    /// captures: the samples it holds (copied from the store, or converted earlier) hold
+    /// other hidden states than these files.
+    pub kept: u64,
     /// The dataset after the run.
     pub stats: WriteStats,
     /// Wall time.
@@ -93,6 +97,7 @@ impl Report {
             report_path,
             ignored,
             deleted: 0,
+            kept: 0,
             stats: WriteStats {
                 samples: 0,
                 shards: 0,
