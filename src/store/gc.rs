@@ -184,12 +184,13 @@ pub fn collect_telling(
     // add has found since: it must not publish, nor remove anything.
     held.check()?;
     {
-        let _index = store.locks().index()?;
+        let index_lock = store.locks().index()?;
         let root = IndexRoot {
             runs: vec![run],
             ..IndexRoot::empty()
         };
         let bytes = root.encode();
+        index_lock.check()?;
         match index.root_hash {
             Some(h) => meta.replace(INDEX_ROOT, &bytes, Some(h), durable)?,
             None => meta.put_new(INDEX_ROOT, &bytes, durable)?,

@@ -273,9 +273,14 @@ impl Ingest {
             )?;
             // The packs must still be there: a collection deletes unlisted packs once it has
             // revoked the hold of an add that stopped renewing it. Checked last, just before
-            // `index.json` is replaced.
+            // `index.json` is replaced. So must the index's lease: an add that hung past it
+            // while another took it over (and merged away, and deleted, a run of the same
+            // name as this one) would list a run that is gone.
             let lock = &self.lock;
-            add_run(&self.store, run, &|| lock.check())?;
+            add_run(&self.store, run, &|| {
+                lock.check()?;
+                _index.check()
+            })?;
         }
         Ok((self.stats, self.lock))
     }
