@@ -90,20 +90,21 @@ impl Codec {
         Codec::ALL.into_iter().find(|c| c.name() == name)
     }
 
-    /// Encodes `raw`, whole rows of `elements`, at zstd `level`. Only `fp8` can fail: it
-    /// refuses a value that is not finite.
+    /// Encodes `raw`, whole rows of `elements`, at zstd `level`. `fp8` refuses a value that
+    /// is not finite; zstd fails only where it cannot allocate.
     pub fn encode(
         self,
         raw: &[u8],
         elements: Elements,
         level: i32,
-    ) -> Result<Vec<u8>, fp8::NotFinite> {
+    ) -> Result<Vec<u8>, EncodeFailure> {
         let elem_size = elements.dtype.size();
         Ok(match self {
             Codec::None => raw.to_vec(),
-            Codec::Zstd => zstd_compress(raw, level),
-            Codec::ZstdByteGroup => zstd_compress(&group_bytes(raw, elem_size), level),
-            Codec::Fp8 => fp8::quantize(raw, elements.dtype, elements.row_elems, elements.group)?,
+            Codec::Zstd => zstd_compress(raw, level)?,
+            Codec::ZstdByteGroup => zstd_compress(&group_bytes(raw, elem_size), level)?,
+            Codec::Fp8 => fp8::quantize(raw, elements.dtype, elements.row_elems, elements.group)
+                .map_err(EncodeFailure::NotFinite)?,
         })
     }
 
@@ -185,10 +186,20 @@ impl Codec {
     }
 }
 
-fn zstd_compress(raw: &[u8], level: i32) -> Vec<u8> {
-    // Compressing into a Vec cannot fail for in-range levels; clamp to be sure.
+/// Why [`Codec::encode`] failed.
+#[derive(Debug, Clone, PartialEq)]
+pub enum EncodeFailure {
+    /// A value FP8 cannot stand for.
+    NotFinite(fp8::NotFinite),
+    /// zstd could not compress (it could not allocate): what it said.
+    Zstd(String),
+}
+
+fn zstd_compress(raw: &[u8], level: i32) -> Result<Vec<u8>, EncodeFailure> {
+    // Levels out of range are clamped; what is left to fail is an allocation. Never the raw
+    // bytes under the zstd codec: they would not decode.
     let level = level.clamp(1, 19);
-    zstd::bulk::compress(raw, level).unwrap_or_else(|_| raw.to_vec())
+    zstd::bulk::compress(raw, level).map_err(|e| EncodeFailure::Zstd(e.to_string()))
 }
 
 /// Decompresses the one frame `stored` into `out`; the bytes written. A frame that would not

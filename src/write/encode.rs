@@ -4,6 +4,7 @@ use std::borrow::Cow;
 
 use rayon::prelude::*;
 
+use crate::format::codec::EncodeFailure;
 use crate::format::{fp8, Codec, Elements, Schema};
 
 use super::options::WriteOptions;
@@ -112,14 +113,22 @@ pub fn encode_sample<'a>(
                     .encode(raw, job.elements, level)
                     .map_err(|e| EncodeError {
                         field: job.field,
-                        detail: format!(
-                            "row {} holds {} at element {}, and a field stored as fp8 holds \
-                             finite values only: fix the capture, or write this field \
-                             unquantized",
-                            job.row_start + e.row,
-                            e.value,
-                            e.elem
-                        ),
+                        detail: match e {
+                            EncodeFailure::NotFinite(e) => format!(
+                                "row {} holds {} at element {}, and a field stored as fp8 \
+                                 holds finite values only: fix the capture, or write this \
+                                 field unquantized",
+                                job.row_start + e.row,
+                                e.value,
+                                e.elem
+                            ),
+                            EncodeFailure::Zstd(said) => format!(
+                                "zstd could not compress rows {} to {} ({said}): free memory, \
+                                 or write this field uncompressed",
+                                job.row_start,
+                                job.row_start + job.row_count
+                            ),
+                        },
                     })?;
                 let hash = *blake3::hash(&stored).as_bytes();
                 (Cow::Owned(stored), Some(hash))
