@@ -501,8 +501,8 @@ fn write_modelopt_safetensors(path: &Path, tokens: usize, aux: bool, loss_mask: 
 #[test]
 fn a_later_file_holding_what_the_first_lacked_is_refused_not_cut_down() {
     for (extra, said) in [
-        ("aux", "does not convert tensor `aux_hidden_states`"),
-        ("mask", "holds tensor `loss_mask`"),
+        ("aux", "holds tensor `aux_hidden_states`"),
+        ("mask", "reads into field `loss_mask`"),
     ] {
         let t = tempfile::tempdir().unwrap();
         let src = t.path().join("src");

@@ -414,8 +414,6 @@ fn a_failed_commit_inside_append_stops_the_writer() {
     check_all("reopened and appended again", &open(&storage), 11);
 }
 
-/// A commit whose manifest landed while its publish reported an error, and whose read-back
-/// failed too: the writer cannot tell whether it landed, so it takes nothing back.
 /// A write into the open shard that fails part way (a full disk) leaves bytes of a sample its
 /// index does not list: the shard is dropped, never committed over them, and the writer
 /// stops, naming the samples it held; with no sample held, it only starts the shard again.
@@ -510,6 +508,8 @@ fn a_failed_commit_stops_the_writer() {
     check_all("reopened and appended again", &open(&storage), 8);
 }
 
+/// A commit whose manifest landed while its publish reported an error, and whose read-back
+/// failed too: the writer cannot tell whether it landed, so it takes nothing back.
 #[test]
 fn a_commit_that_may_have_landed_takes_back_none_of_its_files() {
     let m = MemoryStorage::new("unsure");

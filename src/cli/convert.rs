@@ -305,8 +305,8 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             0 => String::new(),
             n => format!(
                 "; kept {n} units whose captures the dataset holds with other hidden states \
-                 than theirs (the same tokens and capture config): compare them before \
-                 deleting them by hand"
+                 than theirs (the same tokens and capture config), or that could not be read \
+                 again to compare: compare them before deleting them by hand"
             ),
         };
         lines.push(format!("deleted   {} source files{kept}", r.deleted));

@@ -643,11 +643,18 @@ impl<'o> Run<'o> {
                 .zip(&digests)
                 .filter_map(|((key, _), d)| Some((key.as_str(), (*d)?)))
                 .collect();
-            for unit in &reused {
-                let same = decoder.sample_digests(unit).is_ok_and(|d| {
-                    d.iter()
-                        .all(|(key, digest)| copied.get(key.as_str()) == Some(digest))
-                });
+            let same: Vec<bool> = crate::parallel::install(|| {
+                reused
+                    .par_iter()
+                    .map(|unit| {
+                        decoder.sample_digests(unit).is_ok_and(|d| {
+                            d.iter()
+                                .all(|(key, digest)| copied.get(key.as_str()) == Some(digest))
+                        })
+                    })
+                    .collect()
+            });
+            for (unit, same) in reused.iter().zip(same) {
                 match same {
                     true => self.delete(unit)?,
                     false => self.report.kept += 1,

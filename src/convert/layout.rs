@@ -275,13 +275,15 @@ pub enum LayoutError {
         /// Its dtype and shape.
         what: String,
     },
-    /// A file holds a tensor the layout reads into a field the dataset lacks: the first file
-    /// converted, which the schema was made from, had none.
+    /// A file holds a tensor that the fields made from the first file converted do not read:
+    /// the first file had no such tensor (the layout reads it into `field`), or this file is
+    /// another tool's.
     #[error(
-        "this file holds tensor `{tensor}` ({what}), which the {layout} layout reads into field \
-         `{field}`, but the first file converted had no such tensor, so the dataset has no \
-         field for it and converting this file (with --delete-source) would lose it; convert \
-         the files with `{tensor}` and those without into separate datasets"
+        "this file holds tensor `{tensor}` ({what}){}, but the fields made from the first \
+         file converted do not read it (that file had no such tensor, or this one is another \
+         tool's), so converting this file (with --delete-source) would lose it; convert the \
+         files with `{tensor}` and those without into separate datasets",
+        field.as_ref().map_or_else(String::new, |f| format!(", which the {layout} layout reads into field `{f}`"))
     )]
     NotInSchema {
         /// Layout name.
@@ -290,8 +292,8 @@ pub enum LayoutError {
         tensor: String,
         /// Its dtype and shape.
         what: String,
-        /// The field the layout reads it into.
-        field: String,
+        /// The field the layout reads it into, where it could tell.
+        field: Option<String>,
     },
     /// The layer ids are not given or do not match the data.
     #[error("{detail}")]
@@ -419,8 +421,9 @@ pub fn specs_for(
 }
 
 /// Refuses a file whose tensors `preset` would convert into fields other than `specs`, those
-/// made from the first file: a tensor no field reads that looks like hidden states, or one an
-/// optional field reads that the first file lacked. The generic layout reads what it is told.
+/// made from the first file: a tensor an optional field reads that the first file lacked, or
+/// any other tensor no field reads that looks like hidden states. The generic layout reads
+/// what it is told.
 pub fn refuse_unconverted(
     preset: Preset,
     specs: &[FieldSpec],
@@ -430,23 +433,29 @@ pub fn refuse_unconverted(
     if preset == Preset::Generic {
         return Ok(());
     }
-    refuse_left_out(preset, specs, tensors)?;
-    let Ok(own) = specs_for(preset, tensors, options) else {
-        // What this file lacks is refused field by field, as a missing tensor.
-        return Ok(());
+    let what = |name: &str| {
+        find(tensors, name).map_or_else(String::new, |t| format!("{} {:?}", t.dtype, t.shape))
     };
-    let extra = own.iter().find(|o| !specs.iter().any(|s| s.name == o.name));
-    match extra {
-        None => Ok(()),
-        Some(o) => {
-            let t = find(tensors, &o.source);
-            Err(LayoutError::NotInSchema {
+    // What this file lacks is refused field by field, as a missing tensor; what the layout
+    // cannot make of it (other --layers) is named below by the tensor it would lose.
+    if let Ok(own) = specs_for(preset, tensors, options) {
+        if let Some(o) = own.iter().find(|o| !specs.iter().any(|s| s.name == o.name)) {
+            return Err(LayoutError::NotInSchema {
                 layout: preset.name(),
                 tensor: o.source.clone(),
-                what: t.map_or_else(String::new, |t| format!("{} {:?}", t.dtype, t.shape)),
-                field: o.name.clone(),
-            })
+                what: what(&o.source),
+                field: Some(o.name.clone()),
+            });
         }
+    }
+    match refuse_left_out(preset, specs, tensors) {
+        Err(LayoutError::LeftOut { tensor, what, .. }) => Err(LayoutError::NotInSchema {
+            layout: preset.name(),
+            tensor,
+            what,
+            field: None,
+        }),
+        other => other,
     }
 }
 

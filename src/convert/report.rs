@@ -72,7 +72,7 @@ pub struct Report {
     pub deleted: u64,
     /// Units not deleted with `delete_source` although the dataset holds their samples'
     /// captures: the samples it holds (copied from the store, or converted earlier) hold
-    /// other hidden states than these files.
+    /// other hidden states than these files, or the files could not be read again.
     pub kept: u64,
     /// The dataset after the run.
     pub stats: WriteStats,

@@ -459,11 +459,13 @@ fn put(
 }
 
 /// Rewrites the lease every third of `ttl` until stopped or lost. A failed renewal is tried
-/// again at the next tick; a lease another writer took over, or a collection revoked, or
+/// again after a twelfth; a lease another writer took over, or a collection revoked, or
 /// that expired (its life as last written passed before a renewal landed), is marked lost.
 fn renew_until_stopped(held: &Held, stopped: &mpsc::Receiver<()>, ttl: Duration) {
+    // After a failed renewal, the next is tried sooner: the life left is two thirds at most.
+    let mut wait = ttl / 3;
     loop {
-        match stopped.recv_timeout(ttl / 3) {
+        match stopped.recv_timeout(wait) {
             Err(RecvTimeoutError::Timeout) => {}
             _ => return,
         }
@@ -477,6 +479,7 @@ fn renew_until_stopped(held: &Held, stopped: &mpsc::Receiver<()>, ttl: Duration)
         }
         let mut next = text.clone();
         next.expires_unix_ms = now_ms() + ttl.as_millis() as u64;
+        wait = (ttl / 12).max(Duration::from_millis(100)).min(ttl / 3);
         match put(
             &held.storage,
             &held.file,
@@ -486,6 +489,7 @@ fn renew_until_stopped(held: &Held, stopped: &mpsc::Receiver<()>, ttl: Duration)
             Ok(Some(v)) => {
                 *text = next;
                 *version = v;
+                wait = ttl / 3;
             }
             // The version moved. A renewal whose response was lost (a retried put then finds
             // its own write) moves it too: the lease, read again, is still this holder's.
@@ -493,6 +497,7 @@ fn renew_until_stopped(held: &Held, stopped: &mpsc::Receiver<()>, ttl: Duration)
                 Ok(Some(v)) => {
                     *text = next;
                     *version = v;
+                    wait = ttl / 3;
                 }
                 Ok(None) => {
                     held.lost.store(true, Ordering::SeqCst);

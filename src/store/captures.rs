@@ -477,7 +477,9 @@ pub fn reuse_captured(
         }
         writer.append(sample_key, &fields)?;
         stats.reused += 1;
-        out.push(Some(hit.digest));
+        // What the writer's dataset gives back: the stored sample quantized, where the
+        // writer quantizes what the stored dataset holds exactly.
+        out.push(Some(written_digest(writer.schema(), &fields)));
     }
     Ok((out, stats))
 }

@@ -579,7 +579,9 @@ impl CudaWriter {
         if let Some(sink) = lock(&self.sink).as_mut() {
             if let Err(e) = sink.commit() {
                 // The samples of a failed commit are not in the dataset: `contains` says so
-                // from now on (every sample given was handed to the sink by the flush).
+                // from now on (every sample given was handed to the sink by the flush). The
+                // dataset writer stopped: what is given next fails, naming those samples;
+                // a writer opened again resumes after the last commit.
                 if let Ok(held) = sink.existing_keys() {
                     self.keys = held.into_iter().collect();
                 }

@@ -354,8 +354,7 @@ impl<'a> Machine<'a> {
                 limit: u64::from(MAX_DEPTH),
             });
         }
-        // What the expanded node takes in memory, inline parts included.
-        self.charge(std::mem::size_of::<Value>() as u64)?;
+        self.charge(16)?;
         let node = self
             .nodes
             .get(id)
