@@ -233,6 +233,75 @@ def test_extract_driver_resumes_with_a_sink(tmp_path, causal_lm):
     assert extract(str(tmp_path / "model"), str(data), LAYERS, str(tmp_path / "out"), sink=sink) == 0
 
 
+def test_resume_refuses_a_stored_sample_whose_prompt_now_gives_other_tokens(tmp_path, causal_lm):
+    """A rerun into the same dataset resumes only samples stored from the tokens their
+    prompts give now: another --max-len, an edited prompt or loss mask under the same id is
+    refused naming the sample (exit 2 from the command), and the dataset keeps what it held."""
+    import subprocess
+    import sys
+
+    import hspack
+
+    causal_lm.to(torch.bfloat16).save_pretrained(tmp_path / "model")
+    chat_tokenizer().save_pretrained(tmp_path / "model")
+    model, data, out = str(tmp_path / "model"), tmp_path / "prompts.jsonl", str(tmp_path / "ds")
+    a = {"id": "a", "input_ids": [5, 6, 7, 8, 9, 10], "loss_mask": [0, 0, 1, 1, 1, 1]}
+    b = {"id": "b", "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "fine"}]}
+
+    def write(*lines):
+        data.write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+    write(a, b)
+    assert extract(model, str(data), LAYERS, out, batch_size=2) == 2
+    assert extract(model, str(data), LAYERS, out, batch_size=2) == 0  # unchanged: resumed
+    with pytest.raises(RowMismatch, match=r"holds sample `a` \(and 1 more: `b`\).*the stored token ids have "
+                                          r"6 entries, the prompt's 4.*capture into a new dataset"):
+        extract(model, str(data), LAYERS, out, max_len=4)
+    edited = dict(b, messages=[b["messages"][0], {"role": "assistant", "content": "ok"}])
+    write(a, edited)
+    with pytest.raises(RowMismatch, match=r"sample `b`, .*token ids differ first at position 4"):
+        extract(model, str(data), LAYERS, out)
+    write(dict(a, loss_mask=[0, 1, 1, 1, 1, 1]), b)
+    with pytest.raises(RowMismatch, match=r"sample `a`, .*loss mask differ first at position 1 \(stored 0, now 1\)"):
+        extract(model, str(data), LAYERS, out)
+    write(a, b)
+    cmd = [sys.executable, "-m", "hspack.capture.hf", "extract", "--model", model, "--data", str(data),
+           "--layers", ",".join(map(str, LAYERS)), "--out", out, "--max-len", "4"]
+    run = subprocess.run(cmd, capture_output=True, text=True)
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+    said = run.stderr.strip().splitlines()[-1]
+    assert said.startswith("python -m hspack.capture.hf: error: ") and "sample `a`" in said, run.stderr
+    ds = hspack.open(out)
+    assert sorted(ds.keys()) == ["a", "b"] and ds.get("a")["input_ids"].tolist() == a["input_ids"]
+    # A MemorySink is checked the same way.
+    sink = MemorySink()
+    samples = make_samples([4, 5], seed=3)
+    capture_samples(causal_lm, samples, [2], sink)
+    samples[1].input_ids[2] += 1
+    with pytest.raises(RowMismatch, match=r"the sink already holds sample `s1`.*differ first at position 2"):
+        capture_samples(causal_lm, samples, [2], sink)
+
+
+def test_a_model_of_an_unsupported_family_is_a_plain_error(tmp_path):
+    """A model whose decoder layers are not found (GPT-2 keeps them in `h`, its final norm in
+    `ln_f`) is refused by the command as a plain error: exit 2, no traceback."""
+    import subprocess
+    import sys
+
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    GPT2LMHeadModel(GPT2Config(vocab_size=128, n_positions=32, n_embd=16, n_layer=2, n_head=2, bos_token_id=0, eos_token_id=0)).save_pretrained(tmp_path / "gpt2")
+    data = tmp_path / "prompts.jsonl"
+    data.write_text(json.dumps({"id": "a", "input_ids": [5, 6, 7]}) + "\n")
+    cmd = [sys.executable, "-m", "hspack.capture.hf", "extract", "--model", str(tmp_path / "gpt2"), "--data", str(data),
+           "--layers", "1", "--out", str(tmp_path / "ds"), "--dtype", "f32"]
+    run = subprocess.run(cmd, capture_output=True, text=True)
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+    said = run.stderr.strip().splitlines()[-1]
+    assert said.startswith("python -m hspack.capture.hf: error: no decoder found under GPT2LMHeadModel"), run.stderr
+
+
 def test_extract_command_writes_a_dataset_that_reads_back_bitwise(tmp_path, causal_lm):
     import subprocess
     import sys

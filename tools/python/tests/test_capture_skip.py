@@ -183,3 +183,64 @@ def test_extract_into_a_store_reports_what_it_skipped(tmp_path, lm):
     # Batched capture is not per-sample deterministic: its key differs, nothing is reused.
     r = subprocess.run(base[:-1] + ["2", "--data", str(data), "--out", str(store / "three")], check=True, capture_output=True, text=True)
     assert "3 run through the model, 0 reused" in r.stderr, r.stderr
+
+
+def test_weights_saved_again_over_the_same_config_are_captured_again(tmp_path, lm):
+    """The capture key names the weights, not only the config: a local model folder whose
+    weights are saved again (retrained, same config, no revision) is run again, not reused."""
+    from transformers import AutoModelForCausalLM, DeepseekV3ForCausalLM
+
+    from test_capture_hf import alone
+
+    folder = tmp_path / "model"
+    lm.save_pretrained(folder)
+    store = tmp_path / "store"
+    hspack.init_store(str(store))
+    data = tmp_path / "prompts.jsonl"
+    prompts = {f"p{i}": [5 + i, 6, 7, 8, 9] for i in range(3)}
+    data.write_text("".join(json.dumps({"id": k, "input_ids": v}) + "\n" for k, v in prompts.items()))
+
+    def run(name):
+        counts = CaptureCounts()
+        extract(str(folder), str(data), LAYERS, str(store / name), batch_size=1, counts=counts)
+        return counts.forward, counts.reused
+
+    assert run("one") == (3, 0)
+    assert run("same-weights") == (0, 3)
+    torch.manual_seed(1)
+    retrained = DeepseekV3ForCausalLM(lm.config).to(torch.bfloat16).eval()
+    retrained.save_pretrained(folder)
+    assert run("retrained") == (3, 0)
+    loaded = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).eval()
+    one, new = hspack.open(str(store / "one")), hspack.open(str(store / "retrained"))
+    for key, ids in prompts.items():
+        got, ref = new.get(key), alone(loaded, ids)
+        assert torch.equal(got[f"hidden.{NUM_LAYERS}"], ref[-1][0]), key
+        assert not torch.equal(got[f"hidden.{NUM_LAYERS}"], one.get(key)[f"hidden.{NUM_LAYERS}"]), key
+
+
+def test_model_revision_names_a_cache_snapshot_by_its_commit_and_a_folder_by_its_weights(tmp_path):
+    """A snapshot of the hub's cache keys by its commit (the same on every machine, whatever
+    the files' times); another folder by its weight files; one holding none by the revision
+    given, never by a hash of nothing."""
+    import os
+
+    from hspack.capture.reuse import model_revision
+
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    snap = tmp_path / "models--org--m" / "snapshots" / commit
+    snap.mkdir(parents=True)
+    (snap / "model.safetensors").write_bytes(b"w")
+    assert model_revision(str(snap), None) == commit
+    link = tmp_path / "linked"
+    os.symlink(snap, link)
+    assert model_revision(str(link), None) == commit
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "config.json").write_text("{}")
+    assert model_revision(str(plain), "v1") == "v1"
+    (plain / "model.safetensors").write_bytes(b"w")
+    first = model_revision(str(plain), "v1")
+    assert first.startswith("weights:")
+    (plain / "model.safetensors").write_bytes(b"ww")
+    assert model_revision(str(plain), "v1") != first

@@ -129,8 +129,8 @@ def test_work_on_the_tensors_runs_on_the_producer_stream_given(tmp_path, how):
 @gpu
 def test_a_failed_commit_leaves_its_samples_out_of_contains(tmp_path):
     """A commit that fails (the manifest's temp name is taken by a folder): its samples are
-    not in the dataset, and `contains` no longer says they are, so a loop that skips what
-    the writer holds captures them again."""
+    not in the dataset, and `contains` no longer says they are; the writer stopped (what is
+    given next fails, naming them), and one opened again captures them again."""
     fields = [hspack.hidden_state(LAYERS[0], HIDDEN, dtype="bf16")]
     name = fields[0]["name"]
     h = torch.ones(3, HIDDEN, dtype=torch.bfloat16, device="cuda")
@@ -144,6 +144,11 @@ def test_a_failed_commit_leaves_its_samples_out_of_contains(tmp_path):
         w.commit()
     assert w.contains("a") and not w.contains("b")
     blocker.rmdir()
+    w.append("b", **{name: h * 2})
+    with pytest.raises(hspack.HspackError, match="`b` to `b`"):
+        w.finish()
+    w = CudaWriter(tmp_path / "ds", fields, durable=False)
+    assert w.contains("a") and not w.contains("b")
     w.append("b", **{name: h * 2})
     w.finish()
     got = read_back(tmp_path / "ds")

@@ -82,8 +82,9 @@ def test_torch_datasets_read_a_store_dataset_in_worker_processes(tmp_path):
 
 def test_a_failed_commit_forgets_the_capture_records_of_its_samples(tmp_path):
     """Samples of a failed commit (the store's dataset file cannot be replaced) are not in
-    the dataset: their capture records are dropped with them, so the next commit, of other
-    samples, lands and records its own (it failed on the stale ones before)."""
+    the dataset: the writer stops (every later call says which samples were lost), and the
+    writer opened again commits other samples, and records its own captures (a commit failed
+    on the stale records before)."""
     from conftest import eagle_sample, eagle_schema
 
     store = tmp_path / "store"
@@ -102,6 +103,43 @@ def test_a_failed_commit_forgets_the_capture_records_of_its_samples(tmp_path):
     except hspack.HspackError:
         pass
     blocker.rmdir()
+    try:
+        w.append("s2", capture_key=hspack.capture_key(config, [2]), **eagle_sample(2))
+        raise AssertionError("a stopped writer took a sample")
+    except hspack.HspackError as e:
+        assert "`s1` to `s1`" in str(e), e
+    w.abort()
+    w = hspack.Writer(store / "d", eagle_schema(), durable=False)
     w.append("s2", capture_key=hspack.capture_key(config, [2]), **eagle_sample(2))
     w.finish()
     assert hspack.open(store / "d").keys() == ["s0", "s2"]
+
+
+def test_a_forked_child_keeps_no_lock_of_a_store_dataset(tmp_path):
+    """A process forked while a writer of `STORE/NAME` is open (a DataLoader worker, say)
+    shares the lock file's open descriptor: once the parent's writer finishes, the next writer
+    takes the dataset at once, while the child lives on."""
+    import os
+
+    from conftest import eagle_sample, eagle_schema
+
+    store = tmp_path / "store"
+    hspack.init_store(store)
+    w = hspack.Writer(store / "d", eagle_schema(), durable=False)
+    w.append("s0", **eagle_sample(0))
+    done, told = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(told)
+        os.read(done, 1)  # returns once the parent closes its end
+        os._exit(0)
+    os.close(done)
+    try:
+        w.finish()
+        again = hspack.Writer(store / "d", eagle_schema(), durable=False)
+        again.append("s1", **eagle_sample(1))
+        again.finish()
+    finally:
+        os.close(told)
+        os.waitpid(pid, 0)
+    assert hspack.open(store / "d").keys() == ["s0", "s1"]

@@ -6,7 +6,7 @@ base; catch it to handle any capture failure.
 
 from __future__ import annotations
 
-__all__ = ["CaptureError", "RowMismatch", "UnsupportedSetup"]
+__all__ = ["CaptureError", "RowMismatch", "UnsupportedSetup", "command_errors"]
 
 
 class CaptureError(RuntimeError):
@@ -26,3 +26,11 @@ class UnsupportedSetup(CaptureError):
 
     The message names the setting to change (for example ``--disable-radix-cache``).
     """
+
+
+def command_errors() -> tuple:
+    """What the capture commands report as a plain error (exit 2), not a traceback: bad
+    input (``ValueError``, ``OSError``), a refused capture (``CaptureError``), an hspack error."""
+    import hspack
+
+    return (ValueError, OSError, CaptureError, hspack.HspackError)

@@ -42,10 +42,10 @@ import torch
 from torch import nn
 
 from .decoder import Decoder, find_decoder
-from .errors import RowMismatch
+from .errors import RowMismatch, command_errors
 from .points import CapturePoints, capture_metadata, config_hash, model_shape, parse_layers
 from .prompts import Sample, read_samples
-from .reuse import CaptureCounts, capture_config, plan
+from .reuse import CaptureCounts, capture_config, model_revision, plan
 from .sink import Sink
 from .split import real_token_index
 
@@ -149,8 +149,8 @@ class HFCapture:
                 )
         out = []
         for b, idx in enumerate(index):
-            idx = idx.to(input_ids.device)
-            out.append({i: t[b, idx].to("cpu", copy=True) for i, t in seen.items()})
+            # With a device_map, layers (and so the captured tensors) sit on several devices.
+            out.append({i: t[b, idx.to(t.device)].to("cpu", copy=True) for i, t in seen.items()})
         return out
 
 
@@ -292,7 +292,7 @@ def extract(
     world_size``, ... of ``data``, into ``out`` shared with the other ranks (``shared``, on by
     default when ``world_size > 1``): each commits its own shards, ordinals stay dense.
     ``out`` a store dataset ``STORE/NAME``: samples any dataset of the store holds for the same
-    capture (model, revision, config, dtype, layers, fields, tokens and loss mask; with
+    capture (model, its weights (``reuse.model_revision``), config, dtype, layers, fields, tokens and loss mask; with
     ``batch_size=1`` the capture is per-sample deterministic) are copied, not run
     (``capture.reuse``); ``counts`` says how many."""
     if not 0 <= rank < world_size:
@@ -342,7 +342,7 @@ def extract(
             reuse = None
             if writer.in_store:
                 reuse = capture_config(
-                    model=model, revision=revision, config_hash=meta["config_hash"],
+                    model=model, revision=model_revision(model, revision, config), config_hash=meta["config_hash"],
                     engine="transformers", deterministic=batch_size == 1, dtype=meta["dtype"],
                     layers=points.ids, fields=[f["name"] for f in schema],
                 )
@@ -393,10 +393,6 @@ class _Tokenizer:
         return pad if pad is not None else 0
 
 
-#: What the capture command reports as a plain error (exit 2), not a traceback: bad input.
-_USER_ERRORS = (ValueError, OSError)
-
-
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point of ``python -m hspack.capture.hf``."""
     parser = argparse.ArgumentParser(prog="python -m hspack.capture.hf", description=__doc__.split("\n")[0])
@@ -424,8 +420,6 @@ def main(argv: Optional[List[str]] = None) -> int:
                     help="share --out with other writers even with one rank (on whenever --world-size > 1)")
     args = parser.parse_args(argv)
     counts = CaptureCounts()
-    import hspack
-
     try:
         n = extract(
             args.model, args.data, parse_layers(args.layers), args.out,
@@ -434,7 +428,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             stack=args.stack, rank=args.rank, world_size=args.world_size,
             shared=True if args.shared else None, counts=counts, quantize=args.quantize,
         )
-    except (*_USER_ERRORS, hspack.HspackError) as e:
+    except command_errors() as e:
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
         return 2
     print(f"wrote {n} samples to {args.out}; {counts.summary()}", file=sys.stderr)

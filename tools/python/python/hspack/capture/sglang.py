@@ -53,10 +53,10 @@ from torch import nn
 
 from . import sglang_names as names
 from .decoder import Decoder, find_decoder
-from .errors import RowMismatch, UnsupportedSetup
+from .errors import RowMismatch, UnsupportedSetup, command_errors
 from .points import CapturePoints, capture_metadata, config_hash, model_shape, parse_layers
 from .prompts import read_samples
-from .reuse import CaptureCounts, capture_config, plan
+from .reuse import CaptureCounts, capture_config, model_revision, plan
 from .sink import Sink
 from .split import split_packed
 
@@ -544,7 +544,7 @@ def extract(
         reuse = None
         if writer.in_store:
             reuse = capture_config(
-                model=model, revision=None, config_hash=meta["config_hash"], engine="sglang",
+                model=model, revision=model_revision(model, extra.get("revision"), config), config_hash=meta["config_hash"], engine="sglang",
                 deterministic=bool(extra.get(names.DETERMINISTIC_ARG, False)),
                 dtype=meta["dtype"], layers=points.ids, fields=[f["name"] for f in schema],
             )
@@ -613,14 +613,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     ex.add_argument("--quantize", default=None, metavar="fp8[:FIELDS]",
                     help="store the hidden states as FP8 with a scale per token and layer (lossy, half the bytes)")
     args = parser.parse_args(argv)
-    extra = json.loads(args.engine_args) if args.engine_args else {}
-    if args.trust_remote_code:
-        extra.setdefault("trust_remote_code", True)
     counts = CaptureCounts()
-    n = extract(args.model, args.data, parse_layers(args.layers), args.out, tp_size=args.tp_size,
-                batch_size=args.batch_size, max_len=args.max_len,
-                trust_remote_code=args.trust_remote_code, engine_extra=extra, stack=args.stack,
-                counts=counts, quantize=args.quantize)
+    try:
+        extra = json.loads(args.engine_args) if args.engine_args else {}
+        if args.trust_remote_code:
+            extra.setdefault("trust_remote_code", True)
+        n = extract(args.model, args.data, parse_layers(args.layers), args.out, tp_size=args.tp_size,
+                    batch_size=args.batch_size, max_len=args.max_len,
+                    trust_remote_code=args.trust_remote_code, engine_extra=extra, stack=args.stack,
+                    counts=counts, quantize=args.quantize)
+    except command_errors() as e:
+        print(f"{parser.prog}: error: {e}", file=sys.stderr)
+        return 2
     print(f"wrote {n} samples to {args.out}; {counts.summary()}", file=sys.stderr)
     return 0
 
