@@ -488,11 +488,7 @@ fn write_modelopt_safetensors(path: &Path, tokens: usize, aux: bool, loss_mask: 
     if loss_mask {
         tensors.push(("loss_mask", vec![tokens], Dtype::I64, le(&vec![1; tokens])));
     }
-    let views: Vec<(String, V)> = tensors
-        .into_iter()
-        .map(|(n, shape, dtype, data)| (n.to_string(), V { dtype, shape, data }))
-        .collect();
-    safetensors::serialize_to_file(views.iter().map(|(n, v)| (n.clone(), v)), None, path).unwrap();
+    write_safetensors(path, tensors);
 }
 
 /// The schema comes from the first file converted; a later file holding a tensor the layout
@@ -797,11 +793,20 @@ fn fwd_args<'a>(src: &'a Path, ds: &'a Path, extra: &[&'a str]) -> Vec<&'a str> 
     a
 }
 
+/// Tensors as a safetensors file: name, shape, dtype, little-endian bytes.
+fn write_safetensors(path: &Path, tensors: Vec<(&str, Vec<usize>, Dtype, Vec<u8>)>) {
+    let views: Vec<(String, V)> = tensors
+        .into_iter()
+        .map(|(n, shape, dtype, data)| (n.to_string(), V { dtype, shape, data }))
+        .collect();
+    safetensors::serialize_to_file(views.iter().map(|(n, v)| (n.clone(), v)), None, path).unwrap();
+}
+
 /// A forward pass like `fwd_pass.pt` as safetensors: the request ids an integer tensor.
 fn write_fwd_safetensors(path: &Path, rids: &[i64], lens: &[i64]) {
     let t: i64 = lens.iter().sum();
     let le = |v: &[i64]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
-    let tensors = [
+    let tensors = vec![
         (
             "input_ids",
             vec![t as usize],
@@ -817,11 +822,7 @@ fn write_fwd_safetensors(path: &Path, rids: &[i64], lens: &[i64]) {
         ("seq_lens", vec![lens.len()], Dtype::I64, le(lens)),
         ("rids", vec![rids.len()], Dtype::I64, le(rids)),
     ];
-    let views: Vec<(String, V)> = tensors
-        .into_iter()
-        .map(|(n, shape, dtype, data)| (n.to_string(), V { dtype, shape, data }))
-        .collect();
-    safetensors::serialize_to_file(views.iter().map(|(n, v)| (n.clone(), v)), None, path).unwrap();
+    write_safetensors(path, tensors);
 }
 
 /// Two files with one key (`a.pt` and `a.safetensors`) are refused with `--split-by` as
