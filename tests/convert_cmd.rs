@@ -531,6 +531,41 @@ fn a_later_file_holding_what_the_first_lacked_is_refused_not_cut_down() {
     }
 }
 
+/// A --group-by pattern that gives two files of one sample the same part (it names `{part}`
+/// twice, and only the first is the part): refused, naming both, and neither deleted.
+#[test]
+fn two_files_of_one_part_are_refused() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    std::fs::create_dir_all(src.join("k/a")).unwrap();
+    write_modelopt_safetensors(&src.join("k/a/x.pt"), 4, false, false);
+    write_modelopt_safetensors(&src.join("k/a/y.pt"), 4, false, false);
+    let ds = t.path().join("ds");
+    let o = hspack(&[
+        "convert",
+        s(&src),
+        s(&ds),
+        "--layout",
+        "generic",
+        "--group-by",
+        "{key}/{part}/{part}.pt",
+        "--field",
+        "input_ids=a.input_ids",
+        "--field",
+        "hidden.7=a.hidden_states",
+        "--delete-source",
+    ]);
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("both give part `a` of sample `k`")
+            && text(&o).contains("x.pt")
+            && text(&o).contains("y.pt"),
+        "{}",
+        text(&o)
+    );
+    assert!(src.join("k/a/x.pt").exists() && src.join("k/a/y.pt").exists());
+}
+
 /// A destination inside the source folder: a rerun (the documented resume) does not take the
 /// dataset's own files for dumps, and adds what was dumped since.
 #[test]

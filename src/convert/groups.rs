@@ -27,6 +27,18 @@ pub(super) fn check_duplicates(units: &[Unit]) -> Result<(), RunError> {
                 b: u.files[1].1.clone(),
             });
         }
+        // Named parts: two files of one part (a pattern naming `{part}` twice, names that
+        // differ only where the pattern does not look).
+        let mut by_part: Vec<&(String, std::path::PathBuf)> = u.files.iter().collect();
+        by_part.sort_by(|x, y| x.0.cmp(&y.0));
+        if let Some(w) = by_part.windows(2).find(|w| w[0].0 == w[1].0) {
+            return Err(RunError::DuplicatePart {
+                key: u.key.clone(),
+                part: w[0].0.clone(),
+                a: w[0].1.clone(),
+                b: w[1].1.clone(),
+            });
+        }
     }
     Ok(())
 }

@@ -70,6 +70,18 @@ pub enum RunError {
         /// The other.
         b: PathBuf,
     },
+    /// Two files of one unit give the same part (a --group-by pattern that matches both).
+    #[error("{} and {} both give part `{part}` of sample `{key}`: a sample reads one file per part, so the other would be left out (and deleted with --delete-source); make --group-by tell them apart, or keep one of them", a.display(), b.display())]
+    DuplicatePart {
+        /// The sample's key.
+        key: String,
+        /// The part.
+        part: String,
+        /// One file.
+        a: PathBuf,
+        /// The other.
+        b: PathBuf,
+    },
     /// A source gives a key the dataset holds, with other data: not skipped as converted
     /// before, nor deleted.
     #[error("{}: gives sample key `{key}`, which the dataset holds with other data (a file converted before gave it); this file was neither skipped nor deleted: key its samples another way (--key-from), or convert it into another dataset", file.display())]
