@@ -82,7 +82,8 @@ impl DatasetWriter {
                 path: storage.root().to_path_buf(),
             });
         }
-        Self::open_in(storage, schema, options)
+        // Checked again under the lock: another `create` may have made it meanwhile.
+        Self::open_or_create(storage, schema, options, true)
     }
 
     /// Opens the dataset in `dir` for appending, creating it when there is none. An existing
@@ -96,7 +97,18 @@ impl DatasetWriter {
     pub fn open_in(
         storage: Arc<dyn Storage>,
         schema: Schema,
+        options: WriteOptions,
+    ) -> Result<Self> {
+        Self::open_or_create(storage, schema, options, false)
+    }
+
+    /// Opens the dataset in `storage`; with `new`, only where there is none once the lock is
+    /// held.
+    fn open_or_create(
+        storage: Arc<dyn Storage>,
+        schema: Schema,
         mut options: WriteOptions,
+        new: bool,
     ) -> Result<Self> {
         crate::store::refuse_root(&*storage)?;
         let defaults = storage.write_defaults();
@@ -123,6 +135,11 @@ impl DatasetWriter {
         let token = commit.as_ref().and_then(|c| c.token()).or(lock.token());
         let mut keys = HashSet::new();
         let (manifest, manifest_hash) = if storage.read(MANIFEST_FILE)?.is_some() {
+            if new {
+                return Err(Error::AlreadyExists {
+                    path: storage.root().to_path_buf(),
+                });
+            }
             let ds = Dataset::open_in(Arc::clone(&storage), ReadOptions::default())?;
             if ds.schema() != &schema {
                 return Err(Error::SchemaMismatch {
