@@ -417,6 +417,48 @@ fn modelopt_keys_from_the_stored_conversation_id() {
     assert_eq!(Dataset::open(&ds).unwrap().len(), 3);
 }
 
+/// A file written again under its name (another conversation in `0.pt`) is read again on a
+/// rerun, not skipped by the key its name gave before: the key log holds each unit's files'
+/// identity (length, modification time, inode) beside its key.
+#[test]
+fn a_file_written_again_under_its_name_is_read_again() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::copy(pt_fixtures().join("modelopt_str.pt"), src.join("0.pt")).unwrap();
+    let ds = t.path().join("ds");
+    let convert = || {
+        hspack(&[
+            "convert",
+            s(&src),
+            s(&ds),
+            "--layout",
+            "modelopt",
+            "--layers",
+            "2,16,29,32",
+            "--num-layers",
+            "32",
+            "--key-from",
+            "conversation_id",
+        ])
+    };
+    let o = convert();
+    assert!(o.status.success(), "{}", text(&o));
+    let o = convert();
+    assert!(
+        text(&o).contains("1 already in the dataset"),
+        "{}",
+        text(&o)
+    );
+    std::fs::remove_file(src.join("0.pt")).unwrap();
+    std::fs::copy(pt_fixtures().join("modelopt_int.pt"), src.join("0.pt")).unwrap();
+    let o = convert();
+    assert!(o.status.success(), "{}", text(&o));
+    let d = Dataset::open(&ds).unwrap();
+    assert_eq!(d.len(), 2, "{}", text(&o));
+    assert!(d.get_by_key("17").is_ok() && d.get_by_key("conv-a").is_ok());
+}
+
 /// Folder `dir` holding the SpecForge fixture as `data_0.ckpt`; returns it.
 fn one_specforge_file(dir: &Path) -> PathBuf {
     std::fs::create_dir_all(dir).unwrap();

@@ -60,7 +60,7 @@ pub(super) fn to_convert(
             continue;
         }
         let key = match keys {
-            Some(log) => log.key_of(&u.key),
+            Some(log) => log.key_of(&u.key, &u.identity()),
             None => Some(u.key.as_str()),
         };
         if !split && key.is_some_and(|k| writer.contains_key(k)) {

@@ -542,7 +542,7 @@ impl<'o> Run<'o> {
                             _ => {}
                         }
                         // Flushed before the samples commit, so every committed key has its line.
-                        log.record(&unit.key, file, &key)
+                        log.record(&unit.key, file, &unit.identity(), &key)
                             .map_err(|source| RunError::Io {
                                 path: log.path().to_path_buf(),
                                 op: "write",

@@ -383,7 +383,8 @@ fn kind(v: &Value) -> &'static str {
 #[derive(Debug)]
 pub struct KeyLog {
     path: PathBuf,
-    by_unit: HashMap<String, String>,
+    /// A unit's key, and the identity of its files when it gave it.
+    by_unit: HashMap<String, (String, String)>,
     by_key: HashMap<String, (String, PathBuf)>,
     file: Option<std::fs::File>,
 }
@@ -394,6 +395,10 @@ struct Line {
     unit: String,
     file: PathBuf,
     key: String,
+    /// The identity of the unit's files ([`Unit::identity`]); absent in logs of earlier
+    /// versions, whose units are read again.
+    #[serde(default)]
+    files: String,
 }
 
 impl KeyLog {
@@ -415,7 +420,7 @@ impl KeyLog {
             // A line cut by a crash is the last one, of a unit that was not appended.
             if let Ok(l) = serde_json::from_str::<Line>(&line?) {
                 log.by_key.insert(l.key.clone(), (l.unit.clone(), l.file));
-                log.by_unit.insert(l.unit, l.key);
+                log.by_unit.insert(l.unit, (l.key, l.files));
             }
         }
         Ok(log)
@@ -426,9 +431,13 @@ impl KeyLog {
         &self.path
     }
 
-    /// The key a unit gave in an earlier run.
-    pub fn key_of(&self, unit: &str) -> Option<&str> {
-        self.by_unit.get(unit).map(String::as_str)
+    /// The key `unit` gave in an earlier run, while its files are the same (`files`, their
+    /// [`Unit::identity`]): a file written again under its name is read again.
+    pub fn key_of(&self, unit: &str, files: &str) -> Option<&str> {
+        self.by_unit
+            .get(unit)
+            .filter(|(_, was)| !was.is_empty() && was == files)
+            .map(|(key, _)| key.as_str())
     }
 
     /// The unit that gave `key`, and its first file.
@@ -436,10 +445,16 @@ impl KeyLog {
         self.by_key.get(key).map(|(u, f)| (u.as_str(), f.as_path()))
     }
 
-    /// Records that `unit` (first file `file`) gives `key`, flushed to the log before its
-    /// samples are appended.
-    pub fn record(&mut self, unit: &str, file: &Path, key: &str) -> Result<(), std::io::Error> {
-        if self.key_of(unit) == Some(key) {
+    /// Records that `unit` (first file `file`, its files' identity `files`) gives `key`,
+    /// flushed to the log before its samples are appended.
+    pub fn record(
+        &mut self,
+        unit: &str,
+        file: &Path,
+        files: &str,
+        key: &str,
+    ) -> Result<(), std::io::Error> {
+        if self.key_of(unit, files) == Some(key) {
             return Ok(());
         }
         let f = match &mut self.file {
@@ -460,6 +475,7 @@ impl KeyLog {
             unit: unit.to_string(),
             file: file.to_path_buf(),
             key: key.to_string(),
+            files: files.to_string(),
         })
         .unwrap_or_default();
         // A previous line cut by a crash would swallow this one: start on a fresh line.
@@ -467,7 +483,8 @@ impl KeyLog {
         f.flush()?;
         self.by_key
             .insert(key.to_string(), (unit.to_string(), file.to_path_buf()));
-        self.by_unit.insert(unit.to_string(), key.to_string());
+        self.by_unit
+            .insert(unit.to_string(), (key.to_string(), files.to_string()));
         Ok(())
     }
 }

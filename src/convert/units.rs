@@ -187,6 +187,28 @@ fn walk(dir: &Path, above: &mut Vec<(u64, u64)>, found: &mut Walk) -> Result<(),
     Ok(())
 }
 
+impl Unit {
+    /// What tells this unit's files apart from files written again under their names: each
+    /// one's length, modification time and inode. Empty where one cannot be read.
+    pub fn identity(&self) -> String {
+        use std::os::unix::fs::MetadataExt;
+        let mut out = String::new();
+        for path in self.files.iter().map(|f| &f.1).chain(&self.split_file) {
+            let Ok(m) = std::fs::metadata(path) else {
+                return String::new();
+            };
+            out.push_str(&format!(
+                "{}:{}.{}:{};",
+                m.len(),
+                m.mtime(),
+                m.mtime_nsec(),
+                m.ino()
+            ));
+        }
+        out
+    }
+}
+
 /// Matches `name` against a pattern of literals, `{key}` and `{part}` (each matching one or
 /// more characters); returns (key, part).
 pub fn match_pattern(pattern: &str, name: &str) -> Option<(String, String)> {
