@@ -14,7 +14,8 @@ fuzz_target!(|data: &[u8]| {
             for line in text.lines() {
                 if let Ok(v) = serde_json::from_str::<serde_json::Value>(line) {
                     if let Some(unit) = v.get("unit").and_then(|u| u.as_str()) {
-                        if let Some(key) = log.key_of(unit) {
+                        let files = v.get("files").and_then(|f| f.as_str()).unwrap_or("");
+                        if let Some(key) = log.key_of(unit, files) {
                             assert!(log.unit_of(key).is_some());
                         }
                     }
