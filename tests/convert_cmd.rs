@@ -342,6 +342,23 @@ fn interleave(parts: &[&[u8]], row: usize) -> Vec<u8> {
     out
 }
 
+/// `hspack convert SRC DS` of ModelOpt dumps keyed by their stored `conversation_id`.
+fn convert_modelopt_keyed(src: &Path, ds: &Path) -> std::process::Output {
+    hspack(&[
+        "convert",
+        s(src),
+        s(ds),
+        "--layout",
+        "modelopt",
+        "--layers",
+        "2,16,29,32",
+        "--num-layers",
+        "32",
+        "--key-from",
+        "conversation_id",
+    ])
+}
+
 #[test]
 fn modelopt_keys_from_the_stored_conversation_id() {
     let t = tempfile::tempdir().unwrap();
@@ -356,21 +373,7 @@ fn modelopt_keys_from_the_stored_conversation_id() {
         std::fs::copy(pt_fixtures().join(from), src.join(format!("{i}.pt"))).unwrap();
     }
     let ds = t.path().join("ds");
-    let args = |ds: &Path| {
-        hspack(&[
-            "convert",
-            s(&src),
-            s(ds),
-            "--layout",
-            "modelopt",
-            "--layers",
-            "2,16,29,32",
-            "--num-layers",
-            "32",
-            "--key-from",
-            "conversation_id",
-        ])
-    };
+    let args = |ds: &Path| convert_modelopt_keyed(&src, ds);
     let o = args(&ds);
     assert!(o.status.success(), "{}", text(&o));
     let d = Dataset::open(&ds).unwrap();
@@ -427,21 +430,7 @@ fn a_file_written_again_under_its_name_is_read_again() {
     std::fs::create_dir_all(&src).unwrap();
     std::fs::copy(pt_fixtures().join("modelopt_str.pt"), src.join("0.pt")).unwrap();
     let ds = t.path().join("ds");
-    let convert = || {
-        hspack(&[
-            "convert",
-            s(&src),
-            s(&ds),
-            "--layout",
-            "modelopt",
-            "--layers",
-            "2,16,29,32",
-            "--num-layers",
-            "32",
-            "--key-from",
-            "conversation_id",
-        ])
-    };
+    let convert = || convert_modelopt_keyed(&src, &ds);
     let o = convert();
     assert!(o.status.success(), "{}", text(&o));
     let o = convert();
