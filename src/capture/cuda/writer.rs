@@ -55,16 +55,28 @@ pub struct DeviceField<'a> {
     pub bytes: usize,
 }
 
-/// The stream whose work produces a sample's tensors.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// The streams whose work produces a sample's tensors.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Producer {
-    /// Raw stream handle: PyTorch's `torch.cuda.current_stream().cuda_stream`, 0 for the
-    /// legacy default stream. The copies start after the work queued on it so far.
-    pub stream: u64,
+    /// Raw stream handles: PyTorch's `torch.cuda.current_stream().cuda_stream`, 0 for the
+    /// legacy default stream; one per stream when the tensors come from several (a
+    /// `__cuda_array_interface__` names its own). The copies start after the work queued so
+    /// far on every one of them; none means the legacy default stream.
+    pub streams: Vec<u64>,
     /// True when the producer will write these buffers in place again (static buffers, CUDA
     /// graphs): its later work then waits, on the device, for the copies to finish. Leave it
     /// false for fresh tensors (a model's outputs), whose memory the keepalive protects.
     pub reuses_buffers: bool,
+}
+
+impl Producer {
+    /// The streams the copies wait for: those given, or the legacy default stream.
+    fn waited(&self) -> &[u64] {
+        match self.streams.is_empty() {
+            true => &[0],
+            false => &self.streams,
+        }
+    }
 }
 
 /// What a [`CudaWriter`] did so far.
@@ -362,7 +374,7 @@ impl CudaWriter {
     /// Queues one sample for capture and returns once its copies are enqueued.
     ///
     /// `fields` gives device memory of this writer's device for every field of the schema.
-    /// The copies start after the work queued so far on `producer.stream`; nothing waits on
+    /// The copies start after the work queued so far on `producer.streams`; nothing waits on
     /// the host. `keepalive` must own the device memory (e.g. the tensor objects); it is
     /// dropped on the writer's thread once the copies are complete, so the producer's
     /// allocator cannot hand the memory out again before. Blocks while every slot is busy.
@@ -401,10 +413,13 @@ impl CudaWriter {
         for f in fields {
             self.check_memory(key, f)?;
         }
-        // Ordering after the producer: everything queued on its stream so far happens before
-        // our copies; nothing waits on the host.
-        self.ready.record_raw(producer.stream)?;
-        self.copy_stream.wait(&self.ready)?;
+        // Ordering after the producer: everything queued on its streams so far happens
+        // before our copies; nothing waits on the host. A wait takes the event as recorded
+        // when it is queued, so one event serves every stream in turn.
+        for &stream in producer.waited() {
+            self.ready.record_raw(stream)?;
+            self.copy_stream.wait(&self.ready)?;
+        }
 
         let lens: Vec<usize> = fields.iter().map(|f| f.bytes).collect();
         let bytes: u64 = lens.iter().map(|&l| l as u64).sum();
@@ -432,7 +447,7 @@ impl CudaWriter {
                 }
             }
         };
-        if let Err(e) = self.enqueue(fields, &pieces, slot_bytes, &mut storage, producer) {
+        if let Err(e) = self.enqueue(fields, &pieces, slot_bytes, &mut storage, &producer) {
             // Copies may be queued into the slots: let them finish before the slots go back.
             let _ = self.copy_stream.synchronize();
             self.give_back(storage);
@@ -467,7 +482,7 @@ impl CudaWriter {
         pieces: &[Vec<Piece>],
         slot_bytes: usize,
         storage: &mut Storage,
-        producer: Producer,
+        producer: &Producer,
     ) -> Result<(), CaptureError> {
         for (f, ps) in fields.iter().zip(pieces) {
             let mut src = f.ptr;
@@ -499,8 +514,11 @@ impl CudaWriter {
         };
         done.record(&self.copy_stream)?;
         if producer.reuses_buffers {
-            // The producer's later in-place writes wait for our reads, on the device.
-            done.wait_on_raw(producer.stream)?;
+            // The producer's later in-place writes, on any of its streams, wait for our
+            // reads, on the device.
+            for &stream in producer.waited() {
+                done.wait_on_raw(stream)?;
+            }
         }
         Ok(())
     }

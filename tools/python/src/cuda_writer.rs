@@ -159,19 +159,20 @@ impl CudaWriter {
         })
     }
 
-    /// Queues a sample: `fields` is `[(name, device address, bytes)]`; `owners` keeps the
-    /// memory alive until the copies are done. Releases the GIL, also while it blocks.
+    /// Queues a sample: `fields` is `[(name, device address, bytes)]`, produced by the work
+    /// queued on `streams`; `owners` keeps the memory alive until the copies are done.
+    /// Releases the GIL, also while it blocks.
     fn append(
         &self,
         py: Python<'_>,
         key: &str,
         fields: Vec<(String, u64, usize)>,
-        stream: u64,
+        streams: Vec<u64>,
         overwrite: bool,
         owners: PyObject,
     ) -> PyResult<()> {
         let producer = Producer {
-            stream,
+            streams,
             reuses_buffers: overwrite,
         };
         self.with(py, move |w| {

@@ -126,6 +126,57 @@ def test_work_on_the_tensors_runs_on_the_producer_stream_given(tmp_path, how):
         assert equal_bits(got[key][fields[0]["name"]], ref), key
 
 
+class OnStream:
+    """A bf16 GPU array seen through `__cuda_array_interface__` (as `<u2`), naming the stream
+    its producer wrote it on, as CuPy and Numba arrays do."""
+
+    def __init__(self, t, stream):
+        self.t, self.stream = t, stream
+
+    @property
+    def __cuda_array_interface__(self):
+        cai = dict(self.t.view(torch.int16).__cuda_array_interface__)
+        return {**cai, "typestr": "<u2", "stream": self.stream.cuda_stream}
+
+
+@gpu
+@pytest.mark.parametrize("with_torch_field", [False, True])
+def test_fields_from_several_streams_are_each_copied_after_their_producer(tmp_path, with_torch_field):
+    """Each field written on its own side stream after a GPU-side delay, handed over through
+    `__cuda_array_interface__` naming that stream (and, in one case, a torch tensor written
+    on torch's current stream beside them): every copy must wait for its own producer. The
+    copies waited only for the last stream named, and read the other fields before they were
+    written."""
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    rows = 1024
+    fields = schema()[:3]
+    w = CudaWriter(tmp_path / "ds", fields, durable=False)
+    expect = {}
+    for i in range(3):
+        values = [torch.randn(rows, HIDDEN, device="cuda", generator=gen).to(torch.bfloat16) for _ in fields]
+        backing = [torch.zeros(rows, HIDDEN, dtype=torch.bfloat16, device="cuda") for _ in fields]
+        torch.cuda.synchronize()
+        given = {}
+        for k, (f, v, b) in enumerate(zip(fields, values, backing)):
+            if with_torch_field and k == 0:
+                torch.cuda._sleep(200_000_000)  # on torch's current stream
+                b.copy_(v)
+                given[f["name"]] = b
+                continue
+            side = torch.cuda.Stream()
+            with torch.cuda.stream(side):
+                torch.cuda._sleep(200_000_000 * (len(fields) - k))  # the first named finishes last
+                b.copy_(v)
+            given[f["name"]] = OnStream(b, side)
+        expect[f"s{i}"] = values
+        w.append(f"s{i}", **given)
+    w.finish()
+    got = read_back(tmp_path / "ds")
+    for key, values in expect.items():
+        for f, ref in zip(fields, values):
+            assert equal_bits(got[key][f["name"]], ref), (key, f["name"])
+
+
 @gpu
 def test_a_failed_commit_leaves_its_samples_out_of_contains(tmp_path):
     """A commit that fails (the manifest's temp name is taken by a folder): its samples are

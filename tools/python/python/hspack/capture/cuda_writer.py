@@ -157,6 +157,18 @@ def _on_stream(stream: int | None, device: int):
     return torch.cuda.stream(torch.cuda.ExternalStream(int(stream), device=torch.device("cuda", device)))
 
 
+def _producer_streams(given: int | None, named: list[int], on_base: bool, device: int) -> list[int]:
+    """Every stream the copies of one sample wait for: the one `stream=` gives (else torch's
+    current stream) where a field is a torch tensor, was made by this writer, or names no
+    stream, and every stream a `__cuda_array_interface__` named. Tensors from several streams
+    are each copied only after their own producer's work."""
+    base = int(given) if given is not None else None
+    if base is None and (on_base or not named):
+        base = _torch_current_stream(device)
+    streams = [base] if base is not None else []
+    return streams + [int(s) for s in named if s != base]
+
+
 class CudaWriter:
     """Writes (or resumes) the dataset in folder `path` from GPU tensors.
 
@@ -238,13 +250,16 @@ class CudaWriter:
         dtype). Returns once the copies are queued; blocks while every buffer is busy.
 
         `stream` is the producer's stream handle (default: PyTorch's current stream of the
-        writer's device, or the stream a `__cuda_array_interface__` names). Set `overwrite`
+        writer's device); a `__cuda_array_interface__` array is also waited for on the
+        stream it names, so fields from several streams are each copied after their own
+        producer's work. Set `overwrite`
         when the producer will write these same buffers in place again (static buffers, CUDA
         graphs): its later work then waits on the device for the copies.
         """
         parts = []
         owners = []
-        seen_stream = None
+        named = []  # streams a `__cuda_array_interface__` named, each waited for
+        on_base = False  # a tensor of torch's (or made by this writer) on the base stream
         # What this writer computes from the tensors (a contiguous copy, the FP8 form) runs on
         # the producer's stream when one is given: after the work that produces them, and
         # before the copy, which waits on that stream.
@@ -261,15 +276,17 @@ class CudaWriter:
                     raise _bad(key, name, f"the tensor is on cuda:{dev}, this writer copies from cuda:{self.device}; use one writer per device")
                 parts.append((name, ptr, n))
                 owners.append(owner)
-                seen_stream = seen_stream if s is None else s
-        if stream is None:
-            stream = seen_stream if seen_stream is not None else _torch_current_stream(self.device)
+                if s is None:
+                    on_base = True
+                elif s not in named:
+                    named.append(s)
+        streams = _producer_streams(stream, named, on_base, self.device)
         if len(self._natives) > 1 and self.contains(key):
             from .._errors import make_error
 
             raise make_error("DuplicateKey", f"sample key `{key}` was given to this writer already", key=key)
         native = self._natives[self._dealt % len(self._natives)]
-        native.append(key, parts, int(stream), bool(overwrite), tuple(owners))
+        native.append(key, parts, streams, bool(overwrite), tuple(owners))
         self._dealt += 1
 
     def contains(self, key: str) -> bool:
