@@ -276,6 +276,26 @@ fn conditional_puts_refuse_to_clobber() {
     let part = vec![7u8; hspack::io::object::PART];
     let err = big.write_at(0, &part).unwrap_err();
     assert!(matches!(err, Error::CommitConflict { .. }), "{err}");
+    // A name taken while the upload went on (another copy that took the destination over
+    // while this one stalled): the completion is refused, and the other's object stays.
+    let mut late = s3.create("y.tmp").unwrap();
+    late.write_at(0, &part).unwrap(); // the upload starts: no object is there yet
+    late.write_at(part.len() as u64, b"tail").unwrap();
+    s3.put_new("y", b"the other's", true).unwrap();
+    let err = late.publish_new("y", true).unwrap_err();
+    assert!(
+        matches!(err, Error::CommitConflict { .. }) && err.to_string().contains("while this one"),
+        "{err}"
+    );
+    assert_eq!(s3.read("y").unwrap().unwrap(), b"the other's");
+    // With the name free, the same upload goes through whole.
+    let mut free = s3.create("z.tmp").unwrap();
+    free.write_at(0, &part).unwrap();
+    free.write_at(part.len() as u64, b"tail").unwrap();
+    free.publish_new("z", true).unwrap();
+    let landed = s3.read("z").unwrap().unwrap();
+    assert_eq!(landed.len(), part.len() + 4);
+    assert!(landed.ends_with(b"tail") && landed[..part.len()] == part[..]);
 }
 
 fn damage_at_rest_is_named() {
@@ -655,7 +675,10 @@ fn a_copy_whose_lease_was_taken_over_publishes_nothing(local: &str) {
     };
     let err = copy(&src, &dst, &CopyOptions::default(), &taken).unwrap_err();
     assert!(
-        matches!(err, Error::CommitConflict { .. }) && err.to_string().contains("taken over"),
+        matches!(
+            err,
+            Error::CommitConflict { .. } | Error::CopyRefused { .. }
+        ) && err.to_string().contains("taken over"),
         "{err}"
     );
     assert!(dst.read("manifest.json").unwrap().is_none());

@@ -22,6 +22,7 @@ pub mod memory;
 pub mod mmap;
 pub mod object;
 pub mod object_lease;
+mod object_upload;
 pub mod recycle;
 pub mod runtime;
 

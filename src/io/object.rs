@@ -9,7 +9,8 @@
 //! for. Transient errors are retried with backoff by `object_store` (bounded: 10 retries,
 //! 3 minutes); a short read is an error. A new file is published with `If-None-Match: *`
 //! (a single put) or, when larger than [`PART`], by a multipart upload started only where no
-//! object is; the manifest is replaced with `If-Match` on the ETag of the one read.
+//! object is and, on S3, completed with `If-None-Match: *` too ([`super::object_upload`]);
+//! the manifest is replaced with `If-Match` on the ETag of the one read.
 
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
@@ -19,7 +20,7 @@ use std::sync::Arc;
 use object_store::path::Path as ObjectPath;
 use object_store::{
     GetOptions, GetRange, ObjectStore, ObjectStoreExt, ObjectStoreScheme, PutMode, PutOptions,
-    PutPayload, UpdateVersion, WriteMultipart,
+    PutPayload, UpdateVersion,
 };
 
 use crate::error::{Error, Result};
@@ -27,6 +28,7 @@ use crate::format::manifest::TEMP_SUFFIX;
 use crate::per_process::PerProcess;
 
 use super::bytes::FileBytes;
+use super::object_upload::{Upload, Uploader};
 use super::runtime::{block_on, runtime};
 use super::{expect_whole, FileReader, NewFile, Storage, WriterLease};
 
@@ -49,8 +51,15 @@ struct Inner {
     root: PathBuf,
     prefix: ObjectPath,
     read_only: bool,
-    /// The store of this process (rebuilt in a forked child, whose connections would hang).
-    store: PerProcess<Arc<dyn ObjectStore>>,
+    /// The clients of this process (rebuilt in a forked child, whose connections would hang).
+    store: PerProcess<Clients>,
+}
+
+/// The clients of one store: for everything, and for multipart uploads (none over http).
+#[derive(Debug)]
+struct Clients {
+    store: Arc<dyn ObjectStore>,
+    uploader: Option<Uploader>,
 }
 
 pub(super) fn other(path: &Path, op: &'static str, detail: impl std::fmt::Display) -> Error {
@@ -151,9 +160,23 @@ impl ObjectStorage {
     }
 
     pub(super) fn store(&self) -> Result<Arc<dyn ObjectStore>> {
+        Ok(Arc::clone(&self.clients()?.store))
+    }
+
+    fn clients(&self) -> Result<Arc<Clients>> {
         let inner = &self.inner;
-        let store = inner.store.get(|| build_store(&inner.url, &inner.root))?;
-        Ok(Arc::clone(&store))
+        inner.store.get(|| build_store(&inner.url, &inner.root))
+    }
+
+    /// The clients of multipart uploads.
+    fn uploader(&self, name: &str) -> Result<Uploader> {
+        self.clients()?
+            .uploader
+            .clone()
+            .ok_or_else(|| Error::Unsupported {
+                path: self.path(name),
+                detail: "this storage takes no uploads".into(),
+            })
     }
 
     pub(super) fn object(&self, name: &str) -> ObjectPath {
@@ -212,7 +235,7 @@ impl ObjectStorage {
     }
 }
 
-fn build_store(url: &url::Url, root: &Path) -> Result<Arc<dyn ObjectStore>> {
+fn build_store(url: &url::Url, root: &Path) -> Result<Clients> {
     let bad = |e: object_store::Error| Error::Unsupported {
         path: root.to_path_buf(),
         detail: format!("cannot use this storage: {e}"),
@@ -221,44 +244,45 @@ fn build_store(url: &url::Url, root: &Path) -> Result<Arc<dyn ObjectStore>> {
         path: root.to_path_buf(),
         detail: e.to_string(),
     })?;
-    let store: Arc<dyn ObjectStore> = match scheme {
-        ObjectStoreScheme::AmazonS3 => {
-            let env = |keys: &[&str]| keys.iter().find_map(|k| std::env::var(k).ok());
-            let profile = super::aws_profile::profile();
-            let endpoint = env(&["AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT"])
-                .or(profile.endpoint);
-            // The server checks each upload against its SHA-256: bytes damaged on the way
-            // are refused there.
-            let mut b = object_store::aws::AmazonS3Builder::from_env()
-                .with_url(url.as_str())
-                .with_checksum_algorithm(object_store::aws::Checksum::SHA256);
-            let named = env(&["AWS_ACCESS_KEY_ID", "AWS_WEB_IDENTITY_TOKEN_FILE"]).is_some();
-            if let (false, Some((id, secret, token))) = (named, profile.keys) {
-                b = b.with_access_key_id(id).with_secret_access_key(secret);
-                if let Some(token) = token {
-                    b = b.with_token(token);
-                }
-            }
-            if let Some(endpoint) = &endpoint {
-                b = b.with_endpoint(endpoint);
-                if local_http(endpoint) {
-                    b = b
-                        .with_allow_http(true)
-                        .with_virtual_hosted_style_request(false);
-                }
-            }
-            if env(&["AWS_REGION", "AWS_DEFAULT_REGION"]).is_none() {
-                b = b.with_region(profile.region.as_deref().unwrap_or("us-east-1"));
-            }
-            Arc::new(b.build().map_err(bad)?)
+    fn plain<T: ObjectStore + object_store::multipart::MultipartStore>(store: T) -> Clients {
+        let store = Arc::new(store);
+        Clients {
+            store: Arc::clone(&store) as Arc<dyn ObjectStore>,
+            uploader: Some(Uploader {
+                parts: Arc::clone(&store) as _,
+                complete: store,
+                conditional: false,
+            }),
         }
-        ObjectStoreScheme::GoogleCloudStorage => Arc::new(
+    }
+    let clients = match scheme {
+        ObjectStoreScheme::AmazonS3 => {
+            let (builder, local) = s3_builder(url);
+            let store = Arc::new(builder.clone().build().map_err(bad)?);
+            // The completions of multipart uploads go through a client that sends
+            // `If-None-Match: *` with every request it makes (it makes no other).
+            let mut headers = http::HeaderMap::new();
+            headers.insert("If-None-Match", http::HeaderValue::from_static("*"));
+            let options = s3_client_options_from_env()
+                .with_allow_http(local)
+                .with_default_headers(headers);
+            let completer = builder.with_client_options(options).build().map_err(bad)?;
+            Clients {
+                store: Arc::clone(&store) as Arc<dyn ObjectStore>,
+                uploader: Some(Uploader {
+                    parts: store,
+                    complete: Arc::new(completer),
+                    conditional: true,
+                }),
+            }
+        }
+        ObjectStoreScheme::GoogleCloudStorage => plain(
             object_store::gcp::GoogleCloudStorageBuilder::from_env()
                 .with_url(url.as_str())
                 .build()
                 .map_err(bad)?,
         ),
-        ObjectStoreScheme::MicrosoftAzure => Arc::new(
+        ObjectStoreScheme::MicrosoftAzure => plain(
             object_store::azure::MicrosoftAzureBuilder::from_env()
                 .with_url(url.as_str())
                 .build()
@@ -268,13 +292,16 @@ fn build_store(url: &url::Url, root: &Path) -> Result<Arc<dyn ObjectStore>> {
             let origin = &url[..url::Position::BeforePath];
             let options =
                 object_store::ClientOptions::new().with_allow_http(url.scheme() == "http");
-            Arc::new(
-                object_store::http::HttpBuilder::new()
-                    .with_url(origin)
-                    .with_client_options(options)
-                    .build()
-                    .map_err(bad)?,
-            )
+            Clients {
+                store: Arc::new(
+                    object_store::http::HttpBuilder::new()
+                        .with_url(origin)
+                        .with_client_options(options)
+                        .build()
+                        .map_err(bad)?,
+                ),
+                uploader: None,
+            }
         }
         other => {
             return Err(Error::Unsupported {
@@ -283,7 +310,59 @@ fn build_store(url: &url::Url, root: &Path) -> Result<Arc<dyn ObjectStore>> {
             })
         }
     };
-    Ok(store)
+    Ok(clients)
+}
+
+/// The S3 client's configuration, from the environment and the AWS CLI's profile; true when
+/// the endpoint is plain http on this machine.
+fn s3_builder(url: &url::Url) -> (object_store::aws::AmazonS3Builder, bool) {
+    let env = |keys: &[&str]| keys.iter().find_map(|k| std::env::var(k).ok());
+    let profile = super::aws_profile::profile();
+    let endpoint =
+        env(&["AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT"]).or(profile.endpoint);
+    // The server checks each upload against its SHA-256: bytes damaged on the way are
+    // refused there.
+    let mut b = object_store::aws::AmazonS3Builder::from_env()
+        .with_url(url.as_str())
+        .with_checksum_algorithm(object_store::aws::Checksum::SHA256);
+    let named = env(&["AWS_ACCESS_KEY_ID", "AWS_WEB_IDENTITY_TOKEN_FILE"]).is_some();
+    if let (false, Some((id, secret, token))) = (named, profile.keys) {
+        b = b.with_access_key_id(id).with_secret_access_key(secret);
+        if let Some(token) = token {
+            b = b.with_token(token);
+        }
+    }
+    let mut local = false;
+    if let Some(endpoint) = &endpoint {
+        b = b.with_endpoint(endpoint);
+        if local_http(endpoint) {
+            local = true;
+            b = b
+                .with_allow_http(true)
+                .with_virtual_hosted_style_request(false);
+        }
+    }
+    if env(&["AWS_REGION", "AWS_DEFAULT_REGION"]).is_none() {
+        b = b.with_region(profile.region.as_deref().unwrap_or("us-east-1"));
+    }
+    (b, local)
+}
+
+/// The HTTP client options the environment gives an S3 client (`AWS_ALLOW_HTTP`,
+/// `AWS_PROXY_URL`, timeouts...), as `AmazonS3Builder::from_env` reads them: for a second
+/// client whose options are set whole.
+fn s3_client_options_from_env() -> object_store::ClientOptions {
+    use object_store::aws::AmazonS3ConfigKey;
+    let mut options = object_store::ClientOptions::new();
+    for (key, value) in std::env::vars() {
+        if !key.starts_with("AWS_") {
+            continue;
+        }
+        if let Ok(AmazonS3ConfigKey::Client(k)) = key.to_ascii_lowercase().parse() {
+            options = options.with_config(k, value);
+        }
+    }
+    options
 }
 
 impl Storage for ObjectStorage {
@@ -544,7 +623,7 @@ struct ObjectNewFile {
     name: String,
     buf: Vec<u8>,
     len: u64,
-    upload: Option<WriteMultipart>,
+    upload: Option<Upload>,
     spool: Option<std::fs::File>,
     /// The process that writes it: a forked child's copy never aborts its upload.
     pid: u32,
@@ -602,26 +681,33 @@ impl ObjectNewFile {
             Err(e) if is_not_found(&e) => {}
             Err(e) => return Err(object_error(&shown, "publish", e)),
         }
+        let uploader = self.storage.uploader(&self.name)?;
         let upload = self
             .storage
-            .run(&self.name, "publish", store.put_multipart(&path))?
+            .run(&self.name, "publish", Upload::start(&uploader, path))?
             .map_err(|e| object_error(&shown, "publish", e))?;
-        self.upload = Some(WriteMultipart::new_with_chunk_size(upload, PART));
+        self.upload = Some(upload);
         Ok(())
     }
 
-    /// Hands the buffered bytes to the upload, waiting while too many parts are in flight.
-    fn send(&mut self) -> Result<()> {
+    /// Hands the buffered bytes to the upload, waiting while too many parts are in flight:
+    /// all of them where `last`, else whole parts of [`PART`] (the rest kept for later).
+    fn send_parts(&mut self, last: bool) -> Result<()> {
         let shown = self.shown();
         let rt = runtime().map_err(|e| other(&shown, "publish", e))?;
         let upload = self.upload.as_mut().expect("started");
-        {
-            let _in_runtime = rt.enter();
-            upload.write(&self.buf);
+        let mut rest = bytes::Bytes::from(std::mem::take(&mut self.buf));
+        while rest.len() >= PART || (last && !rest.is_empty()) {
+            let part = rest.split_to(rest.len().min(PART));
+            {
+                let _in_runtime = rt.enter();
+                upload.write(part);
+            }
+            rt.block_on(upload.wait_for_capacity(PARTS_IN_FLIGHT))
+                .map_err(|e| object_error(&shown, "publish", e))?;
         }
-        self.buf.clear();
-        rt.block_on(upload.wait_for_capacity(PARTS_IN_FLIGHT))
-            .map_err(|e| object_error(&shown, "publish", e))
+        self.buf = rest.to_vec();
+        Ok(())
     }
 
     /// Moves what was written so far into a new spool file, which takes every later write.
@@ -665,7 +751,7 @@ impl ObjectNewFile {
             let n = (self.len - at).min(PART as u64) as usize;
             self.buf.resize(n, 0);
             spool.read_exact_at(&mut self.buf, at).map_err(read_error)?;
-            self.send()?;
+            self.send_parts(false)?;
             at += n as u64;
         }
         Ok(())
@@ -702,7 +788,7 @@ impl NewFile for ObjectNewFile {
             if self.upload.is_none() {
                 self.start_upload()?;
             }
-            self.send()?;
+            self.send_parts(false)?;
         }
         Ok(())
     }
@@ -735,14 +821,20 @@ impl NewFile for ObjectNewFile {
         }
         if self.upload.is_some() {
             if !self.buf.is_empty() {
-                self.send()?;
+                self.send_parts(true)?;
             }
             let upload = self.upload.take().expect("started");
-            return self
-                .storage
-                .run(name, "publish", upload.finish())?
-                .map(drop)
-                .map_err(|e| object_error(&shown, "publish", e));
+            return match self.storage.run(name, "publish", upload.finish())? {
+                Ok(()) => Ok(()),
+                // Another object took the name since the upload started: it stays.
+                Err(e) if is_conflict(&e) => Err(Error::CommitConflict {
+                    path: shown,
+                    detail: "an object with this name was published while this one was \
+                             uploaded"
+                        .into(),
+                }),
+                Err(e) => Err(object_error(&shown, "publish", e)),
+            };
         }
         let store = self.storage.store()?;
         let path = self.storage.object(name);

@@ -37,13 +37,18 @@ pub fn lease_ttl() -> Duration {
     env_seconds("HSPACK_WRITER_LEASE_SECS", 60.0, false)
 }
 
-/// The seconds the variable `name` gives (zero only `with_zero`), else `default`.
+/// The longest life or wait a variable may give: a week.
+const MAX_ENV_SECS: f64 = 7.0 * 24.0 * 3600.0;
+
+/// The seconds the variable `name` gives (zero only `with_zero`; at most [`MAX_ENV_SECS`]),
+/// else `default`.
 fn env_seconds(name: &str, default: f64, with_zero: bool) -> Duration {
     let secs = std::env::var(name)
         .ok()
         .and_then(|s| s.parse::<f64>().ok())
         .filter(|s| s.is_finite() && (*s > 0.0 || (with_zero && *s == 0.0)))
-        .unwrap_or(default);
+        .unwrap_or(default)
+        .min(MAX_ENV_SECS);
     Duration::from_secs_f64(secs)
 }
 
@@ -152,6 +157,8 @@ struct Held {
     remove_on_release: bool,
     text: Mutex<(LeaseText, UpdateVersion)>,
     lost: AtomicBool,
+    /// The life each renewal gives.
+    ttl: Duration,
 }
 
 impl ObjectLease {
@@ -251,6 +258,7 @@ impl ObjectLease {
                         remove_on_release: new,
                         text: Mutex::new((text, version)),
                         lost: AtomicBool::new(false),
+                        ttl,
                     });
                     let (stop, stopped) = mpsc::channel();
                     let renewing = Arc::clone(&state);
@@ -514,10 +522,23 @@ impl ObjectLease {
     /// Reads the lease object now and fails unless it is still this holder's: a check that
     /// does not wait for the renewing thread, for a holder about to publish what the lease
     /// guards (it may have hung past the lease's life, and been revoked meanwhile).
+    ///
+    /// It also fails when less than a third of the lease's life is left by the life last
+    /// written (renewals failing, or the holder stalled): what it is about to do might then
+    /// land after the lease expired and another took it.
     pub fn confirm(&self) -> Result<()> {
         self.check()?;
         let held = &self.state;
-        if landed(&held.storage, &held.file, &self.token)?.is_none() {
+        let expires = held
+            .text
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .0
+            .expires_unix_ms;
+        let margin = (held.ttl / 3).as_millis() as u64;
+        if expires < now_ms().saturating_add(margin)
+            || landed(&held.storage, &held.file, &self.token)?.is_none()
+        {
             held.lost.store(true, Ordering::SeqCst);
         }
         self.check()

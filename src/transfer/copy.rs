@@ -19,7 +19,7 @@ use rayon::prelude::*;
 use crate::error::{format, Error, Result};
 use crate::format::manifest::{hex, MANIFEST_FILE};
 use crate::format::{ChunkHeader, Manifest, ShardHeader, ShardRecord};
-use crate::io::{temp_name, Storage};
+use crate::io::{temp_name, Storage, WriterLease};
 use crate::read::{Dataset, Shard};
 
 /// What the destination may hold already.
@@ -151,8 +151,9 @@ pub fn copy(
                             return Err(listed_shard_failed(e, src, dst, record, same_state))
                         }
                         Err(_) => {
-                            // Not this copy's to delete once another holds the destination.
-                            lock.check()?;
+                            // Not this copy's to delete once another holds the destination:
+                            // the lease is read again right before.
+                            still_held(&*lock, dst)?;
                             dst.delete(&record.file)?;
                             replaced
                                 .lock()
@@ -162,20 +163,19 @@ pub fn copy(
                     }
                 }
                 send_shard(src, seq, dst, &stats, progress)?;
-                if let Err(e) = prove(src, dst, record, options.reread, &stats) {
-                    // What landed is not what was sent: never to be taken for the shard.
-                    let _ = dst.delete(&record.file);
-                    return Err(e);
-                }
+                // What landed and is not what was sent is left, not deleted: the destination
+                // lists it nowhere (its manifest is not published), a rerun proves it before
+                // taking it, and where another copy took the destination over meanwhile (this
+                // one stalled past its lease), the object there may be that copy's.
+                prove(src, dst, record, options.reread, &stats)?;
                 stats.shards_sent.fetch_add(1, Ordering::Relaxed);
                 stats.bytes_sent.fetch_add(record.bytes, Ordering::Relaxed);
                 Ok(())
             })
     })?;
-    // The files besides shards are put over any of their names there: only while the
-    // destination is still this copy's.
-    lock.confirm()?;
-    copy_listed_files(src, dst, &|_| true)?;
+    // The files besides shards: each put where none is, or over the one read there, and
+    // only while the destination is still this copy's.
+    copy_listed_files(src, dst, &*lock, &|_| true)?;
     let published = publish_manifest(src, dst, existing.as_ref(), &*lock)?;
     if let (true, Some((before, _, _))) = (published, &existing) {
         // A sync over an earlier state: the segments and key runs the source's merges
@@ -198,6 +198,24 @@ pub fn copy(
         bytes_reread: stats.bytes_reread.into_inner(),
         manifest_published: published,
         digest: hex(blake3::hash(src.manifest_bytes()).as_bytes()),
+    })
+}
+
+/// Fails unless the destination's lock is still this copy's, read again now
+/// ([`WriterLease::confirm`]): asked right before each change a copy or repair makes there
+/// beyond its own new shards. A lost lease is said as what it means for a copy.
+pub(crate) fn still_held(lock: &dyn WriterLease, dst: &Arc<dyn Storage>) -> Result<()> {
+    lock.confirm().map_err(|e| match e {
+        Error::CommitConflict { detail, .. } => Error::CopyRefused {
+            path: dst.root().to_path_buf(),
+            detail: format!(
+                "{detail}; another copy or writer may hold the destination now, so this run \
+                 stopped before changing anything more there: see what the destination holds \
+                 with `hspack verify {}`, then run again",
+                dst.root().display()
+            ),
+        },
+        e => e,
     })
 }
 
@@ -358,13 +376,18 @@ pub(crate) fn prove(
 pub(crate) fn copy_listed_files(
     src: &Dataset,
     dst: &Arc<dyn Storage>,
+    lock: &dyn WriterLease,
     wanted: &dyn Fn(&str) -> bool,
 ) -> Result<Vec<String>> {
     let hash = |b: &[u8]| hex(blake3::hash(b).as_bytes());
     let mut copied = Vec::new();
     for f in src.manifest().listed_files() {
         let want = f.blake3.to_ascii_lowercase();
-        if !wanted(f.file) || dst.read(f.file)?.is_some_and(|b| hash(&b) == want) {
+        if !wanted(f.file) {
+            continue;
+        }
+        let there = dst.read(f.file)?;
+        if there.as_ref().is_some_and(|b| hash(b) == want) {
             continue;
         }
         let Some(bytes) = src.storage().read(f.file)? else {
@@ -378,7 +401,13 @@ pub(crate) fn copy_listed_files(
                     .into(),
             });
         }
-        dst.replace(f.file, &bytes, None, true)?;
+        // Put only where nothing is, or over the bytes just read there: a copy that stalled
+        // past its lease never overwrites what the copy that took over wrote since.
+        still_held(lock, dst)?;
+        match &there {
+            None => dst.put_new(f.file, &bytes, true)?,
+            Some(found) => dst.replace(f.file, &bytes, Some(blake3::hash(found)), true)?,
+        }
         match dst.read(f.file)? {
             Some(landed) if hash(&landed) == want => copied.push(f.file.to_string()),
             _ => {
@@ -461,12 +490,12 @@ fn publish_manifest(
     src: &Dataset,
     dst: &Arc<dyn Storage>,
     existing: Option<&(Manifest, blake3::Hash, Vec<u8>)>,
-    lock: &dyn crate::io::WriterLease,
+    lock: &dyn WriterLease,
 ) -> Result<bool> {
     let previous: &[u8] = existing.map_or(&[], |(_, _, b)| b);
     let existing = existing.map(|(_, h, _)| *h);
     let bytes = src.manifest_bytes();
-    lock.confirm()?;
+    still_held(lock, dst)?;
     let published = match existing {
         None => {
             dst.put_new(MANIFEST_FILE, bytes, true)?;
@@ -482,7 +511,7 @@ fn publish_manifest(
     if landed != bytes {
         // Damaged on the way: taken back, so that nothing takes it for the dataset (unless
         // another holds the destination now: what is there is then its own).
-        lock.confirm()?;
+        still_held(lock, dst)?;
         match existing {
             None => dst.delete(MANIFEST_FILE)?,
             Some(_) => dst.replace(MANIFEST_FILE, previous, None, true)?,

@@ -18,7 +18,7 @@ use crate::io::Storage;
 use crate::read::Dataset;
 use crate::verify::{verify_dataset, Report, VerifyOptions};
 
-use super::copy::{check_at, copy_listed_files, prove, send_shard, Stats};
+use super::copy::{check_at, copy_listed_files, prove, send_shard, still_held, Stats};
 
 /// What a repair did.
 #[derive(Debug, Clone, Default, serde::Serialize)]
@@ -63,8 +63,8 @@ pub fn restore_listed(dst: &Arc<dyn Storage>, good: &Dataset) -> Result<Vec<Stri
         return Err(not_a_copy(dst.root(), good));
     }
     // No writer or copy may be at work there meanwhile.
-    let _lock = dst.lock()?;
-    copy_listed_files(good, dst, &|_| true)
+    let lock = dst.lock()?;
+    copy_listed_files(good, dst, &*lock, &|_| true)
 }
 
 /// Refuses `from` when it is the copy at `damaged` itself (another spelling of the path): a
@@ -123,19 +123,20 @@ pub fn repair(damaged: &Dataset, good: &Dataset) -> Result<RepairReport> {
     let names = damaged_files(&first);
     let dst: Arc<dyn crate::io::Storage> = Arc::clone(damaged.storage());
     // No writer or copy may be at work there while shards are replaced.
-    let _lock = dst.lock()?;
+    let lock = dst.lock()?;
     let stats = Stats::default();
     for (seq, record) in damaged.manifest().shards.iter().enumerate() {
         if !names.contains(record.file.as_str()) {
             continue;
         }
+        still_held(&*lock, &dst)?;
         dst.delete(&record.file)?;
         send_shard(good, seq, &dst, &stats, &|_| {})?;
         prove(good, &dst, record, true, &stats)?;
         check_at(good, &dst, record)?;
         report.shards_replaced.push(record.file.clone());
     }
-    report.files_replaced = copy_listed_files(good, &dst, &|name| names.contains(name))?;
+    report.files_replaced = copy_listed_files(good, &dst, &*lock, &|name| names.contains(name))?;
     let after = verify_dataset(damaged, VerifyOptions::default(), &|_| {})?;
     report.problems_left = after.problems.iter().map(Error::to_string).collect();
     report.digest = after.proven_digest().map(str::to_string);
