@@ -239,3 +239,30 @@ fn concatenated_reads_equal_the_fields_joined_by_hand() {
         }
     }
 }
+
+/// Fields of different dtypes are never concatenated: their bytes side by side would read as
+/// wrong values under one dtype (f16 under bf16, here of the same width).
+#[test]
+fn concatenating_fields_of_different_dtypes_is_refused() {
+    let schema = Schema::new(vec![
+        Field::new("a", hspack::DType::F16, &[4], Role::Other),
+        Field::new("b", hspack::DType::BF16, &[4], Role::Other),
+    ]);
+    let dir = tempfile::tempdir().unwrap();
+    let opts = WriteOptions {
+        durable: false,
+        ..WriteOptions::default()
+    };
+    let mut w = DatasetWriter::create(dir.path(), schema, opts).unwrap();
+    w.append("s", &[("a", &[0u8; 16][..]), ("b", &[0u8; 16][..])])
+        .unwrap();
+    w.finish().unwrap();
+    let ds = Dataset::open(dir.path()).unwrap();
+    let s = ds.sample(0).unwrap();
+    let mut out = vec![0u8; 32];
+    let e = s.read_concat_into(&[0, 1], 0..2, &mut out).unwrap_err();
+    assert!(e.to_string().contains("share a dtype"), "{e}");
+    let e = s.read_concat(&[0, 1], 0..2).unwrap_err();
+    assert!(e.to_string().contains("share a dtype"), "{e}");
+    s.read_concat_into(&[1], 0..2, &mut out[..16]).unwrap();
+}

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
 use crate::error::{Error, Result};
-use crate::format::{ChunkHeader, ExtentEntry, Manifest, SampleEntry, Schema};
+use crate::format::{ChunkHeader, DType, ExtentEntry, Manifest, SampleEntry, Schema};
 use crate::io::cache::{CacheOptions, CachedStorage, ChunkCache};
 use crate::io::Storage;
 
@@ -619,25 +619,7 @@ impl<'d> Sample<'d> {
     /// process dropped, where one fits (see [`crate::io::recycle`]).
     pub fn read_concat(&self, fields: &[usize], rows: Range<u64>) -> Result<Tensor> {
         let schema = self.ds.schema();
-        let Some(&first) = fields.first() else {
-            return Err(Error::BadOption {
-                option: "fields",
-                detail: "name at least one field to concatenate".into(),
-            });
-        };
-        let dtype = schema.fields[first].dtype;
-        if let Some(&f) = fields.iter().find(|&&f| schema.fields[f].dtype != dtype) {
-            return Err(Error::BadOption {
-                option: "fields",
-                detail: format!(
-                    "{} is {} and {} is {}: concatenated fields share a dtype",
-                    schema.fields[first].name,
-                    dtype.name(),
-                    schema.fields[f].name,
-                    schema.fields[f].dtype.name()
-                ),
-            });
-        }
+        let dtype = self.shared_dtype(fields)?;
         self.check_rows(&rows)?;
         let stride: u64 = fields.iter().map(|&f| schema.fields[f].row_bytes()).sum();
         let n = rows.end - rows.start;
@@ -650,9 +632,35 @@ impl<'d> Sample<'d> {
         })
     }
 
-    /// Copies rows `rows` of fields `fields` (numbers) into `out`, concatenated along the
-    /// last axis: row r of `out` is row r of every field, in the order given (the EAGLE-3
-    /// auxiliary states, side by side). `out` must hold exactly those rows. One copy from
+    /// The dtype fields `fields` (numbers) share: refused when they are none, or of several
+    /// (bytes of one dtype concatenated with another's would read as wrong values).
+    fn shared_dtype(&self, fields: &[usize]) -> Result<DType> {
+        let schema = self.ds.schema();
+        let Some(&first) = fields.first() else {
+            return Err(Error::BadOption {
+                option: "fields",
+                detail: "name at least one field to concatenate".into(),
+            });
+        };
+        let dtype = schema.fields[first].dtype;
+        match fields.iter().find(|&&f| schema.fields[f].dtype != dtype) {
+            None => Ok(dtype),
+            Some(&f) => Err(Error::BadOption {
+                option: "fields",
+                detail: format!(
+                    "{} is {} and {} is {}: concatenated fields share a dtype",
+                    schema.fields[first].name,
+                    dtype.name(),
+                    schema.fields[f].name,
+                    schema.fields[f].dtype.name()
+                ),
+            }),
+        }
+    }
+
+    /// Copies rows `rows` of fields `fields` (numbers, of one dtype) into `out`, concatenated
+    /// along the last axis: row r of `out` is row r of every field, in the order given (the
+    /// EAGLE-3 auxiliary states, side by side). `out` must hold exactly those rows. One copy from
     /// the shard for uncompressed chunks; a large sample's chunks are read (and checked) and
     /// its rows copied on the pool.
     pub fn read_concat_into(
@@ -668,13 +676,21 @@ impl<'d> Sample<'d> {
             .map(|&f| schema.fields[f].row_bytes() as usize)
             .collect();
         let stride: usize = widths.iter().sum();
+        self.shared_dtype(fields)?;
         self.check_rows(&rows)?;
         let n = (rows.end - rows.start) as usize;
         let want = n * stride;
         if out.len() != want {
             return Err(Error::BadOption {
                 option: "out",
-                detail: format!("buffer holds {} bytes, the rows need {want}", out.len()),
+                detail: format!(
+                    "sample `{}`: the buffer holds {} bytes, rows {}..{} of the fields \
+                     concatenated need {want}",
+                    self.key(),
+                    out.len(),
+                    rows.start,
+                    rows.end
+                ),
             });
         }
         if want == 0 {
