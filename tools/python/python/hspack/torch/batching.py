@@ -12,6 +12,7 @@ import torch.utils.data as tud
 from .._hspack import EAGLE3, gather_into
 from . import order as _order
 from .progress import Progress
+from .transfer import Unreadable
 from .views import pinned_empty, shared_empty
 
 # Token ids and the attention mask, named as the Rust side names them (`hspack::format::eagle3`).
@@ -103,8 +104,7 @@ class TokenBudgetBatchSampler(tud.Sampler):
         return mine
 
     def __iter__(self) -> Iterator[list[int]]:
-        batches = self.batches()
-        return iter(batches[self.state.begin(len(batches)) :])
+        return self.state.iterate(self.batches)
 
     def __len__(self) -> int:
         return self.state.left(len(self.batches()))
@@ -146,6 +146,7 @@ class PadCollate:
         self.multiple = pad_to_multiple_of
 
     def __call__(self, samples: Sequence[dict], pin: bool = False) -> dict:
+        _raise_unreadable(samples)
         empty = pinned_empty if pin else shared_empty
         items = [_unbatched(s, self.length_key) for s in samples]
         # SpecForge items (batches of one): cut, then the last token kept is not trained on.
@@ -187,6 +188,16 @@ class PadCollate:
         out[_ATTENTION_MASK] = mask
         out["lengths"] = _ints(lengths, pin)
         return out
+
+
+def _raise_unreadable(samples: Sequence[Any]) -> None:
+    """Raises the error of the first tensor of `samples` that could not be received
+    (`transfer.Unreadable`, what one becomes in torch's pin-memory thread, where the pinned
+    collate runs): collated, it would be listed as a value, or fail on an unrelated TypeError."""
+    for s in samples:
+        for v in s.values() if isinstance(s, dict) else (s,):
+            if isinstance(v, Unreadable):
+                raise v.error
 
 
 def _bytes(t: torch.Tensor) -> np.ndarray:

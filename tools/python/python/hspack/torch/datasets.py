@@ -77,6 +77,15 @@ class _Epoch(_progress.Progress):
                 stacklevel=3,
             )
 
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        if not self._shared.is_shared():
+            # A copy (`copy.deepcopy`, or pickle outside torch's multiprocessing): torch copied
+            # the position into private memory, which workers forked from this process would
+            # read as it was when forked. The copy gets shared memory of its own. (A spawned
+            # worker receives the original's shared memory itself, and keeps it.)
+            self._shared = self._shared.clone().share_memory_()
+
     def publish(self) -> None:
         """Makes the current (epoch, consumed) the start of the next iteration, for every
         worker: called by set_epoch, load_state_dict and at the start of each iteration."""
@@ -305,8 +314,7 @@ class HspackSampler(tud.Sampler):
         self.state = _Epoch(shuffle, seed, block_size, window_blocks, drop_last, pad, rank, world_size, self.shard_ranges)
 
     def __iter__(self) -> Iterator[int]:
-        order = self.state.rank_order(self.shard_ranges)
-        return iter(order[self.state.begin(len(order)) :].tolist())
+        return self.state.iterate(lambda: self.state.rank_order(self.shard_ranges))
 
     def __len__(self) -> int:
         return self.state.left(len(self.state.rank_order(self.shard_ranges)))

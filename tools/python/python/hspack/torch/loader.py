@@ -90,7 +90,8 @@ class HspackLoader(tud.DataLoader):
         if isinstance(self._progress, HspackIterableDataset):
             # Workers start where the training loop stands, and deal out this loader's batches.
             self._progress.begin(self._fallback)
-        # (The samplers fix their start in their own `__iter__`, in this process.)
+        # (The samplers fix their start at the first item their iterator yields, in this
+        # process: `Progress.iterate`.)
         for batch in super().__iter__():
             if isinstance(batch, Uncollated):  # pinning was turned off after all
                 batch = batch.collated()

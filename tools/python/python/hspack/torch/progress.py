@@ -23,7 +23,7 @@ rules for `set_epoch`, `load_state_dict` and a new iteration, shared by `HspackS
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, Iterator, Sequence
 
 from . import order as _order
 
@@ -64,10 +64,22 @@ class Progress:
 
     def begin(self, total: int) -> int:
         """Where the iteration starting now begins, in an epoch of `total` (samples or
-        batches); recorded as the consumed count."""
+        batches); recorded as the consumed count. Call it once per iteration, when the
+        iteration starts yielding (`iterate`): a second call would see an epoch the first
+        resumed at its end as complete, and start it again."""
         self.consumed, self.restored, self.total = self._start(total), False, total
         self.publish()
         return self.consumed
+
+    def iterate(self, epoch: Callable[[], Sequence]) -> Iterator:
+        """What an iteration over `epoch()` (the epoch's items in order, consumed ones
+        included) yields: the items from where it begins. A generator, so the iteration
+        begins at its first `next()`, not when the iterator is made: a DataLoader with
+        workers makes its sampler's iterator twice per iteration (in
+        `_BaseDataLoaderIter.__init__` and in `_reset`) and draws from the second only."""
+        items = epoch()
+        rest = items[self.begin(len(items)) :]
+        yield from rest.tolist() if hasattr(rest, "tolist") else rest  # numpy ints as ints
 
     def finish(self) -> None:
         """Records that the iteration ran to its end: its epoch is complete, even where the

@@ -129,6 +129,11 @@ class Unreadable:
     def __init__(self, error: BaseException):
         object.__setattr__(self, "_error", error)
 
+    @property
+    def error(self) -> BaseException:
+        """The error, for a collate that raises it before using the samples."""
+        return self._error
+
     def __getattr__(self, name: str) -> Any:
         raise self._error
 

@@ -58,6 +58,23 @@ def clip(rows: int, max_len: int | None) -> int:
     return rows if max_len is None else min(rows, max_len)
 
 
+def refused(ds: Any, option: str, message: str, kind: str = "BadOption", field: str | None = None) -> Exception:
+    """The error for a view that dataset `ds` cannot serve, as option `option` stands: an
+    `HspackError` naming the option, the dataset and the field. A view's `check` raises it
+    when the torch dataset is built, so a bad option fails there, not in a DataLoader worker."""
+    return make_error(kind, f"option {option}: {message}", option=option, path=ds.path, field=field)
+
+
+def require_fields(ds: Any, option: str, names: Sequence[str]) -> None:
+    """Refuses `names` (given by option `option`) that `ds` has no field of, naming the
+    missing one and the fields it has."""
+    have = [f["name"] for f in ds.schema]
+    for name in names:
+        if name not in have:
+            message = f"dataset {ds.path} has no field {name!r}; it has: {', '.join(have)}"
+            raise refused(ds, option, message, kind="NoSuchField", field=name)
+
+
 class FieldsView:
     """`{field: tensor}` of the chosen `fields` (all when None), the first `max_len` rows
     (all when None), plus `ordinal` (int)."""
@@ -65,6 +82,12 @@ class FieldsView:
     def __init__(self, fields: Sequence[str] | None = None, max_len: int | None = None):
         self.fields = list(fields) if fields is not None else None
         self.max_len = max_len
+
+    def check(self, ds: Any) -> None:
+        """Refuses fields the dataset has not: the torch datasets call it when built, before
+        any worker starts."""
+        if self.fields is not None:
+            require_fields(ds, "fields", self.fields)
 
     def __call__(self, ds: Any, ordinal: int) -> dict:
         rows = None
@@ -99,6 +122,20 @@ def eagle3_fields(schema: list[dict]) -> tuple[list[str], str]:
     return [f["name"] for f in hidden[:-1]], hidden[-1]["name"]
 
 
+def _one_dtype(ds: Any, aux: Sequence[str]) -> None:
+    """Refuses auxiliary fields of mixed dtypes: the view concatenates them into one tensor of
+    one dtype, and bytes of one dtype read as another are wrong values, not an error."""
+    dtypes = {f["name"]: f["dtype"] for f in ds.schema}
+    if len({dtypes[a] for a in aux}) > 1:
+        listed = ", ".join(f"{a} ({dtypes[a]})" for a in aux)
+        message = (
+            f"the auxiliary fields of dataset {ds.path} have different dtypes: {listed}; the EAGLE-3 view concatenates "
+            "them into one tensor of one dtype. Convert them to one dtype, or read them with a FieldsView "
+            "(view=None, fields=[...]) and concatenate them yourself"
+        )
+        raise refused(ds, "view", message, field=next(a for a in aux if dtypes[a] != dtypes[aux[0]]))
+
+
 def _role_field(schema: list[dict], kind: str) -> str | None:
     return next((f["name"] for f in schema if f["role"].get("kind") == kind), None)
 
@@ -110,8 +147,9 @@ class Eagle3View:
     `input_ids [T]`, `loss_mask [T]`, `aux_hidden_state [T, sum of aux widths]` (the
     auxiliary layers concatenated on the last dim, shallowest first, e.g. `[T, 3H]`),
     `hidden_state [T, H]` (the target: final-norm state, else the deepest layer), and
-    `ordinal`. The dataset must hold the token ids (a `hspack.token_ids()` field; `check`);
-    without a loss mask field, the mask is all ones.
+    `ordinal`. The dataset must hold the token ids (a `hspack.token_ids()` field), the
+    fields named, and auxiliary fields of one dtype (`check`); without a loss mask field,
+    the mask is all ones.
 
     `layout="specforge"` returns exactly what SpecForge's offline EAGLE-3 dataset item holds,
     ready for its padding collator and training loop: `input_ids [1, T]`,
@@ -147,22 +185,25 @@ class Eagle3View:
             a, t = eagle3_fields(ds.schema)
             aux = aux if aux is not None else a
             target = target if target is not None else t
+        if not aux:
+            raise refused(ds, "aux_fields", "the EAGLE-3 view concatenates the auxiliary hidden states, and none is named; name at least one, or leave aux_fields None for the dataset's own")
+        require_fields(ds, "aux_fields", aux)
+        require_fields(ds, "target_field", [target])
+        _one_dtype(ds, aux)
         ids = _role_field(ds.schema, "token_ids")
         if ids is None:
             # Without them `input_ids` would be None, and the collate fail far from here.
-            raise make_error(
-                "BadOption",
-                f"option view: the EAGLE-3 view needs the token ids, and dataset {ds.path} has no token_ids field "
-                "(written from hspack.token_ids()); capture them with the hidden states, or read this dataset with view=None and the fields it has",
-                option="view",
-                path=ds.path,
-                field="token_ids",
+            message = (
+                f"the EAGLE-3 view needs the token ids, and dataset {ds.path} has no token_ids field "
+                "(written from hspack.token_ids()); capture them with the hidden states, or read this dataset with view=None and the fields it has"
             )
+            raise refused(ds, "view", message, field="token_ids")
         return aux, target, ids, _role_field(ds.schema, "loss_mask")
 
     def check(self, ds: Any) -> None:
-        """Refuses a dataset this view cannot serve (no token ids, no hidden states to
-        tell apart): the torch datasets call it when built, before any worker starts."""
+        """Refuses a dataset this view cannot serve (no token ids, no hidden states to tell
+        apart, auxiliary or target fields it has not, auxiliary fields of mixed dtypes): the
+        torch datasets call it when built, before any worker starts."""
         self._resolve(ds)
 
     def __call__(self, ds: Any, ordinal: int) -> dict:

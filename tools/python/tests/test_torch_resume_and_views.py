@@ -1,0 +1,191 @@
+"""hspack.torch: resume with DataLoader workers, copies of an iterable dataset, views that
+refuse what they cannot serve, and the pinned collate of a tensor that could not be received."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+import re
+
+import hspack
+import pytest
+import torch
+
+from conftest import eagle_sample
+from hspack._errors import make_error
+from hspack.torch import (
+    Eagle3View,
+    FieldsView,
+    HspackDataset,
+    HspackIterableDataset,
+    HspackLoader,
+    HspackSampler,
+    PadCollate,
+    TokenBudgetBatchSampler,
+)
+from hspack.torch.batching import Uncollated
+from hspack.torch.transfer import Unreadable
+
+
+def sampler_loader(kind: str, path: str, workers: int) -> HspackLoader:
+    """A loader over `path` with the sampler `kind` ("sampler", unbatched, or
+    "token-budget"), seed 5."""
+    ds = HspackDataset(path, ["input_ids"])
+    if kind == "token-budget":
+        return HspackLoader(ds, batch_sampler=TokenBudgetBatchSampler(ds, max_tokens=60, seed=5), num_workers=workers)
+    return HspackLoader(ds, batch_size=None, sampler=HspackSampler(ds, seed=5), num_workers=workers)
+
+
+def ordinals(loader: HspackLoader) -> list:
+    """The ordinals of one `for` over `loader`, batched or not."""
+    out = []
+    for item in loader:
+        o = item["ordinal"]
+        out += o.tolist() if torch.is_tensor(o) else [o]
+    return out
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("kind", ["sampler", "token-budget"])
+def test_a_state_saved_at_the_end_of_an_epoch_resumes_with_nothing_left_with_workers(eagle_path, kind, workers):
+    """A DataLoader with workers makes its sampler's iterator twice per iteration: the
+    iteration begins once, so the resumed epoch is not replayed."""
+    run = sampler_loader(kind, eagle_path, workers)
+    run.set_epoch(0)
+    assert sorted(ordinals(run)) == list(range(37))
+    state = run.state_dict()
+    ref = sampler_loader(kind, eagle_path, 0)
+    ref.set_epoch(1)
+    want = ordinals(ref)
+    resumed = sampler_loader(kind, eagle_path, workers)
+    resumed.load_state_dict(state)
+    seen = {}
+    for epoch in range(state["epoch"], 2):
+        resumed.set_epoch(epoch)
+        seen[epoch] = ordinals(resumed)
+    assert seen == {0: [], 1: want}
+
+
+@pytest.mark.parametrize("kind", ["sampler", "token-budget"])
+def test_a_sampler_iteration_begins_at_its_first_item(eagle_path, kind):
+    """An iterator made and dropped unused (as the DataLoader's first) moves nothing."""
+    ds = HspackDataset(eagle_path, ["input_ids"])
+    sampler = HspackSampler(ds, seed=5) if kind == "sampler" else TokenBudgetBatchSampler(ds, max_tokens=60, seed=5)
+    whole = list(sampler)
+    sampler.advance(len(whole))
+    sampler.finish()
+    sampler.load_state_dict(sampler.state_dict())
+    iter(sampler)
+    assert list(sampler) == []  # the resumed epoch had nothing left
+    assert list(sampler) == whole  # then a complete epoch starts again
+
+
+def epoch_orders(ds: HspackIterableDataset, workers: int) -> dict:
+    """The ordinals of epochs 0 and 1 over `ds` (persistent workers when there are any)."""
+    options = {"num_workers": workers, "persistent_workers": True} if workers else {}
+    loader = HspackLoader(ds, batch_size=4, **options)
+    out = {}
+    for epoch in (0, 1):
+        loader.set_epoch(epoch)
+        out[epoch] = ordinals(loader)
+    return out
+
+
+@pytest.mark.parametrize("make_copy", [copy.deepcopy, lambda ds: pickle.loads(pickle.dumps(ds))], ids=["deepcopy", "pickle"])
+def test_a_copied_iterable_dataset_shares_its_epoch_with_persistent_workers(eagle_path, make_copy):
+    original = HspackIterableDataset(eagle_path, ["input_ids"], seed=3)
+    ds = make_copy(original)
+    assert ds.state._shared.is_shared()
+    assert ds.state._shared.data_ptr() != original.state._shared.data_ptr()  # its own
+    want = epoch_orders(HspackIterableDataset(eagle_path, ["input_ids"], seed=3), 0)
+    assert want[0] != want[1]
+    assert epoch_orders(ds, 2) == want
+    assert original.state.epoch == 0 and original.state.published() == (0, 0)
+
+
+def test_an_unpickled_position_keeps_shared_memory_it_arrived_in(eagle_path):
+    """What torch's multiprocessing sends (a spawned worker's copy) stays the same memory."""
+    from multiprocessing.reduction import ForkingPickler
+
+    ds = HspackIterableDataset(eagle_path, ["input_ids"], seed=3)
+    got = pickle.loads(ForkingPickler.dumps(ds.state))
+    ds.set_epoch(4)
+    assert got.published() == (4, 0)
+
+
+def write_aux(path: str, dtypes: list[str]) -> None:
+    """Two samples: token ids, one hidden state of each of `dtypes` (layers 1, 2, ...) and a
+    final-norm target."""
+    h = 8
+    schema = [hspack.token_ids(), *[hspack.hidden_state(i + 1, h, dtype=d) for i, d in enumerate(dtypes)], hspack.hidden_state(9, h, point="final_norm")]
+    torch_dtype = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
+    with hspack.Writer(path, schema, durable=False) as w:
+        for s in range(2):
+            hidden = {f"hidden.{i + 1}": torch.ones(5, h, dtype=torch_dtype[d]) for i, d in enumerate(dtypes)}
+            w.append(f"k{s}", input_ids=torch.arange(5, dtype=torch.int32), **hidden, **{"hidden.final": torch.zeros(5, h, dtype=torch.bfloat16)})
+
+
+@pytest.mark.parametrize("view", ["eagle3", "eagle3-specforge", Eagle3View(), Eagle3View(aux_fields=["hidden.1", "hidden.2"])])
+@pytest.mark.parametrize("dtypes", [["f16", "bf16"], ["f32", "bf16"]])
+def test_auxiliary_fields_of_mixed_dtypes_are_refused(tmp_path, view, dtypes):
+    path = str(tmp_path / "mixed")
+    write_aux(path, dtypes)
+    listed = f"hidden.1 ({dtypes[0]}), hidden.2 ({dtypes[1]})"
+    for make in (HspackDataset, HspackIterableDataset):
+        with pytest.raises(hspack.HspackError, match=re.escape(f"dataset {path} have different dtypes: {listed};")) as err:
+            make(path, view=view)
+        assert "Convert them to one dtype, or read them with a FieldsView" in str(err.value)
+        assert err.value.path == path and err.value.field == "hidden.2"
+    # The fields themselves read as they are.
+    assert HspackDataset(path, ["hidden.1", "hidden.2"])[0]["hidden.2"].dtype == torch.bfloat16
+
+
+def test_auxiliary_fields_of_one_dtype_are_served(tmp_path):
+    path = str(tmp_path / "f16")
+    write_aux(path, ["f16", "f16"])
+    item = HspackDataset(path, view="eagle3")[0]
+    assert item["aux_hidden_state"].dtype == torch.float16 and item["aux_hidden_state"].shape == (5, 16)
+
+
+@pytest.mark.parametrize("view, field, option", [
+    (Eagle3View(aux_fields=["hidden.9"]), "hidden.9", "aux_fields"),
+    (Eagle3View(aux_fields=["hidden.1", "hidden.9"]), "hidden.9", "aux_fields"),
+    (Eagle3View(target_field="hidden.last"), "hidden.last", "target_field"),
+    (FieldsView(fields=["input_ids", "hidden.9"]), "hidden.9", "fields"),
+], ids=["aux", "one-aux-of-two", "target", "fields"])
+def test_fields_the_dataset_has_not_are_refused_at_construction(eagle_path, view, field, option):
+    for make in (HspackDataset, HspackIterableDataset):
+        with pytest.raises(hspack.HspackError, match=re.escape(f"option {option}: dataset {eagle_path} has no field '{field}'; it has: input_ids, loss_mask, hidden.1,")) as err:
+            make(eagle_path, view=view)
+        assert err.value.path == eagle_path and err.value.field == field and err.value.option == option
+    with pytest.raises(hspack.HspackError, match=f"has no field '{field}'"):
+        HspackDataset(eagle_path, fields=[field]) if option == "fields" else view(hspack.open(eagle_path), 0)
+
+
+def test_no_auxiliary_field_is_refused_at_construction(eagle_path):
+    for make in (HspackDataset, HspackIterableDataset):
+        with pytest.raises(hspack.HspackError, match="option aux_fields: .* none is named; name at least one") as err:
+            make(eagle_path, view=Eagle3View(aux_fields=[]))
+        assert err.value.path == eagle_path and err.value.option == "aux_fields"
+
+
+def test_named_fields_the_dataset_has_are_served(eagle_path):
+    view = Eagle3View(aux_fields=["hidden.3"], target_field="hidden.5")
+    item = HspackDataset(eagle_path, view=view)[4]
+    want = eagle_sample(4)
+    assert torch.equal(item["aux_hidden_state"], want["hidden.3"]) and torch.equal(item["hidden_state"], want["hidden.5"])
+    assert set(HspackDataset(eagle_path, fields=["loss_mask"])[0]) == {"loss_mask", "ordinal"}
+
+
+@pytest.mark.parametrize("at", [0, 2])
+def test_a_tensor_that_could_not_be_received_raises_its_error_in_the_collate(eagle_path, at):
+    """In torch's pin-memory thread a tensor that could not be received is an `Unreadable`:
+    collating it raises its error, not a TypeError or a batch holding it in a list."""
+    ds = HspackDataset(eagle_path, view="eagle3")
+    samples = [dict(ds[i]) for i in range(3)]
+    samples[at]["hidden_state"] = Unreadable(make_error("Io", "shard-000000.hsp: gone since it was sent"))
+    for collate in (PadCollate(), PadCollate(max_len=4)):
+        with pytest.raises(hspack.HspackError, match="shard-000000.hsp: gone"):
+            collate(samples)
+        with pytest.raises(hspack.HspackError, match="shard-000000.hsp: gone"):
+            Uncollated(samples, collate).pin_memory()  # before any pinned memory is asked for
