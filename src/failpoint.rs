@@ -28,6 +28,7 @@ pub const ALL: &[&str] = &[
     "convert-source-deleted",
     "gc-index-replaced",
     "store-index-read",
+    "verify-opened",
 ];
 
 /// Ends the process at failpoint `name`, saying so on stderr first.

@@ -58,14 +58,20 @@ pub struct Report {
     pub digest: String,
     /// True for the quick check, which hashes no payload.
     pub quick: bool,
+    /// Files the manifest listed when the verification began, found missing, while a writer
+    /// replaced the manifest meanwhile (its merges remove the segments and key runs they
+    /// replace): not damage, and not checked. Empty when the manifest stayed the same.
+    pub replaced_meanwhile: Vec<PathBuf>,
 }
 
 impl Report {
     /// The digest, where this verification proved the bytes behind it: a full check that
     /// found nothing wrong. `None` after the quick check (it hashes no payload, so damaged
-    /// bytes can be behind the manifest) or when something is damaged.
+    /// bytes can be behind the manifest), when something is damaged, or when files it lists
+    /// were replaced before they were checked.
     pub fn proven_digest(&self) -> Option<&str> {
-        (self.is_ok() && !self.quick).then_some(self.digest.as_str())
+        (self.is_ok() && !self.quick && self.replaced_meanwhile.is_empty())
+            .then_some(self.digest.as_str())
     }
 
     /// True when nothing is wrong.
@@ -85,6 +91,26 @@ impl Report {
                 count(self.leftovers.len() as u64, "file"),
                 file_names(&self.leftovers),
                 them(&self.leftovers),
+            ));
+        }
+        if !self.replaced_meanwhile.is_empty() {
+            notes.push(format!(
+                "a writer committed while this ran: {} the manifest listed at the start ({}) \
+                 {} replaced since, and {} not checked; the state checked is the one of digest \
+                 {}; run verify again for the new one",
+                count(self.replaced_meanwhile.len() as u64, "file"),
+                file_names(&self.replaced_meanwhile),
+                if self.replaced_meanwhile.len() == 1 {
+                    "was"
+                } else {
+                    "were"
+                },
+                if self.replaced_meanwhile.len() == 1 {
+                    "is"
+                } else {
+                    "are"
+                },
+                self.digest,
             ));
         }
         if !self.unknown_files.is_empty() {
@@ -139,6 +165,7 @@ pub fn verify_dataset(
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<Report> {
     let ds = Dataset::open_in(std::sync::Arc::clone(opened.storage()), Default::default())?;
+    crate::failpoint::failpoint!("verify-opened");
     let manifest = ds.manifest();
     let schema = ds.schema();
     let mut problems = Vec::new();
@@ -150,8 +177,9 @@ pub fn verify_dataset(
         }
     }
     let (leftovers, unknown_files) = files_not_in_use(&ds)?;
-    problems.extend(check_samples_tables(&ds));
-    problems.extend(check_key_runs(&ds));
+    let mut missing = Vec::new();
+    problems.extend(check_samples_tables(&ds, &mut missing));
+    problems.extend(check_key_runs(&ds, &mut missing));
     let mut report = Report {
         shards: manifest.shards.len() as u64,
         samples: manifest.samples,
@@ -165,6 +193,7 @@ pub fn verify_dataset(
         unknown_files,
         digest: hex(blake3::hash(ds.manifest_bytes()).as_bytes()),
         quick: options.quick,
+        replaced_meanwhile: Vec::new(),
     };
     // Shards a storage maps are hashed chunk by chunk on every core; the others (object
     // storage) are scanned in file order, several shards at once, in large reads.
@@ -210,6 +239,15 @@ pub fn verify_dataset(
         problems.extend(found.into_iter().map(|(_, _, e)| e));
         report.chunks = shards.iter().map(|s| s.footer().chunk_count).sum();
         report.bytes_hashed = hashed.into_inner();
+    }
+    if !missing.is_empty()
+        && ds.storage().read(MANIFEST_FILE)?.as_deref() != Some(ds.manifest_bytes())
+    {
+        // A writer committed meanwhile: what it replaced is gone, and the files it wrote are
+        // no leftovers. The rest was checked against the manifest read at the start.
+        problems.retain(|e| !matches!(e, Error::KeyRun { path, .. } | Error::SamplesTable { path, .. } if missing.contains(path)));
+        report.leftovers.clear();
+        report.replaced_meanwhile = missing;
     }
     report.problems = problems;
     Ok(report)
@@ -306,7 +344,7 @@ fn files_not_in_use(ds: &Dataset) -> Result<(Vec<PathBuf>, Vec<PathBuf>)> {
 /// The samples table (versions 1 to 3) or its parts (version 4), each against its length and
 /// hash. A table is checked as everything else is, by its hash in the manifest; its parquet is
 /// never decoded here (a decoder fed hostile bytes is a risk the hash makes needless).
-fn check_samples_tables(ds: &Dataset) -> Vec<Error> {
+fn check_samples_tables(ds: &Dataset, missing: &mut Vec<PathBuf>) -> Vec<Error> {
     let manifest = ds.manifest();
     let mut problems = Vec::new();
     for t in manifest.table_files() {
@@ -314,7 +352,7 @@ fn check_samples_tables(ds: &Dataset) -> Vec<Error> {
             path: ds.storage().path(&t.file),
             detail,
         };
-        if let Err(detail) = read_listed(ds, &t.file, t.bytes, &t.blake3) {
+        if let Err(detail) = read_listed(ds, &t.file, t.bytes, &t.blake3, missing) {
             problems.push(problem(detail));
         }
         if let Some(whole) = manifest
@@ -334,7 +372,7 @@ fn check_samples_tables(ds: &Dataset) -> Vec<Error> {
 
 /// Every key run (version 4) against its length and hash, its rules (§6.4), and the keys of
 /// its segment's shards: one entry per sample, none missing, none more.
-fn check_key_runs(ds: &Dataset) -> Vec<Error> {
+fn check_key_runs(ds: &Dataset, missing: &mut Vec<PathBuf>) -> Vec<Error> {
     let manifest = ds.manifest();
     let mut problems = Vec::new();
     for (g, files) in manifest.segments.iter().zip(&manifest.segment_files) {
@@ -343,7 +381,7 @@ fn check_key_runs(ds: &Dataset) -> Vec<Error> {
             path: ds.storage().path(&run.file),
             detail,
         };
-        let bytes = match read_listed(ds, &run.file, run.bytes, &run.blake3) {
+        let bytes = match read_listed(ds, &run.file, run.bytes, &run.blake3, missing) {
             Ok(bytes) => bytes,
             Err(detail) => {
                 problems.push(problem(detail));
@@ -386,19 +424,28 @@ fn check_key_runs(ds: &Dataset) -> Vec<Error> {
     problems
 }
 
-/// The bytes of a file the manifest lists, or why they are not what it records.
+/// The bytes of a file the manifest lists, or why they are not what it records (a missing
+/// one also added to `missing`).
 fn read_listed(
     ds: &Dataset,
     file: &str,
     bytes: u64,
     blake3: &str,
+    missing: &mut Vec<PathBuf>,
 ) -> std::result::Result<Vec<u8>, String> {
-    let found = match ds.storage().read(file) {
+    // No more than the manifest records is read: a longer file is refused on its length.
+    let found = match ds.storage().read_bounded(file, bytes) {
         Ok(Some(b)) => b,
-        Ok(None) => return Err("the file is missing".into()),
+        Ok(None) => {
+            missing.push(ds.storage().path(file));
+            return Err("the file is missing".into());
+        }
         Err(e) => return Err(format!("cannot read it ({e})")),
     };
     let hash = hex(blake3::hash(&found).as_bytes());
+    if found.len() as u64 > bytes {
+        return Err(format!("more than the {bytes} bytes the manifest records"));
+    }
     if found.len() as u64 != bytes || hash != blake3.to_ascii_lowercase() {
         return Err(format!(
             "{} bytes hashing to {hash}, the manifest records {bytes} bytes hashing to {blake3}",

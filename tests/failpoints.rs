@@ -128,7 +128,10 @@ fn crash_point(stderr: &[u8]) -> Option<String> {
 #[test]
 fn a_writer_crashed_at_every_failpoint_loses_no_committed_sample() {
     let writer_points = ALL.iter().filter(|p| {
-        !p.starts_with("convert-") && !p.starts_with("gc-") && !p.starts_with("store-")
+        !p.starts_with("convert-")
+            && !p.starts_with("gc-")
+            && !p.starts_with("store-")
+            && !p.starts_with("verify-")
     });
     let mut hits = 0;
     for point in writer_points {
@@ -186,6 +189,7 @@ fn convert_crashed_at_every_failpoint_loses_no_sample() {
         !["leftover-removed", "segments-merged"].contains(*p)
             && !p.starts_with("gc-")
             && !p.starts_with("store-")
+            && !p.starts_with("verify-")
     };
     for point in ALL.iter().filter(crossed) {
         for &pass in passes(point).iter().take(2) {
@@ -394,6 +398,61 @@ fn a_collection_that_lost_its_lease_deletes_nothing_an_add_published_since(
     // The next collection, holding its lease, frees the garbage and keeps the new dataset.
     gc::collect(&store, false).unwrap();
     assert_eq!(Dataset::open(format!("{url}/new")).unwrap().len(), 4);
+}
+
+/// A writer commits while `verify` runs (after verify read the manifest, before it reads the
+/// key runs), and its commit merges segments: the key runs and segments the merge replaced
+/// are removed. Verify must not call the dataset damaged for that (it said "DAMAGED ... the
+/// file is missing: ... `hspack repair`"), nor the writer's new files leftovers: it reports
+/// the files replaced meanwhile, and gives no proven digest.
+#[test]
+fn a_commit_during_verify_is_no_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = WriteOptions {
+        durable: false,
+        ..options()
+    };
+    let mut w = DatasetWriter::create(dir.path(), capture_schema(HIDDEN as u64), opts).unwrap();
+    for i in 0..7 {
+        w.append(&format!("s{i}"), &as_fields(&sample(i))).unwrap();
+        w.commit().unwrap(); // seven level-0 segments: the eighth commit merges them
+    }
+    let ds = Dataset::open(dir.path()).unwrap();
+    let before = ds.manifest().listed_files().len();
+
+    let _scenario = fail::FailScenario::setup();
+    let verifier = std::thread::current().id();
+    let writer = std::sync::Mutex::new(Some(w));
+    fail::cfg_callback("verify-opened", move || {
+        if std::thread::current().id() != verifier {
+            return; // another test's verify
+        }
+        if let Some(mut w) = writer.lock().unwrap().take() {
+            w.append("s7", &as_fields(&sample(7))).unwrap();
+            w.finish().unwrap();
+        }
+    })
+    .unwrap();
+    let report = hspack::verify::verify_dataset(&ds, VerifyOptions::default(), &|_| {}).unwrap();
+    fail::remove("verify-opened");
+    assert!(report.is_ok(), "{:?}", report.problems);
+    assert!(
+        !report.replaced_meanwhile.is_empty() && report.replaced_meanwhile.len() <= before,
+        "{:?}",
+        report.replaced_meanwhile
+    );
+    assert!(report.leftovers.is_empty(), "{:?}", report.leftovers);
+    assert_eq!(report.proven_digest(), None);
+    assert!(report
+        .notes()
+        .iter()
+        .any(|n| n.contains("a writer committed while this ran")));
+    // Run again, on the new state: all of it checked.
+    let again = verify(dir.path(), VerifyOptions::default(), &|_| {}).unwrap();
+    assert!(
+        again.is_ok() && again.replaced_meanwhile.is_empty() && again.proven_digest().is_some()
+    );
+    assert_eq!(Dataset::open(dir.path()).unwrap().len(), 8);
 }
 
 /// Runs the built `hspack` with `args`, which must succeed.

@@ -333,3 +333,43 @@ fn a_sync_leaves_no_segment_the_source_merged_away() {
     assert_eq!(there, listed);
     same_samples(&now, &copy, |_| {});
 }
+
+/// A segment or key run longer than the manifest records (a file grown by a bad copy, or a
+/// crafted one naming a huge file) is refused on its length, read no further than that.
+#[test]
+fn files_longer_than_the_manifest_records_are_refused_on_their_length() {
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().join("ds");
+    let opts = WriteOptions {
+        durable: false,
+        ..WriteOptions::default()
+    };
+    let mut w = DatasetWriter::create(&dir, capture_schema(HIDDEN as u64), opts).unwrap();
+    w.append("a", &as_fields(&capture_sample(0, 3, HIDDEN)))
+        .unwrap();
+    w.finish().unwrap();
+    let ds = Dataset::open(&dir).unwrap();
+    let files = &ds.manifest().segment_files[0];
+    let run = dir.join(&files.keys.as_ref().unwrap().file);
+    let segment = dir.join(&ds.manifest().segments[0].file);
+    drop(ds);
+    let grow = |path: &std::path::Path| {
+        let mut bytes = std::fs::read(path).unwrap();
+        bytes.extend_from_slice(&[0u8; 1 << 20]);
+        std::fs::write(path, bytes).unwrap();
+    };
+    grow(&run);
+    let report = hspack::verify::verify(&dir, Default::default(), &|_| {}).unwrap();
+    let said: Vec<String> = report.problems.iter().map(|e| e.to_string()).collect();
+    assert!(
+        said.iter()
+            .any(|p| p.contains("more than the") && p.contains("keys-")),
+        "{said:?}"
+    );
+    grow(&segment);
+    let err = Dataset::open(&dir).unwrap_err().to_string();
+    assert!(
+        err.contains("read no further") && err.contains("segment-"),
+        "{err}"
+    );
+}

@@ -484,6 +484,10 @@ impl Storage for CachedStorage {
         self.inner.read(name)
     }
 
+    fn read_bounded(&self, name: &str, max: u64) -> Result<Option<Vec<u8>>> {
+        self.inner.read_bounded(name, max)
+    }
+
     fn open(&self, name: &str) -> Result<Arc<dyn FileReader>> {
         let file = self.inner.open(name)?;
         if file.whole().is_some_and(|b| b.is_mapped()) {

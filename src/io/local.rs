@@ -81,6 +81,28 @@ impl Storage for LocalStorage {
         }
     }
 
+    fn read_bounded(&self, name: &str, max: u64) -> Result<Option<Vec<u8>>> {
+        use std::io::Read;
+        let path = self.dir.join(name);
+        let file = match File::open(&path) {
+            Ok(f) => f,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
+                ) =>
+            {
+                return Ok(None)
+            }
+            Err(e) => return Err(io(&path, "read")(e)),
+        };
+        let mut bytes = Vec::new();
+        file.take(max.saturating_add(1))
+            .read_to_end(&mut bytes)
+            .map_err(io(&path, "read"))?;
+        Ok(Some(bytes))
+    }
+
     fn open(&self, name: &str) -> Result<Arc<dyn FileReader>> {
         let path = self.dir.join(name);
         let bytes = super::mmap::map_file(&path)?;

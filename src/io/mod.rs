@@ -165,6 +165,16 @@ pub trait Storage: Send + Sync + Debug {
     /// The whole of a small file, or `None` when there is none.
     fn read(&self, name: &str) -> Result<Option<Vec<u8>>>;
 
+    /// [`Storage::read`], for a file that must hold at most `max` bytes: a longer one comes
+    /// back as its first `max + 1` bytes (where the backend can stop there, nothing more is
+    /// read), so the caller refuses it without holding all of it.
+    fn read_bounded(&self, name: &str, max: u64) -> Result<Option<Vec<u8>>> {
+        Ok(self.read(name)?.map(|mut b| {
+            b.truncate(usize::try_from(max.saturating_add(1)).unwrap_or(usize::MAX));
+            b
+        }))
+    }
+
     /// A published file, for ranged reads.
     fn open(&self, name: &str) -> Result<Arc<dyn FileReader>>;
 
