@@ -225,6 +225,8 @@ def main():
     ap.add_argument("--out", required=True, help="markdown file for the table")
     args = ap.parse_args()
     load_before = os.getloadavg()
+    if args.dir:
+        os.makedirs(args.dir, exist_ok=True)
     root = tempfile.mkdtemp(prefix="hspack-bench-", dir=args.dir)
     try:
         lengths = make_samples(args)

@@ -93,6 +93,8 @@ def main():
     if not torch.cuda.is_available():
         raise SystemExit("bench_pinned needs a CUDA GPU: pinned memory and the copies to the GPU are what it times")
     load_before = os.getloadavg()
+    if args.dir:
+        os.makedirs(args.dir, exist_ok=True)
     root = tempfile.mkdtemp(prefix="hspack-bench-", dir=args.dir)
     try:
         lengths = make_samples(args)

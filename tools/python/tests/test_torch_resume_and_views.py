@@ -169,6 +169,14 @@ def test_no_auxiliary_field_is_refused_at_construction(eagle_path):
         assert err.value.path == eagle_path and err.value.option == "aux_fields"
 
 
+def test_fields_given_with_a_view_are_refused(eagle_path):
+    """A view picks its own fields: `fields=` beside it was ignored without a word."""
+    for make in (HspackDataset, HspackIterableDataset):
+        with pytest.raises(hspack.HspackError, match=r"option fields: \['nonsense'\] with view='eagle3'; a view picks its own fields") as err:
+            make(eagle_path, fields=["nonsense"], view="eagle3")
+        assert err.value.option == "fields"
+
+
 def test_named_fields_the_dataset_has_are_served(eagle_path):
     view = Eagle3View(aux_fields=["hidden.3"], target_field="hidden.5")
     item = HspackDataset(eagle_path, view=view)[4]

@@ -37,6 +37,11 @@ def make_view(view: Any, fields: Sequence[str] | None, max_len: int | None) -> C
     `view(hspack_dataset, ordinal)`. Anything else is refused here, naming the known views."""
     if view is None:
         return FieldsView(fields, max_len)
+    if fields is not None:
+        from .._errors import make_error
+
+        # A view picks its own fields: the ones given would be ignored without a word.
+        raise make_error("BadOption", f"option fields: {list(fields)!r} with view={view!r}; a view picks its own fields: give fields with view=None, or name the view's fields in the view (Eagle3View(aux_fields=..., target_field=...))", option="fields")
     if isinstance(view, str) and view in VIEWS:
         return VIEWS[view](max_len)
     if callable(view) and not isinstance(view, str):
