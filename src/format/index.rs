@@ -146,6 +146,13 @@ impl<'a> Index<'a> {
         entry(self.keys, i)
     }
 
+    /// Decoded bytes of all samples: the sum of their `raw_bytes`, `None` where it reaches
+    /// 2^64 (what the manifest's record of the shard must hold, FORMAT.md §6).
+    pub fn raw_bytes(&self) -> Option<u64> {
+        (0..self.header.sample_count)
+            .try_fold(0u64, |sum, i| sum.checked_add(self.sample(i)?.raw_bytes))
+    }
+
     /// The key of a sample entry.
     pub fn key_of(&self, s: &SampleEntry) -> Option<&'a str> {
         let start = usize::try_from(s.key_offset).ok()?;
@@ -376,15 +383,25 @@ impl<'a> Index<'a> {
                 format!("{ext_next} entries, all used"),
             ));
         }
-        for i in 1..self.header.sample_count {
-            let (a, b) = (self.key_entry(i - 1), self.key_entry(i));
-            if a >= b {
+        let mut prev: Option<KeyEntry> = None;
+        for i in 0..self.header.sample_count {
+            let k = self
+                .key_entry(i)
+                .ok_or_else(|| invalid("key entry", i, "present"))?;
+            if k.reserved != 0 {
+                return Err(FormatError::ReservedNotZero {
+                    structure: S,
+                    offset: 12,
+                });
+            }
+            if prev.is_some_and(|p| p >= k) {
                 return Err(invalid(
                     "key table",
                     i,
                     "sorted by (hash, sample) without repeats",
                 ));
             }
+            prev = Some(k);
         }
         Ok(())
     }

@@ -385,7 +385,7 @@ impl Manifest {
             });
         }
         self.schema.validate()?;
-        if self.schema_blake3 != hex(&self.schema.hash()) {
+        if unhex(&self.schema_blake3).as_deref() != Some(&self.schema.hash()[..]) {
             return Err(FormatError::Json {
                 structure: S,
                 detail: "`schema_blake3` does not match the schema: the manifest was edited or is damaged".into(),
@@ -660,14 +660,17 @@ pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Bytes of lowercase or uppercase hex, if it is hex.
+/// Bytes of lowercase or uppercase hex, if it is hex: pairs of digits `0-9`, `a-f`, `A-F`
+/// and nothing else (no sign: `u8::from_str_radix` alone takes `+9`). Compare hashes as the
+/// bytes this returns, not as text, so that either case matches [`hex`]'s lowercase.
 pub fn unhex(text: &str) -> Option<Vec<u8>> {
+    let digit = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
+    let text = text.as_bytes();
     if !text.len().is_multiple_of(2) {
         return None;
     }
-    (0..text.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
+    text.chunks_exact(2)
+        .map(|pair| Some(digit(pair[0])? << 4 | digit(pair[1])?))
         .collect()
 }
 
@@ -818,5 +821,9 @@ mod tests {
         assert_eq!(unhex(&hex(&[0, 1, 255])), Some(vec![0, 1, 255]));
         assert_eq!(unhex("abc"), None);
         assert_eq!(unhex("zz"), None);
+        assert_eq!(unhex("0aFf"), Some(vec![0x0a, 0xff]));
+        for signed in ["+9", "-9", "+f", "0+", " 9", "9 ", "\u{e9}"] {
+            assert_eq!(unhex(signed), None, "{signed:?}");
+        }
     }
 }

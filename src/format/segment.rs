@@ -92,7 +92,9 @@ impl Segment {
         out
     }
 
-    /// The manifest's entry for this segment, whose file holds `bytes`.
+    /// The manifest's entry for this segment, whose file holds `bytes`. Its `samples`
+    /// saturates at 2^64 - 1 where the shards' add up past it, which [`Segment::decode`]
+    /// refuses.
     pub fn reference(&self, file: &str, bytes: &[u8]) -> SegmentRef {
         let first = self.shards.first();
         SegmentRef {
@@ -103,8 +105,15 @@ impl Segment {
             first_seq: first.map_or(0, |s| s.seq),
             shards: self.shards.len() as u32,
             first_ordinal: first.map_or(0, |s| s.first_ordinal),
-            samples: self.shards.iter().map(|s| s.samples).sum(),
+            samples: self.samples().unwrap_or(u64::MAX),
         }
+    }
+
+    /// Samples in all the shards, `None` where they add up to 2^64 or more.
+    fn samples(&self) -> Option<u64> {
+        self.shards
+            .iter()
+            .try_fold(0u64, |sum, s| sum.checked_add(s.samples))
     }
 
     /// Decodes the segment file `bytes` and checks it against the manifest's entry `at` and
@@ -162,6 +171,14 @@ impl Segment {
                 "level",
                 s.level.into(),
                 format!("{}, the manifest's", at.level),
+            ));
+        }
+        if s.samples().is_none() {
+            let largest = s.shards.iter().map(|r| r.samples).max().unwrap_or(0);
+            return Err(invalid(
+                "shard samples",
+                largest,
+                "small enough that the total over the segment's shards stays below 2^64".into(),
             ));
         }
         let mine = s.reference(&at.file, bytes);

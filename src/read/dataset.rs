@@ -432,20 +432,38 @@ impl<'d> Sample<'d> {
         bytes
             .and_then(|n| usize::try_from(n).ok())
             .and_then(AlignedBytes::for_overwrite)
-            .ok_or_else(|| Error::Io {
-                path: self.shard.path().to_path_buf(),
-                op: "allocate",
-                source: std::io::Error::new(
-                    std::io::ErrorKind::OutOfMemory,
-                    format!(
-                        "sample `{}` (ordinal {}): {rows} rows of {row_bytes} bytes are more \
-                         memory than this process can have; its shard's index declares them \
-                         (run `hspack verify` if the sample is not that large)",
-                        self.key(),
-                        self.ordinal()
-                    ),
+            .ok_or_else(|| self.no_memory_for(rows, row_bytes))
+    }
+
+    /// Room in `v` for `rows` more rows of `per_row` items of this sample, or the error of
+    /// [`Sample::memory_for`]: never an abort.
+    pub(super) fn reserve<T>(&self, v: &mut Vec<T>, rows: u64, per_row: u64) -> Result<()> {
+        let items = rows.checked_mul(per_row);
+        match items.and_then(|n| usize::try_from(n).ok()) {
+            Some(n) if v.try_reserve_exact(n).is_ok() => Ok(()),
+            _ => Err(self.no_memory_for(
+                rows,
+                per_row.saturating_mul(std::mem::size_of::<T>() as u64),
+            )),
+        }
+    }
+
+    /// Why `rows` rows of `row_bytes` bytes of this sample could not be had.
+    fn no_memory_for(&self, rows: u64, row_bytes: u64) -> Error {
+        Error::Io {
+            path: self.shard.path().to_path_buf(),
+            op: "allocate",
+            source: std::io::Error::new(
+                std::io::ErrorKind::OutOfMemory,
+                format!(
+                    "sample `{}` (ordinal {}): {rows} rows of {row_bytes} bytes are more \
+                     memory than this process can have; its shard's index declares them \
+                     (run `hspack verify` if the sample is not that large)",
+                    self.key(),
+                    self.ordinal()
                 ),
-            })
+            ),
+        }
     }
 
     /// The extents of field number `field`.

@@ -35,13 +35,16 @@ impl Sample<'_> {
         }
         let rows = rows.unwrap_or(0..self.rows());
         self.check_rows(&rows)?;
-        let n = (rows.end - rows.start) as usize;
-        let row_elems = field.row_elems() as usize;
+        // Rows an index declares: the memory is asked for, never assumed (a crafted index
+        // may declare terabytes).
+        let n = rows.end - rows.start;
         let mut out = QuantizedRows {
-            codes: Vec::with_capacity(n * row_elems),
-            scales: Vec::with_capacity(n * row_elems / field.group() as usize),
+            codes: Vec::new(),
+            scales: Vec::new(),
             group: field.group(),
         };
+        self.reserve(&mut out.codes, n, field.row_elems())?;
+        self.reserve(&mut out.scales, n, field.row_elems() / field.group())?;
         for x in self.extents(f) {
             let lo = x.row_start.max(rows.start);
             let hi = (x.row_start + x.row_count).min(rows.end);

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use crate::error::{format, ChunkSite, Error, Result};
-use crate::format::manifest::hex;
+use crate::format::manifest::{hex, unhex};
 use crate::format::{
     ChunkEntry, ChunkHeader, Codec, Elements, Footer, Index, SampleEntry, Schema, ShardHeader,
     ShardRecord,
@@ -103,7 +103,7 @@ impl Shard {
         checked_memo: Option<&Path>,
     ) -> Result<Shard> {
         let path = &storage.path(&record.file);
-        let file = storage.open(&record.file)?;
+        let file = storage.open(&record.file).map_err(|e| missing(e, record))?;
         let len = file.len();
         let tail = file.read(len.saturating_sub(Footer::SIZE as u64)..len)?;
         let footer = Footer::decode(&tail, len).map_err(|e| match len == record.bytes {
@@ -132,7 +132,8 @@ impl Shard {
         let index_end = footer.index_offset.saturating_add(footer.index_len);
         let index_bytes = file.read(footer.index_offset..index_end)?;
         let index_hash = *blake3::hash(&index_bytes).as_bytes();
-        if hex(&index_hash) != record.index_blake3 {
+        // As bytes: the manifest's hex may be in either case (FORMAT.md §6 says "hex").
+        if unhex(&record.index_blake3).as_deref() != Some(&index_hash[..]) {
             return Err(mismatch(
                 path,
                 "index blake3",
@@ -201,20 +202,27 @@ impl Shard {
         index
             .validate(schema, data, 1 << header.align_log2)
             .map_err(format(path))?;
+        // Nothing else covers a version 1 to 3 manifest's `raw_bytes` (FORMAT.md §6).
+        let raw_bytes = index.raw_bytes();
+        if raw_bytes != Some(record.raw_bytes) {
+            return Err(mismatch(
+                path,
+                "raw_bytes (the sum of its samples' raw_bytes)",
+                record.raw_bytes,
+                raw_bytes.map_or_else(|| "2^64 or more".into(), |n| n.to_string()),
+            ));
+        }
         let checked = match checked_memo {
             Some(dir) if footer.chunk_count > 0 => {
                 // Named after the dataset, the shard's index (every chunk's hash) and the file
                 // itself: a memo folder given to another dataset, to one written again at the
                 // same path, or to a copy of this one (damaged since, as the memo cannot
                 // see), never vouches for its chunks.
-                let index_hash = record
-                    .index_blake3
-                    .get(..32)
-                    .unwrap_or(&record.index_blake3);
                 let name = format!(
-                    "{}-shard-{:06}-{index_hash}-{}.checked",
+                    "{}-shard-{:06}-{}-{}.checked",
                     hex(&dataset_id),
                     record.seq,
+                    hex(&index_hash[..16]),
                     file_identity(&*file, path)
                 );
                 Checked::Shared(SharedFlags::open(
@@ -371,7 +379,8 @@ impl Shard {
                 .field(e.field.into())
                 .map(|f| f.name.clone())
                 .unwrap_or_else(|| format!("#{}", e.field)),
-            rows: e.row_start..e.row_start + e.row_count,
+            // The index check leaves a chunk's own first row unchecked (its extents are).
+            rows: e.row_start..e.row_start.saturating_add(e.row_count),
         })
     }
 
@@ -616,6 +625,36 @@ impl Shard {
                 site: self.site(c, schema),
                 source,
             })
+    }
+}
+
+/// `e`, met opening the shard of `record`; a file that is not there (`NotFound`) is named as
+/// a shard the manifest lists but that is missing, with the samples it holds and how to restore
+/// it (still `NotFound`: damage, that `verify` reports and `repair` mends).
+fn missing(e: Error, record: &ShardRecord) -> Error {
+    let path = match e {
+        Error::Io { path, source, .. } if source.kind() == std::io::ErrorKind::NotFound => path,
+        e => return e,
+    };
+    let samples = match record.samples {
+        0 => "no samples".to_string(),
+        n => format!(
+            "the samples of ordinals {} to {}",
+            record.first_ordinal,
+            record.first_ordinal.saturating_add(n - 1)
+        ),
+    };
+    Error::Io {
+        path,
+        op: "open",
+        source: std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            format!(
+                "the file is missing, but the manifest lists it as shard {} holding {samples}; \
+                 restore it from an intact copy with `hspack repair DATASET --from COPY`",
+                record.seq
+            ),
+        ),
     }
 }
 
