@@ -1034,6 +1034,10 @@ def read_shard(
     need(
         sorted(s for _, s in seen) == list(range(S)), f"§3.5 {where}: not one key entry per sample"
     )
+    need(
+        sum(s.raw_bytes for s in samples) == spec.raw_bytes,
+        f"§6 {where}: raw_bytes differs from the sum of its samples' raw_bytes",
+    )
     return Shard(spec.seq, align_log2, samples, chunks)
 
 
