@@ -202,6 +202,9 @@ fn zstd_compress(raw: &[u8], level: i32) -> Result<Vec<u8>, EncodeFailure> {
     zstd::bulk::compress(raw, level).map_err(|e| EncodeFailure::Zstd(e.to_string()))
 }
 
+/// The first bytes of a zstd frame (0xFD2FB528, little-endian).
+const ZSTD_MAGIC: [u8; 4] = [0x28, 0xB5, 0x2F, 0xFD];
+
 /// Decompresses the one frame `stored` into `out`; the bytes written. A frame that would not
 /// fit is an error: a hostile frame cannot grow the output.
 fn zstd_decompress_into(stored: &[u8], out: &mut [u8]) -> Result<usize, FormatError> {
@@ -212,6 +215,15 @@ fn zstd_decompress_into(stored: &[u8], out: &mut [u8]) -> Result<usize, FormatEr
         value: stored.len() as u64,
         rule: format!("a valid zstd frame of at most {cap} bytes ({e})"),
     };
+    // One zstd frame and nothing else (FORMAT.md §4): the library would also take several
+    // frames in a row, skippable frames of any bytes, and the frames of zstd before 1.0.
+    let one_frame = stored.starts_with(&ZSTD_MAGIC)
+        && zstd::zstd_safe::find_frame_compressed_size(stored) == Ok(stored.len());
+    if !one_frame {
+        return Err(invalid(std::io::Error::other(
+            "not one zstd frame: another magic number, or bytes after the frame",
+        )));
+    }
     thread_local! {
         static CONTEXT: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> =
             const { std::cell::RefCell::new(None) };
@@ -321,6 +333,31 @@ mod tests {
                 }
             }
             prop_assert_eq!(&out[n * elem..], &raw[n * elem..]);
+        }
+    }
+
+    #[test]
+    fn only_one_zstd_frame_decodes() {
+        let raw: Vec<u8> = (0..1024u32).map(|i| (i % 7) as u8).collect();
+        let elements = Elements::plain(DType::U8);
+        let one = Codec::Zstd.encode(&raw, elements, 3).unwrap();
+        assert_eq!(Codec::Zstd.decode(&one, 1024, elements).unwrap(), raw);
+        let half = Codec::Zstd.encode(&raw[..512], elements, 3).unwrap();
+        // Two frames, which decode to 1024 bytes together.
+        let two = [half.clone(), half].concat();
+        // A skippable frame (magic 0x184D2A50, length 7) of any bytes after the frame.
+        let mut skippable = one.clone();
+        skippable.extend_from_slice(&[0x50, 0x2A, 0x4D, 0x18, 7, 0, 0, 0]);
+        skippable.extend_from_slice(b"GARBAGE");
+        let mut leading = vec![0x50, 0x2A, 0x4D, 0x18, 0, 0, 0, 0];
+        leading.extend_from_slice(&one);
+        for (what, stored) in [
+            ("two frames", two),
+            ("skippable after", skippable),
+            ("skippable before", leading),
+        ] {
+            let e = Codec::Zstd.decode(&stored, 1024, elements).unwrap_err();
+            assert!(e.to_string().contains("not one zstd frame"), "{what}: {e}");
         }
     }
 
