@@ -755,3 +755,94 @@ fn a_manifest_edited_by_hand_is_damage_and_a_missing_folder_an_error() {
     let o = hspack_in(&["verify", "no-such-folder"], t.path());
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
 }
+
+/// What a new user gets wrong first gets an error saying the next step: `merge` with too few
+/// paths, `info` on a folder of dumps, `convert` into a folder of other files, a layer id the
+/// model has not, and a bare tensor where a layout wants a dict.
+#[test]
+fn first_mistakes_name_the_next_step() {
+    let t = tempfile::tempdir().unwrap();
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pt");
+    let refused = |args: &[&str], want: &[&str]| {
+        let o = hspack_in(args, t.path());
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
+        let said = text(&o);
+        for w in want {
+            assert!(said.contains(w), "{args:?}: wanted {w:?} in {said}");
+        }
+    };
+    refused(&["merge", "a", "b"], &["two or more datasets", "(2 given)"]);
+
+    let dumps = t.path().join("dumps");
+    std::fs::create_dir_all(dumps.join("rows_0")).unwrap();
+    std::fs::copy(
+        fixtures.join("specforge.ckpt"),
+        dumps.join("rows_0/data_0.ckpt"),
+    )
+    .unwrap();
+    refused(
+        &["info", "dumps"],
+        &[
+            "holds files to convert",
+            "rows_0/data_0.ckpt",
+            "hspack convert dumps OUT",
+        ],
+    );
+
+    let occupied = t.path().join("occupied");
+    std::fs::create_dir_all(&occupied).unwrap();
+    std::fs::write(occupied.join("notes.txt"), "mine\n").unwrap();
+    let convert = |dst: &str, extra: &[&str]| {
+        let mut args = vec!["convert", "dumps", dst, "--layout", "specforge"];
+        args.extend_from_slice(extra);
+        args.iter().map(|s| s.to_string()).collect::<Vec<_>>()
+    };
+    let args = convert(
+        "occupied",
+        &["--layers", "2,30,58,61", "--num-layers", "61"],
+    );
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    refused(&args, &["notes.txt", "give a new or empty folder"]);
+    assert_eq!(
+        std::fs::read_dir(&occupied).unwrap().count(),
+        1,
+        "nothing written beside notes.txt"
+    );
+
+    let args = convert(
+        "bad_layers",
+        &[
+            "--layers",
+            "2,30,58,61",
+            "--num-layers",
+            "61",
+            "--point",
+            "layer-input",
+        ],
+    );
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    refused(
+        &args,
+        &[
+            "--layers 61 with --point layer-input",
+            "layers 0 to 60",
+            "final-norm",
+        ],
+    );
+
+    let bare = t.path().join("bare");
+    std::fs::create_dir_all(&bare).unwrap();
+    std::fs::copy(fixtures.join("bare_tensor.pt"), bare.join("data_0.ckpt")).unwrap();
+    refused(
+        &[
+            "convert",
+            "bare",
+            "bare_ds",
+            "--layout",
+            "specforge",
+            "--layers",
+            "2,30,58,61",
+        ],
+        &["a bare tensor (not a dict of named ones)"],
+    );
+}

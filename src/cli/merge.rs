@@ -12,9 +12,9 @@ use super::human_bytes;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// The datasets to merge, in order, then the destination: a new folder or URL, or one an
-    /// interrupted merge of the same datasets left (the merge resumes).
-    #[arg(num_args = 3.., required = true, value_name = "DATASET... DST")]
+    /// The datasets to merge (two or more), in order, then the destination: a new folder or
+    /// URL, or one an interrupted merge of the same datasets left (the merge resumes).
+    #[arg(num_args = 1.., required = true, value_name = "PATH")]
     paths: Vec<PathBuf>,
     /// Chunk codec of the destination: none, zstd, zstd-bytegroup.
     #[arg(long, default_value = "none")]
@@ -26,10 +26,14 @@ pub struct Args {
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let start = Instant::now();
-    let (dst, sources) = a
-        .paths
-        .split_last()
-        .expect("clap asks for 3 paths at least");
+    if a.paths.len() < 3 {
+        anyhow::bail!(
+            "give two or more datasets to merge, then the destination: `hspack merge DS1 DS2 \
+             [DS3 ...] DST` ({} given)",
+            a.paths.len()
+        );
+    }
+    let (dst, sources) = a.paths.split_last().expect("three paths at least");
     let Some(codec) = Codec::from_name(&a.codec) else {
         anyhow::bail!("--codec {:?}: choose none, zstd or zstd-bytegroup", a.codec);
     };

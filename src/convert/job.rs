@@ -173,6 +173,39 @@ pub fn run(spec: &ConvertSpec, progress: &mut dyn FnMut(Progress)) -> Result<Rep
     result
 }
 
+/// Refuses a destination folder that holds files and no dataset: the dataset's files would
+/// be mixed in with them. Only what an earlier run of convert leaves before its dataset's
+/// manifest is written (its key log and report, hspack's lock files, a temp file) may be
+/// there.
+fn refuse_foreign_folder(dst: &Path) -> Result<(), RunError> {
+    if crate::io::is_remote(dst) || !dst.is_dir() || has_dataset(dst)? {
+        return Ok(());
+    }
+    let entries = std::fs::read_dir(dst).map_err(|source| RunError::Io {
+        path: dst.to_path_buf(),
+        op: "list",
+        source,
+    })?;
+    let foreign = entries.flatten().map(|e| e.file_name()).find(|name| {
+        let name = name.to_string_lossy();
+        !(name == super::keys::KEYS_FILE
+            || name == REPORT_FILE
+            || name.starts_with(".hspack")
+            || name.ends_with(crate::format::manifest::TEMP_SUFFIX))
+    });
+    match foreign {
+        None => Ok(()),
+        Some(name) => Err(RunError::Dataset(crate::Error::NotADataset {
+            path: dst.to_path_buf(),
+            why: format!(
+                "it holds other files (such as {}) and no dataset, so the dataset's files would \
+                 be mixed in with them; give a new or empty folder",
+                name.to_string_lossy()
+            ),
+        })),
+    }
+}
+
 /// True when `dst` (a folder or a URL) holds a dataset.
 fn has_dataset(dst: &Path) -> Result<bool, RunError> {
     Ok(crate::store::open_location(dst)?
@@ -214,6 +247,7 @@ fn convert(o: &ConvertOptions, progress: &mut dyn FnMut(Progress)) -> Result<Rep
         o.split_file.as_deref(),
     )?;
     check_duplicates(&plan.units)?;
+    refuse_foreign_folder(&o.dst)?;
     let mut run = Run::new(o, plan.ignored.len() as u64)?;
     if plan.units.is_empty() {
         if has_dataset(&o.dst)? {

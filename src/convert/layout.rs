@@ -373,7 +373,14 @@ pub fn list_tensors(tensors: &[TensorInfo]) -> String {
     }
     tensors
         .iter()
-        .map(|t| format!("`{}` {} {:?}", t.name, t.dtype, t.shape))
+        .map(|t| match t.name.is_empty() {
+            // A file holding one tensor, not a dict of them (`torch.save(tensor)`).
+            true => format!(
+                "a bare tensor (not a dict of named ones) {} {:?}",
+                t.dtype, t.shape
+            ),
+            false => format!("`{}` {} {:?}", t.name, t.dtype, t.shape),
+        })
         .collect::<Vec<_>>()
         .join(", ")
 }
@@ -547,6 +554,26 @@ pub fn hidden_roles(
             })
         }
     };
+    if let Some(n) = options.num_layers {
+        for (&id, &point) in options.layers.iter().zip(&points) {
+            // Ids 0..n are layers (their input or output); n is the final norm's output.
+            let fits = match point {
+                CapturePoint::FinalNorm => true,
+                _ => id < n,
+            };
+            if !fits {
+                return Err(LayoutError::Layers {
+                    detail: format!(
+                        "--layers {id} with --point {}: a model of --num-layers {n} has layers \
+                         0 to {}, and id {n} is its final-norm output; give --point final-norm \
+                         for it (or leave --point out), or the layer id it was taken at",
+                        point_name(point),
+                        n.saturating_sub(1)
+                    ),
+                });
+            }
+        }
+    }
     Ok(options
         .layers
         .iter()

@@ -85,6 +85,12 @@ fn not_a_dataset(root: &Path) -> Error {
             root.display(),
             root.display()
         )
+    } else if let Some(dump) = local.then(|| convertible_file(root)).flatten() {
+        format!(
+            "it has no manifest.json, and holds files to convert (such as {dump}): `hspack \
+             convert {} OUT` makes a dataset of them",
+            root.display()
+        )
     } else {
         "it has no manifest.json (write one with hspack's writer, or run `hspack demo`)".into()
     };
@@ -92,6 +98,27 @@ fn not_a_dataset(root: &Path) -> Error {
         path: root.to_path_buf(),
         why,
     }
+}
+
+/// The name of a file in folder `dir` (or a folder in it) that `hspack convert` reads, if any:
+/// a look at the first 256 entries of each, no deeper.
+fn convertible_file(dir: &Path) -> Option<String> {
+    let (extensions, _) = crate::convert::layout::Preset::Generic.extensions();
+    let names = |d: &Path| -> Vec<PathBuf> {
+        std::fs::read_dir(d)
+            .map(|r| r.flatten().take(256).map(|e| e.path()).collect())
+            .unwrap_or_default()
+    };
+    let top = names(dir);
+    let below = top.iter().filter(|p| p.is_dir()).flat_map(|d| names(d));
+    top.iter().cloned().chain(below).find_map(|p| {
+        let name = p.file_name()?.to_string_lossy().into_owned();
+        let base = name.strip_suffix(".gz").unwrap_or(&name);
+        extensions
+            .iter()
+            .any(|x| base.ends_with(x))
+            .then(|| p.strip_prefix(dir).unwrap_or(&p).display().to_string())
+    })
 }
 
 impl Dataset {
