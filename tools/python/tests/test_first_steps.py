@@ -100,6 +100,18 @@ def test_without_torch_open_says_what_to_install(eagle_path):
     assert second == "numpy int32"
 
 
+def test_a_field_a_sample_has_not_is_named_with_those_it_has(eagle_path):
+    """`ds[0]["hidden_state"]` (SpecForge's name) was a bare KeyError: 'hidden_state'."""
+    sample = hspack.open(eagle_path)[0]
+    with pytest.raises(KeyError, match=r"no field 'hidden_state' in this sample; it has: input_ids, loss_mask, hidden\.1.*view=\"eagle3-specforge\""):
+        sample["hidden_state"]
+    with pytest.raises(KeyError, match=r"no field 'nope' in this sample; it has: input_ids") as err:
+        sample["nope"]
+    assert "view" not in str(err.value)
+    assert sample.get("nope") is None and isinstance(sample, dict)
+    assert torch.equal(sample["hidden.1"], eagle_sample(0)["hidden.1"])
+
+
 def test_token_ids_of_any_integer_width_are_converted(tmp_path):
     with hspack.Writer(tmp_path / "ds", [hspack.token_ids(), hspack.loss_mask()], durable=False) as w:
         w.append("torch-int64", input_ids=torch.tensor([151_644, 872, 2**31 - 1]), loss_mask=torch.ones(3, dtype=torch.uint8))

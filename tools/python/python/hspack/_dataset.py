@@ -17,6 +17,28 @@ CHECKS = ("once", "always", "never")
 READAHEADS = ("hint", "load")
 
 
+#: Names a SpecForge-trained user asks a sample for, which the EAGLE-3 view hands out.
+_EAGLE3_NAMES = ("hidden_state", "aux_hidden_state", "target", "hidden_states")
+
+
+class Fields(dict):
+    """`{field name: tensor}` of one sample: a name it has not raises a `KeyError` that lists
+    the names it has (and, for SpecForge's names, where to find them)."""
+
+    def __missing__(self, name: Any) -> Any:
+        said = f"no field {name!r} in this sample; it has: {', '.join(self)}"
+        if name in _EAGLE3_NAMES:
+            said += '; SpecForge\'s names come from the EAGLE-3 view: hspack.torch.HspackDataset(path, view="eagle3-specforge") (or view="eagle3")'
+        raise _MissingField(said)
+
+
+class _MissingField(KeyError):
+    """A `KeyError` whose message reads as written (a plain one shows its quoted repr)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
 @dataclass
 class Sample:
     """One sample: its identity and its tensors (`{field name: tensor}`)."""
@@ -230,7 +252,7 @@ class Dataset:
         `rows = (start, stop)` (all when None)."""
         i = self._index(i)
         parts = self.native.read(i, _names(fields), tuple(rows) if rows is not None else None)
-        return {name: convert(buf, self.format, copy) for name, buf in parts}
+        return Fields((name, convert(buf, self.format, copy)) for name, buf in parts)
 
     def read_concat(self, i: int, fields: Sequence[str], rows: tuple[int, int] | None = None) -> Any:
         """Token rows `rows` (all when None) of `fields` side by side, `[T, sum of widths]`:
