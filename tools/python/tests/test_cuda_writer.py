@@ -531,3 +531,37 @@ def test_fp8_quantized_on_the_gpu_equals_the_host_writer(tmp_path):
     w.append("bad", **bad)
     with pytest.raises(hspack.HspackError, match=r"bad.*aux_hidden_state|aux_hidden_state.*bad"):
         w.finish()
+
+
+class Uint16DLPack:
+    """bf16 bits held as uint16 behind DLPack only, as CuPy (which has no bf16) gives them."""
+
+    def __init__(self, t):
+        self.t = t.view(torch.uint16)
+
+    def __dlpack__(self, stream=None):
+        return self.t.__dlpack__(stream=stream)
+
+    def __dlpack_device__(self):
+        return self.t.__dlpack_device__()
+
+
+@gpu
+@pytest.mark.parametrize("wrap", ["cuda_array_interface", "uint16_dlpack"])
+def test_fp8_takes_the_arrays_the_unquantized_path_takes(tmp_path, wrap):
+    """With `quantize="fp8"`, bf16 given through `__cuda_array_interface__` alone (typestr
+    `<u2`) or as uint16 through DLPack is quantized as the same torch tensor is: the quantized
+    path read them with `torch.from_dlpack` only, refusing the first and the uint16 dtype."""
+    fields = [hspack.hidden_state(LAYERS[0], HIDDEN, dtype="bf16")]
+    name = fields[0]["name"]
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    value = torch.randn(300, HIDDEN, device="cuda", generator=gen).to(torch.bfloat16)
+    given = OnStream(value, torch.cuda.current_stream()) if wrap == "cuda_array_interface" else Uint16DLPack(value)
+    w = CudaWriter(tmp_path / "gpu", fields, durable=False, quantize="fp8")
+    w.append("s", **{name: given})
+    w.finish()
+    with hspack.Writer(tmp_path / "host", fields, durable=False, quantize="fp8") as host:
+        host.append("s", **{name: value.cpu()})
+    qa, qb = hspack.open(tmp_path / "gpu").quantized(0, name), hspack.open(tmp_path / "host").quantized(0, name)
+    assert torch.equal(qa["codes"].view(torch.uint8), qb["codes"].view(torch.uint8))
+    assert torch.equal(qa["scales"], qb["scales"])

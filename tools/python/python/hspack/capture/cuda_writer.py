@@ -114,14 +114,23 @@ def _device_view(key: str, name: str, field: dict, value: Any) -> tuple[int, int
     if cai is not None and (not dlpack or cai.get("typestr") in _TYPESTR):
         return _cai_view(key, name, field, value, cai)
     if dlpack:
-        import torch
-
-        t = torch.from_dlpack(value)
-        if t.dtype == torch.uint16 and field["dtype"] == "bf16":
-            t = t.view(torch.bfloat16)
-        ptr, n, owner, dev = _torch_view(key, name, field, t)
+        ptr, n, owner, dev = _torch_view(key, name, field, _from_dlpack(field, value))
         return ptr, n, (value, owner), dev, None
-    raise _bad(key, name, f"{type(value).__name__} is not a GPU array (no __cuda_array_interface__ or __dlpack__)")
+    raise _not_an_array(key, name, value)
+
+
+def _not_an_array(key: str, name: str, value: Any) -> Exception:
+    return _bad(key, name, f"{type(value).__name__} is not a GPU array (no __cuda_array_interface__ or __dlpack__)")
+
+
+def _from_dlpack(field: dict, value: Any) -> Any:
+    """A torch view of a DLPack array; bf16 bits held as uint16 (CuPy has no bf16) as bf16."""
+    import torch
+
+    t = torch.from_dlpack(value)
+    if t.dtype == torch.uint16 and field["dtype"] == "bf16":
+        t = t.view(torch.bfloat16)
+    return t
 
 
 def _fp8_on_device(key: str, name: str, field: dict, value: Any) -> tuple[int, int, Any, int | None, int | None]:
@@ -131,7 +140,16 @@ def _fp8_on_device(key: str, name: str, field: dict, value: Any) -> tuple[int, i
     import torch
 
     if not _is_torch(value):
-        value = torch.from_dlpack(value)
+        # Read as the unquantized path reads it: through DLPack (uint16 as bf16), else
+        # through `__cuda_array_interface__` (as torch takes it: on the array's device).
+        if hasattr(type(value), "__dlpack__"):
+            value = _from_dlpack(field, value)
+        elif hasattr(value, "__cuda_array_interface__"):
+            value = torch.as_tensor(value)
+            if value.dtype == torch.uint16 and field["dtype"] == "bf16":
+                value = value.view(torch.bfloat16)
+        else:
+            raise _not_an_array(key, name, value)
     ptr, n, t, dev = _torch_view(key, name, field, value)
     group = int(field["quantized"]["group"])
     flat = t.reshape(-1, group).float()
