@@ -243,11 +243,23 @@ pub fn verify_dataset(
     if !missing.is_empty()
         && ds.storage().read(MANIFEST_FILE)?.as_deref() != Some(ds.manifest_bytes())
     {
-        // A writer committed meanwhile: what it replaced is gone, and the files it wrote are
-        // no leftovers. The rest was checked against the manifest read at the start.
-        problems.retain(|e| !matches!(e, Error::KeyRun { path, .. } | Error::SamplesTable { path, .. } if missing.contains(path)));
-        report.leftovers.clear();
-        report.replaced_meanwhile = missing;
+        // A writer committed meanwhile: a missing file the manifest now there no longer lists
+        // was replaced by its merges, and a file that manifest lists is no leftover. A file
+        // still listed and missing is damage all the same. (A manifest that does not load
+        // leaves the report as it is.)
+        if let Ok(Some((now, _))) = crate::read::load_manifest(&**ds.storage()) {
+            let listed = now.listed_names();
+            let name = |p: &PathBuf| p.file_name().map(|n| n.to_string_lossy().into_owned());
+            let replaced: Vec<PathBuf> = missing
+                .into_iter()
+                .filter(|p| name(p).is_some_and(|n| !listed.contains(&n)))
+                .collect();
+            problems.retain(|e| !matches!(e, Error::KeyRun { path, .. } | Error::SamplesTable { path, .. } if replaced.contains(path)));
+            report
+                .leftovers
+                .retain(|p| name(p).is_none_or(|n| listed.is_leftover(&n)));
+            report.replaced_meanwhile = replaced;
+        }
     }
     report.problems = problems;
     Ok(report)

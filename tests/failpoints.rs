@@ -455,6 +455,59 @@ fn a_commit_during_verify_is_no_damage() {
     assert_eq!(Dataset::open(dir.path()).unwrap().len(), 8);
 }
 
+/// A key run deleted (damage), then a writer commits while `verify` runs: the manifest
+/// changed, but the new one still lists the key run, so it is reported missing all the same
+/// (a commit during verify must not hide damage).
+#[test]
+fn a_commit_during_verify_hides_no_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = WriteOptions {
+        durable: false,
+        ..options()
+    };
+    let mut w = DatasetWriter::create(dir.path(), capture_schema(HIDDEN as u64), opts).unwrap();
+    for i in 0..8 {
+        w.append(&format!("s{i}"), &as_fields(&sample(i))).unwrap();
+        w.commit().unwrap(); // the eighth merges the eight into one segment of level 1
+    }
+    let ds = Dataset::open(dir.path()).unwrap();
+    assert_eq!(ds.manifest().segments.len(), 1);
+    let run = ds.manifest().segment_files[0]
+        .keys
+        .as_ref()
+        .unwrap()
+        .file
+        .clone();
+    std::fs::remove_file(dir.path().join(&run)).unwrap();
+
+    let _scenario = fail::FailScenario::setup();
+    let verifier = std::thread::current().id();
+    let writer = std::sync::Mutex::new(Some(w));
+    fail::cfg_callback("verify-opened", move || {
+        if std::thread::current().id() != verifier {
+            return; // another test's verify
+        }
+        if let Some(mut w) = writer.lock().unwrap().take() {
+            w.append("s8", &as_fields(&sample(8))).unwrap();
+            w.finish().unwrap(); // a segment of level 0 beside the one of level 1
+        }
+    })
+    .unwrap();
+    let report = hspack::verify::verify_dataset(&ds, VerifyOptions::default(), &|_| {}).unwrap();
+    fail::remove("verify-opened");
+    assert!(
+        report.replaced_meanwhile.is_empty(),
+        "{:?}",
+        report.replaced_meanwhile
+    );
+    let said: Vec<String> = report.problems.iter().map(|e| e.to_string()).collect();
+    assert!(
+        said.iter()
+            .any(|p| p.contains(&run) && p.contains("missing")),
+        "{said:?}"
+    );
+}
+
 /// Runs the built `hspack` with `args`, which must succeed.
 fn hspack_ok(args: &[&str]) {
     let out = common::cli::hspack(args);

@@ -174,9 +174,9 @@ pub fn run(spec: &ConvertSpec, progress: &mut dyn FnMut(Progress)) -> Result<Rep
 }
 
 /// Refuses a destination folder that holds files and no dataset: the dataset's files would
-/// be mixed in with them. Only what an earlier run of convert leaves before its dataset's
-/// manifest is written (its key log and report, hspack's lock files, a temp file) may be
-/// there.
+/// be mixed in with them. Only what an earlier run of convert leaves without a manifest (its
+/// key log and report, hspack's lock files, temp files, the shards of a run that failed
+/// before its first commit) and a volume's `lost+found` may be there.
 fn refuse_foreign_folder(dst: &Path) -> Result<(), RunError> {
     if crate::io::is_remote(dst) || !dst.is_dir() || has_dataset(dst)? {
         return Ok(());
@@ -190,8 +190,10 @@ fn refuse_foreign_folder(dst: &Path) -> Result<(), RunError> {
         let name = name.to_string_lossy();
         !(name == super::keys::KEYS_FILE
             || name == REPORT_FILE
+            || name == "lost+found"
             || name.starts_with(".hspack")
-            || name.ends_with(crate::format::manifest::TEMP_SUFFIX))
+            || name.ends_with(crate::format::manifest::TEMP_SUFFIX)
+            || crate::format::manifest::is_data_file_name(&name))
     });
     match foreign {
         None => Ok(()),

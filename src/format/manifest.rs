@@ -624,17 +624,27 @@ pub struct ListedNames<'a> {
 }
 
 impl ListedNames<'_> {
+    /// True when the manifest lists file `name`.
+    pub fn contains(&self, name: &str) -> bool {
+        self.names.contains(name)
+    }
+
     /// True for a file that an interrupted writer, or one whose lease was taken over, leaves
     /// in the dataset: a temp file, or a shard, samples table (or part), segment or key run
     /// the manifest does not list. A writer that opens the dataset removes exactly these;
     /// verify notes them.
     pub fn is_leftover(&self, name: &str) -> bool {
-        let ours = is_shard_file_name(name)
-            || (name.starts_with("samples") && name.ends_with(".parquet"))
-            || (name.starts_with("segment-") && name.ends_with(".json"))
-            || (name.starts_with("keys-") && name.ends_with(".bin"));
-        name.ends_with(TEMP_SUFFIX) || (ours && !self.names.contains(name))
+        name.ends_with(TEMP_SUFFIX) || (is_data_file_name(name) && !self.names.contains(name))
     }
+}
+
+/// True for the name of a file a writer makes besides the manifest: a shard, samples table
+/// (or part), segment or key run.
+pub fn is_data_file_name(name: &str) -> bool {
+    is_shard_file_name(name)
+        || (name.starts_with("samples") && name.ends_with(".parquet"))
+        || (name.starts_with("segment-") && name.ends_with(".json"))
+        || (name.starts_with("keys-") && name.ends_with(".bin"))
 }
 
 /// True for the name of a shard file ([`shard_file_name`]).

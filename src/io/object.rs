@@ -260,13 +260,20 @@ fn build_store(url: &url::Url, root: &Path) -> Result<Clients> {
             let (builder, local) = s3_builder(url);
             let store = Arc::new(builder.clone().build().map_err(bad)?);
             // The completions of multipart uploads go through a client that sends
-            // `If-None-Match: *` with every request it makes (it makes no other).
+            // `If-None-Match: *` with every request it makes: it makes no other, and takes
+            // its credentials from the main client (so no credential request of its own
+            // carries the header).
             let mut headers = http::HeaderMap::new();
             headers.insert("If-None-Match", http::HeaderValue::from_static("*"));
-            let options = s3_client_options_from_env()
-                .with_allow_http(local)
-                .with_default_headers(headers);
-            let completer = builder.with_client_options(options).build().map_err(bad)?;
+            let mut options = s3_client_options_from_env().with_default_headers(headers);
+            if local {
+                options = options.with_allow_http(true);
+            }
+            let completer = builder
+                .with_client_options(options)
+                .with_credentials(Arc::clone(store.credentials()))
+                .build()
+                .map_err(bad)?;
             Clients {
                 store: Arc::clone(&store) as Arc<dyn ObjectStore>,
                 uploader: Some(Uploader {
@@ -405,16 +412,27 @@ impl Storage for ObjectStorage {
     }
 
     fn read_bounded(&self, name: &str, max: u64) -> Result<Option<Vec<u8>>> {
-        // Opening fetches the tail, which tells the size (and holds a small file whole).
-        let file = match self.open(name) {
-            Ok(f) => f,
-            Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
-                return Ok(None)
+        // One GET, as `read`; its body is taken piece by piece and dropped past `max + 1`.
+        let store = self.store()?;
+        let path = self.object(name);
+        let limit = usize::try_from(max.saturating_add(1)).unwrap_or(usize::MAX);
+        let got = self.run(name, "read", async {
+            let mut body = store.get(&path).await?.into_stream();
+            let mut out = Vec::new();
+            while out.len() < limit {
+                match std::future::poll_fn(|cx| body.as_mut().poll_next(cx)).await {
+                    Some(piece) => out.extend_from_slice(&piece?),
+                    None => break,
+                }
             }
-            Err(e) => return Err(e),
-        };
-        let len = file.len().min(max.saturating_add(1));
-        Ok(Some(file.read(0..len)?.to_vec()))
+            out.truncate(limit);
+            Ok(out)
+        })?;
+        match got {
+            Ok(b) => Ok(Some(b)),
+            Err(e) if is_not_found(&e) => Ok(None),
+            Err(e) => Err(object_error(&self.path(name), "read", e)),
+        }
     }
 
     fn size(&self, name: &str) -> Result<Option<u64>> {

@@ -523,25 +523,37 @@ impl ObjectLease {
     /// does not wait for the renewing thread, for a holder about to publish what the lease
     /// guards (it may have hung past the lease's life, and been revoked meanwhile).
     ///
-    /// It also fails when less than a third of the lease's life is left by the life last
-    /// written (renewals failing, or the holder stalled): what it is about to do might then
-    /// land after the lease expired and another took it.
+    /// It also fails (without giving the lease up) when less than a third of the lease's life
+    /// is left by the life last written (renewals failing, or the holder stalled): what it is
+    /// about to do might then land after the lease expired and another took it.
     pub fn confirm(&self) -> Result<()> {
         self.check()?;
         let held = &self.state;
-        let expires = held
-            .text
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .0
-            .expires_unix_ms;
-        let margin = (held.ttl / 3).as_millis() as u64;
-        if expires < now_ms().saturating_add(margin)
-            || landed(&held.storage, &held.file, &self.token)?.is_none()
-        {
+        if landed(&held.storage, &held.file, &self.token)?.is_none() {
             held.lost.store(true, Ordering::SeqCst);
         }
-        self.check()
+        self.check()?;
+        // Still this holder's: is enough of its life left? (Not waited for while a renewal
+        // holds the text: that renewal is about to give a new life.)
+        let expires = match held.text.try_lock() {
+            Ok(text) => Some(text.0.expires_unix_ms),
+            Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner().0.expires_unix_ms),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        };
+        let margin = (held.ttl / 3).as_millis() as u64;
+        match expires {
+            Some(at) if at < now_ms().saturating_add(margin) => Err(Error::Io {
+                path: held.storage.path(&held.file),
+                op: "confirm the lease",
+                source: std::io::Error::other(format!(
+                    "less than a third of this holder's lease is left ({} ms; its renewals \
+                     are failing or late), so it stops before a change that could land after \
+                     another took the lease over; run again once the storage answers",
+                    at.saturating_sub(now_ms())
+                )),
+            }),
+            _ => Ok(()),
+        }
     }
 }
 

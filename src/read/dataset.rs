@@ -101,7 +101,8 @@ fn not_a_dataset(root: &Path) -> Error {
 }
 
 /// The name of a file in folder `dir` (or a folder in it) that `hspack convert` reads, if any:
-/// a look at the first 256 entries of each, no deeper.
+/// a look at the first 256 entries of each, no deeper. None where `dir` holds a dataset's
+/// files (one that lost its manifest, whose key runs end in `.bin` as some dumps do).
 fn convertible_file(dir: &Path) -> Option<String> {
     let (extensions, _) = crate::convert::layout::Preset::Generic.extensions();
     let names = |d: &Path| -> Vec<PathBuf> {
@@ -110,6 +111,13 @@ fn convertible_file(dir: &Path) -> Option<String> {
             .unwrap_or_default()
     };
     let top = names(dir);
+    let data_file = |p: &PathBuf| {
+        p.file_name()
+            .is_some_and(|n| crate::format::manifest::is_data_file_name(&n.to_string_lossy()))
+    };
+    if top.iter().any(data_file) {
+        return None;
+    }
     let below = top.iter().filter(|p| p.is_dir()).flat_map(|d| names(d));
     top.iter().cloned().chain(below).find_map(|p| {
         let name = p.file_name()?.to_string_lossy().into_owned();

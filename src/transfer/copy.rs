@@ -163,11 +163,16 @@ pub fn copy(
                     }
                 }
                 send_shard(src, seq, dst, &stats, progress)?;
-                // What landed and is not what was sent is left, not deleted: the destination
-                // lists it nowhere (its manifest is not published), a rerun proves it before
-                // taking it, and where another copy took the destination over meanwhile (this
-                // one stalled past its lease), the object there may be that copy's.
-                prove(src, dst, record, options.reread, &stats)?;
+                if let Err(e) = prove(src, dst, record, options.reread, &stats) {
+                    // What landed is not what was sent: never to be taken for the shard (a
+                    // rerun without --reread would check only its index). Deleted only
+                    // while the destination is still this copy's: else the object there
+                    // may be the copy's that took it over.
+                    if still_held(&*lock, dst).is_ok() {
+                        let _ = dst.delete(&record.file);
+                    }
+                    return Err(e);
+                }
                 stats.shards_sent.fetch_add(1, Ordering::Relaxed);
                 stats.bytes_sent.fetch_add(record.bytes, Ordering::Relaxed);
                 Ok(())
