@@ -550,13 +550,24 @@ class Uint16DLPack:
 @pytest.mark.parametrize("wrap", ["cuda_array_interface", "uint16_dlpack"])
 def test_fp8_takes_the_arrays_the_unquantized_path_takes(tmp_path, wrap):
     """With `quantize="fp8"`, bf16 given through `__cuda_array_interface__` alone (typestr
-    `<u2`) or as uint16 through DLPack is quantized as the same torch tensor is: the quantized
-    path read them with `torch.from_dlpack` only, refusing the first and the uint16 dtype."""
+    `<u2`, written on the stream it names) or as uint16 through DLPack is quantized as the same
+    torch tensor is: the quantized path read them with `torch.from_dlpack` only, refusing the
+    first and the uint16 dtype."""
     fields = [hspack.hidden_state(LAYERS[0], HIDDEN, dtype="bf16")]
     name = fields[0]["name"]
     gen = torch.Generator(device="cuda").manual_seed(9)
     value = torch.randn(300, HIDDEN, device="cuda", generator=gen).to(torch.bfloat16)
-    given = OnStream(value, torch.cuda.current_stream()) if wrap == "cuda_array_interface" else Uint16DLPack(value)
+    if wrap == "cuda_array_interface":
+        # Written on a side stream after a GPU-side delay: the quantization must wait for it.
+        backing = torch.zeros_like(value)
+        torch.cuda.synchronize()
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(200_000_000)
+            backing.copy_(value)
+        given = OnStream(backing, side)
+    else:
+        given = Uint16DLPack(value)
     w = CudaWriter(tmp_path / "gpu", fields, durable=False, quantize="fp8")
     w.append("s", **{name: given})
     w.finish()

@@ -145,7 +145,13 @@ def _fp8_on_device(key: str, name: str, field: dict, value: Any) -> tuple[int, i
         if hasattr(type(value), "__dlpack__"):
             value = _from_dlpack(field, value)
         elif hasattr(value, "__cuda_array_interface__"):
+            named = value.__cuda_array_interface__.get("stream")
             value = torch.as_tensor(value)
+            if named is not None:
+                # torch takes the array without waiting for the stream it names: the
+                # quantization, on the current stream, must come after its producer's work.
+                producer = torch.cuda.ExternalStream(int(named), device=value.device)
+                torch.cuda.current_stream(value.device).wait_stream(producer)
             if value.dtype == torch.uint16 and field["dtype"] == "bf16":
                 value = value.view(torch.bfloat16)
         else:
