@@ -841,6 +841,22 @@ fn first_mistakes_name_the_next_step() {
         ],
     );
 
+    // A tensor name one letter off, in the generic layout: the closest name, and no advice
+    // to use the generic layout.
+    let args = convert("typo", &["--layers", "2,30,58,61"]);
+    let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
+    args.truncate(4);
+    args.extend(["generic", "--field", "hidden.61=hidden_states"]);
+    refused(
+        &args,
+        &[
+            "did you mean `hidden_state`?",
+            "name a tensor the file has in --field",
+        ],
+    );
+    let said = text(&hspack_in(&args, t.path()));
+    assert!(!said.contains("--layout generic --field"), "{said}");
+
     let bare = t.path().join("bare");
     std::fs::create_dir_all(&bare).unwrap();
     std::fs::copy(fixtures.join("bare_tensor.pt"), bare.join("data_0.ckpt")).unwrap();

@@ -248,7 +248,7 @@ pub struct LayoutOptions {
 #[non_exhaustive]
 pub enum LayoutError {
     /// A tensor the layout needs is absent.
-    #[error("the {layout} layout needs tensor `{tensor}`, the file has: {have}; choose another --layout or map fields with --layout generic --field")]
+    #[error("the {layout} layout needs tensor `{tensor}`, the file has: {have}; {next}")]
     MissingTensor {
         /// Layout name.
         layout: &'static str,
@@ -256,6 +256,8 @@ pub enum LayoutError {
         tensor: String,
         /// Tensors the file has.
         have: String,
+        /// What to do: the name the file has that is closest, another layout.
+        next: String,
     },
     /// A preset reads only some tensors of the files, and one it leaves out looks like hidden
     /// states: the files are likely another layout's, and converting (then `--delete-source`)
@@ -366,6 +368,50 @@ pub fn point_name(p: CapturePoint) -> &'static str {
     }
 }
 
+/// The error for tensor `tensor` that `preset` needs and the file (holding `tensors`) lacks:
+/// it names the tensor of the file whose name is closest, and what to do.
+pub(crate) fn missing_tensor(
+    layout: &'static str,
+    tensor: String,
+    tensors: &[TensorInfo],
+) -> LayoutError {
+    let closest = tensors
+        .iter()
+        .filter(|t| !t.name.is_empty())
+        .map(|t| (edit_distance(&t.name, &tensor), &t.name))
+        .filter(|(d, name)| *d <= 2.max(name.len().min(tensor.len()) / 3))
+        .min();
+    let mean = closest.map(|(_, name)| format!("did you mean `{name}`? "));
+    let next = match layout == Preset::Generic.name() {
+        true => "name a tensor the file has in --field (or --mapping)",
+        false => "choose another --layout or map fields with --layout generic --field",
+    };
+    LayoutError::MissingTensor {
+        layout,
+        have: list_tensors(tensors),
+        next: format!("{}{next}", mean.unwrap_or_default()),
+        tensor,
+    }
+}
+
+/// Levenshtein distance of `a` and `b` (by character).
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, &cb) in b.iter().enumerate() {
+            let next = (row[j + 1] + 1)
+                .min(row[j] + 1)
+                .min(diagonal + usize::from(ca != cb));
+            diagonal = row[j + 1];
+            row[j + 1] = next;
+        }
+    }
+    row[b.len()]
+}
+
 /// Lists tensors for messages.
 pub fn list_tensors(tensors: &[TensorInfo]) -> String {
     if tensors.is_empty() {
@@ -415,13 +461,7 @@ pub fn specs_for(
                 kept.push(s);
             }
             Some(_) if s.optional => {}
-            Some(tensor) => {
-                return Err(LayoutError::MissingTensor {
-                    layout: preset.name(),
-                    tensor,
-                    have: list_tensors(tensors),
-                })
-            }
+            Some(tensor) => return Err(missing_tensor(preset.name(), tensor, tensors)),
         }
     }
     Ok(kept)
@@ -857,18 +897,12 @@ pub fn derive_schema(
 ) -> Result<Schema, LayoutError> {
     let mut fields = Vec::with_capacity(specs.len());
     for spec in specs {
-        let t = find(tensors, &spec.source).ok_or_else(|| LayoutError::MissingTensor {
-            layout: preset.name(),
-            tensor: spec.source.clone(),
-            have: list_tensors(tensors),
-        })?;
+        let t = find(tensors, &spec.source)
+            .ok_or_else(|| missing_tensor(preset.name(), spec.source.clone(), tensors))?;
         let shape = field_shape(spec, &t.shape)?;
         for other in spec.sources().skip(1) {
-            let o = find(tensors, other).ok_or_else(|| LayoutError::MissingTensor {
-                layout: preset.name(),
-                tensor: other.to_string(),
-                have: list_tensors(tensors),
-            })?;
+            let o = find(tensors, other)
+                .ok_or_else(|| missing_tensor(preset.name(), other.to_string(), tensors))?;
             check_stacked_source(spec, other, t.dtype, &shape, o.dtype, &o.shape)?;
         }
         fields.push(Field::new(

@@ -281,8 +281,9 @@ fn destination_manifest(
             ours.shards.len()
         ))),
         (false, _) => Err(refuse(format!(
-            "it holds another dataset (id {}, {} samples), or one that is not an earlier state \
-             of the source (id {}); nothing was sent or replaced: choose an empty destination",
+            "it holds another dataset (its id {}, {} samples; the source's id is {}), or one \
+             that is not an earlier state of the source; nothing was sent or replaced: choose \
+             an empty destination",
             theirs.dataset_id, theirs.samples, ours.dataset_id
         ))),
     }

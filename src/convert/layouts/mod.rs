@@ -33,11 +33,7 @@ pub(crate) fn require(
 ) -> Result<(), LayoutError> {
     match find(tensors, name) {
         Some(_) => Ok(()),
-        None => Err(LayoutError::MissingTensor {
-            layout,
-            tensor: name.into(),
-            have: super::layout::list_tensors(tensors),
-        }),
+        None => Err(super::layout::missing_tensor(layout, name.into(), tensors)),
     }
 }
 
