@@ -197,3 +197,22 @@ def test_a_tensor_that_could_not_be_received_raises_its_error_in_the_collate(eag
             collate(samples)
         with pytest.raises(hspack.HspackError, match="shard-000000.hsp: gone"):
             Uncollated(samples, collate).pin_memory()  # before any pinned memory is asked for
+
+
+def test_a_dataset_without_a_loss_mask_warns_that_every_token_is_trained_on(tmp_path):
+    """The EAGLE-3 view hands out a mask of ones where the dataset has none: said once, when
+    the torch dataset is built, not left to be found in the loss curve."""
+    path = str(tmp_path / "nomask")
+    with hspack.Writer(path, [hspack.token_ids(), hspack.hidden_state(1, 8), hspack.hidden_state(2, 8)], durable=False) as w:
+        w.append("a", input_ids=torch.zeros(3, dtype=torch.int32), **{"hidden.1": torch.ones(3, 8, dtype=torch.bfloat16), "hidden.2": torch.ones(3, 8, dtype=torch.bfloat16)})
+    with pytest.warns(UserWarning, match="has no loss mask field .* trains on every token"):
+        ds = HspackDataset(path, view="eagle3")
+    assert torch.equal(ds[0]["loss_mask"], torch.ones(3, dtype=ds[0]["loss_mask"].dtype))
+
+
+def test_a_dataset_with_a_loss_mask_builds_without_a_warning(eagle_path):
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        HspackDataset(eagle_path, view="eagle3")

@@ -203,8 +203,17 @@ class Eagle3View:
     def check(self, ds: Any) -> None:
         """Refuses a dataset this view cannot serve (no token ids, no hidden states to tell
         apart, auxiliary or target fields it has not, auxiliary fields of mixed dtypes): the
-        torch datasets call it when built, before any worker starts."""
-        self._resolve(ds)
+        torch datasets call it when built, before any worker starts. Warns, once per dataset
+        built, when the dataset has no loss mask: every token is then trained on."""
+        mask = self._resolve(ds)[3]
+        if mask is None:
+            import warnings
+
+            warnings.warn(
+                f"dataset {ds.path} has no loss mask field (hspack.loss_mask()): the EAGLE-3 view hands out a loss mask of ones, "
+                "so the drafter trains on every token, prompt included; capture or convert the mask with the hidden states where only some tokens count",
+                stacklevel=4,
+            )
 
     def __call__(self, ds: Any, ordinal: int) -> dict:
         import torch
