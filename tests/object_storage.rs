@@ -655,6 +655,22 @@ fn puts_whose_responses_were_lost(moto: &Moto, local: &str) {
         &Dataset::open(format!("{store_url}/x")).unwrap(),
         |_| {},
     );
+
+    // A multipart upload's completion that lands and whose response is lost: its retry is
+    // refused on the condition (the object is there now), and the object, of the upload's
+    // length, is taken for it.
+    std::env::set_var("AWS_ENDPOINT_URL", proxy.endpoint());
+    let big = open_location("s3://hspack-test/lost-big");
+    std::env::set_var("AWS_ENDPOINT_URL", moto.endpoint());
+    let big = big.unwrap();
+    let part = vec![3u8; hspack::io::object::PART + 5];
+    let mut file = big.create("big.bin.tmp").unwrap();
+    file.write_at(0, &part).unwrap();
+    let before = lost();
+    proxy.lose("POST /hspack-test/lost-big/big.bin?uploadId=", 1);
+    file.publish_new("big.bin", true).unwrap();
+    assert_eq!(lost(), before + 1, "the completion's response was lost");
+    assert_eq!(big.read("big.bin").unwrap().unwrap(), part);
 }
 
 /// A copy that stalls past its lease's life (a suspended machine) while another process takes

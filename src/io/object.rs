@@ -857,6 +857,12 @@ impl NewFile for ObjectNewFile {
             let upload = self.upload.take().expect("started");
             return match self.storage.run(name, "publish", upload.finish())? {
                 Ok(()) => Ok(()),
+                // A completion that landed and whose response was lost is refused when
+                // retried: an object of this one's length is taken for it (a writer's names
+                // are its own; a copy proves what landed before taking it).
+                Err(ref e) if is_conflict(e) && self.storage.size(name)? == Some(self.len) => {
+                    Ok(())
+                }
                 // Another object took the name since the upload started: it stays.
                 Err(e) if is_conflict(&e) => Err(Error::CommitConflict {
                     path: shown,
