@@ -400,26 +400,23 @@ fn a_collection_that_lost_its_lease_deletes_nothing_an_add_published_since(
     assert_eq!(Dataset::open(format!("{url}/new")).unwrap().len(), 4);
 }
 
-/// A writer commits while `verify` runs (after verify read the manifest, before it reads the
-/// key runs), and its commit merges segments: the key runs and segments the merge replaced
-/// are removed. Verify must not call the dataset damaged for that (it said "DAMAGED ... the
-/// file is missing: ... `hspack repair`"), nor the writer's new files leftovers: it reports
-/// the files replaced meanwhile, and gives no proven digest.
-#[test]
-fn a_commit_during_verify_is_no_damage() {
-    let dir = tempfile::tempdir().unwrap();
+/// A writer with `commits` one-sample commits (samples 0..commits) in a new dataset.
+fn committed(dir: &Path, commits: u64) -> DatasetWriter {
     let opts = WriteOptions {
         durable: false,
         ..options()
     };
-    let mut w = DatasetWriter::create(dir.path(), capture_schema(HIDDEN as u64), opts).unwrap();
-    for i in 0..7 {
+    let mut w = DatasetWriter::create(dir, capture_schema(HIDDEN as u64), opts).unwrap();
+    for i in 0..commits {
         w.append(&format!("s{i}"), &as_fields(&sample(i))).unwrap();
-        w.commit().unwrap(); // seven level-0 segments: the eighth commit merges them
+        w.commit().unwrap();
     }
-    let ds = Dataset::open(dir.path()).unwrap();
-    let before = ds.manifest().listed_files().len();
+    w
+}
 
+/// Verifies `ds` while `w` appends its next sample and finishes, between verify's read of the
+/// manifest and its checks (failpoint `verify-opened`).
+fn verify_while_committing(ds: &Dataset, w: DatasetWriter) -> hspack::verify::Report {
     let _scenario = fail::FailScenario::setup();
     let verifier = std::thread::current().id();
     let writer = std::sync::Mutex::new(Some(w));
@@ -428,13 +425,31 @@ fn a_commit_during_verify_is_no_damage() {
             return; // another test's verify
         }
         if let Some(mut w) = writer.lock().unwrap().take() {
-            w.append("s7", &as_fields(&sample(7))).unwrap();
+            let next = w.stats().samples;
+            w.append(&format!("s{next}"), &as_fields(&sample(next)))
+                .unwrap();
             w.finish().unwrap();
         }
     })
     .unwrap();
-    let report = hspack::verify::verify_dataset(&ds, VerifyOptions::default(), &|_| {}).unwrap();
+    let report = hspack::verify::verify_dataset(ds, VerifyOptions::default(), &|_| {}).unwrap();
     fail::remove("verify-opened");
+    report
+}
+
+/// A writer commits while `verify` runs (after verify read the manifest, before it reads the
+/// key runs), and its commit merges segments: the key runs and segments the merge replaced
+/// are removed. Verify must not call the dataset damaged for that (it said "DAMAGED ... the
+/// file is missing: ... `hspack repair`"), nor the writer's new files leftovers: it reports
+/// the files replaced meanwhile, and gives no proven digest.
+#[test]
+fn a_commit_during_verify_is_no_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    // Seven segments of level 0: the eighth commit merges them.
+    let w = committed(dir.path(), 7);
+    let ds = Dataset::open(dir.path()).unwrap();
+    let before = ds.manifest().listed_files().len();
+    let report = verify_while_committing(&ds, w);
     assert!(report.is_ok(), "{:?}", report.problems);
     assert!(
         !report.replaced_meanwhile.is_empty() && report.replaced_meanwhile.len() <= before,
@@ -461,15 +476,8 @@ fn a_commit_during_verify_is_no_damage() {
 #[test]
 fn a_commit_during_verify_hides_no_damage() {
     let dir = tempfile::tempdir().unwrap();
-    let opts = WriteOptions {
-        durable: false,
-        ..options()
-    };
-    let mut w = DatasetWriter::create(dir.path(), capture_schema(HIDDEN as u64), opts).unwrap();
-    for i in 0..8 {
-        w.append(&format!("s{i}"), &as_fields(&sample(i))).unwrap();
-        w.commit().unwrap(); // the eighth merges the eight into one segment of level 1
-    }
+    // The eighth commit merges the eight into one segment of level 1.
+    let w = committed(dir.path(), 8);
     let ds = Dataset::open(dir.path()).unwrap();
     assert_eq!(ds.manifest().segments.len(), 1);
     let run = ds.manifest().segment_files[0]
@@ -479,22 +487,8 @@ fn a_commit_during_verify_hides_no_damage() {
         .file
         .clone();
     std::fs::remove_file(dir.path().join(&run)).unwrap();
-
-    let _scenario = fail::FailScenario::setup();
-    let verifier = std::thread::current().id();
-    let writer = std::sync::Mutex::new(Some(w));
-    fail::cfg_callback("verify-opened", move || {
-        if std::thread::current().id() != verifier {
-            return; // another test's verify
-        }
-        if let Some(mut w) = writer.lock().unwrap().take() {
-            w.append("s8", &as_fields(&sample(8))).unwrap();
-            w.finish().unwrap(); // a segment of level 0 beside the one of level 1
-        }
-    })
-    .unwrap();
-    let report = hspack::verify::verify_dataset(&ds, VerifyOptions::default(), &|_| {}).unwrap();
-    fail::remove("verify-opened");
+    // The next commit adds a segment of level 0 beside it.
+    let report = verify_while_committing(&ds, w);
     assert!(
         report.replaced_meanwhile.is_empty(),
         "{:?}",
