@@ -251,7 +251,6 @@ fn build_store(url: &url::Url, root: &Path) -> Result<Clients> {
             uploader: Some(Uploader {
                 parts: Arc::clone(&store) as _,
                 complete: store,
-                conditional: false,
             }),
         }
     }
@@ -279,7 +278,6 @@ fn build_store(url: &url::Url, root: &Path) -> Result<Clients> {
                 uploader: Some(Uploader {
                     parts: store,
                     complete: Arc::new(completer),
-                    conditional: true,
                 }),
             }
         }

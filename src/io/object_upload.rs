@@ -21,15 +21,11 @@ use tokio::task::JoinSet;
 pub(super) struct Uploader {
     pub parts: Arc<dyn MultipartStore>,
     pub complete: Arc<dyn MultipartStore>,
-    /// True when `complete` refuses to replace an object (it sends the condition).
-    pub conditional: bool,
 }
 
 impl std::fmt::Debug for Uploader {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Uploader")
-            .field("conditional", &self.conditional)
-            .finish()
+        f.debug_struct("Uploader").finish_non_exhaustive()
     }
 }
 
