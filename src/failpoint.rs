@@ -26,9 +26,11 @@ pub const ALL: &[&str] = &[
     "finish-listing",
     "convert-committed",
     "convert-source-deleted",
+    "gc-index-locked",
     "gc-index-replaced",
     "store-index-read",
     "verify-opened",
+    "store-verify-opened",
 ];
 
 /// Ends the process at failpoint `name`, saying so on stderr first.

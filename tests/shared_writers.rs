@@ -169,6 +169,108 @@ fn keys_must_differ_across_writers() {
     verify_clean(&dir);
 }
 
+/// Shared options with 2 samples a shard, so that a third append commits the first two.
+fn two_a_shard() -> WriteOptions {
+    WriteOptions {
+        shard_samples: 2,
+        ..shared_writer::options()
+    }
+}
+
+/// Appends sample `i` of rank `rank` (`shared_writer::sample`, under its key) to `w`.
+fn put(w: &mut DatasetWriter, rank: u64, i: u64) {
+    w.append(&key(rank, i), &as_fields(&shared_writer::sample(rank, i)))
+        .unwrap();
+}
+
+/// The keys of the dataset at `dir`, in ordinal order.
+fn keys_of(dir: &Path) -> Vec<String> {
+    let ds = hspack::Dataset::open(dir).unwrap();
+    (0..ds.len())
+        .map(|o| ds.sample(o).unwrap().key().to_string())
+        .collect()
+}
+
+/// No file is left under a temp name (a refused lane's included).
+fn no_temp_files(dir: &Path) {
+    let temps: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".tmp"))
+        .collect();
+    assert!(temps.is_empty(), "{temps:?}");
+}
+
+/// A's append of a key B committed after A last committed, where that append first commits
+/// A's full shard (catching up with B's commit): refused, never written a second time.
+#[test]
+fn a_key_another_writer_committed_is_refused_after_the_append_commits_a_full_shard() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("ds");
+    let mut a = DatasetWriter::open(&dir, schema(), two_a_shard()).unwrap();
+    let mut b = DatasetWriter::open(&dir, schema(), two_a_shard()).unwrap();
+    let taken = key(1, 0);
+    put(&mut a, 0, 0);
+    put(&mut a, 0, 1);
+    put(&mut b, 1, 0);
+    b.commit().unwrap();
+    assert!(!a.contains_key(&taken), "A has not seen B's commit yet");
+    let err = a
+        .append(&taken, &as_fields(&shared_writer::sample(1, 0)))
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::DuplicateKey { key } if *key == taken),
+        "{err}"
+    );
+    assert!(a.contains_key(&taken), "A now knows B's key");
+    assert_eq!(a.stats().samples, 3, "A's full shard was committed");
+    put(&mut a, 0, 2);
+    a.finish().unwrap();
+    b.finish().unwrap();
+    assert_eq!(keys_of(&dir), [key(1, 0), key(0, 0), key(0, 1), key(0, 2)]);
+    assert_eq!(check(&dir), [(0, 3), (1, 1)].into());
+    verify_clean(&dir);
+}
+
+/// The same through a lane: A's commit of its open shard, which `commit_lane` makes first,
+/// catches up with B's commit of a key the lane holds; the lane is refused, and deleted.
+#[test]
+fn a_lane_holding_a_key_another_writer_committed_is_refused_after_the_open_shard_commits() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("ds");
+    let mut a = DatasetWriter::open(&dir, schema(), two_a_shard()).unwrap();
+    let mut b = DatasetWriter::open(&dir, schema(), two_a_shard()).unwrap();
+    let taken = key(1, 0);
+    put(&mut a, 0, 0);
+    put(&mut b, 1, 0);
+    b.commit().unwrap();
+    let mut lane = a.lanes().open().unwrap();
+    lane.append(&key(0, 1), &as_fields(&shared_writer::sample(0, 1)))
+        .unwrap();
+    lane.append(&taken, &as_fields(&shared_writer::sample(1, 0)))
+        .unwrap();
+    let err = a.commit_lane(lane).unwrap_err();
+    assert!(
+        matches!(&err, Error::DuplicateKey { key } if *key == taken),
+        "{err}"
+    );
+    assert!(
+        !a.contains_key(&key(0, 1)),
+        "the lane's samples are not committed"
+    );
+    no_temp_files(&dir);
+    let mut lane = a.lanes().open().unwrap();
+    lane.append(&key(0, 1), &as_fields(&shared_writer::sample(0, 1)))
+        .unwrap();
+    a.commit_lane(lane).unwrap();
+    a.finish().unwrap();
+    b.finish().unwrap();
+    assert_eq!(keys_of(&dir), [key(1, 0), key(0, 0), key(0, 1)]);
+    assert_eq!(check(&dir), [(0, 2), (1, 1)].into());
+    verify_clean(&dir);
+    no_temp_files(&dir);
+}
+
 #[test]
 fn a_sole_writer_and_shared_writers_refuse_each_other() {
     let tmp = tempfile::tempdir().unwrap();

@@ -597,3 +597,147 @@ fn a_leased_writer_takes_back_only_what_no_manifest_can_list() {
     let report = verify_dataset(&ds, VerifyOptions::default(), &|_| {}).unwrap();
     assert!(report.is_ok() && !report.leftovers.is_empty(), "{report:?}");
 }
+
+/// The files of `storage`, sorted.
+fn listed(storage: &Arc<dyn Storage>) -> Vec<String> {
+    let mut names = storage.list().unwrap();
+    names.sort();
+    names
+}
+
+/// A folder holding no dataset but the user's own files, some named as hspack names a
+/// dataset's: creating a dataset there deletes nothing and is refused, naming those files and
+/// what to do (a shard 0 too: a dataset whose manifest was lost). Moved out, the dataset is
+/// created: hspack's temp files, what a writer killed while creating the dataset leaves, are
+/// removed, and this writer and the next leave the user's other files (`notes.tmp`
+/// too: a temp name that is not hspack's) alone; verify calls them unknown.
+#[test]
+fn a_writer_never_deletes_files_of_a_folder_that_holds_no_dataset() {
+    let (_tmp, backends) = backends();
+    let theirs = [
+        "keys-of-my-house.bin",
+        "notes.tmp",
+        "readme.txt",
+        "samples_train.parquet",
+        "shard-000000.hsp",
+    ];
+    let first_commit = [
+        "lane-0a1b-000003.hsp.tmp",
+        "manifest.json.tmp",
+        "segment-000000-000000-0123456789abcdef.json.tmp",
+        "shard-000000.hsp.tmp",
+    ];
+    for (name, backend) in &backends {
+        let storage = backend.storage();
+        storage.create_root().unwrap();
+        for file in theirs.iter().chain(&first_commit) {
+            backend.overwrite(file, file.as_bytes());
+        }
+        let mut all: Vec<&str> = theirs.iter().chain(&first_commit).copied().collect();
+        all.sort();
+        let schema = || capture_schema(HIDDEN as u64);
+        // Memory takes one writer at a time.
+        let sharing: &[bool] = match backend {
+            Backend::Local(_) => &[false, true],
+            Backend::Memory(_) => &[false],
+        };
+        for &shared in sharing {
+            let options = WriteOptions {
+                shared,
+                ..small_options()
+            };
+            let create = DatasetWriter::create_in(storage.clone(), schema(), options.clone());
+            let open = DatasetWriter::open_in(storage.clone(), schema(), options);
+            for err in [create.unwrap_err(), open.unwrap_err()] {
+                assert!(matches!(err, Error::NotADataset { .. }), "{name}: {err}");
+                let said = err.to_string();
+                for part in [
+                    "no manifest.json",
+                    "(keys-of-my-house.bin, samples_train.parquet, shard-000000.hsp)",
+                    "move them out of the folder",
+                ] {
+                    assert!(said.contains(part), "{name}: {part:?} is not in: {said}");
+                }
+            }
+            let left: Vec<_> = (listed(&storage).into_iter())
+                .filter(|f| !f.starts_with(".hspack-"))
+                .collect();
+            assert_eq!(
+                left, all,
+                "{name}: nothing deleted or added (lock files aside)"
+            );
+        }
+        for file in [
+            "keys-of-my-house.bin",
+            "samples_train.parquet",
+            "shard-000000.hsp",
+        ] {
+            storage.delete(file).unwrap();
+        }
+        write(&storage, 0..3, small_options());
+        write(&storage, 3..5, small_options());
+        check_all(name, &open(&storage), 5);
+        let left = listed(&storage);
+        for file in ["notes.tmp", "readme.txt"] {
+            assert!(left.iter().any(|f| f == file), "{name}: {file} is gone");
+        }
+        let report = verify_dataset(&open(&storage), VerifyOptions::default(), &|_| {}).unwrap();
+        assert!(
+            report.is_ok() && report.leftovers.is_empty(),
+            "{name}: {report:?}"
+        );
+        let unknown: Vec<_> = (report.unknown_files.iter())
+            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(unknown, ["notes.tmp", "readme.txt"], "{name}");
+    }
+}
+
+/// A commit whose manifest landed but whose folder's fsync then failed (a power cut may undo
+/// it): not reported committed. The writer stops, naming the samples, and deletes nothing,
+/// not even the segments the commit's merge replaced, which the manifest a power cut leaves
+/// lists. Reopened, the next writer finds what is there and resumes.
+#[test]
+fn a_commit_whose_folder_sync_failed_stops_the_writer_and_deletes_nothing() {
+    let m = MemoryStorage::new("unsynced");
+    let storage: Arc<dyn Storage> = Arc::new(m.clone());
+    let mut w = reopen(&storage);
+    // Seven commits of one segment each: the eighth merges them.
+    for i in 0..7 {
+        w.append(&format!("s{i}"), &as_fields(&sample(i))).unwrap();
+        w.commit().unwrap();
+    }
+    w.append("s7", &as_fields(&sample(7))).unwrap();
+    let before = listed(&storage);
+    m.set_faults(Faults {
+        unsynced_publishes_of: Some("manifest.json".into()),
+        ..Faults::default()
+    });
+    let err = w.commit().unwrap_err();
+    m.set_faults(Faults::default());
+    assert!(hspack::io::local::landed_not_durable(&err), "{err}");
+    assert!(err.to_string().contains("fsync"), "{err}");
+    let after = listed(&storage);
+    let gone: Vec<_> = before.iter().filter(|f| !after.contains(f)).collect();
+    assert!(gone.is_empty(), "deleted: {gone:?}");
+    let again = w.append("s8", &as_fields(&sample(8))).unwrap_err();
+    assert!(matches!(again, Error::WriterStopped { .. }), "{again:?}");
+    let said = again.to_string();
+    for part in [
+        "`s7` to `s7`",
+        "ordinals 7 to 7",
+        "may not be in the dataset",
+    ] {
+        assert!(said.contains(part), "{part:?} is not in: {said}");
+    }
+    drop(w);
+    // It landed: the reopened writer finds `s7` committed and removes what the merge replaced.
+    let mut w = reopen(&storage);
+    assert!(w.contains_key("s7"));
+    w.append("s8", &as_fields(&sample(8))).unwrap();
+    w.finish().unwrap();
+    let ds = open(&storage);
+    check_all("reopened after the unsynced commit", &ds, 9);
+    let report = verify_dataset(&ds, VerifyOptions::default(), &|_| {}).unwrap();
+    assert!(report.is_ok() && report.leftovers.is_empty(), "{report:?}");
+}

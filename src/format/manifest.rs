@@ -630,12 +630,32 @@ impl ListedNames<'_> {
     }
 
     /// True for a file that an interrupted writer, or one whose lease was taken over, leaves
-    /// in the dataset: a temp file, or a shard, samples table (or part), segment or key run
-    /// the manifest does not list. A writer that opens the dataset removes exactly these;
-    /// verify notes them.
+    /// in the dataset: one of hspack's temp files (a data file's, the manifest's or a lane's
+    /// name, then [`TEMP_SUFFIX`]; not any other name ending so), or a shard, samples table
+    /// (or part), segment or key run the manifest does not list. A writer that opens the
+    /// dataset removes exactly these; verify notes them.
     pub fn is_leftover(&self, name: &str) -> bool {
-        name.ends_with(TEMP_SUFFIX) || (is_data_file_name(name) && !self.names.contains(name))
+        is_temp_file_name(name) || (is_data_file_name(name) && !self.names.contains(name))
     }
+}
+
+/// True for one of hspack's temp files: a data file's, the manifest's or a lane's name, then
+/// [`TEMP_SUFFIX`] (not any other name ending so, which is someone else's).
+pub fn is_temp_file_name(name: &str) -> bool {
+    name.strip_suffix(TEMP_SUFFIX).is_some_and(|stem| {
+        stem == MANIFEST_FILE || is_data_file_name(stem) || is_lane_file_name(stem)
+    })
+}
+
+/// The name of lane `n` of the writer whose names carry `tag` (`lane-TAG-NNNNNN.hsp`), which
+/// it is written under, with [`TEMP_SUFFIX`], until its commit gives it a shard's name.
+pub fn lane_file_name(tag: &str, n: u64) -> String {
+    format!("lane-{tag}-{n:06}.hsp")
+}
+
+/// True for a name of the form of [`lane_file_name`].
+pub fn is_lane_file_name(name: &str) -> bool {
+    name.starts_with("lane-") && name.ends_with(".hsp")
 }
 
 /// True for the name of a file a writer makes besides the manifest: a shard, samples table

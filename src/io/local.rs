@@ -284,9 +284,21 @@ pub fn publish_new(temp: &Path, target: &Path, durable: bool) -> Result<()> {
     sync_parent(target, durable)
 }
 
+/// The `op` of the [`Error::Io`] of a publish whose file landed (renamed or linked into place,
+/// readers see it) but whose folder's fsync then failed: it may not survive a power cut.
+pub const SYNC_AFTER_PUBLISH: &str = "fsync the folder after publishing into it";
+
+/// True for the error of a publish whose file landed but may not be durable
+/// ([`SYNC_AFTER_PUBLISH`]): not a failed publish, nor a committed one.
+pub fn landed_not_durable(e: &Error) -> bool {
+    matches!(e, Error::Io { op, .. } if *op == SYNC_AFTER_PUBLISH)
+}
+
 fn sync_parent(target: &Path, durable: bool) -> Result<()> {
     match target.parent() {
-        Some(dir) if durable => sync_dir(dir),
+        Some(dir) if durable => File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io(dir, SYNC_AFTER_PUBLISH)),
         _ => Ok(()),
     }
 }

@@ -1,6 +1,6 @@
 //! A dataset held in memory: the second backend that keeps [`Storage`] honest, and the one
-//! tests use to inject faults (short reads, failed publishes, a writer that dies holding the
-//! lock).
+//! tests use to inject faults (short reads, failed publishes, publishes that land but are not
+//! durable, a writer that dies holding the lock).
 
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -26,9 +26,11 @@ pub struct Faults {
     pub deletes_fail: bool,
     /// Publishes of files whose name contains this fail.
     pub failing_publishes_of: Option<String>,
-    /// A failing publish lands all the same, as one whose response was lost, or a rename
-    /// whose folder fsync then failed.
+    /// A failing publish lands all the same, as one whose response was lost.
     pub failed_publishes_land: bool,
+    /// Publishes of files whose name contains this land, then fail as a rename whose folder's
+    /// fsync failed does ([`super::local::landed_not_durable`]).
+    pub unsynced_publishes_of: Option<String>,
     /// Whole-file reads of files whose name contains this fail.
     pub failing_reads_of: Option<String>,
     /// Writes into files being written that succeed before every later one fails, as on a
@@ -125,9 +127,17 @@ impl MemoryStorage {
         check(&s)?;
         s.publishes += 1;
         s.files.insert(name.to_string(), bytes);
-        match fails {
-            true => Err(failed()),
-            false => Ok(()),
+        let unsynced = (s.faults.unsynced_publishes_of)
+            .as_deref()
+            .is_some_and(|part| name.contains(part));
+        match (fails, unsynced) {
+            (true, _) => Err(failed()),
+            (false, true) => Err(Error::Io {
+                path: self.root.clone(),
+                op: super::local::SYNC_AFTER_PUBLISH,
+                source: std::io::Error::other("injected fault: the folder's fsync failed"),
+            }),
+            (false, false) => Ok(()),
         }
     }
 }

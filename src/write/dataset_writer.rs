@@ -6,9 +6,12 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result, StopCause, StoppedCommit};
 use crate::failpoint::failpoint;
-use crate::format::manifest::{hex, shard_file_name, MANIFEST_FILE, TEMP_SUFFIX};
+use crate::format::manifest::{
+    hex, is_temp_file_name, shard_file_name, MANIFEST_FILE, TEMP_SUFFIX,
+};
 use crate::format::segment::is_tagged;
 use crate::format::{Manifest, Schema, ShardRecord};
+use crate::io::local::landed_not_durable;
 use crate::io::{temp_name, Storage, WriterLease};
 use crate::read::{Dataset, ReadOptions};
 
@@ -66,7 +69,9 @@ impl std::fmt::Debug for DatasetWriter {
 }
 
 impl DatasetWriter {
-    /// Creates a dataset in `dir` (which may exist but must hold no dataset).
+    /// Creates a dataset in `dir` (which may exist but must hold no dataset, nor files named
+    /// as a dataset's other than what a failed first commit leaves, which is removed: others
+    /// are refused, [`Error::NotADataset`] naming them, and nothing is deleted).
     pub fn create(dir: impl AsRef<Path>, schema: Schema, options: WriteOptions) -> Result<Self> {
         Self::create_in(crate::store::open_location(dir)?, schema, options)
     }
@@ -134,7 +139,8 @@ impl DatasetWriter {
         };
         let token = commit.as_ref().and_then(|c| c.token()).or(lock.token());
         let mut keys = HashSet::new();
-        let (manifest, manifest_hash) = if storage.read(MANIFEST_FILE)?.is_some() {
+        let created = storage.read(MANIFEST_FILE)?.is_none();
+        let (manifest, manifest_hash) = if !created {
             if new {
                 return Err(Error::AlreadyExists {
                     path: storage.root().to_path_buf(),
@@ -160,6 +166,7 @@ impl DatasetWriter {
                 crate::io::unique_id(storage.root().as_os_str().as_encoded_bytes())
             });
             let mut m = Manifest::new(id, schema.clone());
+            clear_for_creation(&*storage, &m)?;
             if let Some(token) = token {
                 m.set_lease(token);
             }
@@ -188,7 +195,10 @@ impl DatasetWriter {
         };
         if !writer.options.shared {
             writer.fence()?;
-            remove_leftovers(&*writer.storage, &writer.manifest)?;
+            // A dataset created just now has no leftovers: `clear_for_creation` saw to it.
+            if !created {
+                remove_leftovers(&*writer.storage, &writer.manifest)?;
+            }
         }
         Ok(writer)
     }
@@ -257,14 +267,13 @@ impl DatasetWriter {
     pub fn append(&mut self, key: &str, fields: &[(&str, &[u8])]) -> Result<u64> {
         self.check_owner()?;
         self.check_not_stopped()?;
-        if self.keys.contains(key) {
-            return Err(Error::DuplicateKey {
-                key: key.to_string(),
-            });
-        }
+        self.refuse_held([key])?;
         let schema = std::sync::Arc::clone(&self.schema);
         let checked = sample::check(&schema, key, fields, self.options.prequantized)?;
         self.roll_if_full(key, checked.raw)?;
+        // Rolling committed the full shard after catching up with what the writers sharing
+        // the dataset committed: one of them may have committed `key` since the check above.
+        self.refuse_held([key])?;
         let ordinal = match self.options.shared {
             true => ORDINAL_AT_COMMIT,
             false => self.len(),
@@ -346,6 +355,21 @@ impl DatasetWriter {
             return Ok(());
         }
         self.commit_or_stop(StopCause::CommitBefore(key.to_string()))
+    }
+
+    /// Refuses a sample key this writer appended or saw committed ([`Error::DuplicateKey`]):
+    /// the one check of a new key against the dataset, made before each write of one. A
+    /// writer sharing the dataset learns the others' keys when it commits, so a caller makes
+    /// it again after any commit it causes before the write (the keys of a commit's own
+    /// samples are checked by the commit, [`Error::KeyTaken`]).
+    fn refuse_held<'k>(&self, keys: impl IntoIterator<Item = &'k str>) -> Result<()> {
+        // The least, so that the error names the same key each time.
+        match keys.into_iter().filter(|k| self.keys.contains(*k)).min() {
+            Some(key) => Err(Error::DuplicateKey {
+                key: key.to_string(),
+            }),
+            None => Ok(()),
+        }
     }
 
     /// Refuses every call once the writer stopped ([`Error::WriterStopped`]).
@@ -537,6 +561,14 @@ impl DatasetWriter {
         let bytes = self.manifest.encode();
         let there = self.storage.read(MANIFEST_FILE);
         if matches!(&there, Ok(Some(found)) if *found == bytes) {
+            if landed_not_durable(&e) {
+                // Readers see it, but a power cut may yet undo it: not committed, so the writer
+                // stops (its callers stop it on this error) and nothing is removed, neither
+                // this commit's files nor those a merge replaced, which the manifest left after
+                // a power cut may list.
+                mark.restore(&mut self.manifest);
+                return Err(e);
+            }
             self.manifest_hash = blake3::hash(&bytes);
             self.remove_replaced(&mark, &published);
             return Ok(());
@@ -643,13 +675,24 @@ impl DatasetWriter {
                 detail: "the lane was opened for another dataset".into(),
             });
         }
-        if let Some(key) = lane.keys.iter().find(|k| self.keys.contains(*k)) {
-            return Err(Error::DuplicateKey { key: key.clone() });
-        }
+        self.refuse_held(lane.keys.iter().map(String::as_str))?;
         self.commit()?;
+        // That commit caught up with what the writers sharing the dataset committed: one of
+        // them may have committed a key of the lane since the check above.
+        self.refuse_held(lane.keys.iter().map(String::as_str))?;
         if let Some(shard) = lane.shard.take() {
-            self.commit_shard(shard, &lane.keys)?;
-            self.keys.extend(std::mem::take(&mut lane.keys));
+            match self.commit_shard(shard, &lane.keys) {
+                Ok(()) => self.keys.extend(std::mem::take(&mut lane.keys)),
+                // It may be in the dataset or not (a power cut decides): the writer stops, as
+                // for the open shard's commit, naming the lane's samples.
+                Err(e) if landed_not_durable(&e) => {
+                    let mut keys: Vec<String> = lane.keys.drain().collect();
+                    keys.sort_unstable();
+                    self.current_keys = keys;
+                    return self.stop(StopCause::Commit, e, None);
+                }
+                Err(e) => return Err(e),
+            }
         }
         Ok(self.stats())
     }
@@ -819,6 +862,45 @@ pub(crate) fn describe_difference(have: &Schema, given: &Schema) -> String {
             });
         entry.unwrap_or_else(|| "the capture metadata differs".into())
     }
+}
+
+/// Readies a folder (or prefix) that holds no manifest for a dataset whose new manifest is
+/// `manifest`: removes hspack's temp files there ([`is_temp_file_name`]: what a writer killed
+/// while creating the manifest leaves), but refuses, removing nothing, where other files are
+/// named as a dataset's ([`Manifest::is_leftover`]). No writer leaves those without a manifest:
+/// every writer creates the manifest before any of its files, and a run of `hspack convert`
+/// that failed before its first commit removes them before its manifest. So they are someone
+/// else's (or a dataset whose manifest was lost), which a writer would take for leftovers and
+/// delete.
+fn clear_for_creation(storage: &dyn Storage, manifest: &Manifest) -> Result<()> {
+    let listed = manifest.listed_names();
+    let (ours, mut theirs): (Vec<String>, Vec<String>) = (storage.list()?.into_iter())
+        .filter(|name| listed.is_leftover(name))
+        .partition(|name| is_temp_file_name(name));
+    if theirs.is_empty() {
+        for name in &ours {
+            storage.delete(name)?;
+        }
+        return match ours.is_empty() {
+            true => Ok(()),
+            false => storage.sync(),
+        };
+    }
+    theirs.sort();
+    const SHOWN: usize = 5;
+    let mut named = theirs[..theirs.len().min(SHOWN)].join(", ");
+    if theirs.len() > SHOWN {
+        named.push_str(&format!(" and {} more", theirs.len() - SHOWN));
+    }
+    Err(Error::NotADataset {
+        path: storage.root().to_path_buf(),
+        why: format!(
+            "it has no {MANIFEST_FILE} but holds files named as a dataset's ({named}), which a \
+             writer would take for an interrupted writer's and delete; move them out of the \
+             folder, or create the dataset in another folder (if they are a dataset whose \
+             {MANIFEST_FILE} was lost, put a copy of it back)"
+        ),
+    })
 }
 
 /// Removes what an interrupted writer left ([`Manifest::is_leftover`]).

@@ -13,9 +13,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::format::manifest::TEMP_SUFFIX;
+use crate::format::manifest::lane_file_name;
 use crate::format::Schema;
-use crate::io::Storage;
+use crate::io::{temp_name, Storage};
 
 use super::options::WriteOptions;
 use super::sample;
@@ -38,7 +38,7 @@ impl Lanes {
     /// Starts a new lane: an empty shard in a temp file of the dataset folder.
     pub fn open(&self) -> Result<ShardLane> {
         let n = self.opened.fetch_add(1, Ordering::Relaxed);
-        let temp = format!("lane-{}-{n:06}.hsp{TEMP_SUFFIX}", self.tag);
+        let temp = temp_name(&lane_file_name(&self.tag, n));
         let shard = ShardWriter::create(
             &*self.storage,
             &temp,

@@ -150,10 +150,13 @@ pub fn check(dir: &Path) -> HashMap<u64, u64> {
         seen.entry(rank).or_default().push(i);
     }
     seen.into_iter()
-        .map(|(rank, mut got)| {
+        .map(|(rank, got)| {
             let n = got.len() as u64;
-            got.sort_unstable();
-            assert_eq!(got, (0..n).collect::<Vec<_>>(), "rank {rank}");
+            assert_eq!(
+                got,
+                (0..n).collect::<Vec<_>>(),
+                "rank {rank}, in ordinal order"
+            );
             (rank, n)
         })
         .collect()
