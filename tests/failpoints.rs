@@ -400,6 +400,77 @@ fn a_collection_that_lost_its_lease_deletes_nothing_an_add_published_since(
     assert_eq!(Dataset::open(format!("{url}/new")).unwrap().len(), 4);
 }
 
+/// A collection of a store in S3 marks dataset `x`'s blobs dead (it was removed), then stops
+/// after taking the index's lease and before replacing `index.json`, past its own lease's
+/// life; an add on another machine revokes that lease and stores `x`'s content again as `y`
+/// (every blob found in the index, which it leaves as it is). The collection must not
+/// publish its index, which lacks `y`'s blobs: it fails, `index.json` is unchanged, `y`
+/// reads and verifies, and the next collection keeps it.
+fn a_collection_that_lost_its_lease_before_replacing_the_index_publishes_nothing(
+    moto: &common::moto::Moto,
+) {
+    use hspack::store::index::INDEX_ROOT;
+    use hspack::store::{gc, usage, Store};
+    moto.bucket("hspack-gc-locked");
+    let url = "s3://hspack-gc-locked/store";
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().join("x");
+    let mut w = DatasetWriter::create(&dir, capture_schema(HIDDEN as u64), options()).unwrap();
+    for i in 0..4 {
+        w.append(&format!("x{i}"), &as_fields(&sample(300 + i)))
+            .unwrap();
+    }
+    w.finish().unwrap();
+    let src = Dataset::open(&dir).unwrap();
+    let store = std::sync::Arc::new(Store::init(url).unwrap());
+    hspack::transfer::add_to_store(&store, &src, "x", &|_| {}).unwrap();
+    store.remove("x").unwrap(); // every blob of it dead to the collection
+    let index_before = store.meta().read(INDEX_ROOT).unwrap().unwrap();
+
+    let _scenario = fail::FailScenario::setup();
+    let added = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let added_in_point = added.clone();
+    fail::cfg_callback("gc-index-locked", move || {
+        // The collection's lease, as another machine sees it once it expired.
+        let locks = hspack::io::open_location(format!("{url}/locks")).unwrap();
+        common::moto::expire_lease(&*locks, "gc.lease", false);
+        let other = std::sync::Arc::new(Store::open(url).unwrap());
+        let (_, stats) = hspack::transfer::add_to_store(&other, &src, "y", &|_| {}).unwrap();
+        assert_eq!(stats.bytes_new, 0, "every blob found: {stats:?}");
+        added_in_point.store(true, std::sync::atomic::Ordering::SeqCst);
+    })
+    .unwrap();
+    let collected = gc::collect(&store, false);
+    fail::remove("gc-index-locked");
+    assert!(
+        added.load(std::sync::atomic::Ordering::SeqCst),
+        "never reached"
+    );
+    let err = collected.expect_err("the collection's lease was taken over");
+    assert!(err.to_string().contains("lease"), "{err}");
+    let index_now = store.meta().read(INDEX_ROOT).unwrap().unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&index_now),
+        String::from_utf8_lossy(&index_before),
+        "the collection replaced index.json after losing its lease"
+    );
+
+    let check_y = || {
+        let stored = Dataset::open(format!("{url}/y")).unwrap();
+        same_samples(&Dataset::open(&dir).unwrap(), &stored, |_| {});
+        let report =
+            hspack::verify::verify_dataset(&stored, VerifyOptions::default(), &|_| {}).unwrap();
+        assert!(report.is_ok(), "{:?}", report.problems);
+        let c = usage::check(&store).unwrap();
+        assert!(c.problems.is_empty(), "{:?}", c.problems);
+    };
+    check_y();
+    // The next collection, holding its lease, keeps what `y` references.
+    let r = gc::collect(&store, false).unwrap();
+    assert_eq!(r.blobs_removed, 0, "{r:?}");
+    check_y();
+}
+
 /// A writer with `commits` one-sample commits (samples 0..commits) in a new dataset.
 fn committed(dir: &Path, commits: u64) -> DatasetWriter {
     let opts = WriteOptions {
@@ -500,6 +571,73 @@ fn a_commit_during_verify_hides_no_damage() {
             .any(|p| p.contains(&run) && p.contains("missing")),
         "{said:?}"
     );
+}
+
+/// `store verify` runs while, between its read of the datasets and index and its checks
+/// (failpoint `store-verify-opened`), other processes remove dataset `c`, add dataset `d` and
+/// collect (rewriting the pack `c` shared with `b`, deleting the others, merging the runs).
+/// Verify must not call the store damaged for that: it said DAMAGED for the packs and runs
+/// the collection replaced, and for a dataset committed meanwhile whose blobs the index it
+/// had read lacked.
+#[test]
+fn a_commit_and_a_collection_during_store_verify_are_no_damage() {
+    use hspack::store::{usage, Store};
+    let t = tempfile::tempdir().unwrap();
+    let write = |name: &str, n: u64, seed: u64| {
+        let dir = t.path().join(name);
+        let mut w = DatasetWriter::create(&dir, capture_schema(HIDDEN as u64), options()).unwrap();
+        for i in 0..n {
+            w.append(&format!("{name}{i}"), &as_fields(&sample(seed + i)))
+                .unwrap();
+        }
+        w.finish().unwrap();
+        dir.to_str().unwrap().to_string()
+    };
+    // `b`'s payloads are the first half of `c`'s, found in `c`'s packs.
+    let (c, b, d) = (write("c", 8, 0), write("b", 4, 0), write("d", 4, 100));
+    let store_dir = t.path().join("store");
+    let root = store_dir.to_str().unwrap().to_string();
+    // Written by other processes, so that no pack is mapped by this one before verify.
+    hspack_ok(&["store", "init", &root]);
+    hspack_ok(&["store", "add", &root, &c, "--name", "c"]);
+    hspack_ok(&["store", "add", &root, &b, "--name", "b"]);
+    let store = std::sync::Arc::new(Store::open(&store_dir).unwrap());
+    let packs_before = std::fs::read_dir(store_dir.join("packs")).unwrap().count();
+
+    let _scenario = fail::FailScenario::setup();
+    let verifier = std::thread::current().id();
+    let pending = std::sync::Mutex::new(Some((root.clone(), d.clone())));
+    fail::cfg_callback("store-verify-opened", move || {
+        if std::thread::current().id() != verifier {
+            return;
+        }
+        let Some((root, d)) = pending.lock().unwrap().take() else {
+            return;
+        };
+        hspack_ok(&["store", "rm", &root, "c"]);
+        hspack_ok(&["store", "add", &root, &d, "--name", "d"]);
+        hspack_ok(&["store", "gc", &root]);
+    })
+    .unwrap();
+    let report = usage::check(&store).unwrap();
+    fail::remove("store-verify-opened");
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+    assert!(
+        report.packs < packs_before as u64,
+        "no pack was collected meanwhile: {report:?}"
+    );
+    assert_eq!(report.datasets, 1, "{report:?}"); // `b`; `c` went, `d` came later
+                                                  // Run again, on the new state: all of it checked.
+    let again = usage::check(&store).unwrap();
+    assert!(again.problems.is_empty(), "{:?}", again.problems);
+    assert_eq!(again.datasets, 2, "{again:?}");
+    for (name, src) in [("b", &b), ("d", &d)] {
+        same_samples(
+            &Dataset::open(src).unwrap(),
+            &Dataset::open(store_dir.join(name)).unwrap(),
+            |_| {},
+        );
+    }
 }
 
 /// Runs the built `hspack` with `args`, which must succeed.
@@ -610,6 +748,7 @@ fn writers_and_collections_taken_over_in_s3() {
     a_writer_taken_over_mid_commit_never_lists_a_removed_shard(&moto);
     a_writer_taken_over_while_finishing_leaves_the_new_writers_files(&moto);
     a_collection_that_lost_its_lease_deletes_nothing_an_add_published_since(&moto);
+    a_collection_that_lost_its_lease_before_replacing_the_index_publishes_nothing(&moto);
     a_shared_writer_that_hung_past_its_commit_lease_never_commits(&moto);
 }
 

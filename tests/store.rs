@@ -3,7 +3,7 @@
 
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
@@ -427,19 +427,26 @@ fn usage_skips_a_dataset_removed_while_it_runs() {
     assert!(u.datasets.iter().all(|d| d.own_bytes > 0), "{u:?}");
 }
 
+/// A store in `root/store` holding datasets `a` and `b` of 5 samples each (written plain
+/// beside it, then added); its folder and the store.
+fn store_of_a_and_b(root: &Path) -> (PathBuf, Arc<Store>) {
+    let store_dir = root.join("store");
+    let store = Arc::new(Store::init(&store_dir).unwrap());
+    for (name, seed) in [("a", 1), ("b", 500)] {
+        let dir = root.join(name);
+        write_plain(&dir, 5, seed);
+        add(&store, &Dataset::open(&dir).unwrap(), name, &|_| {}).unwrap();
+    }
+    (store_dir, store)
+}
+
 /// A dataset whose shard's skeleton the store lost: `ls` and `du` still list every dataset,
 /// naming the damaged one and what to do (exit 1); `gc` deletes nothing and names it (one
 /// such dataset stopped all three with a message naming only the store).
 #[test]
 fn a_damaged_dataset_is_named_by_ls_du_and_gc_and_does_not_hide_the_others() {
     let t = tempfile::tempdir().unwrap();
-    let store_dir = t.path().join("store");
-    let store = Arc::new(Store::init(&store_dir).unwrap());
-    for (name, seed) in [("a", 1), ("b", 500)] {
-        let dir = t.path().join(name);
-        write_plain(&dir, 5, seed);
-        add(&store, &Dataset::open(&dir).unwrap(), name, &|_| {}).unwrap();
-    }
+    let (store_dir, _) = store_of_a_and_b(t.path());
     let file = store_dir.join("datasets/a.json");
     let mut snap: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
@@ -472,6 +479,69 @@ fn a_damaged_dataset_is_named_by_ls_du_and_gc_and_does_not_hide_the_others() {
     assert_eq!(
         std::fs::read_dir(store_dir.join("packs")).unwrap().count(),
         packs
+    );
+}
+
+/// A dataset's file that does not decode (garbage in `datasets/a.json`): `ls` and `du` list
+/// the others and name `a` as damaged (exit 1), `store verify` names the file (exit 1);
+/// `gc` refuses, naming the file and the `store rm` that removes it, and deletes nothing
+/// (`a`'s blobs would look dead); `store rm` removes it (it refused, as every command but
+/// `init` did), and then `gc` runs and `b` reads and verifies. (One such file stopped `ls`,
+/// `du` and `gc` with no word of what to do.)
+#[test]
+fn a_dataset_file_that_does_not_decode_is_named_and_can_be_removed() {
+    let t = tempfile::tempdir().unwrap();
+    let (store_dir, store) = store_of_a_and_b(t.path());
+    let file = store_dir.join("datasets/a.json");
+    std::fs::write(&file, b"garbage, not JSON").unwrap();
+    let root = s(&store_dir);
+    let rm = format!("hspack store rm {root} a");
+    for command in ["ls", "du"] {
+        let o = hspack(&["store", command, root]);
+        assert_eq!(o.status.code(), Some(1), "{command}: {}", text(&o));
+        assert!(stdout(&o).contains('b'), "{command}: {}", text(&o));
+        assert!(
+            text(&o).contains("/a: DAMAGED") && text(&o).contains(&rm),
+            "{command}: {}",
+            text(&o)
+        );
+    }
+    let v = hspack(&["store", "verify", root]);
+    assert_eq!(v.status.code(), Some(1), "{}", text(&v));
+    assert!(stdout(&v).contains("DAMAGED") && stdout(&v).contains("a.json"));
+
+    let packs = std::fs::read_dir(store_dir.join("packs")).unwrap().count();
+    let o = hspack(&["store", "gc", root]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains(&*file.to_string_lossy())
+            && text(&o).contains(&rm)
+            && text(&o).contains("deletes nothing"),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(
+        std::fs::read_dir(store_dir.join("packs")).unwrap().count(),
+        packs
+    );
+
+    let o = hspack(&["store", "rm", root, "a"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(!file.exists());
+    let r = gc::collect(&store, false).unwrap();
+    assert!(r.blobs_removed > 0, "{r:?}");
+    same_samples(
+        &Dataset::open(t.path().join("b")).unwrap(),
+        &Dataset::open(store_dir.join("b")).unwrap(),
+        |_| {},
+    );
+    let v = hspack(&["store", "verify", root]);
+    assert!(v.status.success(), "{}", text(&v));
+    let o = hspack(&["store", "ls", root]);
+    assert!(
+        o.status.success() && !stdout(&o).contains("DAMAGED"),
+        "{}",
+        text(&o)
     );
 }
 
@@ -792,6 +862,50 @@ fn a_damaged_index_run_is_named_by_store_verify_in_a_process_that_opened_it() {
             .any(|p| p.contains(&*run.to_string_lossy()) && p.contains("BLAKE3")),
         "{problems:?}"
     );
+}
+
+/// An index that cannot be opened (`index.json` garbage, a run gone, a run's byte flipped):
+/// `store verify` reports it DAMAGED (exit 1), not as an error (exit 2), and every command
+/// that meets it says what to do.
+#[test]
+fn a_damaged_index_is_damage_named_with_what_to_do() {
+    let t = tempfile::tempdir().unwrap();
+    let store_dir = t.path().join("store");
+    let a = t.path().join("a");
+    write_plain(&a, 4, 7);
+    let store = Arc::new(Store::init(&store_dir).unwrap());
+    add(&store, &Dataset::open(&a).unwrap(), "a", &|_| {}).unwrap();
+    let run = store_dir.join(&store.index().unwrap().root.runs[0].file);
+    let index = store_dir.join("index.json");
+    type Damage = fn(&Path);
+    let damages: [(&str, &Path, Damage); 3] = [
+        ("index.json garbage", &index, |p| {
+            std::fs::write(p, b"{").unwrap()
+        }),
+        ("run gone", &run, |p| std::fs::remove_file(p).unwrap()),
+        ("run flipped", &run, |p| common::flip(p, 70)),
+    ];
+    for (what, file, damage) in damages {
+        let kept = std::fs::read(file).unwrap();
+        damage(file);
+        let v = hspack(&["store", "verify", s(&store_dir)]);
+        assert_eq!(v.status.code(), Some(1), "{what}: {}", text(&v));
+        assert!(
+            stdout(&v).contains("DAMAGED") && stdout(&v).contains("restore index.json"),
+            "{what}: {}",
+            text(&v)
+        );
+        let ls = hspack(&["store", "ls", s(&store_dir)]);
+        assert!(!ls.status.success(), "{what}: {}", text(&ls));
+        assert!(
+            text(&ls).contains("restore index.json"),
+            "{what}: {}",
+            text(&ls)
+        );
+        std::fs::write(file, kept).unwrap();
+        let v = hspack(&["store", "verify", s(&store_dir)]);
+        assert!(v.status.success(), "{what}: {}", text(&v));
+    }
 }
 
 #[test]

@@ -441,12 +441,15 @@ pub fn reuse_captured(
             continue;
         };
         if !open.contains_key(&hit.dataset) {
-            let ds = match store.snapshot(&hit.dataset)? {
-                Some(_) => Some(Dataset::open_in(
+            // A dataset whose file does not decode (damage `store verify` names) lends
+            // nothing: its samples are captured anew.
+            let ds = match store.snapshot(&hit.dataset) {
+                Ok(Some(_)) => Some(Dataset::open_in(
                     Arc::new(store.dataset(&hit.dataset)?),
                     Default::default(),
                 )?),
-                None => None,
+                Ok(None) | Err(crate::Error::Format { .. }) => None,
+                Err(e) => return Err(e),
             };
             open.insert(hit.dataset.clone(), ds);
         }

@@ -53,9 +53,23 @@ pub struct GcReport {
 /// The blobs the datasets of `store` reference: files, skeletons and their payloads.
 pub fn live_blobs(store: &Store, index: &index::BlobIndex) -> Result<HashSet<[u8; 32]>> {
     let mut live = HashSet::new();
+    let root = store.root().display();
     for name in store.names()? {
-        let Some((snap, _)) = store.snapshot(&name)? else {
-            continue;
+        // A dataset whose file does not decode references blobs no one can name: they would
+        // be judged dead, so the collection stops, before anything is deleted.
+        let snap = match store.snapshot(&name) {
+            Ok(Some((snap, _))) => snap,
+            Ok(None) => continue,
+            Err(Error::Format { path, source }) => {
+                return Err(Error::StoreDamage {
+                    path,
+                    detail: format!(
+                        "{source}; gc cannot see what dataset `{name}` references, so it \
+                         deletes nothing: collect again once it is restored or removed"
+                    ),
+                })
+            }
+            Err(e) => return Err(e),
         };
         for f in &snap.files {
             let id = blob_id(&f.blob).expect("checked when read");
@@ -70,7 +84,7 @@ pub fn live_blobs(store: &Store, index: &index::BlobIndex) -> Result<HashSet<[u8
                         detail: format!(
                             "{e}; gc cannot see what dataset `{name}` references, so it deletes \
                          nothing: restore the dataset from a copy, or remove it (`hspack store \
-                         rm STORE {name}`), then collect again"
+                         rm {root} {name}`), then collect again"
                         ),
                     })?;
                 let map = map_skeleton(&skeleton).map_err(|source| crate::Error::Format {
@@ -181,7 +195,10 @@ pub fn collect_telling(
     let run = index::write_run(meta, entries, live_count, &packs, level, durable)?;
     let run_file = run.file.clone();
     // A collection whose lease lapsed while it marked may have judged dead a blob that an
-    // add has found since: it must not publish, nor remove anything.
+    // add has found since: it must not publish, nor remove anything. Checked here, before
+    // waiting for the index's lock, and again last, just before the replacement: a
+    // collection that stalled while it took that lock (or while checking it) past its own
+    // lease's life would otherwise publish an index without blobs an add found meanwhile.
     held.check()?;
     {
         let index_lock = store.locks().index()?;
@@ -190,7 +207,9 @@ pub fn collect_telling(
             ..IndexRoot::empty()
         };
         let bytes = root.encode();
+        failpoint!("gc-index-locked");
         index_lock.check()?;
+        held.check()?;
         match index.root_hash {
             Some(h) => meta.replace(INDEX_ROOT, &bytes, Some(h), durable)?,
             None => meta.put_new(INDEX_ROOT, &bytes, durable)?,

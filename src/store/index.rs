@@ -34,6 +34,10 @@ pub const FANOUT: usize = 256;
 pub const MERGE_WIDTH: usize = 8;
 /// The index root's file name.
 pub const INDEX_ROOT: &str = "index.json";
+/// What to do about a blob index that cannot be opened, said by every error that names one.
+pub const INDEX_DAMAGE: &str = "the store's blob index is damaged, and every dataset of the \
+     store is read through it: restore index.json and the runs it lists from a copy of the \
+     store (hspack has no command that rebuilds the index from the packs' tables)";
 
 /// Where a blob is: its pack and its place there.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -460,7 +464,7 @@ impl BlobIndex {
             };
             let root = IndexRoot::decode(&bytes).map_err(|source| Error::Format {
                 path: storage.path(INDEX_ROOT),
-                source,
+                source: super::advised(source, INDEX_DAMAGE),
             })?;
             failpoint!("store-index-read");
             let runs = match root
@@ -550,14 +554,22 @@ fn forget_runs_but(storage: &dyn Storage, root: &IndexRoot) {
 /// Opens run `r` of `storage`, checking its length and BLAKE3 against the record.
 pub fn open_run(storage: &dyn Storage, r: &RunRecord) -> Result<Run> {
     let path = storage.path(&r.file);
-    let file = storage.open(&r.file)?;
+    let file = storage.open(&r.file).map_err(|e| match e {
+        Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+            Error::StoreDamage {
+                path: path.clone(),
+                detail: format!("index.json lists this run, which is gone; {INDEX_DAMAGE}"),
+            }
+        }
+        e => e,
+    })?;
     let bytes = match file.whole() {
         Some(b) => b,
         None => file.read(0..file.len())?,
     };
     let damaged = |detail: String| Error::StoreDamage {
         path: path.clone(),
-        detail,
+        detail: format!("{detail}; {INDEX_DAMAGE}"),
     };
     if bytes.len() as u64 != r.bytes {
         return Err(damaged(format!(

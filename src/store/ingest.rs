@@ -271,15 +271,16 @@ impl Ingest {
                 0,
                 true,
             )?;
-            // The packs must still be there: a collection deletes unlisted packs once it has
-            // revoked the hold of an add that stopped renewing it. Checked last, just before
-            // `index.json` is replaced. So must the index's lease: an add that hung past it
-            // while another took it over (and merged away, and deleted, a run of the same
-            // name as this one) would list a run that is gone.
+            // The index's lease must still be this add's: an add that hung past it while
+            // another took it over (and merged away, and deleted, a run of the same name as
+            // this one) would list a run that is gone. And the packs must still be there: a
+            // collection deletes unlisted packs once it has revoked the hold of an add that
+            // stopped renewing it. That hold is read last, just before `index.json` is
+            // replaced, as its loss is the one no compare-and-swap catches.
             let lock = &self.lock;
             add_run(&self.store, run, &|| {
-                lock.check()?;
-                _index.check()
+                _index.check()?;
+                lock.check()
             })?;
         }
         Ok((self.stats, self.lock))

@@ -140,6 +140,23 @@ pub fn split_store_path(path: &Path) -> Option<(PathBuf, String)> {
         .then(|| (parent.to_path_buf(), name.to_string()))
 }
 
+/// `source` with `advice` (what to do) added where it has a detail to add it to: a
+/// malformed file's error keeps its type (commands count it as damage), and says what to do.
+pub(crate) fn advised(
+    source: crate::format::FormatError,
+    advice: &str,
+) -> crate::format::FormatError {
+    match source {
+        crate::format::FormatError::Json { structure, detail } => {
+            crate::format::FormatError::Json {
+                structure,
+                detail: format!("{detail}; {advice}"),
+            }
+        }
+        other => other,
+    }
+}
+
 /// The storage of `sub`, a part of the store at `root` (a folder or a URL).
 fn part(root: &Path, sub: &str) -> Result<Arc<dyn Storage>> {
     if !crate::io::is_remote(root) {
@@ -323,28 +340,48 @@ impl Store {
         Ok(names)
     }
 
-    /// Dataset `name` as committed, with its file's BLAKE3; `None` when there is none.
+    /// Dataset `name` as committed, with its file's BLAKE3; `None` when there is none. A file
+    /// that does not decode is [`Error::Format`], naming it and what to do.
     pub fn snapshot(&self, name: &str) -> Result<Option<(Snapshot, blake3::Hash)>> {
+        self.read_snapshot(name)?.transpose()
+    }
+
+    /// Dataset `name`'s file: `None` when there is none, else the dataset, or the damage
+    /// that keeps it from decoding. The outer error is the storage's (it could not be read).
+    fn read_snapshot(&self, name: &str) -> Result<Option<Result<(Snapshot, blake3::Hash)>>> {
         let file = snapshot::snapshot_file(name);
         let Some(bytes) = self.datasets.read(&file)? else {
             return Ok(None);
         };
-        let s = Snapshot::decode(&bytes).map_err(|source| Error::Format {
-            path: self.datasets.path(&file),
-            source,
-        })?;
-        Ok(Some((s, blake3::hash(&bytes))))
+        Ok(Some(match Snapshot::decode(&bytes) {
+            Ok(s) => Ok((s, blake3::hash(&bytes))),
+            Err(source) => Err(Error::Format {
+                path: self.datasets.path(&file),
+                source: advised(
+                    source,
+                    &format!(
+                        "what dataset `{name}` holds is unknown: restore this file from a copy \
+                         of the store, or remove the dataset (`hspack store rm {} {name}`)",
+                        self.root.display()
+                    ),
+                ),
+            }),
+        }))
     }
 
     /// Dataset `name`, or an error saying which names there are.
     pub fn snapshot_or_err(&self, name: &str) -> Result<(Snapshot, blake3::Hash)> {
-        self.snapshot(name)?.ok_or_else(|| Error::Store {
+        self.snapshot(name)?.ok_or_else(|| self.no_dataset(name))
+    }
+
+    fn no_dataset(&self, name: &str) -> Error {
+        Error::Store {
             path: self.root.join(name),
             detail: format!(
                 "the store has no dataset `{name}`; it has: {} (add one with `hspack store add`)",
                 self.names().map(|n| n.join(", ")).unwrap_or_default()
             ),
-        })
+        }
     }
 
     /// Pack `id`, opened once per store handle (its memories are locked for an instant,
@@ -479,10 +516,13 @@ impl Store {
         StoreDataset::new(Arc::clone(self), name)
     }
 
-    /// Removes dataset `name` (its blobs stay until `store gc`).
+    /// Removes dataset `name` (its blobs stay until `store gc`); a dataset whose file does not
+    /// decode is removed all the same.
     pub fn remove(&self, name: &str) -> Result<()> {
         let _lock = self.locks.dataset(&self.root, name)?;
-        self.snapshot_or_err(name)?;
+        if self.read_snapshot(name)?.is_none() {
+            return Err(self.no_dataset(name));
+        }
         self.datasets.delete(&snapshot::snapshot_file(name))?;
         self.datasets.sync()
     }

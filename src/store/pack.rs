@@ -1,6 +1,6 @@
 //! Pack files: blobs laid one after another, then a table of them and a footer (FORMAT.md
 //! §11.2). A pack is written once under a temp name and published whole; its table makes it
-//! self-describing, so the store's index can be rebuilt from the packs alone.
+//! self-describing: `store verify` checks the index's entries against it.
 
 use crate::error::Result;
 use crate::format::manifest::hex;

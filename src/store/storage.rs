@@ -522,12 +522,13 @@ impl StoreDataset {
         let file = snapshot_file(&self.name);
         let datasets = self.store.datasets();
         // An add that hung until a collection revoked its hold must not publish: the blobs
-        // it found may be gone.
-        if let Some(hold) = &st.gc_hold {
-            hold.check()?;
-        }
+        // it found may be gone. That hold is read last, just before the put: the dataset's
+        // lease guards against another writer, whom the compare-and-swap catches too.
         if let Some(lock) = &st.lock {
             lock.check()?;
+        }
+        if let Some(hold) = &st.gc_hold {
+            hold.check()?;
         }
         let put = match st.snapshot_hash {
             Some(h) => datasets.replace(&file, &bytes, Some(h), durable),

@@ -4,9 +4,10 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
+use crate::failpoint::failpoint;
 use crate::format::manifest::hex;
 
-use super::index::BlobIndex;
+use super::index::{BlobIndex, INDEX_DAMAGE};
 use super::pack::{check_header, decode_table, pack_name, PACK_HEADER};
 use super::skeleton::{map_skeleton, skeleton_index};
 use super::snapshot::blob_id;
@@ -63,9 +64,13 @@ pub fn usage(store: &Store) -> Result<StoreUsage> {
     // dataset that references them, so a dataset committed meanwhile is not taken for damaged.
     let mut snapshots = Vec::new();
     for name in store.names()? {
-        // A name removed since it was listed has no entry.
-        if let Some((snap, _)) = store.snapshot(&name)? {
-            snapshots.push((name, snap));
+        // A name removed since it was listed has no entry; one whose file does not decode is
+        // named as damaged, and the others counted.
+        match store.snapshot(&name) {
+            Ok(Some((snap, _))) => snapshots.push((name, Ok(snap))),
+            Ok(None) => {}
+            Err(e @ Error::Format { .. }) => snapshots.push((name, Err(e.to_string()))),
+            Err(e) => return Err(e),
         }
     }
     let index = store.index()?;
@@ -84,6 +89,17 @@ pub fn usage(store: &Store) -> Result<StoreUsage> {
         }
     };
     for (d, (name, snap)) in snapshots.into_iter().enumerate() {
+        let snap = match snap {
+            Ok(snap) => snap,
+            Err(damaged) => {
+                u.datasets.push(DatasetUsage {
+                    name,
+                    damaged: Some(damaged),
+                    ..DatasetUsage::default()
+                });
+                continue;
+            }
+        };
         let mut du = DatasetUsage {
             name: name.clone(),
             files: snap.files.len() as u64,
@@ -193,13 +209,54 @@ pub struct StoreCheck {
 /// Hashes every index run; reads every pack the index lists and hashes every blob; checks every index entry against
 /// its pack's table, and that every blob a dataset references (shard payloads included) is
 /// in the index.
+///
+/// Writers and collections may run meanwhile. The datasets are read before the index (a
+/// writer publishes its blobs' index before the dataset that references them); a dataset
+/// whose blobs are not found is read again, with the index as it is now, before it is called
+/// damaged (it was removed or rewritten, and collected); a run or pack that cannot be read
+/// is damage only while the index as it is now still lists it (a collection or a merge
+/// replaced it). An index that cannot be opened is damage, named.
 pub fn check(store: &Arc<Store>) -> Result<StoreCheck> {
-    let index = store.index()?;
     let mut c = StoreCheck::default();
+    let mut snapshots = Vec::new();
+    for name in store.names()? {
+        match store.snapshot(&name) {
+            Ok(Some((snap, _))) => snapshots.push((name, snap)),
+            Ok(None) => {}
+            Err(e) if e.is_damage() => c.problems.push(e.to_string()),
+            Err(e) => return Err(e),
+        }
+    }
+    let index = match store.index() {
+        Ok(index) => index,
+        Err(e) if e.is_damage() => {
+            let e = e.to_string();
+            c.problems.push(match e.contains(INDEX_DAMAGE) {
+                true => e,
+                false => format!("{e}; {INDEX_DAMAGE}"),
+            });
+            return Ok(c);
+        }
+        Err(e) => return Err(e),
+    };
+    failpoint!("store-verify-opened");
+    // The index as it is now, read once, for what this one lists and cannot be read.
+    let mut now: Option<Result<BlobIndex>> = None;
+    let mut listed_now = |run: Option<&str>, pack: Option<&[u8; 16]>| -> bool {
+        match now.get_or_insert_with(|| store.index()) {
+            Ok(i) => {
+                run.is_some_and(|f| i.root.runs.iter().any(|r| r.file == f))
+                    || pack.is_some_and(|p| i.runs().iter().any(|r| r.packs().contains(p)))
+            }
+            Err(_) => true,
+        }
+    };
     // Every run hashed again here, even one this process already checked.
     for r in &index.root.runs {
         if let Err(e) = super::index::open_run(&**store.meta(), r) {
-            c.problems.push(e.to_string());
+            if listed_now(Some(&r.file), None) {
+                c.problems.push(e.to_string());
+            }
         }
     }
     let mut tables: HashMap<[u8; 16], HashMap<[u8; 32], super::BlobEntry>> = HashMap::new();
@@ -211,6 +268,7 @@ pub fn check(store: &Arc<Store>) -> Result<StoreCheck> {
     for pack in &packs {
         let name = pack_name(pack);
         let path = store.packs().path(&name);
+        let mut problems = Vec::new();
         let result = (|| -> Result<()> {
             let file = store.pack(pack)?;
             let len = file.len();
@@ -235,17 +293,22 @@ pub fn check(store: &Arc<Store>) -> Result<StoreCheck> {
                         c.blobs += 1;
                         c.bytes += b.len() as u64;
                     }
-                    Err(err) => c.problems.push(err.to_string()),
+                    Err(err) => problems.push(err.to_string()),
                 }
                 t.insert(e.id, e);
             }
             tables.insert(*pack, t);
             Ok(())
         })();
-        c.packs += 1;
         if let Err(e) = result {
-            c.problems.push(e.to_string());
+            if !listed_now(None, Some(pack)) {
+                // Collected since this index was read: not this store's to judge any more.
+                continue;
+            }
+            problems.push(e.to_string());
         }
+        c.packs += 1;
+        c.problems.extend(problems);
     }
     for e in index.entries() {
         let ok = tables
@@ -254,16 +317,38 @@ pub fn check(store: &Arc<Store>) -> Result<StoreCheck> {
             .is_some_and(|t| *t == e.blob);
         if !ok && tables.contains_key(&e.pack) {
             c.problems.push(format!(
-                "{}: blob {} is listed by the index at byte {} but the pack's table disagrees: rebuild the index",
+                "{}: blob {} is listed by the index at byte {} but the pack's table disagrees: \
+                 the index or the pack is damaged; restore the store from a copy",
                 store.packs().path(&pack_name(&e.pack)).display(),
                 hex(&e.blob.id),
                 e.blob.offset
             ));
         }
     }
-    for name in store.names()? {
-        match referenced_present(store, &index, &name) {
+    let mut fresh: Option<BlobIndex> = None;
+    for (name, snap) in snapshots {
+        if referenced_present(store, &index, &name, &snap).is_ok() {
+            c.datasets += 1;
+            continue;
+        }
+        // Removed or rewritten since it was read, and collected (its blobs gone from the
+        // index, or its packs rewritten): read again, the dataset first, then the index.
+        let again = match store.snapshot(&name) {
+            Ok(Some((snap, _))) => snap,
+            Ok(None) => continue,
+            Err(e) if e.is_damage() => {
+                c.problems.push(e.to_string());
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        let index_now = match &fresh {
+            Some(i) => i,
+            None => fresh.insert(store.index()?),
+        };
+        match referenced_present(store, index_now, &name, &again) {
             Ok(()) => c.datasets += 1,
+            // A blob that cannot be read (a pack cut short) is named too, as damage.
             Err(e) => c.problems.push(e.to_string()),
         }
     }
@@ -285,16 +370,22 @@ pub fn check(store: &Arc<Store>) -> Result<StoreCheck> {
     Ok(c)
 }
 
-fn referenced_present(store: &Store, index: &BlobIndex, name: &str) -> Result<()> {
-    let (snap, _) = store.snapshot_or_err(name)?;
+fn referenced_present(
+    store: &Store,
+    index: &BlobIndex,
+    name: &str,
+    snap: &super::Snapshot,
+) -> Result<()> {
     for f in &snap.files {
         let id = blob_id(&f.blob).expect("checked when read");
         let path = store.root().join(name).join(&f.name);
         let missing = |id: &[u8; 32]| Error::StoreDamage {
             path: path.clone(),
             detail: format!(
-                "blob {} is in no pack of the index: the store lost it",
-                hex(id)
+                "blob {} is in no pack of the index: the store lost it; restore the dataset \
+                 from a copy, or remove it (`hspack store rm {} {name}`)",
+                hex(id),
+                store.root().display()
             ),
         };
         index.find(&id).ok_or_else(|| missing(&id))?;
