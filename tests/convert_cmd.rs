@@ -891,6 +891,19 @@ fn write_fwd_safetensors(path: &Path, rids: &[i64], lens: &[i64]) {
     write_safetensors(path, tensors);
 }
 
+/// `input_ids` i64 `[tokens]` and `hidden` bf16 `[tokens, 8]`, as a safetensors file.
+fn write_ids_hidden(path: &Path, tokens: usize) {
+    let ids = (0..tokens as i64).flat_map(|x| x.to_le_bytes()).collect();
+    let hidden = common::bytes(tokens as u64, tokens * 16);
+    write_safetensors(
+        path,
+        vec![
+            ("input_ids", vec![tokens], Dtype::I64, ids),
+            ("hidden", vec![tokens, 8], Dtype::BF16, hidden),
+        ],
+    );
+}
+
 /// Two files with one key (`a.pt` and `a.safetensors`) are refused with `--split-by` as
 /// without it: a unit reads one file, so the other would be ignored, then deleted with
 /// `--delete-source`.
@@ -966,11 +979,17 @@ fn a_key_the_dataset_holds_with_other_data_is_refused_not_deleted() {
     write_fwd_safetensors(&first.join("a.safetensors"), &[1, 2], &[3, 3]);
     write_fwd_safetensors(&second.join("a.safetensors"), &[1, 2], &[3, 4]);
     let ds = t.path().join("ds");
-    // Split by request: every request's key is compared as it comes.
-    assert!(hspack(&fwd_args(&first, &ds, &[])).status.success());
-    let o = hspack(&fwd_args(&first, &ds, &[]));
+    // Split by request: every request's key is compared as it comes. (Keyed by their rids:
+    // a tensor nothing reads is refused with --delete-source.)
+    let keyed = ["--key-from", "rids"];
+    assert!(hspack(&fwd_args(&first, &ds, &keyed)).status.success());
+    let o = hspack(&fwd_args(&first, &ds, &keyed));
     assert!(o.status.success(), "a rerun resumes: {}", text(&o));
-    let o = hspack(&fwd_args(&second, &ds, &["--delete-source"]));
+    let o = hspack(&fwd_args(
+        &second,
+        &ds,
+        &["--key-from", "rids", "--delete-source"],
+    ));
     assert!(!o.status.success(), "{}", text(&o));
     assert!(
         text(&o).contains("which the dataset holds with other data"),
@@ -979,6 +998,11 @@ fn a_key_the_dataset_holds_with_other_data_is_refused_not_deleted() {
     );
     assert!(second.join("a.safetensors").exists(), "deleted");
     // Whole units: with --delete-source, units held by key are compared before deletion.
+    let (first, second) = (t.path().join("first_whole"), t.path().join("second_whole"));
+    for (dir, tokens) in [(&first, 6), (&second, 7)] {
+        std::fs::create_dir(dir).unwrap();
+        write_ids_hidden(&dir.join("a.safetensors"), tokens);
+    }
     let whole = |src: &Path, ds: &Path, extra: &[&str]| {
         let mut a = vec![
             "convert",
@@ -1040,7 +1064,8 @@ fn deleting_a_source_that_is_one_file_keeps_its_folder() {
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("a.safetensors");
     write_fwd_safetensors(&file, &[1, 2], &[3, 3]);
-    let o = hspack(&fwd_args(&file, &t.path().join("ds"), &["--delete-source"]));
+    let args = ["--key-from", "rids", "--delete-source"];
+    let o = hspack(&fwd_args(&file, &t.path().join("ds"), &args));
     assert!(o.status.success(), "{}", text(&o));
     assert!(!file.exists() && dir.is_dir(), "{}", text(&o));
 }

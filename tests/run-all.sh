@@ -66,7 +66,9 @@ secs="${HSPACK_FUZZ_SECONDS:-20}"
 # fixtures and golden vectors where they are of the target's kind, fuzz/seeds/ otherwise.
 seeds_for() {
   case "$1" in
-    pickle|torch_zip|npy|safetensors) echo ../tests/fixtures/pt ../tests/bad_files/convert ;;
+    # The pickle target reads bare pickles: the fixtures' `data.pkl` entries, in seeds/pickle.
+    pickle) echo ../tests/fixtures/pt ../tests/bad_files/convert seeds/pickle ;;
+    torch_zip|npy|safetensors) echo ../tests/fixtures/pt ../tests/bad_files/convert ;;
     manifest|shard) echo ../format-spec/golden/v1/none ../format-spec/golden/v1/zstd ../format-spec/golden/v4/segments ../format-spec/golden/v5/quantized ;;
     segment) echo ../format-spec/golden/v4/segments ../format-spec/golden/v4/leased ;;
     store) echo ../format-spec/golden/store-v1 ../format-spec/golden/store-v1/packs ../format-spec/golden/store-v1/datasets ../format-spec/golden/store-v1/captures ../format-spec/golden/v4/segments ;;

@@ -43,33 +43,43 @@ pub(super) fn check_duplicates(units: &[Unit]) -> Result<(), RunError> {
     Ok(())
 }
 
-/// The units this run converts, and those it skips whole because the dataset holds their
-/// samples (by the unit's key, or the key the key log says it gave); units found bad are in
-/// neither. Split units are never skipped whole: their keys are known only once decoded.
+/// The units this run converts, those it skips whole because the dataset holds their
+/// samples, and the keys of the units the key log says gave what the dataset holds (their
+/// files' identity is the one logged); units found bad are in none. With a key log, a unit is
+/// skipped whole only where the log says its files, as they are, gave its key: one whose files
+/// changed, or that the log does not know, is converted, and the samples the dataset holds compared
+/// with its own. Split units are never skipped whole: their keys are known only once decoded.
 pub(super) fn to_convert(
     units: Vec<Unit>,
     bad: &HashSet<String>,
     keys: Option<&KeyLog>,
     writer: &DatasetWriter,
     split: bool,
-) -> (Vec<Unit>, Vec<Unit>) {
+) -> (Vec<Unit>, Vec<Unit>, HashSet<String>) {
     let mut todo = Vec::with_capacity(units.len());
     let mut present = Vec::new();
+    let mut trusted = HashSet::new();
     for u in units {
         if bad.contains(&u.key) {
             continue;
         }
+        // Without a key log (a dataset in object storage or a store keeps none), a held key
+        // is trusted, as before the log: comparing every held sample there would read the
+        // whole dataset back on each rerun. The report counts those skipped.
         let key = match keys {
-            Some(log) => log.key_of(&u.key, &u.identity()),
+            Some(log) => log.key_of(&u.key, u.identity()),
             None => Some(u.key.as_str()),
         };
+        if key.is_some() {
+            trusted.insert(u.key.clone());
+        }
         if !split && key.is_some_and(|k| writer.contains_key(k)) {
             present.push(u);
         } else {
             todo.push(u);
         }
     }
-    (todo, present)
+    (todo, present, trusted)
 }
 
 /// Consecutive units whose shards one thread writes. Each group is planned to fill one shard
@@ -114,6 +124,7 @@ mod tests {
                 bytes,
                 split_file: None,
                 missing: Vec::new(),
+                identity: Default::default(),
             })
             .collect()
     }

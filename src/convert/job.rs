@@ -4,6 +4,9 @@
 //!
 //! Resuming is by key: a unit whose key the dataset already holds is skipped, so a rerun after
 //! any interruption continues where the last commit left off and never appends a sample twice.
+//! It is skipped unread where the key log says its files, unchanged, gave that key; otherwise
+//! (files written again, another dump under the same names, no log) its samples are compared
+//! with what the dataset holds first, and one holding other data is refused.
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -23,7 +26,7 @@ use crate::write::DatasetWriter;
 use super::groups::{check_duplicates, to_convert};
 use super::keys::{misnamed, KeyError, KeyLog};
 use super::lanes::{write_in_lanes, GroupDone, LaneOptions, Outcome};
-use super::layout::{derive_schema, specs_for, LayoutError};
+use super::layout::{derive_schema, refuse_left_out, specs_for, LayoutError, Preset};
 use super::prepare::{Decoder, SplitBy};
 use super::report::{BadFile, BadLog, Progress, Report};
 use super::spec::{ConvertOptions, ConvertSpec, SpecError};
@@ -146,6 +149,8 @@ pub enum RunError {
     },
 }
 
+/// Whether the first unit's error says the flags are wrong, not the file: a flag, or what
+/// the fields leave out that every file likely holds.
 fn is_layout_flag_error(e: &LayoutError) -> bool {
     matches!(
         e,
@@ -153,6 +158,9 @@ fn is_layout_flag_error(e: &LayoutError) -> bool {
             | LayoutError::FinalNormId { .. }
             | LayoutError::BadOption(_)
             | LayoutError::LeftOut { .. }
+            | LayoutError::Unread { .. }
+            | LayoutError::UnreadPart { .. }
+            | LayoutError::AmbiguousStack { .. }
     )
 }
 
@@ -188,12 +196,13 @@ fn refuse_foreign_folder(dst: &Path) -> Result<(), RunError> {
     })?;
     let foreign = entries.flatten().map(|e| e.file_name()).find(|name| {
         let name = name.to_string_lossy();
+        // What a run killed before its first commit may leave: the writer (which refuses
+        // any other file named as a dataset's) removes these.
         !(name == super::keys::KEYS_FILE
             || name == REPORT_FILE
             || name == "lost+found"
             || name.starts_with(".hspack")
-            || name.ends_with(crate::format::manifest::TEMP_SUFFIX)
-            || crate::format::manifest::is_data_file_name(&name))
+            || crate::format::manifest::is_temp_file_name(&name))
     });
     match foreign {
         None => Ok(()),
@@ -223,7 +232,17 @@ fn remove_empty_dataset(o: &ConvertOptions, folder_existed: bool) {
         if !ds.manifest().shards.is_empty() {
             return;
         }
-        let _ = ds.storage().delete(MANIFEST_FILE);
+        // What the failed first commit left goes before the manifest (a crash in between
+        // leaves the manifest, and the next writer removes them): without a manifest, a
+        // writer takes files named as a dataset's for someone else's and refuses the folder.
+        let listed = ds.manifest().listed_names();
+        let storage = ds.storage();
+        for name in storage.list().unwrap_or_default() {
+            if listed.is_leftover(&name) {
+                let _ = storage.delete(&name);
+            }
+        }
+        let _ = storage.delete(MANIFEST_FILE);
         let _ = ds.storage().delete(super::keys::KEYS_FILE);
     }
     let report = o
@@ -280,7 +299,7 @@ fn convert(o: &ConvertOptions, progress: &mut dyn FnMut(Progress)) -> Result<Rep
         return Ok(run.report);
     };
     let mut writer = DatasetWriter::open(&o.dst, decoder.schema.clone(), o.write.clone())?;
-    let (mut todo, present) = to_convert(
+    let (mut todo, present, trusted) = to_convert(
         plan.units,
         &run.bad_units,
         run.keys.as_ref(),
@@ -317,15 +336,20 @@ fn convert(o: &ConvertOptions, progress: &mut dyn FnMut(Progress)) -> Result<Rep
         jobs: o.jobs,
         write: &o.write,
         stop_at_bad: !o.skip_bad,
-        // Units whose samples the dataset holds were left out of `todo` by key, except split
-        // units (keys known only once decoded) and keys taken from the files: with those, a
-        // sample already committed is skipped as it comes, even when the key log is gone.
-        // A unit some of whose samples were copied from the store goes on from the others.
-        // With --delete-source, units held by key are decoded too (`recheck`), and every
-        // skipped sample is compared with what the dataset holds under its key before its
-        // file goes; without it, a held key is skipped as the resume it is.
-        skip_present: o.split_by.is_some() || o.key_from.is_some() || partly_reused || recheck,
-        compare_present: o.delete_source,
+        // Units whose samples the dataset holds were left out of `todo` by key where the key
+        // log says their files gave them, except split units (keys known only once decoded):
+        // the others' samples the dataset holds are skipped as they come, once compared with
+        // what it holds under their keys. Keys taken from the files are known only once read,
+        // even when the key log is gone. A unit some of whose samples were copied from the
+        // store goes on from the others. With --delete-source, units held by key are decoded
+        // too (`recheck`), and every skipped sample is compared before its file goes.
+        skip_present: o.split_by.is_some()
+            || o.key_from.is_some()
+            || partly_reused
+            || recheck
+            || todo.iter().any(|u| writer.contains_key(&u.key)),
+        compare_all: o.delete_source,
+        trusted: &trusted,
         capture: captures.as_ref().map(|c| &c.config),
     };
     write_in_lanes(
@@ -337,8 +361,8 @@ fn convert(o: &ConvertOptions, progress: &mut dyn FnMut(Progress)) -> Result<Rep
         &mut |units, done, writer| run.commit_group(units, done, writer, captures.as_ref()),
     )
     .map_err(|e| match e {
-        // The key log knows which file gave the key: both are named.
-        RunError::KeyHeldWithOtherData { key, file } => {
+        // The key log knows which file gave a key read from the files: both are named.
+        RunError::KeyHeldWithOtherData { key, file } if o.key_from.is_some() => {
             match run.keys.as_ref().and_then(|log| log.unit_of(&key)) {
                 Some((_, other)) if other != file => RunError::DuplicateKey {
                     key,
@@ -387,13 +411,21 @@ impl Captures {
     }
 }
 
+/// Whether the run keeps a key log: beside a dataset in a local folder, and wherever
+/// `--key-from` needs one (refused for object storage). Without it (object storage, a store),
+/// a unit whose key the dataset holds is skipped by its key ([`to_convert`]).
+fn key_log_kept(o: &ConvertOptions) -> bool {
+    o.key_from.is_some()
+        || !crate::io::is_remote(&o.dst) && crate::store::split_store_path(&o.dst).is_none()
+}
+
 struct Run<'o> {
     o: &'o ConvertOptions,
     report: Report,
     report_file: Option<BadLog>,
     bad_units: HashSet<String>,
     verified: u64,
-    /// With `key_from`, which unit gave which key.
+    /// Which unit gave which key, from which files ([`key_log_kept`]).
     keys: Option<KeyLog>,
     /// Keys read per request (`key_from` naming a list of ids), and the file of each.
     request_keys: HashMap<String, PathBuf>,
@@ -414,13 +446,13 @@ impl<'o> Run<'o> {
             bad_units: Default::default(),
             request_keys: HashMap::new(),
             verified: 0,
-            keys: match &o.key_from {
-                Some(_) => Some(KeyLog::open(&o.dst).map_err(|source| RunError::Io {
+            keys: match key_log_kept(o) {
+                true => Some(KeyLog::open(&o.dst).map_err(|source| RunError::Io {
                     path: o.dst.join(super::keys::KEYS_FILE),
                     op: "read",
                     source,
                 })?),
-                None => None,
+                false => None,
             },
         })
     }
@@ -457,9 +489,11 @@ impl<'o> Run<'o> {
                     continue;
                 }
             };
-            let tensors = inputs.tensors();
-            let derived = specs_for(o.preset, &tensors, &o.layout)
-                .and_then(|s| derive_schema(o.preset, &s, &tensors, &o.layout).map(|d| (s, d)));
+            let held = inputs.held();
+            let tensors = &held.tensors;
+            let derived = specs_for(o.preset, tensors, &o.layout)
+                .and_then(|s| derive_schema(o.preset, &s, tensors, &o.layout).map(|d| (s, d)))
+                .and_then(|d| refuse_left_out(o.preset, &d.0, &held, &o.layout).map(|()| d));
             match derived {
                 Ok((specs, mut schema)) => {
                     if let Some(q) = &o.quantize {
@@ -509,11 +543,19 @@ impl<'o> Run<'o> {
                     }
                     self.bad_units.insert(u.key.clone());
                 }
-                Err(e) if is_layout_flag_error(&e) => {
-                    return Err(RunError::Layout {
-                        file: first.clone(),
-                        error: e,
-                    })
+                // A field's tensor the first readable unit lacks, under the generic layout: the
+                // --field is wrong (a typo), not every file. A group lacking the part is bad.
+                Err(e)
+                    if is_layout_flag_error(&e)
+                        || o.preset == Preset::Generic
+                            && matches!(&e, LayoutError::MissingTensor { tensor, .. }
+                                if inputs.missing_part_of(tensor).is_none()) =>
+                {
+                    let file = match e.tensor() {
+                        Some(t) => inputs.file_of(t).to_path_buf(),
+                        None => first.clone(),
+                    };
+                    return Err(RunError::Layout { file, error: e });
                 }
                 Err(e) => {
                     self.bad(UnitError::Unit {
@@ -566,9 +608,9 @@ impl<'o> Run<'o> {
                             }
                         }
                     }
-                    if let Some(log) = self.keys.as_mut().filter(|_| stored_key) {
+                    if let Some(log) = self.keys.as_mut() {
                         match log.unit_of(&key) {
-                            Some((other, other_file)) if other != unit.key => {
+                            Some((other, other_file)) if stored_key && other != unit.key => {
                                 return Err(RunError::DuplicateKey {
                                     key,
                                     a: other_file.to_path_buf(),
@@ -577,8 +619,9 @@ impl<'o> Run<'o> {
                             }
                             _ => {}
                         }
-                        // Flushed before the samples commit, so every committed key has its line.
-                        log.record(&unit.key, file, &unit.identity(), &key)
+                        // Flushed before the samples commit, so every committed key has its
+                        // line, beside the identity of the files that gave it.
+                        log.record(&unit.key, file, unit.identity(), &key)
                             .map_err(|source| RunError::Io {
                                 path: log.path().to_path_buf(),
                                 op: "write",

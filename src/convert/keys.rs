@@ -3,9 +3,12 @@
 //!
 //! A stored key is a Python `str` or `int` (ModelOpt's `conversation_id`, copied from the
 //! input JSONL), or an integer tensor of one element. The log, `convert-keys.jsonl` in the
-//! dataset folder, holds one line `{"unit": ..., "key": ...}` per converted unit (its source
-//! path without extension, and the stored key), written and flushed before the unit's samples
-//! are appended, so every committed key has its line.
+//! dataset folder, holds one line `{"unit": ..., "key": ..., "files": ...}` per converted unit
+//! (its source path without extension, the key it gave: the stored one, else its file name's,
+//! and its files' identity), written and flushed before the unit's samples are appended, so
+//! every committed key has its line. Every run into a local dataset folder keeps it, with
+//! `--key-from` or without: a held key is trusted as the resume it is only where the log says
+//! the unit's files, as they are, gave it.
 
 use std::collections::HashMap;
 use std::io::{BufRead, Write};

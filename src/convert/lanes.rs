@@ -33,9 +33,12 @@ pub(super) struct LaneOptions<'a> {
     pub stop_at_bad: bool,
     /// Skip samples whose keys the dataset holds as they come.
     pub skip_present: bool,
-    /// Compare such a sample with what the dataset holds before it is skipped: its source
-    /// is deleted after (`--delete-source`).
-    pub compare_present: bool,
+    /// Compare every such sample with what the dataset holds before it is skipped: its
+    /// source is deleted after (`--delete-source`).
+    pub compare_all: bool,
+    /// Units (by key) whose files the key log says gave what the dataset holds: without
+    /// `compare_all`, their samples are skipped uncompared; others' are compared.
+    pub trusted: &'a HashSet<String>,
     /// Record each sample appended as this capture (its key and digest).
     pub capture: Option<&'a CaptureConfig>,
 }
@@ -68,8 +71,8 @@ pub(super) fn write_in_lanes(
         HashSet::new()
     };
     // What the dataset holds under those keys, compared with what the sources give before a
-    // sample is skipped and its file deleted as converted before.
-    let stored = match lanes.compare_present && !present.is_empty() {
+    // sample is skipped (and its file deleted as converted before).
+    let stored = match !present.is_empty() {
         false => None,
         true => Some(Dataset::open_in(
             std::sync::Arc::clone(writer.storage()),
@@ -83,6 +86,8 @@ pub(super) fn write_in_lanes(
         write: lanes.write,
         stop_at_bad: lanes.stop_at_bad,
         present: &present,
+        compare_all: lanes.compare_all,
+        trusted: lanes.trusted,
         stored: stored.as_ref(),
         capture: lanes.capture,
         stop: AtomicBool::new(false),
@@ -204,6 +209,10 @@ struct LaneJob<'a> {
     /// Keys committed before this run, with split units or `--key-from` (others are skipped
     /// whole before the run).
     present: &'a HashSet<String>,
+    /// Compare every sample skipped as held with what the dataset holds.
+    compare_all: bool,
+    /// Units whose held samples are skipped uncompared, without `compare_all`.
+    trusted: &'a HashSet<String>,
     /// The dataset as committed before this run, where `present` holds keys.
     stored: Option<&'a Dataset>,
     capture: Option<&'a CaptureConfig>,
@@ -240,7 +249,8 @@ impl LaneJob<'_> {
                             });
                         }
                     }
-                    let outcome = self.append(&p, &mut done.lanes);
+                    let compare = self.compare_all || !self.trusted.contains(&unit.key);
+                    let outcome = self.append(&p, compare, &mut done.lanes);
                     self.decoder.recycle(p);
                     outcome?
                 }
@@ -301,7 +311,14 @@ impl LaneJob<'_> {
         })
     }
 
-    fn append(&self, p: &Prepared, lanes: &mut Vec<ShardLane>) -> Result<Outcome, RunError> {
+    /// Appends the samples of `p`; those whose keys the dataset holds are skipped, compared
+    /// with what it holds first where `compare` says.
+    fn append(
+        &self,
+        p: &Prepared,
+        compare: bool,
+        lanes: &mut Vec<ShardLane>,
+    ) -> Result<Outcome, RunError> {
         let decoder = self.decoder;
         let mut fields = Vec::with_capacity(decoder.specs.len());
         for f in 0..decoder.specs.len() {
@@ -315,7 +332,9 @@ impl LaneJob<'_> {
         for (key, rows) in &p.samples {
             let named = sample_rows(&decoder.schema, &fields, rows);
             if self.present.contains(key) {
-                kept |= !self.check_same_as_stored(key, &named, p)?;
+                if compare {
+                    kept |= !self.check_same_as_stored(key, &named, p)?;
+                }
                 present += 1;
                 continue;
             }

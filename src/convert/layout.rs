@@ -24,7 +24,8 @@ use std::borrow::Cow;
 use crate::format::{eagle3, CaptureInfo, CapturePoint, DType, Field, Role, Schema};
 
 use super::layouts;
-use super::TensorInfo;
+use super::units::in_part;
+use super::{TensorInfo, UnsupportedInfo};
 
 /// A part of a source tensor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,7 +69,8 @@ pub enum Stack {
     Concat,
     /// `[.., T, k, H]`: a layer axis before the hidden dim; stored as it is.
     Axis,
-    /// Axis when the first file's tensor has k entries on its second-last dim, else concat.
+    /// Axis or concat, whichever the first file's tensor fits; refused when it fits both
+    /// (`[1, k, k·H]`), which only `stack=` can tell apart.
     Auto,
     /// `source` then these tensors, each `[.., T, H]` of one layer, interleaved per token.
     Sources(Vec<String>),
@@ -241,6 +243,23 @@ pub struct LayoutOptions {
     pub fields: Vec<FieldSpec>,
     /// One field per layer (`hidden.{l}`) instead of the presets' stacked fields.
     pub split_layers: bool,
+    /// Sources are deleted once converted (`--delete-source`): under the generic layout, a
+    /// unit holding a tensor nothing reads is refused ([`refuse_left_out`]).
+    pub delete_source: bool,
+    /// What is read besides the fields' sources: the `--key-from` value and the `--split-by`
+    /// tensor, by their names.
+    pub read_besides: Vec<String>,
+}
+
+/// What a unit's files hold, as the checks for what no field reads see it.
+#[derive(Debug, Clone, Default)]
+pub struct Held {
+    /// Every tensor hspack reads, named as fields name them (`PART.NAME` in a group).
+    pub tensors: Vec<TensorInfo>,
+    /// The tensors of a dtype hspack does not store, named likewise.
+    pub unsupported: Vec<UnsupportedInfo>,
+    /// The parts of a group of files; empty for a unit of one file.
+    pub parts: Vec<String>,
 }
 
 /// Why a layout cannot map the source.
@@ -276,6 +295,53 @@ pub enum LayoutError {
         tensor: String,
         /// Its dtype and shape.
         what: String,
+    },
+    /// Under the generic layout with `--delete-source`, a unit holds a tensor nothing reads: it
+    /// would be deleted with its file.
+    #[error(
+        "tensor `{tensor}` ({what}) is read by no --field (nor --key-from or --split-by), so \
+         --delete-source would delete it with its file; map it with --field NAME={tensor} (see \
+         `hspack convert --help`), or leave out --delete-source and delete the files yourself \
+         once the dataset holds what you need"
+    )]
+    Unread {
+        /// The tensor nothing reads.
+        tensor: String,
+        /// Its dtype and shape.
+        what: String,
+    },
+    /// Under the generic layout with `--delete-source`, a file of a group nothing is read
+    /// from: it would be deleted unread.
+    #[error(
+        "nothing of this file (part `{part}` of the group, holding {have}) is read by a \
+         --field (nor --key-from or --split-by), so --delete-source would delete it unread; \
+         map what it holds with --field NAME={part}.TENSOR (NAME={part} for a bare tensor), \
+         or leave out --delete-source"
+    )]
+    UnreadPart {
+        /// The part.
+        part: String,
+        /// What the file holds, in words.
+        have: String,
+    },
+    /// A stacked field's single source reads both as its layers on an axis and as its layers
+    /// concatenated, in the first file converted: its shape cannot tell which.
+    #[error(
+        "field `{field}`: tensor `{tensor}` {shape:?} reads two ways as {k} layers: {} \
+         (stack=axis) or {} (stack=concat); say which with --field \
+         {field}={tensor}:layers=...:stack=axis or :stack=concat",
+        stack_reading(shape, *k, 3),
+        stack_reading(shape, *k, 2)
+    )]
+    AmbiguousStack {
+        /// The field.
+        field: String,
+        /// Its source tensor.
+        tensor: String,
+        /// The tensor's shape in the first file.
+        shape: Vec<u64>,
+        /// Layers.
+        k: u64,
     },
     /// A file holds a tensor that the fields made from the first file converted do not read:
     /// the first file had no such tensor (the layout reads it into `field`), or this file is
@@ -333,6 +399,23 @@ pub enum LayoutError {
     BadOption(String),
 }
 
+impl LayoutError {
+    /// The tensor (or, for [`LayoutError::UnreadPart`], the part) the error is about, where
+    /// it names one: it tells which file of a group is at fault.
+    pub fn tensor(&self) -> Option<&str> {
+        match self {
+            LayoutError::MissingTensor { tensor, .. }
+            | LayoutError::LeftOut { tensor, .. }
+            | LayoutError::NotInSchema { tensor, .. }
+            | LayoutError::Unread { tensor, .. }
+            | LayoutError::AmbiguousStack { tensor, .. }
+            | LayoutError::Shape { tensor, .. } => Some(tensor),
+            LayoutError::UnreadPart { part, .. } => Some(part),
+            _ => None,
+        }
+    }
+}
+
 fn final_norm_message(
     layout: &str,
     id: u32,
@@ -356,6 +439,18 @@ fn final_norm_message(
              model's decoder layers, kept in the capture metadata) if the last state is the \
              final-norm output, or give --point {points} to say where it was captured instead"
         ),
+    }
+}
+
+/// A stacked source of `shape` read as `k` layers, in words: `dims` 3 for the layers on an
+/// axis (`[.., T, k, H]`), 2 for them concatenated (`[.., T, k·H]`).
+fn stack_reading(shape: &[u64], k: u64, dims: usize) -> String {
+    let mut s = shape.to_vec();
+    drop_leading_ones(&mut s, dims);
+    match s[..] {
+        [t, _, h] if dims == 3 => format!("[T={t}, {k} layers, H={h}]"),
+        [t, kh] if dims == 2 => format!("[T={t}, {k} layers, H={}]", kh / k.max(1)),
+        _ => format!("{s:?}"),
     }
 }
 
@@ -444,9 +539,6 @@ pub fn specs_for(
         Preset::Speculators => layouts::speculators::specs(tensors, options)?,
         Preset::Generic => layouts::generic::specs(tensors, options)?,
     };
-    if preset != Preset::Generic {
-        refuse_left_out(preset, &specs, tensors)?;
-    }
     let mut kept = Vec::with_capacity(specs.len());
     for mut s in specs {
         let missing = s
@@ -456,7 +548,7 @@ pub fn specs_for(
         match missing {
             None => {
                 if let Some(t) = find(tensors, &s.source) {
-                    resolve_stack(&mut s, &t.shape);
+                    resolve_stack(&mut s, &t.shape)?;
                 }
                 kept.push(s);
             }
@@ -467,35 +559,35 @@ pub fn specs_for(
     Ok(kept)
 }
 
-/// Refuses a file whose tensors `preset` would convert into fields other than `specs`, those
-/// made from the first file: a tensor an optional field reads that the first file lacked, or
-/// any other tensor no field reads that looks like hidden states. The generic layout reads
-/// what it is told.
+/// Refuses a unit whose tensors `preset` would convert into fields other than `specs`, those
+/// made from the first unit: a tensor an optional field reads that the first lacked, or
+/// what [`refuse_left_out`] refuses.
 pub fn refuse_unconverted(
     preset: Preset,
     specs: &[FieldSpec],
-    tensors: &[TensorInfo],
+    held: &Held,
     options: &LayoutOptions,
 ) -> Result<(), LayoutError> {
-    if preset == Preset::Generic {
-        return Ok(());
-    }
+    let tensors = &held.tensors;
     let what = |name: &str| {
         find(tensors, name).map_or_else(String::new, |t| format!("{} {:?}", t.dtype, t.shape))
     };
     // What this file lacks is refused field by field, as a missing tensor; what the layout
-    // cannot make of it (other --layers) is named below by the tensor it would lose.
-    if let Ok(own) = specs_for(preset, tensors, options) {
-        if let Some(o) = own.iter().find(|o| !specs.iter().any(|s| s.name == o.name)) {
-            return Err(LayoutError::NotInSchema {
-                layout: preset.name(),
-                tensor: o.source.clone(),
-                what: what(&o.source),
-                field: Some(o.name.clone()),
-            });
+    // cannot make of it (other --layers) is named below by the tensor it would lose. The
+    // generic layout reads what it is told.
+    if preset != Preset::Generic {
+        if let Ok(own) = specs_for(preset, tensors, options) {
+            if let Some(o) = own.iter().find(|o| !specs.iter().any(|s| s.name == o.name)) {
+                return Err(LayoutError::NotInSchema {
+                    layout: preset.name(),
+                    tensor: o.source.clone(),
+                    what: what(&o.source),
+                    field: Some(o.name.clone()),
+                });
+            }
         }
     }
-    match refuse_left_out(preset, specs, tensors) {
+    match refuse_left_out(preset, specs, held, options) {
         Err(LayoutError::LeftOut { tensor, what, .. }) => Err(LayoutError::NotInSchema {
             layout: preset.name(),
             tensor,
@@ -506,28 +598,95 @@ pub fn refuse_unconverted(
     }
 }
 
-/// Refuses tensors of `tensors` that no spec of a preset reads and that look like hidden
-/// states (floating point, two or more dimensions): a preset knows every tensor its tool
-/// writes, so one it does not read means another tool's files.
-fn refuse_left_out(
+/// Refuses what a unit holds that converting it with `specs` would lose. A preset knows
+/// every tensor its tool writes, so one it does not read that looks like hidden states (two
+/// or more dimensions, of a floating dtype, or of one hspack does not store with
+/// `--delete-source`) means another tool's files. Under
+/// the generic layout, which reads what it is told, only `--delete-source` loses what is not
+/// read: any tensor no field (nor `--key-from`, `--split-by`) reads, and a file of a group
+/// nothing is read from, are refused then.
+pub fn refuse_left_out(
     preset: Preset,
     specs: &[FieldSpec],
-    tensors: &[TensorInfo],
+    held: &Held,
+    options: &LayoutOptions,
 ) -> Result<(), LayoutError> {
-    let floating = |d: DType| matches!(d, DType::F16 | DType::BF16 | DType::F32 | DType::F64);
-    let left = tensors.iter().find(|t| {
-        floating(t.dtype)
-            && t.shape.len() >= 2
-            && !specs.iter().any(|s| s.sources().any(|src| src == t.name))
-    });
-    match left {
+    let read = |name: &str| {
+        specs.iter().any(|s| s.sources().any(|src| src == name))
+            || options.read_besides.iter().any(|r| r == name)
+    };
+    let left = held
+        .tensors
+        .iter()
+        .map(|t| {
+            (
+                &t.name,
+                format!("{} {:?}", t.dtype, t.shape),
+                Some(t.dtype),
+                &t.shape,
+            )
+        })
+        .chain(held.unsupported.iter().map(|u| {
+            let what = format!("{}, a dtype hspack does not store, {:?}", u.dtype, u.shape);
+            (&u.name, what, None, &u.shape)
+        }))
+        .filter(|(name, ..)| !read(name));
+    if preset != Preset::Generic {
+        // A tensor of a dtype hspack does not store is harmless unless a field reads it, or
+        // --delete-source would delete it: it could hold hidden states (uint16 bf16 bits).
+        let hidden_like = |dtype: Option<DType>, shape: &[u64]| {
+            shape.len() >= 2 && dtype.map_or(options.delete_source, is_floating)
+        };
+        return match left
+            .into_iter()
+            .find(|(_, _, d, shape)| hidden_like(*d, shape))
+        {
+            None => Ok(()),
+            Some((tensor, what, ..)) => Err(LayoutError::LeftOut {
+                layout: preset.name(),
+                tensor: tensor.clone(),
+                what,
+            }),
+        };
+    }
+    if !options.delete_source {
+        return Ok(());
+    }
+    let names = specs
+        .iter()
+        .flat_map(|s| s.sources())
+        .chain(options.read_besides.iter().map(String::as_str));
+    let names: Vec<&str> = names.collect();
+    for part in &held.parts {
+        if !names.iter().any(|n| in_part(part, n).is_some()) {
+            let of_part: Vec<TensorInfo> = held
+                .tensors
+                .iter()
+                .filter(|t| in_part(part, &t.name).is_some())
+                .cloned()
+                .collect();
+            return Err(LayoutError::UnreadPart {
+                part: part.clone(),
+                have: list_tensors(&of_part),
+            });
+        }
+    }
+    match left.into_iter().next() {
         None => Ok(()),
-        Some(t) => Err(LayoutError::LeftOut {
-            layout: preset.name(),
-            tensor: t.name.clone(),
-            what: format!("{} {:?}", t.dtype, t.shape),
+        Some((tensor, what, ..)) => Err(LayoutError::Unread {
+            tensor: tensor.clone(),
+            what,
         }),
     }
+}
+
+/// Whether `d` is a floating-point dtype (any that is not an integer or bool, so that one
+/// added later counts as floating).
+fn is_floating(d: DType) -> bool {
+    !matches!(
+        d,
+        DType::Bool | DType::U8 | DType::I8 | DType::I16 | DType::I32 | DType::I64
+    )
 }
 
 /// Drops leading dimensions of 1 from `shape` while it has more than `keep`.
@@ -788,17 +947,30 @@ pub fn field_shape(spec: &FieldSpec, shape: &[u64]) -> Result<Vec<u64>, LayoutEr
     Ok(s)
 }
 
-/// Resolves [`Stack::Auto`] from the first file's tensor of `shape`.
-fn resolve_stack(spec: &mut FieldSpec, shape: &[u64]) {
-    if spec.is_stacked() && spec.stack == Stack::Auto {
-        let mut axis = spec.clone();
-        axis.stack = Stack::Axis;
-        spec.stack = if field_shape(&axis, shape).is_ok() {
-            Stack::Axis
-        } else {
-            Stack::Concat
-        };
+/// Resolves [`Stack::Auto`] from the first file's tensor of `shape`; refuses a shape that
+/// both readings fit (`[1, T, k·H]` with T = k), which only `stack=` can tell apart.
+fn resolve_stack(spec: &mut FieldSpec, shape: &[u64]) -> Result<(), LayoutError> {
+    if !spec.is_stacked() || spec.stack != Stack::Auto {
+        return Ok(());
     }
+    let read_as = |stack: Stack| {
+        let mut s = spec.clone();
+        s.stack = stack;
+        field_shape(&s, shape).ok()
+    };
+    spec.stack = match (read_as(Stack::Axis), read_as(Stack::Concat)) {
+        (Some(_), Some(_)) => {
+            return Err(LayoutError::AmbiguousStack {
+                field: spec.name.clone(),
+                tensor: spec.source.clone(),
+                shape: shape.to_vec(),
+                k: spec.layer_count(),
+            });
+        }
+        (Some(_), None) => Stack::Axis,
+        _ => Stack::Concat,
+    };
+    Ok(())
 }
 
 /// Where a field's bytes lie in its source tensor's bytes.

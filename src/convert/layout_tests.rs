@@ -87,10 +87,10 @@ fn stacked_shapes() {
     assert_eq!(&b[..], &[0, 1, 4, 5]);
     // Auto: axis when the second-last dim is k, else concat.
     let mut auto = spec(Stack::Auto);
-    resolve_stack(&mut auto, &[5, 3, 16]);
+    resolve_stack(&mut auto, &[5, 3, 16]).unwrap();
     assert_eq!(auto.stack, Stack::Axis);
     let mut auto = spec(Stack::Auto);
-    resolve_stack(&mut auto, &[1, 5, 48]);
+    resolve_stack(&mut auto, &[1, 5, 48]).unwrap();
     assert_eq!(auto.stack, Stack::Concat);
 }
 
@@ -157,5 +157,106 @@ fn the_final_norm_is_the_id_num_layers_names() {
             layer: 60,
             point: CapturePoint::LayerOutput
         }
+    );
+}
+
+fn info(name: &str, dtype: DType, shape: &[u64]) -> TensorInfo {
+    TensorInfo {
+        name: name.into(),
+        dtype,
+        shape: shape.to_vec(),
+    }
+}
+
+/// `[1, T, k·H]` with T = k reads as k layers on an axis (one token) and as k concatenated
+/// layers (T tokens): the first file cannot tell, so `stack=` must.
+#[test]
+fn a_stacked_source_both_readings_fit_is_refused() {
+    let options = LayoutOptions {
+        fields: vec![FieldSpec::new(
+            "aux",
+            "aux",
+            Role::HiddenStates {
+                layers: vec![1, 2, 3],
+                point: CapturePoint::LayerInput,
+            },
+        )],
+        ..LayoutOptions::default()
+    };
+    let tensors = |shape: &[u64]| vec![info("aux", DType::F32, shape)];
+    let e = specs_for(Preset::Generic, &tensors(&[1, 3, 12]), &options).unwrap_err();
+    let text = e.to_string();
+    assert!(matches!(e, LayoutError::AmbiguousStack { .. }), "{e:?}");
+    assert!(
+        text.contains("[T=1, 3 layers, H=12] (stack=axis)")
+            && text.contains("[T=3, 3 layers, H=4] (stack=concat)"),
+        "{text}"
+    );
+    // One reading alone is taken.
+    let specs = specs_for(Preset::Generic, &tensors(&[1, 5, 12]), &options).unwrap();
+    assert_eq!(specs[0].stack, Stack::Concat);
+    let specs = specs_for(Preset::Generic, &tensors(&[5, 3, 12]), &options).unwrap();
+    assert_eq!(specs[0].stack, Stack::Axis);
+}
+
+/// What no field reads: a preset refuses a floating tensor of two or more dims (fp8 too), and
+/// one of a dtype hspack does not store only with --delete-source; the generic layout refuses
+/// any tensor, and a part of a group, nothing reads, only with --delete-source.
+#[test]
+fn what_no_field_reads_is_refused_where_it_would_be_lost() {
+    let ids = FieldSpec::new("input_ids", "ids", Role::TokenIds);
+    let held = |extra: Vec<TensorInfo>, unsupported: Vec<UnsupportedInfo>| Held {
+        tensors: [vec![info("ids", DType::I64, &[4])], extra].concat(),
+        unsupported,
+        parts: Vec::new(),
+    };
+    let keep = LayoutOptions::default();
+    let delete = LayoutOptions {
+        delete_source: true,
+        ..LayoutOptions::default()
+    };
+    let specs = std::slice::from_ref(&ids);
+    let fp8 = held(vec![info("t", DType::F8E4M3FN, &[1, 4, 8])], vec![]);
+    for options in [&keep, &delete] {
+        let e = refuse_left_out(Preset::SpecForge, specs, &fp8, options).unwrap_err();
+        assert!(
+            matches!(&e, LayoutError::LeftOut { tensor, .. } if tensor == "t"),
+            "{e:?}"
+        );
+    }
+    let u16 = UnsupportedInfo {
+        name: "u".into(),
+        dtype: "torch.uint16".into(),
+        shape: vec![1, 4, 8],
+    };
+    let odd = held(vec![], vec![u16]);
+    assert!(refuse_left_out(Preset::SpecForge, specs, &odd, &keep).is_ok());
+    let e = refuse_left_out(Preset::SpecForge, specs, &odd, &delete).unwrap_err();
+    assert!(e.to_string().contains("torch.uint16"), "{e}");
+    // A small integer tensor is the preset's to leave out; the generic layout's to refuse.
+    let small = held(vec![info("lens", DType::I64, &[2])], vec![]);
+    assert!(refuse_left_out(Preset::SpecForge, specs, &small, &delete).is_ok());
+    assert!(refuse_left_out(Preset::Generic, specs, &small, &keep).is_ok());
+    let e = refuse_left_out(Preset::Generic, specs, &small, &delete).unwrap_err();
+    assert!(
+        matches!(&e, LayoutError::Unread { tensor, .. } if tensor == "lens"),
+        "{e:?}"
+    );
+    let besides = LayoutOptions {
+        read_besides: vec!["lens".into()],
+        ..delete.clone()
+    };
+    assert!(refuse_left_out(Preset::Generic, specs, &small, &besides).is_ok());
+    // A part of a group nothing reads (here, one holding no tensor at all).
+    let group = Held {
+        parts: vec!["meta".into(), "L30".into()],
+        tensors: vec![info("meta.ids", DType::I64, &[4])],
+        unsupported: Vec::new(),
+    };
+    let meta = FieldSpec::new("input_ids", "meta.ids", Role::TokenIds);
+    let e = refuse_left_out(Preset::Generic, &[meta], &group, &delete).unwrap_err();
+    assert!(
+        matches!(&e, LayoutError::UnreadPart { part, .. } if part == "L30"),
+        "{e:?}"
     );
 }

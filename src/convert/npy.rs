@@ -179,6 +179,15 @@ impl NpyFile {
         NpyFile::from_backing(path, map_file(path)?, Limits::default())
     }
 
+    /// Parses a `.npy` file already in memory; `file` names it in errors.
+    pub fn from_bytes(
+        bytes: Vec<u8>,
+        file: &Path,
+        limits: Limits,
+    ) -> Result<NpyFile, ConvertError> {
+        NpyFile::from_backing(file, Backing::from_vec(bytes), limits)
+    }
+
     pub(crate) fn from_backing(
         path: &Path,
         backing: Backing,

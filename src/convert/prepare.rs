@@ -10,8 +10,8 @@ use crate::store::captures::{written_digest, CaptureConfig};
 
 use super::keys::{stored_keys, StoredKeys};
 use super::layout::{
-    check_field, field_bytes, field_part, refuse_unconverted, FieldSpec, LayoutError,
-    LayoutOptions, Part, Preset,
+    check_field, field_bytes, field_part, refuse_unconverted, FieldSpec, LayoutOptions, Part,
+    Preset,
 };
 use super::unit_error::{tensor_error, unit_error, SplitError, UnitError, UnitProblem};
 use super::units::{Inputs, Unit};
@@ -285,13 +285,8 @@ impl Decoder {
     ) -> Result<Prepared, UnitError> {
         let inputs = Inputs::open(unit, self.limits)?;
         let (preset, options) = &self.layout;
-        refuse_unconverted(*preset, &self.specs, &inputs.tensors(), options).map_err(|e| {
-            let tensor = match &e {
-                LayoutError::LeftOut { tensor, .. } | LayoutError::NotInSchema { tensor, .. } => {
-                    tensor.clone()
-                }
-                _ => String::new(),
-            };
+        refuse_unconverted(*preset, &self.specs, &inputs.held(), options).map_err(|e| {
+            let tensor = e.tensor().unwrap_or_default().to_string();
             tensor_error(&inputs, &tensor, e)
         })?;
         let mut pieces = Vec::with_capacity(self.specs.len());

@@ -35,6 +35,8 @@ pub struct Header {
     /// Tensors of a dtype hspack does not store, with that dtype's name: left out of
     /// `tensors`, refused only when read.
     pub unsupported: Vec<(String, String)>,
+    /// The shape of each tensor of `unsupported`, in its order.
+    pub unsupported_shapes: Vec<Vec<u64>>,
 }
 
 /// The safetensors dtype names hspack reads.
@@ -91,6 +93,7 @@ pub fn parse(bytes: &[u8], file: &Path) -> Result<Header, ConvertError> {
     let mut metadata = BTreeMap::new();
     let mut tensors = Vec::with_capacity(raw.len());
     let mut unsupported = Vec::new();
+    let mut unsupported_shapes = Vec::new();
     for (name, v) in raw {
         if name == "__metadata__" {
             metadata = serde_json::from_value(v).map_err(|e| {
@@ -116,6 +119,7 @@ pub fn parse(bytes: &[u8], file: &Path) -> Result<Header, ConvertError> {
                 });
             }
             unsupported.push((name, info.dtype));
+            unsupported_shapes.push(info.shape);
             continue;
         };
         let expected = info
@@ -171,6 +175,7 @@ pub fn parse(bytes: &[u8], file: &Path) -> Result<Header, ConvertError> {
         tensors,
         metadata,
         unsupported,
+        unsupported_shapes,
     })
 }
 

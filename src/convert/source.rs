@@ -24,6 +24,18 @@ pub struct TensorInfo {
     pub shape: Vec<u64>,
 }
 
+/// A tensor of a dtype hspack does not store (complex, unsigned wider than 8 bits, ...): left
+/// out of [`SourceFile::tensors`], refused when a field reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnsupportedInfo {
+    /// Flattened path, as in [`TensorInfo::name`].
+    pub name: String,
+    /// The dtype as the file names it (`torch.uint16`, `C64`, ...).
+    pub dtype: String,
+    /// Size of each dimension.
+    pub shape: Vec<u64>,
+}
+
 /// A tensor's data: C-contiguous, little-endian, borrowed from the file when possible.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SourceTensor<'a> {
@@ -236,24 +248,36 @@ impl SourceFile {
         }
     }
 
-    /// Tensors of a dtype hspack does not store, by name (flattened as in
-    /// [`SourceFile::tensors`], which leaves them out) with the dtype's name. Reading one is
-    /// an [`ConvertError::UnsupportedDType`] error; the rest of the file reads.
-    pub fn unsupported(&self) -> Vec<(String, String)> {
+    /// Tensors of a dtype hspack does not store (named as in [`SourceFile::tensors`], which
+    /// leaves them out). Reading one is an [`ConvertError::UnsupportedDType`] error; the rest
+    /// of the file reads.
+    pub fn unsupported(&self) -> Vec<UnsupportedInfo> {
         match &self.inner {
             Inner::Torch(t) => t.value().unsupported_tensors(),
-            Inner::Safetensors(s) => s.header().unsupported.clone(),
+            Inner::Safetensors(s) => {
+                let h = s.header();
+                let shapes = h.unsupported_shapes.iter();
+                h.unsupported
+                    .iter()
+                    .zip(shapes)
+                    .map(|((name, dtype), shape)| UnsupportedInfo {
+                        name: name.clone(),
+                        dtype: dtype.clone(),
+                        shape: shape.clone(),
+                    })
+                    .collect()
+            }
             Inner::Npy(_) => Vec::new(),
         }
     }
 
     /// The tensor called `name` (as listed by [`SourceFile::tensors`]) with its bytes.
     pub fn tensor(&self, name: &str) -> Result<SourceTensor<'_>, ConvertError> {
-        let missing = || match self.unsupported().into_iter().find(|(n, _)| n == name) {
-            Some((_, dtype)) => ConvertError::UnsupportedDType {
+        let missing = || match self.unsupported().into_iter().find(|u| u.name == name) {
+            Some(u) => ConvertError::UnsupportedDType {
                 file: self.path.clone(),
                 tensor: name.to_string(),
-                dtype,
+                dtype: u.dtype,
             },
             None => ConvertError::Missing {
                 file: self.path.clone(),

@@ -5,7 +5,7 @@ use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use super::layout::Preset;
+use super::layout::{Held, Preset};
 use super::{open_source_with, ConvertError, Limits, SourceFile, SourceTensor, TensorInfo};
 
 /// Extensions stripped from a relative path to make its key (after `.gz`).
@@ -24,6 +24,8 @@ pub struct Unit {
     pub split_file: Option<PathBuf>,
     /// Parts other groups have and this one lacks, with the file the pattern names for each.
     pub missing: Vec<(String, PathBuf)>,
+    /// [`Unit::identity`], taken when first asked.
+    pub identity: std::sync::OnceLock<String>,
 }
 
 /// Orders names as people number files: runs of digits compare as numbers (`data_2` before
@@ -189,23 +191,27 @@ fn walk(dir: &Path, above: &mut Vec<(u64, u64)>, found: &mut Walk) -> Result<(),
 
 impl Unit {
     /// What tells this unit's files apart from files written again under their names: each
-    /// one's length, modification time and inode. Empty where one cannot be read.
-    pub fn identity(&self) -> String {
-        use std::os::unix::fs::MetadataExt;
-        let mut out = String::new();
-        for path in self.files.iter().map(|f| &f.1).chain(&self.split_file) {
-            let Ok(m) = std::fs::metadata(path) else {
-                return String::new();
-            };
-            out.push_str(&format!(
-                "{}:{}.{}:{};",
-                m.len(),
-                m.mtime(),
-                m.mtime_nsec(),
-                m.ino()
-            ));
-        }
-        out
+    /// one's length, modification time and inode. Empty where one cannot be read. Taken once,
+    /// when first asked (planning, where a key log is kept), so the log records the files as
+    /// they were when the run chose to read them, without a second `stat` of each.
+    pub fn identity(&self) -> &str {
+        self.identity.get_or_init(|| {
+            use std::os::unix::fs::MetadataExt;
+            let mut out = String::new();
+            for path in self.files.iter().map(|f| &f.1).chain(&self.split_file) {
+                let Ok(m) = std::fs::metadata(path) else {
+                    return String::new();
+                };
+                out.push_str(&format!(
+                    "{}:{}.{}:{};",
+                    m.len(),
+                    m.mtime(),
+                    m.mtime_nsec(),
+                    m.ino()
+                ));
+            }
+            out
+        })
     }
 }
 
@@ -338,6 +344,7 @@ pub fn plan(
             bytes: 0,
             split_file: split_file.map(|p| split_file_of(p, &path)),
             missing: Vec::new(),
+            identity: Default::default(),
         });
         unit.files.push((part, path));
         unit.bytes += len;
@@ -445,12 +452,12 @@ impl Inputs {
     /// The error for reading `name` when it is a tensor of a dtype hspack does not store.
     pub fn unsupported(&self, name: &str) -> Option<ConvertError> {
         for (part, f) in &self.files {
-            for (n, dtype) in f.unsupported() {
-                if Self::qualify(part, &n) == name {
+            for u in f.unsupported() {
+                if Self::qualify(part, &u.name) == name {
                     return Some(ConvertError::UnsupportedDType {
                         file: f.path().to_path_buf(),
                         tensor: name.to_string(),
-                        dtype,
+                        dtype: u.dtype,
                     });
                 }
             }
@@ -458,13 +465,44 @@ impl Inputs {
         None
     }
 
-    /// The file holding the tensor called `name`: the part's whose tensors it is among, else
-    /// the unit's first file.
+    /// What the files hold: every tensor (of a dtype hspack stores or not) and the parts.
+    pub fn held(&self) -> Held {
+        let mut unsupported = Vec::new();
+        for (part, f) in &self.files {
+            for mut u in f.unsupported() {
+                u.name = Self::qualify(part, &u.name);
+                unsupported.push(u);
+            }
+        }
+        Held {
+            tensors: self.tensors(),
+            unsupported,
+            parts: self
+                .files
+                .iter()
+                .map(|(p, _)| p.clone())
+                .filter(|p| !p.is_empty())
+                .collect(),
+        }
+    }
+
+    /// The file holding the tensor called `name`: the part's whose tensors (of a dtype
+    /// hspack stores or not) it is among, else the file of the part `name` is in, else the
+    /// unit's first file.
     pub fn file_of(&self, name: &str) -> &Path {
+        let holds = |part: &str, f: &SourceFile| {
+            in_part(part, name).is_some_and(|inner| {
+                f.tensors().iter().any(|t| t.name == inner)
+                    || f.unsupported().iter().any(|u| u.name == inner)
+            })
+        };
         self.files
             .iter()
-            .find(|(part, f)| {
-                in_part(part, name).is_some_and(|inner| f.tensors().iter().any(|t| t.name == inner))
+            .find(|(part, f)| holds(part, f))
+            .or_else(|| {
+                self.files
+                    .iter()
+                    .find(|(part, _)| !part.is_empty() && in_part(part, name).is_some())
             })
             .map_or(self.path(), |(_, f)| f.path())
     }

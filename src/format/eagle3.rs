@@ -26,14 +26,14 @@ pub const LOSS_MASK: &str = "loss_mask";
 pub const AUX_HIDDEN_STATE: &str = "aux_hidden_state";
 /// The start of the name of a field holding one layer's hidden state: [`hidden_field`].
 pub const HIDDEN_PREFIX: &str = "hidden.";
-/// The name of the final-norm state's field when its layer id is not given (Python's
-/// `hspack.hidden_state(..., point="final_norm")`).
-pub const HIDDEN_FINAL: &str = "hidden.final";
 /// The attention mask that SpecForge's dataset items and collator carry, and `PadCollate` adds
 /// (1 on real tokens).
 pub const ATTENTION_MASK: &str = "attention_mask";
 
-/// The field holding the hidden state of layer id `layer`: `hidden.{layer}`.
+/// The field holding the hidden state of layer id `layer`: `hidden.{layer}`. The final norm's
+/// output is the id one past the last decoder layer (`num_layers`, HF's `hidden_states[-1]`), so
+/// a 61-layer model's target is `hidden.61`, whoever writes it: capture, `convert` or Python's
+/// `hspack.hidden_state(61, H, point="final_norm")`.
 pub fn hidden_field(layer: u32) -> String {
     format!("{HIDDEN_PREFIX}{layer}")
 }
@@ -106,13 +106,12 @@ pub const SPECULATORS_TOKEN_IDS: &str = "token_ids";
 pub const SPECULATORS_HIDDEN_STATES: &str = "hidden_states";
 
 /// The field names hspack writes, as `(part, name)`: the parts are `input_ids`, `loss_mask`,
-/// `aux` ([`AUX_HIDDEN_STATE`]), `hidden_prefix` and `hidden_final`.
-pub const FIELDS: [(&str, &str); 5] = [
+/// `aux` ([`AUX_HIDDEN_STATE`]) and `hidden_prefix`.
+pub const FIELDS: [(&str, &str); 4] = [
     ("input_ids", INPUT_IDS),
     ("loss_mask", LOSS_MASK),
     ("aux", AUX_HIDDEN_STATE),
     ("hidden_prefix", HIDDEN_PREFIX),
-    ("hidden_final", HIDDEN_FINAL),
 ];
 
 #[cfg(test)]
@@ -130,7 +129,6 @@ mod tests {
                 ("loss_mask", "loss_mask"),
                 ("aux", "aux_hidden_state"),
                 ("hidden_prefix", "hidden."),
-                ("hidden_final", "hidden.final"),
             ]
         );
         assert_eq!(
@@ -162,9 +160,9 @@ mod tests {
     fn hidden_field_names_round_trip() {
         assert_eq!(hidden_field(61), "hidden.61");
         assert_eq!(hidden_field_layer("hidden.61"), Some(61));
-        assert_eq!(hidden_field_layer(HIDDEN_FINAL), None);
+        assert_eq!(hidden_field_layer("hidden.final"), None);
         assert_eq!(hidden_field_layer(AUX_HIDDEN_STATE), None);
-        for name in [INPUT_IDS, LOSS_MASK, AUX_HIDDEN_STATE, HIDDEN_FINAL] {
+        for name in [INPUT_IDS, LOSS_MASK, AUX_HIDDEN_STATE] {
             crate::format::schema::check_field_name(name).unwrap();
         }
         crate::format::schema::check_field_name(&hidden_field(u32::MAX)).unwrap();

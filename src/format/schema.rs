@@ -473,7 +473,6 @@ mod tests {
             "aux_hidden_state",
             "hidden_states",
             "hidden.61",
-            "hidden.final",
             "aux.0",
             "f8e4m3fn",
             "x",

@@ -195,13 +195,17 @@ impl Value {
         }
     }
 
-    /// Every tensor of a dtype hspack does not store, with its path (as in [`Value::tensors`])
-    /// and dtype name.
-    pub fn unsupported_tensors(&self) -> Vec<(String, String)> {
+    /// Every tensor of a dtype hspack does not store, with its path (as in [`Value::tensors`]),
+    /// dtype name and shape.
+    pub fn unsupported_tensors(&self) -> Vec<crate::convert::UnsupportedInfo> {
         let mut out = Vec::new();
         walk(self, &mut String::new(), &mut |path, v| {
-            if let Value::UnsupportedTensor { dtype, .. } = v {
-                out.push((path.to_string(), dtype.clone()));
+            if let Value::UnsupportedTensor { dtype, shape } = v {
+                out.push(crate::convert::UnsupportedInfo {
+                    name: path.to_string(),
+                    dtype: dtype.clone(),
+                    shape: shape.clone(),
+                });
             }
         });
         out

@@ -386,8 +386,11 @@ impl<'a> Machine<'a> {
             Node::Set(items) => Shape::Set(items.clone()),
             Node::Dict(items, _) => Shape::Dict(items.clone()),
         };
+        // Each element built takes a `Value`'s size besides what its leaves hold: charged at
+        // that size (not 8 bytes), so the budget bounds the memory a memo bomb would build.
+        let slot = std::mem::size_of::<Value>() as u64;
         let all = |m: &mut Self, ids: Vec<Id>| -> Result<Vec<Value>, ConvertError> {
-            m.charge(ids.len() as u64 * 8)?;
+            m.charge(ids.len() as u64 * slot)?;
             ids.into_iter().map(|i| m.expand(i, depth + 1)).collect()
         };
         Ok(match shape {
@@ -395,6 +398,7 @@ impl<'a> Machine<'a> {
             Shape::Tuple(ids) => Value::Tuple(all(self, ids)?),
             Shape::Set(ids) => Value::Set(all(self, ids)?),
             Shape::Dict(pairs) => {
+                self.charge(pairs.len() as u64 * 2 * slot)?;
                 let mut out = Vec::with_capacity(pairs.len());
                 for (k, v) in pairs {
                     out.push((self.expand(k, depth + 1)?, self.expand(v, depth + 1)?));

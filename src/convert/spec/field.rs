@@ -17,7 +17,8 @@
 //!   layer each named `SRC1+SRC2+...` (e.g. `aux.0+aux.1+aux.2`, or `layer_2+layer_30+layer_58`
 //!   with `--group-by`), interleaved per token;
 //! - `stack=concat|axis`: how a single source holds the k layers, when the first file's shape
-//!   does not tell (a `[1, k, k·H]` tensor); by default `axis` when its second-last dim is k;
+//!   does not tell (a `[1, k, k·H]` tensor, which both fit: refused without `stack=`); by
+//!   default the one the first file's shape fits;
 //! - `point=layer-input|layer-output|final-norm`: where the state was taken; by default the
 //!   `--point` given for all, else final-norm for the id equal to `--num-layers`, else
 //!   layer-input (the HF `hidden_states[i]` convention);

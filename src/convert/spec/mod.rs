@@ -74,6 +74,10 @@ pub struct ConvertSpec {
     /// (`--delete-source`).
     #[serde(default)]
     pub delete_source: bool,
+    /// With `delete_source`, delete sources the dataset does not hold exactly too: those
+    /// converted with `quantize` or `trim_padding` (`--delete-lossy-source`).
+    #[serde(default)]
+    pub delete_lossy_source: bool,
     /// List bad files in the report and go on, instead of stopping (`--skip-bad`).
     #[serde(default)]
     pub skip_bad: bool,
@@ -208,6 +212,23 @@ pub enum SpecError {
         /// What to do instead.
         what: &'static str,
     },
+    /// Deleting sources the dataset holds only in part or approximately, without saying so.
+    #[error(
+        "--delete-source with {option} {value}: {why}, so deleting the sources would lose \
+         what the dataset does not hold; keep the sources (leave out --delete-source), or add \
+         --delete-lossy-source to delete them all the same"
+    )]
+    DeleteLossy {
+        /// The flag that makes the dataset differ from the sources.
+        option: &'static str,
+        /// Its value.
+        value: String,
+        /// What the dataset lacks.
+        why: &'static str,
+    },
+    /// `--delete-lossy-source` without `--delete-source`.
+    #[error("--delete-lossy-source goes with --delete-source, which it extends")]
+    LossyWithoutDelete,
     /// Deleting sources without fsync.
     #[error("--delete-source needs durable commits: sources are deleted only after their shard is fsynced")]
     DeleteNeedsFsync,
@@ -240,7 +261,8 @@ impl SpecError {
             SpecError::Trim { .. } => "trim_padding",
             SpecError::Codec { .. } => "codec",
             SpecError::Quantize(_) => "quantize",
-            SpecError::DeleteNeedsFsync => "delete_source",
+            SpecError::DeleteNeedsFsync | SpecError::DeleteLossy { .. } => "delete_source",
+            SpecError::LossyWithoutDelete => "delete_lossy_source",
             SpecError::NeedsLocalFile { option, .. } => option,
             SpecError::SplitFileAlone | SpecError::SplitFileName { .. } => "split_by_file",
         }
@@ -321,6 +343,7 @@ impl ConvertSpec {
             key_from: None,
             trim_padding: None,
             delete_source: false,
+            delete_lossy_source: false,
             skip_bad: false,
             report: None,
             jobs: None,
@@ -338,6 +361,46 @@ impl ConvertSpec {
     /// must agree with (layer counts, tensor names) is checked on the first file, by the job.
     pub fn check(&self) -> Result<(), SpecError> {
         self.resolve().map(drop)
+    }
+
+    /// Refuses `--delete-source` where the dataset will not hold the sources exactly, unless
+    /// `--delete-lossy-source` says to delete them all the same.
+    fn check_lossy_delete(&self) -> Result<(), SpecError> {
+        if self.delete_lossy_source && !self.delete_source {
+            return Err(SpecError::LossyWithoutDelete);
+        }
+        if !self.delete_source || self.delete_lossy_source {
+            return Ok(());
+        }
+        if let Some(q) = &self.quantize {
+            return Err(SpecError::DeleteLossy {
+                option: "--quantize",
+                value: q.clone(),
+                why: "the dataset holds those fields as FP8, an approximation of the source \
+                      values",
+            });
+        }
+        if let Some(t) = &self.trim_padding {
+            return Err(SpecError::DeleteLossy {
+                option: "--trim-padding",
+                value: match t {
+                    Trim::LossMask => "mask".into(),
+                    Trim::TokenIds { pad } => format!("ids:{pad}"),
+                },
+                why: "the dataset leaves out the rows it trims, which are not always padding \
+                      (rows after the last loss-mask row of an unpadded file are tokens)",
+            });
+        }
+        Ok(())
+    }
+
+    /// The names the job reads besides the fields' sources: the `--key-from` value and the
+    /// `--split-by` tensor.
+    fn read_besides(&self) -> Vec<String> {
+        let split = self.split_by.as_ref().map(|s| match s {
+            SplitBy::Lengths(t) | SplitBy::CuSeqlens(t) => t.clone(),
+        });
+        self.key_from.iter().cloned().chain(split).collect()
     }
 
     /// Checks the spec and resolves it: capture points parsed, the generic layout's fields
@@ -370,6 +433,7 @@ impl ConvertSpec {
         if self.delete_source && !self.fsync {
             return Err(SpecError::DeleteNeedsFsync);
         }
+        self.check_lossy_delete()?;
         if crate::io::is_remote(&self.dst) {
             if self.key_from.is_some() {
                 return Err(SpecError::NeedsLocalFile {
@@ -404,6 +468,8 @@ impl ConvertSpec {
                 hidden_size: self.hidden_size,
                 fields,
                 split_layers: self.split_layers,
+                delete_source: self.delete_source,
+                read_besides: self.read_besides(),
             },
             group_by: self.group_by.clone(),
             split_by: self.split_by.clone(),

@@ -119,6 +119,33 @@ fn a_bad_spec_is_refused_naming_the_option() {
         ),
         (
             ConvertSpec {
+                delete_source: true,
+                quantize: Some("fp8".into()),
+                ..base()
+            },
+            "delete_source",
+            "--delete-source with --quantize fp8: the dataset holds those fields as FP8",
+        ),
+        (
+            ConvertSpec {
+                delete_source: true,
+                trim_padding: Some(Trim::LossMask),
+                ..base()
+            },
+            "delete_source",
+            "--delete-source with --trim-padding mask: the dataset leaves out the rows",
+        ),
+        (
+            ConvertSpec {
+                delete_lossy_source: true,
+                quantize: Some("fp8".into()),
+                ..base()
+            },
+            "delete_lossy_source",
+            "--delete-lossy-source goes with --delete-source",
+        ),
+        (
+            ConvertSpec {
                 codec: "lz4".into(),
                 ..base()
             },
@@ -155,6 +182,15 @@ fn a_bad_spec_is_refused_naming_the_option() {
         assert_eq!(e.option(), option, "{e}");
         assert!(e.to_string().contains(message), "{e}");
     }
+    // Said on purpose, lossy options and --delete-source go together.
+    let lossy = ConvertSpec {
+        delete_source: true,
+        delete_lossy_source: true,
+        quantize: Some("fp8".into()),
+        trim_padding: Some(Trim::TokenIds { pad: 0 }),
+        ..base()
+    };
+    assert!(lossy.check().is_ok());
     assert!("lengths".parse::<SplitBy>().is_ok());
     let e = "offsets:t".parse::<SplitBy>().unwrap_err();
     assert_eq!(e.option(), "split_by");
