@@ -808,11 +808,15 @@ fn first_mistakes_name_the_next_step() {
         1,
         "nothing written beside notes.txt"
     );
-    // What a run that failed before its first commit leaves, and a volume's lost+found, are
-    // no other files: the run goes on there.
+    // What a run killed before its first commit leaves (temp files), and a volume's
+    // lost+found, are no other files: the run goes on there.
     let left = t.path().join("left");
     std::fs::create_dir_all(left.join("lost+found")).unwrap();
-    std::fs::write(left.join("shard-000000.hsp"), b"a shard of a failed run").unwrap();
+    std::fs::write(
+        left.join("shard-000000.hsp.tmp"),
+        b"a shard of a killed run",
+    )
+    .unwrap();
     std::fs::write(left.join("convert-keys.jsonl"), b"").unwrap();
     let args = convert("left", &["--layers", "2,30,58,61", "--num-layers", "61"]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();

@@ -115,6 +115,11 @@ pub struct Args {
     /// committed need free space: about 1.5 × jobs shards.
     #[arg(long)]
     delete_source: bool,
+    /// With --delete-source, delete the sources even where the dataset does not hold them
+    /// exactly: with --quantize (FP8 approximations) or --trim-padding (rows left out), which
+    /// --delete-source alone refuses.
+    #[arg(long)]
+    delete_lossy_source: bool,
     /// List bad files in the report and go on instead of stopping; the exit code is then 3
     /// when any file was skipped.
     #[arg(long)]
@@ -194,6 +199,7 @@ fn spec(a: &Args) -> anyhow::Result<ConvertSpec> {
         key_from: a.key_from.clone(),
         trim_padding: a.trim_padding.as_deref().map(str::parse).transpose()?,
         delete_source: a.delete_source,
+        delete_lossy_source: a.delete_lossy_source,
         skip_bad: a.skip_bad,
         report: a.report.clone(),
         jobs: a.jobs,

@@ -9,7 +9,7 @@ use super::EXIT_DAMAGED;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Dataset folders.
+    /// The datasets: folders, URLs (s3://bucket/prefix, gs://, az://, https://) or STORE/NAME.
     #[arg(required = true)]
     dirs: Vec<PathBuf>,
 }

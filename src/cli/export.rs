@@ -21,7 +21,7 @@ enum To {
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Dataset folder.
+    #[arg(help = super::DATASET)]
     dir: PathBuf,
     /// Sample key (or `#ORDINAL`).
     key: String,

@@ -12,7 +12,7 @@ use super::{human_bytes, shape_text};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Dataset folder.
+    #[arg(help = super::DATASET)]
     dir: PathBuf,
     /// Print JSON.
     #[arg(long)]
@@ -44,7 +44,6 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             "bytes": bytes,
             "raw_bytes": raw,
             "schema": m.schema,
-            "samples_table": m.samples_table,
             "segments": m.segments.len(),
             "table_files": m.table_files().iter().map(|t| &t.file).collect::<Vec<_>>(),
             "manifest_blake3": manifest_hash,

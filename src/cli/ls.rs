@@ -8,7 +8,7 @@ use hspack::{Dataset, Sample};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Dataset folder.
+    #[arg(help = super::DATASET)]
     dir: PathBuf,
     /// Print JSON lines.
     #[arg(long)]

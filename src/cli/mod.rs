@@ -20,6 +20,12 @@ mod show;
 mod store;
 mod verify;
 
+/// What a dataset argument may be, as `--help` says it: every command opens it with
+/// `hspack::store::open_location`.
+const DATASET: &str =
+    "The dataset: a folder, a URL (s3://bucket/prefix, gs://, az://, https://) or \
+     STORE/NAME, a dataset in a store";
+
 /// Store and move LLM hidden states: checksummed, indexed, zero-copy.
 #[derive(Parser)]
 #[command(name = "hspack", version, about, long_about = None)]

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Dataset folder.
+    #[arg(help = super::DATASET)]
     dir: PathBuf,
 }
 

@@ -10,7 +10,7 @@ use super::shape_text;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Dataset folder.
+    #[arg(help = super::DATASET)]
     dir: PathBuf,
     /// Sample key (or `#ORDINAL`).
     key: String,

@@ -305,6 +305,12 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
 fn say_damaged(store: &Path, u: &usage::StoreUsage) -> bool {
     let damaged: Vec<_> = u.datasets.iter().filter(|d| d.damaged.is_some()).collect();
     for d in &damaged {
+        let said = d.damaged.as_deref().unwrap_or_default();
+        if said.contains("hspack store rm") {
+            // It says what to do already (a dataset's file that does not decode).
+            eprintln!("hspack: {}/{}: DAMAGED: {said}", store.display(), d.name);
+            continue;
+        }
         eprintln!(
             "hspack: {}/{}: DAMAGED, its sizes are partial: {}; `hspack store verify {}` \
              names what is wrong: restore the dataset from a copy, or remove it with \

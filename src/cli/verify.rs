@@ -11,7 +11,7 @@ use super::{gbps, EXIT_DAMAGED};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Dataset folder.
+    #[arg(help = super::DATASET)]
     dir: PathBuf,
     /// Check footers, indexes, and shard and chunk headers only, not the payload bytes.
     #[arg(long)]
