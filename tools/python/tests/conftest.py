@@ -29,7 +29,7 @@ def eagle_sample(i: int) -> dict:
     }
     for layer in LAYERS:
         out[f"hidden.{layer}"] = torch.randn(t, H, generator=g).to(torch.bfloat16)
-    out["hidden.final"] = torch.randn(t, H, generator=g).to(torch.bfloat16)
+    out["hidden.7"] = torch.randn(t, H, generator=g).to(torch.bfloat16)
     return out
 
 

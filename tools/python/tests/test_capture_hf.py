@@ -496,3 +496,77 @@ def test_extract_command_quantize_stores_fp8_near_the_exact_capture(tmp_path, ca
             assert f["differing"] == 0, f
         else:
             assert 0 < f["rel_l2"] < 0.06 and f["cosine_min"] > 0.99, f
+
+
+def small_llama(**extra):
+    """A 3-layer Llama of random weights (vocab 100), in training mode as built."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, **extra)
+    return LlamaForCausalLM(cfg)
+
+
+def test_a_model_in_training_mode_is_captured_without_dropout_and_left_in_training_mode():
+    """Capturing mid-training: the decoder runs in eval mode (no dropout), so the rows are
+    the eval model's, and every module is back in its own mode afterwards (a module the
+    user froze in eval stays in eval)."""
+    lm = small_llama(attention_dropout=0.5)
+    samples = make_samples([5, 3, 7], seed=5)
+    samples = [Sample(s.key, [t % 100 for t in s.input_ids], s.loss_mask) for s in samples]
+    want = MemorySink()
+    capture_samples(lm.eval(), samples, [1, 3], want, batch_size=2)
+    lm.train()
+    lm.model.layers[1].mlp.eval()
+    got = MemorySink()
+    capture_samples(lm, samples, [1, 3], got, batch_size=2)
+    for s in samples:
+        for name in ("hidden.1", "hidden.3"):
+            assert torch.equal(got[s.key][name], want[s.key][name]), (s.key, name)
+    assert lm.training and lm.model.layers[0].self_attn.training and lm.model.training
+    assert not lm.model.layers[1].mlp.training and not lm.model.layers[1].mlp.act_fn.training
+    # HFCapture itself too, batch by batch.
+    with HFCapture(lm, [2]) as cap:
+        ids = torch.tensor([samples[0].input_ids])
+        rows = cap.run(ids, torch.ones_like(ids))
+        assert lm.training
+    ref = alone(lm.eval(), samples[0].input_ids)
+    assert torch.equal(rows[0][2], ref[2][0])
+
+
+@pytest.mark.parametrize("pad_id", [-1, 100, 7])
+def test_a_pad_id_outside_the_vocabulary_pads_with_a_valid_id(pad_id):
+    """`pad_token_id=-1` (or one past the vocabulary), as configs and tokenizers may say:
+    padded positions are masked, so padding with a valid id gives the same rows as pad 0."""
+    lm = small_llama().eval()
+    samples = [Sample("a", [1, 2, 3, 4], [1] * 4), Sample("b", [5, 6], [1] * 2)]
+    for side in ("right", "left"):
+        want, got = MemorySink(), MemorySink()
+        capture_samples(lm, samples, [1, 3], want, pad_id=0, padding_side=side)
+        capture_samples(lm, samples, [1, 3], got, pad_id=pad_id, padding_side=side)
+        for s in samples:
+            for name in ("hidden.1", "hidden.3"):
+                assert torch.equal(got[s.key][name], want[s.key][name]), (side, s.key, name)
+
+
+def test_resume_refuses_a_held_sample_not_yet_committed(tmp_path):
+    """A key appended to an open writer but not committed cannot be read back to check its
+    tokens: capturing it again through the same writer is refused naming it (not counted
+    as resumed), and once committed the usual token check applies."""
+    import hspack
+
+    from hspack.capture import CapturePoints
+    from hspack.capture.reuse import CaptureCounts
+
+    lm = small_llama().eval()
+    schema = CapturePoints.select(3, [1]).schema(32, torch.float32)
+    with hspack.Writer(str(tmp_path / "ds"), schema) as w:
+        assert capture_samples(lm, [Sample("a", [1, 2, 3, 4], [1] * 4)], [1], w) == 1
+        counts = CaptureCounts()
+        with pytest.raises(UnsupportedSetup, match=r"sample `a` was appended .* not committed.*commit the writer"):
+            capture_samples(lm, [Sample("a", [9, 9], [1] * 2)], [1], w, counts=counts)
+        w.commit()
+        with pytest.raises(RowMismatch, match=r"holds sample `a`.*4 entries, the prompt's 2"):
+            capture_samples(lm, [Sample("a", [9, 9], [1] * 2)], [1], w)
+        assert capture_samples(lm, [Sample("a", [1, 2, 3, 4], [1] * 4)], [1], w) == 0

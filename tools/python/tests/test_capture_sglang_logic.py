@@ -327,3 +327,62 @@ def test_stacked_points_store_the_auxiliary_layers_in_one_field():
         want = torch.stack([full_rows(index_of(rid), n, i) for i in aux], 1)
         assert torch.equal(got["aux_hidden_state"], want), rid
         assert torch.equal(got[f"hidden.{last}"], full_rows(index_of(rid), n, last)), rid
+
+
+@pytest.mark.parametrize("mode", [*names.MODES_REFUSED, "NEW_MODE"])
+def test_hooks_refuse_passes_of_refused_and_unknown_modes(mode):
+    """A prefill pass the adapter does not capture (mixed chunk, split prefill, a mode of a
+    newer SGLang) reaches the stitcher's refusal through the installed hooks: nothing is
+    dropped silently."""
+    torch.manual_seed(0)
+    model = Wrapper().eval()
+    sink = MemorySink(POINTS.schema(H, torch.float32))
+    st = PrefillStitcher(POINTS, PROMPTS, sink)
+    SGLangCapture(model, st).install()
+    mode = getattr(ForwardMode, mode, mode)
+    with pytest.raises(UnsupportedSetup, match="forward mode"):
+        run_pass(model, [("r1", 0, 4)], mode=mode)
+    assert len(sink) == 0 and not st.pending
+    # Ignored modes still pass untouched, and the next extend pass is captured.
+    run_pass(model, [("r1", 0, 1)], mode=ForwardMode.DECODE)
+    run_pass(model, [("r1", 0, 4)])
+    assert sorted(sink) == ["r1"]
+
+
+class CaptureOutputLayer(nn.Module):
+    """SGLang's LlamaDecoderLayer.forward signature: a collector passed as `capture_output`."""
+
+    def forward(self, positions, hidden_states, forward_batch, capture_output=None):
+        return hidden_states
+
+
+class LlamaLikeModel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(100, H)
+        self.layers = nn.ModuleList(CaptureOutputLayer() for _ in range(NUM_LAYERS))
+        self.norm = nn.LayerNorm(H)
+        self.layers_to_capture = []
+
+    def forward(self, input_ids, positions, forward_batch):
+        h = self.embed_tokens(input_ids)
+        for layer in self.layers:
+            h = layer(positions, h, forward_batch, capture_output=None)
+        return self.norm(h)
+
+
+def test_install_refuses_layers_that_take_no_collector():
+    """A decoder whose layers take no `captured_last_layer_outputs` (SGLang's Llama and Qwen
+    take `capture_output=`) is refused at install, naming the class, not with a TypeError
+    in the first pass; final-norm-only capture hooks no layer and installs."""
+    model = LlamaLikeModel()
+    cap = SGLangCapture(model, PrefillStitcher(POINTS, PROMPTS, MemorySink()))
+    with pytest.raises(UnsupportedSetup, match=r"CaptureOutputLayer, whose forward takes no "
+                                               r"'captured_last_layer_outputs'.*DeepseekV2DecoderLayer"):
+        cap.install()
+    assert not model.layers[0]._forward_pre_hooks and not model._forward_pre_hooks
+    final_only = CapturePoints.select(NUM_LAYERS, [NUM_LAYERS])
+    sink = MemorySink()
+    SGLangCapture(model, PrefillStitcher(final_only, PROMPTS, sink)).install()
+    run_pass(model, [("r1", 0, 4)])
+    assert sorted(sink) == ["r1"]

@@ -19,7 +19,6 @@ RUST = {
         "loss_mask": "loss_mask",
         "aux": "aux_hidden_state",
         "hidden_prefix": "hidden.",
-        "hidden_final": "hidden.final",
     },
     "view": {"input_ids": "input_ids", "loss_mask": "loss_mask", "aux": "aux_hidden_state", "target": "hidden_state"},
     "specforge_item": {
@@ -50,7 +49,7 @@ def test_capture_and_schema_helpers_name_fields_with_them():
     assert hspack.loss_mask()["name"] == FIELDS["loss_mask"]
     assert hspack.hidden_states([1, 2], 8)["name"] == FIELDS["aux"]
     assert hspack.hidden_state(3, 8)["name"] == FIELDS["hidden_prefix"] + "3"
-    assert hspack.hidden_state(7, 8, point="final_norm")["name"] == FIELDS["hidden_final"]
+    assert hspack.hidden_state(7, 8, point="final_norm")["name"] == FIELDS["hidden_prefix"] + "7"
 
 
 def test_the_views_and_collate_return_them(eagle_path):

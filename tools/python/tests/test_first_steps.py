@@ -158,7 +158,7 @@ def test_an_unknown_view_is_refused_naming_the_known_ones(eagle_path, cls):
 
 # Every view the package offers, with the per-token keys its samples hold.
 VIEWS = {
-    "fields": (None, ["input_ids", "loss_mask", "hidden.1", "hidden.final"]),
+    "fields": (None, ["input_ids", "loss_mask", "hidden.1", "hidden.7"]),
     "eagle3": ("eagle3", ["input_ids", "loss_mask", "aux_hidden_state", "hidden_state"]),
     "eagle3-specforge": ("eagle3-specforge", ["input_ids", "loss_mask", "attention_mask", "hidden_state", "target"]),
 }
@@ -181,10 +181,10 @@ def test_pad_collate_batches_every_view(eagle_path, name):
         assert torch.equal(batch["input_ids"][b, :n], want["input_ids"])
         assert (batch["input_ids"][b, n:] == 0).all() and (batch["loss_mask"][b, n:] == 0).all()
         if name == "fields":
-            assert torch.equal(batch["hidden.final"][b, :n], want["hidden.final"])
+            assert torch.equal(batch["hidden.7"][b, :n], want["hidden.7"])
         else:
             target = batch["hidden_state" if name == "eagle3" else "target"][b, :n]
-            assert torch.equal(target, want["hidden.final"])
+            assert torch.equal(target, want["hidden.7"])
             aux = batch["aux_hidden_state" if name == "eagle3" else "hidden_state"][b, :n]
             assert torch.equal(aux, torch.cat([want["hidden.1"], want["hidden.3"], want["hidden.5"]], dim=1))
 
@@ -204,3 +204,33 @@ def test_loaders_pad_ragged_batches_by_default(eagle_path, workers, name):
     assert sum(len(b["lengths"]) for b in loader) == 37
     # The last batch holds one sample: the count behind resume follows the batches' sizes.
     assert loader.state_dict()["consumed"] == 37
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("name", VIEWS)
+def test_a_plain_dataloader_over_ragged_samples_says_how_to_batch_them(eagle_path, workers, name):
+    """`DataLoader(ds, batch_size=4)` without a collate: torch's default collate cannot stack
+    samples of other lengths, and the error says what to pass instead (also from a worker)."""
+    view, _ = VIEWS[name]
+    ds = HspackDataset(eagle_path, view=view)
+    loader = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=workers)
+    with pytest.raises(hspack.HspackError, match=r"differ in shape in field .*PadCollate\(\)") as e:
+        next(iter(loader))
+    assert "HspackLoader" in str(e.value) and "batch_size=None" in str(e.value)
+
+
+def test_a_plain_dataloader_still_stacks_samples_of_one_length(tmp_path):
+    """Samples of one length are collated by torch's default collate as before: the same
+    keys, the tensors stacked, the result still names its fields on a miss."""
+    path = tmp_path / "same"
+    schema = [hspack.token_ids(), hspack.loss_mask(), hspack.hidden_state(1, 4), hspack.hidden_state(2, 4, point="final_norm")]
+    with hspack.Writer(path, schema, durable=False) as w:
+        for i in range(4):
+            w.append(f"k{i}", input_ids=torch.arange(3, dtype=torch.int32) + i, loss_mask=torch.ones(3, dtype=torch.uint8), **{"hidden.1": torch.full((3, 4), i, dtype=torch.bfloat16), "hidden.2": torch.zeros(3, 4, dtype=torch.bfloat16)})
+    for view in (None, "eagle3"):
+        batch = next(iter(torch.utils.data.DataLoader(HspackDataset(path, view=view), batch_size=4)))
+        assert batch["ordinal"].tolist() == [0, 1, 2, 3]
+        ids = batch["input_ids"]
+        assert ids.shape == (4, 3) and torch.equal(ids[2], torch.arange(3, dtype=torch.int32) + 2)
+    with pytest.raises(KeyError, match="it has"):
+        batch["hidden_states"]

@@ -57,7 +57,7 @@ def make_samples(n=6, seed=0):
                     "input_ids": torch.arange(t, dtype=torch.int32),
                     "loss_mask": (torch.arange(t) > 3).to(torch.uint8),
                     "aux_hidden_state": activations(gen, t, len(LAYERS) * H).reshape(t, len(LAYERS), H),
-                    "hidden.final": activations(gen, t, H),
+                    "hidden.7": activations(gen, t, H),
                 },
             )
         )
@@ -70,14 +70,14 @@ def test_every_value_and_code_is_what_torch_computes(tmp_path):
     ds = hspack.open(tmp_path / "q")
     quantized = {f["name"]: f.get("quantized") for f in ds.schema}
     assert quantized["aux_hidden_state"] == {"scheme": "fp8-e4m3fn", "group": H}
-    assert quantized["hidden.final"] == {"scheme": "fp8-e4m3fn", "group": H}
+    assert quantized["hidden.7"] == {"scheme": "fp8-e4m3fn", "group": H}
     assert quantized["input_ids"] is None and quantized["loss_mask"] is None
     assert ds.manifest["version"] == 5
     for i, (key, s) in enumerate(data):
         got = ds[i]
         assert torch.equal(got["input_ids"], s["input_ids"])
         assert torch.equal(got["loss_mask"], s["loss_mask"])
-        for name in ("aux_hidden_state", "hidden.final"):
+        for name in ("aux_hidden_state", "hidden.7"):
             codes, scales, back = torch_fp8(s[name], H)
             assert got[name].dtype == torch.bfloat16
             assert torch.equal(got[name].view(torch.int16), back.view(torch.int16)), (key, name)
@@ -146,9 +146,9 @@ def test_named_fields_only_and_the_bytes_halve(tmp_path):
     ds = hspack.open(tmp_path / "q")
     assert [f["name"] for f in ds.schema if f.get("quantized")] == ["aux_hidden_state"]
     for i, (_, s) in enumerate(data):
-        assert torch.equal(ds[i]["hidden.final"].view(torch.int16), s["hidden.final"].view(torch.int16))
+        assert torch.equal(ds[i]["hidden.7"].view(torch.int16), s["hidden.7"].view(torch.int16))
     with pytest.raises(hspack.HspackError, match="stored exactly"):
-        ds.quantized(1, "hidden.final")
+        ds.quantized(1, "hidden.7")
     write(tmp_path / "all", data, quantize="fp8")
     size = lambda p: sum(s["bytes"] for s in hspack.open(p).shards)
     ratio = size(tmp_path / "all") / size(tmp_path / "exact")
@@ -184,7 +184,7 @@ def test_compare_measures_the_error_per_layer(tmp_path):
     c = hspack.compare(tmp_path / "exact", tmp_path / "q")
     assert c["samples"] == len(data) and c["rows"] == sum(s["input_ids"].shape[0] for _, s in data)
     by = {(f["field"], f["layer"]): f for f in c["fields"]}
-    assert set(by) == {("input_ids", None), ("loss_mask", None), ("aux_hidden_state", 1), ("aux_hidden_state", 3), ("aux_hidden_state", 5), ("hidden.final", 7)}
+    assert set(by) == {("input_ids", None), ("loss_mask", None), ("aux_hidden_state", 1), ("aux_hidden_state", 3), ("aux_hidden_state", 5), ("hidden.7", 7)}
     assert by[("input_ids", None)]["differing"] == 0 and by[("input_ids", None)]["stored"] == "exact"
     for layer in LAYERS:
         f = by[("aux_hidden_state", layer)]
@@ -227,7 +227,7 @@ def test_capture_skip_never_turns_approximate_values_into_exact_ones(tmp_path):
     assert run("q2", quantize="fp8") == ([True] * 4, 0)
     q1, q2 = hspack.open(store / "q1"), hspack.open(store / "q2")
     for i in range(len(q1)):
-        for name in ("aux_hidden_state", "hidden.final"):
+        for name in ("aux_hidden_state", "hidden.7"):
             assert torch.equal(q1.quantized(i, name)["codes"].view(torch.uint8), q2.quantized(i, name)["codes"].view(torch.uint8))
             assert torch.equal(q1.quantized(i, name)["scales"], q2.quantized(i, name)["scales"])
     # An exact run runs everything again: no approximate value becomes an exact one.
@@ -251,7 +251,7 @@ def test_copies_stores_and_verify_keep_the_stored_codes(tmp_path):
         b = hspack.open(other)
         assert hspack.verify(other)["ok"] and b.schema == a.schema
         for i in range(len(a)):
-            for name in ("aux_hidden_state", "hidden.final"):
+            for name in ("aux_hidden_state", "hidden.7"):
                 qa, qb = a.quantized(i, name), b.quantized(i, name)
                 assert torch.equal(qa["codes"].view(torch.uint8), qb["codes"].view(torch.uint8))
                 assert torch.equal(qa["scales"], qb["scales"])

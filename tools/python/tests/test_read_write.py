@@ -194,6 +194,29 @@ def test_writer_rejects_wrong_dtype_and_shape(tmp_path):
     assert len(hspack.open(tmp_path / "ds")) == 1
 
 
+@pytest.mark.parametrize(
+    "value, integer",
+    [(np.int32(3), True), (np.int64(7), True), (np.float32(1.5), False), (np.array(3, dtype=np.int32), True), (torch.tensor(3, dtype=torch.int32), True)],
+)
+def test_a_single_value_given_for_a_field_names_the_sample_and_field(tmp_path, value, integer):
+    """A numpy scalar (NumPy 2 gives it a `.device` of "cpu", a string) or any 0-d value is
+    not rows: refused naming the sample and field (and the dtype, where that is wrong), never
+    an AttributeError; the writer goes on."""
+    schema = [hspack.token_ids(dtype="i32"), hspack.field("x", "i32", [])]
+    ids = np.arange(2, dtype=np.int32)
+    with hspack.Writer(tmp_path / "ds", schema, durable=False) as w:
+        # Token ids of any integer width are converted first; `x` takes i32 only.
+        for field, single in (("input_ids", integer), ("x", integer and value.dtype in (np.int32, torch.int32))):
+            fields = {"input_ids": ids, "x": ids, field: value}
+            with pytest.raises(hspack.HspackError) as e:
+                w.append("a", **fields)
+            assert (e.value.kind, e.value.key, e.value.field) == ("BadSample", "a", field)
+            said = str(e.value)
+            assert f"sample `a`, field `{field}`: " + ("a single value (shape ())" if single else "dtype ") in said, said
+        w.append("a", input_ids=ids, x=ids)
+    assert len(hspack.open(tmp_path / "ds")) == 1
+
+
 @pytest.mark.parametrize("name", ["../x", "/tmp/x", "a/b", ".hidden", ""])
 def test_writer_refuses_a_field_name_that_is_not_a_plain_file_name(tmp_path, name):
     schema = [hspack.token_ids(), hspack.field(name, "f32", [4])]

@@ -100,6 +100,10 @@ def test_extract_through_engine_hook_equals_sglangs_own_capture(results):
     _check(results, "extract")
 
 
+def test_extract_stores_the_dtype_sglang_runs_and_the_revision_given(results):
+    _check(results, "extract_dtype")
+
+
 def test_extract_names_the_prompts_the_engine_did_not_complete(results):
     _check(results, "extract_missing")
 
@@ -154,6 +158,7 @@ def _sglang():
     from sglang.srt.models.deepseek_v2 import DeepseekV2DecoderLayer, DeepseekV2Model
     from sglang.srt.models.kimi_k25 import KimiK25ForConditionalGeneration
     from sglang.srt.server_args import ServerArgs
+    from sglang.srt.configs.model_config import ModelConfig
 
     return SimpleNamespace(**locals())
 
@@ -214,9 +219,14 @@ def _publish(sg, **kwargs):
     args = sg.ServerArgs(device="cpu", **kwargs)
     sg.runtime_context.reset_context()
     sg.runtime_context.publish(args, role="test", ranks=sg.runtime_context.SpawnRanks(world_rank=0))
-    world = sg.parallel_state._WORLD
-    if world is not None:
-        sg.runtime_context.get_parallel().override_permanently(world_group=world)
+    ps = sg.parallel_state
+    if ps._WORLD is not None:
+        # Groups built by an earlier engine of this process: stamp them again, as
+        # initialize_model_parallel does when it builds them.
+        groups = {"world_group": ps._WORLD, "tp_group": ps._TP, "pp_group": ps._PP, "moe_ep_group": ps._MOE_EP,
+                  "moe_dp_group": ps._MOE_DP, "moe_tp_group": ps._MOE_TP, "attn_tp_group": ps._ATTN_TP,
+                  "attn_cp_group": ps._ATTN_CP, "shared_experts_tp_group": ps._SHARED_EXPERTS_TP, "dcp_group": ps._DCP}
+        sg.runtime_context.get_parallel().override_permanently(**{k: g for k, g in groups.items() if g is not None})
     return args
 
 
@@ -270,7 +280,9 @@ def _engine_double(sg):
             if sg.parallel_state._WORLD is None:
                 _process_groups(sg)
             torch.manual_seed(0)
-            self.model = TinyCausalLM(64).eval()
+            # The dtype SGLang's own ModelConfig resolves from the config and the args.
+            self.dtype = sg.ModelConfig.from_server_args(self.args).dtype
+            self.model = TinyCausalLM(64).to(self.dtype).eval()
             self.model.model.layers_to_capture = list(self.layers_to_capture)
             sg.register_forward_hooks(self.model, sg.runtime_context.get_observability().forward_hooks)
             self.passes = []
@@ -385,7 +397,8 @@ def _check_extract(sg, work):
     # SGLang's own capture runs in the same passes: the hooks' collector forwards to it.
     Engine.layers_to_capture = list(points.layer_inputs)
     sglang.Engine = Engine
-    assert extract(model, data, LAYERS, out, batch_size=2) == len(PROMPTS)
+    # float32 as given: "auto" would run this float32 config in float16 (_check_extract_dtype).
+    assert extract(model, data, LAYERS, out, batch_size=2, engine_extra={"dtype": "float32"}) == len(PROMPTS)
     (engine,) = Engine.instances
     hooks = [h for h in engine.model._forward_hooks.values() if isinstance(h, _EngineHook)]
     assert len(hooks) == 1 and hooks[0].capture is not None and hooks[0].sink is None, "the hook closed its writer"
@@ -422,6 +435,41 @@ def _check_extract(sg, work):
     assert hooks[0].capture.stitcher.foreign_rows == sum(map(len, PROMPTS.values()))
     assert hspack.verify(out)["ok"]
     decoder.layers_to_capture = []
+
+
+def _check_extract_dtype(sg, work):
+    """The schema holds the dtype SGLang runs the model in, not the config's: "auto" runs a
+    float32 config in float16; the rows stored are the engine's own, bitwise; a `revision`
+    among the engine args is the one the capture records."""
+    import torch
+
+    import hspack
+    import sglang
+    from hspack.capture import CapturePoints
+    from hspack.capture.sglang import engine_dtype, extract
+
+    model = os.path.join(work, "model")
+    cfg = _model_dir(model)
+    assert engine_dtype(cfg) == torch.float16 and engine_dtype(cfg, "bfloat16") == torch.bfloat16
+    assert engine_dtype(cfg, "float") == torch.float32 and cfg.dtype == torch.float32
+    Engine = _engine_double(sg)
+    sglang.Engine = Engine
+    out = os.path.join(work, "ds-auto")
+    extract(model, os.path.join(work, "prompts.jsonl"), LAYERS, out, batch_size=3, engine_extra={"revision": "v1"})
+    (engine,) = Engine.instances
+    assert engine.dtype == torch.float16
+    ds = hspack.open(out)
+    assert ds.capture["dtype"] == "f16" and ds.capture["revision"] == "v1", ds.capture
+    want = {k: [] for k in PROMPTS}
+    for mode, pieces, final in engine.passes:
+        if mode == "EXTEND":
+            start = 0
+            for rid, _, n in pieces:
+                want[rid].append(final[start : start + n])
+                start += n
+    for k in PROMPTS:
+        got = ds.get(k)[CapturePoints.field(NUM_LAYERS)]
+        assert got.dtype == torch.float16 and torch.equal(got, torch.cat(want[k])), k
 
 
 def _check_extract_reports_what_the_engine_left_out(sg, work):
@@ -482,6 +530,7 @@ def _main(work, out):
         ("signatures", lambda: _check_signatures(sg)),
         ("server_args", lambda: _check_server_args(sg, work)),
         ("extract", lambda: _check_extract(sg, work)),
+        ("extract_dtype", lambda: _check_extract_dtype(sg, work)),
         ("extract_missing", lambda: _check_extract_reports_what_the_engine_left_out(sg, work)),
         ("refuse_graphs", lambda: _check_refuse_graphs(sg, work)),
     ]

@@ -77,7 +77,7 @@ def test_torch_datasets_read_a_store_dataset_in_worker_processes(tmp_path):
         w = eagle_sample(s["ordinal"])
         want = torch.cat([w[f"hidden.{layer}"] for layer in LAYERS], dim=-1)
         assert torch.equal(s["aux_hidden_state"], want)
-        assert torch.equal(s["hidden_state"], w["hidden.final"])
+        assert torch.equal(s["hidden_state"], w["hidden.7"])
 
 
 def test_a_failed_commit_forgets_the_capture_records_of_its_samples(tmp_path):

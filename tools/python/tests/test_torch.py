@@ -225,7 +225,7 @@ def test_eagle3_view_matches_the_written_tensors(eagle_path):
         assert s["hidden_state"].shape == (t, 16)
         want = torch.cat([w[f"hidden.{layer}"] for layer in LAYERS], dim=-1)
         assert torch.equal(s["aux_hidden_state"], want)
-        assert torch.equal(s["hidden_state"], w["hidden.final"])
+        assert torch.equal(s["hidden_state"], w["hidden.7"])
         assert torch.equal(s["input_ids"], w["input_ids"])
         assert torch.equal(s["loss_mask"], w["loss_mask"])
     sf = HspackDataset(eagle_path, view=Eagle3View(layout="specforge", max_len=8))[9]

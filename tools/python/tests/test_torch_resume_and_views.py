@@ -122,7 +122,7 @@ def write_aux(path: str, dtypes: list[str]) -> None:
     with hspack.Writer(path, schema, durable=False) as w:
         for s in range(2):
             hidden = {f"hidden.{i + 1}": torch.ones(5, h, dtype=torch_dtype[d]) for i, d in enumerate(dtypes)}
-            w.append(f"k{s}", input_ids=torch.arange(5, dtype=torch.int32), **hidden, **{"hidden.final": torch.zeros(5, h, dtype=torch.bfloat16)})
+            w.append(f"k{s}", input_ids=torch.arange(5, dtype=torch.int32), **hidden, **{"hidden.9": torch.zeros(5, h, dtype=torch.bfloat16)})
 
 
 @pytest.mark.parametrize("view", ["eagle3", "eagle3-specforge", Eagle3View(), Eagle3View(aux_fields=["hidden.1", "hidden.2"])])

@@ -28,7 +28,7 @@ def stacked_sample(i: int) -> dict:
         "input_ids": torch.randint(0, 1000, (t,), generator=g, dtype=torch.int32),
         "loss_mask": (torch.rand(t, generator=g) > 0.3).to(torch.uint8),
         "layers": layers,
-        "hidden.final": torch.randn(t, H, generator=g).to(torch.bfloat16),
+        "hidden.7": torch.randn(t, H, generator=g).to(torch.bfloat16),
     }
 
 
@@ -60,7 +60,7 @@ def test_stacked_fields_take_a_matching_shape(stacked_path, tmp_path):
         assert json.load(f)["version"] == 4
     with hspack.Writer(tmp_path / "bad", stacked_schema(), durable=False) as w:
         with pytest.raises(hspack.HspackError, match="aux_hidden_state"):
-            w.append("x", aux_hidden_state=torch.zeros(3, 2 * H, dtype=torch.bfloat16), input_ids=torch.zeros(3, dtype=torch.int32), loss_mask=torch.zeros(3, dtype=torch.uint8), **{"hidden.final": torch.zeros(3, H, dtype=torch.bfloat16)})
+            w.append("x", aux_hidden_state=torch.zeros(3, 2 * H, dtype=torch.bfloat16), input_ids=torch.zeros(3, dtype=torch.int32), loss_mask=torch.zeros(3, dtype=torch.uint8), **{"hidden.7": torch.zeros(3, H, dtype=torch.bfloat16)})
 
 
 def test_eagle3_view_of_a_stacked_field_is_zero_copy(stacked_path):
@@ -71,7 +71,7 @@ def test_eagle3_view_of_a_stacked_field_is_zero_copy(stacked_path):
         got = ds[i]
         assert got["aux_hidden_state"].shape == (len(want["input_ids"]), len(AUX) * H)
         assert torch.equal(got["aux_hidden_state"], torch.cat(want["layers"], -1))
-        assert torch.equal(got["hidden_state"], want["hidden.final"])
+        assert torch.equal(got["hidden_state"], want["hidden.7"])
         seq = next(k for k, (a, n) in enumerate(ds.hspack.shard_ranges) if a <= i < a + n)
         base, size = native.mapping_range(seq)
         ptr = got["aux_hidden_state"].data_ptr()
@@ -91,7 +91,7 @@ def test_workers_send_mapped_tensors_as_file_ranges(stacked_path, context):
         assert [g["ordinal"] for g in got] == list(range(12))
         for g, want in zip(got, ref):
             assert torch.equal(g["aux_hidden_state"], torch.cat(want["layers"], -1))
-            assert torch.equal(g["hidden_state"], want["hidden.final"])
+            assert torch.equal(g["hidden_state"], want["hidden.7"])
             # Shared memory is torch's copy; a file range arrives as a view of the file's mapping.
             assert g["aux_hidden_state"].is_shared() == (mode == "copy")
             assert g["hidden_state"].is_shared() == (mode == "copy")

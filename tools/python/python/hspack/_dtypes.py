@@ -96,7 +96,7 @@ def _token_ids_as(key: str, name: str, want: str, value: Any) -> Any:
     if want not in INTEGERS:
         return value
     is_numpy = isinstance(value, np.ndarray)
-    if not is_numpy and getattr(value, "device", None) is not None and value.device.type != "cpu":
+    if not is_numpy and _off_cpu(value) is not None:
         return value  # refused by the usual check, naming the device
     got = hspack_name_of(value)
     if got == want or got not in INTEGERS:
@@ -116,11 +116,22 @@ def _token_ids_as(key: str, name: str, want: str, value: Any) -> Any:
     return ids.astype(NUMPY[want])
 
 
+def _off_cpu(value: Any) -> str | None:
+    """Where `value`, a tensor that is not a numpy array, lives when that is not the CPU, else
+    None: torch gives a device with a `.type`, other arrays may give a string ("cpu")."""
+    device = getattr(value, "device", None)
+    if device is None or callable(device):
+        return None
+    return None if str(getattr(device, "type", device)) == "cpu" else str(device)
+
+
 def input_bytes(key: str, name: str, field: dict, value: Any) -> np.ndarray:
     """The bytes of one field of a sample to append, as a flat uint8 numpy array that shares
     memory with `value` when it is contiguous. Checks dtype and row shape against `field`."""
     want = field["dtype"]
     row_shape = tuple(field["shape"])
+    if isinstance(value, np.generic):
+        value = np.asarray(value)  # a numpy scalar: a 0-d array, which has no rows
     if not isinstance(value, np.ndarray) and not (hasattr(value, "dtype") and hasattr(value, "shape")):
         raise make_error(
             "BadSample",
@@ -138,8 +149,9 @@ def input_bytes(key: str, name: str, field: dict, value: Any) -> np.ndarray:
         shape = value.shape
         flat = np.ascontiguousarray(value).reshape(-1).view(np.uint8)
     else:
-        if getattr(value, "device", None) is not None and value.device.type != "cpu":
-            raise make_error("BadSample", f"sample `{key}`, field `{name}`: the tensor is on {value.device}; move it to the CPU", key=key, field=name)
+        device = _off_cpu(value)
+        if device is not None:
+            raise make_error("BadSample", f"sample `{key}`, field `{name}`: the tensor is on {device}; move it to the CPU", key=key, field=name)
         got = hspack_name_of(value)
         if got != want:
             raise make_error("BadSample", f"sample `{key}`, field `{name}`: dtype {value.dtype}, the schema says {want}", key=key, field=name)
@@ -147,6 +159,14 @@ def input_bytes(key: str, name: str, field: dict, value: Any) -> np.ndarray:
         import torch
 
         flat = value.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
+    if len(shape) == 0:
+        need = ", ".join(["rows", *map(str, row_shape)])
+        raise make_error(
+            "BadSample",
+            f"sample `{key}`, field `{name}`: a single value (shape ()), not rows; the schema needs [{need}]: give an array of that shape, its first dimension the rows (np.array([value]) is one row of one value)",
+            key=key,
+            field=name,
+        )
     stacked_flat = field["role"].get("kind") == "hidden_states" and len(shape) == 2 and len(row_shape) == 2 and shape[1] == row_shape[0] * row_shape[1]
     if not stacked_flat and (len(shape) != 1 + len(row_shape) or tuple(shape[1:]) != row_shape):
         raise make_error(

@@ -35,11 +35,14 @@ def field(name: str, dtype: str, shape: Sequence[int] = (), role: Any = "other")
 
 def hidden_state(layer: int, width: int, point: str = "layer_input", dtype: str = "bf16", name: str | None = None) -> dict:
     """A hidden-state field of decoder layer `layer`, `width` wide, taken at `point`
-    (`"layer_input"`, `"layer_output"` or `"final_norm"`). Named `hidden.<layer>` (or
-    `hidden.final`) unless `name` is given."""
+    (`"layer_input"`, `"layer_output"` or `"final_norm"`). Named `hidden.<layer>` unless
+    `name` is given. The final norm's output is id `num_layers` (HF's `hidden_states[-1]`):
+    `hidden_state(61, H, point="final_norm")` is `hidden.61` of a 61-layer model, as capture and
+    `hspack convert` name it. (The default was `hidden.final` before: give
+    `name="hidden.final"` to resume such a dataset.)"""
     point = _point(point)
     if name is None:
-        name = _NAMES["hidden_final"] if point == "final_norm" else f"{_NAMES['hidden_prefix']}{layer}"
+        name = f"{_NAMES['hidden_prefix']}{layer}"
     return field(name, dtype, [width], {"kind": "hidden_state", "layer": int(layer), "point": point})
 
 

@@ -352,8 +352,10 @@ class CudaWriter:
     close = finish
 
     def abort(self) -> None:
-        """Stops without committing what was given since the last commit (samples in flight
-        are still copied, so no copy outlives its memory); what was committed stays."""
+        """Stops without committing the open shard; what was committed stays. The samples
+        given before the abort are still copied (no copy outlives its memory) and handed to
+        the dataset in order, so a shard they fill commits as the next one comes, as with
+        `hspack.Writer`: with small shards, most of what was given may be committed."""
         for n in self._natives:
             n.abort()
 

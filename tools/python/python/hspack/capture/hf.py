@@ -15,6 +15,10 @@ positions as the sample run alone. Every captured tensor is checked against the
 batch shape and every sample against its token count; nothing is dropped or
 re-assigned silently.
 
+The decoder runs in eval mode (no dropout) whatever mode the model is in: a model
+captured mid-training gives the states inference gives, and each of its modules is
+put back in the mode it had once the forward pass returns (``HFCapture.run``).
+
 What is guaranteed, on every device and dtype: each stored row is bitwise the
 row ``output_hidden_states`` gives for the same padded batch (the hooks read
 what the model computes). Whether that equals the sample run alone depends on
@@ -34,6 +38,7 @@ Command line::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from typing import Dict, Iterable, List, Optional, Sequence
@@ -70,6 +75,9 @@ class HFCapture:
 
         with HFCapture(model, [2, 30]) as cap:
             rows = cap.run(input_ids, attention_mask)   # one {id: [tokens, H]} per sample
+
+    ``run`` switches the decoder to eval mode for its forward pass and restores every
+    module's mode afterwards, so a model in training mode is captured without dropout.
     """
 
     def __init__(self, model: nn.Module, layers: Iterable[int], final_norm: bool = True, stack: bool = False) -> None:
@@ -127,7 +135,7 @@ class HFCapture:
         position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
         self._seen = {}
         try:
-            with torch.inference_mode():
+            with torch.inference_mode(), _eval_mode(self.decoder.module):
                 self.decoder.module(
                     input_ids=input_ids,
                     attention_mask=attention_mask,
@@ -152,6 +160,19 @@ class HFCapture:
             # With a device_map, layers (and so the captured tensors) sit on several devices.
             out.append({i: t[b, idx.to(t.device)].to("cpu", copy=True) for i, t in seen.items()})
         return out
+
+
+@contextlib.contextmanager
+def _eval_mode(module: nn.Module):
+    """``module`` in eval mode (dropout off: the states inference gives); each submodule
+    gets back its own mode on exit, so a model partly frozen in eval stays as it was."""
+    was = [(m, m.training) for m in module.modules()]
+    module.eval()
+    try:
+        yield
+    finally:
+        for m, training in was:
+            m.training = training
 
 
 def _pad(samples: Sequence[Sample], pad_id: int, left: bool, device) -> tuple:
@@ -187,7 +208,8 @@ def capture_samples(
     ``reuse`` (a ``capture.reuse.capture_config``) and a sink writing into a store dataset,
     samples the store holds under the same capture key are copied from it instead of run, and
     samples of this run with equal tokens are run once (``capture.reuse``). ``counts`` is
-    filled in with what was done.
+    filled in with what was done. ``pad_id`` outside the model's vocabulary (``-1``) pads
+    with 0 instead: padded positions are masked, so the rows are the same.
     """
     if padding_side not in ("left", "right"):
         raise ValueError("padding_side must be 'left' or 'right'")
@@ -196,6 +218,7 @@ def capture_samples(
     work = plan(samples, sink, reuse, counts)
     todo = work.run
     device = next(model.parameters()).device
+    pad_id = _usable_pad_id(model, pad_id)
     written = counts.reused
     with HFCapture(model, layers, final_norm=final_norm, stack=stack) as cap:
         bar = None
@@ -230,6 +253,27 @@ def capture_samples(
         if bar is not None:
             bar.close()
     return written
+
+
+def _usable_pad_id(model: nn.Module, pad_id: int) -> int:
+    """The id padding positions get: ``pad_id`` where the embedding has it, else 0. A
+    tokenizer or config may name none inside the vocabulary (``pad_token_id=-1``); padded
+    positions are masked and their rows never stored, so any valid id gives the same rows."""
+    vocab = None
+    get = getattr(model, "get_input_embeddings", None)
+    if callable(get):
+        try:
+            vocab = getattr(get(), "num_embeddings", None)
+        except (NotImplementedError, AttributeError):
+            vocab = None
+    if not isinstance(vocab, int):
+        from .points import text_config
+
+        config = getattr(model, "config", None)
+        vocab = getattr(text_config(config), "vocab_size", None) if config is not None else None
+    if pad_id < 0 or (isinstance(vocab, int) and pad_id >= vocab):
+        return 0
+    return pad_id
 
 
 def _check_unique_keys(samples: Sequence[Sample]) -> None:

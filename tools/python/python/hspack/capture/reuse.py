@@ -16,7 +16,9 @@ weight files of a local folder (name, size, mtime), the resolved commit of a hub
 
 Resuming (any sink) skips the samples the output already holds, after checking that each
 holds the tokens (and loss mask) its prompt gives now; one captured from other tokens is
-refused (``RowMismatch``), never kept as if it were this prompt's.
+refused (``RowMismatch``), never kept as if it were this prompt's. A sample a writer holds
+but cannot read back yet (appended, not committed) cannot be checked, so it is refused too
+(``UnsupportedSetup``: commit first).
 
 So reordering a prompt file, or adding prompts to it, runs the model only for the new ones,
 keyed by content rather than by position; the skipped samples cost no new bytes in the store.
@@ -30,7 +32,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
-from .errors import RowMismatch
+from .errors import RowMismatch, UnsupportedSetup
 from .points import LOSS_MASK_FIELD, TOKEN_FIELD
 from .prompts import Sample
 
@@ -173,17 +175,28 @@ def check_held(held: Sequence[Sample], sink) -> None:
         return
     by_key = {s.key: s for s in held}
     bad: List[Tuple[str, str]] = []
+    unread: List[str] = []
     for key, ids, mask in _stored_tokens(sink, list(by_key)):
+        if ids is None:
+            unread.append(key)
+            continue
         s = by_key[key]
         said = _difference("token ids", ids, s.input_ids)
         if said is None and mask is not None:
             said = _difference("loss mask", mask, s.loss_mask)
         if said is not None:
             bad.append((key, said))
-    if not bad:
-        return
     where = getattr(sink, "path", None)
     where = f"dataset {where}" if where else "the sink"
+    if unread:
+        more = f" (and {len(unread) - 1} more)" if len(unread) > 1 else ""
+        raise UnsupportedSetup(
+            f"sample `{unread[0]}`{more} was appended to the writer of {where} but not committed, so "
+            f"its tokens cannot be read back and checked against its prompt: commit the writer "
+            f"(writer.commit()) before capturing into it again, or give the sample another key"
+        )
+    if not bad:
+        return
     key, said = bad[0]
     more = ""
     if len(bad) > 1:
@@ -207,10 +220,11 @@ def _difference(what: str, stored: Sequence[int], now: Sequence[int]) -> Optiona
     return f"the {what} differ first at position {at} (stored {stored[at]}, now {now[at]})"
 
 
-def _stored_tokens(sink, keys: Sequence[str]) -> Iterator[Tuple[str, List[int], Optional[List[int]]]]:
+def _stored_tokens(sink, keys: Sequence[str]) -> Iterator[Tuple[str, Optional[List[int]], Optional[List[int]]]]:
     """``(key, token ids, loss mask or None)`` for each of ``keys`` that ``sink`` can read back:
-    an ``hspack.Writer``'s committed samples (what it appended since its last commit is not
-    readable yet), a ``MemorySink``'s samples. Other sinks hold nothing readable."""
+    an ``hspack.Writer``'s committed samples, a ``MemorySink``'s samples; token ids None for
+    a key the writer holds but cannot show (appended since its last commit). Other sinks hold
+    nothing readable."""
     import hspack
 
     from .sink import MemorySink
@@ -230,6 +244,7 @@ def _stored_tokens(sink, keys: Sequence[str]) -> Iterator[Tuple[str, List[int], 
         for key in keys:
             i = ds.ordinal(key)
             if i is None:
+                yield key, None, None
                 continue
             got = ds.read(i, fields)
             mask = got.get(LOSS_MASK_FIELD)

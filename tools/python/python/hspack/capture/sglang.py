@@ -42,6 +42,7 @@ Command line::
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import sys
@@ -65,6 +66,7 @@ __all__ = [
     "SGLangCapture",
     "check_engine_args",
     "engine_args",
+    "engine_dtype",
     "extract",
     "hook_factory",
     "main",
@@ -74,6 +76,13 @@ __all__ = [
 def mode_name(mode) -> str:
     """The member name of a ``ForwardMode`` (or a plain string)."""
     return mode if isinstance(mode, str) else getattr(mode, "name", str(mode))
+
+
+def ignored_mode(mode) -> bool:
+    """Whether passes of ``mode`` carry no prefill rows (decode, idle, ...) and are let
+    through unlooked-at. Every other mode is captured or refused by
+    ``PrefillStitcher.on_forward``, an unknown one too."""
+    return mode_name(mode) in names.MODES_IGNORED
 
 
 @dataclass
@@ -138,7 +147,7 @@ class PrefillStitcher:
     ) -> List[str]:
         """Take one forward pass; return the keys written by it."""
         name = mode_name(forward_mode)
-        if name in names.MODES_IGNORED:
+        if ignored_mode(forward_mode):
             self.ignored_passes += 1
             return []
         if name in names.MODES_REFUSED:
@@ -247,6 +256,24 @@ def _is_sglang_decoder(module: nn.Module) -> bool:
     )
 
 
+def _check_layer(layer: nn.Module, layer_id: int) -> None:
+    """Refuses a decoder layer whose forward takes no ``names.LAYER_CAPTURE_ARG`` (nor
+    ``**kwargs``): the hooks hand it the collector through that keyword. SGLang's Llama and
+    Qwen decoder layers, for one, take ``capture_output=`` instead."""
+    try:
+        params = inspect.signature(layer.forward).parameters.values()
+    except (TypeError, ValueError):
+        return  # no signature to read (a compiled forward): the call itself will tell
+    if any(p.name == names.LAYER_CAPTURE_ARG or p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return
+    raise UnsupportedSetup(
+        f"decoder layer {layer_id} is a {type(layer).__name__}, whose forward takes no "
+        f"{names.LAYER_CAPTURE_ARG!r} argument: the SGLang capture supports the decoders of "
+        f"SGLang {names.SGLANG_VERSION}'s {names.MODEL_CLASS} family (layers like {names.LAYER_CLASS}: "
+        f"DeepSeek-V2/V3, Kimi-K2.5); capture this model with hspack.capture.hf instead"
+    )
+
+
 def _arg(args: tuple, kwargs: dict, name: str):
     if name in kwargs:
         return kwargs[name]
@@ -277,10 +304,14 @@ class SGLangCapture:
         return cls(decoder, stitcher).install()
 
     def install(self) -> "SGLangCapture":
+        """Hook the decoder and the selected layers; ``UnsupportedSetup`` for a layer that
+        takes no collector (``names.LAYER_CAPTURE_ARG``), which the hooks could not drive."""
         if self._handles:
             return self
         if self.stitcher.tp_rank != 0:
             return self  # other ranks compute the same rows; rank 0 writes them
+        for i in self.stitcher.points.layer_inputs:
+            _check_layer(self.decoder.layers[i], i)
         m = self.decoder.module
         self._handles.append(m.register_forward_pre_hook(self.begin, with_kwargs=True))
         self._handles.append(m.register_forward_hook(self.end, with_kwargs=True))
@@ -296,15 +327,17 @@ class SGLangCapture:
         self._handles.clear()
 
     def begin(self, module, args, kwargs):
-        """Pre-hook on the decoder: decide whether this pass is captured."""
+        """Pre-hook on the decoder: decide whether this pass is looked at. Every pass but
+        those of an ignored mode is, so that ``end`` hands it to the stitcher, which
+        captures it or refuses its mode."""
         batch = _arg(args, kwargs, "forward_batch")
         self._rows = {}
         self._batch = None
-        mode = getattr(batch, "forward_mode")
-        if mode_name(mode) in names.MODES_CAPTURED:
-            if getattr(batch, "can_run_tbo", False):
-                raise UnsupportedSetup("two-batch overlap splits prefill passes; drop --enable-two-batch-overlap")
-            self._batch = batch
+        if ignored_mode(getattr(batch, "forward_mode")):
+            return None
+        if getattr(batch, "can_run_tbo", False):
+            raise UnsupportedSetup("two-batch overlap splits prefill passes; drop --enable-two-batch-overlap")
+        self._batch = batch
         return None
 
     def _layer_hook(self, layer_id: int):
@@ -483,6 +516,20 @@ class _ClosingStitcher(PrefillStitcher):
         return written
 
 
+def engine_dtype(config, dtype="auto") -> torch.dtype:
+    """The dtype SGLang runs ``config``'s model in, so its hidden states, for the engine
+    argument ``dtype`` (``"auto"``: the config's, but float32 configs run in float16, Gemma's
+    in bfloat16): SGLang's own rule (``names.DTYPE_RULE``) on its text config."""
+    import copy
+
+    from sglang.srt.configs import model_config
+    from sglang.srt.utils.hf_transformers import common
+
+    # SGLang's text-config lookup may set attributes on the config; the caller's stays as read.
+    text = getattr(common, names.TEXT_CONFIG_RULE)(copy.deepcopy(config))
+    return getattr(model_config, names.DTYPE_RULE)(text, dtype)
+
+
 def hook_factory(config: dict):
     """The ``hook_factory`` named in the engine's ``forward_hooks`` server argument."""
     return _EngineHook(config)
@@ -510,7 +557,9 @@ def extract(
     ``out`` a store dataset ``STORE/NAME``: samples the store holds for the same capture are
     copied, not run (``capture.reuse``; deterministic when ``engine_extra`` sets
     ``enable_deterministic_inference``, ``sglang_names.DETERMINISTIC_ARG``); ``counts`` says
-    how many."""
+    how many. The hidden states are stored in the dtype SGLang runs the model in
+    (``engine_dtype`` of ``engine_extra``'s ``dtype``, ``"auto"`` by default); its
+    ``revision`` is the one whose config and tokenizer are read, and is recorded."""
     import tempfile
 
     import hspack
@@ -518,19 +567,20 @@ def extract(
     from tqdm import tqdm
     from transformers import AutoConfig, AutoTokenizer
 
-    config = AutoConfig.from_pretrained(model, trust_remote_code=trust_remote_code)
-    tokenizer = AutoTokenizer.from_pretrained(model, trust_remote_code=trust_remote_code)
+    extra = engine_extra or {}
+    revision = extra.get("revision")
+    config = AutoConfig.from_pretrained(model, revision=revision, trust_remote_code=trust_remote_code)
+    tokenizer = AutoTokenizer.from_pretrained(model, revision=revision, trust_remote_code=trust_remote_code)
     num_layers, hidden_size = model_shape(config)
     points = CapturePoints.select(num_layers, layers, stack=stack)
-    dtype = getattr(config, "torch_dtype", None) or getattr(config, "dtype", None) or torch.bfloat16
-    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    dtype = engine_dtype(config, extra.get("dtype", "auto"))
     schema = points.schema(hidden_size, dtype)
     if quantize is not None:
         from .._writer import quantized_fields
 
         schema = quantized_fields(schema, quantize)
     meta = capture_metadata(
-        model=model, revision=None, config_hash=config_hash(config.to_dict()), num_layers=num_layers,
+        model=model, revision=revision, config_hash=config_hash(config.to_dict()), num_layers=num_layers,
         hidden_size=hidden_size, dtype=dtype, tp_size=tp_size, tool="hspack.capture.sglang",
         tool_version=f"sglang {sglang.__version__}",
     )
@@ -539,7 +589,6 @@ def extract(
     if len(set(keys)) != len(keys):
         raise ValueError("sample keys must be unique")
     counts = counts if counts is not None else CaptureCounts()
-    extra = engine_extra or {}
     with hspack.Writer(out, schema, capture=meta) as writer:
         reuse = None
         if writer.in_store:

@@ -21,6 +21,8 @@ _GRAPH = "sglang/srt/model_executor/cuda_graph_config.py"
 _HOOKS = "sglang/srt/model_executor/hook_manager.py"
 _PARALLEL = "sglang/srt/distributed/parallel_state.py"
 _ENGINE = "sglang/srt/entrypoints/engine.py"
+_MODEL_CONFIG = "sglang/srt/configs/model_config.py"
+_HF_COMMON = "sglang/srt/utils/hf_transformers/common.py"
 #: Server arguments are declared as annotated fields of classes in this folder.
 SERVER_ARG_DIR = "sglang/srt/arg_groups/fields/"
 
@@ -59,9 +61,15 @@ MODE_CHECK = "is_extend_without_speculative"
 # The server argument that makes prefill rows independent of the batch: a capture made with it
 # is keyed as deterministic (capture.reuse).
 DETERMINISTIC_ARG = "enable_deterministic_inference"
+# How SGLang picks the dtype a model runs in from its config and the `dtype` server argument
+# (ModelConfig: DTYPE_RULE(TEXT_CONFIG_RULE(hf_config), dtype)): the schema's dtype.
+DTYPE_RULE = "_get_and_verify_dtype"
+TEXT_CONFIG_RULE = "get_hf_text_config"
 # Server arguments the driver sets, refuses or reads.
 SERVER_ARGS = (
     DETERMINISTIC_ARG,
+    "dtype",
+    "revision",
     "disable_radix_cache",
     "enable_two_batch_overlap",
     "cuda_graph_backend_prefill",
@@ -117,6 +125,8 @@ def _build() -> Tuple[Requirement, ...]:
         Requirement(_ENGINE, "arg", "Engine.generate", "rid"),
         Requirement(_ENGINE, "arg", "Engine.generate", "input_ids"),
         Requirement(_ENGINE, "method", "Engine", "shutdown"),
+        Requirement(_MODEL_CONFIG, "function", "", DTYPE_RULE),
+        Requirement(_HF_COMMON, "function", "", TEXT_CONFIG_RULE),
     ]
     r += [Requirement(_BATCH, "field", "ForwardBatch", f) for f in BATCH_FIELDS]
     modes = MODES_CAPTURED + MODES_IGNORED + tuple(MODES_REFUSED)

@@ -13,13 +13,14 @@ Where each iteration starts (after set_epoch, load_state_dict, a complete or a b
 epoch) is one rule for all of them: `hspack.torch.progress`.
 """
 
-from .batching import PadCollate, TokenBudgetBatchSampler, pad_collate
+from .batching import CollateToPinned, PadCollate, TokenBudgetBatchSampler, pad_collate
 from .datasets import HspackDataset, HspackIterableDataset, HspackSampler
 from .loader import HspackLoader
 from .order import epoch_order, partition
 from .views import Eagle3View, FieldsView, eagle3_fields
 
 __all__ = [
+    "CollateToPinned",
     "Eagle3View",
     "FieldsView",
     "HspackDataset",

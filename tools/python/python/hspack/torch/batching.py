@@ -3,12 +3,15 @@ padding collate, and collation straight into pinned memory for `pin_memory=True`
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
 import torch.utils.data as tud
 
+from .._dataset import Fields
+from .._errors import make_error
 from .._hspack import EAGLE3, gather_into
 from . import order as _order
 from .progress import Progress
@@ -275,3 +278,43 @@ def _unbatched(sample: dict, length_key: str) -> dict:
 def pad_collate(samples: Sequence[dict]) -> dict:
     """`PadCollate()` with default settings."""
     return PadCollate()(samples)
+
+
+def _default_collate(batch: Sequence[Fields], *, collate_fn_map: Any = None) -> Any:
+    """torch's default collate of hspack samples, as it collates any dict, except that samples
+    whose tensors differ in shape (ragged token counts) get an error saying how to batch them,
+    not torch's bare "stack expects each tensor to be equal size"."""
+    from torch.utils.data._utils.collate import collate
+
+    first = batch[0]
+    for name, value in first.items():
+        if not torch.is_tensor(value):
+            continue
+        shapes = [tuple(d[name].shape) if torch.is_tensor(d.get(name)) else None for d in batch]
+        if len(set(shapes)) > 1:
+            which = f"samples {[d['ordinal'] for d in batch]}" if all("ordinal" in d for d in batch) else "the samples"
+            raise make_error(
+                "BadOption",
+                f"option collate_fn: {which} of one batch differ in shape in field {name!r} ({', '.join(map(str, shapes))}), and "
+                "the DataLoader's default collate stacks equal shapes only. Pad them: collate_fn=hspack.torch.PadCollate() "
+                "(adds attention_mask and lengths), or hspack.torch.HspackLoader(dataset, batch_size=..., collate_fn=PadCollate()); "
+                "or batch_size=None for one sample a step",
+                option="collate_fn",
+            )
+    out = copy.copy(first)
+    out.update({name: collate([d[name] for d in batch], collate_fn_map=collate_fn_map) for name in first})
+    return out
+
+
+def _register_default_collate() -> None:
+    """Has `torch.utils.data.default_collate` collate hspack samples (`Fields`) through
+    `_default_collate`: the extension point torch documents for `default_collate`, used for
+    hspack's own type only (plain dicts are collated as before)."""
+    try:
+        from torch.utils.data._utils.collate import default_collate_fn_map
+    except ImportError:  # a torch without it collates them as dicts
+        return
+    default_collate_fn_map.setdefault(Fields, _default_collate)
+
+
+_register_default_collate()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
+from .._dataset import Fields
 from .._errors import make_error
 from .._dtypes import torch_dtypes
 from .. import _hspack
@@ -243,14 +244,14 @@ class Eagle3View:
         ids = parts[ids_field]
         mask = parts[mask_field] if mask_field else torch.ones(n, dtype=torch.int64)
         if self.layout == "hspack":
-            return {_VIEW["input_ids"]: ids, _VIEW["loss_mask"]: mask, _VIEW["aux"]: out, _VIEW["target"]: parts[target], "ordinal": ordinal}
+            return Fields({_VIEW["input_ids"]: ids, _VIEW["loss_mask"]: mask, _VIEW["aux"]: out, _VIEW["target"]: parts[target], "ordinal": ordinal})
         mask = mask.clone()
         if n:
             mask[-1] = 0
-        return {
+        return Fields({
             _SPECFORGE["input_ids"]: ids[None],
             _SPECFORGE["loss_mask"]: mask[None],
             _SPECFORGE["attention_mask"]: torch.ones((1, n), dtype=torch.int64),
             _SPECFORGE["aux"]: out[None],
             _SPECFORGE["target"]: parts[target][None],
-        }
+        })
