@@ -3,7 +3,8 @@
 //! `cargo bench --bench peers` (env `HSPACK_BENCH_GB`, default 1, sets the dataset size;
 //! `HSPACK_BENCH_DIR` the folder, default the system temp dir; `ROUNDS`, default 5). Each
 //! round writes the dataset again and runs every measure and its peers on it, interleaved
-//! (the first of the read group rotates each round). Prints a markdown table of medians and
+//! (the write and `cp` take turns going first, and the first of the read group rotates each
+//! round; `cp` copies the first shard of a dataset written before the rounds). Prints a markdown table of medians and
 //! bests (of the rates: the best is the shortest time), the ratio of the medians, hspack /
 //! peer, and the load average, and writes it to `target/bench-peers.md`. The open and lookup
 //! latencies at the end have no peer and run once. Peers: `cp`, `cat`,
@@ -249,23 +250,34 @@ fn main() {
         Some((_, v)) => v.push(rate),
         None => rates.push((name.to_string(), vec![rate])),
     };
+    // The first shard `cp` copies: one written before the rounds, so that the write and the
+    // copy can take turns going first (a write's writeback slows whatever follows it).
+    let copied = work.path().join("copied");
+    write(&copied);
+    let source = shards(&copied).swap_remove(0);
+    let first = std::fs::metadata(&source).unwrap().len();
+    let copy = work.path().join("copy.hsp");
+    let cp = format!(
+        "cp {} {} && sync {}",
+        source,
+        copy.display(),
+        copy.display()
+    );
+    let copy_rate = || {
+        let rate = run("sh", &["-c", &cp]).map_or(f64::NAN, |t| first as f64 / t / 1e9);
+        let _ = std::fs::remove_file(&copy);
+        rate
+    };
     for round in 0..rounds {
         let _ = std::fs::remove_dir_all(&dir);
+        if round % 2 == 1 {
+            add(CP, copy_rate());
+        }
         add(WRITE, total as f64 / secs(|| write(&dir)) / 1e9);
+        if round % 2 == 0 {
+            add(CP, copy_rate());
+        }
         let files = shards(&dir);
-        let first = std::fs::metadata(&files[0]).unwrap().len();
-        let copy = work.path().join("copy.hsp");
-        let cp = format!(
-            "cp {} {} && sync {}",
-            files[0],
-            copy.display(),
-            copy.display()
-        );
-        add(
-            CP,
-            run("sh", &["-c", &cp]).map_or(f64::NAN, |t| first as f64 / t / 1e9),
-        );
-        let _ = std::fs::remove_file(&copy);
         let shard_bytes: u64 = files
             .iter()
             .map(|f| std::fs::metadata(f).unwrap().len())

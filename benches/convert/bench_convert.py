@@ -6,11 +6,15 @@ hidden size H per token, ragged T), then times on the same tree, from the page c
 
 - ``cp -r SRC COPY``, and the same followed by an fsync of every copied file (hspack fsyncs
   each shard before it commits; on tmpfs fsync is free, on a disk it is not);
+- ``cp`` on as many processes as hspack has threads (``--jobs``, default the core count:
+  ``find | xargs -P N cp --parents``), with and without the fsyncs: a copy of many files that
+  uses every core, as hspack does;
 - ``hspack convert SRC DS --layout specforge --layers ...`` (durable commits, default options);
 - the naive converter: a Python loop that ``torch.load``s each file and appends the bytes of
   the same fields (ids, mask, ``aux_hidden_state`` as saved, the last state; with
   ``--hspack-args=--split-layers`` the three aux layers made contiguous each, as hspack then
-  writes them) to one output file with ``numpy.tofile``; no index, no checksums, no resume.
+  writes them) to one output file with ``numpy.tofile``; no index, no checksums, no resume;
+  and the same loop on N processes, each writing its own file.
 
 After a warm-up round, the tools run interleaved, one of each a round, each round starting
 one tool later (A B C, B C A, ...), for ``--repeat`` rounds (default 5); prints the load average, min and median wall time, GB/s (source bytes /
@@ -60,6 +64,10 @@ def tree_bytes(root):
 
 def naive(src, out_path, hidden, split):
     files = sorted(os.path.join(d, f) for d, _, fs in os.walk(src) for f in fs if f.endswith(".ckpt"))
+    naive_files(files, out_path, hidden, split)
+
+
+def naive_files(files, out_path, hidden, split):
     with open(out_path, "wb") as out:
         for path in files:
             d = torch.load(path, weights_only=True)
@@ -74,6 +82,28 @@ def naive(src, out_path, hidden, split):
                 t.contiguous().view(torch.uint8).numpy().tofile(out)
         out.flush()
         os.fsync(out.fileno())
+
+
+def naive_parallel(src, out_dir, hidden, split, procs):
+    """The naive converter on `procs` processes: the files dealt to them in turn, each process
+    writing its own output file."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    files = sorted(os.path.join(d, f) for d, _, fs in os.walk(src) for f in fs if f.endswith(".ckpt"))
+    os.makedirs(out_dir)
+    with ProcessPoolExecutor(procs) as pool:
+        list(pool.map(naive_files, [files[i::procs] for i in range(procs)], [os.path.join(out_dir, f"{i}.bin") for i in range(procs)], [hidden] * procs, [split] * procs))
+
+
+def parallel_cp(src, copy, procs):
+    """`cp` on `procs` processes at once (`find | xargs -P`), 16 files a `cp`, the tree kept
+    (`--parents`): the copy a user with many files and cores would run."""
+    os.makedirs(copy)
+    find = subprocess.Popen(["find", ".", "-type", "f", "-print0"], cwd=src, stdout=subprocess.PIPE)
+    subprocess.run(["xargs", "-0", "-P", str(procs), "-n", "16", "cp", "--parents", "-t", copy], cwd=src, stdin=find.stdout, check=True)
+    find.stdout.close()
+    if find.wait():
+        raise RuntimeError("find failed")
 
 
 def fsync_tree(root):
@@ -139,17 +169,23 @@ def main():
             cmd += ["--jobs", str(a.jobs)]
         cmd += a.hspack_args.split()
         ours = "`hspack convert`"
+        procs = a.jobs or os.cpu_count()
         tools = [
             ("`cp -r`", lambda: subprocess.run(["cp", "-r", src, copy], check=True), rm_copy),
             ("`cp -r`, then fsync every file (durable, as hspack commits)",
              lambda: (subprocess.run(["cp", "-r", src, copy], check=True), fsync_tree(copy)), rm_copy),
+            (f"`cp`, {procs} at once (`xargs -P {procs} cp --parents`)", lambda: parallel_cp(src, copy, procs), rm_copy),
+            (f"`cp`, {procs} at once, then fsync every file", lambda: (parallel_cp(src, copy, procs), fsync_tree(copy)), rm_copy),
             (ours, lambda: subprocess.run(cmd, check=True), lambda: shutil.rmtree(ds)),
         ]
         if not a.skip_naive:
             out = os.path.join(work, "naive.bin")
+            outs = os.path.join(work, "naive")
             split = "--split-layers" in a.hspack_args.split()
             tools.append(("naive Python (`torch.load` + `numpy.tofile`)",
                           lambda: naive(src, out, a.hidden, split), lambda: os.remove(out)))
+            tools.append((f"naive Python on {procs} processes",
+                          lambda: naive_parallel(src, outs, a.hidden, split, procs), lambda: shutil.rmtree(outs)))
         for _, run, cleanup in tools:  # a warm-up round: the page cache, the binaries
             run()
             cleanup()
@@ -164,8 +200,7 @@ def main():
         print("|---|---:|---:|---:|---:|")
         for name, v in times.items():
             print(f"| {name} | {min(v):.2f} | {med[name]:.2f} | {total / med[name] / 1e9:.2f} | {med[name] / med[ours]:.2f}x |")
-        more = f" --hspack-args={a.hspack_args}" if a.hspack_args else ""
-        print(f"\ncommand: `python3 benches/convert/bench_convert.py --gb {a.gb:g} --dir {base}{more}`")
+        print(f"\ncommand: `{' '.join(['python3', *sys.argv])}` (work folder {base})")
         print(f"hspack: `{' '.join(os.path.basename(c) if c == binary else c for c in cmd)}`")
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -1,7 +1,8 @@
 """Benchmark ``hspack cp`` against ``rclone`` on a local S3-compatible server (moto).
 
 On the same dataset (``hspack demo``: hidden 7168, layers [2, 30, 58, 60], bf16) and the same
-server, interleaved round by round (A, B, C, ... then again), ``--rounds`` times (default 5):
+server, interleaved round by round (A, B, C, ... then again; the two tools of a pair take turns
+going first), ``--rounds`` times (default 5):
 
 - upload:   ``hspack cp DS s3://…/hs-R``          vs ``rclone copy DS moto:…/rc-R``
 - download: ``hspack cp s3://…/hs-R DIR``          vs ``rclone copy moto:…/rc-R DIR``
@@ -93,12 +94,15 @@ def main():
         times = {k: [] for k in ["hspack cp up", "rclone copy up", "hspack cp down", "rclone copy down", "hspack verify url", "rclone check --download"]}
         for r in range(a.rounds):
             down_h, down_r = os.path.join(work, f"dh{r}"), os.path.join(work, f"dr{r}")
-            times["hspack cp up"].append(run([a.bin, "cp", "--jobs", "4", ds, f"s3://bench/hs-{r}"], env))
-            times["rclone copy up"].append(run(rc + ["copy", ds, f"moto:bench/rc-{r}"], env))
-            times["hspack cp down"].append(run([a.bin, "cp", "--jobs", "4", f"s3://bench/hs-{r}", down_h], env))
-            times["rclone copy down"].append(run(rc + ["copy", f"moto:bench/rc-{r}", down_r], env))
-            times["hspack verify url"].append(run([a.bin, "verify", f"s3://bench/hs-{r}"], env))
-            times["rclone check --download"].append(run(rc + ["check", "--download", ds, f"moto:bench/rc-{r}"], env))
+            steps = [
+                (("hspack cp up", [a.bin, "cp", "--jobs", "4", ds, f"s3://bench/hs-{r}"]), ("rclone copy up", rc + ["copy", ds, f"moto:bench/rc-{r}"])),
+                (("hspack cp down", [a.bin, "cp", "--jobs", "4", f"s3://bench/hs-{r}", down_h]), ("rclone copy down", rc + ["copy", f"moto:bench/rc-{r}", down_r])),
+                (("hspack verify url", [a.bin, "verify", f"s3://bench/hs-{r}"]), ("rclone check --download", rc + ["check", "--download", ds, f"moto:bench/rc-{r}"])),
+            ]
+            for pair in steps:
+                # hspack and rclone take turns going first, round by round.
+                for name, cmd in pair[:: 1 if r % 2 == 0 else -1]:
+                    times[name].append(run(cmd, env))
             shutil.rmtree(down_h)
             shutil.rmtree(down_r)
 
@@ -109,7 +113,7 @@ def main():
         reads = {"local": [], "s3": []}
         gets = []
         for r in range(a.rounds):
-            for where, path in (("local", ds), ("s3", "s3://bench/hs-0")):
+            for where, path in (("local", ds), ("s3", "s3://bench/hs-0"))[:: 1 if r % 2 == 0 else -1]:
                 before = open(log.name).read().count('"GET /bench/')
                 start = time.perf_counter()
                 d = hspack.open(path)
@@ -126,7 +130,7 @@ def main():
         loaders = {}
         for r in range(a.rounds):
             for workers in (0, 2):
-                for where, path in (("local", ds), ("s3", "s3://bench/hs-0")):
+                for where, path in (("local", ds), ("s3", "s3://bench/hs-0"))[:: 1 if r % 2 == 0 else -1]:
                     d = HspackDataset(path)
                     start = time.perf_counter()
                     n = sum(1 for _ in torch.utils.data.DataLoader(d, batch_size=None, num_workers=workers))
@@ -170,7 +174,8 @@ def main():
         shutil.rmtree(work, ignore_errors=True)
 
     print(f"load average before the report: {os.getloadavg()}")
-    print(f"dataset: hspack demo --samples {a.samples}: {size / 1e9:.3f} GB; {a.rounds} rounds, interleaved; moto {endpoint}")
+    print(f"command: python3 {' '.join(sys.argv)}")
+    print(f"dataset: hspack demo --samples {a.samples}: {size / 1e9:.3f} GB; {a.rounds} rounds, interleaved (the peers of a pair take turns going first); moto {endpoint}")
     print()
     print("| operation | min s | median s | GB/s (median) |")
     print("|---|---:|---:|---:|")

@@ -81,7 +81,7 @@ def capture(model, seqs, path, quantize):
                     f"q{i + j}",
                     input_ids=seqs[i + j].to(torch.int32),
                     aux_hidden_state=torch.stack([hs[l][j] for l in AUX], 1).contiguous(),
-                    **{"hidden.final": hs[-1][j].contiguous()},
+                    **{f"hidden.{LAYERS}": hs[-1][j].contiguous()},
                 )
 
 
