@@ -4,8 +4,9 @@ Generates a SpecForge-style dump with real torch (``rows_*/data_N.ckpt``: ``inpu
 ``loss_mask``, ``hidden_state [1,T,H]``, ``aux_hidden_state [1,T,3H]``, bf16, so four layers of
 hidden size H per token, ragged T), then times on the same tree, from the page cache:
 
-- ``cp -r SRC COPY``, and the same followed by an fsync of every copied file (hspack fsyncs
-  each shard before it commits; on tmpfs fsync is free, on a disk it is not);
+- ``cp -r SRC COPY``, the same followed by an fsync of every copied file (hspack fsyncs
+  each shard before it commits; on tmpfs fsync is free, on a disk it is not), and the same
+  followed by ``sync`` (which writes every file at once rather than one after another);
 - ``cp`` on as many processes as hspack has threads (``--jobs``, default the core count:
   ``find | xargs -P N cp --parents``), with and without the fsyncs: a copy of many files that
   uses every core, as hspack does;
@@ -17,7 +18,8 @@ hidden size H per token, ragged T), then times on the same tree, from the page c
   and the same loop on N processes, each writing its own file.
 
 After a warm-up round, the tools run interleaved, one of each a round, each round starting
-one tool later (A B C, B C A, ...), for ``--repeat`` rounds (default 5); prints the load average, min and median wall time, GB/s (source bytes /
+one tool later (A B C, B C A, ...), for ``--repeat`` rounds (default 5), with a ``sync`` (not
+timed) after each tool so that none pays for the write-back another left; prints the load average, min and median wall time, GB/s (source bytes /
 median time) and ratios of the medians, as a markdown table. Run from the crate
 root after ``cargo build --release``:
 
@@ -129,6 +131,9 @@ def interleaved(tools):
             run()
             times[name].append(time.perf_counter() - start)
             cleanup()
+            # What the tool left for the disk to write (a copy without fsync) is written now,
+            # untimed, so the next tool does not pay for it.
+            os.sync()
     return times
 
 
@@ -174,6 +179,8 @@ def main():
             ("`cp -r`", lambda: subprocess.run(["cp", "-r", src, copy], check=True), rm_copy),
             ("`cp -r`, then fsync every file (durable, as hspack commits)",
              lambda: (subprocess.run(["cp", "-r", src, copy], check=True), fsync_tree(copy)), rm_copy),
+            ("`cp -r`, then `sync` (every dirty page of the system written at once)",
+             lambda: (subprocess.run(["cp", "-r", src, copy], check=True), os.sync()), rm_copy),
             (f"`cp`, {procs} at once (`xargs -P {procs} cp --parents`)", lambda: parallel_cp(src, copy, procs), rm_copy),
             (f"`cp`, {procs} at once, then fsync every file", lambda: (parallel_cp(src, copy, procs), fsync_tree(copy)), rm_copy),
             (ours, lambda: subprocess.run(cmd, check=True), lambda: shutil.rmtree(ds)),
@@ -189,6 +196,7 @@ def main():
         for _, run, cleanup in tools:  # a warm-up round: the page cache, the binaries
             run()
             cleanup()
+            os.sync()
         load_before = os.getloadavg()
         times = interleaved(tools)
         load_after = os.getloadavg()

@@ -112,7 +112,11 @@ impl Storage for LocalStorage {
     fn create(&self, temp: &str) -> Result<Box<dyn NewFile>> {
         let temp = self.dir.join(temp);
         let file = File::create(&temp).map_err(io(&temp, "create"))?;
-        Ok(Box::new(LocalNewFile { file, temp }))
+        Ok(Box::new(LocalNewFile {
+            file,
+            temp,
+            unsent: None,
+        }))
     }
 
     fn replace(
@@ -207,18 +211,34 @@ pub(crate) fn out_of_file(path: &Path, range: &Range<u64>, len: u64) -> Error {
     }
 }
 
+/// Bytes written into a new file before the disk is set to writing them
+/// ([`super::mmap::start_writeback`]).
+const WRITE_BEHIND: u64 = 32 << 20;
+
 /// A file being written in a dataset folder under its temp name.
 #[derive(Debug)]
 struct LocalNewFile {
     temp: PathBuf,
     file: File,
+    /// The bytes written since the disk was last set to writing (first to last offset).
+    unsent: Option<Range<u64>>,
 }
 
 impl NewFile for LocalNewFile {
     fn write_at(&mut self, offset: u64, bytes: &[u8]) -> Result<()> {
         self.file
             .write_all_at(bytes, offset)
-            .map_err(io(&self.temp, "write"))
+            .map_err(io(&self.temp, "write"))?;
+        let end = offset + bytes.len() as u64;
+        let unsent = match self.unsent.take() {
+            Some(r) => r.start.min(offset)..r.end.max(end),
+            None => offset..end,
+        };
+        match unsent.end - unsent.start >= WRITE_BEHIND {
+            true => super::mmap::start_writeback(&self.file, unsent),
+            false => self.unsent = Some(unsent),
+        }
+        Ok(())
     }
 
     fn sync_data(&mut self) -> Result<()> {

@@ -2,6 +2,7 @@
 #![allow(unsafe_code)]
 
 use std::fs::File;
+use std::ops::Range;
 use std::path::Path;
 
 use memmap2::Mmap;
@@ -246,6 +247,30 @@ pub(super) fn resident(map: &Mmap, start: usize, len: usize) -> bool {
         )
     } == 0;
     ok && flags.iter().all(|f| f & 1 == 1)
+}
+
+/// Starts writing bytes `range` of `file` to disk without waiting for them (Linux
+/// `sync_file_range(SYNC_FILE_RANGE_WRITE)`): the disk works while the writer goes on, and the
+/// fsync before the file is published finds little left to write. Durability still comes only
+/// from that fsync; where the call fails or does not exist, nothing happens.
+pub(super) fn start_writeback(file: &File, range: Range<u64>) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        let (Ok(start), Ok(len)) = (
+            i64::try_from(range.start),
+            i64::try_from(range.end.saturating_sub(range.start)),
+        ) else {
+            return;
+        };
+        // SAFETY: a system call on a descriptor `file` keeps open; it reads and writes no
+        // memory of this process, and a refusal (an unsupported file system) is harmless.
+        let _ = unsafe {
+            libc::sync_file_range(file.as_raw_fd(), start, len, libc::SYNC_FILE_RANGE_WRITE)
+        };
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (file, range);
 }
 
 /// [`map_path`], with the error naming the file.
