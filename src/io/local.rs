@@ -215,6 +215,12 @@ pub(crate) fn out_of_file(path: &Path, range: &Range<u64>, len: u64) -> Error {
 /// ([`super::mmap::start_writeback`]).
 const WRITE_BEHIND: u64 = 32 << 20;
 
+/// The most bytes one `pwrite` writes. A whole sample at once (hundreds of MiB) made the
+/// kernel's copy into the page cache swing from run to run, up to several times slower, on
+/// ext4 and tmpfs alike; 1 MiB pieces cost the same every time
+/// (`benches/results/convert_disk_local_2cpu.md`).
+const WRITE_PIECE: usize = 1 << 20;
+
 /// A file being written in a dataset folder under its temp name.
 #[derive(Debug)]
 struct LocalNewFile {
@@ -226,17 +232,21 @@ struct LocalNewFile {
 
 impl NewFile for LocalNewFile {
     fn write_at(&mut self, offset: u64, bytes: &[u8]) -> Result<()> {
-        self.file
-            .write_all_at(bytes, offset)
-            .map_err(io(&self.temp, "write"))?;
-        let end = offset + bytes.len() as u64;
-        let unsent = match self.unsent.take() {
-            Some(r) => r.start.min(offset)..r.end.max(end),
-            None => offset..end,
-        };
-        match unsent.end - unsent.start >= WRITE_BEHIND {
-            true => super::mmap::start_writeback(&self.file, unsent),
-            false => self.unsent = Some(unsent),
+        let mut at = offset;
+        for piece in bytes.chunks(WRITE_PIECE) {
+            self.file
+                .write_all_at(piece, at)
+                .map_err(io(&self.temp, "write"))?;
+            let end = at + piece.len() as u64;
+            let unsent = match self.unsent.take() {
+                Some(r) => r.start.min(at)..r.end.max(end),
+                None => at..end,
+            };
+            match unsent.end - unsent.start >= WRITE_BEHIND {
+                true => super::mmap::start_writeback(&self.file, unsent),
+                false => self.unsent = Some(unsent),
+            }
+            at = end;
         }
         Ok(())
     }
