@@ -221,6 +221,24 @@ const WRITE_BEHIND: u64 = 32 << 20;
 /// (`benches/results/convert_disk_local_2cpu.md`).
 const WRITE_PIECE: usize = 1 << 20;
 
+/// Writes `bytes` at `offset` of `file` in `pwrite`s of at most [`WRITE_PIECE`] bytes, calling
+/// `written` with the range of each piece once it is written.
+pub(super) fn write_in_pieces(
+    file: &File,
+    offset: u64,
+    bytes: &[u8],
+    mut written: impl FnMut(Range<u64>),
+) -> std::io::Result<()> {
+    let mut at = offset;
+    for piece in bytes.chunks(WRITE_PIECE) {
+        file.write_all_at(piece, at)?;
+        let end = at + piece.len() as u64;
+        written(at..end);
+        at = end;
+    }
+    Ok(())
+}
+
 /// A file being written in a dataset folder under its temp name.
 #[derive(Debug)]
 struct LocalNewFile {
@@ -232,22 +250,18 @@ struct LocalNewFile {
 
 impl NewFile for LocalNewFile {
     fn write_at(&mut self, offset: u64, bytes: &[u8]) -> Result<()> {
-        let mut at = offset;
-        for piece in bytes.chunks(WRITE_PIECE) {
-            self.file
-                .write_all_at(piece, at)
-                .map_err(io(&self.temp, "write"))?;
-            let end = at + piece.len() as u64;
-            let unsent = match self.unsent.take() {
-                Some(r) => r.start.min(at)..r.end.max(end),
-                None => at..end,
+        let LocalNewFile { file, temp, unsent } = self;
+        write_in_pieces(file, offset, bytes, |piece| {
+            let range = match unsent.take() {
+                Some(r) => r.start.min(piece.start)..r.end.max(piece.end),
+                None => piece,
             };
-            match unsent.end - unsent.start >= WRITE_BEHIND {
-                true => super::mmap::start_writeback(&self.file, unsent),
-                false => self.unsent = Some(unsent),
+            match range.end - range.start >= WRITE_BEHIND {
+                true => super::mmap::start_writeback(file, range),
+                false => *unsent = Some(range),
             }
-            at = end;
-        }
+        })
+        .map_err(io(&*temp, "write"))?;
         Ok(())
     }
 

@@ -793,7 +793,7 @@ impl NewFile for ObjectNewFile {
             self.start_spool()?;
         }
         if let Some(spool) = &self.spool {
-            spool.write_all_at(bytes, offset).map_err(|e| Error::Io {
+            super::local::write_in_pieces(spool, offset, bytes, |_| {}).map_err(|e| Error::Io {
                 path: std::env::temp_dir(),
                 op: "write the spool file (set TMPDIR to a folder with room for a shard)",
                 source: e,
