@@ -325,31 +325,30 @@ pub fn check(store: &Arc<Store>) -> Result<StoreCheck> {
             ));
         }
     }
-    let mut fresh: Option<BlobIndex> = None;
+    // Datasets removed or rewritten since they were read, and collected (their blobs gone
+    // from the index, or their packs rewritten): read again, every dataset first, then the
+    // index once, so that none was rewritten after the index it is checked against.
+    let mut again = Vec::new();
     for (name, snap) in snapshots {
         if referenced_present(store, &index, &name, &snap).is_ok() {
             c.datasets += 1;
             continue;
         }
-        // Removed or rewritten since it was read, and collected (its blobs gone from the
-        // index, or its packs rewritten): read again, the dataset first, then the index.
-        let again = match store.snapshot(&name) {
-            Ok(Some((snap, _))) => snap,
-            Ok(None) => continue,
-            Err(e) if e.is_damage() => {
-                c.problems.push(e.to_string());
-                continue;
-            }
+        match store.snapshot(&name) {
+            Ok(Some((snap, _))) => again.push((name, snap)),
+            Ok(None) => {}
+            Err(e) if e.is_damage() => c.problems.push(e.to_string()),
             Err(e) => return Err(e),
-        };
-        let index_now = match &fresh {
-            Some(i) => i,
-            None => fresh.insert(store.index()?),
-        };
-        match referenced_present(store, index_now, &name, &again) {
-            Ok(()) => c.datasets += 1,
-            // A blob that cannot be read (a pack cut short) is named too, as damage.
-            Err(e) => c.problems.push(e.to_string()),
+        }
+    }
+    if !again.is_empty() {
+        let index_now = store.index()?;
+        for (name, snap) in again {
+            match referenced_present(store, &index_now, &name, &snap) {
+                Ok(()) => c.datasets += 1,
+                // A blob that cannot be read (a pack cut short) is named too, as damage.
+                Err(e) => c.problems.push(e.to_string()),
+            }
         }
     }
     let captures = store.captures();
