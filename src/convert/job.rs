@@ -235,15 +235,10 @@ fn remove_empty_dataset(o: &ConvertOptions, folder_existed: bool) {
         // What the failed first commit left goes before the manifest (a crash in between
         // leaves the manifest, and the next writer removes them): without a manifest, a
         // writer takes files named as a dataset's for someone else's and refuses the folder.
-        let listed = ds.manifest().listed_names();
         let storage = ds.storage();
-        for name in storage.list().unwrap_or_default() {
-            if listed.is_leftover(&name) {
-                let _ = storage.delete(&name);
-            }
-        }
+        let _ = crate::write::dataset_writer::remove_leftovers(storage.as_ref(), ds.manifest());
         let _ = storage.delete(MANIFEST_FILE);
-        let _ = ds.storage().delete(super::keys::KEYS_FILE);
+        let _ = storage.delete(super::keys::KEYS_FILE);
     }
     let report = o
         .report_path

@@ -615,9 +615,11 @@ pub fn refuse_left_out(
         specs.iter().any(|s| s.sources().any(|src| src == name))
             || options.read_besides.iter().any(|r| r == name)
     };
+    // Only what no field reads is described (a string each): most tensors are read.
     let left = held
         .tensors
         .iter()
+        .filter(|t| !read(&t.name))
         .map(|t| {
             (
                 &t.name,
@@ -626,11 +628,10 @@ pub fn refuse_left_out(
                 &t.shape,
             )
         })
-        .chain(held.unsupported.iter().map(|u| {
+        .chain(held.unsupported.iter().filter(|u| !read(&u.name)).map(|u| {
             let what = format!("{}, a dtype hspack does not store, {:?}", u.dtype, u.shape);
             (&u.name, what, None, &u.shape)
-        }))
-        .filter(|(name, ..)| !read(name));
+        }));
     if preset != Preset::Generic {
         // A tensor of a dtype hspack does not store is harmless unless a field reads it, or
         // --delete-source would delete it: it could hold hidden states (uint16 bf16 bits).

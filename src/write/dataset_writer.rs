@@ -904,7 +904,7 @@ fn clear_for_creation(storage: &dyn Storage, manifest: &Manifest) -> Result<()> 
 }
 
 /// Removes what an interrupted writer left ([`Manifest::is_leftover`]).
-fn remove_leftovers(storage: &dyn Storage, manifest: &Manifest) -> Result<()> {
+pub(crate) fn remove_leftovers(storage: &dyn Storage, manifest: &Manifest) -> Result<()> {
     let mut removed = false;
     let listed = manifest.listed_names();
     for name in storage.list()? {
