@@ -1,9 +1,9 @@
 """Two builds of ``hspack convert`` against each other and ``cp -r`` + ``sync``, alternating.
 
 Writes the SpecForge dump of ``bench_convert.py`` (``--gb`` GB, hidden 7168) into ``--dir``,
-then runs, round after round, each round starting one tool later: ``A convert``, ``B convert``,
-``cp -r`` followed by ``sync``. Every run is followed by the removal of its output and a
-``sync``, untimed, so none pays for another's write-back. Prints the load average, each
+then runs, round after round, each round starting one tool later (``bench_convert.interleaved``): ``A convert``,
+``B convert``, ``cp -r`` followed by ``sync``. Every run is followed by the removal of its
+output and a ``sync``, untimed, so none pays for another's write-back. Prints the load average, each
 tool's times, min and median. For a change to the write path, the build before as ``--a`` and
 the build after as ``--b``:
 
@@ -22,6 +22,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_convert  # noqa: E402
 from bench_convert import generate  # noqa: E402
 
 
@@ -44,16 +45,14 @@ def main():
 
         tools = [(f"A `{a.a}`", convert(a.a)), (f"B `{a.b}`", convert(a.b)),
                  ("`cp -r`, then `sync`", lambda: (subprocess.run(["cp", "-r", src, out], check=True), os.sync()))]
-        times = {name: [] for name, _ in tools}
+        tools = [(name, run, lambda: shutil.rmtree(out)) for name, run in tools]
         load_before = os.getloadavg()
-        for r in range(-1, max(1, a.rounds)):  # round -1 warms the page cache and is not kept
-            for name, run in tools[r % len(tools):] + tools[: r % len(tools)]:
-                start = time.perf_counter()
-                run()
-                if r >= 0:
-                    times[name].append(time.perf_counter() - start)
-                shutil.rmtree(out)
-                os.sync()
+        for _, run, cleanup in tools:  # a warm-up round: the page cache, the binaries
+            run()
+            cleanup()
+            os.sync()
+        bench_convert.REPEAT = max(1, a.rounds)
+        times = bench_convert.interleaved(tools)
         print(f"\n{files} SpecForge files, {total / 1e9:.2f} GB, in {a.dir}, {os.cpu_count()} cores, "
               f"{a.rounds} rounds after a warm-up round; load average before {load_before}, after {os.getloadavg()}\n")
         print("| tool | min s | median s | every round, s |")

@@ -64,8 +64,13 @@ def tree_bytes(root):
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(root) for f in fs)
 
 
+def ckpt_files(src):
+    """The dump's `.ckpt` files, sorted."""
+    return sorted(os.path.join(d, f) for d, _, fs in os.walk(src) for f in fs if f.endswith(".ckpt"))
+
+
 def naive(src, out_path, hidden, split):
-    files = sorted(os.path.join(d, f) for d, _, fs in os.walk(src) for f in fs if f.endswith(".ckpt"))
+    files = ckpt_files(src)
     naive_files(files, out_path, hidden, split)
 
 
@@ -91,7 +96,7 @@ def naive_parallel(src, out_dir, hidden, split, procs):
     writing its own output file."""
     from concurrent.futures import ProcessPoolExecutor
 
-    files = sorted(os.path.join(d, f) for d, _, fs in os.walk(src) for f in fs if f.endswith(".ckpt"))
+    files = ckpt_files(src)
     os.makedirs(out_dir)
     with ProcessPoolExecutor(procs) as pool:
         list(pool.map(naive_files, [files[i::procs] for i in range(procs)], [os.path.join(out_dir, f"{i}.bin") for i in range(procs)], [hidden] * procs, [split] * procs))
