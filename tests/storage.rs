@@ -353,6 +353,58 @@ fn a_shard_published_without_its_manifest_is_a_leftover_not_damage() {
     check_all("after the next writer", &open(&storage), 9);
 }
 
+/// A writer removes what an interrupted writer left and nothing else: files of the user's in
+/// the dataset folder whose names only resemble a writer's survive, byte for byte, and verify
+/// calls only the real leftovers leftovers.
+#[test]
+fn files_that_only_look_like_a_writers_survive_the_next_writer() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage: Arc<dyn Storage> = Arc::new(LocalStorage::new(dir.path()));
+    write(&storage, 0..5, small_options());
+    let theirs = [
+        "samples_stats.parquet",
+        "samples-old.parquet",
+        "shard-000001-old.hsp",
+        "shard-a.hsp",
+        "segment-notes.json",
+        "keys-backup.bin",
+        "lane-notes.hsp.tmp",
+        "notes.tmp",
+    ];
+    for (i, name) in theirs.iter().enumerate() {
+        std::fs::write(dir.path().join(name), format!("the user's file {i}")).unwrap();
+    }
+    // What an interrupted writer leaves: a shard the manifest does not list, a temp file.
+    let leftovers = ["shard-000009.hsp", "shard-000001.hsp.tmp"];
+    for name in leftovers {
+        std::fs::write(dir.path().join(name), b"half a shard").unwrap();
+    }
+    let report = verify_dataset(&open(&storage), VerifyOptions::default(), &|_| {}).unwrap();
+    let mut named: Vec<String> = (report.leftovers.iter())
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    named.sort();
+    assert_eq!(
+        named,
+        ["shard-000001.hsp.tmp", "shard-000009.hsp"],
+        "{report:?}"
+    );
+
+    write(&storage, 5..9, small_options());
+    check_all("after the next writer", &open(&storage), 9);
+    for (i, name) in theirs.iter().enumerate() {
+        let kept = std::fs::read_to_string(dir.path().join(name));
+        assert_eq!(
+            kept.ok().as_deref(),
+            Some(format!("the user's file {i}").as_str()),
+            "{name}"
+        );
+    }
+    for name in leftovers {
+        assert!(!dir.path().join(name).exists(), "{name} is still there");
+    }
+}
+
 /// A commit inside `append` (the open shard is full) that fails stops the writer: the shard's
 /// samples were accepted, and given ordinals, by earlier appends, so every later call is
 /// refused with an error naming them, and no ordinal is given twice. Reopened, the dataset
@@ -542,7 +594,7 @@ fn a_commit_that_may_have_landed_takes_back_none_of_its_files() {
 #[test]
 fn a_leased_writer_takes_back_only_what_no_manifest_can_list() {
     let m = MemoryStorage::new("leased");
-    m.lease_as("a11ce5");
+    m.lease_as("a11ce5a11ce5a11ce5a11ce5a11ce5a1");
     let storage: Arc<dyn Storage> = Arc::new(m.clone());
     write(&storage, 0..5, small_options());
     let mut w = reopen(&storage);
@@ -605,12 +657,13 @@ fn listed(storage: &Arc<dyn Storage>) -> Vec<String> {
     names
 }
 
-/// A folder holding no dataset but the user's own files, some named as hspack names a
-/// dataset's: creating a dataset there deletes nothing and is refused, naming those files and
-/// what to do (a shard 0 too: a dataset whose manifest was lost). Moved out, the dataset is
+/// A folder holding no dataset but the user's own files, one named as hspack names a
+/// dataset's (a shard 0: a dataset whose manifest was lost?): creating a dataset there
+/// deletes nothing and is refused, naming that file and what to do. Moved out, the dataset is
 /// created: hspack's temp files, what a writer killed while creating the dataset leaves, are
-/// removed, and this writer and the next leave the user's other files (`notes.tmp`
-/// too: a temp name that is not hspack's) alone; verify calls them unknown.
+/// removed, and this writer and the next leave the user's other files alone, those whose
+/// names only resemble hspack's too (`notes.tmp`, `samples_train.parquet`); verify calls them
+/// unknown.
 #[test]
 fn a_writer_never_deletes_files_of_a_folder_that_holds_no_dataset() {
     let (_tmp, backends) = backends();
@@ -622,7 +675,7 @@ fn a_writer_never_deletes_files_of_a_folder_that_holds_no_dataset() {
         "shard-000000.hsp",
     ];
     let first_commit = [
-        "lane-0a1b-000003.hsp.tmp",
+        "lane-0a1b2c3d4e5f60718293a4b5c6d7e8f9-000003.hsp.tmp",
         "manifest.json.tmp",
         "segment-000000-000000-0123456789abcdef.json.tmp",
         "shard-000000.hsp.tmp",
@@ -653,7 +706,7 @@ fn a_writer_never_deletes_files_of_a_folder_that_holds_no_dataset() {
                 let said = err.to_string();
                 for part in [
                     "no manifest.json",
-                    "(keys-of-my-house.bin, samples_train.parquet, shard-000000.hsp)",
+                    "(shard-000000.hsp)",
                     "move them out of the folder",
                 ] {
                     assert!(said.contains(part), "{name}: {part:?} is not in: {said}");
@@ -667,19 +720,22 @@ fn a_writer_never_deletes_files_of_a_folder_that_holds_no_dataset() {
                 "{name}: nothing deleted or added (lock files aside)"
             );
         }
-        for file in [
-            "keys-of-my-house.bin",
-            "samples_train.parquet",
-            "shard-000000.hsp",
-        ] {
-            storage.delete(file).unwrap();
-        }
+        storage.delete("shard-000000.hsp").unwrap();
         write(&storage, 0..3, small_options());
         write(&storage, 3..5, small_options());
         check_all(name, &open(&storage), 5);
-        let left = listed(&storage);
-        for file in ["notes.tmp", "readme.txt"] {
-            assert!(left.iter().any(|f| f == file), "{name}: {file} is gone");
+        let kept = [
+            "keys-of-my-house.bin",
+            "notes.tmp",
+            "readme.txt",
+            "samples_train.parquet",
+        ];
+        for file in kept {
+            assert_eq!(
+                storage.read(file).unwrap().as_deref(),
+                Some(file.as_bytes()),
+                "{name}: {file}"
+            );
         }
         let report = verify_dataset(&open(&storage), VerifyOptions::default(), &|_| {}).unwrap();
         assert!(
@@ -689,7 +745,7 @@ fn a_writer_never_deletes_files_of_a_folder_that_holds_no_dataset() {
         let unknown: Vec<_> = (report.unknown_files.iter())
             .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
             .collect();
-        assert_eq!(unknown, ["notes.tmp", "readme.txt"], "{name}");
+        assert_eq!(unknown, kept, "{name}");
     }
 }
 

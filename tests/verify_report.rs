@@ -59,7 +59,11 @@ fn interrupt(dir: &Path) {
     write(dir, 12, 4);
     std::fs::write(dir.join("manifest.json"), manifest).unwrap();
     std::fs::write(dir.join("shard-000003.hsp.tmp"), [7u8; 300]).unwrap();
-    std::fs::write(dir.join("lane-0-000001.hsp.tmp"), [7u8; 100]).unwrap();
+    std::fs::write(
+        dir.join("lane-5eed5eed5eed5eed5eed5eed5eed5eed-000001.hsp.tmp"),
+        [7u8; 100],
+    )
+    .unwrap();
     std::fs::write(dir.join("manifest.json.tmp"), b"{").unwrap();
     std::fs::write(
         dir.join(".hspack-writer.lock"),
@@ -84,7 +88,7 @@ fn files_of_an_interrupted_writer_are_a_note_not_damage() {
             names(&r.leftovers),
             [
                 "keys-000002-000002.bin",
-                "lane-0-000001.hsp.tmp",
+                "lane-5eed5eed5eed5eed5eed5eed5eed5eed-000001.hsp.tmp",
                 "manifest.json.tmp",
                 "samples-000002-000002.parquet",
                 "segment-000002-000002.json",
@@ -101,7 +105,7 @@ fn files_of_an_interrupted_writer_are_a_note_not_damage() {
     assert!(!out.contains("DAMAGED"), "{out}");
     assert!(out.contains(LEFTOVER_NOTE), "{out}");
     for f in [
-        "lane-0-000001.hsp.tmp",
+        "lane-5eed5eed5eed5eed5eed5eed5eed5eed-000001.hsp.tmp",
         "manifest.json.tmp",
         "segment-000002-000002.json",
         "shard-000002.hsp",

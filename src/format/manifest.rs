@@ -653,23 +653,72 @@ pub fn lane_file_name(tag: &str, n: u64) -> String {
     format!("lane-{tag}-{n:06}.hsp")
 }
 
-/// True for a name of the form of [`lane_file_name`].
+/// True for a name of the form of [`lane_file_name`]: `lane-`, a writer's tag (16 or more
+/// lowercase hex digits), `-`, a number of 6 or more digits, `.hsp`.
 pub fn is_lane_file_name(name: &str) -> bool {
-    name.starts_with("lane-") && name.ends_with(".hsp")
+    let Some(rest) = name
+        .strip_prefix("lane-")
+        .and_then(|r| r.strip_suffix(".hsp"))
+    else {
+        return false;
+    };
+    rest.split_once('-')
+        .is_some_and(|(tag, n)| tag.len() >= LEASE_IN_NAMES && is_lower_hex(tag) && is_number(n))
 }
 
-/// True for the name of a file a writer makes besides the manifest: a shard, samples table
-/// (or part), segment or key run.
+/// True for the name of a file a writer makes besides the manifest, exactly of a form of
+/// FORMAT.md §1's table: a shard, samples table (or part), segment or key run. A name that
+/// only resembles one (`samples-old.parquet`, `shard-a.hsp`) is someone else's file, which
+/// no writer takes for its leftover.
 pub fn is_data_file_name(name: &str) -> bool {
+    let numbered = |prefix: &str, suffix: &str, numbers: usize| {
+        name.strip_prefix(prefix)
+            .and_then(|r| r.strip_suffix(suffix))
+            .is_some_and(|r| is_numbered(r, numbers))
+    };
     is_shard_file_name(name)
-        || (name.starts_with("samples") && name.ends_with(".parquet"))
-        || (name.starts_with("segment-") && name.ends_with(".json"))
-        || (name.starts_with("keys-") && name.ends_with(".bin"))
+        || name == SAMPLES_TABLE_FILE
+        || name
+            .strip_prefix("samples-")
+            .and_then(|r| r.strip_suffix(".parquet"))
+            .is_some_and(is_tag_in_name)
+        || numbered("samples-", ".parquet", 2)
+        || numbered("segment-", ".json", 2)
+        || numbered("keys-", ".bin", 2)
 }
 
-/// True for the name of a shard file ([`shard_file_name`]).
+/// True for the name of a shard file ([`shard_file_name`]): `shard-NNNNNN.hsp` or
+/// `shard-NNNNNN-LLLLLLLLLLLLLLLL.hsp`.
 pub fn is_shard_file_name(name: &str) -> bool {
-    name.starts_with("shard-") && name.ends_with(".hsp")
+    name.strip_prefix("shard-")
+        .and_then(|r| r.strip_suffix(".hsp"))
+        .is_some_and(|r| is_numbered(r, 1))
+}
+
+/// True for `numbers` numbers of 6 or more digits, then optionally the tag of a writer in
+/// names ([`is_tag_in_name`]), joined by `-`.
+fn is_numbered(rest: &str, numbers: usize) -> bool {
+    let parts: Vec<&str> = rest.split('-').collect();
+    let (numbered, tag) = match parts.len() {
+        n if n == numbers => (&parts[..], None),
+        n if n == numbers + 1 => (&parts[..numbers], Some(parts[numbers])),
+        _ => return false,
+    };
+    numbered.iter().all(|n| is_number(n)) && tag.is_none_or(is_tag_in_name)
+}
+
+/// A sequence number or lane number in a name: 6 or more decimal digits.
+fn is_number(s: &str) -> bool {
+    s.len() >= 6 && s.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// The tag of a writer in the names it publishes ([`lease_in_name`]): 16 lowercase hex digits.
+fn is_tag_in_name(s: &str) -> bool {
+    s.len() == LEASE_IN_NAMES && is_lower_hex(s)
+}
+
+fn is_lower_hex(s: &str) -> bool {
+    s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 
 pub(crate) fn lease_in_name(lease: &str) -> &str {
@@ -844,6 +893,55 @@ mod tests {
         let mut v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
         v.as_object_mut().unwrap().remove("segments");
         assert!(Manifest::decode(&serde_json::to_vec(&v).unwrap()).is_err());
+    }
+
+    #[test]
+    fn the_names_a_writer_makes_are_its_and_look_alikes_are_not() {
+        use crate::format::segment::{key_run_file_name, segment_file_name, table_part_file_name};
+        let tag = hex(&crate::io::unique_id(b"names"));
+        let ours = [
+            shard_file_name(0, None),
+            shard_file_name(u32::MAX, Some(&tag)),
+            samples_table_file_name(None),
+            samples_table_file_name(Some(&tag)),
+            segment_file_name(0, 7, None),
+            segment_file_name(8, 9, Some(&tag)),
+            key_run_file_name(1, 2, Some(&tag)),
+            table_part_file_name(3, 4, None),
+        ];
+        for name in &ours {
+            assert!(is_data_file_name(name), "{name}");
+            assert!(is_temp_file_name(&format!("{name}{TEMP_SUFFIX}")), "{name}");
+        }
+        let lane = lane_file_name(&tag, 12);
+        assert!(is_lane_file_name(&lane) && is_temp_file_name(&format!("{lane}{TEMP_SUFFIX}")));
+        let theirs = [
+            "shard-a.hsp",
+            "shard-00001.hsp",
+            "shard-000001-old.hsp",
+            "shard-000001-0123456789ABCDEF.hsp",
+            "shard-000001.hsp.bak",
+            "samples_stats.parquet",
+            "samples-old.parquet",
+            "samples-000001.parquet",
+            "samples-000001-000002-x.parquet",
+            "segment-notes.json",
+            "segment-000001-000002-000003-0123456789abcdef.json",
+            "keys-000001-000002.bin.gz",
+            "keys-.bin",
+            "lane-notes.hsp",
+            "lane-0123-000001.hsp",
+        ];
+        for name in theirs {
+            assert!(
+                !is_data_file_name(name) && !is_lane_file_name(name),
+                "{name}"
+            );
+            assert!(
+                !is_temp_file_name(&format!("{name}{TEMP_SUFFIX}")),
+                "{name}"
+            );
+        }
     }
 
     #[test]
