@@ -13,7 +13,8 @@ use crate::failpoint::failpoint;
 use crate::format::manifest::{hex, TableRecord, SEGMENTS_VERSION};
 use crate::format::segment::{
     encode_key_run, key_run_file_name, segment_file_name, table_part_file_name, KeyRunEntry,
-    KeyRunRecord, Segment, SegmentFiles, SegmentRef, SEGMENT_FORMAT, SEGMENT_VERSION,
+    KeyRunRecord, Segment, SegmentFiles, SegmentRef, MAX_SEGMENT_BYTES, SEGMENT_FORMAT,
+    SEGMENT_VERSION,
 };
 use crate::format::{FormatError, Manifest, ShardRecord};
 use crate::io::{temp_name, FileReader, Storage};
@@ -23,6 +24,11 @@ use super::samples_table::{self, SampleRow};
 
 /// Segments of one level that are replaced by one of the next level.
 pub const MERGE_FANOUT: usize = 8;
+
+/// Segments whose files together hold more than this are not merged (FORMAT.md §6.3): a
+/// merged segment is no larger than those it replaces, so every segment a writer makes stays
+/// well inside the [`MAX_SEGMENT_BYTES`] readers accept.
+pub const MERGED_SEGMENT_BYTES: u64 = MAX_SEGMENT_BYTES / 2;
 
 /// Entries of a key run read or written at a time while runs are merged (1 MiB).
 const RUN_BLOCK: usize = 1 << 16;
@@ -243,16 +249,18 @@ impl<'a> Segments<'a> {
         Ok((reference, segment.into_parts().1))
     }
 
-    /// While the last [`MERGE_FANOUT`] segments share a level, replaces them by one segment of
-    /// the next level.
+    /// While the last [`MERGE_FANOUT`] segments share a level and hold no more than
+    /// [`MERGED_SEGMENT_BYTES`] together, replaces them by one segment of the next level.
     fn merge(&self, manifest: &mut Manifest) -> Result<()> {
         loop {
             let n = manifest.segments.len();
             let Some(start) = n.checked_sub(MERGE_FANOUT) else {
                 return Ok(());
             };
-            let level = manifest.segments[n - 1].level;
-            if manifest.segments[start..].iter().any(|g| g.level != level) {
+            let last = &manifest.segments[start..];
+            let level = last[MERGE_FANOUT - 1].level;
+            let bytes = last.iter().map(|g| g.bytes).fold(0u64, u64::saturating_add);
+            if last.iter().any(|g| g.level != level) || bytes > MERGED_SEGMENT_BYTES {
                 return Ok(());
             }
             let first = manifest.segments[start].first_seq as usize;
@@ -478,5 +486,65 @@ impl Mark {
         m.samples_table = self.samples_table;
         m.segments = self.segments;
         m.segment_files = self.segment_files;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::Schema;
+    use crate::io::MemoryStorage;
+
+    /// A manifest of [`MERGE_FANOUT`] level-0 segments of one shard each, `bytes` each.
+    fn manifest_of(bytes: u64) -> Manifest {
+        let mut m = Manifest::new([0; 16], Schema::new(vec![]));
+        for seq in 0..MERGE_FANOUT as u32 {
+            m.shards.push(ShardRecord {
+                file: crate::format::manifest::shard_file_name(seq, None),
+                seq,
+                bytes: 4096,
+                index_blake3: hex(&[0; 32]),
+                first_ordinal: 0,
+                samples: 0,
+                chunks: 0,
+                raw_bytes: 0,
+            });
+            let reference = SegmentRef {
+                file: segment_file_name(seq, seq, None),
+                bytes,
+                blake3: hex(&[0; 32]),
+                level: 0,
+                first_seq: seq,
+                shards: 1,
+                first_ordinal: 0,
+                samples: 0,
+            };
+            list(&mut m, (reference, SegmentFiles::default()));
+        }
+        m
+    }
+
+    #[test]
+    fn segments_too_large_together_are_not_merged() {
+        let storage = MemoryStorage::new("merge-cap");
+        let segments = Segments::new(&storage, None, false);
+        let mut big = manifest_of(MERGED_SEGMENT_BYTES / MERGE_FANOUT as u64 + 1);
+        segments.merge(&mut big).unwrap();
+        assert_eq!(
+            big.segments.len(),
+            MERGE_FANOUT,
+            "merged past the size limit"
+        );
+        assert!(
+            storage.list().unwrap().is_empty(),
+            "wrote {:?}",
+            storage.list()
+        );
+
+        // Just inside the limit, the same segments merge into one of level 1.
+        let mut small = manifest_of(MERGED_SEGMENT_BYTES / MERGE_FANOUT as u64);
+        segments.merge(&mut small).unwrap();
+        assert_eq!(small.segments.len(), 1);
+        assert_eq!(small.segments[0].level, 1);
     }
 }
