@@ -21,7 +21,9 @@ pass was the first), and the "first epoch" row is a new dataset object that hash
 chunk it reads. The last row is a reference for the cold rows: the hspack shards read with
 plain `pread`s after dropping the cache, on as many threads as there are workers, once in
 each cold round (deeper queues, as the workers' `MADV_POPULATE_READ` makes, can beat it on
-some disks).
+some disks). A warm "ceiling" row times the loop's copies alone, from tensors of the same
+shapes already in memory, once each warm round: no loader can deliver faster than the loop
+copies, so it bounds every row and shows how close each loader comes.
 
 Every loader runs with 0 workers (the loop reads in the trainer process) and with
 ``--workers`` persistent workers (forked once, as a multi-epoch trainer sets them up), so each
@@ -108,6 +110,23 @@ class Files(torch.utils.data.Dataset):
         else:
             d = torch.load(f, weights_only=True, mmap=self.how == "mmap")
         return {"input_ids": d["input_ids"], "loss_mask": d["loss_mask"], "aux_hidden_state": d["aux_hidden_state"][0], "hidden_state": d["hidden_state"][0]}
+
+
+class InMemory(torch.utils.data.Dataset):
+    """The ceiling of this loop: samples of the same shapes as views of one tensor already in
+    memory and mapped, so a run times only the loop's own copies."""
+
+    def __init__(self, lengths, hidden, aux_layers):
+        self.lengths, self.hidden, self.aux_layers = lengths, hidden, aux_layers
+        self.data = torch.ones(max(lengths) * hidden * (aux_layers + 1), dtype=torch.bfloat16)
+
+    def __len__(self):
+        return len(self.lengths)
+
+    def __getitem__(self, i):
+        t, h = self.lengths[i], self.hidden
+        aux = self.data[: t * h * self.aux_layers].view(t, h * self.aux_layers)
+        return {"aux_hidden_state": aux, "hidden_state": self.data[t * h * self.aux_layers : t * h * (self.aux_layers + 1)].view(t, h)}
 
 
 def make_loader(ds, workers):
@@ -261,6 +280,8 @@ def main():
         in_copy = {}  # (cache, name, workers) -> [share of the run spent in the loop's copies, ...]
         resident = []
         verify_gbs = []
+        ceiling = []  # GB/s of the loop's copies alone, once a warm round
+        in_memory = make_loader(InMemory(lengths, args.hidden, len(args.layers) - 1), 0)
         reference = []  # GB/s of the cold rounds' `pread` reference
         staging, _keep = staging_buffer(max(lengths) * args.hidden * (len(args.layers) - 1))
         kept = {}  # one loader per configuration, kept across epochs (persistent workers)
@@ -292,6 +313,9 @@ def main():
                     assert n == len(lengths)
                     results.setdefault((cache, name, w), []).append(nbytes / secs / 1e9)
                     in_copy.setdefault((cache, name, w), []).append(copying / secs)
+                if cache == "warm":
+                    _, nbytes, secs, _ = run(in_memory, staging)
+                    ceiling.append(nbytes / secs / 1e9)
                 if cache == "warm" and args.hspack_bin:
                     # Verify hashes every byte of the same shards: the bound a loader that
                     # checks its chunks can be held to. GB/s of the shard bytes.
@@ -327,6 +351,9 @@ def main():
             ratio = med[(cache, ours, args.workers)] / med[(cache, name, w)]
             copy_share = statistics.median(in_copy[(cache, name, w)])
             lines.append(f"| {cache} | {name} | {w} | {min(v):.2f} | {med[(cache, name, w)]:.2f} | {copy_share:.0%} | {ratio:.2f}x |")
+        if ceiling:
+            ratio = med[("warm", ours, args.workers)] / statistics.median(ceiling)
+            lines.append(f"| warm | ceiling: the loop's copies alone, from tensors already in memory, once a round | 0 | {min(ceiling):.2f} | {statistics.median(ceiling):.2f} | 100% | {ratio:.2f}x |")
         if reference:
             ratio = med[("cold", ours, args.workers)] / statistics.median(reference)
             lines.append(f"| cold | reference: the hspack shards read with `pread`, {args.workers} threads, once a round | | {min(reference):.2f} | {statistics.median(reference):.2f} | | {ratio:.2f}x |")
@@ -336,6 +363,9 @@ def main():
             lines.append("")
             lines.append(f"- warm: hspack view with {args.workers} workers reads at {ratio:.2f}x the speed of `hspack verify` over the same shards (medians)")
         lines.append("")
+        top = statistics.median(ceiling)
+        shares = ", ".join(f"{name} {max(med[('warm', name, w)] for w in (0, args.workers)) / top:.0%}" for name in loaders)
+        lines.append(f"- warm: each loader's best median as a share of the ceiling (the loop's copies alone, {top:.2f} GB/s): {shares}")
         for cache in ("warm",) if args.no_cold else ("warm", "cold"):
             for name in loaders:
                 if name.startswith("hspack"):
