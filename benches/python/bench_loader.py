@@ -23,7 +23,9 @@ plain `pread`s after dropping the cache, on as many threads as there are workers
 each cold round (deeper queues, as the workers' `MADV_POPULATE_READ` makes, can beat it on
 some disks). A warm "ceiling" row times the loop's copies alone, from tensors of the same
 shapes already in memory, once each warm round: no loader can deliver faster than the loop
-copies, so it bounds every row and shows how close each loader comes.
+copies, so it bounds every row and shows how close each loader comes. hspack's view also runs
+with 0 workers and the loop's copies on one thread (`torch.set_num_threads(1)`): the rate of a
+trainer reading on one core, which the view with workers should match at least.
 
 Every loader runs with 0 workers (the loop reads in the trainer process) and with
 ``--workers`` persistent workers (forked once, as a multi-epoch trainer sets them up), so each
@@ -267,15 +269,18 @@ def main():
             return lambda: HspackDataset(path, view="eagle3")
 
         ours = "hspack eagle3 view"
+        one_thread = "hspack eagle3 view, the loop's copies on one thread"
+        ours_ds = HspackDataset(f"{root}/hspack", view="eagle3")
         loaders = {
-            ours: (same(HspackDataset(f"{root}/hspack", view="eagle3")), hs_files),
+            ours: (same(ours_ds), hs_files),
+            one_thread: (same(ours_ds), hs_files),
             "hspack eagle3 view, first epoch (hashes every chunk)": (fresh(f"{root}/hspack"), hs_files),
             "hspack eagle3 view, one field per layer": (same(HspackDataset(f"{root}/hspack-layers", view="eagle3")), hl_files),
             "torch.load .ckpt": (same(Files(ck, "load")), ck),
             "torch.load(mmap=True)": (same(Files(ck, "mmap")), ck),
             "safetensors load_file": (same(Files(st, "safetensors")), st),
         }
-        configs = [(name, w) for name in loaders for w in (0, args.workers)]
+        configs = [(name, w) for name in loaders for w in ((0,) if name == one_thread else (0, args.workers))]
         results = {}  # (cache, name, workers) -> [GB/s, ...]
         in_copy = {}  # (cache, name, workers) -> [share of the run spent in the loop's copies, ...]
         resident = []
@@ -309,7 +314,13 @@ def main():
                         kept.clear()
                         release_mappings(loaders)
                         resident.append(evict(files))
-                    n, nbytes, secs, copying = run(loader_for(name, w), staging)
+                    threads = torch.get_num_threads()
+                    if name == one_thread:  # the trainer's own reading on one core
+                        torch.set_num_threads(1)
+                    try:
+                        n, nbytes, secs, copying = run(loader_for(name, w), staging)
+                    finally:
+                        torch.set_num_threads(threads)
                     assert n == len(lengths)
                     results.setdefault((cache, name, w), []).append(nbytes / secs / 1e9)
                     in_copy.setdefault((cache, name, w), []).append(copying / secs)
@@ -364,9 +375,13 @@ def main():
             lines.append(f"- warm: hspack view with {args.workers} workers reads at {ratio:.2f}x the speed of `hspack verify` over the same shards (medians)")
         lines.append("")
         top = statistics.median(ceiling)
-        shares = ", ".join(f"{name} {max(med[('warm', name, w)] for w in (0, args.workers)) / top:.0%}" for name in loaders)
+        shares = ", ".join(f"{name} {max(v for (c, n, _), v in med.items() if c == 'warm' and n == name) / top:.0%}" for name in loaders)
         lines.append(f"- warm: each loader's best median as a share of the ceiling (the loop's copies alone, {top:.2f} GB/s): {shares}")
         for cache in ("warm",) if args.no_cold else ("warm", "cold"):
+            lines.append(
+                f"- {cache}: hspack view, {args.workers} workers, vs its 0-worker loop with the copies on one thread: "
+                f"{med[(cache, ours, args.workers)] / med[(cache, one_thread, 0)]:.2f}x"
+            )
             for name in loaders:
                 if name.startswith("hspack"):
                     continue
