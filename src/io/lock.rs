@@ -45,7 +45,7 @@ impl WriterLock {
                 Err(TryLockError::WouldBlock) => {
                     return Err(Error::Locked {
                         path: dir.to_path_buf(),
-                        holder: holder_text(&mut file),
+                        holder: holder_text(&mut file, &path),
                     })
                 }
                 Err(TryLockError::Error(e)) => return Err(io(&path, "lock")(e)),
@@ -141,7 +141,7 @@ impl SharedLock {
                 Ok(()) => continue,
                 // A sole writer (refused at once), or a joining one removing leftovers.
                 Err(TryLockError::WouldBlock) => {
-                    let holder = holder_text(&mut file);
+                    let holder = holder_text(&mut file, &path);
                     if holder.starts_with("pid ") || std::time::Instant::now() >= deadline {
                         return Err(Error::Locked {
                             path: dir.to_path_buf(),
@@ -244,7 +244,7 @@ fn still_named(file: &File, path: &Path) -> Result<bool> {
     }
 }
 
-fn holder_text(file: &mut File) -> String {
+fn holder_text(file: &mut File, path: &Path) -> String {
     let mut text = String::new();
     let _ = file.take(256).read_to_string(&mut text);
     match text.trim() {
@@ -252,8 +252,28 @@ fn holder_text(file: &mut File) -> String {
         t if t.starts_with(&format!("pid {} ", std::process::id())) => {
             format!("{t}: another writer of this process; finish or drop it first")
         }
+        t if holder_exited(t) => format!(
+            "{t}, which has exited: a process it forked without exec (a DataLoader or \
+             multiprocessing worker) inherited the lock and still holds it; `fuser -v {}` \
+             names it: stop it",
+            path.display()
+        ),
         t => t.to_string(),
     }
+}
+
+/// True when lock text `t` names a process of this host (`pid N on HOST`) that no longer
+/// runs. The lock is held all the same: by a child forked from it, which shares the open
+/// lock file. False where this cannot be told (no `/proc`).
+fn holder_exited(t: &str) -> bool {
+    let Some((pid, host)) = t.strip_prefix("pid ").and_then(|r| r.split_once(" on ")) else {
+        return false;
+    };
+    let proc = Path::new("/proc");
+    pid.parse::<u32>().is_ok()
+        && host == host_name()
+        && proc.join("self").exists()
+        && !proc.join(pid).exists()
 }
 
 pub(crate) fn host_name() -> String {
@@ -288,6 +308,25 @@ mod tests {
         assert!(dir.path().join(LOCK_FILE).exists());
         drop(again);
         assert!(!dir.path().join(LOCK_FILE).exists());
+    }
+
+    /// A lock whose file names a process of this host that exited is held by a child it
+    /// forked: the refusal says so and how to find it. One naming a live process says only
+    /// who holds it.
+    #[test]
+    fn a_lock_held_after_its_writer_exited_names_the_forked_child() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(LOCK_FILE);
+        let held = open_lock_file(&path).unwrap();
+        held.try_lock().unwrap();
+        let parent = std::os::unix::process::parent_id();
+        for (pid, exited) in [(u32::MAX, true), (parent, false)] {
+            std::fs::write(&path, format!("pid {pid} on {}\n", host_name())).unwrap();
+            let msg = WriterLock::take(dir.path()).unwrap_err().to_string();
+            assert!(msg.contains(&format!("pid {pid} on ")), "{msg}");
+            assert_eq!(msg.contains("which has exited"), exited, "{msg}");
+            assert_eq!(msg.contains("fuser -v"), exited, "{msg}");
+        }
     }
 
     #[test]

@@ -225,3 +225,59 @@ def test_a_forked_child_records_captures_after_the_parent_did(tmp_path):
     assert _in_child(lambda: _store_capture(tmp_path / "store", "child", samples)) == 0
     child = hspack.open(tmp_path / "store" / "child")
     assert len(child) == 2 and torch.equal(child[1]["hidden.2"].view(torch.int16), samples[1][2].view(torch.int16))
+
+
+_TRAINER = r"""
+import os, sys, time
+sys.path.insert(0, sys.argv[2])
+import hspack
+from test_writer_safety import sample, schema
+
+w = hspack.Writer(sys.argv[1], schema())
+w.append("uncommitted", **sample(1))
+child = os.fork()
+if child == 0:  # a worker forked without exec: it shares the lock file's open descriptor
+    sys.stdin.read()  # until the test closes the pipe
+    os._exit(0)
+print(child, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_lock_a_killed_writers_child_still_holds_names_it_and_goes_with_it(tmp_path):
+    """A writer killed while a child it forked lives: the child still holds the lock (the
+    kernel releases it with the last process holding the file), so the next writer is refused,
+    and told that the writer named in the lock has exited, that a forked child holds it, and
+    how to find it. Once the child ends, the next writer takes the dataset, and the killed
+    writer's uncommitted sample is not in it."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "ds"
+    one_sample_dataset(path)
+    here = os.path.dirname(os.path.abspath(__file__))
+    trainer = subprocess.Popen([sys.executable, "-c", _TRAINER, str(path), here], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        int(trainer.stdout.readline())
+        trainer.kill()
+        trainer.wait()
+        with pytest.raises(hspack.HspackError) as e:
+            hspack.Writer(path, schema())
+        said = str(e.value)
+        assert e.value.kind == "Locked", said
+        assert f"pid {trainer.pid} on " in said and "which has exited" in said, said
+        assert "fuser -v" in said and ".hspack-writer.lock" in said, said
+    finally:
+        trainer.stdin.close()  # the child reads end of file and exits
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            w = hspack.Writer(path, schema())
+            break
+        except hspack.HspackError as err:
+            assert err.kind == "Locked" and time.monotonic() < deadline, err
+            time.sleep(0.05)
+    w.append("next", **sample(2))
+    w.finish()
+    assert keys(path) == ["first", "next"]
+    assert hspack.verify(path)["ok"]
