@@ -24,6 +24,7 @@ pub fn map_path(path: &Path) -> std::io::Result<FileBytes> {
 
 /// [`map_path`] of a file already open, found at `path`.
 fn map_open(file: &File, path: &Path) -> std::io::Result<FileBytes> {
+    use std::os::unix::fs::MetadataExt;
     let meta = file.metadata()?;
     if meta.len() == 0 {
         return Ok(FileBytes::from_vec(Vec::new()));
@@ -32,7 +33,7 @@ fn map_open(file: &File, path: &Path) -> std::io::Result<FileBytes> {
     // are never modified in place, and every access is bounds-checked against the length
     // captured here.
     let map = unsafe { Mmap::map(file) }?;
-    let map = ReadOnlyMap::listed(map, path);
+    let map = ReadOnlyMap::listed(map, path, mincore_tells(meta.uid(), effective_uid()));
     Ok(FileBytes::new(Backing::Mapped(map, FileId::of_meta(&meta))))
 }
 
@@ -42,13 +43,34 @@ fn map_open(file: &File, path: &Path) -> std::io::Result<FileBytes> {
 pub struct ReadOnlyMap {
     map: Mmap,
     slot: Option<usize>,
+    /// Whether `mincore` tells which of its pages are in the page cache ([`mincore_tells`]).
+    tells_residency: bool,
 }
 
 impl ReadOnlyMap {
-    fn listed(map: Mmap, path: &Path) -> ReadOnlyMap {
+    fn listed(map: Mmap, path: &Path, tells_residency: bool) -> ReadOnlyMap {
         let slot = written::list(map.as_ptr() as usize, map.len(), path);
-        ReadOnlyMap { map, slot }
+        ReadOnlyMap {
+            map,
+            slot,
+            tells_residency,
+        }
     }
+}
+
+/// True when `mincore` tells which pages of a file owned by `file_uid` are in the page cache,
+/// for a process of effective uid `euid`. Since Linux 5.0 it does only for a file the process
+/// owns or may write, or with `CAP_FOWNER` (root); of any other file it says every page is
+/// there, which would make [`resident`] skip every read-ahead of a dataset another user wrote.
+/// Write permission through a group is not worked out: such a file is hinted as if uncached.
+fn mincore_tells(file_uid: u32, euid: u32) -> bool {
+    euid == 0 || file_uid == euid
+}
+
+fn effective_uid() -> u32 {
+    // SAFETY: `geteuid` reads the process's credentials; it has no memory effects and never
+    // fails.
+    unsafe { libc::geteuid() }
 }
 
 impl std::ops::Deref for ReadOnlyMap {
@@ -219,10 +241,13 @@ pub(super) fn release(map: &Mmap, start: usize, len: usize) {
 }
 
 /// True when every page of bytes `start..start + len` of `map` is in the page cache
-/// (`mincore`); false when some are not, or the kernel cannot tell. Cheaper than loading pages
-/// already there (`MADV_POPULATE_READ` takes each page in turn), which a DataLoader worker
-/// otherwise does for every sample of every epoch.
-pub(super) fn resident(map: &Mmap, start: usize, len: usize) -> bool {
+/// (`mincore`); false when some are not, or the kernel cannot tell ([`mincore_tells`]).
+/// Cheaper than loading pages already there (`MADV_POPULATE_READ` takes each page in turn),
+/// which a DataLoader worker otherwise does for every sample of every epoch.
+pub(super) fn resident(map: &ReadOnlyMap, start: usize, len: usize) -> bool {
+    if !map.tells_residency {
+        return false;
+    }
     static PAGE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     // SAFETY: `sysconf` reads a constant of the system; it has no memory effects.
     let page = *PAGE.get_or_init(|| match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
@@ -574,7 +599,8 @@ mod tests {
         file.set_len(64 << 20).unwrap();
         drop(file);
         // SAFETY: a file of this test's own, not changed while mapped.
-        let map = unsafe { Mmap::map(&File::open(&path).unwrap()) }.unwrap();
+        let mapped = unsafe { Mmap::map(&File::open(&path).unwrap()) }.unwrap();
+        let map = ReadOnlyMap::listed(mapped, &path, true);
         assert!(!resident(&map, 0, 64 << 20));
         assert_eq!(map[(32 << 20) + 5..(32 << 20) + 9], [0; 4]); // reads (caches) that page
         assert!(resident(&map, (32 << 20) + 5, 4));
@@ -584,5 +610,19 @@ mod tests {
             "out of range is never resident"
         );
         assert!(!resident(&map, 0, 0));
+        // A mapping whose residency the kernel does not tell is never called resident, so
+        // it is always read ahead.
+        // SAFETY: as above.
+        let again = unsafe { Mmap::map(&File::open(&path).unwrap()) }.unwrap();
+        let untold = ReadOnlyMap::listed(again, &path, false);
+        assert!(!resident(&untold, (32 << 20) + 5, 4));
+    }
+
+    #[test]
+    fn mincore_is_trusted_for_the_owner_and_root_only() {
+        assert!(mincore_tells(1000, 1000));
+        assert!(mincore_tells(1000, 0));
+        assert!(!mincore_tells(0, 1000));
+        assert!(!mincore_tells(1001, 1000));
     }
 }
