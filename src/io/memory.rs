@@ -92,7 +92,18 @@ impl MemoryStorage {
 
     /// Hands out writer locks that are leases with `token`, as object storage does: writers
     /// then fence the manifest with it and name their files after it.
+    ///
+    /// # Panics
+    ///
+    /// When `token` is not 32 lowercase hex digits, as every lease's is.
     pub fn lease_as(&self, token: &str) {
+        assert!(
+            token.len() == 32
+                && token
+                    .bytes()
+                    .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')),
+            "a lease token is 32 lowercase hex digits (FORMAT.md §1.1), not {token:?}"
+        );
         self.state().lease = Some(token.to_string());
     }
 
