@@ -45,6 +45,8 @@ pub(crate) struct Segments<'a> {
     /// Every file this commit created (segment files, key runs, table parts): none is listed
     /// by the manifest as it was before the commit, so a commit that fails may remove them.
     pub(crate) created: std::cell::RefCell<Vec<String>>,
+    /// The largest segment file published: [`MAX_SEGMENT_BYTES`], what readers accept.
+    segment_limit: u64,
 }
 
 impl<'a> Segments<'a> {
@@ -56,6 +58,7 @@ impl<'a> Segments<'a> {
             durable,
             published: Default::default(),
             created: Default::default(),
+            segment_limit: MAX_SEGMENT_BYTES,
         }
     }
 
@@ -243,6 +246,20 @@ impl<'a> Segments<'a> {
         };
         let name = segment_file_name(first, last, self.tag);
         let bytes = segment.encode();
+        if bytes.len() as u64 > self.segment_limit {
+            // Merges stay far below; one commit of very many shards, or the upgrade of a
+            // manifest that listed that many, does not: a dataset readers refuse is not made.
+            return Err(Error::Unsupported {
+                path: self.storage.path(&name),
+                detail: format!(
+                    "the segment of shards {first} to {last} would be {} bytes, more than the \
+                     {} readers accept (FORMAT.md §6.3); nothing was committed: commit fewer \
+                     shards at a time (larger shards, or commits more often)",
+                    bytes.len(),
+                    self.segment_limit
+                ),
+            });
+        }
         self.put_new(&name, &bytes)?;
         self.published.borrow_mut().push(name.clone());
         let reference = segment.reference(&name, &bytes);
@@ -546,5 +563,27 @@ mod tests {
         segments.merge(&mut small).unwrap();
         assert_eq!(small.segments.len(), 1);
         assert_eq!(small.segments[0].level, 1);
+    }
+
+    #[test]
+    fn a_segment_larger_than_readers_accept_is_refused_unwritten() {
+        let storage = MemoryStorage::new("segment-limit");
+        let mut segments = Segments::new(&storage, None, false);
+        let m = manifest_of(1);
+        let keys = segments.publish_run("keys-000000-000007.bin", &[]).unwrap();
+        let fits = segments.publish_segment(&m, 0, 0..8, keys.clone(), vec![]);
+        let bytes = fits.unwrap().0.bytes;
+        segments.segment_limit = bytes - 1;
+        let before = storage.list().unwrap();
+        let err = segments
+            .publish_segment(&m, 0, 0..8, keys, vec![])
+            .unwrap_err();
+        let said = err.to_string();
+        assert!(matches!(err, Error::Unsupported { .. }), "{said}");
+        assert!(
+            said.contains("shards 0 to 7") && said.contains("commit fewer shards"),
+            "{said}"
+        );
+        assert_eq!(storage.list().unwrap(), before, "published something");
     }
 }
