@@ -573,17 +573,23 @@ fn a_damaged_capture_file_is_passed_over() {
     );
 }
 
-/// A crafted index entry (or pack table) claiming a huge decoded length is damage named by
-/// the blob, never an abort on the allocation (2^56 bytes was one).
-#[test]
-fn a_blob_claiming_a_huge_length_is_damage_not_an_abort() {
-    use hspack::store::pack::BlobCodec;
+/// A store in a temp folder holding dataset `a` of 5 samples.
+fn store_of_one_dataset() -> (tempfile::TempDir, Arc<Store>) {
     let t = tempfile::tempdir().unwrap();
     let store_dir = t.path().join("store");
     let src = t.path().join("src");
     write_plain(&src, 5, 1);
     let store = Arc::new(Store::init(&store_dir).unwrap());
     add(&store, &Dataset::open(&src).unwrap(), "a", &|_| {}).unwrap();
+    (t, store)
+}
+
+/// A crafted index entry (or pack table) claiming a huge decoded length is damage named by
+/// the blob, never an abort on the allocation (2^56 bytes was one).
+#[test]
+fn a_blob_claiming_a_huge_length_is_damage_not_an_abort() {
+    use hspack::store::pack::BlobCodec;
+    let (_t, store) = store_of_one_dataset();
     let index = store.index().unwrap();
     let zstd = index
         .entries()
@@ -602,6 +608,23 @@ fn a_blob_claiming_a_huge_length_is_damage_not_an_abort() {
             "{err}"
         );
     }
+}
+
+/// A crafted index entry whose offset and length add up past 2^64 is damage named by the
+/// blob: the sum is not wrapped round to bytes at the start of the pack.
+#[test]
+fn a_blob_lying_past_the_end_of_any_file_is_damage_not_other_bytes() {
+    let (_t, store) = store_of_one_dataset();
+    let at = store.index().unwrap().entries().next().unwrap();
+    store.stored(&at).unwrap();
+    let mut crafted = at;
+    crafted.blob.offset = u64::MAX - 4095;
+    crafted.blob.stored_len = 8192;
+    let err = store.stored(&crafted).unwrap_err().to_string();
+    assert!(
+        err.contains("past the end of any file") && err.contains("store verify"),
+        "{err}"
+    );
 }
 
 /// A trainer reads a stored dataset on while `store gc` rewrites the packs its samples are in
@@ -1216,4 +1239,28 @@ fn a_commit_whose_dataset_file_cannot_be_published_fails_and_the_last_commit_sta
         &store_dir.join("cap"),
         &blocker,
     );
+}
+
+/// The store's id names this machine's staging folder of a store in object storage (and
+/// `store gc` deletes there): a `store.json` whose id is not 32 hex digits is refused at open,
+/// naming the file, before anything uses it as a path.
+#[test]
+fn a_store_whose_id_is_not_32_hex_digits_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let store_dir = dir.path().join("store");
+    Store::init(&store_dir).unwrap();
+    let file = store_dir.join("store.json");
+    let good = std::fs::read_to_string(&file).unwrap();
+    let config: serde_json::Value = serde_json::from_str(&good).unwrap();
+    let id = config["id"].as_str().unwrap().to_string();
+    for bad in ["../../home/u/x", "", &id[..31], &format!("{}/", &id[..31])] {
+        std::fs::write(&file, good.replace(&id, bad)).unwrap();
+        let said = Store::open(&store_dir).unwrap_err().to_string();
+        assert!(
+            said.contains("store.json") && said.contains("not 32 hex digits"),
+            "{bad:?}: {said}"
+        );
+    }
+    std::fs::write(&file, good).unwrap();
+    Store::open(&store_dir).unwrap();
 }

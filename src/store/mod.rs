@@ -250,6 +250,18 @@ impl Store {
                 ),
             });
         }
+        // The id names this machine's staging folder of a store in object storage: only the
+        // 32 hex digits a store is made with (FORMAT.md §11), never a path.
+        if config.id.len() != 32 || !config.id.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(Error::Store {
+                path: dir.join(STORE_FILE),
+                detail: format!(
+                    "its id {:?} is not 32 hex digits: the file is damaged or was not written \
+                     by hspack; restore it from a copy of the store",
+                    config.id
+                ),
+            });
+        }
         let (staging, locks) = match crate::io::is_remote(dir) {
             false => (dir.join("staging"), Locks::Folder(dir.join("locks"))),
             // Files being written are staged on this machine, in a folder of this store.
@@ -447,7 +459,13 @@ impl Store {
     /// The stored bytes of the blob at `at` (zero-copy where the pack is mapped), unchecked.
     pub fn stored(&self, at: &Location) -> Result<FileBytes> {
         let b = &at.blob;
-        self.pack(&at.pack)?.read(b.offset..b.offset + b.stored_len)
+        let end = b.offset.checked_add(b.stored_len).ok_or_else(|| {
+            self.damaged(
+                at,
+                format!("is {} bytes long, past the end of any file", b.stored_len),
+            )
+        })?;
+        self.pack(&at.pack)?.read(b.offset..end)
     }
 
     /// The bytes of the blob at `at`, decoded and checked against its id.
@@ -498,7 +516,7 @@ impl Store {
         self.blob(&at)
     }
 
-    fn damaged(&self, at: &Location, what: String) -> Error {
+    pub(crate) fn damaged(&self, at: &Location, what: String) -> Error {
         Error::StoreDamage {
             path: self.packs.path(&pack::pack_name(&at.pack)),
             detail: format!(

@@ -223,6 +223,27 @@ pub fn open_file(
             });
         }
         let bytes = match at.blob.codec {
+            // Read in place, range by range: a blob stored raw holds exactly its bytes, or
+            // reads would run into the next blob of the pack.
+            BlobCodec::None if at.blob.stored_len != at.blob.raw_len => {
+                return Err(store.damaged(
+                    &at,
+                    format!(
+                        "is stored in {} bytes but holds {} uncompressed",
+                        at.blob.stored_len, at.blob.raw_len
+                    ),
+                ));
+            }
+            // A small file (the manifest, a segment) is checked against its id once, here;
+            // a larger one (a key run, a table part) is checked by the dataset's reader
+            // against the hash its segment records.
+            BlobCodec::None if record.bytes <= CHECKED_AT_OPEN => {
+                let bytes = store.stored(&at)?;
+                if blake3::hash(&bytes).as_bytes() != &id {
+                    return Err(store.damaged(&at, "does not hash to its id".into()));
+                }
+                Some(bytes)
+            }
             BlobCodec::None => None,
             BlobCodec::Zstd => Some(store.blob(&at)?),
         };
@@ -309,15 +330,24 @@ struct StoreFile {
     content: Content,
 }
 
+/// Whole files of a stored dataset up to this size are hashed when opened (16 MiB).
+const CHECKED_AT_OPEN: u64 = 16 << 20;
+
 impl StoreFile {
     /// Bytes `range` of the blob at `at`, or where a collection moved it since this file was
     /// opened (a trainer reads on while `store gc` runs).
     fn blob_range(&self, at: &Location, range: Range<u64>) -> Result<FileBytes> {
         self.store.with_moved(at, |at| match at.blob.codec {
-            BlobCodec::None => self
-                .store
-                .pack(&at.pack)?
-                .read(at.blob.offset + range.start..at.blob.offset + range.end),
+            BlobCodec::None => {
+                let start = at.blob.offset.checked_add(range.start);
+                let end = at.blob.offset.checked_add(range.end);
+                let (Some(start), Some(end)) = (start, end) else {
+                    return Err(self
+                        .store
+                        .damaged(at, "lies past the end of any file".into()));
+                };
+                self.store.pack(&at.pack)?.read(start..end)
+            }
             BlobCodec::Zstd => {
                 let all = self.store.blob(at)?;
                 Ok(all

@@ -108,13 +108,13 @@ pub fn usage(store: &Store) -> Result<StoreUsage> {
         // A file that cannot be read is named on its dataset; the rest is counted.
         let mut damaged = None;
         let mut count = |f: &super::snapshot::FileRecord| -> Result<()> {
-            du.logical_bytes += f.bytes;
+            du.logical_bytes = du.logical_bytes.saturating_add(f.bytes);
             let id = blob_id(&f.blob).expect("checked when read");
             let skeleton = f.shard.then(|| store.blob_by_id(&index, &id)).transpose()?;
             let skeleton_len = skeleton.as_ref().map_or(f.bytes, |s| s.len() as u64);
             if let Some(prev) = seen(id, d) {
                 if prev != d {
-                    u.saved_across_datasets += skeleton_len;
+                    u.saved_across_datasets = u.saved_across_datasets.saturating_add(skeleton_len);
                 }
             }
             let Some(skeleton) = skeleton else {
@@ -127,7 +127,7 @@ pub fn usage(store: &Store) -> Result<StoreUsage> {
             };
             map_skeleton(&skeleton).map_err(format)?;
             let (_, idx) = skeleton_index(&skeleton).map_err(format)?;
-            du.samples += idx.sample_count();
+            du.samples = du.samples.saturating_add(idx.sample_count());
             // Payloads by sample: a sample all of whose payloads were stored already by this
             // dataset is a whole repeat.
             let mut by_sample: Vec<Vec<([u8; 32], u64)>> =
@@ -149,9 +149,13 @@ pub fn usage(store: &Store) -> Result<StoreUsage> {
                 let whole = !payloads.is_empty() && before.iter().all(|b| *b == Some(d));
                 for ((_, len), b) in payloads.iter().zip(before) {
                     match b {
-                        Some(p) if p != d => u.saved_across_datasets += len,
-                        Some(_) if whole => u.saved_whole_samples += len,
-                        Some(_) => u.saved_shared_rows += len,
+                        Some(p) if p != d => {
+                            u.saved_across_datasets = u.saved_across_datasets.saturating_add(*len)
+                        }
+                        Some(_) if whole => {
+                            u.saved_whole_samples = u.saved_whole_samples.saturating_add(*len)
+                        }
+                        Some(_) => u.saved_shared_rows = u.saved_shared_rows.saturating_add(*len),
                         None => {}
                     }
                 }
@@ -169,23 +173,26 @@ pub fn usage(store: &Store) -> Result<StoreUsage> {
             }
         }
         du.damaged = damaged;
-        u.logical_bytes += du.logical_bytes;
+        u.logical_bytes = u.logical_bytes.saturating_add(du.logical_bytes);
         u.datasets.push(du);
     }
     for (id, ds) in &users {
         let Some(at) = index.find(id) else { continue };
-        u.unique_bytes += at.blob.raw_len;
-        u.stored_bytes += at.blob.stored_len;
+        u.unique_bytes = u.unique_bytes.saturating_add(at.blob.raw_len);
+        u.stored_bytes = u.stored_bytes.saturating_add(at.blob.stored_len);
         if ds.len() == 1 {
             let d = *ds.iter().next().expect("one");
-            u.datasets[d].own_bytes += at.blob.stored_len;
+            u.datasets[d].own_bytes = u.datasets[d].own_bytes.saturating_add(at.blob.stored_len);
         }
     }
-    u.saved_compression = u.unique_bytes as i64 - u.stored_bytes as i64;
+    u.saved_compression = (i128::from(u.unique_bytes) - i128::from(u.stored_bytes))
+        .clamp(i64::MIN.into(), i64::MAX.into()) as i64;
     for name in store.packs().list()? {
-        u.pack_bytes += store.packs().size(&name)?.unwrap_or(0);
+        u.pack_bytes = u
+            .pack_bytes
+            .saturating_add(store.packs().size(&name)?.unwrap_or(0));
     }
-    u.index_bytes = index.root.runs.iter().map(|r| r.bytes).sum();
+    u.index_bytes = (index.root.runs.iter()).fold(0u64, |a, r| a.saturating_add(r.bytes));
     Ok(u)
 }
 
