@@ -1553,3 +1553,35 @@ fn numbered_files_convert_in_natural_order_and_resume_in_it() {
     );
     assert_eq!(keys_in_order(&ds), want);
 }
+
+/// Thread counts and shard sizes no machine has are refused before anything is read or made,
+/// naming the option and its limit (a count that overflowed divided by zero, one beyond what
+/// the system starts failed a thread spawn; a shard size that overflowed made 0-byte shards).
+#[test]
+fn jobs_and_shard_sizes_beyond_any_machine_are_refused_by_name() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    write_dumps(&src, 0..3);
+    let ds = t.path().join("ds");
+    for (flag, value, said) in [
+        ("--jobs", "4611686018427387904", "at most 4096"),
+        ("--jobs", "1000000", "at most 4096"),
+        ("--shard-mib", "17592186044416", "at most 1048576"),
+    ] {
+        let o = hspack(&convert_args(&src, &ds, &[flag, value]));
+        let out = text(&o);
+        assert_eq!(o.status.code(), Some(2), "{flag} {value}: {out}");
+        assert!(
+            out.contains(&format!("{flag} {value}")) && out.contains(said),
+            "{out}"
+        );
+        assert!(!out.contains("panicked"), "{out}");
+        assert!(!ds.exists(), "{flag} {value}: made {}", ds.display());
+    }
+    let o = hspack(&convert_args(
+        &src,
+        &ds,
+        &["--jobs", "4096", "--shard-mib", "1048576"],
+    ));
+    assert!(o.status.success(), "{}", text(&o));
+}

@@ -92,7 +92,8 @@ pub(super) fn shard_groups(todo: &[Unit], write: &WriteOptions, jobs: usize) -> 
     // a group that overflows its shard gets a second one.
     let full = write.shard_bytes - write.shard_bytes / 8;
     let planned = WriteOptions {
-        shard_bytes: (total / (4 * jobs as u64)).clamp(MIN_GROUP_BYTES.min(full), full.max(1)),
+        shard_bytes: (total / (jobs as u64).saturating_mul(4).max(1))
+            .clamp(MIN_GROUP_BYTES.min(full), full.max(1)),
         ..write.clone()
     };
     let mut groups = Vec::new();

@@ -98,10 +98,12 @@ pub(super) fn write_in_lanes(
         // Owned by this closure: however it returns, the queue closes and the threads end.
         let job_tx = job_tx;
         let (msg_tx, msg_rx) = mpsc::channel::<Message>();
-        for _ in 0..jobs {
+        // No more threads than groups; where the system refuses one, those started do the
+        // work (none started is an error, not a panic).
+        for i in 0..jobs.min(groups.len()) {
             let msg_tx = msg_tx.clone();
             let (job_rx, lane, groups) = (&job_rx, &lane, &groups);
-            scope.spawn(move || loop {
+            let started = std::thread::Builder::new().spawn_scoped(scope, move || loop {
                 let next = job_rx.lock().map(|rx| rx.recv());
                 let Ok(Ok(g)) = next else { break };
                 let first = &todo[groups[g].start].files[0].1;
@@ -110,6 +112,17 @@ pub(super) fn write_in_lanes(
                     break;
                 }
             });
+            match started {
+                Ok(_) => {}
+                Err(_) if i > 0 => break,
+                Err(e) => {
+                    return Err(RunError::Dataset(crate::Error::Io {
+                        path: writer.dir().to_path_buf(),
+                        op: "start a conversion thread",
+                        source: e,
+                    }))
+                }
+            }
         }
         drop(msg_tx);
         let stopping = |e: RunError| {

@@ -74,6 +74,12 @@ pub enum FieldProblem {
         /// What was given.
         value: String,
     },
+    /// A `layer=` beyond the ids a layer can have.
+    #[error("layer `{value}` is not a layer id (0 to 4294967295)")]
+    Layer {
+        /// What was given.
+        value: String,
+    },
     /// A `layers=` that is not a list of ids.
     #[error("layers `{value}` is not a list of layer ids, e.g. layers=2,30,58")]
     Layers {
@@ -322,7 +328,12 @@ impl Decl {
                     })?)
                 }
                 "role" => d.role = Some(v.to_string()),
-                "layer" => d.layer = Some(number(v)? as u32),
+                "layer" => {
+                    let layer = u32::try_from(number(v)?).map_err(|_| FieldProblem::Layer {
+                        value: v.to_string(),
+                    })?;
+                    d.layer = Some(layer);
+                }
                 "point" => d.point = Some(point(v)?),
                 "optional" => d.optional = true,
                 "layers" => {

@@ -130,6 +130,11 @@ fn default_fsync() -> bool {
     true
 }
 
+/// The most threads `--jobs` starts.
+pub const MAX_JOBS: u64 = 4096;
+/// The largest `--shard-mib` (1 TiB).
+pub const MAX_SHARD_MIB: u64 = 1 << 20;
+
 /// Why a spec cannot run. Each names the option at fault ([`SpecError::option`]) and says
 /// what it takes.
 #[derive(Debug, thiserror::Error)]
@@ -226,6 +231,20 @@ pub enum SpecError {
         /// What the dataset lacks.
         why: &'static str,
     },
+    /// A number option beyond what the job can use.
+    #[error("{flag} {value} (`{key}` in a mapping file): must be at most {max} ({why})")]
+    TooLarge {
+        /// The option on the command line (`--jobs`, ...).
+        flag: &'static str,
+        /// Its key in a mapping file (`jobs`, ...).
+        key: &'static str,
+        /// What was given.
+        value: u64,
+        /// The largest accepted.
+        max: u64,
+        /// Why.
+        why: &'static str,
+    },
     /// `--delete-lossy-source` without `--delete-source`.
     #[error("--delete-lossy-source goes with --delete-source, which it extends")]
     LossyWithoutDelete,
@@ -264,6 +283,7 @@ impl SpecError {
             SpecError::DeleteNeedsFsync | SpecError::DeleteLossy { .. } => "delete_source",
             SpecError::LossyWithoutDelete => "delete_lossy_source",
             SpecError::NeedsLocalFile { option, .. } => option,
+            SpecError::TooLarge { key, .. } => key,
             SpecError::SplitFileAlone | SpecError::SplitFileName { .. } => "split_by_file",
         }
     }
@@ -363,6 +383,30 @@ impl ConvertSpec {
         self.resolve().map(drop)
     }
 
+    /// Refuses thread counts and shard sizes no machine has: a thread per job is started, and
+    /// the shard size in bytes must fit in 64 bits.
+    fn check_sizes(&self) -> Result<(), SpecError> {
+        if let Some(jobs) = self.jobs.filter(|&j| j as u64 > MAX_JOBS) {
+            return Err(SpecError::TooLarge {
+                flag: "--jobs",
+                key: "jobs",
+                value: jobs as u64,
+                max: MAX_JOBS,
+                why: "one thread is started for each",
+            });
+        }
+        if self.shard_mib > MAX_SHARD_MIB {
+            return Err(SpecError::TooLarge {
+                flag: "--shard-mib",
+                key: "shard_mib",
+                value: self.shard_mib,
+                max: MAX_SHARD_MIB,
+                why: "a shard of 1 TiB is already more than any reader reads at once",
+            });
+        }
+        Ok(())
+    }
+
     /// Refuses `--delete-source` where the dataset will not hold the sources exactly, unless
     /// `--delete-lossy-source` says to delete them all the same.
     fn check_lossy_delete(&self) -> Result<(), SpecError> {
@@ -433,6 +477,7 @@ impl ConvertSpec {
         if self.delete_source && !self.fsync {
             return Err(SpecError::DeleteNeedsFsync);
         }
+        self.check_sizes()?;
         self.check_lossy_delete()?;
         if crate::io::is_remote(&self.dst) {
             if self.key_from.is_some() {

@@ -93,6 +93,30 @@ fn a_bad_spec_is_refused_naming_the_option() {
     let cases: Vec<(ConvertSpec, &str, &str)> = vec![
         (
             ConvertSpec {
+                jobs: Some(usize::MAX),
+                ..base()
+            },
+            "jobs",
+            "(`jobs` in a mapping file): must be at most 4096",
+        ),
+        (
+            ConvertSpec {
+                shard_mib: u64::MAX >> 19,
+                ..base()
+            },
+            "shard_mib",
+            "--shard-mib 35184372088831 (`shard_mib` in a mapping file): must be at most 1048576",
+        ),
+        (
+            ConvertSpec {
+                fields: vec![FieldArg::Flag("h=h:layer=4294967298".into())],
+                ..base()
+            },
+            "fields",
+            "--field h=h:layer=4294967298: layer `4294967298` is not a layer id",
+        ),
+        (
+            ConvertSpec {
                 split_by_file: Some("lens.pt".into()),
                 split_by: Some(SplitBy::Lengths(String::new())),
                 ..base()
