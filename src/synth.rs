@@ -34,7 +34,10 @@ impl Rng {
 
     /// Uniform in `lo..=hi`.
     pub fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next_u64() % (hi - lo + 1)
+        match (hi - lo).checked_add(1) {
+            Some(n) => lo + self.next_u64() % n,
+            None => self.next_u64(), // the whole of u64
+        }
     }
 
     /// Roughly standard normal (sum of four uniforms, rescaled): cheap and bell-shaped.

@@ -197,6 +197,30 @@ fn a_file_given_for_a_folder_is_named_as_a_file() {
         text(&o)
     );
     assert!(!t.path().join("b").exists());
+    // Sizes whose products overflowed (a panic, or an abort allocating them): refused first.
+    for (args, said) in [
+        (
+            &["--hidden", "4611686018427387904"][..],
+            "--hidden 4611686018427387904: the demo takes at most 65536",
+        ),
+        (
+            &["--min-tokens", "0", "--max-tokens", "18446744073709551615"][..],
+            "--max-tokens 18446744073709551615: the demo takes at most 1048576",
+        ),
+        (
+            &["--samples", "9999999999"][..],
+            "--samples 9999999999: the demo takes at most 1048576",
+        ),
+    ] {
+        let o = hspack_in(&[&["demo", "--out", "b"][..], args].concat(), t.path());
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
+        assert!(
+            text(&o).contains(said) && !text(&o).contains("panicked"),
+            "{}",
+            text(&o)
+        );
+        assert!(!t.path().join("b").exists());
+    }
     let err = hspack::DatasetWriter::create(
         t.path().join("notes.py"),
         hspack::synth::capture_schema("m", 4, 8, &[1]),

@@ -93,6 +93,11 @@ fn clear_previous(dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The most samples, and tokens a sample, a demo writes.
+const DEMO_MAX: u64 = 1 << 20;
+/// The widest hidden state a demo writes.
+const DEMO_MAX_HIDDEN: u64 = 1 << 16;
+
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let codec = Codec::from_name(&a.codec).with_context(|| {
         format!(
@@ -102,6 +107,16 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     })?;
     if a.min_tokens > a.max_tokens || a.samples == 0 {
         bail!("need --samples >= 1 and --min-tokens <= --max-tokens");
+    }
+    // A demo's sizes: every product below stays far inside 64 bits.
+    for (option, value, max) in [
+        ("--samples", a.samples, DEMO_MAX),
+        ("--max-tokens", a.max_tokens, DEMO_MAX),
+        ("--hidden", a.hidden, DEMO_MAX_HIDDEN),
+    ] {
+        if value > max {
+            bail!("{option} {value}: the demo takes at most {max}");
+        }
     }
     if let Some(l) = a.layers.iter().find(|&&l| l >= DEMO_LAYERS) {
         bail!(
