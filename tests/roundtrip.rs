@@ -266,3 +266,43 @@ fn concatenating_fields_of_different_dtypes_is_refused() {
     assert!(e.to_string().contains("share a dtype"), "{e}");
     s.read_concat_into(&[1], 0..2, &mut out[..16]).unwrap();
 }
+
+/// A field or shard number the dataset does not have, given to any read of the public API, is
+/// an error naming it and what there is, never a panic.
+#[test]
+fn field_and_shard_numbers_the_dataset_lacks_are_errors() {
+    let schema = Schema::new(vec![Field::new("a", hspack::DType::F16, &[4], Role::Other)]);
+    let dir = tempfile::tempdir().unwrap();
+    let opts = WriteOptions {
+        durable: false,
+        ..WriteOptions::default()
+    };
+    let mut w = DatasetWriter::create(dir.path(), schema, opts).unwrap();
+    w.append("s", &[("a", &[0u8; 16][..])]).unwrap();
+    w.finish().unwrap();
+    let ds = Dataset::open(dir.path()).unwrap();
+    let s = ds.sample(0).unwrap();
+    let mut out = vec![0u8; 16];
+    let said = |e: hspack::Error| e.to_string();
+    let errors = [
+        said(s.read_field(1, None).unwrap_err()),
+        said(s.read_into(7, 0..2, &mut out).unwrap_err()),
+        said(s.read_concat(&[0, 1], 0..2).unwrap_err()),
+        said(
+            s.read_concat_into(&[usize::MAX], 0..2, &mut out)
+                .unwrap_err(),
+        ),
+        said(s.read_quantized(3, None).unwrap_err()),
+        said(s.prefetch(&[2], false).unwrap_err()),
+    ];
+    for e in &errors {
+        assert!(e.contains("number ") && e.contains("0: a"), "{e}");
+    }
+    let e = said(ds.shard(1).unwrap_err());
+    assert!(
+        e.contains("1 is not a shard number") && e.contains("has 1 shards"),
+        "{e}"
+    );
+    ds.shard(0).unwrap();
+    assert_eq!(s.read_field(0, None).unwrap().bytes(), &[0u8; 16][..]);
+}

@@ -215,7 +215,16 @@ impl Dataset {
 
     /// Shard `seq`, mapped and checked on first use.
     pub fn shard(&self, seq: usize) -> Result<&Arc<Shard>> {
-        let cell = &self.shards[seq];
+        let Some(cell) = self.shards.get(seq) else {
+            return Err(Error::BadOption {
+                option: "shard",
+                detail: format!(
+                    "{seq} is not a shard number of {}, which has {} shards",
+                    self.storage.root().display(),
+                    self.shards.len()
+                ),
+            });
+        };
         if let Some(s) = cell.get() {
             return Ok(s);
         }
@@ -372,6 +381,25 @@ impl Dataset {
         })
     }
 
+    /// Field number `f` of the schema.
+    pub fn field(&self, f: usize) -> Result<&crate::format::Field> {
+        self.schema()
+            .fields
+            .get(f)
+            .ok_or_else(|| Error::NoSuchField {
+                name: format!("number {f}"),
+                available: self.field_names(),
+            })
+    }
+
+    fn field_names(&self) -> String {
+        (self.schema().fields.iter())
+            .enumerate()
+            .map(|(i, f)| format!("{i}: {}", f.name))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
     /// The number of the field named `name`.
     pub fn field_index(&self, name: &str) -> Result<usize> {
         self.schema()
@@ -510,6 +538,11 @@ impl<'d> Sample<'d> {
             .collect()
     }
 
+    /// Refuses a field number the schema does not have.
+    fn check_fields(&self, fields: &[usize]) -> Result<()> {
+        fields.iter().try_for_each(|&f| self.ds.field(f).map(drop))
+    }
+
     pub(super) fn check_rows(&self, rows: &Range<u64>) -> Result<()> {
         if rows.start > rows.end || rows.end > self.rows() {
             return Err(Error::RowsOutOfRange {
@@ -531,8 +564,7 @@ impl<'d> Sample<'d> {
 
     /// Like [`Sample::read`], by field number.
     pub fn read_field(&self, f: usize, rows: Option<Range<u64>>) -> Result<Tensor> {
-        let schema = self.ds.schema();
-        let field = &schema.fields[f];
+        let field = self.ds.field(f)?;
         let rows = rows.unwrap_or(0..self.rows());
         self.check_rows(&rows)?;
         let row_bytes = field.row_bytes() as usize;
@@ -639,6 +671,7 @@ impl<'d> Sample<'d> {
     /// the next prefetch in the shard or [`Shard::forget_ahead`](super::Shard::forget_ahead),
     /// which a reader of many shards calls after the sample.
     pub fn prefetch(&self, fields: &[usize], load: bool) -> Result<()> {
+        self.check_fields(fields)?;
         let index = self.shard.index();
         let Some(whole) = self.shard.file().whole() else {
             let chunks = fields
@@ -671,6 +704,7 @@ impl<'d> Sample<'d> {
     /// must share a dtype. The buffer's memory is reused from earlier such buffers this
     /// process dropped, where one fits (see [`crate::io::recycle`]).
     pub fn read_concat(&self, fields: &[usize], rows: Range<u64>) -> Result<Tensor> {
+        self.check_fields(fields)?;
         let schema = self.ds.schema();
         let dtype = self.shared_dtype(fields)?;
         self.check_rows(&rows)?;
@@ -723,6 +757,7 @@ impl<'d> Sample<'d> {
         out: &mut [u8],
     ) -> Result<()> {
         use rayon::prelude::*;
+        self.check_fields(fields)?;
         let schema = self.ds.schema();
         let widths: Vec<usize> = fields
             .iter()
@@ -839,8 +874,8 @@ impl<'d> Sample<'d> {
 
     /// Copies rows `rows` of field number `f` into `out`, which must hold exactly those rows.
     pub fn read_into(&self, f: usize, rows: Range<u64>, out: &mut [u8]) -> Result<()> {
+        let row_bytes = self.ds.field(f)?.row_bytes() as usize;
         let schema = self.ds.schema();
-        let row_bytes = schema.fields[f].row_bytes() as usize;
         self.check_rows(&rows)?;
         let want = (rows.end - rows.start) as usize * row_bytes;
         if out.len() != want {

@@ -23,7 +23,7 @@ impl Sample<'_> {
     /// code times its group's scale. Every scale and code is checked as when decoding.
     pub fn read_quantized(&self, f: usize, rows: Option<Range<u64>>) -> Result<QuantizedRows> {
         let schema = self.ds.schema();
-        let field = &schema.fields[f];
+        let field = self.ds.field(f)?;
         if field.quantized.is_none() {
             return Err(Error::BadOption {
                 option: "field",
