@@ -417,3 +417,74 @@ fn a_key_entry_with_reserved_bytes_set_is_refused() {
     assert!(err.to_string().contains("shard-000000.hsp"), "{err}");
     assert_eq!(problems(dir.path()).len(), 1);
 }
+
+/// An index whose sample claims more loss-mask rows than it has rows, or any count where the
+/// schema has no loss mask (FORMAT.md §3: `u64::MAX` then), is refused naming the field:
+/// `ls`, `show` and `lengths()` would report it as it is.
+#[test]
+fn a_loss_row_count_the_sample_cannot_have_is_refused() {
+    use hspack::format::ShardHeader;
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path();
+    let schema = Schema::new(vec![
+        Field::new("ids", DType::I32, &[], Role::TokenIds),
+        Field::new("mask", DType::U8, &[], Role::LossMask),
+    ]);
+    let options = WriteOptions {
+        durable: false,
+        ..WriteOptions::default()
+    };
+    let mut w = DatasetWriter::create(dir, schema.clone(), options).unwrap();
+    w.append("s", &[("ids", &[0u8; 12][..]), ("mask", &[1, 0, 1][..])])
+        .unwrap();
+    w.finish().unwrap();
+    let ds = Dataset::open(dir).unwrap();
+    assert_eq!(ds.sample(0).unwrap().loss_rows(), Some(2));
+    let shard = std::fs::read(dir.join(&ds.manifest().shards[0].file)).unwrap();
+    let footer = footer_of(&shard);
+    let start = footer.index_offset as usize;
+    let old = Index::parse(&shard[start..start + footer.index_len as usize]).unwrap();
+    let s = old.sample(0).unwrap();
+    let extents: Vec<ExtentEntry> = old.extents_of(&s).collect();
+    let with_loss_rows = |loss_rows: u64| {
+        let mut b = IndexBuilder::new(0);
+        for c in 0..old.chunk_count() {
+            b.push_chunk(old.chunk(c).unwrap());
+        }
+        b.push_sample(
+            old.key_of(&s).unwrap(),
+            s.rows,
+            loss_rows,
+            s.raw_bytes,
+            &extents,
+        );
+        b.encode()
+    };
+    let data = ShardHeader::SIZE as u64..footer.index_offset;
+    let no_mask = Schema::new(vec![
+        Field::new("ids", DType::I32, &[], Role::TokenIds),
+        Field::new("mask", DType::U8, &[], Role::Other),
+    ]);
+    for (schema, loss_rows, ok) in [
+        (&schema, 2, true),
+        (&schema, 3, true),
+        (&schema, 4, false),
+        (&schema, u64::MAX, false),
+        (&no_mask, u64::MAX, true),
+        (&no_mask, 0, false),
+    ] {
+        let bytes = with_loss_rows(loss_rows);
+        let checked = Index::parse(&bytes)
+            .unwrap()
+            .validate(schema, data.clone(), 4096);
+        match ok {
+            true => checked.unwrap(),
+            false => assert!(
+                checked
+                    .as_ref()
+                    .is_err_and(|e| e.to_string().contains("loss_rows")),
+                "{loss_rows}: {checked:?}"
+            ),
+        }
+    }
+}

@@ -278,6 +278,10 @@ impl<'a> Index<'a> {
             }
             prev_end = end;
         }
+        let has_loss_mask = schema
+            .fields
+            .iter()
+            .any(|f| f.role == super::Role::LossMask);
         let mut ext_next = 0u64;
         for i in 0..self.header.sample_count {
             let s = self
@@ -299,6 +303,24 @@ impl<'a> Index<'a> {
                     i,
                     "to list every key once, sorted by hash",
                 ));
+            }
+            match (has_loss_mask, s.loss_rows) {
+                (false, u64::MAX) => {}
+                (true, n) if n <= s.rows => {}
+                (false, n) => {
+                    return Err(invalid(
+                        "sample loss_rows",
+                        n,
+                        "u64::MAX: the schema has no loss-mask field",
+                    ))
+                }
+                (true, n) => {
+                    return Err(invalid(
+                        "sample loss_rows",
+                        n,
+                        format!("at most its {} rows", s.rows),
+                    ))
+                }
             }
             if s.extent_start != ext_next {
                 return Err(invalid(
