@@ -7,6 +7,8 @@ use pyo3::types::PyDict;
 
 use crate::errors::bad_option;
 
+static NDARRAY: pyo3::sync::GILOnceCell<Py<pyo3::types::PyType>> = pyo3::sync::GILOnceCell::new();
+
 /// A C-contiguous byte view of a numpy array; holds a reference to the array while it lives.
 pub struct ByteView {
     _owner: Py<PyAny>,
@@ -19,6 +21,14 @@ impl ByteView {
     /// Views `obj`, which must export a C-contiguous `__array_interface__` (no strides).
     pub fn new(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Self> {
         let bad = |detail: &str| bad_option(what, detail);
+        // Only numpy's own arrays: the interface of any other object (one that only claims
+        // an address and a shape) is not a promise that the memory is there.
+        let ndarray = NDARRAY.import(obj.py(), "numpy", "ndarray")?;
+        if !obj.is_instance(ndarray)? {
+            return Err(bad(
+                "expected a numpy array or a CPU torch tensor, not another object",
+            ));
+        }
         let iface = obj
             .getattr("__array_interface__")
             .map_err(|_| bad("expected a numpy array or a CPU torch tensor"))?;

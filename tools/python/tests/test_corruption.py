@@ -85,3 +85,31 @@ def test_a_manifest_claiming_huge_shards_is_an_error_not_an_abort(tmp_path):
         ds.keys()
     with pytest.raises(hspack.HspackError, match="shard-000000.hsp"):
         ds.lengths
+
+
+class _Claims:
+    """An object that claims to be an array at an address it does not own."""
+
+    __array_interface__ = {"data": (8, False), "shape": (1 << 20,), "typestr": "|u1", "version": 3}
+
+
+def test_an_object_claiming_an_array_it_does_not_hold_is_refused(eagle_path, tmp_path):
+    """The native calls that borrow array memory take numpy's own arrays only: an object whose
+    `__array_interface__` names memory it does not hold is an error, never a read or write
+    of that memory."""
+    import numpy as np
+
+    from hspack import _hspack
+
+    ds = hspack.open(eagle_path)
+    with pytest.raises(hspack.HspackError) as e:
+        ds.native.read_concat_into(0, ["hidden.3"], (0, 1), _Claims())
+    assert "numpy array" in str(e.value), e.value
+    with pytest.raises(hspack.HspackError) as e:
+        _hspack.gather_into(_Claims(), [(0, np.zeros(4, np.uint8))], [])
+    assert "numpy array" in str(e.value), e.value
+    w = hspack.Writer(tmp_path / "ds", [hspack.hidden_state(2, 4)])
+    with pytest.raises(hspack.HspackError) as e:
+        w._native.append("k", [("hidden.2", _Claims())], None)
+    assert "numpy array" in str(e.value), e.value
+    w.abort()
