@@ -65,16 +65,22 @@ fn sigkill_at_many_points_loses_no_committed_sample() {
             }
             std::thread::sleep(Duration::from_micros((round * 7 + attempt * 3) % 11 * 300));
             // A kill counts only if it found the writer still running.
-            if child.try_wait().unwrap().is_none() {
+            let killed = child.try_wait().unwrap().is_none();
+            if killed {
                 child.kill().unwrap();
                 kill_points += 1;
             }
-            let _ = child.wait();
+            let status = child.wait().unwrap();
+            assert!(
+                killed || status.success(),
+                "round {round}: the writer failed: {status}"
+            );
             let seen = lines.join().unwrap();
             if let Some(&last) = seen.last() {
                 committed = committed.max(last);
             }
-            if std::fs::metadata(dir.path().join("manifest.json")).is_ok() {
+            // A writer that said it committed must have left a manifest holding that much.
+            if committed > 0 || std::fs::metadata(dir.path().join("manifest.json")).is_ok() {
                 committed = committed.max(check_committed(dir.path(), committed, TOTAL));
                 visible_counts.insert(committed);
             }

@@ -324,7 +324,10 @@ fn a_writer_taken_over_while_finishing_leaves_the_new_writers_files(moto: &commo
         next.finish().unwrap();
     })
     .unwrap();
-    let _ = stale.finish();
+    // Its commit landed before the takeover: finishing succeeds, removing none of the
+    // new writer's files.
+    let finished = stale.finish().unwrap();
+    assert_eq!(finished.samples, 1, "{finished:?}");
     fail::remove("finish-listing");
     assert!(
         taken.load(std::sync::atomic::Ordering::SeqCst),
