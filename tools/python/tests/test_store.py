@@ -113,6 +113,11 @@ def test_a_failed_commit_forgets_the_capture_records_of_its_samples(tmp_path):
     w.append("s2", capture_key=hspack.capture_key(config, [2]), **eagle_sample(2))
     w.finish()
     assert hspack.open(store / "d").keys() == ["s0", "s2"]
+    # The captures recorded are those of s0 and s2, not of s1, whose commit failed.
+    other = hspack.Writer(store / "x", eagle_schema(), durable=False)
+    done, stale = other.reuse_captured([(f"c{i}", hspack.capture_key(config, [i])) for i in range(3)])
+    assert (done, stale) == ([True, False, True], 0)
+    other.abort()
 
 
 def test_a_forked_child_keeps_no_lock_of_a_store_dataset(tmp_path):
