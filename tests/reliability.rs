@@ -158,6 +158,12 @@ fn writer_kills(rng: &mut Rng, kills: u64) -> Tally {
         });
     }
     t.note = format!("{mid_run} kills between the first and the last commit; run {run:?}");
+    // Kills that all landed before the first commit or after the last would prove nothing.
+    if mid_run < kills / 4 {
+        t.failures.push(format!(
+            "only {mid_run} of {kills} kills landed between commits"
+        ));
+    }
     t
 }
 
@@ -209,6 +215,12 @@ fn convert_kills(rng: &mut Rng, kills: u64) -> Tally {
         });
     }
     t.note = format!("{mid_run} kills between the first and the last commit; run {run:?}");
+    // Kills that all landed before the first commit or after the last would prove nothing.
+    if mid_run < kills / 4 {
+        t.failures.push(format!(
+            "only {mid_run} of {kills} kills landed between commits"
+        ));
+    }
     t
 }
 
