@@ -712,6 +712,12 @@ fn is_number(s: &str) -> bool {
     s.len() >= 6 && s.bytes().all(|b| b.is_ascii_digit())
 }
 
+/// True for a lease token (or a sharing writer's tag) as writers make them: 32 lowercase hex
+/// digits (FORMAT.md §1.1), of which names carry the first 16 ([`lease_in_name`]).
+pub fn is_lease_token(s: &str) -> bool {
+    s.len() == 2 * LEASE_IN_NAMES && is_lower_hex(s)
+}
+
 /// The tag of a writer in the names it publishes ([`lease_in_name`]): 16 lowercase hex digits.
 fn is_tag_in_name(s: &str) -> bool {
     s.len() == LEASE_IN_NAMES && is_lower_hex(s)

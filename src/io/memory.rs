@@ -98,10 +98,7 @@ impl MemoryStorage {
     /// When `token` is not 32 lowercase hex digits, as every lease's is.
     pub fn lease_as(&self, token: &str) {
         assert!(
-            token.len() == 32
-                && token
-                    .bytes()
-                    .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')),
+            crate::format::manifest::is_lease_token(token),
             "a lease token is 32 lowercase hex digits (FORMAT.md §1.1), not {token:?}"
         );
         self.state().lease = Some(token.to_string());

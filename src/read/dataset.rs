@@ -392,6 +392,7 @@ impl Dataset {
             })
     }
 
+    /// The schema's fields, numbered, for errors.
     fn field_names(&self) -> String {
         (self.schema().fields.iter())
             .enumerate()
@@ -406,13 +407,7 @@ impl Dataset {
             .field_index(name)
             .ok_or_else(|| Error::NoSuchField {
                 name: name.to_string(),
-                available: self
-                    .schema()
-                    .fields
-                    .iter()
-                    .map(|f| f.name.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", "),
+                available: self.field_names(),
             })
     }
 }
@@ -704,7 +699,6 @@ impl<'d> Sample<'d> {
     /// must share a dtype. The buffer's memory is reused from earlier such buffers this
     /// process dropped, where one fits (see [`crate::io::recycle`]).
     pub fn read_concat(&self, fields: &[usize], rows: Range<u64>) -> Result<Tensor> {
-        self.check_fields(fields)?;
         let schema = self.ds.schema();
         let dtype = self.shared_dtype(fields)?;
         self.check_rows(&rows)?;
@@ -719,9 +713,11 @@ impl<'d> Sample<'d> {
         })
     }
 
-    /// The dtype fields `fields` (numbers) share: refused when they are none, or of several
-    /// (bytes of one dtype concatenated with another's would read as wrong values).
+    /// The dtype fields `fields` (numbers) share: refused when they are none, one the schema
+    /// lacks, or of several (bytes of one dtype concatenated with another's would read as
+    /// wrong values).
     fn shared_dtype(&self, fields: &[usize]) -> Result<DType> {
+        self.check_fields(fields)?;
         let schema = self.ds.schema();
         let Some(&first) = fields.first() else {
             return Err(Error::BadOption {
@@ -757,14 +753,13 @@ impl<'d> Sample<'d> {
         out: &mut [u8],
     ) -> Result<()> {
         use rayon::prelude::*;
-        self.check_fields(fields)?;
+        self.shared_dtype(fields)?;
         let schema = self.ds.schema();
         let widths: Vec<usize> = fields
             .iter()
             .map(|&f| schema.fields[f].row_bytes() as usize)
             .collect();
         let stride: usize = widths.iter().sum();
-        self.shared_dtype(fields)?;
         self.check_rows(&rows)?;
         let n = (rows.end - rows.start) as usize;
         let want = n * stride;

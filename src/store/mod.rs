@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::format::manifest::hex;
+use crate::format::manifest::{hex, unhex};
 use crate::io::{FileBytes, FileReader, LocalStorage, ObjectStorage, Storage};
 use crate::per_process::lock_for_an_instant;
 
@@ -252,7 +252,7 @@ impl Store {
         }
         // The id names this machine's staging folder of a store in object storage: only the
         // 32 hex digits a store is made with (FORMAT.md §11), never a path.
-        if config.id.len() != 32 || !config.id.bytes().all(|b| b.is_ascii_hexdigit()) {
+        if unhex(&config.id).is_none_or(|id| id.len() != 16) {
             return Err(Error::Store {
                 path: dir.join(STORE_FILE),
                 detail: format!(

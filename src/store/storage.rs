@@ -234,18 +234,11 @@ pub fn open_file(
                     ),
                 ));
             }
-            // A small file (the manifest, a segment) is checked against its id once, here;
-            // a larger one (a key run, a table part) is checked by the dataset's reader
-            // against the hash its segment records.
-            BlobCodec::None if record.bytes <= CHECKED_AT_OPEN => {
-                let bytes = store.stored(&at)?;
-                if blake3::hash(&bytes).as_bytes() != &id {
-                    return Err(store.damaged(&at, "does not hash to its id".into()));
-                }
-                Some(bytes)
-            }
-            BlobCodec::None => None,
-            BlobCodec::Zstd => Some(store.blob(&at)?),
+            // A larger file (a key run, a table part) is checked by the dataset's reader
+            // against the hash its segment records; a small one (the manifest, a segment),
+            // like a compressed one, is read and checked against its id once, here.
+            BlobCodec::None if record.bytes > CHECKED_AT_OPEN => None,
+            BlobCodec::None | BlobCodec::Zstd => Some(store.blob(&at)?),
         };
         return Ok(Arc::new(StoreFile {
             store: Arc::clone(store),

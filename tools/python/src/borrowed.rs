@@ -29,9 +29,7 @@ impl ByteView {
                 "expected a numpy array or a CPU torch tensor, not another object",
             ));
         }
-        let iface = obj
-            .getattr("__array_interface__")
-            .map_err(|_| bad("expected a numpy array or a CPU torch tensor"))?;
+        let iface = obj.getattr("__array_interface__")?;
         let iface = iface
             .downcast::<PyDict>()
             .map_err(|_| bad("bad __array_interface__"))?;
