@@ -1,6 +1,8 @@
 //! A dataset held in memory: the second backend that keeps [`Storage`] honest, and the one
 //! tests use to inject faults (short reads, failed publishes, publishes that land but are not
-//! durable, a writer that dies holding the lock).
+//! durable, a writer that dies holding the lock), and to cut the power: it records what
+//! each call made durable and rebuilds what a folder would hold after a power cut at any point
+//! ([`MemoryStorage::after_power_cut`]).
 
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -11,6 +13,7 @@ use crate::error::{Error, Result};
 
 use super::bytes::FileBytes;
 use super::local::{out_of_file, usize_range};
+use super::power_cut::DiskLog;
 use super::{FileReader, NewFile, Storage, WriterLease};
 
 /// Faults a [`MemoryStorage`] injects.
@@ -48,6 +51,8 @@ struct State {
     locked_by: Option<u32>,
     /// The token of the leases handed out, as object storage's are ([`MemoryStorage::lease_as`]).
     lease: Option<String>,
+    /// What each call made durable, as a folder would.
+    disk: DiskLog,
 }
 
 /// Files in memory, shared by every clone.
@@ -85,9 +90,49 @@ impl MemoryStorage {
 
     /// Puts `bytes` as `name`, over whatever is there: damage, for tests.
     pub fn overwrite(&self, name: &str, bytes: &[u8]) {
-        self.state()
-            .files
-            .insert(name.to_string(), FileBytes::copy_of(bytes));
+        let bytes = FileBytes::copy_of(bytes);
+        let mut s = self.state();
+        let file = s.disk.new_file();
+        s.disk.synced(file, bytes.clone());
+        s.disk.named(name, Some(file));
+        s.disk.folder_synced();
+        s.files.insert(name.to_string(), bytes);
+    }
+
+    /// Durability events so far (a file's bytes fsynced, a name given or removed, the folder
+    /// fsynced): a power cut can fall after any number of them, `0..=durability_events()`.
+    pub fn durability_events(&self) -> usize {
+        self.state().disk.len()
+    }
+
+    /// The name changes a power cut after the first `at` durability events may or may not
+    /// keep: those made after the last folder fsync before it.
+    pub fn unsynced_name_changes(&self, at: usize) -> usize {
+        self.state().disk.unsynced_name_changes(at)
+    }
+
+    /// A new storage holding what this one, a folder, holds after a power cut that falls
+    /// after its first `at` durability events: the names a folder fsync made durable, plus
+    /// the first `kept` name changes made since (a journal keeps them in order), each file
+    /// with the bytes last fsynced (a file never fsynced is empty). Nothing is locked there:
+    /// the writer died with the power.
+    pub fn after_power_cut(&self, at: usize, kept: usize) -> MemoryStorage {
+        let files = self.state().disk.survivors(at, kept);
+        let cut = MemoryStorage::new(&format!(
+            "{}-cut-{at}-{kept}",
+            self.root.to_string_lossy().trim_start_matches("memory://")
+        ));
+        {
+            let mut s = cut.state();
+            for (name, bytes) in files {
+                let file = s.disk.new_file();
+                s.disk.synced(file, bytes.clone());
+                s.disk.named(&name, Some(file));
+                s.files.insert(name, bytes);
+            }
+            s.disk.folder_synced();
+        }
+        cut
     }
 
     /// Hands out writer locks that are leases with `token`, as object storage does: writers
@@ -110,10 +155,15 @@ impl MemoryStorage {
         self.state().locked_by = None;
     }
 
+    /// Puts `bytes` as `name` when `check` passes: the bytes of `file` (a new file for
+    /// `None`, fsynced first when `durable`), renamed or linked into place, then the folder
+    /// fsynced when `durable`.
     fn publish(
         &self,
         name: &str,
         bytes: FileBytes,
+        file: Option<u64>,
+        durable: bool,
         check: impl FnOnce(&State) -> Result<()>,
     ) -> Result<()> {
         let mut s = self.state();
@@ -134,10 +184,24 @@ impl MemoryStorage {
         }
         check(&s)?;
         s.publishes += 1;
+        let file = match file {
+            Some(f) => f,
+            None => {
+                let f = s.disk.new_file();
+                if durable {
+                    s.disk.synced(f, bytes.clone());
+                }
+                f
+            }
+        };
+        s.disk.named(name, Some(file));
         s.files.insert(name.to_string(), bytes);
         let unsynced = (s.faults.unsynced_publishes_of)
             .as_deref()
             .is_some_and(|part| name.contains(part));
+        if durable && !fails && !unsynced {
+            s.disk.folder_synced();
+        }
         match (fails, unsynced) {
             (true, _) => Err(failed()),
             (false, true) => Err(Error::Io {
@@ -200,6 +264,7 @@ impl Storage for MemoryStorage {
         Ok(Box::new(MemoryNewFile {
             storage: self.clone(),
             temp: temp.to_string(),
+            file: self.state().disk.new_file(),
             bytes: Vec::new(),
         }))
     }
@@ -209,10 +274,10 @@ impl Storage for MemoryStorage {
         name: &str,
         bytes: &[u8],
         expected: Option<blake3::Hash>,
-        _durable: bool,
+        durable: bool,
     ) -> Result<()> {
         let path = self.path(name);
-        self.publish(name, FileBytes::copy_of(bytes), |s| {
+        self.publish(name, FileBytes::copy_of(bytes), None, durable, |s| {
             let Some(expected) = expected else {
                 return Ok(());
             };
@@ -238,11 +303,27 @@ impl Storage for MemoryStorage {
                 source: std::io::Error::other("injected fault: the deletion failed"),
             });
         }
-        s.files.remove(name);
+        if s.files.remove(name).is_some() {
+            s.disk.named(name, None);
+        }
         Ok(())
     }
 
     fn sync(&self) -> Result<()> {
+        self.state().disk.folder_synced();
+        Ok(())
+    }
+
+    fn sync_published(&self, name: &str) -> Result<()> {
+        let mut s = self.state();
+        let (Some(file), Some(bytes)) = (s.disk.file_of(name), s.files.get(name).cloned()) else {
+            return Err(Error::Io {
+                path: self.path(name),
+                op: "sync",
+                source: std::io::ErrorKind::NotFound.into(),
+            });
+        };
+        s.disk.synced(file, bytes);
         Ok(())
     }
 
@@ -308,7 +389,16 @@ impl FileReader for MemoryFile {
 struct MemoryNewFile {
     storage: MemoryStorage,
     temp: String,
+    /// Its number in the storage's [`DiskLog`].
+    file: u64,
     bytes: Vec<u8>,
+}
+
+impl MemoryNewFile {
+    fn synced(&self) {
+        let bytes = FileBytes::copy_of(&self.bytes);
+        self.storage.state().disk.synced(self.file, bytes);
+    }
 }
 
 impl NewFile for MemoryNewFile {
@@ -340,17 +430,20 @@ impl NewFile for MemoryNewFile {
     }
 
     fn sync_data(&mut self) -> Result<()> {
+        self.synced();
         Ok(())
     }
 
     fn sync_all(&mut self) -> Result<()> {
+        self.synced();
         Ok(())
     }
 
-    fn publish_new(self: Box<Self>, name: &str, _durable: bool) -> Result<()> {
+    fn publish_new(self: Box<Self>, name: &str, durable: bool) -> Result<()> {
         let path = self.storage.path(name);
+        let bytes = FileBytes::copy_of(&self.bytes);
         self.storage
-            .publish(name, FileBytes::copy_of(&self.bytes), |s| {
+            .publish(name, bytes, Some(self.file), durable, |s| {
                 match s.files.contains_key(name) {
                     true => Err(Error::CommitConflict {
                         path,

@@ -23,6 +23,7 @@ pub mod mmap;
 pub mod object;
 pub mod object_lease;
 mod object_upload;
+mod power_cut;
 pub mod recycle;
 pub mod runtime;
 

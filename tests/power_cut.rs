@@ -1,0 +1,272 @@
+//! Power cuts: a kill leaves every byte the writer handed the kernel, a power cut keeps only
+//! what was fsynced. The memory backend records each fsync of a file, each name given or
+//! removed and each fsync of the folder, and rebuilds what a folder holds after the power was
+//! cut at any of those points (names made since the last folder fsync kept or not, in order;
+//! a file never fsynced empty). At every such point, with every choice of kept names: every
+//! sample whose commit returned is there bit for bit, nothing there is damaged (`verify`), and
+//! the next writer takes the dataset on and commits.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use hspack::io::{MemoryStorage, Storage};
+use hspack::transfer::{copy, merge, CopyOptions};
+use hspack::verify::{verify_dataset, VerifyOptions};
+use hspack::write::dataset_writer::reindex_in;
+use hspack::{Dataset, DatasetWriter, Error, ReadOptions, WriteOptions};
+
+const HIDDEN: usize = 16;
+
+fn sample(i: u64) -> SampleBytes {
+    capture_sample(i, 1 + (i as usize * 5) % 13, HIDDEN)
+}
+
+fn durable() -> WriteOptions {
+    WriteOptions {
+        durable: true,
+        ..small_options()
+    }
+}
+
+fn writer(storage: &MemoryStorage) -> DatasetWriter {
+    DatasetWriter::open_in(
+        Arc::new(storage.clone()),
+        capture_schema(HIDDEN as u64),
+        durable(),
+    )
+    .unwrap()
+}
+
+/// Samples `s0, s1, …` appended by two writers one after the other, committed in groups of
+/// one to three (enough commits for segments to be merged); returns the durability event
+/// after which each count of samples was committed, in order.
+fn write_in_commits(storage: &MemoryStorage, total: u64) -> Vec<(usize, u64)> {
+    write_keys_in_commits(storage, 0..total)
+}
+
+/// [`write_in_commits`], of samples `keys`.
+fn write_keys_in_commits(storage: &MemoryStorage, keys: std::ops::Range<u64>) -> Vec<(usize, u64)> {
+    let (first, total) = (keys.start, keys.end);
+    let mut committed = vec![];
+    let mut next = first;
+    for session in 0..2 {
+        let mut w = writer(storage);
+        let end = if session == 0 {
+            (first + total) / 2
+        } else {
+            total
+        };
+        while next < end {
+            let group = 1 + next % 3;
+            for i in next..(next + group).min(end) {
+                w.append(&format!("s{i}"), &as_fields(&sample(i))).unwrap();
+            }
+            next = (next + group).min(end);
+            w.commit().unwrap();
+            committed.push((storage.durability_events(), next - first));
+        }
+        w.finish().unwrap();
+    }
+    committed
+}
+
+/// What the power cut left: every sample the dataset lists is the one written under its key
+/// and ordinal, and verify finds nothing damaged.
+fn check_intact(ds: &Dataset, at: &str) {
+    check_samples(ds, at);
+    let report = verify_dataset(ds, VerifyOptions::default(), &|_| {}).unwrap();
+    assert!(report.is_ok(), "{at}: {:?}", report.problems);
+}
+
+/// Every sample the dataset lists is the one written under its key and ordinal.
+fn check_samples(ds: &Dataset, at: &str) {
+    for i in 0..ds.len() {
+        let s = ds.sample(i).unwrap();
+        assert_eq!(s.key(), format!("s{i}"), "{at}");
+        for (field, data) in sample(i) {
+            let got = s
+                .read(&field, None)
+                .unwrap_or_else(|e| panic!("{at}: s{i}: {e}"));
+            assert_eq!(got.bytes(), &data[..], "{at}: s{i} {field}");
+        }
+    }
+}
+
+/// The next writer takes the dataset the cut left on (removing what the cut writer left
+/// half done) and commits one more sample after those there.
+fn next_writer_commits(cut: &MemoryStorage, there: u64, at: &str) {
+    let mut w = DatasetWriter::open_in(
+        Arc::new(cut.clone()),
+        capture_schema(HIDDEN as u64),
+        durable(),
+    )
+    .unwrap_or_else(|e| panic!("{at}: the next writer: {e}"));
+    assert_eq!(w.len(), there, "{at}");
+    w.append(&format!("s{there}"), &as_fields(&sample(there)))
+        .unwrap();
+    w.finish().unwrap();
+    let ds = Dataset::open_in(Arc::new(cut.clone()), ReadOptions::default()).unwrap();
+    assert_eq!(ds.len(), there + 1, "{at}");
+    check_intact(&ds, at);
+}
+
+/// Every cut point of `storage`'s events, with every choice of the name changes kept.
+fn cuts(storage: &MemoryStorage) -> Vec<(usize, usize)> {
+    (0..=storage.durability_events())
+        .flat_map(|at| (0..=storage.unsynced_name_changes(at)).map(move |kept| (at, kept)))
+        .collect()
+}
+
+#[test]
+fn a_power_cut_anywhere_keeps_every_committed_sample() {
+    let storage = MemoryStorage::new("power");
+    let total = 24;
+    let committed = write_in_commits(&storage, total);
+    assert!(committed.len() >= 12, "enough commits to merge segments");
+    let (mut with_dataset, mut unsynced_kept) = (0, 0);
+    for (at, kept) in cuts(&storage) {
+        let label = format!("power cut after event {at}, {kept} unsynced name changes kept");
+        let cut = storage.after_power_cut(at, kept);
+        let must_have = (committed.iter())
+            .filter(|(event, _)| *event <= at)
+            .map(|(_, n)| *n)
+            .max()
+            .unwrap_or(0);
+        let there = match Dataset::open_in(Arc::new(cut.clone()), ReadOptions::default()) {
+            Ok(ds) => {
+                assert!(
+                    ds.len() >= must_have && ds.len() <= total,
+                    "{label}: {} samples, {must_have} committed",
+                    ds.len()
+                );
+                check_intact(&ds, &label);
+                with_dataset += 1;
+                ds.len()
+            }
+            Err(Error::NotADataset { .. }) if must_have == 0 => 0,
+            Err(e) => panic!("{label}: {must_have} committed, the dataset does not open: {e}"),
+        };
+        unsynced_kept += usize::from(kept > 0);
+        next_writer_commits(&cut, there, &label);
+    }
+    eprintln!(
+        "{} power cuts over {} events: {with_dataset} left a dataset, {unsynced_kept} kept unsynced name changes",
+        cuts(&storage).len(),
+        storage.durability_events()
+    );
+    assert!(with_dataset > 100, "{with_dataset} cuts found a dataset");
+    assert!(
+        unsynced_kept > 10,
+        "{unsynced_kept} cuts kept unsynced names"
+    );
+}
+
+#[test]
+fn a_power_cut_during_a_copy_leaves_a_destination_the_copy_finishes() {
+    let source = MemoryStorage::new("copy-source");
+    let total = 16;
+    write_in_commits(&source, total);
+    let src = Dataset::open_in(Arc::new(source), ReadOptions::default()).unwrap();
+    let dst = MemoryStorage::new("copy-destination");
+    let dst_arc: Arc<dyn Storage> = Arc::new(dst.clone());
+    copy(&src, &dst_arc, &CopyOptions::default(), &|_| {}).unwrap();
+    let done = dst.durability_events();
+    let mut whole = 0;
+    for (at, kept) in cuts(&dst) {
+        let label =
+            format!("power cut after event {at} of {done}, {kept} unsynced name changes kept");
+        let cut = dst.after_power_cut(at, kept);
+        if at == done {
+            let ds = Dataset::open_in(Arc::new(cut.clone()), ReadOptions::default())
+                .unwrap_or_else(|e| panic!("{label}: the copy returned: {e}"));
+            assert_eq!(ds.len(), total, "{label}");
+        }
+        match Dataset::open_in(Arc::new(cut.clone()), ReadOptions::default()) {
+            Ok(ds) => {
+                assert_eq!(ds.len(), total, "{label}: a copy is whole or not there");
+                check_intact(&ds, &label);
+                whole += 1;
+            }
+            Err(Error::NotADataset { .. }) => {}
+            Err(e) => panic!("{label}: {e}"),
+        }
+        let cut_arc: Arc<dyn Storage> = Arc::new(cut.clone());
+        copy(&src, &cut_arc, &CopyOptions::default(), &|_| {})
+            .unwrap_or_else(|e| panic!("{label}: the copy again: {e}"));
+        let ds = Dataset::open_in(cut_arc, ReadOptions::default()).unwrap();
+        assert_eq!(ds.len(), total, "{label}");
+        check_intact(&ds, &label);
+    }
+    assert!(whole >= 1, "the finished copy was seen whole");
+}
+
+#[test]
+fn a_power_cut_during_a_merge_leaves_a_destination_the_merge_finishes() {
+    let (a, b) = (MemoryStorage::new("merge-a"), MemoryStorage::new("merge-b"));
+    write_keys_in_commits(&a, 0..7);
+    write_keys_in_commits(&b, 7..15);
+    let open =
+        |m: &MemoryStorage| Dataset::open_in(Arc::new(m.clone()), ReadOptions::default()).unwrap();
+    let sources = [open(&a), open(&b)];
+    let dst = MemoryStorage::new("merge-destination");
+    merge(&sources, Arc::new(dst.clone()), durable(), &|_| {}).unwrap();
+    let done = dst.durability_events();
+    let mut partial = 0;
+    for (at, kept) in cuts(&dst) {
+        let label =
+            format!("power cut after event {at} of {done}, {kept} unsynced name changes kept");
+        let cut = dst.after_power_cut(at, kept);
+        match Dataset::open_in(Arc::new(cut.clone()), ReadOptions::default()) {
+            Ok(ds) => {
+                check_intact(&ds, &label);
+                assert!(at < done || ds.len() == 15, "{label}: the merge returned");
+                partial += usize::from(!ds.is_empty() && ds.len() < 15);
+            }
+            Err(Error::NotADataset { .. }) => assert!(at < done, "{label}"),
+            Err(e) => panic!("{label}: {e}"),
+        }
+        let report = merge(&sources, Arc::new(cut.clone()), durable(), &|_| {})
+            .unwrap_or_else(|e| panic!("{label}: the merge again: {e}"));
+        assert_eq!(report.samples, 15, "{label}");
+        check_intact(&open(&cut), &label);
+    }
+    assert!(partial > 0, "some cuts fell between the merge's commits");
+}
+
+#[test]
+fn a_power_cut_during_a_reindex_loses_nothing_and_the_reindex_finishes() {
+    let storage = MemoryStorage::new("reindex");
+    write_in_commits(&storage, 12);
+    let mut derived: Vec<String> = (storage.list().unwrap().into_iter())
+        .filter(|n| n.starts_with("keys-") || n.starts_with("samples-"))
+        .collect();
+    derived.sort();
+    assert!(derived.len() >= 2, "{derived:?}");
+    for name in &derived[..2] {
+        storage.delete(name).unwrap();
+    }
+    storage.sync().unwrap();
+    let start = storage.durability_events();
+    let rewritten = reindex_in(Arc::new(storage.clone())).unwrap();
+    assert_eq!(rewritten.len(), 2, "{rewritten:?}");
+    let done = storage.durability_events();
+    assert!(done > start);
+    for (at, kept) in cuts(&storage).into_iter().filter(|(at, _)| *at >= start) {
+        let label = format!(
+            "power cut after event {at} of {start}..{done}, {kept} unsynced name changes kept"
+        );
+        let cut = storage.after_power_cut(at, kept);
+        let ds = Dataset::open_in(Arc::new(cut.clone()), ReadOptions::default())
+            .unwrap_or_else(|e| panic!("{label}: {e}"));
+        assert_eq!(ds.len(), 12, "{label}");
+        check_samples(&ds, &label);
+        if at == done {
+            check_intact(&ds, &label);
+        }
+        reindex_in(Arc::new(cut.clone())).unwrap_or_else(|e| panic!("{label}: reindex again: {e}"));
+        let ds = Dataset::open_in(Arc::new(cut.clone()), ReadOptions::default()).unwrap();
+        check_intact(&ds, &label);
+    }
+}
