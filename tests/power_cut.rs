@@ -11,7 +11,8 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
-use hspack::io::{MemoryStorage, Storage};
+use hspack::io::{LocalStorage, MemoryStorage, Storage};
+use hspack::store::{Locks, Store, StoreParts};
 use hspack::transfer::{copy, merge, CopyOptions};
 use hspack::verify::{verify_dataset, VerifyOptions};
 use hspack::write::dataset_writer::reindex_in;
@@ -30,15 +31,6 @@ fn durable() -> WriteOptions {
     }
 }
 
-fn writer(storage: &MemoryStorage) -> DatasetWriter {
-    DatasetWriter::open_in(
-        Arc::new(storage.clone()),
-        capture_schema(HIDDEN as u64),
-        durable(),
-    )
-    .unwrap()
-}
-
 /// Samples `s0, s1, …` appended by two writers one after the other, committed in groups of
 /// one to three (enough commits for segments to be merged); returns the durability event
 /// after which each count of samples was committed, in order.
@@ -48,11 +40,26 @@ fn write_in_commits(storage: &MemoryStorage, total: u64) -> Vec<(usize, u64)> {
 
 /// [`write_in_commits`], of samples `keys`.
 fn write_keys_in_commits(storage: &MemoryStorage, keys: std::ops::Range<u64>) -> Vec<(usize, u64)> {
+    write_in_commits_to(
+        &|| Arc::new(storage.clone()),
+        &|| storage.durability_events(),
+        keys,
+    )
+}
+
+/// [`write_keys_in_commits`], into the storage `open` gives, whose disk has had `events()`
+/// durability events.
+fn write_in_commits_to(
+    open: &dyn Fn() -> Arc<dyn Storage>,
+    events: &dyn Fn() -> usize,
+    keys: std::ops::Range<u64>,
+) -> Vec<(usize, u64)> {
     let (first, total) = (keys.start, keys.end);
     let mut committed = vec![];
     let mut next = first;
     for session in 0..2 {
-        let mut w = writer(storage);
+        let mut w =
+            DatasetWriter::open_in(open(), capture_schema(HIDDEN as u64), durable()).unwrap();
         let end = if session == 0 {
             (first + total) / 2
         } else {
@@ -65,7 +72,7 @@ fn write_keys_in_commits(storage: &MemoryStorage, keys: std::ops::Range<u64>) ->
             }
             next = (next + group).min(end);
             w.commit().unwrap();
-            committed.push((storage.durability_events(), next - first));
+            committed.push((events(), next - first));
         }
         w.finish().unwrap();
     }
@@ -269,4 +276,119 @@ fn a_power_cut_during_a_reindex_loses_nothing_and_the_reindex_finishes() {
         let ds = Dataset::open_in(Arc::new(cut.clone()), ReadOptions::default()).unwrap();
         check_intact(&ds, &label);
     }
+}
+
+#[test]
+fn a_power_cut_anywhere_in_a_store_keeps_every_committed_sample() {
+    let dir = tempfile::tempdir().unwrap();
+    let meta = MemoryStorage::new("meta");
+    let folders = ["packs", "datasets", "captures"].map(|f| meta.sibling(f));
+    let store = Arc::new(
+        Store::init_parts(
+            std::path::Path::new("memory://store"),
+            StoreParts {
+                meta: Arc::new(meta.clone()),
+                packs: Arc::new(folders[0].clone()),
+                datasets: Arc::new(folders[1].clone()),
+                captures: Arc::new(folders[2].clone()),
+                staging: Arc::new(LocalStorage::new(dir.path().join("staging"))),
+                locks: Locks::Folder({
+                    std::fs::create_dir_all(dir.path().join("locks")).unwrap();
+                    dir.path().join("locks")
+                }),
+            },
+            [7; 16],
+        )
+        .unwrap(),
+    );
+    let events = || meta.durability_events();
+    let open = |name: &str| -> Arc<dyn Storage> { Arc::new(store.dataset(name).unwrap()) };
+    // `b` shares its first samples with `a` (the same bytes under the same keys): stored once.
+    let a = write_in_commits_to(&|| open("a"), &events, 0..6);
+    let b = write_in_commits_to(&|| open("b"), &events, 0..9);
+    store.remove("a").unwrap();
+    let removed = events();
+    let report = hspack::store::gc::collect(&store, true).unwrap();
+    assert!(report.packs_deleted > 0, "{report:?}");
+    let collected = events();
+    let done = events();
+    let mut checked = 0;
+    for (at, kept) in cuts(&meta) {
+        let label = format!("power cut after event {at} of {done} (a removed at {removed}, collected at {collected}), {kept} unsynced name changes kept");
+        let cut_dir = tempfile::tempdir().unwrap();
+        let cut_meta = meta.after_power_cut(at, kept);
+        let cut_parts = StoreParts {
+            meta: Arc::new(cut_meta),
+            packs: Arc::new(folders[0].after_power_cut(at, kept)),
+            datasets: Arc::new(folders[1].after_power_cut(at, kept)),
+            captures: Arc::new(folders[2].after_power_cut(at, kept)),
+            staging: Arc::new(LocalStorage::new(cut_dir.path().join("staging"))),
+            locks: Locks::Folder({
+                std::fs::create_dir_all(cut_dir.path().join("locks")).unwrap();
+                cut_dir.path().join("locks")
+            }),
+        };
+        let cut = match Store::open_parts(std::path::Path::new("memory://cut"), cut_parts) {
+            Ok(s) => Arc::new(s),
+            Err(Error::Store { .. }) if a.first().is_none_or(|(e, _)| at < *e) => continue,
+            Err(e) => panic!("{label}: the store does not open: {e}"),
+        };
+        let must_have = |commits: &[(usize, u64)]| {
+            (commits.iter())
+                .filter(|(event, _)| *event <= at)
+                .map(|(_, n)| *n)
+                .max()
+                .unwrap_or(0)
+        };
+        let check = |cut: &Arc<Store>, when: &str| {
+            for (name, commits, gone_at) in [("a", &a, Some(removed)), ("b", &b, None)] {
+                let must = must_have(commits);
+                let opened = cut
+                    .dataset(name)
+                    .and_then(|d| Dataset::open_in(Arc::new(d), ReadOptions::default()));
+                match opened {
+                    Ok(ds) => {
+                        assert!(
+                            gone_at.is_none_or(|g| at < g),
+                            "{label}, {when}: `{name}` was removed"
+                        );
+                        assert!(
+                            ds.len() >= must,
+                            "{label}, {when}: `{name}` has {} of {must}",
+                            ds.len()
+                        );
+                        check_intact(&ds, &format!("{label}, {when}: `{name}`"));
+                    }
+                    Err(e) => assert!(
+                        must == 0 || gone_at.is_some_and(|g| at + 1 >= g),
+                        "{label}, {when}: `{name}` ({must} committed) does not open: {e}"
+                    ),
+                }
+            }
+        };
+        check(&cut, "as the cut left it");
+        hspack::store::gc::collect(&cut, true)
+            .unwrap_or_else(|e| panic!("{label}: a collection of the cut store: {e}"));
+        check(&cut, "after a collection");
+        let there = cut
+            .dataset("b")
+            .and_then(|d| Dataset::open_in(Arc::new(d), ReadOptions::default()))
+            .map_or(0, |ds| ds.len());
+        let mut w = DatasetWriter::open_in(
+            Arc::new(cut.dataset("b").unwrap()),
+            capture_schema(HIDDEN as u64),
+            durable(),
+        )
+        .unwrap_or_else(|e| panic!("{label}: the next writer: {e}"));
+        w.append(&format!("s{there}"), &as_fields(&sample(there)))
+            .unwrap();
+        w.finish().unwrap();
+        let ds =
+            Dataset::open_in(Arc::new(cut.dataset("b").unwrap()), ReadOptions::default()).unwrap();
+        assert_eq!(ds.len(), there + 1, "{label}");
+        check_intact(&ds, &label);
+        checked += 1;
+    }
+    eprintln!("{checked} power cuts of the store checked over {done} events");
+    assert!(checked > 100, "{checked}");
 }

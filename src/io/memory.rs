@@ -51,8 +51,6 @@ struct State {
     locked_by: Option<u32>,
     /// The token of the leases handed out, as object storage's are ([`MemoryStorage::lease_as`]).
     lease: Option<String>,
-    /// What each call made durable, as a folder would.
-    disk: DiskLog,
 }
 
 /// Files in memory, shared by every clone.
@@ -60,6 +58,10 @@ struct State {
 pub struct MemoryStorage {
     root: PathBuf,
     state: Arc<Mutex<State>>,
+    /// What each call made durable, in the log of the disk this folder is on.
+    disk: Arc<Mutex<DiskLog>>,
+    /// This folder's name on its disk.
+    folder: String,
 }
 
 impl MemoryStorage {
@@ -68,11 +70,27 @@ impl MemoryStorage {
         MemoryStorage {
             root: PathBuf::from(format!("memory://{name}")),
             state: Arc::default(),
+            disk: Arc::default(),
+            folder: name.to_string(),
+        }
+    }
+
+    /// Another folder, empty, named `name`, on the disk this one is on: its durability events
+    /// go into the same log, so a power cut falls on both at once.
+    pub fn sibling(&self, name: &str) -> MemoryStorage {
+        MemoryStorage {
+            disk: Arc::clone(&self.disk),
+            ..MemoryStorage::new(name)
         }
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The disk's log; taken after [`MemoryStorage::state`] where both are.
+    fn disk(&self) -> MutexGuard<'_, DiskLog> {
+        self.disk.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Sets the faults to inject from now on (counting publishes from now).
@@ -92,45 +110,37 @@ impl MemoryStorage {
     pub fn overwrite(&self, name: &str, bytes: &[u8]) {
         let bytes = FileBytes::copy_of(bytes);
         let mut s = self.state();
-        let file = s.disk.new_file();
-        s.disk.synced(file, bytes.clone());
-        s.disk.named(name, Some(file));
-        s.disk.folder_synced();
+        let mut disk = self.disk();
+        let file = disk.new_file();
+        disk.synced(file, bytes.clone());
+        disk.named(&self.folder, name, Some(file));
+        disk.folder_synced(&self.folder);
         s.files.insert(name.to_string(), bytes);
     }
 
-    /// Durability events so far (a file's bytes fsynced, a name given or removed, the folder
-    /// fsynced): a power cut can fall after any number of them, `0..=durability_events()`.
+    /// Durability events so far on this folder's disk (a file's bytes fsynced, a name given
+    /// or removed, a folder fsynced): a power cut can fall after any number of them,
+    /// `0..=durability_events()`.
     pub fn durability_events(&self) -> usize {
-        self.state().disk.len()
+        self.disk().len()
     }
 
     /// The name changes a power cut after the first `at` durability events may or may not
     /// keep: those made after the last folder fsync before it.
     pub fn unsynced_name_changes(&self, at: usize) -> usize {
-        self.state().disk.unsynced_name_changes(at)
+        self.disk().unsynced_name_changes(at)
     }
 
     /// A new storage holding what this one, a folder, holds after a power cut that falls
-    /// after its first `at` durability events: the names a folder fsync made durable, plus
-    /// the first `kept` name changes made since (a journal keeps them in order), each file
-    /// with the bytes last fsynced (a file never fsynced is empty). Nothing is locked there:
-    /// the writer died with the power.
+    /// after the first `at` durability events of its disk: the names an fsync of their folder
+    /// made durable, plus those of the first `kept` name changes not yet durable (the disk's
+    /// journal keeps them in order), each file with the bytes last fsynced (a file never
+    /// fsynced is empty). Nothing is locked there: the writer died with the power.
     pub fn after_power_cut(&self, at: usize, kept: usize) -> MemoryStorage {
-        let files = self.state().disk.survivors(at, kept);
-        let cut = MemoryStorage::new(&format!(
-            "{}-cut-{at}-{kept}",
-            self.root.to_string_lossy().trim_start_matches("memory://")
-        ));
-        {
-            let mut s = cut.state();
-            for (name, bytes) in files {
-                let file = s.disk.new_file();
-                s.disk.synced(file, bytes.clone());
-                s.disk.named(&name, Some(file));
-                s.files.insert(name, bytes);
-            }
-            s.disk.folder_synced();
+        let files = self.disk().survivors(&self.folder, at, kept);
+        let cut = MemoryStorage::new(&format!("{}-cut-{at}-{kept}", self.folder));
+        for (name, bytes) in files {
+            cut.overwrite(&name, &bytes);
         }
         cut
     }
@@ -184,24 +194,26 @@ impl MemoryStorage {
         }
         check(&s)?;
         s.publishes += 1;
+        let mut disk = self.disk();
         let file = match file {
             Some(f) => f,
             None => {
-                let f = s.disk.new_file();
+                let f = disk.new_file();
                 if durable {
-                    s.disk.synced(f, bytes.clone());
+                    disk.synced(f, bytes.clone());
                 }
                 f
             }
         };
-        s.disk.named(name, Some(file));
+        disk.named(&self.folder, name, Some(file));
         s.files.insert(name.to_string(), bytes);
         let unsynced = (s.faults.unsynced_publishes_of)
             .as_deref()
             .is_some_and(|part| name.contains(part));
         if durable && !fails && !unsynced {
-            s.disk.folder_synced();
+            disk.folder_synced(&self.folder);
         }
+        drop(disk);
         match (fails, unsynced) {
             (true, _) => Err(failed()),
             (false, true) => Err(Error::Io {
@@ -264,7 +276,7 @@ impl Storage for MemoryStorage {
         Ok(Box::new(MemoryNewFile {
             storage: self.clone(),
             temp: temp.to_string(),
-            file: self.state().disk.new_file(),
+            file: self.disk().new_file(),
             bytes: Vec::new(),
         }))
     }
@@ -304,26 +316,29 @@ impl Storage for MemoryStorage {
             });
         }
         if s.files.remove(name).is_some() {
-            s.disk.named(name, None);
+            self.disk().named(&self.folder, name, None);
         }
         Ok(())
     }
 
     fn sync(&self) -> Result<()> {
-        self.state().disk.folder_synced();
+        self.disk().folder_synced(&self.folder);
         Ok(())
     }
 
     fn sync_published(&self, name: &str) -> Result<()> {
-        let mut s = self.state();
-        let (Some(file), Some(bytes)) = (s.disk.file_of(name), s.files.get(name).cloned()) else {
+        let s = self.state();
+        let mut disk = self.disk();
+        let (Some(file), Some(bytes)) =
+            (disk.file_of(&self.folder, name), s.files.get(name).cloned())
+        else {
             return Err(Error::Io {
                 path: self.path(name),
                 op: "sync",
                 source: std::io::ErrorKind::NotFound.into(),
             });
         };
-        s.disk.synced(file, bytes);
+        disk.synced(file, bytes);
         Ok(())
     }
 
@@ -397,7 +412,7 @@ struct MemoryNewFile {
 impl MemoryNewFile {
     fn synced(&self) {
         let bytes = FileBytes::copy_of(&self.bytes);
-        self.storage.state().disk.synced(self.file, bytes);
+        self.storage.disk().synced(self.file, bytes);
     }
 }
 

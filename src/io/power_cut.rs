@@ -1,13 +1,13 @@
-//! What a folder holds after a power cut: the durability events a [`super::MemoryStorage`]
-//! records (a file's bytes fsynced, a name given or removed, the folder fsynced), replayed up
-//! to any point.
+//! What the folders of a disk hold after a power cut: the durability events the
+//! [`super::MemoryStorage`] folders of one disk record (a file's bytes fsynced, a name given
+//! or removed, a folder fsynced), in the order they happened, replayed up to any point.
 //!
 //! The model is POSIX's promise and nothing more, as a local folder keeps it
 //! ([`super::LocalStorage`]): a file's bytes survive once the file was fsynced, a name once
-//! the folder was fsynced after it was given (or removed). Name changes made since the last
-//! folder fsync may survive or not; a journal keeps them in the order they were made, so a
-//! cut keeps some first of them. A file whose name survived but whose bytes were never
-//! fsynced is empty, as a rename whose data had not reached the disk leaves it.
+//! its folder was fsynced after it was given (or removed). Name changes not yet made durable
+//! may survive or not; the disk's journal keeps them in the order they were made, so a cut
+//! keeps some first of them. A file whose name survived but whose bytes were never fsynced is
+//! empty, as a rename whose data had not reached the disk leaves it.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -17,18 +17,25 @@ use super::bytes::FileBytes;
 enum Event {
     /// The bytes of file `file` were fsynced.
     Synced { file: u64, bytes: FileBytes },
-    /// `name` was given to `file` (`Some`), or removed (`None`).
-    Named { name: String, file: Option<u64> },
-    /// The folder was fsynced: every name change before it is durable.
-    FolderSynced,
+    /// `name` in `folder` was given to `file` (`Some`), or removed (`None`).
+    Named {
+        folder: String,
+        name: String,
+        file: Option<u64>,
+    },
+    /// `folder` was fsynced: every change of its names before it is durable.
+    FolderSynced { folder: String },
 }
 
-/// The durability events of one folder, in order.
+/// A name change not yet durable: folder, name, file.
+type Change<'a> = (&'a str, &'a str, Option<u64>);
+
+/// The durability events of the folders of one disk, in order.
 #[derive(Debug, Default)]
 pub(crate) struct DiskLog {
     events: Vec<Event>,
     files: u64,
-    names: HashMap<String, u64>,
+    names: HashMap<(String, String), u64>,
 }
 
 impl DiskLog {
@@ -38,9 +45,11 @@ impl DiskLog {
         self.files
     }
 
-    /// The file `name` is now, if any.
-    pub(crate) fn file_of(&self, name: &str) -> Option<u64> {
-        self.names.get(name).copied()
+    /// The file `name` in `folder` is now, if any.
+    pub(crate) fn file_of(&self, folder: &str, name: &str) -> Option<u64> {
+        self.names
+            .get(&(folder.to_string(), name.to_string()))
+            .copied()
     }
 
     /// `bytes` of `file` were fsynced.
@@ -48,21 +57,25 @@ impl DiskLog {
         self.events.push(Event::Synced { file, bytes });
     }
 
-    /// `name` now names `file` (`Some`), or nothing (`None`).
-    pub(crate) fn named(&mut self, name: &str, file: Option<u64>) {
+    /// `name` in `folder` now names `file` (`Some`), or nothing (`None`).
+    pub(crate) fn named(&mut self, folder: &str, name: &str, file: Option<u64>) {
+        let key = (folder.to_string(), name.to_string());
         match file {
-            Some(f) => self.names.insert(name.to_string(), f),
-            None => self.names.remove(name),
+            Some(f) => self.names.insert(key, f),
+            None => self.names.remove(&key),
         };
         self.events.push(Event::Named {
+            folder: folder.to_string(),
             name: name.to_string(),
             file,
         });
     }
 
-    /// The folder was fsynced.
-    pub(crate) fn folder_synced(&mut self) {
-        self.events.push(Event::FolderSynced);
+    /// `folder` was fsynced.
+    pub(crate) fn folder_synced(&mut self, folder: &str) {
+        self.events.push(Event::FolderSynced {
+            folder: folder.to_string(),
+        });
     }
 
     /// Events so far: a power cut can fall after any number of them, `0..=len`.
@@ -70,59 +83,76 @@ impl DiskLog {
         self.events.len()
     }
 
-    /// The name changes among the first `at` events made after the last folder fsync among
-    /// them: those a cut after event `at` may or may not keep.
-    pub(crate) fn unsynced_name_changes(&self, at: usize) -> usize {
-        let events = &self.events[..at.min(self.events.len())];
-        let after_sync = events
-            .iter()
-            .rposition(|e| matches!(e, Event::FolderSynced))
-            .map_or(0, |i| i + 1);
-        events[after_sync..]
-            .iter()
-            .filter(|e| matches!(e, Event::Named { .. }))
-            .count()
-    }
-
-    /// The files a power cut after the first `at` events leaves, by name: the names durable
-    /// then, plus the first `kept` name changes made after the last folder fsync, each with
-    /// the bytes its file last had fsynced (empty when never).
-    pub(crate) fn survivors(&self, at: usize, kept: usize) -> BTreeMap<String, FileBytes> {
-        let mut durable: BTreeMap<String, u64> = BTreeMap::new();
-        let mut pending: Vec<(&str, Option<u64>)> = Vec::new();
-        let mut bytes: HashMap<u64, &FileBytes> = HashMap::new();
-        let apply = |names: &mut BTreeMap<String, u64>, (name, file): (&str, Option<u64>)| {
-            match file {
-                Some(f) => names.insert(name.to_string(), f),
-                None => names.remove(name),
-            };
-        };
+    /// Replays the first `at` events: the names durable then, by folder and name, the name
+    /// changes not yet durable, in order, and the bytes each file last had fsynced.
+    #[allow(clippy::type_complexity)]
+    fn replay(
+        &self,
+        at: usize,
+    ) -> (
+        BTreeMap<(&str, &str), u64>,
+        Vec<Change<'_>>,
+        HashMap<u64, &FileBytes>,
+    ) {
+        let mut durable = BTreeMap::new();
+        let mut pending: Vec<Change<'_>> = Vec::new();
+        let mut bytes = HashMap::new();
         for event in &self.events[..at.min(self.events.len())] {
             match event {
                 Event::Synced { file, bytes: b } => {
                     bytes.insert(*file, b);
                 }
-                Event::Named { name, file } => pending.push((name, *file)),
-                Event::FolderSynced => {
-                    for change in pending.drain(..) {
-                        apply(&mut durable, change);
+                Event::Named { folder, name, file } => pending.push((folder, name, *file)),
+                Event::FolderSynced { folder } => pending.retain(|change| {
+                    let mine = change.0 == folder;
+                    if mine {
+                        apply(&mut durable, *change);
                     }
-                }
+                    !mine
+                }),
             }
         }
+        (durable, pending, bytes)
+    }
+
+    /// The name changes among the first `at` events not made durable by an fsync of their
+    /// folder among them: those a cut after event `at` may or may not keep.
+    pub(crate) fn unsynced_name_changes(&self, at: usize) -> usize {
+        self.replay(at).1.len()
+    }
+
+    /// The files of `folder` a power cut after the first `at` events leaves, by name: the
+    /// names durable then, plus those of the first `kept` name changes not yet durable (of any
+    /// folder: the journal's order), each with the bytes its file last had fsynced (empty
+    /// when never).
+    pub(crate) fn survivors(
+        &self,
+        folder: &str,
+        at: usize,
+        kept: usize,
+    ) -> BTreeMap<String, FileBytes> {
+        let (mut durable, pending, bytes) = self.replay(at);
         for change in pending.into_iter().take(kept) {
             apply(&mut durable, change);
         }
         durable
             .into_iter()
-            .map(|(name, file)| {
+            .filter(|((f, _), _)| *f == folder)
+            .map(|((_, name), file)| {
                 let b = bytes
                     .get(&file)
                     .map_or_else(|| FileBytes::from_vec(Vec::new()), |b| (*b).clone());
-                (name, b)
+                (name.to_string(), b)
             })
             .collect()
     }
+}
+
+fn apply<'a>(names: &mut BTreeMap<(&'a str, &'a str), u64>, (folder, name, file): Change<'a>) {
+    match file {
+        Some(f) => names.insert((folder, name), f),
+        None => names.remove(&(folder, name)),
+    };
 }
 
 #[cfg(test)]
@@ -151,28 +181,50 @@ mod tests {
         let mut log = DiskLog::default();
         let a = log.new_file();
         log.synced(a, bytes("a1"));
-        log.named("a", Some(a));
-        log.folder_synced(); // 3 events: `a` durable with its bytes
+        log.named("", "a", Some(a));
+        log.folder_synced(""); // 3 events: `a` durable with its bytes
         let b = log.new_file();
-        log.named("b", Some(b)); // never fsynced: empty if its name survives
-        log.named("a", None);
+        log.named("", "b", Some(b)); // never fsynced: empty if its name survives
+        log.named("", "a", None);
         let c = log.new_file();
         log.synced(c, bytes("c1"));
-        log.named("c", Some(c));
+        log.named("", "c", Some(c));
         assert_eq!(log.len(), 7);
 
-        assert!(log.survivors(0, 9).is_empty());
-        assert_eq!(text(&log.survivors(3, 0)), pairs(&[("a", "a1")]));
+        let root = |at, kept| text(&log.survivors("", at, kept));
+        assert!(root(0, 9).is_empty());
+        assert_eq!(root(3, 0), pairs(&[("a", "a1")]));
         assert_eq!(log.unsynced_name_changes(3), 0);
         assert_eq!(log.unsynced_name_changes(7), 3);
-        assert_eq!(text(&log.survivors(7, 0)), pairs(&[("a", "a1")]));
-        assert_eq!(text(&log.survivors(7, 1)), pairs(&[("a", "a1"), ("b", "")]));
-        assert_eq!(text(&log.survivors(7, 2)), pairs(&[("b", "")]));
-        assert_eq!(text(&log.survivors(7, 3)), pairs(&[("b", ""), ("c", "c1")]));
-        log.folder_synced();
+        assert_eq!(root(7, 0), pairs(&[("a", "a1")]));
+        assert_eq!(root(7, 1), pairs(&[("a", "a1"), ("b", "")]));
+        assert_eq!(root(7, 2), pairs(&[("b", "")]));
+        assert_eq!(root(7, 3), pairs(&[("b", ""), ("c", "c1")]));
+        log.folder_synced("");
         assert_eq!(log.unsynced_name_changes(8), 0);
-        assert_eq!(text(&log.survivors(8, 0)), pairs(&[("b", ""), ("c", "c1")]));
-        assert_eq!(log.file_of("c"), Some(c));
-        assert_eq!(log.file_of("a"), None);
+        assert_eq!(
+            text(&log.survivors("", 8, 0)),
+            pairs(&[("b", ""), ("c", "c1")])
+        );
+        assert_eq!(log.file_of("", "c"), Some(c));
+        assert_eq!(log.file_of("", "a"), None);
+    }
+
+    #[test]
+    fn a_folder_fsync_makes_its_own_names_durable_and_no_others() {
+        let mut log = DiskLog::default();
+        let (p, i) = (log.new_file(), log.new_file());
+        log.synced(p, bytes("pack"));
+        log.named("packs", "p", Some(p));
+        log.synced(i, bytes("index"));
+        log.named("meta", "i", Some(i));
+        log.folder_synced("meta"); // 5 events: `i` durable, `p` not
+        assert_eq!(log.unsynced_name_changes(5), 1);
+        assert_eq!(text(&log.survivors("meta", 5, 0)), pairs(&[("i", "index")]));
+        assert!(log.survivors("packs", 5, 0).is_empty());
+        assert_eq!(text(&log.survivors("packs", 5, 1)), pairs(&[("p", "pack")]));
+        log.folder_synced("packs");
+        assert_eq!(text(&log.survivors("packs", 6, 0)), pairs(&[("p", "pack")]));
+        assert!(log.survivors("other", 6, 9).is_empty());
     }
 }

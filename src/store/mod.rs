@@ -54,6 +54,70 @@ pub struct StoreConfig {
     pub id: String,
 }
 
+/// Where the parts of a store are (FORMAT.md §11.1): a store in a folder or under a prefix
+/// has them in its subfolders ([`Store::open`]).
+pub struct StoreParts {
+    /// `store.json`, the blob index and its runs.
+    pub meta: Arc<dyn Storage>,
+    /// The packs.
+    pub packs: Arc<dyn Storage>,
+    /// The datasets' files (`NAME.json`).
+    pub datasets: Arc<dyn Storage>,
+    /// The capture files.
+    pub captures: Arc<dyn Storage>,
+    /// Where files being written are staged.
+    pub staging: Arc<LocalStorage>,
+    /// The store's locks.
+    pub locks: Locks,
+}
+
+/// `store.json` of a new store with id `id`.
+fn config_bytes(id: [u8; 16]) -> Vec<u8> {
+    let config = StoreConfig {
+        format: STORE_FORMAT.into(),
+        version: STORE_VERSION,
+        id: hex(&id),
+    };
+    let mut bytes = serde_json::to_vec_pretty(&config).expect("serializable");
+    bytes.push(b'\n');
+    bytes
+}
+
+/// `store.json` of the store whose `meta` part is given, checked.
+fn read_config(meta: &dyn Storage) -> Result<StoreConfig> {
+    let bytes = meta.read(STORE_FILE)?.ok_or_else(|| Error::Store {
+        path: meta.root().to_path_buf(),
+        detail: "not a store: it has no store.json (make one with `hspack store init`)".into(),
+    })?;
+    let path = meta.path(STORE_FILE);
+    let config: StoreConfig = serde_json::from_slice(&bytes).map_err(|e| Error::Store {
+        path: path.clone(),
+        detail: format!("not a store file: {e}"),
+    })?;
+    if config.format != STORE_FORMAT || config.version != STORE_VERSION {
+        return Err(Error::Store {
+            path,
+            detail: format!(
+                "format {} version {}; this hspack reads {STORE_FORMAT} version {STORE_VERSION}: upgrade hspack",
+                config.format, config.version
+            ),
+        });
+    }
+    // The id names this machine's staging folder of a store in object storage: only the 32
+    // hex digits a store is made with (FORMAT.md §11), never a path.
+    if unhex(&config.id).is_none_or(|id| id.len() != 16) {
+        return Err(Error::Store {
+            path,
+            detail: format!(
+                "its id {:?} is not 32 hex digits: the file is damaged or was not written by \
+                 hspack; restore it from a copy of the store",
+                config.id
+            ),
+        });
+    }
+    Ok(config)
+}
+
 /// A store, open.
 pub struct Store {
     root: PathBuf,
@@ -216,52 +280,31 @@ impl Store {
                     .map_err(crate::error::io(dir.join(sub), "create folder"))?;
             }
         }
-        let config = StoreConfig {
-            format: STORE_FORMAT.into(),
-            version: STORE_VERSION,
-            id: hex(&id),
-        };
-        let mut bytes = serde_json::to_vec_pretty(&config).expect("serializable");
-        bytes.push(b'\n');
         let meta = part(dir, "")?;
         meta.create_root()?;
-        meta.put_new(STORE_FILE, &bytes, true)?;
+        meta.put_new(STORE_FILE, &config_bytes(id), true)?;
         Self::open(dir)
+    }
+
+    /// Makes a new store whose parts are `parts`, with store id `id`; refused where a store
+    /// is. For a store whose parts are not the folders of one folder (tests of what a power
+    /// cut leaves of one in memory).
+    pub fn init_parts(root: &Path, parts: StoreParts, id: [u8; 16]) -> Result<Self> {
+        parts.meta.put_new(STORE_FILE, &config_bytes(id), true)?;
+        Self::open_parts(root, parts)
+    }
+
+    /// Opens the store whose parts are `parts`, called `root` in messages.
+    pub fn open_parts(root: &Path, parts: StoreParts) -> Result<Self> {
+        let config = read_config(&*parts.meta)?;
+        Ok(Self::from_parts(root.to_path_buf(), config, parts))
     }
 
     /// Opens the store in `dir`, a folder or an object-store URL.
     pub fn open(dir: impl AsRef<Path>) -> Result<Self> {
         let dir = dir.as_ref();
         let meta = part(dir, "")?;
-        let bytes = meta.read(STORE_FILE)?.ok_or_else(|| Error::Store {
-            path: dir.to_path_buf(),
-            detail: "not a store: it has no store.json (make one with `hspack store init`)".into(),
-        })?;
-        let config: StoreConfig = serde_json::from_slice(&bytes).map_err(|e| Error::Store {
-            path: dir.join(STORE_FILE),
-            detail: format!("not a store file: {e}"),
-        })?;
-        if config.format != STORE_FORMAT || config.version != STORE_VERSION {
-            return Err(Error::Store {
-                path: dir.join(STORE_FILE),
-                detail: format!(
-                    "format {} version {}; this hspack reads {STORE_FORMAT} version {STORE_VERSION}: upgrade hspack",
-                    config.format, config.version
-                ),
-            });
-        }
-        // The id names this machine's staging folder of a store in object storage: only the
-        // 32 hex digits a store is made with (FORMAT.md §11), never a path.
-        if unhex(&config.id).is_none_or(|id| id.len() != 16) {
-            return Err(Error::Store {
-                path: dir.join(STORE_FILE),
-                detail: format!(
-                    "its id {:?} is not 32 hex digits: the file is damaged or was not written \
-                     by hspack; restore it from a copy of the store",
-                    config.id
-                ),
-            });
-        }
+        let config = read_config(&*meta)?;
         let (staging, locks) = match crate::io::is_remote(dir) {
             false => (dir.join("staging"), Locks::Folder(dir.join("locks"))),
             // Files being written are staged on this machine, in a folder of this store.
@@ -272,19 +315,35 @@ impl Store {
                 Locks::Objects(ObjectStorage::open(&part_url(dir, "locks"))?),
             ),
         };
-        Ok(Store {
-            root: PathBuf::from(part_url(dir, "")),
-            config,
+        let parts = StoreParts {
             meta,
             packs: part(dir, "packs")?,
             datasets: part(dir, "datasets")?,
             captures: part(dir, captures::CAPTURES_DIR)?,
             staging: Arc::new(LocalStorage::new(staging)),
             locks,
+        };
+        Ok(Self::from_parts(
+            PathBuf::from(part_url(dir, "")),
+            config,
+            parts,
+        ))
+    }
+
+    fn from_parts(root: PathBuf, config: StoreConfig, parts: StoreParts) -> Self {
+        Store {
+            root,
+            config,
+            meta: parts.meta,
+            packs: parts.packs,
+            datasets: parts.datasets,
+            captures: parts.captures,
+            staging: parts.staging,
+            locks: parts.locks,
             open_packs: Mutex::new(HashMap::new()),
             latest_index: Mutex::new(None),
             gone_packs: Mutex::new(Default::default()),
-        })
+        }
     }
 
     /// The store's folder or URL.
