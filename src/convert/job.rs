@@ -640,6 +640,13 @@ impl<'o> Run<'o> {
                 }
             }
         }
+        if let Some(log) = self.keys.as_ref().filter(|_| self.o.write.durable) {
+            log.sync().map_err(|source| RunError::Io {
+                path: log.path().to_path_buf(),
+                op: "fsync",
+                source,
+            })?;
+        }
         for lane in done.lanes {
             writer.commit_lane(lane)?;
         }

@@ -5,8 +5,9 @@
 //! input JSONL), or an integer tensor of one element. The log, `convert-keys.jsonl` in the
 //! dataset folder, holds one line `{"unit": ..., "key": ..., "files": ...}` per converted unit
 //! (its source path without extension, the key it gave: the stored one, else its file name's,
-//! and its files' identity), written and flushed before the unit's samples are appended, so
-//! every committed key has its line. Every run into a local dataset folder keeps it, with
+//! and its files' identity), written and flushed before the unit's samples are appended, and
+//! made durable before they are committed (where commits are), so every committed key has its
+//! line. Every run into a local dataset folder keeps it, with
 //! `--key-from` or without: a held key is trusted as the resume it is only where the log says
 //! the unit's files, as they are, gave it.
 
@@ -432,6 +433,15 @@ impl KeyLog {
     /// The path of the log.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Makes the lines written so far durable (`fdatasync`): before a commit whose samples
+    /// they name, so a power cut cannot keep the samples and lose their lines.
+    pub fn sync(&self) -> Result<(), std::io::Error> {
+        match &self.file {
+            Some(f) => f.sync_data(),
+            None => Ok(()),
+        }
     }
 
     /// The key `unit` gave in an earlier run, while its files are the same (`files`, their

@@ -36,7 +36,7 @@ impl Storage for LocalStorage {
     }
 
     fn create_root(&self) -> Result<()> {
-        std::fs::create_dir_all(&self.dir).map_err(io(&self.dir, "create folder"))
+        create_dir_durable(&self.dir)
     }
 
     fn list(&self) -> Result<Vec<String>> {
@@ -296,6 +296,30 @@ pub fn temp_path(target: &Path) -> PathBuf {
     target.with_file_name(name)
 }
 
+/// Creates folder `dir` and the missing folders above it, each made durable in the folder it
+/// is in (an fsync of that folder), so that a power cut after the first commit in a new
+/// folder does not take the folder, and the commit with it, away. A folder above that this
+/// process may not open for reading is not fsynced (nothing can be done about it here).
+pub fn create_dir_durable(dir: &Path) -> Result<()> {
+    let missing: Vec<&Path> = dir
+        .ancestors()
+        .take_while(|d| !d.as_os_str().is_empty() && !d.exists())
+        .collect();
+    std::fs::create_dir_all(dir).map_err(io(dir, "create folder"))?;
+    for made in missing.iter().rev() {
+        let parent = match made.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        match File::open(parent) {
+            Ok(d) => d.sync_all().map_err(io(parent, "fsync folder"))?,
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {}
+            Err(e) => return Err(io(parent, "open folder to fsync it")(e)),
+        }
+    }
+    Ok(())
+}
+
 /// Flushes a folder's entries (renames, creations) to disk.
 pub fn sync_dir(dir: &Path) -> Result<()> {
     File::open(dir)
@@ -362,4 +386,22 @@ fn write_temp(target: &Path, bytes: &[u8], durable: bool) -> Result<PathBuf> {
 /// Writes `bytes` to `target` atomically, replacing what is there.
 pub fn write_atomic(target: &Path, bytes: &[u8], durable: bool) -> Result<()> {
     publish(&write_temp(target, bytes, durable)?, target, durable)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_new_folder_is_made_with_the_missing_folders_above_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let deep = dir.path().join("a").join("b").join("ds");
+        create_dir_durable(&deep).unwrap();
+        assert!(deep.is_dir());
+        create_dir_durable(&deep).unwrap();
+        let file = dir.path().join("a").join("f");
+        std::fs::write(&file, b"x").unwrap();
+        let e = create_dir_durable(&file.join("ds")).unwrap_err();
+        assert!(e.to_string().contains("create folder"), "{e}");
+    }
 }

@@ -126,7 +126,7 @@ impl MemoryStorage {
     }
 
     /// The name changes a power cut after the first `at` durability events may or may not
-    /// keep: those made after the last folder fsync before it.
+    /// keep: those of the disk's folders not followed by an fsync of their folder before it.
     pub fn unsynced_name_changes(&self, at: usize) -> usize {
         self.disk().unsynced_name_changes(at)
     }
@@ -167,12 +167,29 @@ impl MemoryStorage {
 
     /// Puts `bytes` as `name` when `check` passes: the bytes of `file` (a new file for
     /// `None`, fsynced first when `durable`), renamed or linked into place, then the folder
-    /// fsynced when `durable`.
+    /// fsynced when `durable`. `temp`, the name `file` was written under, goes either way
+    /// (after the link, before the folder's fsync, as a local folder's publish removes it).
     fn publish(
         &self,
         name: &str,
         bytes: FileBytes,
-        file: Option<u64>,
+        (file, temp): (Option<u64>, Option<&str>),
+        durable: bool,
+        check: impl FnOnce(&State) -> Result<()>,
+    ) -> Result<()> {
+        let result = self.publish_named(name, bytes, (file, temp), durable, check);
+        if let (Some(temp), Err(_)) = (temp, &result) {
+            // Not published: the temp file is removed all the same.
+            self.disk().named(&self.folder, temp, None);
+        }
+        result
+    }
+
+    fn publish_named(
+        &self,
+        name: &str,
+        bytes: FileBytes,
+        (file, temp): (Option<u64>, Option<&str>),
         durable: bool,
         check: impl FnOnce(&State) -> Result<()>,
     ) -> Result<()> {
@@ -206,6 +223,9 @@ impl MemoryStorage {
             }
         };
         disk.named(&self.folder, name, Some(file));
+        if let Some(temp) = temp {
+            disk.named(&self.folder, temp, None);
+        }
         s.files.insert(name.to_string(), bytes);
         let unsynced = (s.faults.unsynced_publishes_of)
             .as_deref()
@@ -273,10 +293,14 @@ impl Storage for MemoryStorage {
     }
 
     fn create(&self, temp: &str) -> Result<Box<dyn NewFile>> {
+        let mut disk = self.disk();
+        let file = disk.new_file();
+        // Named in the folder, as a local temp file is: a cut may leave it.
+        disk.named(&self.folder, temp, Some(file));
         Ok(Box::new(MemoryNewFile {
             storage: self.clone(),
             temp: temp.to_string(),
-            file: self.disk().new_file(),
+            file,
             bytes: Vec::new(),
         }))
     }
@@ -289,21 +313,27 @@ impl Storage for MemoryStorage {
         durable: bool,
     ) -> Result<()> {
         let path = self.path(name);
-        self.publish(name, FileBytes::copy_of(bytes), None, durable, |s| {
-            let Some(expected) = expected else {
-                return Ok(());
-            };
-            match s.files.get(name) {
-                Some(found) if blake3::hash(found) == expected => Ok(()),
-                found => Err(Error::CommitConflict {
-                    path,
-                    detail: match found {
-                        None => "the file is gone".into(),
-                        Some(_) => "it is not the one this writer last read or wrote".into(),
-                    },
-                }),
-            }
-        })
+        self.publish(
+            name,
+            FileBytes::copy_of(bytes),
+            (None, None),
+            durable,
+            |s| {
+                let Some(expected) = expected else {
+                    return Ok(());
+                };
+                match s.files.get(name) {
+                    Some(found) if blake3::hash(found) == expected => Ok(()),
+                    found => Err(Error::CommitConflict {
+                        path,
+                        detail: match found {
+                            None => "the file is gone".into(),
+                            Some(_) => "it is not the one this writer last read or wrote".into(),
+                        },
+                    }),
+                }
+            },
+        )
     }
 
     fn delete(&self, name: &str) -> Result<()> {
@@ -457,19 +487,25 @@ impl NewFile for MemoryNewFile {
     fn publish_new(self: Box<Self>, name: &str, durable: bool) -> Result<()> {
         let path = self.storage.path(name);
         let bytes = FileBytes::copy_of(&self.bytes);
-        self.storage
-            .publish(name, bytes, Some(self.file), durable, |s| {
-                match s.files.contains_key(name) {
-                    true => Err(Error::CommitConflict {
-                        path,
-                        detail: "a file with this name exists already".into(),
-                    }),
-                    false => Ok(()),
-                }
-            })
+        self.storage.publish(
+            name,
+            bytes,
+            (Some(self.file), Some(&self.temp)),
+            durable,
+            |s| match s.files.contains_key(name) {
+                true => Err(Error::CommitConflict {
+                    path,
+                    detail: "a file with this name exists already".into(),
+                }),
+                false => Ok(()),
+            },
+        )
     }
 
-    fn abandon(self: Box<Self>) {}
+    fn abandon(self: Box<Self>) {
+        let mut disk = self.storage.disk();
+        disk.named(&self.storage.folder, &self.temp, None);
+    }
 }
 
 #[derive(Debug)]

@@ -2,12 +2,15 @@
 //! [`super::MemoryStorage`] folders of one disk record (a file's bytes fsynced, a name given
 //! or removed, a folder fsynced), in the order they happened, replayed up to any point.
 //!
-//! The model is POSIX's promise and nothing more, as a local folder keeps it
-//! ([`super::LocalStorage`]): a file's bytes survive once the file was fsynced, a name once
-//! its folder was fsynced after it was given (or removed). Name changes not yet made durable
-//! may survive or not; the disk's journal keeps them in the order they were made, so a cut
-//! keeps some first of them. A file whose name survived but whose bytes were never fsynced is
-//! empty, as a rename whose data had not reached the disk leaves it.
+//! The model is POSIX's promise, as a local folder keeps it ([`super::LocalStorage`]): a
+//! file's bytes survive once the file was fsynced, a name (a temp file's too) once its
+//! folder was fsynced after it was given (or removed). Name changes not yet made durable may
+//! survive or not; a cut keeps some first of them, in the order they were made, as a
+//! journaling filesystem's journal (ext4, XFS) keeps them: the one assumption beyond POSIX,
+//! which allows any subset. A file whose name survived but whose bytes were never fsynced is
+//! empty, as a rename whose data had not reached the disk leaves it. Folders are there: a
+//! local folder is made durable in its parent when it is created
+//! ([`super::local::create_dir_durable`]).
 
 use std::collections::{BTreeMap, HashMap};
 

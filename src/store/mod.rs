@@ -83,10 +83,10 @@ fn config_bytes(id: [u8; 16]) -> Vec<u8> {
     bytes
 }
 
-/// `store.json` of the store whose `meta` part is given, checked.
-fn read_config(meta: &dyn Storage) -> Result<StoreConfig> {
+/// `store.json` of the store at `root` whose `meta` part is given, checked.
+fn read_config(root: &Path, meta: &dyn Storage) -> Result<StoreConfig> {
     let bytes = meta.read(STORE_FILE)?.ok_or_else(|| Error::Store {
-        path: meta.root().to_path_buf(),
+        path: root.to_path_buf(),
         detail: "not a store: it has no store.json (make one with `hspack store init`)".into(),
     })?;
     let path = meta.path(STORE_FILE);
@@ -276,8 +276,7 @@ impl Store {
         }
         if !crate::io::is_remote(dir) {
             for sub in ["", "packs", "datasets", "locks", captures::CAPTURES_DIR] {
-                std::fs::create_dir_all(dir.join(sub))
-                    .map_err(crate::error::io(dir.join(sub), "create folder"))?;
+                crate::io::local::create_dir_durable(&dir.join(sub))?;
             }
         }
         let meta = part(dir, "")?;
@@ -287,7 +286,7 @@ impl Store {
     }
 
     /// Makes a new store whose parts are `parts`, with store id `id`; refused where a store
-    /// is. For a store whose parts are not the folders of one folder (tests of what a power
+    /// is ([`Error::CommitConflict`] on its `store.json`). For a store whose parts are not the folders of one folder (tests of what a power
     /// cut leaves of one in memory).
     pub fn init_parts(root: &Path, parts: StoreParts, id: [u8; 16]) -> Result<Self> {
         parts.meta.put_new(STORE_FILE, &config_bytes(id), true)?;
@@ -296,7 +295,7 @@ impl Store {
 
     /// Opens the store whose parts are `parts`, called `root` in messages.
     pub fn open_parts(root: &Path, parts: StoreParts) -> Result<Self> {
-        let config = read_config(&*parts.meta)?;
+        let config = read_config(root, &*parts.meta)?;
         Ok(Self::from_parts(root.to_path_buf(), config, parts))
     }
 
@@ -304,7 +303,7 @@ impl Store {
     pub fn open(dir: impl AsRef<Path>) -> Result<Self> {
         let dir = dir.as_ref();
         let meta = part(dir, "")?;
-        let config = read_config(&*meta)?;
+        let config = read_config(dir, &*meta)?;
         let (staging, locks) = match crate::io::is_remote(dir) {
             false => (dir.join("staging"), Locks::Folder(dir.join("locks"))),
             // Files being written are staged on this machine, in a folder of this store.
