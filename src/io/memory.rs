@@ -133,12 +133,13 @@ impl MemoryStorage {
 
     /// A new storage holding what this one, a folder, holds after a power cut that falls
     /// after the first `at` durability events of its disk: the names an fsync of their folder
-    /// made durable, plus those of the first `kept` name changes not yet durable (the disk's
-    /// journal keeps them in order), each file with the bytes last fsynced (a file never
-    /// fsynced is empty). Nothing is locked there: the writer died with the power.
-    pub fn after_power_cut(&self, at: usize, kept: usize) -> MemoryStorage {
+    /// made durable, plus the name changes not yet durable (of the disk's folders, in the
+    /// order made, [`MemoryStorage::unsynced_name_changes`]) whose bit is set in `kept` (bit
+    /// `i` keeps the `i`th), each file with the bytes last fsynced (a file never fsynced is
+    /// empty). Nothing is locked there: the writer died with the power.
+    pub fn after_power_cut(&self, at: usize, kept: u64) -> MemoryStorage {
         let files = self.disk().survivors(&self.folder, at, kept);
-        let cut = MemoryStorage::new(&format!("{}-cut-{at}-{kept}", self.folder));
+        let cut = MemoryStorage::new(&format!("{}-cut-{at}-{kept:b}", self.folder));
         for (name, bytes) in files {
             cut.overwrite(&name, &bytes);
         }

@@ -5,9 +5,8 @@
 //! The model is POSIX's promise, as a local folder keeps it ([`super::LocalStorage`]): a
 //! file's bytes survive once the file was fsynced, a name (a temp file's too) once its
 //! folder was fsynced after it was given (or removed). Name changes not yet made durable may
-//! survive or not; a cut keeps some first of them, in the order they were made, as a
-//! journaling filesystem's journal (ext4, XFS) keeps them: the one assumption beyond POSIX,
-//! which allows any subset. A file whose name survived but whose bytes were never fsynced is
+//! survive or not, any of them (a journaling filesystem keeps some first of them, in the
+//! order they were made; POSIX promises nothing). A file whose name survived but whose bytes were never fsynced is
 //! empty, as a rename whose data had not reached the disk leaves it. Folders are there: a
 //! local folder is made durable in its parent when it is created
 //! ([`super::local::create_dir_durable`]).
@@ -125,18 +124,20 @@ impl DiskLog {
     }
 
     /// The files of `folder` a power cut after the first `at` events leaves, by name: the
-    /// names durable then, plus those of the first `kept` name changes not yet durable (of any
-    /// folder: the journal's order), each with the bytes its file last had fsynced (empty
-    /// when never).
+    /// names durable then, plus the name changes not yet durable (of any folder, in the order
+    /// made) whose bit is set in `kept` (bit `i`, the `i`th; none past the 64th), each with the
+    /// bytes its file last had fsynced (empty when never).
     pub(crate) fn survivors(
         &self,
         folder: &str,
         at: usize,
-        kept: usize,
+        kept: u64,
     ) -> BTreeMap<String, FileBytes> {
         let (mut durable, pending, bytes) = self.replay(at);
-        for change in pending.into_iter().take(kept) {
-            apply(&mut durable, change);
+        for (i, change) in pending.into_iter().enumerate() {
+            if i < 64 && (kept >> i) & 1 == 1 {
+                apply(&mut durable, change);
+            }
         }
         durable
             .into_iter()
@@ -200,9 +201,11 @@ mod tests {
         assert_eq!(log.unsynced_name_changes(3), 0);
         assert_eq!(log.unsynced_name_changes(7), 3);
         assert_eq!(root(7, 0), pairs(&[("a", "a1")]));
-        assert_eq!(root(7, 1), pairs(&[("a", "a1"), ("b", "")]));
-        assert_eq!(root(7, 2), pairs(&[("b", "")]));
-        assert_eq!(root(7, 3), pairs(&[("b", ""), ("c", "c1")]));
+        assert_eq!(root(7, 0b1), pairs(&[("a", "a1"), ("b", "")]));
+        assert_eq!(root(7, 0b11), pairs(&[("b", "")]));
+        assert_eq!(root(7, 0b111), pairs(&[("b", ""), ("c", "c1")]));
+        // Any of them: `c` named, `a`'s removal lost.
+        assert_eq!(root(7, 0b100), pairs(&[("a", "a1"), ("c", "c1")]));
         log.folder_synced("");
         assert_eq!(log.unsynced_name_changes(8), 0);
         assert_eq!(
