@@ -57,13 +57,6 @@ impl Storage for LocalStorage {
         }
     }
 
-    fn sync_published(&self, name: &str) -> Result<()> {
-        let path = self.dir.join(name);
-        std::fs::File::open(&path)
-            .and_then(|f| f.sync_all())
-            .map_err(io(path, "sync"))
-    }
-
     fn read(&self, name: &str) -> Result<Option<Vec<u8>>> {
         let path = self.dir.join(name);
         match std::fs::read(&path) {

@@ -357,22 +357,6 @@ impl Storage for MemoryStorage {
         Ok(())
     }
 
-    fn sync_published(&self, name: &str) -> Result<()> {
-        let s = self.state();
-        let mut disk = self.disk();
-        let (Some(file), Some(bytes)) =
-            (disk.file_of(&self.folder, name), s.files.get(name).cloned())
-        else {
-            return Err(Error::Io {
-                path: self.path(name),
-                op: "sync",
-                source: std::io::ErrorKind::NotFound.into(),
-            });
-        };
-        disk.synced(file, bytes);
-        Ok(())
-    }
-
     fn lock(&self) -> Result<Box<dyn WriterLease>> {
         let mut s = self.state();
         if let Some(pid) = s.locked_by {

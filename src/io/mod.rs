@@ -192,13 +192,6 @@ pub trait Storage: Send + Sync + Debug {
         }
     }
 
-    /// Makes published file `name` durable, where it was published without `durable`
-    /// (a folder's file is fsynced; object storage holds what it acknowledged).
-    fn sync_published(&self, name: &str) -> Result<()> {
-        let _ = name;
-        Ok(())
-    }
-
     /// Starts a file under the temp name `temp` (a name [`crate::format::Manifest::is_leftover`]
     /// knows, so that what a crashed writer leaves is removed).
     fn create(&self, temp: &str) -> Result<Box<dyn NewFile>>;

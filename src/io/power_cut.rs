@@ -37,7 +37,6 @@ type Change<'a> = (&'a str, &'a str, Option<u64>);
 pub(crate) struct DiskLog {
     events: Vec<Event>,
     files: u64,
-    names: HashMap<(String, String), u64>,
 }
 
 impl DiskLog {
@@ -47,13 +46,6 @@ impl DiskLog {
         self.files
     }
 
-    /// The file `name` in `folder` is now, if any.
-    pub(crate) fn file_of(&self, folder: &str, name: &str) -> Option<u64> {
-        self.names
-            .get(&(folder.to_string(), name.to_string()))
-            .copied()
-    }
-
     /// `bytes` of `file` were fsynced.
     pub(crate) fn synced(&mut self, file: u64, bytes: FileBytes) {
         self.events.push(Event::Synced { file, bytes });
@@ -61,11 +53,6 @@ impl DiskLog {
 
     /// `name` in `folder` now names `file` (`Some`), or nothing (`None`).
     pub(crate) fn named(&mut self, folder: &str, name: &str, file: Option<u64>) {
-        let key = (folder.to_string(), name.to_string());
-        match file {
-            Some(f) => self.names.insert(key, f),
-            None => self.names.remove(&key),
-        };
         self.events.push(Event::Named {
             folder: folder.to_string(),
             name: name.to_string(),
@@ -212,8 +199,6 @@ mod tests {
             text(&log.survivors("", 8, 0)),
             pairs(&[("b", ""), ("c", "c1")])
         );
-        assert_eq!(log.file_of("", "c"), Some(c));
-        assert_eq!(log.file_of("", "a"), None);
     }
 
     #[test]
