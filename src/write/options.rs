@@ -32,7 +32,9 @@ pub struct WriteOptions {
     /// bytes), the alignment of its packs' blobs: there payloads are read from the packs, and
     /// a shard's own padding would only pad its skeleton.
     pub align_log2: Option<u8>,
-    /// fsync files and folders at commits. Default true; turn off only for scratch data.
+    /// fsync files and folders at commits. Default true; turn off only for scratch data: off,
+    /// a crash of the process still loses nothing committed (the kernel has every byte), but
+    /// a power cut may lose commits or leave the dataset unreadable (its manifest empty).
     pub durable: bool,
     /// Dataset id of a new dataset; random when `None` (set it only for reproducible files).
     pub dataset_id: Option<[u8; 16]>,

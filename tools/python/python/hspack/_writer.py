@@ -22,7 +22,8 @@ class Writer:
     `loss_mask`); `capture` optionally describes the capture (`model`, `num_layers`,
     `hidden_size`, `dtype`, ...). Options: `chunk_bytes`, `shard_bytes`, `shard_samples`,
     `codec` (`"none"`, `"zstd"`, `"zstd-bytegroup"`), `zstd_level`, `align_log2`, `durable`
-    (default True; False skips fsync, for scratch data: a crash can lose what was committed;
+    (default True; False skips fsync, for scratch data: a crash of the process still loses
+    nothing committed, a power cut can lose commits or leave the dataset unreadable;
     into a store `STORE/NAME` only the dataset's own file, as the store's packs and index,
     which other datasets share, are always synced), `shared`, `quantize`.
 
