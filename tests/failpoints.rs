@@ -1,7 +1,7 @@
-//! Every failpoint (src/failpoint.rs) crashes a writer or `hspack convert --delete-source` in
-//! turn, at several passes; after each crash the dataset holds every sample committed before
-//! it, bit for bit, and nothing uncommitted; a rerun completes it. Each point must really be
-//! hit. Needs the `failpoints` feature:
+//! Every failpoint (src/failpoint.rs) crashes a writer (committing with fsync, and without)
+//! or `hspack convert --delete-source` in turn, at several passes; after each crash the
+//! dataset holds every sample committed before it, bit for bit, and nothing uncommitted; a
+//! rerun completes it. Each point must really be hit. Needs the `failpoints` feature:
 //! `cargo test --features failpoints --test failpoints`.
 #![cfg(feature = "failpoints")]
 
@@ -20,12 +20,15 @@ use hspack::{Dataset, DatasetWriter, WriteOptions};
 const HIDDEN: usize = 64;
 const TOTAL: u64 = 24;
 const CHILD_ENV: &str = "HSPACK_FAILPOINT_CHILD_DIR";
+/// `0` in the child's environment: commits without fsync (a crash of the process must lose
+/// nothing committed all the same: the kernel has every byte).
+const DURABLE_ENV: &str = "HSPACK_FAILPOINT_DURABLE";
 
 fn options() -> WriteOptions {
     WriteOptions {
         chunk_bytes: Some(4 << 10),
         shard_samples: 3,
-        durable: true,
+        durable: std::env::var(DURABLE_ENV).as_deref() != Ok("0"),
         ..WriteOptions::default()
     }
 }
@@ -89,7 +92,7 @@ fn passes(point: &str) -> &'static [u32] {
     }
 }
 
-fn run_writer(dir: &Path, failpoints: &str) -> (Option<String>, u64, u64) {
+fn run_writer(dir: &Path, failpoints: &str, durable: bool) -> (Option<String>, u64, u64) {
     let out = Command::new(std::env::current_exe().unwrap())
         .args([
             "failpoint_child",
@@ -99,6 +102,7 @@ fn run_writer(dir: &Path, failpoints: &str) -> (Option<String>, u64, u64) {
         ])
         .env(CHILD_ENV, dir)
         .env("FAILPOINTS", failpoints)
+        .env(DURABLE_ENV, if durable { "1" } else { "0" })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .output()
@@ -134,7 +138,11 @@ fn a_writer_crashed_at_every_failpoint_loses_no_committed_sample() {
             && !p.starts_with("verify-")
     });
     let mut hits = 0;
-    for point in writer_points {
+    let writer_points: Vec<&&str> = writer_points.collect();
+    for (durable, &point) in [true, false]
+        .into_iter()
+        .flat_map(|d| writer_points.iter().map(move |p| (d, p)))
+    {
         for &pass in passes(point) {
             let dir = tempfile::tempdir().unwrap();
             // The reopen after the first crash is where leftovers are removed: that point is
@@ -147,23 +155,23 @@ fn a_writer_crashed_at_every_failpoint_loses_no_committed_sample() {
             } else {
                 (format!("{point}={pass}*off->return"), String::new())
             };
-            let (at, committed, appended) = run_writer(dir.path(), &first);
+            let (at, committed, appended) = run_writer(dir.path(), &first, durable);
             check(dir.path(), committed, appended);
             let mut crashed_at = at;
             if !second.is_empty() {
                 // It crashes while reopening: nothing new is appended or committed.
-                let (at, _, _) = run_writer(dir.path(), &second);
+                let (at, _, _) = run_writer(dir.path(), &second, durable);
                 check(dir.path(), committed, appended);
                 crashed_at = at;
             }
             assert_eq!(
                 crashed_at.as_deref(),
                 Some(*point),
-                "{point} at pass {pass}"
+                "{point} at pass {pass}, durable {durable}"
             );
             hits += 1;
             // Rerun without failpoints: the dataset completes, each sample once.
-            let (at, _, _) = run_writer(dir.path(), "");
+            let (at, _, _) = run_writer(dir.path(), "", durable);
             assert_eq!(at, None);
             assert_eq!(check(dir.path(), TOTAL, TOTAL), TOTAL);
         }
