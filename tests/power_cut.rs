@@ -5,7 +5,8 @@
 //! not, any of them; a file never fsynced empty). At every such point, with every choice of
 //! kept names (where there are more than 6, the first few of them and each alone): every
 //! sample whose commit returned is there bit for bit, nothing there is damaged (`verify`), and
-//! the next writer takes the dataset on and commits.
+//! the next writer takes the dataset on and commits. The same for writers sharing a dataset,
+//! a copy, a merge, a reindex, and a store's adds, removal and collection.
 
 mod common;
 
@@ -429,5 +430,93 @@ fn a_power_cut_anywhere_in_a_store_keeps_every_committed_sample() {
         checked += 1;
     }
     eprintln!("{checked} power cuts of the store checked over {done} events");
+    assert!(checked > 100, "{checked}");
+}
+
+/// What the cut left of samples written under keys `s{n}` in any order: each sample is the
+/// one written under its key, found by it, and verify finds nothing damaged.
+fn check_by_key(ds: &Dataset, at: &str) {
+    for i in 0..ds.len() {
+        let s = ds.sample(i).unwrap();
+        let n: u64 = s.key()[1..].parse().unwrap();
+        for (field, data) in sample(n) {
+            let got = (s.read(&field, None)).unwrap_or_else(|e| panic!("{at}: s{n}: {e}"));
+            assert_eq!(got.bytes(), &data[..], "{at}: s{n} {field}");
+        }
+        assert_eq!(ds.get_by_key(s.key()).unwrap().ordinal(), i, "{at}");
+    }
+    let report = verify_dataset(ds, VerifyOptions::default(), &|_| {}).unwrap();
+    assert!(report.is_ok(), "{at}: {:?}", report.problems);
+}
+
+#[test]
+fn a_power_cut_while_writers_share_a_dataset_keeps_every_committed_sample() {
+    let storage = MemoryStorage::new("shared");
+    let shared = WriteOptions {
+        shared: true,
+        ..durable()
+    };
+    let open = |s: &MemoryStorage| {
+        DatasetWriter::open_in(
+            Arc::new(s.clone()),
+            capture_schema(HIDDEN as u64),
+            shared.clone(),
+        )
+    };
+    let mut writers = [open(&storage).unwrap(), open(&storage).unwrap()];
+    let sole = DatasetWriter::open_in(
+        Arc::new(storage.clone()),
+        capture_schema(HIDDEN as u64),
+        durable(),
+    );
+    assert!(
+        matches!(sole, Err(Error::Locked { .. })),
+        "a sole writer joins sharing writers"
+    );
+    // Each writer commits one sample a round, in turn: 16 commits, segments merged.
+    let mut committed: Vec<(usize, u64)> = vec![];
+    for round in 0..8u64 {
+        for (i, w) in writers.iter_mut().enumerate() {
+            let n = round * 2 + i as u64;
+            w.append(&format!("s{n}"), &as_fields(&sample(n))).unwrap();
+            w.commit().unwrap();
+            committed.push((storage.durability_events(), n));
+        }
+    }
+    for w in writers {
+        w.finish().unwrap();
+    }
+    let done = storage.durability_events();
+    let mut checked = 0;
+    for (at, kept) in cuts(&storage) {
+        let label =
+            format!("power cut after event {at} of {done}, unsynced name changes kept: {kept:b}");
+        let cut = storage.after_power_cut(at, kept);
+        let must: Vec<u64> = (committed.iter())
+            .filter(|(event, _)| *event <= at)
+            .map(|(_, n)| *n)
+            .collect();
+        match Dataset::open_in(Arc::new(cut.clone()), ReadOptions::default()) {
+            Ok(ds) => {
+                check_by_key(&ds, &label);
+                for n in &must {
+                    ds.get_by_key(&format!("s{n}"))
+                        .unwrap_or_else(|e| panic!("{label}: committed s{n}: {e}"));
+                }
+                checked += 1;
+            }
+            Err(Error::NotADataset { .. }) if must.is_empty() => {}
+            Err(e) => panic!(
+                "{label}: {} committed, the dataset does not open: {e}",
+                must.len()
+            ),
+        }
+        let mut w = open(&cut).unwrap_or_else(|e| panic!("{label}: the next writer: {e}"));
+        w.append("s100", &as_fields(&sample(100))).unwrap();
+        w.finish().unwrap();
+        let ds = Dataset::open_in(Arc::new(cut.clone()), ReadOptions::default()).unwrap();
+        check_by_key(&ds, &label);
+        assert!(ds.get_by_key("s100").is_ok(), "{label}");
+    }
     assert!(checked > 100, "{checked}");
 }

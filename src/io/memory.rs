@@ -1,6 +1,7 @@
 //! A dataset held in memory: the second backend that keeps [`Storage`] honest, and the one
 //! tests use to inject faults (short reads, failed publishes, publishes that land but are not
-//! durable, a writer that dies holding the lock), and to cut the power: it records what
+//! durable, a writer that dies holding the lock); it takes writers sharing a dataset (a count
+//! of them, and a commit lock they wait for); and it cuts the power: it records what
 //! each call made durable and rebuilds what a folder would hold after a power cut at any point
 //! ([`MemoryStorage::after_power_cut`]).
 
@@ -49,6 +50,10 @@ struct State {
     writes: u32,
     /// The process holding the writer lock, if any.
     locked_by: Option<u32>,
+    /// Writers sharing the dataset ([`Storage::join`]).
+    joined: u32,
+    /// True while a sharing writer holds the commit lock.
+    committing: bool,
     /// The token of the leases handed out, as object storage's are ([`MemoryStorage::lease_as`]).
     lease: Option<String>,
 }
@@ -365,12 +370,62 @@ impl Storage for MemoryStorage {
                 holder: format!("pid {pid}, a writer of this memory storage"),
             });
         }
+        if s.joined > 0 {
+            return Err(Error::Locked {
+                path: self.root.clone(),
+                holder: format!("{} writers sharing this memory storage", s.joined),
+            });
+        }
         let pid = std::process::id();
         s.locked_by = Some(pid);
         Ok(Box::new(MemoryLease {
             storage: self.clone(),
             pid,
             token: s.lease.clone(),
+            held: Held::Sole,
+        }))
+    }
+
+    fn join(&self, alone: &mut dyn FnMut() -> Result<()>) -> Result<Box<dyn WriterLease>> {
+        let first = {
+            let mut s = self.state();
+            if let Some(pid) = s.locked_by {
+                return Err(Error::Locked {
+                    path: self.root.clone(),
+                    holder: format!("pid {pid}, a sole writer of this memory storage"),
+                });
+            }
+            s.joined += 1;
+            s.joined == 1
+        };
+        let lease = MemoryLease {
+            storage: self.clone(),
+            pid: std::process::id(),
+            token: None,
+            held: Held::Shared,
+        };
+        if first {
+            alone()?;
+        }
+        Ok(Box::new(lease))
+    }
+
+    fn commit_lock(&self) -> Result<Box<dyn WriterLease>> {
+        loop {
+            {
+                let mut s = self.state();
+                if !s.committing {
+                    s.committing = true;
+                    break;
+                }
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        Ok(Box::new(MemoryLease {
+            storage: self.clone(),
+            pid: std::process::id(),
+            token: None,
+            held: Held::Commit,
         }))
     }
 }
@@ -498,6 +553,18 @@ struct MemoryLease {
     storage: MemoryStorage,
     pid: u32,
     token: Option<String>,
+    held: Held,
+}
+
+/// Which lock a [`MemoryLease`] holds.
+#[derive(Debug, Clone, Copy)]
+enum Held {
+    /// The one-writer lock.
+    Sole,
+    /// A share of the dataset among writers sharing it.
+    Shared,
+    /// The commit lock of writers sharing the dataset.
+    Commit,
 }
 
 impl WriterLease for MemoryLease {
@@ -513,7 +580,12 @@ impl WriterLease for MemoryLease {
 impl Drop for MemoryLease {
     fn drop(&mut self) {
         if self.is_owner() {
-            self.storage.state().locked_by = None;
+            let mut s = self.storage.state();
+            match self.held {
+                Held::Sole => s.locked_by = None,
+                Held::Shared => s.joined = s.joined.saturating_sub(1),
+                Held::Commit => s.committing = false,
+            }
         }
     }
 }
