@@ -35,15 +35,10 @@ fn durable() -> WriteOptions {
     }
 }
 
-/// Samples `s0, s1, …` appended by two writers one after the other, committed in groups of
-/// one to three (enough commits for segments to be merged); returns the durability event
-/// after which each count of samples was committed, in order.
-fn write_in_commits(storage: &MemoryStorage, total: u64) -> Vec<(usize, u64)> {
-    write_keys_in_commits(storage, 0..total)
-}
-
-/// [`write_in_commits`], of samples `keys`.
-fn write_keys_in_commits(storage: &MemoryStorage, keys: std::ops::Range<u64>) -> Vec<(usize, u64)> {
+/// Samples `s{n}` for `n` in `keys`, appended by two writers one after the other, committed
+/// in groups of one to three (enough commits for segments to be merged); returns the
+/// durability event after which each count of samples was committed, in order.
+fn write_in_commits(storage: &MemoryStorage, keys: std::ops::Range<u64>) -> Vec<(usize, u64)> {
     write_in_commits_to(
         &|| Arc::new(storage.clone()),
         &|| storage.durability_events(),
@@ -51,7 +46,7 @@ fn write_keys_in_commits(storage: &MemoryStorage, keys: std::ops::Range<u64>) ->
     )
 }
 
-/// [`write_keys_in_commits`], into the storage `open` gives, whose disk has had `events()`
+/// [`write_in_commits`], into the storage `open` gives, whose disk has had `events()`
 /// durability events.
 fn write_in_commits_to(
     open: &dyn Fn() -> Arc<dyn Storage>,
@@ -92,29 +87,56 @@ fn write_in_commits_to(
     committed
 }
 
-/// What the power cut left: every sample the dataset lists is the one written under its key
-/// and ordinal, and verify finds nothing damaged.
+/// What the power cut left of samples written in key order: sample `s{i}` at ordinal `i`,
+/// each the one written under its key, and verify finds nothing damaged.
 fn check_intact(ds: &Dataset, at: &str) {
+    check_in_order(ds, at);
     check_samples(ds, at);
+    check_verified(ds, at);
+}
+
+/// Sample `s{i}` at ordinal `i`.
+fn check_in_order(ds: &Dataset, at: &str) {
+    for i in 0..ds.len() {
+        assert_eq!(ds.sample(i).unwrap().key(), format!("s{i}"), "{at}");
+    }
+}
+
+/// Every sample the dataset lists (keys `s{n}`, in any order) is the one written under its
+/// key, and found by it.
+fn check_samples(ds: &Dataset, at: &str) {
+    for i in 0..ds.len() {
+        let s = ds.sample(i).unwrap();
+        let n: u64 = s.key()[1..].parse().unwrap();
+        for (field, data) in sample(n) {
+            let got = (s.read(&field, None)).unwrap_or_else(|e| panic!("{at}: s{n}: {e}"));
+            assert_eq!(got.bytes(), &data[..], "{at}: s{n} {field}");
+        }
+        let by_key =
+            (ds.get_by_key(s.key())).unwrap_or_else(|e| panic!("{at}: s{n} by its key: {e}"));
+        assert_eq!(by_key.ordinal(), i, "{at}");
+    }
+}
+
+/// `verify` finds nothing damaged.
+fn check_verified(ds: &Dataset, at: &str) {
     let report = verify_dataset(ds, VerifyOptions::default(), &|_| {}).unwrap();
     assert!(report.is_ok(), "{at}: {:?}", report.problems);
 }
 
-/// Every sample the dataset lists is the one written under its key and ordinal.
-fn check_samples(ds: &Dataset, at: &str) {
-    for i in 0..ds.len() {
-        let s = ds.sample(i).unwrap();
-        assert_eq!(s.key(), format!("s{i}"), "{at}");
-        let by_key = (ds.get_by_key(&format!("s{i}")))
-            .unwrap_or_else(|e| panic!("{at}: s{i} by its key: {e}"));
-        assert_eq!(by_key.ordinal(), i, "{at}");
-        for (field, data) in sample(i) {
-            let got = s
-                .read(&field, None)
-                .unwrap_or_else(|e| panic!("{at}: s{i}: {e}"));
-            assert_eq!(got.bytes(), &data[..], "{at}: s{i} {field}");
-        }
-    }
+/// The largest count of samples `commits` (event, count) says was committed within the first
+/// `at` events.
+fn committed_by(commits: &[(usize, u64)], at: usize) -> u64 {
+    (commits.iter())
+        .filter(|(event, _)| *event <= at)
+        .map(|(_, n)| *n)
+        .max()
+        .unwrap_or(0)
+}
+
+/// How a failure names the cut.
+fn cut_label(at: usize, done: usize, kept: u64) -> String {
+    format!("power cut after event {at} of {done}, unsynced name changes kept: {kept:b}")
 }
 
 /// The next writer takes the dataset the cut left on (removing what the cut writer left
@@ -157,17 +179,13 @@ fn cuts(storage: &MemoryStorage) -> Vec<(usize, u64)> {
 fn a_power_cut_anywhere_keeps_every_committed_sample() {
     let storage = MemoryStorage::new("power");
     let total = 24;
-    let committed = write_in_commits(&storage, total);
+    let committed = write_in_commits(&storage, 0..total);
     assert!(committed.len() >= 12, "enough commits to merge segments");
     let (mut with_dataset, mut unsynced_kept, mut with_temp) = (0, 0, 0);
     for (at, kept) in cuts(&storage) {
-        let label = format!("power cut after event {at}, unsynced name changes kept: {kept:b}");
+        let label = cut_label(at, storage.durability_events(), kept);
         let cut = storage.after_power_cut(at, kept);
-        let must_have = (committed.iter())
-            .filter(|(event, _)| *event <= at)
-            .map(|(_, n)| *n)
-            .max()
-            .unwrap_or(0);
+        let must_have = committed_by(&committed, at);
         let there = match Dataset::open_in(Arc::new(cut.clone()), ReadOptions::default()) {
             Ok(ds) => {
                 assert!(
@@ -210,7 +228,7 @@ fn a_power_cut_anywhere_keeps_every_committed_sample() {
 fn a_power_cut_during_a_copy_leaves_a_destination_the_copy_finishes() {
     let source = MemoryStorage::new("copy-source");
     let total = 16;
-    write_in_commits(&source, total);
+    write_in_commits(&source, 0..total);
     let src = Dataset::open_in(Arc::new(source), ReadOptions::default()).unwrap();
     let dst = MemoryStorage::new("copy-destination");
     let dst_arc: Arc<dyn Storage> = Arc::new(dst.clone());
@@ -218,8 +236,7 @@ fn a_power_cut_during_a_copy_leaves_a_destination_the_copy_finishes() {
     let done = dst.durability_events();
     let mut whole = 0;
     for (at, kept) in cuts(&dst) {
-        let label =
-            format!("power cut after event {at} of {done}, unsynced name changes kept: {kept:b}");
+        let label = cut_label(at, done, kept);
         let cut = dst.after_power_cut(at, kept);
         if at == done {
             let ds = Dataset::open_in(Arc::new(cut.clone()), ReadOptions::default())
@@ -248,8 +265,8 @@ fn a_power_cut_during_a_copy_leaves_a_destination_the_copy_finishes() {
 #[test]
 fn a_power_cut_during_a_merge_leaves_a_destination_the_merge_finishes() {
     let (a, b) = (MemoryStorage::new("merge-a"), MemoryStorage::new("merge-b"));
-    write_keys_in_commits(&a, 0..7);
-    write_keys_in_commits(&b, 7..15);
+    write_in_commits(&a, 0..7);
+    write_in_commits(&b, 7..15);
     let open =
         |m: &MemoryStorage| Dataset::open_in(Arc::new(m.clone()), ReadOptions::default()).unwrap();
     let sources = [open(&a), open(&b)];
@@ -258,8 +275,7 @@ fn a_power_cut_during_a_merge_leaves_a_destination_the_merge_finishes() {
     let done = dst.durability_events();
     let mut partial = 0;
     for (at, kept) in cuts(&dst) {
-        let label =
-            format!("power cut after event {at} of {done}, unsynced name changes kept: {kept:b}");
+        let label = cut_label(at, done, kept);
         let cut = dst.after_power_cut(at, kept);
         match Dataset::open_in(Arc::new(cut.clone()), ReadOptions::default()) {
             Ok(ds) => {
@@ -281,7 +297,7 @@ fn a_power_cut_during_a_merge_leaves_a_destination_the_merge_finishes() {
 #[test]
 fn a_power_cut_during_a_reindex_loses_nothing_and_the_reindex_finishes() {
     let storage = MemoryStorage::new("reindex");
-    write_in_commits(&storage, 12);
+    write_in_commits(&storage, 0..12);
     let mut derived: Vec<String> = (storage.list().unwrap().into_iter())
         .filter(|n| n.starts_with("keys-") || n.starts_with("samples-"))
         .collect();
@@ -298,12 +314,14 @@ fn a_power_cut_during_a_reindex_loses_nothing_and_the_reindex_finishes() {
     assert!(done > start);
     for (at, kept) in cuts(&storage).into_iter().filter(|(at, _)| *at >= start) {
         let label = format!(
-            "power cut after event {at} of {start}..{done}, unsynced name changes kept: {kept:b}"
+            "{} (the reindex from event {start})",
+            cut_label(at, done, kept)
         );
         let cut = storage.after_power_cut(at, kept);
         let ds = Dataset::open_in(Arc::new(cut.clone()), ReadOptions::default())
             .unwrap_or_else(|e| panic!("{label}: {e}"));
         assert_eq!(ds.len(), 12, "{label}");
+        check_in_order(&ds, &label);
         check_samples(&ds, &label);
         if at == done {
             check_intact(&ds, &label);
@@ -311,6 +329,21 @@ fn a_power_cut_during_a_reindex_loses_nothing_and_the_reindex_finishes() {
         reindex_in(Arc::new(cut.clone())).unwrap_or_else(|e| panic!("{label}: reindex again: {e}"));
         let ds = Dataset::open_in(Arc::new(cut.clone()), ReadOptions::default()).unwrap();
         check_intact(&ds, &label);
+    }
+}
+
+/// A store's parts: `meta`, `packs`, `datasets` and `captures` in memory, staging and locks
+/// in real folders under `dir`, outside the cut (staged files are never committed data).
+fn store_parts(folders: [MemoryStorage; 4], dir: &std::path::Path) -> StoreParts {
+    let [meta, packs, datasets, captures] = folders;
+    std::fs::create_dir_all(dir.join("locks")).unwrap();
+    StoreParts {
+        meta: Arc::new(meta),
+        packs: Arc::new(packs),
+        datasets: Arc::new(datasets),
+        captures: Arc::new(captures),
+        staging: Arc::new(LocalStorage::new(dir.join("staging"))),
+        locks: Locks::Folder(dir.join("locks")),
     }
 }
 
@@ -322,17 +355,10 @@ fn a_power_cut_anywhere_in_a_store_keeps_every_committed_sample() {
     let store = Arc::new(
         Store::init_parts(
             std::path::Path::new("memory://store"),
-            StoreParts {
-                meta: Arc::new(meta.clone()),
-                packs: Arc::new(folders[0].clone()),
-                datasets: Arc::new(folders[1].clone()),
-                captures: Arc::new(folders[2].clone()),
-                staging: Arc::new(LocalStorage::new(dir.path().join("staging"))),
-                locks: Locks::Folder({
-                    std::fs::create_dir_all(dir.path().join("locks")).unwrap();
-                    dir.path().join("locks")
-                }),
-            },
+            store_parts(
+                [&meta, &folders[0], &folders[1], &folders[2]].map(MemoryStorage::clone),
+                dir.path(),
+            ),
             [7; 16],
         )
         .unwrap(),
@@ -350,35 +376,23 @@ fn a_power_cut_anywhere_in_a_store_keeps_every_committed_sample() {
     let done = events();
     let mut checked = 0;
     for (at, kept) in cuts(&meta) {
-        let label = format!("power cut after event {at} of {done} (`a` removed at {removed}, then collected), unsynced name changes kept: {kept:b}");
+        let label = format!(
+            "{} (`a` removed at {removed}, then collected)",
+            cut_label(at, done, kept)
+        );
         let cut_dir = tempfile::tempdir().unwrap();
-        let cut_meta = meta.after_power_cut(at, kept);
-        let cut_parts = StoreParts {
-            meta: Arc::new(cut_meta),
-            packs: Arc::new(folders[0].after_power_cut(at, kept)),
-            datasets: Arc::new(folders[1].after_power_cut(at, kept)),
-            captures: Arc::new(folders[2].after_power_cut(at, kept)),
-            staging: Arc::new(LocalStorage::new(cut_dir.path().join("staging"))),
-            locks: Locks::Folder({
-                std::fs::create_dir_all(cut_dir.path().join("locks")).unwrap();
-                cut_dir.path().join("locks")
-            }),
-        };
+        let cut_parts = store_parts(
+            [&meta, &folders[0], &folders[1], &folders[2]].map(|f| f.after_power_cut(at, kept)),
+            cut_dir.path(),
+        );
         let cut = match Store::open_parts(std::path::Path::new("memory://cut"), cut_parts) {
             Ok(s) => Arc::new(s),
             Err(Error::Store { .. }) if at < initialized => continue,
             Err(e) => panic!("{label}: the store does not open: {e}"),
         };
-        let must_have = |commits: &[(usize, u64)]| {
-            (commits.iter())
-                .filter(|(event, _)| *event <= at)
-                .map(|(_, n)| *n)
-                .max()
-                .unwrap_or(0)
-        };
         let check = |cut: &Arc<Store>, when: &str| {
             for (name, commits, gone_at) in [("a", &a, Some(removed)), ("b", &b, None)] {
-                let must = must_have(commits);
+                let must = committed_by(commits, at);
                 let listed = (cut.datasets().size(&snapshot_file(name)).unwrap()).is_some();
                 let opened = cut
                     .dataset(name)
@@ -433,22 +447,6 @@ fn a_power_cut_anywhere_in_a_store_keeps_every_committed_sample() {
     assert!(checked > 100, "{checked}");
 }
 
-/// What the cut left of samples written under keys `s{n}` in any order: each sample is the
-/// one written under its key, found by it, and verify finds nothing damaged.
-fn check_by_key(ds: &Dataset, at: &str) {
-    for i in 0..ds.len() {
-        let s = ds.sample(i).unwrap();
-        let n: u64 = s.key()[1..].parse().unwrap();
-        for (field, data) in sample(n) {
-            let got = (s.read(&field, None)).unwrap_or_else(|e| panic!("{at}: s{n}: {e}"));
-            assert_eq!(got.bytes(), &data[..], "{at}: s{n} {field}");
-        }
-        assert_eq!(ds.get_by_key(s.key()).unwrap().ordinal(), i, "{at}");
-    }
-    let report = verify_dataset(ds, VerifyOptions::default(), &|_| {}).unwrap();
-    assert!(report.is_ok(), "{at}: {:?}", report.problems);
-}
-
 #[test]
 fn a_power_cut_while_writers_share_a_dataset_keeps_every_committed_sample() {
     let storage = MemoryStorage::new("shared");
@@ -489,8 +487,7 @@ fn a_power_cut_while_writers_share_a_dataset_keeps_every_committed_sample() {
     let done = storage.durability_events();
     let mut checked = 0;
     for (at, kept) in cuts(&storage) {
-        let label =
-            format!("power cut after event {at} of {done}, unsynced name changes kept: {kept:b}");
+        let label = cut_label(at, done, kept);
         let cut = storage.after_power_cut(at, kept);
         let must: Vec<u64> = (committed.iter())
             .filter(|(event, _)| *event <= at)
@@ -498,7 +495,8 @@ fn a_power_cut_while_writers_share_a_dataset_keeps_every_committed_sample() {
             .collect();
         match Dataset::open_in(Arc::new(cut.clone()), ReadOptions::default()) {
             Ok(ds) => {
-                check_by_key(&ds, &label);
+                check_samples(&ds, &label);
+                check_verified(&ds, &label);
                 for n in &must {
                     ds.get_by_key(&format!("s{n}"))
                         .unwrap_or_else(|e| panic!("{label}: committed s{n}: {e}"));
@@ -515,7 +513,8 @@ fn a_power_cut_while_writers_share_a_dataset_keeps_every_committed_sample() {
         w.append("s100", &as_fields(&sample(100))).unwrap();
         w.finish().unwrap();
         let ds = Dataset::open_in(Arc::new(cut.clone()), ReadOptions::default()).unwrap();
-        check_by_key(&ds, &label);
+        check_samples(&ds, &label);
+        check_verified(&ds, &label);
         assert!(ds.get_by_key("s100").is_ok(), "{label}");
     }
     assert!(checked > 100, "{checked}");

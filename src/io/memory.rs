@@ -89,6 +89,14 @@ impl MemoryStorage {
         }
     }
 
+    /// The refusal of a writer while `holder` holds the dataset.
+    fn locked(&self, holder: String) -> Error {
+        Error::Locked {
+            path: self.root.clone(),
+            holder,
+        }
+    }
+
     fn state(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -365,16 +373,10 @@ impl Storage for MemoryStorage {
     fn lock(&self) -> Result<Box<dyn WriterLease>> {
         let mut s = self.state();
         if let Some(pid) = s.locked_by {
-            return Err(Error::Locked {
-                path: self.root.clone(),
-                holder: format!("pid {pid}, a writer of this memory storage"),
-            });
+            return Err(self.locked(format!("pid {pid}, a writer of this memory storage")));
         }
         if s.joined > 0 {
-            return Err(Error::Locked {
-                path: self.root.clone(),
-                holder: format!("{} writers sharing this memory storage", s.joined),
-            });
+            return Err(self.locked(format!("{} writers sharing this memory storage", s.joined)));
         }
         let pid = std::process::id();
         s.locked_by = Some(pid);
@@ -390,10 +392,7 @@ impl Storage for MemoryStorage {
         let first = {
             let mut s = self.state();
             if let Some(pid) = s.locked_by {
-                return Err(Error::Locked {
-                    path: self.root.clone(),
-                    holder: format!("pid {pid}, a sole writer of this memory storage"),
-                });
+                return Err(self.locked(format!("pid {pid}, a sole writer of this memory storage")));
             }
             s.joined += 1;
             s.joined == 1

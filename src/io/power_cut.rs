@@ -72,42 +72,31 @@ impl DiskLog {
         self.events.len()
     }
 
-    /// Replays the first `at` events: the names durable then, by folder and name, the name
-    /// changes not yet durable, in order, and the bytes each file last had fsynced.
-    #[allow(clippy::type_complexity)]
-    fn replay(
-        &self,
-        at: usize,
-    ) -> (
-        BTreeMap<(&str, &str), u64>,
-        Vec<Change<'_>>,
-        HashMap<u64, &FileBytes>,
-    ) {
-        let mut durable = BTreeMap::new();
-        let mut pending: Vec<Change<'_>> = Vec::new();
-        let mut bytes = HashMap::new();
+    /// Replays the first `at` events.
+    fn replay(&self, at: usize) -> Replayed<'_> {
+        let mut r = Replayed::default();
         for event in &self.events[..at.min(self.events.len())] {
             match event {
-                Event::Synced { file, bytes: b } => {
-                    bytes.insert(*file, b);
+                Event::Synced { file, bytes } => {
+                    r.bytes.insert(*file, bytes);
                 }
-                Event::Named { folder, name, file } => pending.push((folder, name, *file)),
-                Event::FolderSynced { folder } => pending.retain(|change| {
-                    let mine = change.0 == folder;
-                    if mine {
-                        apply(&mut durable, *change);
+                Event::Named { folder, name, file } => r.pending.push((folder, name, *file)),
+                Event::FolderSynced { folder } => {
+                    let (mine, others) = r.pending.drain(..).partition(|c| c.0 == folder);
+                    r.pending = others;
+                    for change in mine {
+                        r.durable.apply(change);
                     }
-                    !mine
-                }),
+                }
             }
         }
-        (durable, pending, bytes)
+        r
     }
 
     /// The name changes among the first `at` events not made durable by an fsync of their
     /// folder among them: those a cut after event `at` may or may not keep.
     pub(crate) fn unsynced_name_changes(&self, at: usize) -> usize {
-        self.replay(at).1.len()
+        self.replay(at).pending.len()
     }
 
     /// The files of `folder` a power cut after the first `at` events leaves, by name: the
@@ -120,13 +109,18 @@ impl DiskLog {
         at: usize,
         kept: u64,
     ) -> BTreeMap<String, FileBytes> {
-        let (mut durable, pending, bytes) = self.replay(at);
+        let Replayed {
+            mut durable,
+            pending,
+            bytes,
+        } = self.replay(at);
         for (i, change) in pending.into_iter().enumerate() {
             if i < 64 && (kept >> i) & 1 == 1 {
-                apply(&mut durable, change);
+                durable.apply(change);
             }
         }
         durable
+            .0
             .into_iter()
             .filter(|((f, _), _)| *f == folder)
             .map(|((_, name), file)| {
@@ -139,11 +133,28 @@ impl DiskLog {
     }
 }
 
-fn apply<'a>(names: &mut BTreeMap<(&'a str, &'a str), u64>, (folder, name, file): Change<'a>) {
-    match file {
-        Some(f) => names.insert((folder, name), f),
-        None => names.remove(&(folder, name)),
-    };
+/// The first events of a [`DiskLog`], replayed.
+#[derive(Default)]
+struct Replayed<'a> {
+    /// The names durable then.
+    durable: Names<'a>,
+    /// The name changes not yet durable, in the order made.
+    pending: Vec<Change<'a>>,
+    /// The bytes each file last had fsynced.
+    bytes: HashMap<u64, &'a FileBytes>,
+}
+
+/// Files by folder and name.
+#[derive(Default)]
+struct Names<'a>(BTreeMap<(&'a str, &'a str), u64>);
+
+impl<'a> Names<'a> {
+    fn apply(&mut self, (folder, name, file): Change<'a>) {
+        match file {
+            Some(f) => self.0.insert((folder, name), f),
+            None => self.0.remove(&(folder, name)),
+        };
+    }
 }
 
 #[cfg(test)]
