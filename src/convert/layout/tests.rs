@@ -1,5 +1,7 @@
 //! Tests of field specs: ops, stacked shapes, byte ranges.
 
+use std::borrow::Cow;
+
 use super::*;
 
 fn spec(op: Op) -> FieldSpec {

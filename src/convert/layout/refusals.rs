@@ -1,0 +1,131 @@
+//! What a unit holds that converting it would lose, refused before anything is written.
+
+use crate::convert::units::in_part;
+use crate::convert::TensorInfo;
+use crate::format::DType;
+
+use super::{
+    find, is_floating, list_tensors, specs_for, FieldSpec, Held, LayoutError, LayoutOptions, Preset,
+};
+
+/// Refuses a unit whose tensors `preset` would convert into fields other than `specs`, those
+/// made from the first unit: a tensor an optional field reads that the first lacked, or
+/// what [`refuse_left_out`] refuses.
+pub fn refuse_unconverted(
+    preset: Preset,
+    specs: &[FieldSpec],
+    held: &Held,
+    options: &LayoutOptions,
+) -> Result<(), LayoutError> {
+    let tensors = &held.tensors;
+    let what = |name: &str| {
+        find(tensors, name).map_or_else(String::new, |t| format!("{} {:?}", t.dtype, t.shape))
+    };
+    // What this file lacks is refused field by field, as a missing tensor; what the layout
+    // cannot make of it (other --layers) is named below by the tensor it would lose. The
+    // generic layout reads what it is told.
+    if preset != Preset::Generic {
+        if let Ok(own) = specs_for(preset, tensors, options) {
+            if let Some(o) = own.iter().find(|o| !specs.iter().any(|s| s.name == o.name)) {
+                return Err(LayoutError::NotInSchema {
+                    layout: preset.name(),
+                    tensor: o.source.clone(),
+                    what: what(&o.source),
+                    field: Some(o.name.clone()),
+                });
+            }
+        }
+    }
+    match refuse_left_out(preset, specs, held, options) {
+        Err(LayoutError::LeftOut { tensor, what, .. }) => Err(LayoutError::NotInSchema {
+            layout: preset.name(),
+            tensor,
+            what,
+            field: None,
+        }),
+        other => other,
+    }
+}
+
+/// Refuses what a unit holds that converting it with `specs` would lose. A preset knows
+/// every tensor its tool writes, so one it does not read that looks like hidden states (two
+/// or more dimensions, of a floating dtype, or of one hspack does not store with
+/// `--delete-source`) means another tool's files. Under
+/// the generic layout, which reads what it is told, only `--delete-source` loses what is not
+/// read: any tensor no field (nor `--key-from`, `--split-by`) reads, and a file of a group
+/// nothing is read from, are refused then.
+pub fn refuse_left_out(
+    preset: Preset,
+    specs: &[FieldSpec],
+    held: &Held,
+    options: &LayoutOptions,
+) -> Result<(), LayoutError> {
+    let read = |name: &str| {
+        specs.iter().any(|s| s.sources().any(|src| src == name))
+            || options.read_besides.iter().any(|r| r == name)
+    };
+    // Only what no field reads is described (a string each): most tensors are read.
+    let left = held
+        .tensors
+        .iter()
+        .filter(|t| !read(&t.name))
+        .map(|t| {
+            (
+                &t.name,
+                format!("{} {:?}", t.dtype, t.shape),
+                Some(t.dtype),
+                &t.shape,
+            )
+        })
+        .chain(held.unsupported.iter().filter(|u| !read(&u.name)).map(|u| {
+            let what = format!("{}, a dtype hspack does not store, {:?}", u.dtype, u.shape);
+            (&u.name, what, None, &u.shape)
+        }));
+    if preset != Preset::Generic {
+        // A tensor of a dtype hspack does not store is harmless unless a field reads it, or
+        // --delete-source would delete it: it could hold hidden states (uint16 bf16 bits).
+        let hidden_like = |dtype: Option<DType>, shape: &[u64]| {
+            shape.len() >= 2 && dtype.map_or(options.delete_source, is_floating)
+        };
+        return match left
+            .into_iter()
+            .find(|(_, _, d, shape)| hidden_like(*d, shape))
+        {
+            None => Ok(()),
+            Some((tensor, what, ..)) => Err(LayoutError::LeftOut {
+                layout: preset.name(),
+                tensor: tensor.clone(),
+                what,
+            }),
+        };
+    }
+    if !options.delete_source {
+        return Ok(());
+    }
+    let names = specs
+        .iter()
+        .flat_map(|s| s.sources())
+        .chain(options.read_besides.iter().map(String::as_str));
+    let names: Vec<&str> = names.collect();
+    for part in &held.parts {
+        if !names.iter().any(|n| in_part(part, n).is_some()) {
+            let of_part: Vec<TensorInfo> = held
+                .tensors
+                .iter()
+                .filter(|t| in_part(part, &t.name).is_some())
+                .cloned()
+                .collect();
+            return Err(LayoutError::UnreadPart {
+                part: part.clone(),
+                have: list_tensors(&of_part),
+            });
+        }
+    }
+    match left.into_iter().next() {
+        None => Ok(()),
+        Some((tensor, what, ..)) => Err(LayoutError::Unread {
+            tensor: tensor.clone(),
+            what,
+        }),
+    }
+}

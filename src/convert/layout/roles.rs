@@ -1,0 +1,129 @@
+//! Hidden-state roles: which layer each captured state is, and where it was captured.
+
+use crate::format::{eagle3, CapturePoint, Role};
+
+use super::{point_name, LayoutError, LayoutOptions};
+
+/// Hidden-state roles and names for `count` captured states: ids from `--layers`, points from
+/// `--point`, else `defaults[i]` (`None`: the preset cannot know, so `--point` is required).
+pub fn hidden_roles(
+    layout: &str,
+    count: usize,
+    what: &str,
+    options: &LayoutOptions,
+    defaults: &[Option<CapturePoint>],
+) -> Result<Vec<(String, Role)>, LayoutError> {
+    if options.layers.len() != count {
+        return Err(LayoutError::Layers {
+            detail: format!(
+                "the {layout} layout holds {count} hidden states ({what}) but the files do not say \
+                 which layers they are: give --layers with {count} comma-separated layer ids in \
+                 that order (got {}), e.g. --layers {}",
+                options.layers.len(),
+                (0..count).map(|i| (i * 10 + 2).to_string()).collect::<Vec<_>>().join(",")
+            ),
+        });
+    }
+    let points: Vec<CapturePoint> = match options.points.len() {
+        0 => {
+            let mut out = Vec::with_capacity(count);
+            for (i, &id) in options.layers.iter().enumerate() {
+                let point = if options.num_layers == Some(id) {
+                    Some(CapturePoint::FinalNorm)
+                } else {
+                    match defaults.get(i).copied().flatten() {
+                        Some(CapturePoint::FinalNorm) => {
+                            return Err(final_norm_id(layout, i, options, defaults))
+                        }
+                        p => p,
+                    }
+                };
+                out.push(point.ok_or_else(|| LayoutError::Layers {
+                    detail: format!(
+                        "the {layout} layout does not say where layer {id} was captured: give \
+                         --point layer-input|layer-output|final-norm (one for all layers, or one \
+                         per layer)"
+                    ),
+                })?);
+            }
+            out
+        }
+        1 => vec![options.points[0]; count],
+        n if n == count => options.points.clone(),
+        n => {
+            return Err(LayoutError::Layers {
+                detail: format!("--point has {n} entries; give one, or one per layer ({count})"),
+            })
+        }
+    };
+    if let Some(n) = options.num_layers {
+        for (&id, &point) in options.layers.iter().zip(&points) {
+            // Ids 0..n are layers (their input or output); n is the final norm's output.
+            let fits = match point {
+                CapturePoint::FinalNorm => true,
+                _ => id < n,
+            };
+            if !fits {
+                return Err(LayoutError::Layers {
+                    detail: format!(
+                        "--layers {id} with --point {}: a model of --num-layers {n} has layers \
+                         0 to {}, and id {n} is its final-norm output; give --point final-norm \
+                         for it (or leave --point out), or the layer id it was taken at",
+                        point_name(point),
+                        n.saturating_sub(1)
+                    ),
+                });
+            }
+        }
+    }
+    Ok(options
+        .layers
+        .iter()
+        .zip(points)
+        .map(|(&layer, point)| {
+            (
+                eagle3::hidden_field(layer),
+                Role::HiddenState { layer, point },
+            )
+        })
+        .collect())
+}
+
+/// The error for a preset whose default labels layer `options.layers[i]` the final-norm
+/// output when `--num-layers` does not say so; it names the flags that would.
+fn final_norm_id(
+    layout: &str,
+    i: usize,
+    options: &LayoutOptions,
+    defaults: &[Option<CapturePoint>],
+) -> LayoutError {
+    let id = options.layers[i];
+    let join = |v: Vec<String>| v.join(",");
+    let layers = join(
+        options
+            .layers
+            .iter()
+            .enumerate()
+            .map(|(j, &l)| match (j == i, options.num_layers) {
+                (true, Some(n)) => n.to_string(),
+                _ => l.to_string(),
+            })
+            .collect(),
+    );
+    let points = join(
+        (0..options.layers.len())
+            .map(|j| match defaults.get(j).copied().flatten() {
+                _ if j == i => point_name(CapturePoint::LayerOutput).to_string(),
+                Some(p) => point_name(p).to_string(),
+                None => "layer-input".to_string(),
+            })
+            .collect(),
+    );
+    LayoutError::FinalNormId {
+        layout: layout.to_string(),
+        id,
+        num_layers: options.num_layers,
+        layers,
+        points,
+    }
+}
