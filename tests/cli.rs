@@ -106,6 +106,40 @@ fn cp_over_a_complete_copy_restores_a_lost_segment_and_points_a_damaged_shard_to
     assert!(hspack_in(&["verify", "b"], t.path()).status.success());
 }
 
+/// A shard `cp --no-reread` finds at the destination (a killed copy left it, then it was
+/// damaged at rest) is read back before it counts as there and right: it is sent again, and
+/// the copy verifies.
+#[test]
+fn cp_without_reread_reads_back_the_shards_it_finds() {
+    let t = tempfile::tempdir().unwrap();
+    let o = hspack_in(
+        &["demo", "--out", "a", "--samples", "6", "--hidden", "64"],
+        t.path(),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(hspack_in(&["cp", "a", "b"], t.path()).status.success());
+    let b = t.path().join("b");
+    let ds = hspack::Dataset::open(&b).unwrap();
+    let record = ds.manifest().shards[0].clone();
+    let entry = ds.shard(0).unwrap().index().chunk(0).unwrap();
+    drop(ds);
+    // A payload byte flipped: the shard's size, footer and index are as they were.
+    let shard = b.join(&record.file);
+    let mut bytes = std::fs::read(&shard).unwrap();
+    bytes[entry.offset as usize + hspack::format::ChunkHeader::SIZE] ^= 1;
+    std::fs::write(&shard, bytes).unwrap();
+    std::fs::remove_file(b.join("manifest.json")).unwrap();
+    let o = hspack_in(&["cp", "--no-reread", "a", "b"], t.path());
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        stdout(&o).contains("1 shard sent") && stdout(&o).contains("0 shards already there"),
+        "{}",
+        text(&o)
+    );
+    let o = hspack_in(&["verify", "b"], t.path());
+    assert!(o.status.success(), "{}", text(&o));
+}
+
 /// `digest` of several datasets does every one, whatever the others are, and exits with the
 /// worst met; a dataset that lost a segment is damage (exit 1) to every command that opens
 /// it, as to `verify`.

@@ -16,8 +16,9 @@ pub struct Args {
     src: PathBuf,
     /// Where the copy goes: a folder or a URL (s3://, gs://, az://).
     dst: PathBuf,
-    /// Prove a sent shard by its size, footer, header and index hash only: skip reading every
-    /// chunk back from the destination.
+    /// Prove a shard this run sends by its size, footer, header and index hash only: skip
+    /// reading every chunk back from the destination (they were checked as they passed). A
+    /// shard found there already is read back all the same: nothing checked its chunks.
     #[arg(long)]
     no_reread: bool,
     /// Shards copied at once.
@@ -89,7 +90,8 @@ pub fn run(a: Args, mode: CopyMode) -> anyhow::Result<ExitCode> {
         gbps(report.bytes_sent, secs),
         count(report.shards_present, "shard"),
         count(report.chunks_checked, "chunk"),
-        match options.reread {
+        // Shards found there are read back even without reread.
+        match options.reread || report.bytes_reread > 0 {
             true => format!(
                 ", {} read back and hashed",
                 human_bytes(report.bytes_reread)

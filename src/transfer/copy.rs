@@ -7,7 +7,8 @@
 //! and, unless `reread` is off, every chunk read back and hashed. The samples table is copied
 //! and checked against its hash. The manifest goes last: until it is published the destination
 //! is not a dataset, so an interrupted copy is never taken for one, and a rerun sends only
-//! the shards that are not already there, whole and right. A copy holds the destination's
+//! the shards that are not already there, whole and right (each one found read back, whatever
+//! `reread` says). A copy holds the destination's
 //! writer lock throughout, so a writer or another copy there is refused, not raced.
 
 use std::collections::HashSet;
@@ -39,7 +40,8 @@ pub struct CopyOptions {
     /// What the destination may hold.
     pub mode: CopyMode,
     /// Read every chunk back from the destination and hash it (default true). Off, a sent
-    /// shard is proven by its size, footer, header and index hash only.
+    /// shard is proven by its size, footer, header and index hash only; a shard found at the
+    /// destination is read back either way (nothing checked its chunks on the way).
     pub reread: bool,
     /// Shards copied at once.
     pub jobs: usize,
@@ -134,9 +136,10 @@ pub fn copy(
             .try_for_each(|(seq, record)| {
                 let at_dst = present.contains(&record.file);
                 if at_dst {
-                    // Proven as a sent shard is: a copy killed between a put and its proof
-                    // leaves a shard that no run has read back yet.
-                    match prove(src, dst, record, options.reread, &stats) {
+                    // Read back whatever `reread` says: no run checked its bytes on the way
+                    // (a copy killed between a put and its proof leaves one, and so does
+                    // damage at rest), so its index alone proves nothing of its chunks.
+                    match prove(src, dst, record, true, &stats) {
                         Ok(()) => {
                             stats.shards_present.fetch_add(1, Ordering::Relaxed);
                             stats

@@ -24,7 +24,7 @@ def verify(path: str | os.PathLike, quick: bool = False) -> dict:
 def copy(src: str | os.PathLike, dst: str | os.PathLike, *, sync: bool = False, reread: bool = True, jobs: int = 4) -> dict:
     """Copies the dataset at `src` to `dst`, each a folder or a URL (`s3://bucket/prefix`,
     `gs://`, `az://`; `https://` as a source): every chunk is checked against its BLAKE3 as it
-    passes, what landed is read back (`reread`), and the manifest is published last, so an
+    passes, what landed is read back (`reread`; a shard found at `dst` is read back either way), and the manifest is published last, so an
     interrupted copy is never taken for a dataset and a rerun sends only what is missing.
     `sync`: `dst` may hold an earlier state of the dataset; only the new shards are sent.
 
