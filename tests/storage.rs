@@ -830,3 +830,35 @@ fn a_file_written_out_of_order_past_the_write_behind_size_publishes_every_byte()
         );
     }
 }
+
+/// A shard that fails to read (a short read: the storage failed, not the bytes) is not
+/// damage: `repair` deletes nothing on its word, even where sending the shard again would
+/// fail too, and the copy is whole once the storage reads again.
+#[test]
+fn repair_deletes_nothing_for_a_read_that_failed() {
+    let m = MemoryStorage::new("repaired");
+    let storage: Arc<dyn Storage> = Arc::new(m.clone());
+    write(&storage, 0..12, small_options());
+    let good: Arc<dyn Storage> = Arc::new(MemoryStorage::new("good"));
+    let src = Dataset::open_in(storage.clone(), ReadOptions::default()).unwrap();
+    hspack::transfer::copy(&src, &good, &Default::default(), &|_| {}).unwrap();
+    let good = Dataset::open_in(good, ReadOptions::default()).unwrap();
+    m.set_faults(Faults {
+        short_reads_of: Some("shard-000001".into()),
+        failing_publishes_of: Some("shard-000001".into()),
+        ..Faults::default()
+    });
+    let damaged = Dataset::open_in(storage.clone(), ReadOptions::default()).unwrap();
+    let err = hspack::transfer::repair(&damaged, &good)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("shard-000001") && err.contains("nothing was changed"),
+        "{err}"
+    );
+    m.set_faults(Faults::default());
+    let after = Dataset::open_in(storage, ReadOptions::default()).unwrap();
+    let report = verify_dataset(&after, VerifyOptions::default(), &|_| {}).unwrap();
+    assert!(report.is_ok(), "{:?}", report.problems);
+    assert_eq!(after.len(), 12);
+}

@@ -120,6 +120,18 @@ pub fn repair(damaged: &Dataset, good: &Dataset) -> Result<RepairReport> {
     if first.is_ok() {
         return Ok(report);
     }
+    // A read refused or cut short says nothing of the file's bytes: nothing is deleted on
+    // its word.
+    if let Some(e) = first.problems.iter().find(|e| !e.is_damage()) {
+        return Err(Error::CopyRefused {
+            path: damaged.dir().to_path_buf(),
+            detail: format!(
+                "{e}; that is a failed read, not damage (the file may be intact), so nothing \
+                 was changed: run repair again once the storage reads (check access, the \
+                 network or the disk)"
+            ),
+        });
+    }
     let names = damaged_files(&first);
     let dst: Arc<dyn crate::io::Storage> = Arc::clone(damaged.storage());
     // No writer or copy may be at work there while shards are replaced.
@@ -130,6 +142,13 @@ pub fn repair(damaged: &Dataset, good: &Dataset) -> Result<RepairReport> {
             continue;
         }
         still_held(&*lock, &dst)?;
+        // Proven again under the lock, as a copy proves a shard it finds: only a shard that
+        // is damaged now is deleted (a writer or copy may have mended it meanwhile).
+        match prove(good, &dst, record, true, &stats) {
+            Ok(()) => continue,
+            Err(e) if e.is_damage() => {}
+            Err(e) => return Err(e),
+        }
         dst.delete(&record.file)?;
         send_shard(good, seq, &dst, &stats, &|_| {})?;
         prove(good, &dst, record, true, &stats)?;
