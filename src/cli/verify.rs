@@ -7,7 +7,7 @@ use std::time::Instant;
 use hspack::verify::{count, verify, VerifyOptions};
 
 use super::progress::bytes_bar;
-use super::{gbps, EXIT_DAMAGED};
+use super::{gbps, EXIT_DAMAGED, EXIT_ERROR};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -45,14 +45,15 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             "chunk_headers": report.chunk_headers, "chunks": report.chunks,
             "bytes_hashed": report.bytes_hashed, "seconds": secs,
             "problems": report.problems.iter().map(|p| p.to_string()).collect::<Vec<_>>(),
+            "not_read": report.problems.iter().filter(|p| !p.is_damage()).map(|p| p.to_string()).collect::<Vec<_>>(),
             "leftovers": paths(&report.leftovers), "unknown_files": paths(&report.unknown_files),
             "notes": report.notes(),
             "digest": report.proven_digest(),
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
-        for p in &report.problems {
-            println!("DAMAGED {p}");
+        for line in problem_lines(&report.problems) {
+            println!("{line}");
         }
         for n in report.notes() {
             println!("NOTE {}: {n}", a.dir.display());
@@ -75,15 +76,69 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                 gbps(report.bytes_hashed, secs),
             )
         };
-        let verdict = match report.problems.len() {
-            0 => "OK".to_string(),
-            n => count(n as u64, "problem"),
+        let not_read = report.problems.iter().filter(|p| !p.is_damage()).count();
+        let verdict = match (report.problems.len(), not_read) {
+            (0, _) => "OK".to_string(),
+            (n, 0) => count(n as u64, "problem"),
+            (n, m) => format!(
+                "{}, {m} of them reads that failed (not damage: verify again once the \
+                 storage reads)",
+                count(n as u64, "problem")
+            ),
         };
         println!("{}: {did}: {verdict}", a.dir.display());
     }
-    Ok(if report.is_ok() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(EXIT_DAMAGED)
-    })
+    Ok(ExitCode::from(exit_code(&report.problems)))
+}
+
+/// A line for each problem: `DAMAGED` for damage, `NOT READ` for a read that failed (a
+/// request refused or timed out, a short read), which says nothing of the bytes: `hspack
+/// repair` mends only the first.
+fn problem_lines(problems: &[hspack::Error]) -> Vec<String> {
+    let line = |p: &hspack::Error| match p.is_damage() {
+        true => format!("DAMAGED {p}"),
+        false => format!("NOT READ {p}"),
+    };
+    problems.iter().map(line).collect()
+}
+
+/// 0 when verify found no problem, [`EXIT_DAMAGED`] when it found damage, [`EXIT_ERROR`]
+/// when the only problems were reads that failed (it could not check those bytes).
+fn exit_code(problems: &[hspack::Error]) -> u8 {
+    match (problems.is_empty(), problems.iter().any(|p| p.is_damage())) {
+        (true, _) => 0,
+        (false, true) => EXIT_DAMAGED,
+        (false, false) => EXIT_ERROR,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn failed_read() -> hspack::Error {
+        hspack::Error::Io {
+            path: "s3://b/ds/shard-000001.hsp".into(),
+            op: "read",
+            source: std::io::Error::new(std::io::ErrorKind::PermissionDenied, "403 Forbidden"),
+        }
+    }
+
+    fn missing() -> hspack::Error {
+        hspack::Error::Io {
+            path: "ds/shard-000002.hsp".into(),
+            op: "open",
+            source: std::io::ErrorKind::NotFound.into(),
+        }
+    }
+
+    #[test]
+    fn a_read_that_failed_is_not_called_damage() {
+        let lines = problem_lines(&[failed_read(), missing()]);
+        assert!(lines[0].starts_with("NOT READ ") && lines[0].contains("shard-000001"));
+        assert!(lines[1].starts_with("DAMAGED ") && lines[1].contains("shard-000002"));
+        assert_eq!(exit_code(&[]), 0);
+        assert_eq!(exit_code(&[failed_read()]), EXIT_ERROR);
+        assert_eq!(exit_code(&[failed_read(), missing()]), EXIT_DAMAGED);
+    }
 }
