@@ -216,3 +216,42 @@ def test_a_dataset_with_a_loss_mask_builds_without_a_warning(eagle_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         HspackDataset(eagle_path, view="eagle3")
+
+
+def ordinal_only(ds, i):
+    """A view whose samples hold no tensor."""
+    return {"ordinal": i}
+
+
+def test_samples_without_tensors_are_refused_not_an_empty_epoch(eagle_path):
+    """`fields=[]` reads nothing and is refused when built; a view of its own whose samples
+    hold no tensor fails in the collate with an error: a StopIteration out of the collate ended
+    the epoch at once, and the loader recorded every sample as consumed."""
+    for make in (HspackDataset, HspackIterableDataset):
+        with pytest.raises(hspack.HspackError, match=r"option fields: \[\] reads no field") as err:
+            make(eagle_path, fields=[])
+        assert err.value.option == "fields"
+    ds = HspackDataset(eagle_path, view=ordinal_only)
+    for workers in (0, 2):
+        loader = HspackLoader(ds, sampler=HspackSampler(ds), batch_size=4, num_workers=workers)
+        with pytest.raises(Exception, match="PadCollate: the samples hold no tensor") as err:
+            list(loader)
+        assert loader.state_dict()["consumed"] == 0, (workers, err.value)
+
+
+def test_max_len_with_a_view_object_is_refused(eagle_path):
+    """A view object cuts its own samples: `max_len` beside it was ignored without a word."""
+    assert HspackDataset(eagle_path, view="eagle3", max_len=4)[1]["input_ids"].shape[0] == 4
+    assert HspackDataset(eagle_path, view=Eagle3View(max_len=4))[1]["input_ids"].shape[0] == 4
+    for make in (HspackDataset, HspackIterableDataset):
+        with pytest.raises(hspack.HspackError, match="option max_len: 4 with a view object") as err:
+            make(eagle_path, view=Eagle3View(), max_len=4)
+        assert err.value.option == "max_len"
+
+
+def test_a_negative_index_counts_from_the_end(eagle_path):
+    for view in (None, "eagle3", Eagle3View()):
+        ds = HspackDataset(eagle_path, view=view)
+        assert ds[-1]["ordinal"] == 36 and torch.equal(ds[-1]["input_ids"], ds[36]["input_ids"])
+        with pytest.raises(IndexError, match="sample -38 is out of range|sample -1 is out of range"):
+            ds[-38]

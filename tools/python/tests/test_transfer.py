@@ -106,6 +106,14 @@ def test_workers_send_mapped_tensors_as_file_ranges(stacked_path, context):
                 assert os.path.basename(path).startswith("shard-") and os.path.dirname(path) == stacked_path
 
 
+def received(rebuild, args):
+    """What `rebuild(*args)` received: the tensor, or the error of an `Unreadable`, raised
+    (unpickling never raises: it would hang the DataLoader)."""
+    got = rebuild(*args)
+    transfer.raise_unreadable(got)
+    return got
+
+
 def test_a_replaced_shard_is_refused_by_name(stacked_path, tmp_path):
     copy = tmp_path / "ds"
     shutil.copytree(stacked_path, copy)
@@ -125,10 +133,10 @@ def test_a_replaced_shard_is_refused_by_name(stacked_path, tmp_path):
     # Let go (as when the dataset objects are collected), that file is out of reach.
     transfer.release()
     with pytest.raises(hspack.HspackError, match="shard-000000.hsp.*replaced"):
-        rebuild(*args)
+        received(rebuild, args)
     # A file replaced before this process mapped it is refused, by name.
     with pytest.raises(hspack.HspackError, match=r"shard-00000\d.hsp.*replaced"):
-        rebuild(*last_args)
+        received(rebuild, last_args)
     # Tensors that are not views of a shard take torch's path.
     assert transfer.reduce_tensor(torch.zeros(3))[0] is not transfer.rebuild
 
@@ -170,7 +178,7 @@ def test_kept_mappings_live_while_a_dataset_object_of_their_folder_does(stacked_
     del a
     gc.collect()
     with pytest.raises(hspack.HspackError, match="shard-000000.hsp.*replaced"):
-        rebuild(*args)
+        received(rebuild, args)
 
 
 def test_workers_share_one_memo_of_checked_chunks(stacked_path, tmp_path):
@@ -252,7 +260,8 @@ def test_a_tensor_not_received_in_the_pin_memory_thread_reaches_the_trainer(tmp_
     file range that cannot be mapped there (the shard deleted since) comes out as a value
     whose pinning raises the error, which torch's loop hands to the trainer as a worker's
     error, rather than ending the thread with the error lost. Elsewhere (the main thread,
-    another thread of the trainer) the error is raised where the tensor is received."""
+    another thread of the trainer) it comes out as the same value, whose first use raises:
+    raised while unpickling, it would lose the batch's place in the DataLoader."""
     import multiprocessing
     import queue
     import threading
@@ -260,10 +269,13 @@ def test_a_tensor_not_received_in_the_pin_memory_thread_reaches_the_trainer(tmp_
     from torch.utils.data._utils.pin_memory import _pin_memory_loop
 
     gone = str(tmp_path / "shard-000000.hsp")
+    got = pickle_roundtrip(_Gone(gone))
     with pytest.raises(hspack.HspackError, match="shard-000000.hsp"):
-        pickle_roundtrip(_Gone(gone))
+        got.sum()
+    with pytest.raises(hspack.HspackError, match="shard-000000.hsp"):
+        transfer.raise_unreadable({"hidden_state": got})
     raised = []
-    other = threading.Thread(target=lambda: raised.append(pytest.raises(hspack.HspackError, pickle_roundtrip, _Gone(gone))))
+    other = threading.Thread(target=lambda: raised.append(pytest.raises(hspack.HspackError, lambda: pickle_roundtrip(_Gone(gone)).sum())))
     other.start()
     other.join()
     assert raised
@@ -535,3 +547,52 @@ def test_batches_collated_in_workers_stay_intact_while_held(layers_path):
     regions = [lent_region(t) for b in held for t in b.values() if torch.is_tensor(t) and t.dim() >= 2]
     assert len(regions) == 3 * len(want) * 5  # input_ids, loss_mask, attention_mask, the states
     assert len(set(regions)) == len(regions)
+
+
+def test_a_shard_replaced_while_workers_send_it_raises_and_never_hangs(tmp_path):
+    """A tensor whose file was replaced after a worker sent it cannot be received: the loader
+    raises the error naming the shard, before the sample counts as consumed (the next
+    iteration starts with it), and a plain DataLoader hands on the sample, whose first use
+    raises; neither waits forever for a batch whose place an unpickling error lost."""
+    path = tmp_path / "ds"
+    with hspack.Writer(path, stacked_schema(), shard_samples=6, durable=False) as w:
+        for i in range(18):
+            s = stacked_sample(i)
+            w.append(f"s{i:03d}", input_ids=s["input_ids"], loss_mask=s["loss_mask"], aux_hidden_state=torch.cat(s["layers"], -1), **{"hidden.7": s["hidden.7"]})
+    flag = tmp_path / "replaced"
+
+    class Replacing:
+        """The EAGLE-3 view, which replaces shard 1 by a copy of itself (same bytes, another
+        file) once, right after reading the first sample of it."""
+
+        def __call__(self, ds, i):
+            out = ds.read(i, ["hidden.7"])
+            out["ordinal"] = i
+            if i == 6 and not flag.exists():
+                flag.touch()
+                shard = path / "shard-000001.hsp"
+                shutil.copy(shard, tmp_path / "new")
+                os.replace(tmp_path / "new", shard)
+            return out
+
+    ds = HspackDataset(path, view=Replacing())
+    # A plain DataLoader: every sample comes, the unreceivable ones raising on use.
+    got, failed = [], []
+    for item in torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2, timeout=60):
+        try:
+            item["hidden.7"].sum()
+            got.append(item["ordinal"])
+        except hspack.HspackError as e:
+            assert "shard-000001.hsp" in str(e) and "replaced" in str(e), e
+            failed.append(item["ordinal"])
+    assert failed and sorted(got + failed) == list(range(18)), (got, failed)
+    assert all(6 <= o < 12 for o in failed)
+    # HspackLoader raises it before the sample counts.
+    flag.unlink()
+    ds = HspackDataset(path, view=Replacing())
+    loader = HspackLoader(ds, batch_size=None, sampler=HspackSampler(ds, shuffle=False), num_workers=2, timeout=60)
+    seen = []
+    with pytest.raises(hspack.HspackError, match="shard-000001.hsp.*replaced"):
+        for item in loader:
+            seen.append(item["ordinal"])
+    assert seen == list(range(len(seen))) and loader.state_dict()["consumed"] == len(seen)

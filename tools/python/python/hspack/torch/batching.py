@@ -15,7 +15,7 @@ from .._errors import make_error
 from .._hspack import EAGLE3, gather_into
 from . import order as _order
 from .progress import Progress
-from .transfer import Unreadable
+from .transfer import raise_unreadable
 from .views import pinned_empty, shared_empty
 
 # Token ids and the attention mask, named as the Rust side names them (`hspack::format::eagle3`).
@@ -50,7 +50,8 @@ class TokenBudgetBatchSampler(tud.Sampler):
     batches by `(seed, epoch, rank)`. Lengths come from the shard indexes, clipped to
     `max_len`. Every sample of the rank lies in exactly one batch. With `even_batches`, every
     rank yields the same number of batches (the smallest over ranks; the extra batches of
-    other ranks are skipped this epoch), which DDP needs to stay in step.
+    other ranks are skipped this epoch: shuffled, other samples in other epochs; with
+    `shuffle=False`, the same ones every epoch), which DDP needs to stay in step.
 
     Resume: `state_dict()` holds the batches consumed (advanced by `HspackLoader`, or by you
     with `advance(1)` per batch), with the world size and every option the batches depend on;
@@ -149,14 +150,19 @@ class PadCollate:
         self.multiple = pad_to_multiple_of
 
     def __call__(self, samples: Sequence[dict], pin: bool = False) -> dict:
-        _raise_unreadable(samples)
+        # A tensor that could not be received (`transfer.Unreadable`): collated, it would be
+        # listed as a value, or fail on an unrelated TypeError.
+        raise_unreadable(samples)
         empty = pinned_empty if pin else shared_empty
         items = [_unbatched(s, self.length_key) for s in samples]
         # SpecForge items (batches of one): cut, then the last token kept is not trained on.
         zero_last = [u is not s for u, s in zip(items, samples)]
         samples = items
         first = samples[0]
-        key = self.length_key if self.length_key in first else next(k for k, v in first.items() if torch.is_tensor(v))
+        key = self.length_key if self.length_key in first else next((k for k, v in first.items() if torch.is_tensor(v)), None)
+        if key is None:
+            # (A StopIteration out of a collate ends the DataLoader's epoch without a word.)
+            raise ValueError(f"PadCollate: the samples hold no tensor to take their lengths from (length_key={self.length_key!r}; the first sample has {sorted(first)}, ordinals {[s.get('ordinal') for s in samples]}); read fields with tensors, or collate with a collate_fn of your own")
         full = [int(s[key].shape[0]) for s in samples]
         lengths = full if self.max_len is None else [min(n, self.max_len) for n in full]
         t_max = max(lengths) if lengths else 0
@@ -191,16 +197,6 @@ class PadCollate:
         out[_ATTENTION_MASK] = mask
         out["lengths"] = _ints(lengths, pin)
         return out
-
-
-def _raise_unreadable(samples: Sequence[Any]) -> None:
-    """Raises the error of the first tensor of `samples` that could not be received
-    (`transfer.Unreadable`, what one becomes in torch's pin-memory thread, where the pinned
-    collate runs): collated, it would be listed as a value, or fail on an unrelated TypeError."""
-    for s in samples:
-        for v in s.values() if isinstance(s, dict) else (s,):
-            if isinstance(v, Unreadable):
-                raise v.error
 
 
 def _bytes(t: torch.Tensor) -> np.ndarray:

@@ -38,16 +38,15 @@ def make_view(view: Any, fields: Sequence[str] | None, max_len: int | None) -> C
     if view is None:
         return FieldsView(fields, max_len)
     if fields is not None:
-        from .._errors import make_error
-
         # A view picks its own fields: the ones given would be ignored without a word.
         raise make_error("BadOption", f"option fields: {list(fields)!r} with view={view!r}; a view picks its own fields: give fields with view=None, or name the view's fields in the view (Eagle3View(aux_fields=..., target_field=...))", option="fields")
     if isinstance(view, str) and view in VIEWS:
         return VIEWS[view](max_len)
     if callable(view) and not isinstance(view, str):
+        if max_len is not None:
+            # A view object cuts its own samples: the max_len given would be ignored.
+            raise make_error("BadOption", f"option max_len: {max_len} with a view object ({type(view).__name__}); give max_len to the view (Eagle3View(max_len=...)), or use a view name (view=\"eagle3\", max_len=...)", option="max_len")
         return view
-    from .._errors import make_error
-
     known = ", ".join(f'"{name}"' for name in VIEWS)
     raise make_error("BadOption", f"option view: {view!r} is not a view; use None (the fields), {known}, or a callable view(dataset, ordinal)", option="view")
 
@@ -297,7 +296,8 @@ class HspackDataset(_Reopening, tud.Dataset):
             if ordinal is None:
                 raise KeyError(f"{self.path}: no sample has key {i!r}")
             i = ordinal
-        return self.view(self.hspack, int(i))
+        # A negative index counts from the end, as for the hspack dataset.
+        return self.view(self.hspack, self.hspack._index(int(i)))
 
 
 class HspackSampler(tud.Sampler):

@@ -9,6 +9,7 @@ import torch
 import torch.utils.data as tud
 
 from .batching import CollateToPinned, PadCollate, TokenBudgetBatchSampler, Uncollated
+from . import transfer as _transfer
 from .datasets import HspackIterableDataset, HspackSampler
 
 
@@ -93,6 +94,9 @@ class HspackLoader(tud.DataLoader):
         # (The samplers fix their start at the first item their iterator yields, in this
         # process: `Progress.iterate`.)
         for batch in super().__iter__():
+            # A tensor a worker sent that could not be received: raised before it counts as
+            # consumed, so the next iteration starts with its sample.
+            _transfer.raise_unreadable(batch)
             if isinstance(batch, Uncollated):  # pinning was turned off after all
                 batch = batch.collated()
             if self._per_batch or not self._batched:

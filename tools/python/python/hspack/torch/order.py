@@ -59,8 +59,9 @@ def partition(order: np.ndarray, parts: int, part: int, drop_last: bool = False,
 
     Default: every sample exactly once; when `len(order)` does not divide evenly the first
     `len(order) % parts` parts hold one sample more. `drop_last`: every part holds
-    `len // parts`; the last `len % parts` samples of this epoch's order are skipped (other
-    samples are skipped in other epochs). `pad`: every part holds `ceil(len / parts)`, the
+    `len // parts`; the last `len % parts` samples of this epoch's order are skipped (shuffled,
+    other samples in other epochs; in order, the same ones every epoch, as torch's
+    `DistributedSampler` does). `pad`: every part holds `ceil(len / parts)`, the
     shortfall filled by repeating the order from its start (those samples are seen twice).
     """
     n = len(order)

@@ -120,11 +120,12 @@ def rebuild_lent(pid: int, fd: int, dev: int, ino: int, offset: int, nbytes: int
 
 
 class Unreadable:
-    """What a tensor that could not be rebuilt becomes in torch's pin-memory thread: any use of
-    it raises the error. The DataLoader's pin-memory thread unpickles what workers send outside
-    its error handling, so an error raised there ends the thread and the trainer learns only
-    that it exited; this way the thread's `pin_memory` of the batch raises it, and the trainer
-    gets it, as any error of a worker."""
+    """What a tensor that could not be rebuilt becomes where it is received: any use of it
+    raises the error. Unpickling must not raise: the DataLoader unpickles what a worker sent
+    after taking its index off the books, so an error raised there loses the batch's place and
+    the next `next()` waits for it forever (and in the pin-memory thread, outside its error
+    handling, it ends the thread). `HspackLoader` and `PadCollate` raise the error as soon as
+    the batch is theirs; a plain DataLoader hands the sample on, and its first use raises."""
 
     def __init__(self, error: BaseException):
         object.__setattr__(self, "_error", error)
@@ -142,17 +143,20 @@ class Unreadable:
 
 
 def _unreadable(error: BaseException) -> Any:
-    """Returns `error` as an `Unreadable` in torch's pin-memory thread (unpickling inside its
-    loop); raises it everywhere else, where the caller's `next()` hands it on."""
-    import sys
+    """`error` as an `Unreadable`: raised while unpickling, it would hang the DataLoader."""
+    return Unreadable(error)
 
-    frame = sys._getframe(1)
-    while frame is not None:
-        code = frame.f_code
-        if code.co_name == "_pin_memory_loop" and code.co_filename.endswith("pin_memory.py"):
-            return Unreadable(error)
-        frame = frame.f_back
-    raise error
+
+def raise_unreadable(value: Any) -> None:
+    """Raises the error of the first `Unreadable` in `value` (a tensor, or a dict, list or
+    tuple of them, as samples and batches are)."""
+    if isinstance(value, Unreadable):
+        raise value.error
+    if isinstance(value, dict):
+        value = value.values()
+    if isinstance(value, (list, tuple, type({}.values()))):
+        for v in value:
+            raise_unreadable(v)
 
 
 def _over(raw: Any, dtype: str, storage_offset: int, size: tuple, stride: tuple) -> Any:

@@ -87,6 +87,8 @@ class FieldsView:
     def check(self, ds: Any) -> None:
         """Refuses fields the dataset has not: the torch datasets call it when built, before
         any worker starts."""
+        if self.fields == []:
+            raise make_error("BadOption", "option fields: [] reads no field; name the fields to read, or give None for all of them", option="fields")
         if self.fields is not None:
             require_fields(ds, "fields", self.fields)
 
