@@ -84,6 +84,7 @@ fn datasets_in_s3() {
     a_copy_whose_lease_was_taken_over_publishes_nothing(&local);
     a_shard_written_again_while_read_is_an_error(tmp.path());
     a_lease_renewal_whose_response_was_lost_keeps_the_lease();
+    a_lease_nearly_expired_as_others_read_it_stops_a_publish();
     puts_whose_responses_were_lost(&moto, &local);
     a_server_ignoring_conditional_writes_is_refused(&moto);
     an_upload_that_fails_is_aborted(&moto);
@@ -542,6 +543,34 @@ fn a_lease_renewal_whose_response_was_lost_keeps_the_lease() {
     w.commit().unwrap();
     w.finish().unwrap();
     assert_eq!(Dataset::open(url).unwrap().len(), 2);
+}
+
+/// A holder confirms its lease before a publish the lease alone fences (a copy's manifest,
+/// a store's deletions) by the expiry others read in the lease object, not by its own
+/// memory of it (a renewal in flight, or one that hangs, has not landed): with less than a
+/// third of its life left there, it stops.
+fn a_lease_nearly_expired_as_others_read_it_stops_a_publish() {
+    let url = "s3://hspack-test/nearly-expired";
+    let storage = open_location(url).unwrap();
+    std::env::set_var("HSPACK_WRITER_LEASE_SECS", "30");
+    let lock = storage.lock().unwrap();
+    std::env::remove_var("HSPACK_WRITER_LEASE_SECS");
+    lock.confirm().unwrap();
+    // The lease as a renewal that never landed leaves it: this holder's, 2 s of life left.
+    let lease = hspack::io::object_lease::LEASE_FILE;
+    let text = String::from_utf8(storage.read(lease).unwrap().unwrap()).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let at = v["expires_unix_ms"].as_u64().unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let nearly = text.replace(&at.to_string(), &(now + 2000).to_string());
+    storage
+        .replace(lease, nearly.as_bytes(), None, false)
+        .unwrap();
+    let err = lock.confirm().unwrap_err().to_string();
+    assert!(err.contains("less than a third"), "{err}");
 }
 
 /// Through a proxy that hides the conditional-write headers from the server (as a server that

@@ -414,9 +414,18 @@ pub fn revoke_expired(storage: &ObjectStorage, file: &str) -> Result<Option<Erro
 /// The version of lease object `file` while it is the live, unrevoked lease of the holder
 /// with `token`; `None` when it is not (another holder's, expired, revoked or missing).
 fn landed(storage: &ObjectStorage, file: &str, token: &str) -> Result<Option<UpdateVersion>> {
-    Ok(read(storage, file)?.and_then(|(text, version)| {
-        (text.token == token && text.live() && text.revoked_unix_ms.is_none()).then_some(version)
-    }))
+    Ok(held_by(storage, file, token)?.map(|(_, version)| version))
+}
+
+/// The lease object as contenders read it now, and its version, when it is live and
+/// `token`'s (not revoked); else `None`.
+fn held_by(
+    storage: &ObjectStorage,
+    file: &str,
+    token: &str,
+) -> Result<Option<(LeaseText, UpdateVersion)>> {
+    Ok(read(storage, file)?
+        .filter(|(text, _)| text.token == token && text.live() && text.revoked_unix_ms.is_none()))
 }
 
 /// The lease object and its version, or `None` when there is none.
@@ -529,20 +538,16 @@ impl ObjectLease {
     pub fn confirm(&self) -> Result<()> {
         self.check()?;
         let held = &self.state;
-        if landed(&held.storage, &held.file, &self.token)?.is_none() {
+        let Some((seen, _)) = held_by(&held.storage, &held.file, &self.token)? else {
             held.lost.store(true, Ordering::SeqCst);
-        }
-        self.check()?;
-        // Still this holder's: is enough of its life left? (Not waited for while a renewal
-        // holds the text: that renewal is about to give a new life.)
-        let expires = match held.text.try_lock() {
-            Ok(text) => Some(text.0.expires_unix_ms),
-            Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner().0.expires_unix_ms),
-            Err(std::sync::TryLockError::WouldBlock) => None,
+            return self.check();
         };
+        // Still this holder's: is enough of its life left, by the expiry contenders read
+        // (not this process's: a renewal in flight, or one that hangs, has not landed)?
+        let at = seen.expires_unix_ms;
         let margin = (held.ttl / 3).as_millis() as u64;
-        match expires {
-            Some(at) if at < now_ms().saturating_add(margin) => Err(Error::Io {
+        match at < now_ms().saturating_add(margin) {
+            true => Err(Error::Io {
                 path: held.storage.path(&held.file),
                 op: "confirm the lease",
                 source: std::io::Error::other(format!(
@@ -552,7 +557,7 @@ impl ObjectLease {
                     at.saturating_sub(now_ms())
                 )),
             }),
-            _ => Ok(()),
+            false => Ok(()),
         }
     }
 }
