@@ -85,6 +85,7 @@ fn datasets_in_s3() {
     a_shard_written_again_while_read_is_an_error(tmp.path());
     a_lease_renewal_whose_response_was_lost_keeps_the_lease();
     a_lease_nearly_expired_as_others_read_it_stops_a_publish();
+    a_bucket_that_is_not_there_is_named(&local);
     puts_whose_responses_were_lost(&moto, &local);
     a_server_ignoring_conditional_writes_is_refused(&moto);
     an_upload_that_fails_is_aborted(&moto);
@@ -1062,6 +1063,26 @@ fn killed_copies_never_publish_a_partial_dataset(local: &str) {
          ({} bytes) intact",
         report.shards_sent, report.bytes_sent, report.shards_present, report.bytes_present
     );
+}
+
+/// A bucket that does not exist is said so (exit 2), not taken for a damaged dataset, a
+/// missing manifest or a copy to resume.
+fn a_bucket_that_is_not_there_is_named(local: &str) {
+    for args in [
+        &["cp", local, "s3://no-such-bucket/ds"][..],
+        &["verify", "s3://no-such-bucket/ds"],
+    ] {
+        let o = hspack_cli(args);
+        let text = said(&o);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {text}");
+        assert!(
+            text.contains("the bucket (or container) does not exist")
+                && !text.contains("again to resume")
+                && !text.contains("damaged")
+                && !text.contains("no manifest.json"),
+            "{args:?}: {text}"
+        );
+    }
 }
 
 fn hspack_cli(args: &[&str]) -> std::process::Output {

@@ -109,13 +109,14 @@ pub fn main() -> ExitCode {
 }
 
 /// Whether the same command run again can get further: it failed in transit (I/O), not on a
-/// refusal, a missing file or a missing permission (credentials), which say what to do.
+/// refusal, a missing file, a missing permission (credentials) or a place that is not there
+/// (a bucket), which say what to do.
 pub fn rerun_helps(e: &hspack::Error) -> bool {
     use std::io::ErrorKind;
     match e {
         hspack::Error::Io { source, .. } => !matches!(
             source.kind(),
-            ErrorKind::NotFound | ErrorKind::PermissionDenied
+            ErrorKind::NotFound | ErrorKind::PermissionDenied | ErrorKind::InvalidInput
         ),
         _ => false,
     }

@@ -74,6 +74,8 @@ pub(super) fn other(path: &Path, op: &'static str, detail: impl std::fmt::Displa
 pub(super) fn object_error(path: &Path, op: &'static str, e: object_store::Error) -> Error {
     use std::io::ErrorKind;
     let kind = match &e {
+        // Not a missing file (not damage): the place named is wrong, and no rerun mends it.
+        _ if no_such_bucket(&e) => ErrorKind::InvalidInput,
         object_store::Error::NotFound { .. } => ErrorKind::NotFound,
         object_store::Error::AlreadyExists { .. } => ErrorKind::AlreadyExists,
         object_store::Error::PermissionDenied { .. } => ErrorKind::PermissionDenied,
@@ -96,6 +98,13 @@ pub(super) fn object_error(path: &Path, op: &'static str, e: object_store::Error
                 p.missing_keys_hint()
             ),
         ),
+        None if no_such_bucket(&e) => std::io::Error::new(
+            kind,
+            format!(
+                "{said}: the bucket (or container) does not exist; check its name, and for an \
+                 S3-compatible server AWS_ENDPOINT_URL and the region"
+            ),
+        ),
         None => std::io::Error::new(kind, e),
     };
     Error::Io {
@@ -108,8 +117,19 @@ pub(super) fn object_error(path: &Path, op: &'static str, e: object_store::Error
 /// Paths of the instance metadata service, where credentials are asked for last.
 const INSTANCE_METADATA: &[&str] = &["/latest/api/token", "/latest/meta-data/"];
 
+/// An object that is not there (a bucket that is not there is an error of its own).
 pub(super) fn is_not_found(e: &object_store::Error) -> bool {
+    matches!(e, object_store::Error::NotFound { .. }) && !no_such_bucket(e)
+}
+
+/// A "not found" for the bucket or container itself, as S3 (`NoSuchBucket`), GCS and Azure
+/// (`ContainerNotFound`) say it.
+fn no_such_bucket(e: &object_store::Error) -> bool {
+    let said = format!("{e:?}");
     matches!(e, object_store::Error::NotFound { .. })
+        && ["NoSuchBucket", "ContainerNotFound", "bucket does not exist"]
+            .iter()
+            .any(|m| said.contains(m))
 }
 
 pub(super) fn is_conflict(e: &object_store::Error) -> bool {
