@@ -627,6 +627,34 @@ fn a_blob_lying_past_the_end_of_any_file_is_damage_not_other_bytes() {
     );
 }
 
+/// A pack cut short is damage named by its pack (`verify` and `store verify` exit 1), not a
+/// read that failed and might work if run again.
+#[test]
+fn a_pack_cut_short_is_damage_not_a_failed_read() {
+    let (t, store) = store_of_one_dataset();
+    let store_dir = t.path().join("store");
+    let last = (store.index().unwrap().entries())
+        .max_by_key(|e| e.blob.offset + e.blob.stored_len)
+        .unwrap();
+    let name = hspack::store::pack::pack_name(&last.pack);
+    let pack = store_dir.join("packs").join(&name);
+    let f = std::fs::OpenOptions::new().write(true).open(&pack).unwrap();
+    f.set_len(last.blob.offset + 1).unwrap();
+    drop(f);
+    for args in [
+        &["verify", &format!("{}/a", s(&store_dir))][..],
+        &["store", "verify", s(&store_dir)],
+    ] {
+        let o = hspack(args);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {}", text(&o));
+        assert!(
+            stdout(&o).contains("DAMAGED") && text(&o).contains(&name),
+            "{args:?}: {}",
+            text(&o)
+        );
+    }
+}
+
 /// A trainer reads a stored dataset on while `store gc` rewrites the packs its samples are in
 /// (another dataset that shared them went): the reader, opened before, finds every blob where
 /// the collection moved it.
@@ -901,9 +929,12 @@ fn a_damaged_index_is_damage_named_with_what_to_do() {
     let run = store_dir.join(&store.index().unwrap().root.runs[0].file);
     let index = store_dir.join("index.json");
     type Damage = fn(&Path);
-    let damages: [(&str, &Path, Damage); 3] = [
+    let damages: [(&str, &Path, Damage); 4] = [
         ("index.json garbage", &index, |p| {
             std::fs::write(p, b"{").unwrap()
+        }),
+        ("index.json gone", &index, |p| {
+            std::fs::remove_file(p).unwrap()
         }),
         ("run gone", &run, |p| std::fs::remove_file(p).unwrap()),
         ("run flipped", &run, |p| common::flip(p, 70)),
@@ -925,6 +956,12 @@ fn a_damaged_index_is_damage_named_with_what_to_do() {
             "{what}: {}",
             text(&ls)
         );
+        // A collection stops before it deletes anything.
+        let packs = || std::fs::read_dir(store_dir.join("packs")).unwrap().count();
+        let before = packs();
+        let gc = hspack(&["store", "gc", s(&store_dir)]);
+        assert!(!gc.status.success(), "{what}: {}", text(&gc));
+        assert_eq!(packs(), before, "{what}: {}", text(&gc));
         std::fs::write(file, kept).unwrap();
         let v = hspack(&["store", "verify", s(&store_dir)]);
         assert!(v.status.success(), "{what}: {}", text(&v));

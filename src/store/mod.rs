@@ -18,6 +18,7 @@ pub mod storage;
 pub mod usage;
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -92,7 +93,10 @@ fn read_config(root: &Path, meta: &dyn Storage) -> Result<StoreConfig> {
     let path = meta.path(STORE_FILE);
     let config: StoreConfig = serde_json::from_slice(&bytes).map_err(|e| Error::Store {
         path: path.clone(),
-        detail: format!("not a store file: {e}"),
+        detail: format!(
+            "not a store file ({e}): it is damaged or was not written by hspack; restore it \
+             from a copy of the store"
+        ),
     })?;
     if config.format != STORE_FORMAT || config.version != STORE_VERSION {
         return Err(Error::Store {
@@ -394,7 +398,20 @@ impl Store {
 
     /// The blob index as it is now.
     pub fn index(&self) -> Result<BlobIndex> {
-        BlobIndex::open(&*self.meta)
+        let index = BlobIndex::open(&*self.meta)?;
+        // No `index.json` is a store no add has committed into yet: one that holds datasets
+        // has lost it (taken for empty, its blobs would all be garbage to a collection).
+        if index.root_hash.is_none() && !self.names()?.is_empty() {
+            return Err(Error::StoreDamage {
+                path: self.meta.path(index::INDEX_ROOT),
+                detail: format!(
+                    "index.json is missing, but the store holds datasets, whose blobs it \
+                     lists; {}",
+                    index::INDEX_DAMAGE
+                ),
+            });
+        }
+        Ok(index)
     }
 
     /// Names of the datasets, sorted.
@@ -523,7 +540,23 @@ impl Store {
                 format!("is {} bytes long, past the end of any file", b.stored_len),
             )
         })?;
-        self.pack(&at.pack)?.read(b.offset..end)
+        self.pack_range(at, b.offset..end)
+    }
+
+    /// Bytes `range` of the pack of the blob at `at`: a range past the pack's end (a pack cut
+    /// short) is damage, named with the blob, not a failed read.
+    pub(crate) fn pack_range(&self, at: &Location, range: Range<u64>) -> Result<FileBytes> {
+        let pack = self.pack(&at.pack)?;
+        if range.end > pack.len() {
+            return Err(self.damaged(
+                at,
+                format!(
+                    "lies past the end of its pack's {} bytes: the pack was cut short",
+                    pack.len()
+                ),
+            ));
+        }
+        pack.read(range)
     }
 
     /// The bytes of the blob at `at`, decoded and checked against its id.

@@ -339,7 +339,7 @@ impl StoreFile {
                         .store
                         .damaged(at, "lies past the end of any file".into()));
                 };
-                self.store.pack(&at.pack)?.read(start..end)
+                self.store.pack_range(at, start..end)
             }
             BlobCodec::Zstd => {
                 let all = self.store.blob(at)?;
