@@ -69,8 +69,12 @@ pub struct Writer {
     store: Option<(Arc<Store>, String)>,
     /// Capture keys of the samples appended since the last commit: (key, digest, sample key).
     captured: Mutex<Vec<Captured>>,
-    /// The process that opened it: a forked copy's drop says nothing.
+    /// The process that opened it: a forked copy refuses every call before it takes a lock
+    /// (a thread of the parent may have held one at the fork, for good in the child), and its
+    /// drop says nothing.
     pid: u32,
+    /// The dataset, for the error a forked copy gives.
+    path: std::path::PathBuf,
 }
 
 impl Drop for Writer {
@@ -114,11 +118,23 @@ fn capture_key_bytes(key: &[u8]) -> PyResult<[u8; 32]> {
 }
 
 impl Writer {
+    /// Refuses a copy of the writer in a process forked from the one that opened it.
+    fn owned(&self) -> PyResult<()> {
+        if std::process::id() == self.pid {
+            return Ok(());
+        }
+        Err(hspack::Error::ForkedWriter {
+            path: self.path.clone(),
+        })
+        .py_err()
+    }
+
     fn with<T: Send>(
         &self,
         py: Python<'_>,
         f: impl FnOnce(&mut DatasetWriter) -> hspack::Result<T> + Send,
     ) -> PyResult<T> {
+        self.owned()?;
         py.allow_threads(|| {
             let mut guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
             match guard.as_mut() {
@@ -142,6 +158,7 @@ impl Writer {
     /// Records the capture keys appended since the last commit (called after a commit that
     /// landed). Records that fail to be recorded are kept for the next commit.
     fn record_captured(&self, py: Python<'_>) -> PyResult<()> {
+        self.owned()?;
         let Some((store, name)) = &self.store else {
             return Ok(());
         };
@@ -168,6 +185,9 @@ impl Writer {
 
     /// Forgets the capture records of samples a failed commit left out of the dataset.
     fn forget_uncommitted(&self, py: Python<'_>) {
+        if self.owned().is_err() {
+            return;
+        }
         let records = std::mem::take(&mut *self.captured.lock().unwrap_or_else(|e| e.into_inner()));
         let kept = self.with(py, move |w| {
             Ok(records
@@ -214,6 +234,7 @@ impl Writer {
             store,
             captured: Mutex::new(Vec::new()),
             pid: std::process::id(),
+            path,
         })
     }
 
@@ -313,6 +334,7 @@ impl Writer {
 
     /// Commits and closes: `(samples, shards, bytes, raw_bytes)`.
     fn finish(&self, py: Python<'_>) -> PyResult<Stats> {
+        self.owned()?;
         let w = py.allow_threads(|| {
             let mut guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
             guard.take()
@@ -324,7 +346,11 @@ impl Writer {
     }
 
     /// Closes without committing what was appended since the last commit.
+    /// In a forked copy, nothing: the writer is the parent's.
     fn abort(&self, py: Python<'_>) {
+        if self.owned().is_err() {
+            return;
+        }
         let w = py.allow_threads(|| {
             let mut guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
             guard.take()

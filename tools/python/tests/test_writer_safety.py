@@ -6,6 +6,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -211,6 +212,40 @@ def test_a_forked_child_cannot_use_or_break_its_parents_writer(tmp_path):
     w.finish()
     assert keys(path) == ["after", "before"]
     assert hspack.verify(path)["ok"]
+
+
+def test_a_child_forked_while_a_thread_writes_is_refused_at_once(tmp_path):
+    """A child forked while a thread of the parent is inside a writer call (holding its lock,
+    which the child inherits held for good) gets the forked-writer error from every call at
+    once, and its abort (what `with` does on an error) does nothing: none waits forever."""
+    w = hspack.Writer(tmp_path / "ds", [hspack.token_ids(), hspack.hidden_state(2, 4096)], durable=False)
+    big = {"input_ids": torch.zeros(1024, dtype=torch.int32), "hidden.2": torch.ones(1024, 4096, dtype=torch.bfloat16)}
+    stop = threading.Event()
+
+    def writing():
+        i = 0
+        while not stop.is_set():
+            w.append(f"s{i}", **big)
+            i += 1
+
+    def child():
+        for call in (lambda: w.contains("nope"), lambda: w.append("child", **big), lambda: len(w), w.commit, w.finish):
+            with pytest.raises(hspack.HspackError) as e:
+                call()
+            assert e.value.kind == "ForkedWriter", e.value
+        w.abort()
+
+    t = threading.Thread(target=writing)
+    t.start()
+    try:
+        for _ in range(5):
+            time.sleep(0.03)
+            assert _in_child(child) == 0
+    finally:
+        stop.set()
+        t.join()
+    w.finish()
+    assert hspack.verify(tmp_path / "ds")["ok"]
 
 
 def _store_capture(store, name, samples) -> None:
