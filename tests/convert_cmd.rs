@@ -944,6 +944,16 @@ fn linked_files_and_folders_are_converted_and_a_loop_is_refused() {
     // nothing is passed over. Both are counted with the files ignored.
     std::os::unix::fs::symlink(elsewhere.join("more"), src.join("zz-again")).unwrap();
     std::os::unix::fs::symlink(t.path().join("gone"), src.join("dangling.safetensors")).unwrap();
+    // The same file reached again, through a link or a hard link, is converted once too (it
+    // was stored under both keys); a FIFO is passed over (it was passed over unsaid).
+    std::os::unix::fs::symlink(src.join("a.safetensors"), src.join("zz-same.safetensors")).unwrap();
+    std::fs::hard_link(src.join("a.safetensors"), src.join("zz-hard.safetensors")).unwrap();
+    let fifo = src.join("zz-fifo.safetensors");
+    assert!(Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
     let ds = t.path().join("ds");
     let o = hspack(&fwd_args(&src, &ds, &[]));
     assert!(o.status.success(), "{}", text(&o));
@@ -951,11 +961,20 @@ fn linked_files_and_folders_are_converted_and_a_loop_is_refused() {
     assert_eq!(
         keys_in_order(&ds)
             .iter()
-            .filter(|k| k.starts_with("zz-again"))
+            .filter(|k| k.starts_with("zz-"))
             .count(),
         0
     );
-    assert!(text(&o).contains("2 other files ignored"), "{}", text(&o));
+    assert!(text(&o).contains("5 other files ignored"), "{}", text(&o));
+    // A FIFO given as the source is refused by name (reading it waited for good).
+    let o = hspack(&fwd_args(&fifo, &t.path().join("ds-fifo"), &[]));
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("zz-fifo.safetensors") && text(&o).contains("not a file nor a folder"),
+        "{}",
+        text(&o)
+    );
+    std::fs::remove_file(&fifo).unwrap();
     std::os::unix::fs::symlink(&src, elsewhere.join("more/up")).unwrap();
     let o = hspack(&fwd_args(&src, &t.path().join("ds2"), &[]));
     assert!(!o.status.success(), "{}", text(&o));

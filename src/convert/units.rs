@@ -126,19 +126,23 @@ pub fn key_of(rel: &str) -> String {
 struct Walk {
     /// Every file, with its length.
     files: Vec<(PathBuf, u64)>,
-    /// Links to nothing, and folders reached a second time through a link: not converted,
-    /// and reported with the files the layout does not take.
+    /// Links to nothing, folders and files reached a second time (through a link, or a
+    /// file's hard link), and what is not a file nor a folder (a FIFO, a socket, a device):
+    /// not converted, and reported with the files the layout does not take.
     passed_over: Vec<PathBuf>,
     /// The device and inode of every folder walked.
     seen: std::collections::HashSet<(u64, u64)>,
+    /// The device and inode of every file found: one reached again would be converted twice,
+    /// under two keys.
+    seen_files: std::collections::HashSet<(u64, u64)>,
     /// The device and inode of the destination, when it lies in the source: not walked (its
     /// files are the dataset being written, not dumps).
     skip: Option<(u64, u64)>,
 }
 
 /// Walks `dir`, links followed (to files and to folders): a linked dump is converted, never
-/// skipped. A folder reached again (`latest -> step_1000`) is walked once, and a link to
-/// nothing is passed over: both are reported. A link to a folder above it (a loop) is an
+/// skipped. A folder or file reached again (`latest -> step_1000`) is taken once, under the
+/// first of its names in order, and a link to nothing is passed over: both are reported. A link to a folder above it (a loop) is an
 /// error naming it. `above`: the device and inode of the folders the walk is in.
 fn walk(dir: &Path, above: &mut Vec<(u64, u64)>, found: &mut Walk) -> Result<(), ConvertError> {
     use std::os::unix::fs::MetadataExt;
@@ -181,7 +185,9 @@ fn walk(dir: &Path, above: &mut Vec<(u64, u64)>, found: &mut Walk) -> Result<(),
         };
         if meta.is_dir() {
             walk(&path, above, found)?;
-        } else if meta.is_file() {
+        } else if !meta.is_file() || !found.seen_files.insert((meta.dev(), meta.ino())) {
+            found.passed_over.push(path);
+        } else {
             found.files.push((path, meta.len()));
         }
     }
@@ -297,13 +303,21 @@ pub fn plan(
         walk(src, &mut Vec::new(), &mut found)?;
         src.to_path_buf()
     } else {
-        let len = std::fs::metadata(src)
-            .map_err(|source| ConvertError::Io {
+        let meta = std::fs::metadata(src).map_err(|source| ConvertError::Io {
+            file: src.to_path_buf(),
+            source,
+        })?;
+        if !meta.is_file() {
+            // A FIFO would block the read for good; a device is no dump.
+            return Err(ConvertError::Io {
                 file: src.to_path_buf(),
-                source,
-            })?
-            .len();
-        found.files.push((src.to_path_buf(), len));
+                source: std::io::Error::other(
+                    "not a file nor a folder (a FIFO, a socket or a device): give a dump \
+                     file or a folder of them",
+                ),
+            });
+        }
+        found.files.push((src.to_path_buf(), meta.len()));
         src.parent().map(Path::to_path_buf).unwrap_or_default()
     };
     let mut files = found.files;
