@@ -750,6 +750,65 @@ fn split_by_a_file_beside_the_batch() {
     );
 }
 
+/// With --delete-source, a split file holding a tensor beside the split one is refused before
+/// anything is deleted (it was deleted with the batch, the tensor lost).
+#[test]
+fn a_split_file_holding_more_than_the_split_is_not_deleted() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::copy(pt_fixtures().join("aux_list.pt"), src.join("b.pt")).unwrap();
+    let v = |dtype, shape: Vec<usize>, data: Vec<u8>| V { dtype, shape, data };
+    let lens = v(
+        Dtype::I32,
+        vec![2],
+        [1i32, 3].iter().flat_map(|x| x.to_le_bytes()).collect(),
+    );
+    let extra = v(
+        Dtype::F32,
+        vec![2],
+        [0.5f32, 2.0].iter().flat_map(|x| x.to_le_bytes()).collect(),
+    );
+    let side = src.join("b.split.safetensors");
+    let tensors = [("lens".to_string(), &lens), ("extra".to_string(), &extra)];
+    safetensors::serialize_to_file(tensors, None, &side).unwrap();
+    let ds = t.path().join("ds");
+    let args = |delete: bool| {
+        let mut a = vec![
+            "convert",
+            s(&src),
+            s(&ds),
+            "--layout",
+            "generic",
+            "--field",
+            "input_ids=input_ids",
+            "--field",
+            "aux=aux.0+aux.1+aux.2:layers=1,2,3",
+            "--split-by",
+            "lengths:lens",
+            "--split-by-file",
+            "{stem}.split.safetensors",
+        ];
+        if delete {
+            a.push("--delete-source");
+        }
+        a
+    };
+    let o = hspack(&args(true));
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("b.split.safetensors")
+            && text(&o).contains("`extra`")
+            && text(&o).contains("--delete-source would delete it"),
+        "{}",
+        text(&o)
+    );
+    assert!(side.exists() && src.join("b.pt").exists(), "deleted");
+    let o = hspack(&args(false));
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(Dataset::open(&ds).unwrap().len(), 2);
+}
+
 #[test]
 fn mapping_file_holds_the_flags_and_refuses_conflicts() {
     let t = tempfile::tempdir().unwrap();

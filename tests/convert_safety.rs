@@ -114,7 +114,7 @@ fn delete_source_refuses_what_no_field_reads() {
     let msg = text(&o);
     assert!(
         msg.contains("a.safetensors")
-            && msg.contains("tensor `h30` (f32 [4, 8]) is read by no --field")
+            && msg.contains("tensor `h30` (f32 [4, 8]) is read by no field")
             && msg.contains("--field NAME=h30"),
         "{msg}"
     );
@@ -140,7 +140,7 @@ fn delete_source_refuses_what_no_field_reads() {
 
 /// A SpecForge file (safetensors bytes under a `.ckpt` name) with one more `[1, T, H]`
 /// tensor no field of the preset reads.
-fn specforge_file(path: &Path, extra: T<'_>) {
+fn specforge_file(path: &Path, extra: Option<T<'_>>) {
     let t = 4;
     let bf16 = |n: usize, seed| common::bytes(seed, n * 2);
     write(
@@ -155,8 +155,10 @@ fn specforge_file(path: &Path, extra: T<'_>) {
                 bf16(t * 24, 1),
             ),
             ("hidden_state", vec![1, t, 8], Dtype::BF16, bf16(t * 8, 2)),
-            extra,
-        ],
+        ]
+        .into_iter()
+        .chain(extra)
+        .collect(),
     );
 }
 
@@ -176,7 +178,7 @@ fn a_preset_refuses_fp8_and_unstored_tensors_it_would_lose() {
     let fp8 = t.path().join("fp8");
     let fp8_file = fp8.join("rows_0/data_0.ckpt");
     let target = ("target_fp8", vec![1, 4, 8], Dtype::F8_E4M3, vec![0x38; 32]);
-    specforge_file(&fp8_file, target);
+    specforge_file(&fp8_file, Some(target));
     let ds = t.path().join("ds");
     let o = hspack(&specforge_args(&fp8, &ds, &["--delete-source"]));
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
@@ -191,7 +193,7 @@ fn a_preset_refuses_fp8_and_unstored_tensors_it_would_lose() {
     let u16_file = u16.join("rows_0/data_0.ckpt");
     specforge_file(
         &u16_file,
-        ("last_u16", vec![1, 4, 8], Dtype::U16, vec![0; 64]),
+        Some(("last_u16", vec![1, 4, 8], Dtype::U16, vec![0; 64])),
     );
     let o = hspack(&specforge_args(&u16, &ds, &["--delete-source"]));
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
@@ -213,8 +215,18 @@ fn lossy_options_with_delete_source_need_saying_so() {
     let t = tempfile::tempdir().unwrap();
     let src = t.path().join("src");
     let file = src.join("rows_0/data_0.ckpt");
-    specforge_file(&file, ("step", vec![1], Dtype::I64, vec![0; 8]));
+    // A tensor the preset does not read, however small, would be deleted with its file.
+    specforge_file(&file, Some(("step", vec![1], Dtype::I64, vec![0; 8])));
     let ds = t.path().join("ds");
+    let o = hspack(&specforge_args(&src, &ds, &["--delete-source"]));
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("tensor `step` (i64 [1]) is read by no field"),
+        "{}",
+        text(&o)
+    );
+    assert!(file.exists() && !ds.exists());
+    specforge_file(&file, None);
     for lossy in [["--quantize", "fp8"], ["--trim-padding", "mask"]] {
         let o = hspack(&specforge_args(
             &src,

@@ -111,8 +111,9 @@ pub struct Args {
     /// default 0).
     #[arg(long)]
     trim_padding: Option<String>,
-    /// Delete each source file once its shard is committed and its chunks verify. Shards not yet
-    /// committed need free space: about 1.5 × jobs shards.
+    /// Delete each source file once its shard is committed and its chunks verify; a file
+    /// holding a tensor no field reads is refused, not deleted. Shards not yet committed need
+    /// free space: about 1.5 × jobs shards.
     #[arg(long)]
     delete_source: bool,
     /// With --delete-source, delete the sources even where the dataset does not hold them

@@ -438,6 +438,26 @@ impl Decoder {
         };
         let file =
             super::open_source_with(path, self.limits).map_err(|e| both(SplitError::Source(e)))?;
+        if self.layout.1.delete_source {
+            // Deleted with the unit: nothing in it but the split may go unread.
+            let held = file
+                .tensors()
+                .into_iter()
+                .map(|t| (t.name, format!("{} {:?}", t.dtype, t.shape)));
+            let unsupported = file.unsupported().into_iter().map(|u| {
+                (
+                    u.name,
+                    format!("{}, a dtype hspack does not store, {:?}", u.dtype, u.shape),
+                )
+            });
+            if let Some((tensor, what)) = held.chain(unsupported).find(|(t, _)| t != name) {
+                return Err(both(SplitError::Unread {
+                    tensor,
+                    what,
+                    split: name.clone(),
+                }));
+            }
+        }
         let t = file.tensor(name).map_err(|e| both(SplitError::Source(e)))?;
         bounds(by, name, &t.bytes, t.dtype, rows).map_err(both)
     }

@@ -136,6 +136,21 @@ pub enum SplitError {
     /// Lengths whose sum overflows.
     #[error("lengths overflow")]
     Overflow,
+    /// With `--delete-source`, the split file holds a tensor nothing reads, which would be
+    /// deleted with it.
+    #[error(
+        "it also holds tensor `{tensor}` ({what}), which nothing reads, so --delete-source \
+         would delete it with the file; leave out --delete-source, or keep only `{split}` in \
+         the split files"
+    )]
+    Unread {
+        /// The tensor nothing reads.
+        tensor: String,
+        /// Its dtype and shape.
+        what: String,
+        /// The split tensor, the one read.
+        split: String,
+    },
     /// Lengths that do not add up to the token count, or offsets that do not rise from 0 to
     /// it.
     #[error("`{tensor}` does not split the {rows} tokens: {got}")]

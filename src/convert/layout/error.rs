@@ -41,13 +41,13 @@ pub enum LayoutError {
         /// Its dtype and shape.
         what: String,
     },
-    /// Under the generic layout with `--delete-source`, a unit holds a tensor nothing reads: it
-    /// would be deleted with its file.
+    /// With `--delete-source`, a unit holds a tensor nothing reads: it would be deleted with
+    /// its file.
     #[error(
-        "tensor `{tensor}` ({what}) is read by no --field (nor --key-from or --split-by), so \
-         --delete-source would delete it with its file; map it with --field NAME={tensor} (see \
-         `hspack convert --help`), or leave out --delete-source and delete the files yourself \
-         once the dataset holds what you need"
+        "tensor `{tensor}` ({what}) is read by no field (nor --key-from or --split-by), so \
+         --delete-source would delete it with its file; map it with --field NAME={tensor} \
+         under --layout generic (see `hspack convert --help`), or leave out --delete-source \
+         and delete the files yourself once the dataset holds what you need"
     )]
     Unread {
         /// The tensor nothing reads.

@@ -87,13 +87,22 @@ pub fn refuse_left_out(
         let hidden_like = |dtype: Option<DType>, shape: &[u64]| {
             shape.len() >= 2 && dtype.map_or(options.delete_source, is_floating)
         };
-        return match left
-            .into_iter()
-            .find(|(_, _, d, shape)| hidden_like(*d, shape))
+        let mut left: Vec<_> = left.collect();
+        if let Some(at) = left
+            .iter()
+            .position(|(_, _, d, shape)| hidden_like(*d, shape))
         {
-            None => Ok(()),
-            Some((tensor, what, ..)) => Err(LayoutError::LeftOut {
+            let (tensor, what, ..) = left.swap_remove(at);
+            return Err(LayoutError::LeftOut {
                 layout: preset.name(),
+                tensor: tensor.clone(),
+                what,
+            });
+        }
+        // With --delete-source, anything else left unread would go with its file too.
+        return match left.into_iter().next().filter(|_| options.delete_source) {
+            None => Ok(()),
+            Some((tensor, what, ..)) => Err(LayoutError::Unread {
                 tensor: tensor.clone(),
                 what,
             }),

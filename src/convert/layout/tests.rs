@@ -235,15 +235,17 @@ fn what_no_field_reads_is_refused_where_it_would_be_lost() {
     assert!(refuse_left_out(Preset::SpecForge, specs, &odd, &keep).is_ok());
     let e = refuse_left_out(Preset::SpecForge, specs, &odd, &delete).unwrap_err();
     assert!(e.to_string().contains("torch.uint16"), "{e}");
-    // A small integer tensor is the preset's to leave out; the generic layout's to refuse.
+    // A small integer tensor nothing reads is left out where the file stays, and refused by
+    // every layout where --delete-source would delete it with the file.
     let small = held(vec![info("lens", DType::I64, &[2])], vec![]);
-    assert!(refuse_left_out(Preset::SpecForge, specs, &small, &delete).is_ok());
-    assert!(refuse_left_out(Preset::Generic, specs, &small, &keep).is_ok());
-    let e = refuse_left_out(Preset::Generic, specs, &small, &delete).unwrap_err();
-    assert!(
-        matches!(&e, LayoutError::Unread { tensor, .. } if tensor == "lens"),
-        "{e:?}"
-    );
+    for preset in [Preset::SpecForge, Preset::Generic] {
+        assert!(refuse_left_out(preset, specs, &small, &keep).is_ok());
+        let e = refuse_left_out(preset, specs, &small, &delete).unwrap_err();
+        assert!(
+            matches!(&e, LayoutError::Unread { tensor, .. } if tensor == "lens"),
+            "{preset:?}: {e:?}"
+        );
+    }
     let besides = LayoutOptions {
         read_besides: vec!["lens".into()],
         ..delete.clone()
