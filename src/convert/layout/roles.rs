@@ -58,22 +58,9 @@ pub fn hidden_roles(
     };
     if let Some(n) = options.num_layers {
         for (&id, &point) in options.layers.iter().zip(&points) {
-            // Ids 0..n are layers (their input or output); n is the final norm's output.
-            let fits = match point {
-                CapturePoint::FinalNorm => true,
-                _ => id < n,
-            };
-            if !fits {
-                return Err(LayoutError::Layers {
-                    detail: format!(
-                        "--layers {id} with --point {}: a model of --num-layers {n} has layers \
-                         0 to {}, and id {n} is its final-norm output; give --point final-norm \
-                         for it (or leave --point out), or the layer id it was taken at",
-                        point_name(point),
-                        n.saturating_sub(1)
-                    ),
-                });
-            }
+            layer_fits(id, point, n).map_err(|detail| LayoutError::Layers {
+                detail: format!("--layers {id} with --point {}: {detail}", point_name(point)),
+            })?;
         }
     }
     Ok(options
@@ -125,5 +112,25 @@ fn final_norm_id(
         num_layers: options.num_layers,
         layers,
         points,
+    }
+}
+
+/// Refuses layer id `id` captured at `point` in a model of `n` decoder layers (`--num-layers`):
+/// ids 0 to n - 1 are layers (their input or output), and id n is the final norm's output,
+/// as HF's `hidden_states[i]` counts them. The message says what to give instead.
+pub fn layer_fits(id: u32, point: CapturePoint, n: u32) -> Result<(), String> {
+    let last = n.saturating_sub(1);
+    match point {
+        CapturePoint::FinalNorm if id != n => Err(format!(
+            "a model of --num-layers {n} has its final-norm output at id {n}, not {id}; give id \
+             {n} for it, or the point where id {id} was taken (layer-input or layer-output)"
+        )),
+        CapturePoint::FinalNorm => Ok(()),
+        _ if id >= n => Err(format!(
+            "a model of --num-layers {n} has layers 0 to {last}, and id {n} is its final-norm \
+             output; give --point final-norm for it (or leave --point out), or the layer id it \
+             was taken at"
+        )),
+        _ => Ok(()),
     }
 }

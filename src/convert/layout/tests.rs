@@ -160,6 +160,16 @@ fn the_final_norm_is_the_id_num_layers_names() {
             point: CapturePoint::LayerOutput
         }
     );
+    // With --num-layers, the final norm is that id and no other: id 60 labelled the final
+    // norm of a 61-layer model was stored so.
+    explicit.num_layers = Some(61);
+    explicit.points[3] = CapturePoint::FinalNorm;
+    let text = roles(&explicit).unwrap_err().to_string();
+    assert!(
+        text.contains("--layers 60 with --point final-norm")
+            && text.contains("final-norm output at id 61, not 60"),
+        "{text}"
+    );
 }
 
 fn info(name: &str, dtype: DType, shape: &[u64]) -> TensorInfo {

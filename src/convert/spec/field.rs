@@ -27,7 +27,7 @@
 use crate::format::eagle3;
 use crate::format::{CapturePoint, Role};
 
-use super::super::layout::{FieldSpec, Op, Stack};
+use super::super::layout::{layer_fits, point_name, FieldSpec, Op, Stack};
 use super::SpecError;
 
 /// Parses `layer-input`, `layer-output` or `final-norm` (also `input`, `output`, `final`, and
@@ -121,6 +121,25 @@ pub enum FieldProblem {
     /// Several sources or `stack=` without `layers=`.
     #[error("several source tensors or stack= need layers=L0,L1,...")]
     SourcesNeedLayers,
+    /// A `--point` list, which names one point per `--layers` id of a preset.
+    #[error(
+        "--point has {count} entries, one per --layers id of a preset; under --layout generic \
+         give one --point for every field, or each field its own with :point=..."
+    )]
+    PointList {
+        /// Entries.
+        count: usize,
+    },
+    /// A layer id that does not fit `--num-layers` at its capture point.
+    #[error("layer {id} at point {point}: {detail}")]
+    LayerId {
+        /// The id.
+        id: u32,
+        /// Its capture point, as the command line names it.
+        point: &'static str,
+        /// Why, and what to give.
+        detail: String,
+    },
     /// A hidden state without a layer id.
     #[error("a hidden state needs a layer id: name it hidden.{{id}} or add :layer=ID")]
     NoLayerId,
@@ -383,6 +402,34 @@ impl Decl {
     }
 
     fn resolve(
+        self,
+        points: &[CapturePoint],
+        num_layers: Option<u32>,
+    ) -> Result<FieldSpec, FieldProblem> {
+        if points.len() > 1 {
+            return Err(FieldProblem::PointList {
+                count: points.len(),
+            });
+        }
+        let spec = self.resolve_role(points, num_layers)?;
+        if let Some(n) = num_layers {
+            let (ids, point) = match &spec.role {
+                Role::HiddenState { layer, point } => (std::slice::from_ref(layer), *point),
+                Role::HiddenStates { layers, point } => (&layers[..], *point),
+                _ => (&[][..], CapturePoint::LayerInput),
+            };
+            for &id in ids {
+                layer_fits(id, point, n).map_err(|detail| FieldProblem::LayerId {
+                    id,
+                    point: point_name(point),
+                    detail,
+                })?;
+            }
+        }
+        Ok(spec)
+    }
+
+    fn resolve_role(
         self,
         points: &[CapturePoint],
         num_layers: Option<u32>,

@@ -272,3 +272,37 @@ fn a_mapping_key_given_as_a_flag_too_is_refused() {
         "{e}"
     );
 }
+
+/// Under the generic layout a `--point` list (one point per preset `--layers` id) is refused,
+/// not dropped for layer-input; with `--num-layers`, each hidden field's id must fit its
+/// point (ids below it are layers, it is the final norm's output).
+#[test]
+fn generic_fields_refuse_a_point_list_and_ids_that_do_not_fit_the_model() {
+    let resolve = |field: &str, points: &[CapturePoint], n| {
+        FieldArg::Flag(field.into())
+            .resolve(points, n)
+            .map_err(|e| e.to_string())
+    };
+    let two = [CapturePoint::LayerOutput, CapturePoint::FinalNorm];
+    let e = resolve("hidden.2=a", &two, Some(61)).unwrap_err();
+    assert!(e.contains("--point has 2 entries"), "{e}");
+    let e = resolve("hidden.61=b", &[CapturePoint::LayerInput], Some(61)).unwrap_err();
+    assert!(e.contains("layer 61 at point layer-input"), "{e}");
+    let e = resolve("hidden.90=b:point=layer-output", &[], Some(61)).unwrap_err();
+    assert!(e.contains("layer 90 at point layer-output"), "{e}");
+    let e = resolve("hidden.60=b:point=final-norm", &[], Some(61)).unwrap_err();
+    assert!(e.contains("final-norm output at id 61, not 60"), "{e}");
+    let e = resolve("aux=a:layers=2,30,61", &[], Some(61)).unwrap_err();
+    assert!(e.contains("layer 61 at point layer-input"), "{e}");
+    // What fits: the final norm at 61 (the default for that id), layers below it.
+    let ok = resolve("hidden.61=b", &[], Some(61)).unwrap();
+    assert_eq!(
+        ok.role,
+        Role::HiddenState {
+            layer: 61,
+            point: CapturePoint::FinalNorm
+        }
+    );
+    assert!(resolve("hidden.60=b:point=layer-output", &[], Some(61)).is_ok());
+    assert!(resolve("hidden.90=b", &[], None).is_ok());
+}
