@@ -327,3 +327,11 @@ def test_a_lock_a_killed_writers_child_still_holds_names_it_and_goes_with_it(tmp
     w.finish()
     assert keys(path) == ["first", "next"]
     assert hspack.verify(path)["ok"]
+
+
+def test_a_field_named_like_the_capture_key_keyword_is_refused(tmp_path):
+    """`append(capture_key=...)` would take such a field's tensor for a capture key."""
+    with pytest.raises(hspack.HspackError, match="field named `capture_key`") as e:
+        hspack.Writer(tmp_path / "ds", [hspack.token_ids(), hspack.field("capture_key", "f32", [4])])
+    assert e.value.field == "capture_key"
+    assert not (tmp_path / "ds").exists()

@@ -57,6 +57,11 @@ class Writer:
             doc["fields"] = quantized_fields(doc["fields"], quantize)
         self.fields = doc["fields"]
         self._by_name = {f["name"]: f for f in self.fields}
+        if "capture_key" in self._by_name:
+            from ._errors import make_error
+
+            # append(capture_key=...) would take the field's tensor for a capture key.
+            raise make_error("BadOption", f"{self.path}: a field named `capture_key` cannot be appended: append() takes a capture key under that keyword; name the field otherwise", option="schema", field="capture_key")
         self._native = _hspack.Writer(self.path, json.dumps(doc), create, options)
 
     def append(self, key: str, /, *, capture_key: bytes | None = None, **tensors: Any) -> int | None:
