@@ -298,8 +298,8 @@ impl Error {
     /// Whether this error, met reading the committed data of a dataset that opened, is damage
     /// that `verify` reports as a problem (exit code 1 in the command line), rather than a
     /// wrong argument or an unreadable input: a checksum or chunk that does not match its
-    /// index, dirty padding, a shard replaced, foreign, undecodable or missing, a damaged
-    /// samples table or key run.
+    /// index, dirty padding, a shard replaced, foreign, undecodable or missing (or something
+    /// else than a file under its name), a damaged samples table or key run.
     pub fn is_damage(&self) -> bool {
         match self {
             Error::ChecksumMismatch { .. }
@@ -312,7 +312,13 @@ impl Error {
             | Error::KeyRun { .. }
             | Error::StoreDamage { .. }
             | Error::Format { .. } => true,
-            Error::Io { source, .. } => source.kind() == std::io::ErrorKind::NotFound,
+            // A file that is not there as a file (gone, or a folder under its name, which
+            // cannot be mapped): no retry reads it. Other failed reads say nothing of the bytes.
+            Error::Io { source, .. } => {
+                use std::io::ErrorKind::{IsADirectory, NotADirectory, NotFound};
+                matches!(source.kind(), NotFound | IsADirectory | NotADirectory)
+                    || source.raw_os_error() == Some(libc::ENODEV)
+            }
             _ => false,
         }
     }

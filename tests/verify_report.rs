@@ -309,13 +309,15 @@ fn an_os_error_is_said_once() {
     }
     std::fs::remove_dir(dir.join("manifest.json")).unwrap();
     std::fs::rename(dir.join("m"), dir.join("manifest.json")).unwrap();
-    // A shard cannot be read: that is damage (exit 1), named once.
+    // A shard that is a folder cannot be read: that is damage (exit 1, to every command
+    // meeting it), named once.
     std::fs::remove_file(shard_path(dir, 1)).unwrap();
     std::fs::create_dir(shard_path(dir, 1)).unwrap();
     let o = hspack_in(&["verify", "."], dir);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(stdout(&o).contains("DAMAGED"), "{}", text(&o));
     os(&o);
     let o = hspack_in(&["show", ".", "req-5"], dir);
-    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     os(&o);
 }
