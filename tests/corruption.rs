@@ -469,6 +469,37 @@ fn a_shared_memo_vouches_for_no_chunk_of_a_copy() {
     assert!(original.sample(0).unwrap().read("hidden.2", None).is_ok());
 }
 
+/// A shard changed since a reader that has exited checked it (in place here; a copy put at
+/// its path after it was deleted may get its inode number at once, on ext4): the memo named
+/// the file by device and inode only, and vouched for the changed bytes. Its status change
+/// time names it too now: the next reader hashes the chunk and finds the damage.
+#[test]
+fn a_shared_memo_vouches_for_no_chunk_of_a_file_changed_since() {
+    use hspack::{CheckPolicy, ReadOptions};
+    let (dir, _) = dataset(Codec::None);
+    let memo = tempfile::tempdir().unwrap();
+    let open = || {
+        let options = ReadOptions {
+            check: CheckPolicy::Once,
+            checked_memo: Some(memo.path().to_path_buf()),
+            ..ReadOptions::default()
+        };
+        Dataset::open_with(dir.path(), options).unwrap()
+    };
+    let first = open();
+    first.sample(0).unwrap().read("hidden.2", None).unwrap();
+    drop(first);
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let e0 = chunk_entry(dir.path(), 0, 2);
+    flip(&shard_path(dir.path(), 0), e0.offset + 128);
+    let err = open()
+        .sample(0)
+        .unwrap()
+        .read("hidden.2", None)
+        .unwrap_err();
+    assert!(matches!(err, Error::ChecksumMismatch { .. }), "{err}");
+}
+
 #[test]
 fn a_shared_memo_spares_other_readers_the_hash_and_only_holds_checked_chunks() {
     use hspack::{CheckPolicy, ReadOptions};
@@ -498,17 +529,36 @@ fn a_shared_memo_spares_other_readers_the_hash_and_only_holds_checked_chunks() {
         .unwrap()
         .read("hidden.2", None)
         .is_err());
-    // A chunk one reader checked is trusted by another reader sharing the memo (the point:
-    // DataLoader workers hash each chunk once in all), and only by those.
+    // A chunk one reader checked is recorded where every reader of the same file sharing the
+    // memo finds it (the point: DataLoader workers hash each chunk once in all): one memo
+    // file, the chunk's flag set, and a second reader adds none.
     first.sample(0).unwrap().read("hidden.2", None).unwrap();
-    flip(&shard_path(dir.path(), 0), e0.offset + 128);
-    assert!(with_memo()
+    let memo_files = || {
+        let mut files: Vec<_> = std::fs::read_dir(memo.path())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        files.sort();
+        files
+    };
+    let files = memo_files();
+    assert_eq!(files.len(), 1, "{files:?}");
+    assert_eq!(
+        std::fs::read(&files[0]).unwrap()[2],
+        1,
+        "chunk 2 is checked"
+    );
+    with_memo()
         .sample(0)
         .unwrap()
         .read("hidden.2", None)
-        .is_ok());
-    assert!(Dataset::open(dir.path())
-        .unwrap()
+        .unwrap();
+    assert_eq!(memo_files(), files);
+    // Changed since (damaged in place): the memo names the file as it was, and vouches for
+    // none of its chunks.
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    flip(&shard_path(dir.path(), 0), e0.offset + 128);
+    assert!(with_memo()
         .sample(0)
         .unwrap()
         .read("hidden.2", None)

@@ -89,6 +89,7 @@ impl FileBytes {
                 base: m.as_ptr() as usize,
                 len: m.len(),
                 file: *file,
+                changed: m.changed,
                 alive: Arc::downgrade(&self.backing),
             }),
             _ => None,
@@ -158,6 +159,9 @@ pub struct MappingRef {
     pub len: usize,
     /// The file mapped, as it was when mapped: a file since replaced at its path has another.
     pub file: super::mmap::FileId,
+    /// The file's status change time when mapped (seconds, nanoseconds): a file given the
+    /// same inode number after this one was deleted has another.
+    pub changed: (i64, i64),
     alive: Weak<Backing>,
 }
 

@@ -33,7 +33,8 @@ fn map_open(file: &File, path: &Path) -> std::io::Result<FileBytes> {
     // are never modified in place, and every access is bounds-checked against the length
     // captured here.
     let map = unsafe { Mmap::map(file) }?;
-    let map = ReadOnlyMap::listed(map, path, mincore_tells(meta.uid(), effective_uid()));
+    let mut map = ReadOnlyMap::listed(map, path, mincore_tells(meta.uid(), effective_uid()));
+    map.changed = (meta.ctime(), meta.ctime_nsec());
     Ok(FileBytes::new(Backing::Mapped(map, FileId::of_meta(&meta))))
 }
 
@@ -45,6 +46,10 @@ pub struct ReadOnlyMap {
     slot: Option<usize>,
     /// Whether `mincore` tells which of its pages are in the page cache ([`mincore_tells`]).
     tells_residency: bool,
+    /// The file's status change time when mapped (seconds, nanoseconds): with its device
+    /// and inode, it tells this file from a later one given the inode number once this one
+    /// was deleted, as ext4 does at once.
+    pub changed: (i64, i64),
 }
 
 impl ReadOnlyMap {
@@ -54,6 +59,7 @@ impl ReadOnlyMap {
             map,
             slot,
             tells_residency,
+            changed: (0, 0),
         }
     }
 }

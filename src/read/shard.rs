@@ -667,10 +667,12 @@ fn elements(schema: &Schema, e: &ChunkEntry) -> Elements {
 }
 
 /// What names a shard file in a memo of checked chunks, beyond its dataset and index: the
-/// mapped file's device and inode, an object's version, else its path (a store's file).
+/// mapped file's device, inode and status change time (a file copied over a deleted one may
+/// get its inode number at once), an object's version, else its path (a store's file).
 fn file_identity(file: &dyn FileReader, path: &Path) -> String {
     if let Some(m) = file.whole().and_then(|b| b.mapping()) {
-        return format!("{:x}.{:x}", m.file.dev, m.file.ino);
+        let (s, ns) = m.changed;
+        return format!("{:x}.{:x}.{s:x}.{ns:x}", m.file.dev, m.file.ino);
     }
     let named = match file.version() {
         Some(v) => blake3::hash(v.as_bytes()),
