@@ -97,6 +97,11 @@ pub const COMMIT_LOCK_FILE: &str = ".hspack-commit.lock";
 /// How long a writer joining a dataset waits for one that is removing leftovers.
 const JOIN_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
+/// Times (20 ms apart) a joining writer reads a sole writer's text in the lock before it is
+/// refused: the text may be a dead sole writer's that a joining writer holding the lock is
+/// about to replace.
+const SOLE_READS: usize = 10;
+
 /// One of several writers appending to a dataset at once (`WriteOptions::shared`): a shared
 /// `flock` on [`LOCK_FILE`], held for the writer's life. A sole writer (which needs the lock
 /// exclusively) is refused while any is there, and they are refused while it is.
@@ -114,6 +119,9 @@ impl SharedLock {
     pub fn join(dir: &Path, alone: &mut dyn FnMut() -> Result<()>) -> Result<Self> {
         let path = dir.join(LOCK_FILE);
         let deadline = std::time::Instant::now() + JOIN_WAIT;
+        // How often a sole writer's text was read: a joining writer that has just taken the
+        // lock exclusively has not yet written its own over a dead sole writer's.
+        let mut sole = 0;
         loop {
             let mut file = open_lock_file(&path)?;
             match file.try_lock() {
@@ -142,7 +150,8 @@ impl SharedLock {
                 // A sole writer (refused at once), or a joining one removing leftovers.
                 Err(TryLockError::WouldBlock) => {
                     let holder = holder_text(&mut file, &path);
-                    if holder.starts_with("pid ") || std::time::Instant::now() >= deadline {
+                    sole += usize::from(holder.starts_with("pid "));
+                    if sole > SOLE_READS || std::time::Instant::now() >= deadline {
                         return Err(Error::Locked {
                             path: dir.to_path_buf(),
                             holder,
@@ -308,6 +317,27 @@ mod tests {
         assert!(dir.path().join(LOCK_FILE).exists());
         drop(again);
         assert!(!dir.path().join(LOCK_FILE).exists());
+    }
+
+    /// A dead sole writer's text left in the lock file, and a joining writer that has taken
+    /// the lock exclusively but not yet written its own: a second joining writer waits for it
+    /// (it was refused at once, told that a forked child of the dead writer held the lock).
+    #[test]
+    fn a_joining_writer_waits_for_one_replacing_a_dead_sole_writers_text() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(LOCK_FILE);
+        std::fs::write(&path, "pid 1 on elsewhere\n").unwrap();
+        let first = open_lock_file(&path).unwrap();
+        first.lock().unwrap();
+        let joined = std::thread::spawn({
+            let dir = dir.path().to_path_buf();
+            move || SharedLock::join(&dir, &mut || Ok(()))
+        });
+        std::thread::sleep(std::time::Duration::from_millis(60));
+        std::fs::write(&path, "writers sharing the dataset\n").unwrap();
+        first.lock_shared().unwrap();
+        let second = joined.join().unwrap().unwrap();
+        drop((first, second));
     }
 
     /// A lock whose file names a process of this host that exited is held by a child it
