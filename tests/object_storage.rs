@@ -1222,6 +1222,44 @@ fn stores_in_s3(local: &str, tmp: &Path) {
     drop(collecting);
     std::env::remove_var("HSPACK_COMMIT_WAIT_SECS");
 
+    // A writer between the shards of one commit (holding an add's lease since its first) and
+    // a collection started meanwhile: the collection waits for the commit, and the commit
+    // does not wait for the collection (each waited for the other until one gave up).
+    std::env::set_var("HSPACK_COMMIT_WAIT_SECS", "30");
+    let mut w2 = DatasetWriter::create(
+        format!("{url}/w2"),
+        capture_schema(HIDDEN as u64),
+        options(),
+    )
+    .unwrap();
+    for i in 0..5 {
+        w2.append(&format!("c{i}"), &as_fields(&sample(300 + i)))
+            .unwrap();
+    }
+    let collecting = {
+        let store = Arc::clone(&store);
+        std::thread::spawn(move || gc::collect(&store, false))
+    };
+    let locks = hspack::io::open_location(format!("{url}/locks")).unwrap();
+    let started = std::time::Instant::now();
+    while !locks.list().unwrap().iter().any(|f| f == "gc.lease") {
+        assert!(
+            started.elapsed().as_secs() < 30,
+            "the collection did not start"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let t = std::time::Instant::now();
+    w2.finish().unwrap();
+    let took = t.elapsed();
+    collecting.join().unwrap().unwrap();
+    std::env::remove_var("HSPACK_COMMIT_WAIT_SECS");
+    assert!(
+        took.as_secs() < 10,
+        "the commit waited {took:?} for the collection"
+    );
+    assert_eq!(Dataset::open(format!("{url}/w2")).unwrap().len(), 5);
+
     // An add killed mid-way: its lease expires, the collection revokes it and runs.
     let big = tmp.join("big-src");
     let mut bw = DatasetWriter::create(&big, capture_schema(2048), options()).unwrap();

@@ -80,7 +80,17 @@ impl Ingest {
     /// to reference the blobs of this one, so a writer without fsync (scratch data) risks only
     /// its own dataset's file.
     pub fn new(store: &Arc<Store>) -> Result<Self> {
-        let lock = store.locks().adding()?;
+        Ingest::with_lock(store, store.locks().adding()?)
+    }
+
+    /// [`Ingest::new`] for a writer holding an add's lock already, from an earlier ingest of
+    /// the commit it is making ([`Locks::adding_beside_held`](super::locks::Locks::adding_beside_held)):
+    /// it does not wait for a collection, which waits for that commit.
+    pub fn beside_held(store: &Arc<Store>) -> Result<Self> {
+        Ingest::with_lock(store, store.locks().adding_beside_held()?)
+    }
+
+    fn with_lock(store: &Arc<Store>, lock: StoreLock) -> Result<Self> {
         let index = store.index()?;
         Ok(Ingest {
             store: Arc::clone(store),

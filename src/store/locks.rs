@@ -165,6 +165,20 @@ impl Locks {
         }
     }
 
+    /// What [`Locks::adding`] holds, taken by an add whose writer holds one already (from an
+    /// earlier part of the same commit): no collection can get past its wait for adds while
+    /// that one is held, so this one does not wait for a collection, which would wait for
+    /// this writer's commit (each for the other, until the collection gave up).
+    pub fn adding_beside_held(&self) -> Result<StoreLock> {
+        match self {
+            Locks::Folder(dir) => Locks::hold(dir, "gc.lock", true),
+            Locks::Objects(leases) => Ok(StoreLock::new(Held::Lease(ObjectLease::take_new(
+                leases,
+                &add_lease_name(),
+            )?))),
+        }
+    }
+
     /// Takes the collector's lock, then waits until no add holds its lock (in a folder: waits
     /// for another collection too; in object storage, refused while another runs); `waiting`
     /// is told once, with what it waits for, when it must.

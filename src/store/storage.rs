@@ -461,7 +461,11 @@ impl StoreDataset {
 
     fn ingest<'a>(&self, st: &'a mut WriteState) -> Result<&'a mut Ingest> {
         if st.ingest.is_none() {
-            st.ingest = Some(Ingest::new(&self.store)?);
+            st.ingest = Some(match st.gc_hold {
+                // A collection waits for this writer's commit: it must not wait for one.
+                Some(_) => Ingest::beside_held(&self.store)?,
+                None => Ingest::new(&self.store)?,
+            });
         }
         Ok(st.ingest.as_mut().expect("started"))
     }
