@@ -523,7 +523,8 @@ fn publish_manifest(
         still_held(lock, dst)?;
         match existing {
             None => dst.delete(MANIFEST_FILE)?,
-            Some(_) => dst.replace(MANIFEST_FILE, previous, None, true)?,
+            // Only over what landed: another manifest there now is not this copy's.
+            Some(_) => dst.replace(MANIFEST_FILE, previous, Some(blake3::hash(&landed)), true)?,
         }
         return Err(format(dst.path(MANIFEST_FILE))(
             crate::format::FormatError::Invalid {
