@@ -386,3 +386,15 @@ def test_install_refuses_layers_that_take_no_collector():
     SGLangCapture(model, PrefillStitcher(final_only, PROMPTS, sink)).install()
     run_pass(model, [("r1", 0, 4)])
     assert sorted(sink) == ["r1"]
+
+
+def test_the_capture_key_names_engine_arguments_that_change_the_numbers():
+    """A capture run with quantization, an fp8 KV cache or tensor parallelism is never reused
+    for one without (the key named only the dtype and deterministic inference)."""
+    from hspack.capture.sglang import engine_key
+
+    assert engine_key({}) == "sglang" == engine_key({"revision": "v1", "dtype": "bfloat16", "log_level": "error"})
+    quantized = engine_key({"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3"})
+    assert quantized != "sglang" and quantized == engine_key({"kv_cache_dtype": "fp8_e4m3", "quantization": "fp8"})
+    assert "fp8_e4m3" in quantized
+    assert engine_key({}, tp_size=2) not in ("sglang", quantized)

@@ -219,6 +219,44 @@ def test_weights_saved_again_over_the_same_config_are_captured_again(tmp_path, l
         assert not torch.equal(got[f"hidden.{NUM_LAYERS}"], one.get(key)[f"hidden.{NUM_LAYERS}"]), key
 
 
+def test_a_resume_after_the_weights_changed_is_refused_not_mixed_in(tmp_path, lm):
+    """The capture metadata records what names the weights (`reuse.model_revision`), not the
+    revision as given (none): a dataset resumed after the folder's weights were saved again
+    is refused, naming the revision, instead of holding samples of two models."""
+    from transformers import DeepseekV3ForCausalLM
+
+    folder = tmp_path / "model"
+    lm.save_pretrained(folder)
+    data = tmp_path / "prompts.jsonl"
+
+    def write(n):
+        data.write_text("".join(json.dumps({"id": f"p{i}", "input_ids": [5 + i, 6, 7]}) + "\n" for i in range(n)))
+
+    write(2)
+    out = tmp_path / "out"
+    extract(str(folder), str(data), LAYERS, str(out), batch_size=1)
+    assert hspack.open(str(out)).capture["revision"].startswith("weights:")
+    write(4)
+    assert extract(str(folder), str(data), LAYERS, str(out), batch_size=1) == 2, "same weights: resumed"
+    torch.manual_seed(1)
+    DeepseekV3ForCausalLM(lm.config).to(torch.bfloat16).eval().save_pretrained(folder)
+    write(6)
+    with pytest.raises(hspack.HspackError, match="capture `revision`"):
+        extract(str(folder), str(data), LAYERS, str(out), batch_size=1)
+    assert len(hspack.open(str(out))) == 4
+
+
+def test_max_len_below_one_is_refused(tmp_path):
+    from hspack.capture.prompts import read_samples
+
+    data = tmp_path / "prompts.jsonl"
+    data.write_text(json.dumps({"id": "a", "input_ids": [5, 6, 7, 8]}) + "\n")
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match=f"max_len {bad}: give 1 or more"):
+            list(read_samples(str(data), max_len=bad))
+    assert list(read_samples(str(data), max_len=2))[0].input_ids == [5, 6]
+
+
 def test_model_revision_names_a_cache_snapshot_by_its_commit_and_a_folder_by_its_weights(tmp_path):
     """A snapshot of the hub's cache keys by its commit (the same on every machine, whatever
     the files' times); another folder by its weight files; one holding none by the revision

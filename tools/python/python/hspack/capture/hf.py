@@ -370,9 +370,12 @@ def extract(
         import hspack
 
         schema = points.schema(hidden_size, torch_dtype)
+        # What names the weights (a folder's weight files, a hub commit), not the revision as
+        # given: a resume after the weights changed is then refused, never mixed in.
+        weights = model_revision(model, revision, config)
         meta = capture_metadata(
             model=model,
-            revision=revision,
+            revision=weights,
             config_hash=config_hash(config.to_dict()),
             num_layers=num_layers,
             hidden_size=hidden_size,
@@ -386,7 +389,7 @@ def extract(
             reuse = None
             if writer.in_store:
                 reuse = capture_config(
-                    model=model, revision=model_revision(model, revision, config), config_hash=meta["config_hash"],
+                    model=model, revision=weights, config_hash=meta["config_hash"],
                     engine="transformers", deterministic=batch_size == 1, dtype=meta["dtype"],
                     layers=points.ids, fields=[f["name"] for f in schema],
                 )

@@ -32,7 +32,10 @@ class Sample:
 
 
 def read_samples(path: str, tokenizer=None, max_len: Optional[int] = None) -> Iterator[Sample]:
-    """Yield the samples of a JSONL file; ``max_len`` truncates longer ones."""
+    """Yield the samples of a JSONL file; ``max_len`` (1 or more) truncates longer ones."""
+    if max_len is not None and max_len < 1:
+        # -1 cut every sample's last token without a word; 0 failed inside the model.
+        raise ValueError(f"max_len {max_len}: give 1 or more tokens (or leave it out to keep every token)")
     with open(path, "r", encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():

@@ -535,6 +535,21 @@ def hook_factory(config: dict):
     return _EngineHook(config)
 
 
+
+#: Engine arguments that do not change the numbers a prefill gives: left out of the capture key.
+_KEY_NEUTRAL_ARGS = {"revision", "dtype", names.DETERMINISTIC_ARG, "log_level", "port", "host", "mem_fraction_static", "random_seed"}
+
+
+def engine_key(extra: dict, tp_size: int = 1) -> str:
+    """The capture key's `engine`: "sglang", with the engine arguments that may change the
+    numbers (quantization, the KV cache's dtype, tensor parallelism above 1, overrides...) in
+    a canonical form: a capture run with other ones is never reused for this one. (The dtype
+    and deterministic inference are keyed fields of their own.)"""
+    keyed = {k: v for k, v in extra.items() if k not in _KEY_NEUTRAL_ARGS}
+    if tp_size != 1:
+        keyed["tp_size"] = tp_size
+    return "sglang" if not keyed else "sglang " + json.dumps(keyed, sort_keys=True, default=str)
+
 def extract(
     model: str,
     data: str,
@@ -579,21 +594,25 @@ def extract(
         from .._writer import quantized_fields
 
         schema = quantized_fields(schema, quantize)
+    # What names the weights, not the revision as given: a resume after the weights changed is
+    # then refused, never mixed in.
+    weights = model_revision(model, revision, config)
     meta = capture_metadata(
-        model=model, revision=revision, config_hash=config_hash(config.to_dict()), num_layers=num_layers,
+        model=model, revision=weights, config_hash=config_hash(config.to_dict()), num_layers=num_layers,
         hidden_size=hidden_size, dtype=dtype, tp_size=tp_size, tool="hspack.capture.sglang",
         tool_version=f"sglang {sglang.__version__}",
     )
     samples = list(read_samples(data, tokenizer, max_len))
     keys = [s.key for s in samples]
     if len(set(keys)) != len(keys):
-        raise ValueError("sample keys must be unique")
+        twice = sorted({k for k in keys if keys.count(k) > 1})
+        raise ValueError(f"{data}: sample keys must be unique; given more than once: {', '.join(twice[:5])}")
     counts = counts if counts is not None else CaptureCounts()
     with hspack.Writer(out, schema, capture=meta) as writer:
         reuse = None
         if writer.in_store:
             reuse = capture_config(
-                model=model, revision=model_revision(model, extra.get("revision"), config), config_hash=meta["config_hash"], engine="sglang",
+                model=model, revision=weights, config_hash=meta["config_hash"], engine=engine_key(extra, tp_size),
                 deterministic=bool(extra.get(names.DETERMINISTIC_ARG, False)),
                 dtype=meta["dtype"], layers=points.ids, fields=[f["name"] for f in schema],
             )
