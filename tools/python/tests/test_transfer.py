@@ -559,23 +559,29 @@ def test_a_shard_replaced_while_workers_send_it_raises_and_never_hangs(tmp_path)
         for i in range(18):
             s = stacked_sample(i)
             w.append(f"s{i:03d}", input_ids=s["input_ids"], loss_mask=s["loss_mask"], aux_hidden_state=torch.cat(s["layers"], -1), **{"hidden.7": s["hidden.7"]})
-    flag = tmp_path / "replaced"
+    # The second run reads a copy: the trainer keeps the files it mapped for the first.
+    again = tmp_path / "again"
+    shutil.copytree(path, again)
 
     class Replacing:
-        """The EAGLE-3 view, which replaces shard 1 by a copy of itself (same bytes, another
+        """The view `hidden.7`, which replaces shard 1 by a copy of itself (same bytes, another
         file) once, right after reading the first sample of it."""
+
+        def __init__(self, at):
+            self.at = at
 
         def __call__(self, ds, i):
             out = ds.read(i, ["hidden.7"])
             out["ordinal"] = i
+            flag = self.at / ".replaced"
             if i == 6 and not flag.exists():
                 flag.touch()
-                shard = path / "shard-000001.hsp"
-                shutil.copy(shard, tmp_path / "new")
-                os.replace(tmp_path / "new", shard)
+                shard = self.at / "shard-000001.hsp"
+                shutil.copy(shard, self.at / ".new")
+                os.replace(self.at / ".new", shard)
             return out
 
-    ds = HspackDataset(path, view=Replacing())
+    ds = HspackDataset(path, view=Replacing(path))
     # A plain DataLoader: every sample comes, the unreceivable ones raising on use.
     got, failed = [], []
     for item in torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2, timeout=60):
@@ -588,8 +594,7 @@ def test_a_shard_replaced_while_workers_send_it_raises_and_never_hangs(tmp_path)
     assert failed and sorted(got + failed) == list(range(18)), (got, failed)
     assert all(6 <= o < 12 for o in failed)
     # HspackLoader raises it before the sample counts.
-    flag.unlink()
-    ds = HspackDataset(path, view=Replacing())
+    ds = HspackDataset(again, view=Replacing(again))
     loader = HspackLoader(ds, batch_size=None, sampler=HspackSampler(ds, shuffle=False), num_workers=2, timeout=60)
     seen = []
     with pytest.raises(hspack.HspackError, match="shard-000001.hsp.*replaced"):
