@@ -315,6 +315,46 @@ fn gc_frees_what_no_dataset_references_and_keeps_the_rest() {
     );
 }
 
+/// A live blob a collection would move into a new pack, damaged at rest: the collection
+/// stops, naming the pack, and deletes nothing (it copied the bytes on unchecked).
+#[test]
+fn gc_does_not_move_a_damaged_blob_on() {
+    let t = tempfile::tempdir().unwrap();
+    let store_dir = t.path().join("store");
+    let (a, c) = (t.path().join("a"), t.path().join("c"));
+    write_plain(&a, 12, 1);
+    // a's first samples in other shards: their payloads are a's blobs, their skeletons not.
+    let options = WriteOptions {
+        shard_samples: 3,
+        ..small_options()
+    };
+    let mut w = DatasetWriter::create(&c, capture_schema(64), options).unwrap();
+    for i in 0..6u64 {
+        let smp = capture_sample(1 + i * 10, 3 + (i as usize * 7) % 40, 64);
+        w.append(&format!("c{i}"), &as_fields(&smp)).unwrap();
+    }
+    w.finish().unwrap();
+    let store = Arc::new(Store::init(&store_dir).unwrap());
+    add(&store, &Dataset::open(&a).unwrap(), "a", &|_| {}).unwrap();
+    let of_a: Vec<_> = store.index().unwrap().entries().collect();
+    add(&store, &Dataset::open(&c).unwrap(), "c", &|_| {}).unwrap();
+    store.remove("a").unwrap();
+    for e in &of_a {
+        let pack = store_dir
+            .join("packs")
+            .join(hspack::store::pack::pack_name(&e.pack));
+        common::flip(&pack, e.blob.offset + e.blob.stored_len / 2);
+    }
+    let packs = || std::fs::read_dir(store_dir.join("packs")).unwrap().count();
+    let before = packs();
+    let err = gc::collect(&store, false).unwrap_err().to_string();
+    assert!(
+        err.contains("damaged") && !err.contains("dataset `c`"),
+        "{err}"
+    );
+    assert_eq!(packs(), before);
+}
+
 /// A store's root is not a dataset's folder: a copy, a writer or a merge into it is refused
 /// with what to name instead, and the store stays as it was.
 #[test]

@@ -163,6 +163,9 @@ pub fn collect_telling(
         if !live.contains(&e.blob.id) || !rewrite.contains(&e.pack) {
             continue;
         }
+        // Checked before it moves: a blob damaged at rest is not copied on as if sound (a
+        // reader's memo of checked chunks names a stored file by its path, not its pack).
+        store.blob(&e)?;
         let stored = store.stored(&e)?;
         let w = match &mut out {
             Some(w) => w,
