@@ -142,8 +142,9 @@ struct Walk {
 
 /// Walks `dir`, links followed (to files and to folders): a linked dump is converted, never
 /// skipped. A folder or file reached again (`latest -> step_1000`) is taken once, under the
-/// first of its names in order, and a link to nothing is passed over: both are reported. A link to a folder above it (a loop) is an
-/// error naming it. `above`: the device and inode of the folders the walk is in.
+/// first of its names in order, and a link to nothing is passed over: both are reported. A
+/// link to a folder above it (a loop) is an error naming it. `above`: the device and inode of
+/// the folders the walk is in.
 fn walk(dir: &Path, above: &mut Vec<(u64, u64)>, found: &mut Walk) -> Result<(), ConvertError> {
     use std::os::unix::fs::MetadataExt;
     let io = |file: &Path| {
