@@ -10,8 +10,8 @@ use crate::store::captures::{written_digest, CaptureConfig};
 
 use super::keys::{stored_keys, StoredKeys};
 use super::layout::{
-    check_field, field_bytes, field_part, refuse_unconverted, FieldSpec, LayoutOptions, Part,
-    Preset,
+    check_field, field_bytes, field_part, refuse_unconverted, unread, FieldSpec, Held,
+    LayoutOptions, Part, Preset,
 };
 use super::unit_error::{tensor_error, unit_error, SplitError, UnitError, UnitProblem};
 use super::units::{Inputs, Unit};
@@ -440,17 +440,15 @@ impl Decoder {
             super::open_source_with(path, self.limits).map_err(|e| both(SplitError::Source(e)))?;
         if self.layout.1.delete_source {
             // Deleted with the unit: nothing in it but the split may go unread.
-            let held = file
-                .tensors()
-                .into_iter()
-                .map(|t| (t.name, format!("{} {:?}", t.dtype, t.shape)));
-            let unsupported = file.unsupported().into_iter().map(|u| {
-                (
-                    u.name,
-                    format!("{}, a dtype hspack does not store, {:?}", u.dtype, u.shape),
-                )
-            });
-            if let Some((tensor, what)) = held.chain(unsupported).find(|(t, _)| t != name) {
+            let held = Held {
+                tensors: file.tensors(),
+                unsupported: file.unsupported(),
+                parts: Vec::new(),
+            };
+            let left = unread(&held, |t| t == name.as_str())
+                .next()
+                .map(|(tensor, what, ..)| (tensor.clone(), what));
+            if let Some((tensor, what)) = left {
                 return Err(both(SplitError::Unread {
                     tensor,
                     what,

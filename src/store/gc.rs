@@ -165,8 +165,8 @@ pub fn collect_telling(
         }
         // Checked before it moves: a blob damaged at rest is not copied on as if sound (a
         // reader's memo of checked chunks names a stored file by its path, not its pack).
-        store.blob(&e)?;
         let stored = store.stored(&e)?;
+        store.checked(&e, stored.clone())?;
         let w = match &mut out {
             Some(w) => w,
             None => out.insert(PackWriter::create(&**store.packs())?),

@@ -561,7 +561,12 @@ impl Store {
 
     /// The bytes of the blob at `at`, decoded and checked against its id.
     pub fn blob(&self, at: &Location) -> Result<FileBytes> {
-        let stored = self.stored(at)?;
+        self.checked(at, self.stored(at)?)
+    }
+
+    /// `stored`, the bytes of the blob at `at` as its pack holds them, decoded and checked
+    /// against its id.
+    pub(crate) fn checked(&self, at: &Location, stored: FileBytes) -> Result<FileBytes> {
         let bytes = match at.blob.codec {
             BlobCodec::None => stored,
             BlobCodec::Zstd => {

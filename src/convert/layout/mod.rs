@@ -31,6 +31,7 @@ use super::{TensorInfo, UnsupportedInfo};
 
 pub(crate) use error::missing_tensor;
 pub use error::{list_tensors, point_name, LayoutError};
+pub(crate) use refusals::unread;
 pub use refusals::{refuse_left_out, refuse_unconverted};
 pub use roles::{hidden_roles, layer_fits};
 use shape::resolve_stack;

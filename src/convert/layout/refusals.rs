@@ -64,23 +64,7 @@ pub fn refuse_left_out(
         specs.iter().any(|s| s.sources().any(|src| src == name))
             || options.read_besides.iter().any(|r| r == name)
     };
-    // Only what no field reads is described (a string each): most tensors are read.
-    let left = held
-        .tensors
-        .iter()
-        .filter(|t| !read(&t.name))
-        .map(|t| {
-            (
-                &t.name,
-                format!("{} {:?}", t.dtype, t.shape),
-                Some(t.dtype),
-                &t.shape,
-            )
-        })
-        .chain(held.unsupported.iter().filter(|u| !read(&u.name)).map(|u| {
-            let what = format!("{}, a dtype hspack does not store, {:?}", u.dtype, u.shape);
-            (&u.name, what, None, &u.shape)
-        }));
+    let left = unread(held, read);
     if preset != Preset::Generic {
         // A tensor of a dtype hspack does not store is harmless unless a field reads it, or
         // --delete-source would delete it: it could hold hidden states (uint16 bf16 bits).
@@ -137,4 +121,26 @@ pub fn refuse_left_out(
             what,
         }),
     }
+}
+
+/// What `held` holds that `read` does not read: each tensor's name, its dtype and shape in
+/// words, its dtype (`None`: one hspack does not store) and its shape. Only what is left is
+/// described (a string each): most tensors are read.
+pub(crate) fn unread<'a>(
+    held: &'a Held,
+    read: impl Fn(&str) -> bool + Copy + 'a,
+) -> impl Iterator<Item = (&'a String, String, Option<DType>, &'a Vec<u64>)> + 'a {
+    let tensors = held
+        .tensors
+        .iter()
+        .filter(move |t| !read(&t.name))
+        .map(|t| {
+            let what = format!("{} {:?}", t.dtype, t.shape);
+            (&t.name, what, Some(t.dtype), &t.shape)
+        });
+    let unsupported = held.unsupported.iter().filter(move |u| !read(&u.name));
+    tensors.chain(unsupported.map(|u| {
+        let what = format!("{}, a dtype hspack does not store, {:?}", u.dtype, u.shape);
+        (&u.name, what, None, &u.shape)
+    }))
 }
