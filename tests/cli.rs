@@ -65,11 +65,9 @@ fn a_refused_copy_does_not_say_to_rerun() {
     );
 }
 
-/// `cp` over a complete copy that lost a segment since restores it; over one whose listed
-/// shard is damaged, it is refused with the `repair` command that mends it (a copy never
-/// overwrites what the destination's manifest lists), which then works.
-#[test]
-fn cp_over_a_complete_copy_restores_a_lost_segment_and_points_a_damaged_shard_to_repair() {
+/// A temp folder holding a small demo dataset `a` and its copy `b` (`hspack cp a b`), and the
+/// copy's path.
+fn demo_copied() -> (tempfile::TempDir, std::path::PathBuf) {
     let t = tempfile::tempdir().unwrap();
     let o = hspack_in(
         &["demo", "--out", "a", "--samples", "6", "--hidden", "64"],
@@ -78,6 +76,15 @@ fn cp_over_a_complete_copy_restores_a_lost_segment_and_points_a_damaged_shard_to
     assert!(o.status.success(), "{}", text(&o));
     assert!(hspack_in(&["cp", "a", "b"], t.path()).status.success());
     let b = t.path().join("b");
+    (t, b)
+}
+
+/// `cp` over a complete copy that lost a segment since restores it; over one whose listed
+/// shard is damaged, it is refused with the `repair` command that mends it (a copy never
+/// overwrites what the destination's manifest lists), which then works.
+#[test]
+fn cp_over_a_complete_copy_restores_a_lost_segment_and_points_a_damaged_shard_to_repair() {
+    let (t, b) = demo_copied();
     let ds = hspack::Dataset::open(&b).unwrap();
     let segment = (ds.manifest().listed_files().iter())
         .map(|f| f.file.to_string())
@@ -111,14 +118,7 @@ fn cp_over_a_complete_copy_restores_a_lost_segment_and_points_a_damaged_shard_to
 /// the copy verifies.
 #[test]
 fn cp_without_reread_reads_back_the_shards_it_finds() {
-    let t = tempfile::tempdir().unwrap();
-    let o = hspack_in(
-        &["demo", "--out", "a", "--samples", "6", "--hidden", "64"],
-        t.path(),
-    );
-    assert!(o.status.success(), "{}", text(&o));
-    assert!(hspack_in(&["cp", "a", "b"], t.path()).status.success());
-    let b = t.path().join("b");
+    let (t, b) = demo_copied();
     let ds = hspack::Dataset::open(&b).unwrap();
     let record = ds.manifest().shards[0].clone();
     let entry = ds.shard(0).unwrap().index().chunk(0).unwrap();

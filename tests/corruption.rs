@@ -433,22 +433,24 @@ fn check_policy_never_trusts_bytes_and_always_rechecks() {
     assert!(never.sample(0).unwrap().read("hidden.2", None).is_ok());
 }
 
+/// The dataset at `dir`, each chunk checked once by all readers sharing memo folder `memo`.
+fn open_with_memo(dir: &Path, memo: &Path) -> Dataset {
+    let options = hspack::ReadOptions {
+        check: hspack::CheckPolicy::Once,
+        checked_memo: Some(memo.to_path_buf()),
+        ..hspack::ReadOptions::default()
+    };
+    Dataset::open_with(dir, options).unwrap()
+}
+
 /// A memo folder shared by the readers of a dataset and of a copy of it (`cp -r`: the same
 /// dataset id and index hashes, other files) vouches for no chunk of the copy: the copy,
 /// damaged since, is found damaged.
 #[test]
 fn a_shared_memo_vouches_for_no_chunk_of_a_copy() {
-    use hspack::{CheckPolicy, ReadOptions};
     let (dir, _) = dataset(Codec::None);
     let memo = tempfile::tempdir().unwrap();
-    let open = |at: &Path| {
-        let options = ReadOptions {
-            check: CheckPolicy::Once,
-            checked_memo: Some(memo.path().to_path_buf()),
-            ..ReadOptions::default()
-        };
-        Dataset::open_with(at, options).unwrap()
-    };
+    let open = |at: &Path| open_with_memo(at, memo.path());
     let original = open(dir.path());
     for i in 0..original.len() {
         original.sample(i).unwrap().read("hidden.2", None).unwrap();
@@ -475,17 +477,9 @@ fn a_shared_memo_vouches_for_no_chunk_of_a_copy() {
 /// time names it too now: the next reader hashes the chunk and finds the damage.
 #[test]
 fn a_shared_memo_vouches_for_no_chunk_of_a_file_changed_since() {
-    use hspack::{CheckPolicy, ReadOptions};
     let (dir, _) = dataset(Codec::None);
     let memo = tempfile::tempdir().unwrap();
-    let open = || {
-        let options = ReadOptions {
-            check: CheckPolicy::Once,
-            checked_memo: Some(memo.path().to_path_buf()),
-            ..ReadOptions::default()
-        };
-        Dataset::open_with(dir.path(), options).unwrap()
-    };
+    let open = || open_with_memo(dir.path(), memo.path());
     let first = open();
     first.sample(0).unwrap().read("hidden.2", None).unwrap();
     drop(first);
@@ -505,14 +499,7 @@ fn a_shared_memo_spares_other_readers_the_hash_and_only_holds_checked_chunks() {
     use hspack::{CheckPolicy, ReadOptions};
     let (dir, _) = dataset(Codec::None);
     let memo = tempfile::tempdir().unwrap();
-    let with_memo = || {
-        let options = ReadOptions {
-            check: CheckPolicy::Once,
-            checked_memo: Some(memo.path().to_path_buf()),
-            ..ReadOptions::default()
-        };
-        Dataset::open_with(dir.path(), options).unwrap()
-    };
+    let with_memo = || open_with_memo(dir.path(), memo.path());
     let e0 = chunk_entry(dir.path(), 0, 2);
     let e1 = {
         let ds = Dataset::open(dir.path()).unwrap();
