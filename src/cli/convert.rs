@@ -112,7 +112,8 @@ pub struct Args {
     #[arg(long)]
     trim_padding: Option<String>,
     /// Delete each source file once its shard is committed and its chunks verify; a file
-    /// holding a tensor no field reads is refused, not deleted. Shards not yet committed need
+    /// holding a tensor no field reads, or a value that is not a tensor (a str, a number) that
+    /// --key-from does not read, is refused, not deleted. Shards not yet committed need
     /// free space: about 1.5 × jobs shards.
     #[arg(long)]
     delete_source: bool,

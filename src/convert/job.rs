@@ -159,6 +159,7 @@ fn is_layout_flag_error(e: &LayoutError) -> bool {
             | LayoutError::BadOption(_)
             | LayoutError::LeftOut { .. }
             | LayoutError::Unread { .. }
+            | LayoutError::UnreadValue { .. }
             | LayoutError::UnreadPart { .. }
             | LayoutError::AmbiguousStack { .. }
     )

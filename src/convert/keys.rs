@@ -290,7 +290,7 @@ fn value_keys(
         Value::List(items) | Value::Tuple(items) => {
             let Some(n) = requests else {
                 return Err(at(KeyProblem::ListUnsplit {
-                    kind: kind(v),
+                    kind: v.kind(),
                     count: items.len(),
                 }));
             };
@@ -302,14 +302,14 @@ fn value_keys(
                     other => {
                         return Err(at(KeyProblem::Entry {
                             index,
-                            kind: kind(other),
+                            kind: other.kind(),
                         }))
                     }
                 });
             }
             per_request(keys, n).map_err(at)
         }
-        other => Err(at(KeyProblem::NotAKey { kind: kind(other) })),
+        other => Err(at(KeyProblem::NotAKey { kind: other.kind() })),
     }
 }
 
@@ -366,20 +366,6 @@ fn tensor_keys(
         }
         _ if ints.len() == 1 => Ok(StoredKeys::One(ints[0].to_string())),
         _ => Err(bad()),
-    }
-}
-
-fn kind(v: &Value) -> &'static str {
-    match v {
-        Value::None => "None",
-        Value::Bool(_) => "a bool",
-        Value::BigInt(_) => "an int wider than 64 bits",
-        Value::Float(_) => "a float",
-        Value::Bytes(_) => "bytes",
-        Value::List(_) => "a list",
-        Value::Tuple(_) => "a tuple",
-        Value::Dict(_) => "a dict",
-        _ => "not a key",
     }
 }
 

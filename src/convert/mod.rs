@@ -51,7 +51,7 @@ pub use report::{BadFile, Progress, Report, REPORT_FILE};
 pub use safetensors_file::SafetensorsFile;
 pub use source::{
     open_source, open_source_with, SourceFile, SourceFormat, SourceTensor, TensorInfo,
-    UnsupportedInfo,
+    UnsupportedInfo, ValueInfo,
 };
 pub use spec::{ConvertSpec, Mapping, SpecError};
 pub use torch_file::{load_torch, load_torch_with, TorchFile, TorchFormat};

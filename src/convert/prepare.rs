@@ -443,11 +443,12 @@ impl Decoder {
             let held = Held {
                 tensors: file.tensors(),
                 unsupported: file.unsupported(),
+                values: file.values(),
                 parts: Vec::new(),
             };
             let left = unread(&held, |t| t == name.as_str())
                 .next()
-                .map(|(tensor, what, ..)| (tensor.clone(), what));
+                .map(|l| (l.name.clone(), l.what));
             if let Some((tensor, what)) = left {
                 return Err(both(SplitError::Unread {
                     tensor,

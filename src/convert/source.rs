@@ -36,6 +36,16 @@ pub struct UnsupportedInfo {
     pub shape: Vec<u64>,
 }
 
+/// A value in a source file that holds data but is not a tensor (a str, a number, bytes):
+/// what a dataset, which keeps tensors, does not hold.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ValueInfo {
+    /// Flattened path, as in [`TensorInfo::name`].
+    pub name: String,
+    /// What it is, in words (`a str`, `an int`, `a metadata string`).
+    pub kind: &'static str,
+}
+
 /// A tensor's data: C-contiguous, little-endian, borrowed from the file when possible.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SourceTensor<'a> {
@@ -267,6 +277,31 @@ impl SourceFile {
                     })
                     .collect()
             }
+            Inner::Npy(_) => Vec::new(),
+        }
+    }
+
+    /// The values that hold data but are not tensors (named as in [`SourceFile::tensors`]):
+    /// a torch file's strs, numbers and bytes, a `.safetensors` file's `__metadata__` entries
+    /// (but `format`, which says only which library wrote it). A dataset does not hold them.
+    pub fn values(&self) -> Vec<ValueInfo> {
+        match &self.inner {
+            Inner::Torch(t) => t
+                .value()
+                .values()
+                .into_iter()
+                .map(|(name, kind)| ValueInfo { name, kind })
+                .collect(),
+            Inner::Safetensors(s) => s
+                .header()
+                .metadata
+                .keys()
+                .filter(|k| *k != "format")
+                .map(|k| ValueInfo {
+                    name: format!("__metadata__.{k}"),
+                    kind: "a metadata string",
+                })
+                .collect(),
             Inner::Npy(_) => Vec::new(),
         }
     }

@@ -139,14 +139,14 @@ pub enum SplitError {
     /// With `--delete-source`, the split file holds a tensor nothing reads, which would be
     /// deleted with it.
     #[error(
-        "it also holds tensor `{tensor}` ({what}), which nothing reads, so --delete-source \
+        "it also holds `{tensor}` ({what}), which nothing reads, so --delete-source \
          would delete it with the file; leave out --delete-source, or keep only `{split}` in \
          the split files"
     )]
     Unread {
-        /// The tensor nothing reads.
+        /// The tensor (or value) nothing reads.
         tensor: String,
-        /// Its dtype and shape.
+        /// A tensor's dtype and shape, or what the value is.
         what: String,
         /// The split tensor, the one read.
         split: String,

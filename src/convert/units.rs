@@ -480,18 +480,25 @@ impl Inputs {
         None
     }
 
-    /// What the files hold: every tensor (of a dtype hspack stores or not) and the parts.
+    /// What the files hold: every tensor (of a dtype hspack stores or not), every value that
+    /// is not a tensor, and the parts.
     pub fn held(&self) -> Held {
         let mut unsupported = Vec::new();
+        let mut values = Vec::new();
         for (part, f) in &self.files {
             for mut u in f.unsupported() {
                 u.name = Self::qualify(part, &u.name);
                 unsupported.push(u);
             }
+            for mut v in f.values() {
+                v.name = Self::qualify(part, &v.name);
+                values.push(v);
+            }
         }
         Held {
             tensors: self.tensors(),
             unsupported,
+            values,
             parts: self
                 .files
                 .iter()

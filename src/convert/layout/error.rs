@@ -55,6 +55,20 @@ pub enum LayoutError {
         /// Its dtype and shape.
         what: String,
     },
+    /// With `--delete-source`, a unit holds a value that is not a tensor (a str, a number),
+    /// which no field can read: it would be deleted with its file.
+    #[error(
+        "`{name}` ({kind}) is not a tensor, and a dataset keeps tensors only, so \
+         --delete-source would delete it with its file; if it names the sample (a str or an \
+         int), key the samples by it (--key-from {name}); else leave out --delete-source, or \
+         take `{name}` out of the files if it is not needed"
+    )]
+    UnreadValue {
+        /// Its path in the file.
+        name: String,
+        /// What it is, in words.
+        kind: &'static str,
+    },
     /// Under the generic layout with `--delete-source`, a file of a group nothing is read
     /// from: it would be deleted unread.
     #[error(
@@ -153,6 +167,7 @@ impl LayoutError {
             | LayoutError::LeftOut { tensor, .. }
             | LayoutError::NotInSchema { tensor, .. }
             | LayoutError::Unread { tensor, .. }
+            | LayoutError::UnreadValue { name: tensor, .. }
             | LayoutError::AmbiguousStack { tensor, .. }
             | LayoutError::Shape { tensor, .. } => Some(tensor),
             LayoutError::UnreadPart { part, .. } => Some(part),

@@ -27,7 +27,7 @@ mod shape;
 use crate::format::{CaptureInfo, CapturePoint, DType, Field, Role, Schema};
 
 use super::layouts;
-use super::{TensorInfo, UnsupportedInfo};
+use super::{TensorInfo, UnsupportedInfo, ValueInfo};
 
 pub(crate) use error::missing_tensor;
 pub use error::{list_tensors, point_name, LayoutError};
@@ -268,6 +268,8 @@ pub struct Held {
     pub tensors: Vec<TensorInfo>,
     /// The tensors of a dtype hspack does not store, named likewise.
     pub unsupported: Vec<UnsupportedInfo>,
+    /// The values that hold data but are not tensors, named likewise.
+    pub values: Vec<ValueInfo>,
     /// The parts of a group of files; empty for a unit of one file.
     pub parts: Vec<String>,
 }

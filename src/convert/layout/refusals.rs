@@ -68,28 +68,24 @@ pub fn refuse_left_out(
     if preset != Preset::Generic {
         // A tensor of a dtype hspack does not store is harmless unless a field reads it, or
         // --delete-source would delete it: it could hold hidden states (uint16 bf16 bits).
-        let hidden_like = |dtype: Option<DType>, shape: &[u64]| {
-            shape.len() >= 2 && dtype.map_or(options.delete_source, is_floating)
+        let hidden_like = |l: &Left| {
+            l.value.is_none()
+                && l.shape.len() >= 2
+                && l.dtype.map_or(options.delete_source, is_floating)
         };
         let mut left: Vec<_> = left.collect();
-        if let Some(at) = left
-            .iter()
-            .position(|(_, _, d, shape)| hidden_like(*d, shape))
-        {
-            let (tensor, what, ..) = left.swap_remove(at);
+        if let Some(at) = left.iter().position(hidden_like) {
+            let l = left.swap_remove(at);
             return Err(LayoutError::LeftOut {
                 layout: preset.name(),
-                tensor: tensor.clone(),
-                what,
+                tensor: l.name.clone(),
+                what: l.what,
             });
         }
         // With --delete-source, anything else left unread would go with its file too.
         return match left.into_iter().next().filter(|_| options.delete_source) {
             None => Ok(()),
-            Some((tensor, what, ..)) => Err(LayoutError::Unread {
-                tensor: tensor.clone(),
-                what,
-            }),
+            Some(l) => Err(l.refused()),
         };
     }
     if !options.delete_source {
@@ -116,31 +112,76 @@ pub fn refuse_left_out(
     }
     match left.into_iter().next() {
         None => Ok(()),
-        Some((tensor, what, ..)) => Err(LayoutError::Unread {
-            tensor: tensor.clone(),
-            what,
-        }),
+        Some(l) => Err(l.refused()),
     }
 }
 
-/// What `held` holds that `read` does not read: each tensor's name, its dtype and shape in
-/// words, its dtype (`None`: one hspack does not store) and its shape. Only what is left is
-/// described (a string each): most tensors are read.
+/// Something a unit holds that no field reads.
+pub(crate) struct Left<'a> {
+    /// Its name, as fields name tensors.
+    pub name: &'a String,
+    /// In words: a tensor's dtype and shape, or what a value is.
+    pub what: String,
+    /// A tensor's dtype; `None` for a dtype hspack does not store, and for a value.
+    pub dtype: Option<DType>,
+    /// A tensor's shape; empty for a value.
+    pub shape: &'a [u64],
+    /// For a value that is not a tensor (a str, a number), which no field can read: what
+    /// it is.
+    pub value: Option<&'static str>,
+}
+
+impl Left<'_> {
+    /// The refusal of deleting it with its file (`--delete-source`).
+    fn refused(self) -> LayoutError {
+        match self.value {
+            Some(kind) => LayoutError::UnreadValue {
+                name: self.name.clone(),
+                kind,
+            },
+            None => LayoutError::Unread {
+                tensor: self.name.clone(),
+                what: self.what,
+            },
+        }
+    }
+}
+
+/// What `held` holds that `read` does not read: tensors (of a dtype hspack stores or not)
+/// and values that are not tensors; a value is read where `read` reads it or a list or dict
+/// holding it (`--key-from rids`). Only what is left is described: most tensors are read.
 pub(crate) fn unread<'a>(
     held: &'a Held,
     read: impl Fn(&str) -> bool + Copy + 'a,
-) -> impl Iterator<Item = (&'a String, String, Option<DType>, &'a Vec<u64>)> + 'a {
+) -> impl Iterator<Item = Left<'a>> + 'a {
     let tensors = held
         .tensors
         .iter()
         .filter(move |t| !read(&t.name))
-        .map(|t| {
-            let what = format!("{} {:?}", t.dtype, t.shape);
-            (&t.name, what, Some(t.dtype), &t.shape)
+        .map(|t| Left {
+            name: &t.name,
+            what: format!("{} {:?}", t.dtype, t.shape),
+            dtype: Some(t.dtype),
+            shape: &t.shape,
+            value: None,
         });
     let unsupported = held.unsupported.iter().filter(move |u| !read(&u.name));
-    tensors.chain(unsupported.map(|u| {
-        let what = format!("{}, a dtype hspack does not store, {:?}", u.dtype, u.shape);
-        (&u.name, what, None, &u.shape)
-    }))
+    let unsupported = unsupported.map(|u| Left {
+        name: &u.name,
+        what: format!("{}, a dtype hspack does not store, {:?}", u.dtype, u.shape),
+        dtype: None,
+        shape: &u.shape,
+        value: None,
+    });
+    let within_read =
+        move |name: &str| read(name) || name.match_indices('.').any(|(at, _)| read(&name[..at]));
+    let values = held.values.iter().filter(move |v| !within_read(&v.name));
+    let values = values.map(|v| Left {
+        name: &v.name,
+        what: format!("{}, not a tensor", v.kind),
+        dtype: None,
+        shape: &[],
+        value: Some(v.kind),
+    });
+    tensors.chain(unsupported).chain(values)
 }

@@ -220,6 +220,7 @@ fn what_no_field_reads_is_refused_where_it_would_be_lost() {
     let held = |extra: Vec<TensorInfo>, unsupported: Vec<UnsupportedInfo>| Held {
         tensors: [vec![info("ids", DType::I64, &[4])], extra].concat(),
         unsupported,
+        values: Vec::new(),
         parts: Vec::new(),
     };
     let keep = LayoutOptions::default();
@@ -261,11 +262,45 @@ fn what_no_field_reads_is_refused_where_it_would_be_lost() {
         ..delete.clone()
     };
     assert!(refuse_left_out(Preset::Generic, specs, &small, &besides).is_ok());
+    // A value that is not a tensor goes with its file: refused with --delete-source, unless
+    // read (a list of ids by its name) by --key-from.
+    let with_values = Held {
+        values: vec![
+            ValueInfo {
+                name: "rids.0".into(),
+                kind: "a str",
+            },
+            ValueInfo {
+                name: "__metadata__.prompt".into(),
+                kind: "a metadata string",
+            },
+        ],
+        ..held(vec![], vec![])
+    };
+    for preset in [Preset::SpecForge, Preset::Generic] {
+        assert!(refuse_left_out(preset, specs, &with_values, &keep).is_ok());
+        let e = refuse_left_out(preset, specs, &with_values, &delete).unwrap_err();
+        assert!(
+            matches!(&e, LayoutError::UnreadValue { name, .. } if name == "rids.0"),
+            "{preset:?}: {e:?}"
+        );
+        let rids = LayoutOptions {
+            read_besides: vec!["rids".into()],
+            ..delete.clone()
+        };
+        let e = refuse_left_out(preset, specs, &with_values, &rids).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("`__metadata__.prompt` (a metadata string)"),
+            "{e}"
+        );
+    }
     // A part of a group nothing reads (here, one holding no tensor at all).
     let group = Held {
         parts: vec!["meta".into(), "L30".into()],
         tensors: vec![info("meta.ids", DType::I64, &[4])],
         unsupported: Vec::new(),
+        values: Vec::new(),
     };
     let meta = FieldSpec::new("input_ids", "meta.ids", Role::TokenIds);
     let e = refuse_left_out(Preset::Generic, &[meta], &group, &delete).unwrap_err();

@@ -195,6 +195,48 @@ impl Value {
         }
     }
 
+    /// What the value is, in words: `a str`, `an int`, `a tensor`, ...
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Value::None => "None",
+            Value::Bool(_) => "a bool",
+            Value::Int(_) => "an int",
+            Value::BigInt(_) => "an int wider than 64 bits",
+            Value::Float(_) => "a float",
+            Value::Str(_) => "a str",
+            Value::Bytes(_) => "bytes",
+            Value::List(_) => "a list",
+            Value::Tuple(_) => "a tuple",
+            Value::Set(_) => "a set",
+            Value::Dict(_) => "a dict",
+            Value::Global { .. } => "a class or dtype",
+            Value::Device(_) => "a torch.device",
+            Value::Storage(_) => "a storage",
+            Value::Tensor(_) => "a tensor",
+            Value::NdArray(_) => "a numpy array",
+            Value::UnsupportedTensor { .. } => "a tensor of a dtype hspack does not store",
+        }
+    }
+
+    /// Every value in the tree that holds data but is not a tensor (a str, a number, bytes, a
+    /// bare storage), with its path (as in [`Value::tensors`]) and [`Value::kind`]: what a
+    /// dataset, which keeps tensors, does not hold. `None`, dtypes and devices say nothing of
+    /// a sample and are left out.
+    pub fn values(&self) -> Vec<(String, &'static str)> {
+        let mut out = Vec::new();
+        walk(self, &mut String::new(), &mut |path, v| match v {
+            Value::Bool(_)
+            | Value::Int(_)
+            | Value::BigInt(_)
+            | Value::Float(_)
+            | Value::Str(_)
+            | Value::Bytes(_)
+            | Value::Storage(_) => out.push((path.to_string(), v.kind())),
+            _ => {}
+        });
+        out
+    }
+
     /// Every tensor of a dtype hspack does not store, with its path (as in [`Value::tensors`]),
     /// dtype name and shape.
     pub fn unsupported_tensors(&self) -> Vec<crate::convert::UnsupportedInfo> {

@@ -448,6 +448,35 @@ def test_key_from_stored_id(tmp_path):
     assert p.returncode == 2 and ".pt" in p.stderr and "one integer" in p.stderr, p.stderr
 
 
+def test_delete_source_keeps_files_holding_values_a_dataset_does_not(tmp_path):
+    """A dataset keeps tensors: ``--delete-source`` refuses, before anything is written or
+    deleted, files holding a str or a number no ``--key-from`` reads (ModelOpt's
+    ``conversation_id``, a prompt, a score), naming the file and the value; one read as the
+    key goes with its file."""
+    src = tmp_path / "src"
+    for i, t in enumerate([5, 3]):
+        modelopt_dump(src / f"{i}.pt", t, f"conv-{i}", 70 + i)
+    args = ["convert", src, tmp_path / "ds", "--layout", "modelopt", "--layers", "2,16,29,32",
+            "--num-layers", "32", "--delete-source", "-q"]
+    p = hspack(*args, ok=False)
+    assert p.returncode == 2, p.stderr
+    assert "`conversation_id` (a str)" in p.stderr and "0.pt" in p.stderr and "--key-from conversation_id" in p.stderr, p.stderr
+    assert sorted(f.name for f in src.iterdir()) == ["0.pt", "1.pt"]
+    assert not (tmp_path / "ds").exists()
+    # Read as the key, the id is held; a prompt and a score beside it are not.
+    d = torch.load(src / "1.pt", weights_only=True)
+    save({**d, "prompt": "Why is the sky blue?", "score": 0.5}, src / "1.pt")
+    p = hspack(*args, "--key-from", "conversation_id", ok=False)
+    assert p.returncode == 2 and "`prompt` (a str)" in p.stderr and "1.pt" in p.stderr, p.stderr
+    assert sorted(f.name for f in src.iterdir()) == ["0.pt", "1.pt"]
+    save(d, src / "1.pt")
+    hspack(*args, "--key-from", "conversation_id")
+    assert list(src.iterdir()) == []
+    assert sorted(keys(tmp_path / "ds")) == ["conv-0", "conv-1"]
+    got = read_sample(tmp_path / "ds", "conv-1", tmp_path)
+    same(got["hidden.32"], d["hidden_states"])
+
+
 def test_split_by_a_file_beside_each_batch(tmp_path):
     batches = {}
     for b, lengths in enumerate([[3, 1, 5], [2, 2]]):
