@@ -935,3 +935,119 @@ fn first_mistakes_name_the_next_step() {
         &["a bare tensor (not a dict of named ones)"],
     );
 }
+
+/// `export` writes no file over another: a file there is refused (replaced with --force, by a
+/// new file renamed over it), and a path inside the dataset's folder always, so the shard it
+/// reads from is never cut short under it (that died of SIGBUS and lost the shard) nor the
+/// manifest replaced. A field safetensors cannot name is refused, not written unreadable.
+#[test]
+fn export_writes_over_no_file_and_never_into_the_dataset() {
+    let t = tempfile::tempdir().unwrap();
+    assert!(demo(t.path()).status.success());
+    let ds = t.path().join("ds");
+    let before = files_under(&ds);
+    let bytes = |p: &str| std::fs::read(ds.join(p)).unwrap();
+    let (shard, manifest) = (bytes("shard-000000.hsp"), bytes("manifest.json"));
+    for to in ["safetensors", "npy"] {
+        for out in [
+            "ds/shard-000000.hsp",
+            "ds/manifest.json",
+            "ds",
+            "ds/new/x",
+            "./ds/../ds/y",
+        ] {
+            let o = hspack_in(
+                &["export", "ds", "#0", "--to", to, "--out", out, "--force"],
+                t.path(),
+            );
+            assert_eq!(o.status.code(), Some(2), "{to} {out}: {}", text(&o));
+            assert!(
+                text(&o).contains("inside the dataset's folder"),
+                "{}",
+                text(&o)
+            );
+        }
+    }
+    assert_eq!(files_under(&ds), before);
+    assert_eq!(bytes("shard-000000.hsp"), shard);
+    assert_eq!(bytes("manifest.json"), manifest);
+    assert_eq!(
+        hspack_in(&["verify", "ds"], t.path()).status.code(),
+        Some(0)
+    );
+
+    let mine = t.path().join("mine.st");
+    std::fs::write(&mine, "precious").unwrap();
+    let export = |to: &str, out: &str, force: bool| {
+        let mut args = vec!["export", "ds", "#0", "--to", to, "--out", out];
+        args.extend(force.then_some("--force"));
+        hspack_in(&args, t.path())
+    };
+    let o = export("safetensors", "mine.st", false);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("exists") && text(&o).contains("--force"),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(std::fs::read(&mine).unwrap(), b"precious");
+    let o = export("safetensors", "mine.st", true);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let st = std::fs::read(&mine).unwrap();
+    let tensors = safetensors::SafeTensors::deserialize(&st).unwrap();
+    assert!(tensors.tensor("input_ids").is_ok());
+    // Into a folder: every file checked before any is written.
+    assert_eq!(export("npy", "npy", false).status.code(), Some(0));
+    let written = files_under(&t.path().join("npy"));
+    std::fs::remove_file(t.path().join("npy/input_ids.npy")).unwrap();
+    let o = export("npy", "npy", false);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        !t.path().join("npy/input_ids.npy").exists(),
+        "wrote before refusing"
+    );
+    assert_eq!(export("npy", "npy", true).status.code(), Some(0));
+    assert_eq!(
+        files_under(&t.path().join("npy")),
+        written,
+        "temp files left"
+    );
+    assert!(!files_under(t.path())
+        .iter()
+        .any(|f| f.to_string_lossy().contains(".tmp")));
+}
+
+/// A field named as safetensors names its metadata cannot be a tensor there: refused, with
+/// `--to npy` as the way; nothing written.
+#[test]
+fn export_refuses_a_field_safetensors_cannot_name() {
+    use hspack::{DType, DatasetWriter, Field, Role, Schema, WriteOptions};
+    let t = tempfile::tempdir().unwrap();
+    let schema = Schema::new(vec![
+        Field::new("input_ids", DType::I32, &[], Role::TokenIds),
+        Field::new("__metadata__", DType::F32, &[2], Role::Other),
+    ]);
+    let mut w =
+        DatasetWriter::create(&t.path().join("ds"), schema, WriteOptions::default()).unwrap();
+    w.append(
+        "k",
+        &[
+            ("input_ids", &[0u8; 4][..]),
+            ("__metadata__", &[0u8; 8][..]),
+        ],
+    )
+    .unwrap();
+    w.finish().unwrap();
+    let o = hspack_in(
+        &["export", "ds", "k", "--to", "safetensors", "--out", "k.st"],
+        t.path(),
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("--to npy"), "{}", text(&o));
+    assert!(!t.path().join("k.st").exists());
+    let o = hspack_in(
+        &["export", "ds", "k", "--to", "npy", "--out", "k"],
+        t.path(),
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+}

@@ -28,9 +28,13 @@ pub struct Args {
     /// Output format.
     #[arg(long)]
     to: To,
-    /// Output file (safetensors) or folder (npy).
+    /// Output file (safetensors) or folder (npy). A file there already is refused, unless
+    /// --force; a path inside the dataset's folder always.
     #[arg(long, short)]
     out: PathBuf,
+    /// Replace output files already there (each written beside it first, then renamed over it).
+    #[arg(long)]
+    force: bool,
     /// Export only these fields (comma-separated).
     #[arg(long, value_delimiter = ',')]
     fields: Vec<String>,
@@ -118,6 +122,71 @@ fn file_in(dir: &Path, name: &str, ext: &str) -> anyhow::Result<PathBuf> {
     }
 }
 
+/// Refuses an output path inside the dataset's folder `dir`: an export there would put files
+/// among the dataset's, or replace one of them.
+fn outside_dataset(out: &Path, dir: &Path) -> anyhow::Result<()> {
+    // What of `out` is there yet: itself, or the nearest folder above it.
+    let there = out
+        .ancestors()
+        .map(|p| {
+            if p.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                p
+            }
+        })
+        .find_map(|p| std::fs::canonicalize(p).ok());
+    // A dataset that is no folder (object storage, `STORE/NAME`) has no files here to hit.
+    if let (Some(there), Ok(dir)) = (there, std::fs::canonicalize(dir)) {
+        if there.starts_with(&dir) {
+            anyhow::bail!(
+                "{} is inside the dataset's folder {}: an export there would put files among \
+                 the dataset's or replace one of them; choose an --out outside it",
+                out.display(),
+                dir.display()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// A file there already, refused unless `force`, before anything is written.
+fn refuse_existing(path: &Path, force: bool) -> anyhow::Result<()> {
+    if !force && std::fs::symlink_metadata(path).is_ok() {
+        anyhow::bail!(
+            "{} exists; choose another --out, or give --force to replace it",
+            path.display()
+        );
+    }
+    Ok(())
+}
+
+/// Writes the file `path` with `write`, into a new file beside it first, then links it in
+/// (renames it over a file there with `force`): a file there is never written into, so one
+/// another process maps is never cut short under it, and a failed write leaves nothing.
+fn publish(
+    path: &Path,
+    force: bool,
+    write: impl FnOnce(&Path) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    let name = path.file_name().context("the output path names no file")?;
+    let mut tmp_name = name.to_os_string();
+    tmp_name.push(format!(".hspack-export-{}.tmp", std::process::id()));
+    let tmp = path.with_file_name(tmp_name);
+    let written = write(&tmp).and_then(|()| {
+        let linked = match force {
+            true => std::fs::rename(&tmp, path),
+            false => std::fs::hard_link(&tmp, path),
+        };
+        match linked {
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => refuse_existing(path, false),
+            other => other.with_context(|| format!("cannot write {}", path.display())),
+        }
+    });
+    let _ = std::fs::remove_file(&tmp);
+    written
+}
+
 fn write_npy(path: &Path, t: &Tensor) -> anyhow::Result<()> {
     let descr = npy_descr(t.dtype).context("no numpy dtype")?;
     let shape: Vec<String> = t.shape.iter().map(|d| d.to_string()).collect();
@@ -162,6 +231,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         }
         Ok((s, tensors))
     };
+    outside_dataset(&a.out, &a.dir)?;
     // Damage met reading the sample exits 1, as `verify` does; other errors 2.
     let (s, tensors) = match read() {
         Ok(read) => read,
@@ -178,25 +248,37 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                     )
                 })
                 .collect();
+            if let Some((n, _)) = tensors.iter().find(|(n, _)| n == "__metadata__") {
+                anyhow::bail!(
+                    "field `{n}` cannot be exported to safetensors, which keeps that name for \
+                     its metadata; export it with --to npy"
+                );
+            }
+            refuse_existing(&a.out, a.force)?;
             let mut info = HashMap::new();
             info.insert("hspack_key".to_string(), s.key().to_string());
             info.insert("hspack_ordinal".to_string(), s.ordinal().to_string());
-            safetensors::serialize_to_file(
-                views.iter().map(|(n, v)| (n.clone(), v)),
-                Some(info),
-                &a.out,
-            )
-            .with_context(|| format!("cannot write {}", a.out.display()))?;
+            publish(&a.out, a.force, |tmp| {
+                safetensors::serialize_to_file(
+                    views.iter().map(|(n, v)| (n.clone(), v)),
+                    Some(info),
+                    tmp,
+                )
+                .with_context(|| format!("cannot write {}", tmp.display()))
+            })?;
         }
         To::Npy => {
             let files = tensors
                 .iter()
                 .map(|(n, _)| file_in(&a.out, n, ".npy"))
                 .collect::<anyhow::Result<Vec<_>>>()?;
+            for path in &files {
+                refuse_existing(path, a.force)?;
+            }
             std::fs::create_dir_all(&a.out)
                 .with_context(|| format!("cannot create {}", a.out.display()))?;
             for (path, (_, t)) in files.iter().zip(&tensors) {
-                write_npy(path, t)?;
+                publish(path, a.force, |tmp| write_npy(tmp, t))?;
                 if let Some(bits) = raw_bits(t.dtype) {
                     eprintln!(
                         "NOTE {}: {} stored as its raw bits ({bits}: numpy has no {1}); view it \
