@@ -1028,7 +1028,7 @@ fn export_refuses_a_field_safetensors_cannot_name() {
         Field::new("__metadata__", DType::F32, &[2], Role::Other),
     ]);
     let mut w =
-        DatasetWriter::create(&t.path().join("ds"), schema, WriteOptions::default()).unwrap();
+        DatasetWriter::create(t.path().join("ds"), schema, WriteOptions::default()).unwrap();
     w.append(
         "k",
         &[
