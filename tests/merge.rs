@@ -143,6 +143,23 @@ fn a_source_given_as_the_destination_is_refused() {
     write(&t.path().join("b"), "b", 3, HIDDEN);
     assert_refused(t.path(), &["a", "b"], "a/.", "one of the datasets to merge");
     assert_eq!(Dataset::open(t.path().join("a")).unwrap().len(), 4);
+    // A store's dataset is no folder: the same one spelled otherwise is refused too (it was
+    // taken for an interrupted merge into it, and the other source appended to it).
+    let o = hspack_in(&["store", "init", "ST"], t.path());
+    assert!(o.status.success(), "{}", text(&o));
+    let o = hspack_in(&["store", "add", "ST", "a", "--name", "x"], t.path());
+    assert!(o.status.success(), "{}", text(&o));
+    let absolute = t.path().join("ST/x").to_string_lossy().into_owned();
+    for into in ["./ST/x", absolute.as_str(), "ST/../ST/x"] {
+        let o = hspack_in(&["merge", "ST/x", "b", into], t.path());
+        assert_eq!(o.status.code(), Some(2), "{into}: {}", text(&o));
+        assert!(
+            text(&o).contains("one of the datasets to merge"),
+            "{}",
+            text(&o)
+        );
+    }
+    assert_eq!(Dataset::open(t.path().join("ST/x")).unwrap().len(), 4);
 }
 
 #[test]

@@ -19,12 +19,53 @@ pub(crate) fn same_place(a: &Path, b: &Path) -> bool {
         let local = Path::new(local.strip_prefix("file://").unwrap_or(&local));
         match crate::io::is_remote(p) {
             true => p.components().collect(),
-            false => local
-                .canonicalize()
-                .unwrap_or_else(|_| local.components().collect()),
+            false => resolved_local(local),
         }
     };
     resolved(a) == resolved(b)
+}
+
+/// `path` with the deepest part of it that exists resolved (links, `.` and `..`) and the rest
+/// appended as written: a store's dataset, `STORE/NAME`, is no folder, and its store is.
+fn resolved_local(path: &Path) -> PathBuf {
+    let mut rest = Vec::new();
+    let mut at = path;
+    loop {
+        if let Ok(found) = at.canonicalize() {
+            return rest.iter().rev().fold(found, |p, name| p.join(name));
+        }
+        match (at.parent(), at.file_name()) {
+            (Some(parent), Some(name)) => {
+                rest.push(name);
+                at = match parent.as_os_str().is_empty() {
+                    true => Path::new("."),
+                    false => parent,
+                };
+            }
+            _ => return path.components().collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A path that does not exist past a folder (a store's dataset) names one place however
+    /// the folder is reached.
+    #[test]
+    fn a_store_dataset_is_one_place_by_any_path_to_its_store() {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::create_dir(t.path().join("ST")).unwrap();
+        std::os::unix::fs::symlink(t.path().join("ST"), t.path().join("link")).unwrap();
+        let x = t.path().join("ST/x");
+        for other in ["link/x", "ST/../ST/x", "ST/./x", "ST//x/"] {
+            assert!(same_place(&x, &t.path().join(other)), "{other}");
+        }
+        for other in ["ST/y", "link/x/y", "ST", "x"] {
+            assert!(!same_place(&x, &t.path().join(other)), "{other}");
+        }
+    }
 }
 
 /// Imports dataset `src` into `store` as `name`: a verified copy ([`copy`]: every chunk
