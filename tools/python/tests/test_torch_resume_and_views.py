@@ -255,3 +255,23 @@ def test_a_negative_index_counts_from_the_end(eagle_path):
         assert ds[-1]["ordinal"] == 36 and torch.equal(ds[-1]["input_ids"], ds[36]["input_ids"])
         with pytest.raises(IndexError, match="sample -38 is out of range|sample -1 is out of range"):
             ds[-38]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_iterable_dataset_an_hspack_loader_went_through_is_whole_for_a_plain_loop(eagle_path, workers):
+    """After `HspackLoader` completes an epoch of an `HspackIterableDataset`, an iteration no
+    loader begins (a plain DataLoader, an eval pass, a `for` over the dataset) yields the whole
+    epoch again, not nothing (it read the workers' start as the epoch's end)."""
+    ds = HspackIterableDataset(eagle_path, ["input_ids"], seed=3)
+    epoch = ordinals(HspackLoader(ds, batch_size=None, num_workers=workers))
+    assert sorted(epoch) == list(range(37))
+    assert [s["ordinal"] for s in ds] == epoch
+    plain = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers)
+    assert sorted(int(s["ordinal"]) for s in plain) == sorted(epoch)
+    # The loader's own next `for` starts the complete epoch again too.
+    assert ordinals(HspackLoader(ds, batch_size=None, num_workers=workers)) == epoch
+    # A state saved at the epoch's end still resumes with nothing left.
+    state = ds.state_dict()
+    resumed = HspackIterableDataset(eagle_path, ["input_ids"], seed=3)
+    resumed.load_state_dict(state)
+    assert ordinals(HspackLoader(resumed, batch_size=None, num_workers=workers)) == []

@@ -90,10 +90,12 @@ class _Epoch(_progress.Progress):
             # worker receives the original's shared memory itself, and keeps it.)
             self._shared = self._shared.clone().share_memory_()
 
-    def publish(self) -> None:
-        """Makes the current (epoch, consumed) the start of the next iteration, for every
-        worker: called by set_epoch, load_state_dict and at the start of each iteration."""
-        self._shared[0], self._shared[1] = self.epoch, self.consumed
+    def publish(self, start: int | None = None) -> None:
+        """Makes the current epoch and `start` (the consumed count unless given) the start of
+        the next iteration, for every worker: called by set_epoch, load_state_dict, at the
+        start of each iteration and at the end of one that completed its epoch."""
+        start = self.consumed if start is None else start
+        self._shared[0], self._shared[1] = self.epoch, start
 
     def published(self) -> tuple[int, int]:
         return int(self._shared[0]), int(self._shared[1])

@@ -46,8 +46,9 @@ class Progress:
         # has consumption advanced since.
         self.restored = False
 
-    def publish(self) -> None:
-        """Called after every change of the position; `_Epoch` shares it with workers."""
+    def publish(self, start: int | None = None) -> None:
+        """Called after every change of the position, with where the next iteration starts
+        when that is not the consumed count; `_Epoch` shares it with workers."""
 
     def set_epoch(self, epoch: int) -> None:
         """Starts epoch `epoch` from its beginning, unless it is the epoch of a state just
@@ -87,7 +88,10 @@ class Progress:
         start at those few, and drop them again: empty epochs)."""
         if self.total is not None:
             self.consumed, self.restored = self.total, False
-            self.publish()
+            # An iteration no loader begins (a plain DataLoader, a `for` over the dataset)
+            # starts where the last one left the workers: the complete epoch again, never
+            # at its end (an empty epoch).
+            self.publish(self._start(self.total))
 
     def left(self, total: int) -> int:
         """How many of `total` the next iteration yields."""
