@@ -454,6 +454,26 @@ fn fields_given_as_codes_and_scales_are_stored_as_given_and_checked() {
         w.append("bad", &as_fields(&bad)),
         Err(Error::BadSample { .. })
     ));
+    // A scale that decodes past bf16's largest value, and a group whose largest code is not
+    // 448 (§4.1's scale is the largest magnitude over 448), are refused too: verify would pass
+    // such chunks, and readers hand out infinities.
+    bad[2].1[..4].copy_from_slice(&1e38f32.to_le_bytes());
+    match w.append("bad", &as_fields(&bad)) {
+        Err(Error::BadSample { field, detail, .. }) => {
+            assert_eq!(field, "hidden.2");
+            assert!(detail.contains("finite bf16"), "{detail}")
+        }
+        other => panic!("{other:?}"),
+    }
+    bad[2].1[..4].copy_from_slice(&stored(&data[3][2].1)[..4]);
+    let row0 = &mut bad[2].1[codes_at..codes_at + HIDDEN as usize];
+    for c in row0.iter_mut().filter(|c| **c & 0x7f == 0x7e) {
+        *c = (*c & 0x80) | 0x76;
+    }
+    match w.append("bad", &as_fields(&bad)) {
+        Err(Error::BadSample { detail, .. }) => assert!(detail.contains("448"), "{detail}"),
+        other => panic!("{other:?}"),
+    }
     // A stored form of the wrong length is refused as not whole rows.
     bad[2].1.pop();
     match w.append("bad", &as_fields(&bad)) {

@@ -312,6 +312,59 @@ impl<'a> Fp8Chunk<'a> {
         Ok((scales, codes))
     }
 
+    /// Checks that the chunk is as FORMAT.md §4.1 makes it from finite values of `dtype`,
+    /// beyond what [`Fp8Chunk::rows`] checks: a group of zeros has scale 1; any other group
+    /// whose scale is a normal f32 has 448 as its largest code (its largest magnitude over
+    /// the scale); and every decoded value is finite in `dtype`. What a quantizer given as
+    /// codes and scales (`CudaWriter(quantize=)`) must meet.
+    pub fn check_made(&self, dtype: DType) -> Result<(), FormatError> {
+        let rows = self.codes.len() / self.row_elems;
+        let (scales, codes) = self.rows(0..rows)?;
+        let invalid = |what, group: usize, rule: String| FormatError::Invalid {
+            structure: "fp8 chunk payload",
+            what,
+            value: group as u64,
+            rule,
+        };
+        for (g, (&scale, codes)) in scales
+            .iter()
+            .zip(codes.chunks_exact(self.group))
+            .enumerate()
+        {
+            let top = codes.iter().fold(0u8, |m, &c| m.max(c & 0x7f));
+            if top == 0 {
+                if scale != 1.0 {
+                    return Err(invalid(
+                        "scale of a group of zeros",
+                        g,
+                        format!("1, not {scale}"),
+                    ));
+                }
+                continue;
+            }
+            if scale.is_normal() && top != 0x7e {
+                let value = decode_e4m3(top).unwrap_or(f32::NAN);
+                return Err(invalid(
+                    "largest code of group",
+                    g,
+                    format!("448 (the group's largest magnitude over its scale), not {value}"),
+                ));
+            }
+            let largest = decode_e4m3(top).unwrap_or(f32::NAN) * scale;
+            let (mut out, mut back) = ([0u8; 4], [0f32]);
+            store(&mut out, dtype, 0, &[largest]);
+            load(&out, dtype, 0, &mut back);
+            if !back[0].is_finite() {
+                return Err(invalid(
+                    "scale of group",
+                    g,
+                    format!("one whose values are finite {}, not {scale}", dtype.name()),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Decodes rows `rows` into `out` (exactly those rows, of dtype `dtype`).
     pub fn dequantize_rows_into(
         &self,
@@ -396,6 +449,65 @@ pub fn dequantize_into(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What `quantize` makes passes `check_made`, extremes included; codes and scales given by
+    /// another quantizer that §4.1 would not make are refused: a scale that decodes to
+    /// infinity, a group of zeros not scaled by 1, a largest code that is not 448.
+    #[test]
+    fn check_made_passes_what_quantize_makes_and_refuses_the_rest() {
+        let f32s = [
+            0.0,
+            -0.0,
+            1.0,
+            -3.5,
+            1e-3,
+            f32::MIN_POSITIVE,
+            1e-44,
+            f32::MAX,
+            -f32::MAX,
+            65504.0,
+            3.3895e38,
+        ];
+        for dtype in [DType::F32, DType::BF16, DType::F16] {
+            let mut raw = vec![0u8; f32s.len() * 4 * dtype.size()];
+            for (i, v) in f32s.iter().cycle().take(f32s.len() * 4).enumerate() {
+                let v = match dtype {
+                    DType::F16 => v.clamp(-65504.0, 65504.0),
+                    DType::BF16 => v.clamp(-3.3895e38, 3.3895e38),
+                    _ => *v,
+                };
+                store(&mut raw, dtype, i, &[v]);
+            }
+            for group in [1, 2, 4, 11] {
+                let stored = quantize(&raw, dtype, 44, group).unwrap();
+                let chunk = Fp8Chunk::split(&stored, 44, 44, group).unwrap();
+                chunk
+                    .check_made(dtype)
+                    .unwrap_or_else(|e| panic!("{dtype:?} {group}: {e}"));
+            }
+        }
+        let chunk = |scales: &[f32], codes: &[u8]| -> Vec<u8> {
+            let mut out: Vec<u8> = scales.iter().flat_map(|s| s.to_le_bytes()).collect();
+            out.extend_from_slice(codes);
+            out
+        };
+        let check = |stored: &[u8], dtype| {
+            let c = Fp8Chunk::split(stored, 4, 4, 4).unwrap();
+            c.check_made(dtype).map_err(|e| e.to_string())
+        };
+        let huge = chunk(&[1e38], &[0x7e, 0x3f, 0x00, 0x80]);
+        assert!(check(&huge, DType::BF16)
+            .unwrap_err()
+            .contains("finite bf16"));
+        assert!(check(&chunk(&[1.0], &[0x7e, 0, 0, 0]), DType::F16).is_ok());
+        assert!(check(&chunk(&[200.0], &[0x7e, 0, 0, 0]), DType::F16).is_err());
+        let zeros = chunk(&[2.0], &[0, 0x80, 0, 0]);
+        assert!(check(&zeros, DType::F32)
+            .unwrap_err()
+            .contains("group of zeros"));
+        let low = chunk(&[1.0], &[0x38, 0x38, 0x38, 0x38]);
+        assert!(check(&low, DType::F32).unwrap_err().contains("448"));
+    }
 
     #[test]
     fn every_code_round_trips_through_its_value() {

@@ -92,7 +92,7 @@ impl QuantizeSpec {
                 QuantScheme::Fp8E4m3fn => f.quantize_fp8(None),
             };
         }
-        schema.validate().map_err(|e| e.to_string())?;
+        schema.validate_given()?;
         Ok(chosen
             .into_iter()
             .map(|i| schema.fields[i].name.clone())

@@ -137,7 +137,7 @@ pub fn encode_sample<'a>(
                 let stored = [scales, codes].concat();
                 let el = job.elements;
                 fp8::Fp8Chunk::split(&stored, codes.len(), el.row_elems, el.group)
-                    .and_then(|c| c.rows(0..job.row_count as usize))
+                    .and_then(|c| c.check_made(el.dtype))
                     .map_err(|e| EncodeError {
                         field: job.field,
                         detail: format!(

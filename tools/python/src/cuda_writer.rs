@@ -15,7 +15,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use crate::errors::{bad_option, other, to_py};
-use crate::writer::write_options;
+use crate::writer::{write_options, Face};
 
 type Stats = (usize, usize, usize, u64, f64, f64, u64, u64, u64, u64, u64);
 
@@ -134,7 +134,7 @@ impl CudaWriter {
     ) -> PyResult<Self> {
         let schema: Schema =
             serde_json::from_str(schema_json).map_err(|e| bad_option("schema", &e.to_string()))?;
-        let write = write_options(options)?;
+        let write = write_options(options, Face::CudaWriter)?;
         let opts = CudaWriterOptions {
             device,
             slots,

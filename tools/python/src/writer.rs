@@ -22,25 +22,49 @@ fn stats(s: hspack::write::WriteStats) -> Stats {
 const USER_OPTIONS: &str = "chunk_bytes, block_rows, shard_bytes, shard_samples, codec, \
                             zstd_level, align_log2, durable, shared, quantize";
 
-pub(crate) fn write_options(options: Option<&Bound<'_, PyDict>>) -> PyResult<WriteOptions> {
+/// Whose options [`write_options`] reads: `CudaWriter`'s also say the quantized fields come
+/// as codes and scales (`prequantized`), which only its own quantizer gives.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Face {
+    Writer,
+    CudaWriter,
+}
+
+/// Option `k`'s value as a `T`; a value of another type is a `BadOption` naming `k` and what
+/// it was given.
+fn option<'py, T: FromPyObject<'py>>(k: &str, v: &Bound<'py, PyAny>, want: &str) -> PyResult<T> {
+    v.extract().map_err(|_| {
+        let given = v.repr().map_or_else(|_| "?".to_string(), |r| r.to_string());
+        bad_option(k, &format!("must be {want}, not {given}"))
+    })
+}
+
+pub(crate) fn write_options(
+    options: Option<&Bound<'_, PyDict>>,
+    face: Face,
+) -> PyResult<WriteOptions> {
     let mut o = WriteOptions::default();
     let Some(options) = options else {
         return Ok(o);
     };
+    const COUNT: &str = "a non-negative integer that fits in 64 bits";
     for (k, v) in options.iter() {
-        let k: String = k.extract()?;
+        let k: String = option("options", &k, "named by a str")?;
         match k.as_str() {
-            "chunk_bytes" => o.chunk_bytes = Some(v.extract()?),
-            "block_rows" => o.block_rows = Some(v.extract()?),
-            "shard_bytes" => o.shard_bytes = v.extract()?,
-            "shard_samples" => o.shard_samples = v.extract()?,
-            "zstd_level" => o.zstd_level = v.extract()?,
-            "align_log2" => o.align_log2 = Some(v.extract()?),
-            "durable" => o.durable = v.extract()?,
-            "shared" => o.shared = v.extract()?,
-            "prequantized" => o.prequantized = v.extract()?,
+            "chunk_bytes" => o.chunk_bytes = Some(option(&k, &v, COUNT)?),
+            "block_rows" => o.block_rows = Some(option(&k, &v, COUNT)?),
+            "shard_bytes" => o.shard_bytes = option(&k, &v, COUNT)?,
+            "shard_samples" => o.shard_samples = option(&k, &v, COUNT)?,
+            "zstd_level" => o.zstd_level = option(&k, &v, "an integer level (1 to 22)")?,
+            "align_log2" => o.align_log2 = Some(option(&k, &v, "an integer from 0 to 255")?),
+            "durable" => o.durable = option(&k, &v, "True or False")?,
+            "shared" => o.shared = option(&k, &v, "True or False")?,
+            "prequantized" if face == Face::CudaWriter => {
+                o.prequantized = option(&k, &v, "True or False")?
+            }
             "codec" => {
-                let name: String = v.extract()?;
+                let name: String =
+                    option(&k, &v, "\"none\", \"zstd\" or \"zstd-bytegroup\"")?;
                 o.codec = Codec::from_name(&name)
                     .filter(|c| Codec::LOSSLESS.contains(c))
                     .ok_or_else(|| {
@@ -215,7 +239,7 @@ impl Writer {
     ) -> PyResult<Self> {
         let schema: Schema =
             serde_json::from_str(schema_json).map_err(|e| bad_option("schema", &e.to_string()))?;
-        let options = write_options(options)?;
+        let options = write_options(options, Face::Writer)?;
         let w = py
             .allow_threads(|| {
                 if create {

@@ -237,6 +237,33 @@ def test_an_unknown_writer_option_lists_the_ones_there_are(tmp_path):
     assert "quantize" in message and "prequantized" not in message, message
 
 
+@pytest.mark.parametrize("options, option", [
+    ({"prequantized": True}, "options"),  # CudaWriter's own: bytes would be read as codes and scales
+    ({"codec": None}, "codec"),
+    ({"codec": 3}, "codec"),
+    ({"zstd_level": 2**40}, "zstd_level"),
+    ({"chunk_bytes": -1}, "chunk_bytes"),
+    ({"durable": "yes"}, "durable"),
+    ({"quantize": 123}, "quantize"),
+    ({"quantize": ["hidden.2", 7]}, "quantize"),
+])
+def test_a_writer_option_of_the_wrong_kind_is_named(tmp_path, options, option):
+    schema = [hspack.token_ids(), hspack.hidden_state(2, 8)]
+    with pytest.raises(hspack.HspackError) as e:
+        hspack.Writer(tmp_path / "ds", schema, create=True, **options)
+    assert e.value.kind == "BadOption", e.value
+    assert str(e.value).startswith(f"option {option}: "), e.value
+    assert not (tmp_path / "ds").exists()
+
+
+def test_a_quantized_field_of_zero_bytes_is_said_of_the_schema(tmp_path):
+    schema = [hspack.token_ids(), hspack.field("z", "bf16", [0], "other")]
+    with pytest.raises(hspack.HspackError) as e:
+        hspack.Writer(tmp_path / "ds", schema, create=True, quantize="fp8:z")
+    message = str(e.value)
+    assert "the schema given is not valid" in message and "damaged" not in message, message
+
+
 def test_a_mistake_in_the_schema_given_is_said_of_the_schema(tmp_path):
     """A field named twice or of zero bytes a row is the caller's schema, not a damaged
     manifest."""

@@ -133,7 +133,15 @@ def quantize_spec(quantize: Any) -> str:
     of field names (stored as fp8)."""
     if isinstance(quantize, str):
         return quantize
-    return "fp8:" + ",".join(str(n) for n in quantize)
+    if isinstance(quantize, (list, tuple)) and all(isinstance(n, str) for n in quantize):
+        return "fp8:" + ",".join(quantize)
+    from ._errors import make_error
+
+    raise make_error(
+        "BadOption",
+        f'option quantize: must be "fp8", "fp8:NAME,NAME" or a list of field names, not {quantize!r}',
+        option="quantize",
+    )
 
 
 def quantized_fields(fields: Sequence[Any], quantize: Any) -> list[dict]:
