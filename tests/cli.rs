@@ -1051,3 +1051,39 @@ fn export_refuses_a_field_safetensors_cannot_name() {
     );
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
 }
+
+/// `#N` names the sample at ordinal N; where a sample is keyed `#N` too, it names two, and is
+/// refused saying how to name each: it silently read the other one.
+#[test]
+fn an_ordinal_that_is_also_a_key_is_refused_naming_both() {
+    use hspack::{DType, DatasetWriter, Field, Role, Schema, WriteOptions};
+    let t = tempfile::tempdir().unwrap();
+    let schema = Schema::new(vec![Field::new(
+        "input_ids",
+        DType::I32,
+        &[],
+        Role::TokenIds,
+    )]);
+    let mut w =
+        DatasetWriter::create(t.path().join("ds"), schema, WriteOptions::default()).unwrap();
+    for (key, tokens) in [("#2", 1), ("x", 2), ("y", 3)] {
+        w.append(key, &[("input_ids", &vec![0u8; 4 * tokens][..])])
+            .unwrap();
+    }
+    w.finish().unwrap();
+    let show = |key: &str| hspack_in(&["show", "ds", key], t.path());
+    let o = show("#2");
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("names two samples") && text(&o).contains("'y' or '#0'"),
+        "{}",
+        text(&o)
+    );
+    for (key, said) in [("#0", "`#2`"), ("#1", "`x`"), ("y", "`y`")] {
+        let o = show(key);
+        assert_eq!(o.status.code(), Some(0), "{key}: {}", text(&o));
+        assert!(text(&o).contains(said), "{key}: {}", text(&o));
+    }
+    let o = show("1");
+    assert!(text(&o).contains("write '#1' (quoted"), "{}", text(&o));
+}

@@ -1663,3 +1663,53 @@ fn jobs_and_shard_sizes_beyond_any_machine_are_refused_by_name() {
     ));
     assert!(o.status.success(), "{}", text(&o));
 }
+
+/// Names that are not UTF-8 are said as text (U+FFFD in place), never a panic nor an empty
+/// line: `convert --skip-bad --json` into such a folder, a bad file of such a name in the
+/// bad-file list, and `info --json` of the dataset.
+#[test]
+fn names_that_are_not_utf8_are_said_not_lost() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    write_dumps(&src, 0..2);
+    std::fs::write(
+        src.join(OsStr::from_bytes(b"bad\xff.safetensors")),
+        b"\x10\0\0\0",
+    )
+    .unwrap();
+    let ds = t.path().join(OsStr::from_bytes(b"ds\xfe"));
+    let placeholder = t.path().join("ds");
+    let mut args: Vec<&OsStr> = convert_args(&src, &placeholder, &["--skip-bad", "--json"])
+        .into_iter()
+        .map(OsStr::new)
+        .collect();
+    args[2] = ds.as_os_str();
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_hspack"))
+        .args(&args)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        v["bad"][0]["file"].as_str().unwrap().rsplit('/').next(),
+        Some("bad\u{fffd}.safetensors")
+    );
+    assert!(
+        v["dataset"]["path"]
+            .as_str()
+            .unwrap()
+            .ends_with("ds\u{fffd}"),
+        "{v}"
+    );
+    let report = std::fs::read_to_string(ds.join("convert-report.jsonl")).unwrap();
+    assert!(report.contains("bad\u{fffd}.safetensors"), "{report:?}");
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_hspack"))
+        .args([OsStr::new("info"), ds.as_os_str(), OsStr::new("--json")])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(v["path"].as_str().unwrap().ends_with("ds\u{fffd}"), "{v}");
+}

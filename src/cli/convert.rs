@@ -265,8 +265,9 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             "reused": r.reused, "samples_reused": r.samples_reused,
             "captures_stale": r.captures_stale,
             "source_bytes": r.source_bytes, "ignored": r.ignored, "deleted": r.deleted, "kept": r.kept,
-            "bad": r.bad, "report": r.report_path,
-            "dataset": {"path": spec.dst, "samples": r.stats.samples, "shards": r.stats.shards,
+            "bad": r.bad.iter().map(|b| serde_json::json!({"file": b.file.display().to_string(), "error": b.error})).collect::<Vec<_>>(),
+            "report": r.report_path.as_ref().map(|p| p.display().to_string()),
+            "dataset": {"path": spec.dst.display().to_string(), "samples": r.stats.samples, "shards": r.stats.shards,
                         "bytes": r.stats.bytes},
             "seconds": secs,
         });

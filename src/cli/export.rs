@@ -23,7 +23,7 @@ enum To {
 pub struct Args {
     #[arg(help = super::DATASET)]
     dir: PathBuf,
-    /// Sample key (or `#ORDINAL`).
+    /// Sample key, or '#ORDINAL' (quoted: a shell takes # for a comment), e.g. '#0'.
     key: String,
     /// Output format.
     #[arg(long)]

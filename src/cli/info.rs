@@ -36,7 +36,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let manifest_hash = blake3::hash(ds.manifest_bytes()).to_hex().to_string();
     if a.json {
         let v = serde_json::json!({
-            "path": a.dir,
+            "path": a.dir.display().to_string(),
             "dataset_id": m.dataset_id,
             "format_version": m.version,
             "samples": m.samples,

@@ -124,14 +124,36 @@ pub fn rerun_helps(e: &hspack::Error) -> bool {
 
 /// The sample `key` names on the command line: `#N` the sample at ordinal N, anything else a
 /// sample key (one that no sample has and reads as a number says how to ask for an ordinal).
+/// `#N` that is also a sample's key names two samples: refused, saying how to name each.
 pub fn sample_named<'d>(ds: &'d hspack::Dataset, key: &str) -> anyhow::Result<hspack::Sample<'d>> {
     if let Some(ordinal) = key.strip_prefix('#').and_then(|n| n.parse::<u64>().ok()) {
-        return Ok(ds.sample(ordinal)?);
+        let at = ds.sample(ordinal);
+        return match ds.get_by_key(key) {
+            Err(hspack::Error::NoSuchKey { .. }) => Ok(at?),
+            Err(e) => Err(e.into()),
+            Ok(keyed) => match at {
+                Err(hspack::Error::NoSuchSample { .. }) => Ok(keyed),
+                Err(e) => Err(e.into()),
+                Ok(at) if at.ordinal() == keyed.ordinal() => Ok(at),
+                Ok(at) => anyhow::bail!(
+                    "'{key}' names two samples: the one at ordinal {ordinal} (key `{}`) and the \
+                     one keyed `{key}` (ordinal {}); name the one you mean by what only it has: \
+                     '{}' or '#{}'",
+                    at.key(),
+                    keyed.ordinal(),
+                    at.key(),
+                    keyed.ordinal()
+                ),
+            },
+        };
     }
     ds.get_by_key(key).map_err(|e| {
         let numeric = matches!(e, hspack::Error::NoSuchKey { .. }) && key.parse::<u64>().is_ok();
         match numeric {
-            true => anyhow::anyhow!("{e}; for the sample at ordinal {key}, write `#{key}`"),
+            true => anyhow::anyhow!(
+                "{e}; for the sample at ordinal {key}, write '#{key}' (quoted: a shell takes # \
+                 for a comment)"
+            ),
             false => e.into(),
         }
     })

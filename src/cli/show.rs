@@ -12,7 +12,7 @@ use super::shape_text;
 pub struct Args {
     #[arg(help = super::DATASET)]
     dir: PathBuf,
-    /// Sample key (or `#ORDINAL`).
+    /// Sample key, or '#ORDINAL' (quoted: a shell takes # for a comment), e.g. '#0'.
     key: String,
     /// Print JSON.
     #[arg(long)]

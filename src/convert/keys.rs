@@ -383,6 +383,8 @@ pub struct KeyLog {
 #[derive(serde::Serialize, serde::Deserialize)]
 struct Line {
     unit: String,
+    /// Named in messages only (a name that is not UTF-8 kept as text).
+    #[serde(serialize_with = "super::report::lossy_path")]
     file: PathBuf,
     key: String,
     /// The identity of the unit's files ([`Unit::identity`]); absent in logs of earlier

@@ -29,11 +29,18 @@ pub enum Progress {
     },
 }
 
+/// A path as JSON writes it: as text, a name that is not UTF-8 with U+FFFD in its place (not
+/// an error, which left a line of the bad-file list empty).
+pub(crate) fn lossy_path<S: serde::Serializer>(path: &Path, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&path.to_string_lossy())
+}
+
 /// A source file that could not be converted.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct BadFile {
     /// The file at fault: the one whose content is bad, or that is missing from its group
     /// (else the first of the group).
+    #[serde(serialize_with = "lossy_path")]
     pub file: PathBuf,
     /// Why.
     pub error: String,
