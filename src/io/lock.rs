@@ -84,8 +84,11 @@ impl Drop for WriterLock {
     fn drop(&mut self) {
         // A forked child shares the lock with its parent; only the parent releases it.
         if self.is_owner() {
-            // Deleted while still locked: see the module's doc.
-            let _ = std::fs::remove_file(&self.path);
+            // Deleted while still locked: see the module's doc. Only while it names the file
+            // this writer holds: one deleted by hand and taken since is the next writer's.
+            if still_named(&self.file, &self.path).unwrap_or(false) {
+                let _ = std::fs::remove_file(&self.path);
+            }
             let _ = self.file.unlock();
         }
     }
@@ -316,6 +319,28 @@ mod tests {
         assert!(again.is_owner());
         assert!(dir.path().join(LOCK_FILE).exists());
         drop(again);
+        assert!(!dir.path().join(LOCK_FILE).exists());
+    }
+
+    /// A lock file deleted by hand lets a second writer in (the manifest check stops one of
+    /// them at its commit); the first one's drop must not delete the second's file too, which
+    /// let a third in while the second held the dataset.
+    #[test]
+    fn a_drop_deletes_only_the_lock_file_it_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = WriterLock::take(dir.path()).unwrap();
+        std::fs::remove_file(dir.path().join(LOCK_FILE)).unwrap();
+        let second = WriterLock::take(dir.path()).unwrap();
+        drop(first);
+        assert!(
+            dir.path().join(LOCK_FILE).exists(),
+            "the second's file went"
+        );
+        assert!(matches!(
+            WriterLock::take(dir.path()),
+            Err(Error::Locked { .. })
+        ));
+        drop(second);
         assert!(!dir.path().join(LOCK_FILE).exists());
     }
 
