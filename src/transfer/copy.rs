@@ -125,7 +125,7 @@ pub fn copy(
     // destination has always added them.)
     for f in manifest.listed_files() {
         if src.storage().size(f.file)?.is_none() {
-            return Err(source_changed(src, f.file));
+            return Err(source_changed(src, dst, f.file));
         }
     }
     pool.install(|| {
@@ -400,7 +400,7 @@ pub(crate) fn copy_listed_files(
             continue;
         }
         let Some(bytes) = src.storage().read(f.file)? else {
-            return Err(source_changed(src, f.file));
+            return Err(source_changed(src, dst, f.file));
         };
         if hash(&bytes) != want || bytes.len() as u64 != f.bytes {
             return Err(Error::SamplesTable {
@@ -433,7 +433,7 @@ pub(crate) fn copy_listed_files(
 /// File `file` the source's manifest lists is gone. When the manifest there is another now, a
 /// writer committing to the source merged its segments since it was opened and removed those
 /// this copy was to send: the source changed, it is not damaged. Else the source lost it.
-fn source_changed(src: &Dataset, file: &str) -> Error {
+fn source_changed(src: &Dataset, dst: &Arc<dyn Storage>, file: &str) -> Error {
     let path = src.storage().path(file);
     match src.storage().read(MANIFEST_FILE) {
         Ok(Some(now)) if now == src.manifest_bytes() => Error::SamplesTable {
@@ -443,12 +443,13 @@ fn source_changed(src: &Dataset, file: &str) -> Error {
                 .into(),
         },
         _ => Error::CopyRefused {
-            path,
-            detail: "the source's manifest listed it when the copy began, and a writer \
-                     committing to the source has since replaced it; the source's manifest was \
-                     not published at the destination: run the copy again (what was sent is \
-                     kept)"
-                .into(),
+            path: dst.root().to_path_buf(),
+            detail: format!(
+                "the source's {} was listed by its manifest when the copy began, and a writer \
+                 committing to the source has since replaced it; the source's manifest was not \
+                 published here: run the copy again (what was sent is kept)",
+                path.display()
+            ),
         },
     }
 }
