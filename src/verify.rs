@@ -382,6 +382,12 @@ fn check_samples_tables(ds: &Dataset, missing: &mut Vec<PathBuf>) -> Vec<Error> 
     problems
 }
 
+/// Whether the samples table (versions 1 to 3) or its parts (version 4) are as the manifest
+/// records them: what `reindex` leaves alone.
+pub(crate) fn samples_tables_intact(ds: &Dataset) -> bool {
+    check_samples_tables(ds, &mut Vec::new()).is_empty()
+}
+
 /// Every key run (version 4) against its length and hash, its rules (§6.4), and the keys of
 /// its segment's shards: one entry per sample, none missing, none more.
 fn check_key_runs(ds: &Dataset, missing: &mut Vec<PathBuf>) -> Vec<Error> {

@@ -1087,3 +1087,54 @@ fn an_ordinal_that_is_also_a_key_is_refused_naming_both() {
     let o = show("1");
     assert!(text(&o).contains("write '#1' (quoted"), "{}", text(&o));
 }
+
+/// `reindex` leaves a dataset of an earlier version whose table is intact as it is (it made
+/// it version 4: a new digest, and `repair` then refused its copies); a damaged table is
+/// written anew, saying that the version and digest changed.
+#[test]
+fn reindex_leaves_an_intact_earlier_version_as_it_is() {
+    let t = tempfile::tempdir().unwrap();
+    let golden = Path::new(env!("CARGO_MANIFEST_DIR")).join("format-spec/golden/v1/none");
+    let ds = t.path().join("ds");
+    std::fs::create_dir(&ds).unwrap();
+    for e in std::fs::read_dir(&golden).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), ds.join(e.file_name())).unwrap();
+    }
+    let files = |dir: &Path| -> Vec<(std::ffi::OsString, Vec<u8>)> {
+        let mut f: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                (e.file_name(), std::fs::read(e.path()).unwrap())
+            })
+            .collect();
+        f.sort();
+        f
+    };
+    let before = files(&ds);
+    let digest = text(&hspack_in(&["digest", "ds"], t.path()));
+    let o = hspack_in(&["reindex", "ds"], t.path());
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("nothing rewritten"), "{}", text(&o));
+    assert!(files(&ds) == before, "reindex changed files");
+    assert_eq!(text(&hspack_in(&["digest", "ds"], t.path())), digest);
+    // A damaged table is rewritten, and the new version said.
+    let table = ds.join("samples.parquet");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&table, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let mut bytes = std::fs::read(&table).unwrap();
+    bytes[10] ^= 1;
+    std::fs::write(&table, bytes).unwrap();
+    let o = hspack_in(&["reindex", "ds"], t.path());
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("made format version 4 (from 1)"),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(
+        hspack_in(&["verify", "ds"], t.path()).status.code(),
+        Some(0)
+    );
+}

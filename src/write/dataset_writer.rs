@@ -800,18 +800,23 @@ impl Drop for DatasetWriter {
 
 /// Rewrites the files derived from the shards' indexes, which the manifest covers: the key
 /// runs and samples table parts (version 4) that are missing or damaged, each bit for bit
-/// as its segment records it; a dataset of version 1 to 3 is made version 4, its table
-/// written anew unless intact. The repair when verify finds one of them missing, stale or
-/// damaged. Takes the writer lock like any writer. Returns the files rewritten.
+/// as its segment records it. A dataset of version 1 to 3 is left as it is where its table is
+/// intact (made version 4, its digest would change, and its copies no longer count as copies
+/// of it for `repair`); else it is made version 4, its table written anew. The repair when
+/// verify finds one of them missing, stale or damaged. Takes the writer lock like any writer.
+/// Returns the files rewritten.
 pub fn reindex(dir: impl AsRef<Path>) -> Result<Vec<String>> {
     reindex_in(crate::store::open_location(dir)?)
 }
 
 /// [`reindex`], for a dataset in `storage`.
 pub fn reindex_in(storage: Arc<dyn Storage>) -> Result<Vec<String>> {
-    let schema = Dataset::open_in(Arc::clone(&storage), ReadOptions::default())?
-        .schema()
-        .clone();
+    let ds = Dataset::open_in(Arc::clone(&storage), ReadOptions::default())?;
+    if !ds.manifest().is_segmented() && crate::verify::samples_tables_intact(&ds) {
+        return Ok(Vec::new());
+    }
+    let schema = ds.schema().clone();
+    drop(ds);
     let w = DatasetWriter::open_in(storage, schema, WriteOptions::default())?;
     if !w.manifest.is_segmented() {
         let table = w.manifest.samples_table.clone();
