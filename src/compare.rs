@@ -23,8 +23,11 @@ pub struct FieldDiff {
     pub stored: String,
     /// Values compared.
     pub values: u64,
-    /// Values that differ.
+    /// Values that differ (integers compared exactly, floats by their bits).
     pub differing: u64,
+    /// Values NaN or infinite in either dataset: counted in `differing` where they differ,
+    /// left out of `max_abs`, `rel_l2` and the cosines, which they would make NaN or infinite.
+    pub non_finite: u64,
     /// Largest absolute difference.
     pub max_abs: f64,
     /// ‖a − b‖ / ‖a‖ over all values (0 where a is all zeros and b equals it).
@@ -50,6 +53,7 @@ pub struct Comparison {
 struct Acc {
     values: u64,
     differing: u64,
+    non_finite: u64,
     max_abs: f64,
     sum_sq_a: f64,
     sum_sq_d: f64,
@@ -59,14 +63,25 @@ struct Acc {
 }
 
 impl Acc {
-    fn add_row(&mut self, a: &[f64], b: &[f64]) {
+    /// Adds a row: `a` and `b` as f64, and for an integer field `ints`, the same values exactly
+    /// (an i64 past 2^53 has no f64 of its own).
+    fn add_row(&mut self, a: &[f64], b: &[f64], ints: Option<(&[i64], &[i64])>) {
         let (mut dot, mut na, mut nb) = (0.0, 0.0, 0.0);
-        for (&x, &y) in a.iter().zip(b) {
-            let d = x - y;
-            if x.to_bits() != y.to_bits() {
-                self.differing += 1;
+        for (i, (&x, &y)) in a.iter().zip(b).enumerate() {
+            let (differ, d) = match ints {
+                Some((ia, ib)) => {
+                    let d = (i128::from(ia[i]) - i128::from(ib[i])).unsigned_abs();
+                    (d != 0, d as f64)
+                }
+                None => (x.to_bits() != y.to_bits(), (x - y).abs()),
+            };
+            self.differing += u64::from(differ);
+            if !(x.is_finite() && y.is_finite()) {
+                self.non_finite += 1;
+                continue;
             }
-            self.max_abs = self.max_abs.max(d.abs());
+            self.max_abs = self.max_abs.max(d);
+            let d = x - y;
             self.sum_sq_a += x * x;
             self.sum_sq_d += d * d;
             dot += x * y;
@@ -76,7 +91,8 @@ impl Acc {
         self.values += a.len() as u64;
         let cos = match (na > 0.0, nb > 0.0) {
             (false, false) => 1.0,
-            (true, true) => dot / (na.sqrt() * nb.sqrt()),
+            // One square root: a row compared with itself gives exactly 1.
+            (true, true) => (dot / (na * nb).sqrt()).clamp(-1.0, 1.0),
             _ => 0.0,
         };
         self.cos_min = if self.rows == 0 {
@@ -182,12 +198,19 @@ pub fn compare(a: &Dataset, b: &Dataset, options: &CompareOptions) -> Result<Com
                     .count() as u64;
                 continue;
             };
-            let row = field.row_elems() as usize;
-            for (ra, rb) in va.chunks(row.max(1)).zip(vb.chunks(row.max(1))) {
+            let ints = field
+                .dtype
+                .ints(ta.bytes())
+                .zip(field.dtype.ints(tb.bytes()));
+            let row = field.row_elems().max(1) as usize;
+            for (r, (ra, rb)) in va.chunks(row).zip(vb.chunks(row)).enumerate() {
                 let mut at = 0;
                 for (p, &(_, len)) in layout[f].iter().enumerate() {
-                    let len = len as usize;
-                    accs[f][p].add_row(&ra[at..at + len], &rb[at..at + len]);
+                    let (len, from) = (len as usize, r * row + at);
+                    let exact = ints
+                        .as_ref()
+                        .map(|(ia, ib)| (&ia[from..from + len], &ib[from..from + len]));
+                    accs[f][p].add_row(&ra[at..at + len], &rb[at..at + len], exact);
                     at += len;
                 }
             }
@@ -206,6 +229,7 @@ pub fn compare(a: &Dataset, b: &Dataset, options: &CompareOptions) -> Result<Com
                 stored: stored.clone(),
                 values: acc.values,
                 differing: acc.differing,
+                non_finite: acc.non_finite,
                 max_abs: acc.max_abs,
                 rel_l2: match acc.sum_sq_a > 0.0 {
                     true => (acc.sum_sq_d / acc.sum_sq_a).sqrt(),

@@ -73,5 +73,13 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         );
     }
     println!("rel err: ‖a − b‖ / ‖a‖ over the field (or layer); cos: per token row");
+    for f in c.fields.iter().filter(|f| f.non_finite > 0) {
+        let layer = f.layer.map_or(String::new(), |l| format!(" (layer {l})"));
+        println!(
+            "NOTE {}{layer}: {} values NaN or infinite in either dataset, left out of max |err|, \
+             rel err and cos ({} of all values differ)",
+            f.field, f.non_finite, f.differing
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }

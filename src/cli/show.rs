@@ -44,13 +44,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             Ok(t) => t,
             Err(e) => return Ok(super::read_failed(e.into())),
         };
-        let stats = t.to_f64().filter(|v| !v.is_empty()).map(|v| {
-            let min = v.iter().cloned().fold(f64::INFINITY, f64::min);
-            let max = v.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-            let mean = v.iter().sum::<f64>() / v.len() as f64;
-            let head: Vec<f64> = v.iter().take(6).cloned().collect();
-            (min, max, mean, head, v.len())
-        });
+        let stats = t.to_f64().filter(|v| !v.is_empty()).map(|v| Stats::of(&v));
         fields.push((f.name.clone(), f.dtype, t.shape.clone(), stats));
     }
     if a.json {
@@ -58,8 +52,11 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             "key": s.key(), "ordinal": s.ordinal(), "tokens": s.rows(), "loss_tokens": s.loss_rows(),
             "fields": fields.iter().map(|(n, d, shape, st)| serde_json::json!({
                 "name": n, "dtype": d.name(), "shape": shape,
-                "min": st.as_ref().map(|s| s.0), "max": st.as_ref().map(|s| s.1),
-                "mean": st.as_ref().map(|s| s.2), "head": st.as_ref().map(|s| s.3.clone()),
+                "min": st.as_ref().and_then(|s| s.finite.map(|f| f.0)),
+                "max": st.as_ref().and_then(|s| s.finite.map(|f| f.1)),
+                "mean": st.as_ref().and_then(|s| s.finite.map(|f| f.2)),
+                "nan": st.as_ref().map(|s| s.nan), "inf": st.as_ref().map(|s| s.inf),
+                "head": st.as_ref().map(|s| s.head.clone()),
             })).collect::<Vec<_>>(),
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
@@ -79,14 +76,22 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     for (n, d, shape, st) in fields {
         let shape = shape_text(&shape);
         match st {
-            Some((min, max, mean, head, elems)) => {
-                let more = if head.len() < elems { " …" } else { "" };
-                let head: Vec<String> = head.into_iter().map(number).collect();
+            Some(st) => {
+                let more = if st.head.len() < st.elems { " …" } else { "" };
+                let head: Vec<String> = st.head.into_iter().map(number).collect();
+                let range = match st.finite {
+                    Some((min, max, mean)) => {
+                        format!("min {}  max {}  mean {mean:.4}", number(min), number(max))
+                    }
+                    None => "no finite value".to_string(),
+                };
+                let odd = match (st.nan, st.inf) {
+                    (0, 0) => String::new(),
+                    (nan, inf) => format!("  ({nan} NaN, {inf} infinite: not in min, max, mean)"),
+                };
                 println!(
-                    "  {n:<width$}  {:<8} {shape:<14} min {}  max {}  mean {mean:.4}  first {}{more}",
+                    "  {n:<width$}  {:<8} {shape:<14} {range}  first {}{more}{odd}",
                     d.name(),
-                    number(min),
-                    number(max),
                     head.join(" ")
                 )
             }
@@ -101,4 +106,34 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A field's values in brief.
+struct Stats {
+    /// Min, max and mean of the finite values; `None` where there is none.
+    finite: Option<(f64, f64, f64)>,
+    /// NaN values, and infinite ones.
+    nan: usize,
+    inf: usize,
+    /// The first values.
+    head: Vec<f64>,
+    elems: usize,
+}
+
+impl Stats {
+    fn of(v: &[f64]) -> Stats {
+        let finite: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
+        let range = (!finite.is_empty()).then(|| {
+            let min = finite.iter().copied().fold(f64::INFINITY, f64::min);
+            let max = finite.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            (min, max, finite.iter().sum::<f64>() / finite.len() as f64)
+        });
+        Stats {
+            finite: range,
+            nan: v.iter().filter(|x| x.is_nan()).count(),
+            inf: v.iter().filter(|x| x.is_infinite()).count(),
+            head: v.iter().take(6).copied().collect(),
+            elems: v.len(),
+        }
+    }
 }

@@ -44,7 +44,7 @@ pub fn verify<'py>(
 
 /// Compares the dataset in `b` with the one in `a` (the same samples, by key), value by
 /// value; returns `hspack compare --json`'s object as JSON: `samples`, `rows`, and `fields`,
-/// each `field`, `layer`, `stored`, `values`, `differing`, `max_abs`, `rel_l2`,
+/// each `field`, `layer`, `stored`, `values`, `differing`, `non_finite`, `max_abs`, `rel_l2`,
 /// `cosine_mean`, `cosine_min`.
 #[pyfunction]
 #[pyo3(signature = (a, b, samples = None))]

@@ -39,6 +39,6 @@ def compare(a: str | os.PathLike, b: str | os.PathLike, samples: int | None = No
 
     Returns `samples`, `rows` and `fields`: for each field (each layer of a field that stacks
     layers) `field`, `layer`, `stored` (`"exact"` or the scheme `b` stores it with), `values`,
-    `differing`, `max_abs`, `rel_l2` (‖a − b‖ / ‖a‖), `cosine_mean` and `cosine_min` (of each
-    token's row). Only the first `samples` samples of `a` when given."""
+    `differing`, `non_finite` (NaN or infinite in either, left out of the next four),
+    `max_abs`, `rel_l2` (‖a − b‖ / ‖a‖), `cosine_mean` and `cosine_min` (of each token's row). Only the first `samples` samples of `a` when given."""
     return json.loads(_hspack.compare_json(os.fspath(a), os.fspath(b), samples))
