@@ -377,7 +377,9 @@ def test_batches_to_pin_come_from_workers_uncollated_with_nothing_copied(stacked
     ds = HspackDataset(stacked_path, view="eagle3")
     collate = PadCollate()
     want = [collate([ds[i] for i in b]) for b in batches_of(ds, 5)]
-    loader = torch.utils.data.DataLoader(ds, batch_size=5, sampler=HspackSampler(ds, shuffle=False), num_workers=2, collate_fn=CollateToPinned(collate))
+    to_pin = CollateToPinned(collate)
+    to_pin.pin = True  # as on a machine with an accelerator, here too
+    loader = torch.utils.data.DataLoader(ds, batch_size=5, sampler=HspackSampler(ds, shuffle=False), num_workers=2, collate_fn=to_pin)
     got = list(loader)
     assert len(got) == len(want) == 3
     for pending, w in zip(got, want):
@@ -387,9 +389,29 @@ def test_batches_to_pin_come_from_workers_uncollated_with_nothing_copied(stacked
             for k in ("aux_hidden_state", "hidden_state"):
                 assert not s[k].is_shared() and transfer.origin(s[k]) is not None
         assert_same_batch(pending.collated(), w)
+        # A plain DataLoader that did not pin hands it on as it came: it reads as the batch.
+        assert_same_batch(pending, w)
+        assert pending["aux_hidden_state"] is pending.collated()["aux_hidden_state"]
     # A loader that ends up not pinning still hands out collated batches.
-    plain = HspackLoader(ds, batch_size=5, sampler=HspackSampler(ds, shuffle=False), num_workers=2, collate_fn=CollateToPinned(collate))
+    plain = HspackLoader(ds, batch_size=5, sampler=HspackSampler(ds, shuffle=False), num_workers=2, collate_fn=to_pin)
     for g, w in zip(plain, want):
+        assert_same_batch(g, w)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_collate_to_pinned_in_a_plain_dataloader_gives_batches_with_or_without_an_accelerator(stacked_path, workers):
+    """As the README shows it: `DataLoader(..., pin_memory=True, collate_fn=CollateToPinned(
+    PadCollate()))`. Without an accelerator torch pins nothing: batches were `Uncollated`
+    objects (workers) or failed to pin (no workers)."""
+    ds = HspackDataset(stacked_path, view="eagle3")
+    collate = PadCollate()
+    want = [collate([ds[i] for i in b]) for b in batches_of(ds, 5)]
+    loader = torch.utils.data.DataLoader(ds, batch_size=5, sampler=HspackSampler(ds, shuffle=False), num_workers=workers,
+                                         pin_memory=True, collate_fn=CollateToPinned(collate))
+    got = list(loader)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert isinstance(g, dict), type(g)
         assert_same_batch(g, w)
 
 

@@ -237,25 +237,73 @@ class Uncollated:
 
     def __init__(self, samples: list, collate: PadCollate):
         self.samples, self.collate = samples, collate
+        self._batch: dict | None = None
 
     def pin_memory(self, device: Any = None) -> dict:
         return self.collate(self.samples, pin=True)
 
     def collated(self) -> dict:
         """The batch in ordinary memory, for a loader that did not pin after all."""
-        return self.collate(self.samples)
+        if self._batch is None:
+            self._batch = self.collate(self.samples)
+        return self._batch
+
+    # Reached by a batch a DataLoader did not pin (`pin_memory=False`): read as the batch it
+    # is, collated on first use. (Not a `Mapping`: torch would pin it field by field, a
+    # second copy, instead of calling `pin_memory`.)
+    def __getitem__(self, name: str) -> Any:
+        return self.collated()[name]
+
+    def __iter__(self) -> Any:
+        return iter(self.collated())
+
+    def __len__(self) -> int:
+        return len(self.collated())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.collated()
+
+    def keys(self) -> Any:
+        return self.collated().keys()
+
+    def items(self) -> Any:
+        return self.collated().items()
+
+    def values(self) -> Any:
+        return self.collated().values()
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self.collated().get(name, default)
+
+
+def _can_pin() -> bool:
+    """Whether a DataLoader with `pin_memory=True` pins here: as torch decides, on an
+    accelerator other than MPS (without one, it warns and does not pin)."""
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is None:
+        return torch.cuda.is_available()
+    if not accelerator.is_available():
+        return False
+    current = accelerator.current_accelerator()
+    return current is None or current.type != "mps"
 
 
 class CollateToPinned:
     """Wraps a `PadCollate` for a loader that pins memory: in a DataLoader worker it returns
     the samples `Uncollated`, for the main process to collate into pinned memory; without
     workers it collates into pinned memory at once (the DataLoader's pinning then finds
-    nothing to copy)."""
+    nothing to copy). Where nothing can be pinned (no accelerator: the DataLoader does not
+    pin), it collates as the `PadCollate` does; a batch a loader does not pin after all reads
+    as the collated batch (`Uncollated`)."""
 
     def __init__(self, collate: PadCollate):
         self.collate = collate
+        # Decided here, in the main process, once: workers ask no accelerator.
+        self.pin = _can_pin()
 
     def __call__(self, samples: Sequence[dict]) -> Any:
+        if not self.pin:
+            return self.collate(samples)
         if tud.get_worker_info() is not None:
             return Uncollated(list(samples), self.collate)
         return self.collate(samples, pin=True)
