@@ -1138,3 +1138,33 @@ fn reindex_leaves_an_intact_earlier_version_as_it_is() {
         Some(0)
     );
 }
+
+/// A URL with a slash missing (`s3:/bucket/ds`) is refused, not taken for a folder named
+/// `s3:` (a copy to it wrote the whole dataset here, and said it had copied it).
+#[test]
+fn a_url_with_a_slash_missing_is_refused_not_written_as_a_folder() {
+    let t = tempfile::tempdir().unwrap();
+    assert!(demo(t.path()).status.success());
+    for to in [
+        "s3:/bucket/ds",
+        "s3:bucket/ds",
+        "gs:/b/ds",
+        "HTTPS:/host/ds",
+    ] {
+        let o = hspack_in(&["cp", "ds", to], t.path());
+        assert_eq!(o.status.code(), Some(2), "{to}: {}", text(&o));
+        assert!(text(&o).contains("two slashes"), "{}", text(&o));
+    }
+    let o = hspack_in(&["info", "s3:/bucket/ds"], t.path());
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert_eq!(
+        files_under(t.path())
+            .iter()
+            .filter(|p| p.starts_with("s3:") || p.starts_with("gs:"))
+            .count(),
+        0
+    );
+    // Written as a folder, it is one.
+    let o = hspack_in(&["cp", "ds", "./s3:/b"], t.path());
+    assert!(o.status.success(), "{}", text(&o));
+}

@@ -297,8 +297,35 @@ pub fn open_location(location: impl AsRef<Path>) -> Result<Arc<dyn Storage>> {
     match text.split_once("://") {
         Some(("file", path)) => Ok(local(path)),
         _ if is_remote(location) => Ok(Arc::new(ObjectStorage::open(&text)?)),
-        _ => Ok(local(location)),
+        _ => {
+            refuse_mistyped_url(&text)?;
+            Ok(local(location))
+        }
     }
+}
+
+/// The URL schemes of the storages hspack reaches, and `file`.
+const SCHEMES: [&str; 9] = [
+    "s3", "gs", "gcs", "az", "azure", "abfs", "abfss", "http", "https",
+];
+
+/// Refuses a path that begins as a URL of object storage with a slash missing (`s3:/b/ds`,
+/// `s3:b/ds`): taken for a folder, it would be written here, silently.
+fn refuse_mistyped_url(text: &str) -> Result<()> {
+    let Some((scheme, rest)) = text.split_once(':') else {
+        return Ok(());
+    };
+    if !(SCHEMES.contains(&scheme.to_ascii_lowercase().as_str()) || scheme == "file") {
+        return Ok(());
+    }
+    let bucket = rest.trim_start_matches('/');
+    Err(crate::Error::BadOption {
+        option: "location",
+        detail: format!(
+            "`{text}` would be a folder named `{scheme}:` here; a URL is written with two \
+             slashes: `{scheme}://{bucket}`; for a folder of that name, write `./{text}`"
+        ),
+    })
 }
 
 /// True when `location` is a URL of object storage (`s3://`, `gs://`, `az://`, `http(s)://`),
