@@ -386,7 +386,7 @@ fn info_ls_show_and_export() {
     let o = hspack_in(&["show", "ds", "3"], t.path());
     assert_eq!(o.status.code(), Some(2));
     assert!(
-        text(&o).contains("write `#3`") && text(&o).contains("no sample has key `3`"),
+        text(&o).contains("write '#3'") && text(&o).contains("no sample has key `3`"),
         "{}",
         text(&o)
     );
@@ -1167,4 +1167,24 @@ fn a_url_with_a_slash_missing_is_refused_not_written_as_a_folder() {
     // Written as a folder, it is one.
     let o = hspack_in(&["cp", "ds", "./s3:/b"], t.path());
     assert!(o.status.success(), "{}", text(&o));
+}
+
+/// What a new user points a command at by mistake is named with what to do: a dump file (to
+/// convert), and a folder an interrupted copy left shards in (run the copy again).
+#[test]
+fn a_dump_file_and_an_interrupted_copy_are_said_with_what_to_do() {
+    let t = tempfile::tempdir().unwrap();
+    std::fs::write(t.path().join("x.pt"), b"PK").unwrap();
+    let o = hspack_in(&["info", "x.pt"], t.path());
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("hspack convert . OUT"), "{}", text(&o));
+    std::fs::create_dir(t.path().join("copy")).unwrap();
+    std::fs::write(t.path().join("copy/shard-000000.hsp.tmp"), b"").unwrap();
+    let o = hspack_in(&["info", "copy"], t.path());
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("running it again resumes"),
+        "{}",
+        text(&o)
+    );
 }

@@ -76,9 +76,27 @@ fn not_a_dataset(root: &Path) -> Error {
             .parent()
             .filter(|p| !p.as_os_str().is_empty())
             .map_or(".".into(), |p| p.display().to_string());
-        format!(
-            "it is a file; give the dataset's folder (the one holding manifest.json: {folder}?)"
-        )
+        let (extensions, _) = crate::convert::layout::Preset::Generic.extensions();
+        let named = |e: &str| {
+            let name = root.file_name().unwrap_or_default().to_string_lossy();
+            name.ends_with(e) || name.ends_with(&format!("{e}.gz"))
+        };
+        match extensions.iter().any(|e| named(e)) {
+            true => format!(
+                "it is a file, a dump to convert? `hspack convert {folder} OUT --layout ...` \
+                 makes a dataset of the dumps in its folder (see `hspack convert --help`); \
+                 else give the dataset's folder (the one holding manifest.json)"
+            ),
+            false => format!(
+                "it is a file; give the dataset's folder (the one holding manifest.json: \
+                 {folder}?)"
+            ),
+        }
+    } else if local && holds_shards(root) {
+        "it holds a dataset's shards but no manifest.json: a copy (`hspack cp`) or a writer \
+         stopped before its first commit left them, and running it again resumes; if the \
+         manifest was lost, copy the dataset again from an intact copy"
+            .into()
     } else if crate::store::is_store(root) {
         format!(
             "it is a store of datasets: name one as {}/NAME (`hspack store ls {}` lists them)",
@@ -98,6 +116,19 @@ fn not_a_dataset(root: &Path) -> Error {
         path: root.to_path_buf(),
         why,
     }
+}
+
+/// Whether folder `dir` holds shards, or shards being written (a look at its first 4096
+/// entries).
+fn holds_shards(dir: &Path) -> bool {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    entries.flatten().take(4096).any(|e| {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        name.starts_with("shard-") && name.contains(".hsp")
+    })
 }
 
 /// The name of a file in folder `dir` (or a folder in it) that `hspack convert` reads, if any:
