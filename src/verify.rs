@@ -12,7 +12,6 @@
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 
 use rayon::prelude::*;
 
@@ -169,17 +168,8 @@ pub fn verify_dataset(
     let manifest = ds.manifest();
     let schema = ds.schema();
     let mut problems = Vec::new();
-    let mut shards: Vec<Arc<Shard>> = Vec::new();
-    for seq in 0..manifest.shards.len() {
-        match ds.shard(seq) {
-            Ok(s) => shards.push(s.clone()),
-            Err(e) => problems.push(e),
-        }
-    }
     let (leftovers, unknown_files) = files_not_in_use(&ds)?;
     let mut missing = Vec::new();
-    problems.extend(check_samples_tables(&ds, &mut missing));
-    problems.extend(check_key_runs(&ds, &mut missing));
     let mut report = Report {
         shards: manifest.shards.len() as u64,
         samples: manifest.samples,
@@ -195,51 +185,29 @@ pub fn verify_dataset(
         quick: options.quick,
         replaced_meanwhile: Vec::new(),
     };
-    // Shards a storage maps are hashed chunk by chunk on every core; the others (object
-    // storage) are scanned in file order, several shards at once, in large reads.
-    let mapped = |s: &Arc<Shard>| s.is_mapped();
     let hashed = AtomicU64::new(0);
-    let scanned: Vec<Vec<Error>> = crate::parallel::install(|| {
-        shards
-            .par_iter()
-            .map(|shard| {
-                let hash = !options.quick && !mapped(shard);
-                let (found, bytes) = check_layout(shard, schema, !options.quick, hash, progress);
-                hashed.fetch_add(bytes, Ordering::Relaxed);
-                found
-            })
-            .collect()
-    });
-    problems.extend(scanned.into_iter().flatten());
-    for shard in &shards {
-        report.chunk_headers += shard.footer().chunk_count;
+    // A batch of shards at a time, each let go once checked: a process maps at most
+    // `vm.max_map_count` regions (65530 by default), fewer than a large dataset's shards.
+    for seqs in (0..manifest.shards.len())
+        .collect::<Vec<_>>()
+        .chunks(VERIFY_BATCH)
+    {
+        let mut shards: Vec<Shard> = Vec::with_capacity(seqs.len());
+        for &seq in seqs {
+            match ds.open_shard(seq) {
+                Ok(s) => shards.push(s),
+                Err(e) => problems.push(e),
+            }
+        }
+        problems.extend(check_shards(&shards, schema, &options, &hashed, progress));
+        report.chunk_headers += shards.iter().map(|s| s.footer().chunk_count).sum::<u64>();
     }
     if !options.quick {
-        let jobs: Vec<(usize, u64)> = shards
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| mapped(s))
-            .flat_map(|(i, s)| (0..s.footer().chunk_count).map(move |c| (i, c)))
-            .collect();
-        let mut found: Vec<(usize, u64, Error)> = crate::parallel::install(|| {
-            jobs.par_iter()
-                .filter_map(|&(i, c)| {
-                    let shard = &shards[i];
-                    let e = shard.index().chunk(c)?;
-                    let result = shard.check_chunk_hash(c, &e, schema);
-                    // Hashed once: its pages need not stay in this process.
-                    shard.release(e.offset..e.offset + ChunkHeader::SIZE as u64 + e.stored_len);
-                    hashed.fetch_add(e.stored_len, Ordering::Relaxed);
-                    progress(e.stored_len);
-                    result.err().map(|err| (i, c, err))
-                })
-                .collect()
-        });
-        found.sort_by_key(|(i, c, _)| (*i, *c));
-        problems.extend(found.into_iter().map(|(_, _, e)| e));
-        report.chunks = shards.iter().map(|s| s.footer().chunk_count).sum();
+        report.chunks = report.chunk_headers;
         report.bytes_hashed = hashed.into_inner();
     }
+    problems.extend(check_samples_tables(&ds, &mut missing));
+    problems.extend(check_key_runs(&ds, &mut missing));
     if !missing.is_empty()
         && ds.storage().read(MANIFEST_FILE)?.as_deref() != Some(ds.manifest_bytes())
     {
@@ -263,6 +231,60 @@ pub fn verify_dataset(
     }
     report.problems = problems;
     Ok(report)
+}
+
+/// Shards [`verify_dataset`] opens and checks at a time, then lets go.
+const VERIFY_BATCH: usize = 1024;
+
+/// The problems of `shards`: each one's layout (with `options.quick`, headers and indexes
+/// only), and every chunk's hash. Shards a storage maps are hashed chunk by chunk on every
+/// core; the others (object storage) are scanned in file order, several shards at once, in
+/// large reads.
+fn check_shards(
+    shards: &[Shard],
+    schema: &crate::format::Schema,
+    options: &VerifyOptions,
+    hashed: &AtomicU64,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Vec<Error> {
+    let scanned: Vec<Vec<Error>> = crate::parallel::install(|| {
+        shards
+            .par_iter()
+            .map(|shard| {
+                let hash = !options.quick && !shard.is_mapped();
+                let (found, bytes) = check_layout(shard, schema, !options.quick, hash, progress);
+                hashed.fetch_add(bytes, Ordering::Relaxed);
+                found
+            })
+            .collect()
+    });
+    let mut problems: Vec<Error> = scanned.into_iter().flatten().collect();
+    if options.quick {
+        return problems;
+    }
+    let jobs: Vec<(usize, u64)> = shards
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.is_mapped())
+        .flat_map(|(i, s)| (0..s.footer().chunk_count).map(move |c| (i, c)))
+        .collect();
+    let mut found: Vec<(usize, u64, Error)> = crate::parallel::install(|| {
+        jobs.par_iter()
+            .filter_map(|&(i, c)| {
+                let shard = &shards[i];
+                let e = shard.index().chunk(c)?;
+                let result = shard.check_chunk_hash(c, &e, schema);
+                // Hashed once: its pages need not stay in this process.
+                shard.release(e.offset..e.offset + ChunkHeader::SIZE as u64 + e.stored_len);
+                hashed.fetch_add(e.stored_len, Ordering::Relaxed);
+                progress(e.stored_len);
+                result.err().map(|err| (i, c, err))
+            })
+            .collect()
+    });
+    found.sort_by_key(|(i, c, _)| (*i, *c));
+    problems.extend(found.into_iter().map(|(_, _, e)| e));
+    problems
 }
 
 /// Every chunk header against its index entry; with `padding` the padding between header,
@@ -417,7 +439,10 @@ fn check_key_runs(ds: &Dataset, missing: &mut Vec<PathBuf>) -> Vec<Error> {
         let mut want = Vec::with_capacity(found.len());
         let seqs = g.first_seq as usize..(g.first_seq + g.shards) as usize;
         // A shard that does not open is reported on its own; its keys cannot be compared.
-        let Ok(opened) = seqs.map(|seq| ds.shard(seq)).collect::<Result<Vec<_>>>() else {
+        let Ok(opened) = seqs
+            .map(|seq| ds.open_shard(seq))
+            .collect::<Result<Vec<_>>>()
+        else {
             continue;
         };
         for shard in opened {

@@ -1,6 +1,7 @@
 //! Verify passes over every byte of a dataset once, so the memory it holds must not grow with
 //! the dataset: a 512 MB dataset is fully verified with the process's peak resident memory
-//! (reset just before) under 160 MB. Alone in its test binary, so no other test's memory counts.
+//! (reset just before) under 160 MB; and the regions it maps must not grow with the shard
+//! count. Alone in their test binary, one at a time, so no other test's memory counts.
 
 mod common;
 
@@ -17,8 +18,12 @@ fn status(field: &str) -> u64 {
     kb << 10
 }
 
+/// The tests of this binary run one at a time.
+static ALONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn verify_holds_little_memory_whatever_the_dataset_size() {
+    let _alone = ALONE.lock().unwrap_or_else(|e| e.into_inner());
     const SAMPLES: u64 = 64;
     const ROWS: usize = 1024;
     const HIDDEN: u64 = 4096; // 8 MiB a sample
@@ -58,5 +63,52 @@ fn verify_holds_little_memory_whatever_the_dataset_size() {
         "verify held {} MB at its peak for a {} MB dataset",
         peak >> 20,
         report.bytes_hashed >> 20
+    );
+}
+
+/// A process maps at most `vm.max_map_count` regions (65530 by default): verify kept every
+/// shard mapped, so a dataset of more shards than that died (`memory allocation failed`,
+/// SIGABRT). It lets each batch of shards go once checked: here, 3000 shards, and the regions
+/// mapped while it runs stay well under that count.
+#[test]
+fn verify_maps_a_bounded_number_of_shards_at_once() {
+    let _alone = ALONE.lock().unwrap_or_else(|e| e.into_inner());
+    const SHARDS: u64 = 3000;
+    let dir = tempfile::tempdir().unwrap();
+    let schema = Schema::new(vec![Field::new("ids", DType::I32, &[], Role::TokenIds)]);
+    let options = WriteOptions {
+        durable: false,
+        shard_samples: 1,
+        align_log2: Some(6),
+        ..WriteOptions::default()
+    };
+    let mut w = DatasetWriter::create(dir.path(), schema, options).unwrap();
+    for i in 0..SHARDS {
+        w.append(&format!("s{i}"), &[("ids", &[1u8, 0, 0, 0][..])])
+            .unwrap();
+    }
+    w.finish().unwrap();
+    let regions = || {
+        std::fs::read_to_string("/proc/self/maps")
+            .unwrap()
+            .lines()
+            .count()
+    };
+    let base = regions();
+    let calls = std::sync::atomic::AtomicU64::new(0);
+    let most = std::sync::atomic::AtomicUsize::new(0);
+    let report = verify(dir.path(), VerifyOptions::default(), &|_| {
+        if calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 97 == 0 {
+            most.fetch_max(regions(), std::sync::atomic::Ordering::Relaxed);
+        }
+    })
+    .unwrap();
+    assert!(report.is_ok(), "{:?}", report.problems);
+    assert_eq!(report.shards, SHARDS);
+    let most = most.into_inner();
+    eprintln!("verify of {SHARDS} shards: at most {most} regions mapped ({base} before)");
+    assert!(
+        most > 0 && most < base + 2000,
+        "{most} regions mapped ({base} before)"
     );
 }

@@ -306,7 +306,28 @@ pub(super) fn start_writeback(file: &File, range: Range<u64>) {
 
 /// [`map_path`], with the error naming the file.
 pub fn map_file(path: &Path) -> Result<FileBytes> {
-    map_path(path).map_err(io(path, "map"))
+    map_path(path).map_err(map_failed(path))
+}
+
+/// The error of a mapping of `path` that failed; where the process maps all the regions the
+/// kernel allows (`ENOMEM`), it says so and what to do.
+fn map_failed(path: &Path) -> impl FnOnce(std::io::Error) -> crate::error::Error + '_ {
+    move |e| {
+        if e.raw_os_error() != Some(libc::ENOMEM) {
+            return io(path, "map")(e);
+        }
+        let limit = std::fs::read_to_string("/proc/sys/vm/max_map_count")
+            .map_or_else(|_| "?".into(), |t| t.trim().to_string());
+        io(path, "map")(std::io::Error::new(
+            e.kind(),
+            format!(
+                "{e}: the process may map no more regions (the kernel's vm.max_map_count is \
+                 {limit}, and every shard read stays mapped); read fewer shards in one \
+                 process, write larger shards, or raise the limit (`sysctl -w \
+                 vm.max_map_count=1048576`)"
+            ),
+        ))
+    }
 }
 
 /// The identity of a file: device and inode numbers. A mapping handed to another process
@@ -347,7 +368,7 @@ pub fn map_identified(path: &Path, expect: FileId) -> Result<FileBytes> {
     if FileId::of(&file, path)? != expect {
         return Err(replaced(path));
     }
-    map_open(&file, path).map_err(io(path, "map"))
+    map_open(&file, path).map_err(map_failed(path))
 }
 
 /// The error for a file that is no longer the one a mapping handed over named, or is shorter

@@ -259,15 +259,21 @@ impl Dataset {
         if let Some(s) = cell.get() {
             return Ok(s);
         }
-        let record = &self.manifest.shards[seq];
-        let shard = Shard::open(
+        let shard = self.open_shard(seq)?;
+        Ok(cell.get_or_init(|| Arc::new(shard)))
+    }
+
+    /// Shard `seq` (a shard number of the dataset) opened anew and checked as [`Dataset::shard`]
+    /// opens it, not kept by the dataset: for a pass over every shard that lets each go when
+    /// done with it (a process maps at most `vm.max_map_count` regions, 65530 by default).
+    pub(crate) fn open_shard(&self, seq: usize) -> Result<Shard> {
+        Shard::open(
             &*self.storage,
-            record,
+            &self.manifest.shards[seq],
             self.dataset_id,
             self.schema(),
             self.options.checked_memo.as_deref(),
-        )?;
-        Ok(cell.get_or_init(|| Arc::new(shard)))
+        )
     }
 
     /// The shard number and shard-local position of `ordinal`.

@@ -316,7 +316,8 @@ pub(crate) fn send_shard(
     stats: &Stats,
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<()> {
-    let shard = src.shard(seq)?;
+    // Opened for this copy only: a dataset of more shards than a process may map is sent.
+    let shard = src.open_shard(seq)?;
     let record = &src.manifest().shards[seq];
     let schema = src.schema();
     let mut out = dst.create(&temp_name(&record.file))?;
