@@ -98,7 +98,10 @@ fn verify_maps_a_bounded_number_of_shards_at_once() {
     let calls = std::sync::atomic::AtomicU64::new(0);
     let most = std::sync::atomic::AtomicUsize::new(0);
     let report = verify(dir.path(), VerifyOptions::default(), &|_| {
-        if calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 97 == 0 {
+        if calls
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            .is_multiple_of(97)
+        {
             most.fetch_max(regions(), std::sync::atomic::Ordering::Relaxed);
         }
     })
