@@ -234,3 +234,22 @@ def test_a_plain_dataloader_still_stacks_samples_of_one_length(tmp_path):
         assert ids.shape == (4, 3) and torch.equal(ids[2], torch.arange(3, dtype=torch.int32) + 2)
     with pytest.raises(KeyError, match="it has"):
         batch["hidden_states"]
+
+
+def test_natural_mistakes_say_what_to_write(eagle_path, tmp_path):
+    """What a trainer types first: `shuffle=True` to HspackLoader, `ds[key]`, a float32 or bool
+    tensor for a bf16 or u8 field. Each error says what to write instead."""
+    from hspack.torch import HspackDataset, HspackLoader
+
+    with pytest.raises(TypeError, match=r"sampler=HspackSampler\(dataset, seed=...\)"):
+        HspackLoader(HspackDataset(eagle_path), shuffle=True)
+    ds = hspack.open(eagle_path)
+    with pytest.raises(TypeError, match=r"ds\.get\(key\)"):
+        ds["no-such-key"]
+    w = hspack.Writer(tmp_path / "ds", [hspack.token_ids(), hspack.loss_mask(), hspack.hidden_state(1, 8)])
+    ids = torch.arange(3, dtype=torch.int32)
+    with pytest.raises(hspack.HspackError, match=r"convert it: \.to\(torch\.bfloat16\)"):
+        w.append("a", input_ids=ids, loss_mask=torch.ones(3, dtype=torch.uint8), **{"hidden.1": torch.randn(3, 8)})
+    with pytest.raises(hspack.HspackError, match=r"convert it: \.to\(torch\.uint8\)"):
+        w.append("a", input_ids=ids, loss_mask=ids > 0, **{"hidden.1": torch.randn(3, 8).bfloat16()})
+    w.abort()

@@ -233,7 +233,8 @@ class Dataset:
     def _index(self, i: int) -> int:
         n = len(self)
         if not isinstance(i, (int, np.integer)):
-            raise TypeError(f"sample index must be an int, not {type(i).__name__}")
+            by_key = "; a sample by its key: ds.get(key)" if isinstance(i, str) else ""
+            raise TypeError(f"sample index must be an int, not {type(i).__name__}{by_key}")
         i = int(i)
         if i < 0:
             i += n

@@ -154,7 +154,9 @@ def input_bytes(key: str, name: str, field: dict, value: Any) -> np.ndarray:
             raise make_error("BadSample", f"sample `{key}`, field `{name}`: the tensor is on {device}; move it to the CPU", key=key, field=name)
         got = hspack_name_of(value)
         if got != want:
-            raise make_error("BadSample", f"sample `{key}`, field `{name}`: dtype {value.dtype}, the schema says {want}", key=key, field=name)
+            to = torch_dtypes().get(want)
+            fix = f"; convert it: .to({to})" if to is not None else ""
+            raise make_error("BadSample", f"sample `{key}`, field `{name}`: dtype {value.dtype}, the schema says {want}{fix}", key=key, field=name)
         shape = tuple(value.shape)
         import torch
 

@@ -67,7 +67,8 @@ class HspackLoader(tud.DataLoader):
             self._progress = kwargs["sampler"]
             self._per_batch = False
         else:
-            raise TypeError("HspackLoader needs an HspackIterableDataset, or sampler=HspackSampler, or batch_sampler=TokenBudgetBatchSampler")
+            shuffle = " (for shuffle=True: sampler=HspackSampler(dataset, seed=...), which shuffles by default and resumes)" if kwargs.get("shuffle") else ""
+            raise TypeError(f"HspackLoader needs an HspackIterableDataset, or sampler=HspackSampler, or batch_sampler=TokenBudgetBatchSampler{shuffle}")
         if kwargs.get("in_order") is False:
             # Batches would come as workers finish them: the count of those received could
             # not say which samples they were, and a resume would skip some and repeat others.
