@@ -322,7 +322,7 @@ def open(path: str | os.PathLike, check: str = "once", format: str = "torch", *,
     `check`: `"once"` hashes each chunk the first time this process reads it (default),
     `"always"` on every read, `"never"` trusts the bytes (chunk headers are still checked;
     a damaged payload is then returned as is: run `hspack.verify` separately).
-    `format`: `"torch"` (needs PyTorch: `pip install "hspack[torch]"`) or `"numpy"` (bf16 / fp8
+    `format`: `"torch"` (needs PyTorch: `pip install torch`, or `pip install "./tools/python[torch]"` from a checkout) or `"numpy"` (bf16 / fp8
     arrays have `ml_dtypes` types when that package is installed, else hold the raw bits as
     uint16 / uint8). Without torch installed, `format="torch"` is refused here, saying so.
     `checked_memo`: a folder (in `/dev/shm`, say) shared by processes that should hash each
