@@ -1188,3 +1188,40 @@ fn a_dump_file_and_an_interrupted_copy_are_said_with_what_to_do() {
         text(&o)
     );
 }
+
+/// `sync` onto a copy that was written to after it parted from the source is refused, saying
+/// the two diverged and where (it said "another dataset", giving two equal ids).
+#[test]
+fn a_sync_onto_a_copy_that_diverged_says_so() {
+    use hspack::{DType, Dataset, DatasetWriter, Field, Role, Schema, WriteOptions};
+    let t = tempfile::tempdir().unwrap();
+    let schema = Schema::new(vec![Field::new(
+        "input_ids",
+        DType::I32,
+        &[],
+        Role::TokenIds,
+    )]);
+    let append = |dir: &str, key: &str, create: bool| {
+        let path = t.path().join(dir);
+        let mut w = match create {
+            true => DatasetWriter::create(path, schema.clone(), WriteOptions::default()),
+            false => DatasetWriter::open(path, schema.clone(), WriteOptions::default()),
+        }
+        .unwrap();
+        w.append(key, &[("input_ids", &[0u8; 4][..])]).unwrap();
+        w.finish().unwrap();
+    };
+    append("a", "first", true);
+    assert!(hspack_in(&["cp", "a", "b"], t.path()).status.success());
+    append("a", "x", false);
+    append("b", "y", false);
+    let o = hspack_in(&["sync", "a", "b"], t.path());
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("diverged") && text(&o).contains("shard-000001.hsp"),
+        "{}",
+        text(&o)
+    );
+    assert!(!text(&o).contains("another dataset"), "{}", text(&o));
+    assert_eq!(Dataset::open(t.path().join("b")).unwrap().len(), 2);
+}

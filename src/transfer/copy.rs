@@ -283,12 +283,42 @@ fn destination_manifest(
             theirs.shards.len(),
             ours.shards.len()
         ))),
+        (false, _) if theirs.dataset_id == ours.dataset_id => Err(refuse(format!(
+            "it holds a copy of this dataset (id {}) that is not an earlier state of the \
+             source: {}; the two have diverged (each was written to after they parted), so \
+             nothing was sent or replaced: copy into an empty destination, or `hspack merge` \
+             the two into a new one",
+            ours.dataset_id,
+            divergence(&theirs, ours)
+        ))),
         (false, _) => Err(refuse(format!(
-            "it holds another dataset (its id {}, {} samples; the source's id is {}), or one \
-             that is not an earlier state of the source; nothing was sent or replaced: choose \
-             an empty destination",
+            "it holds another dataset (its id {}, {} samples; the source's id is {}); nothing \
+             was sent or replaced: choose an empty destination",
             theirs.dataset_id, theirs.samples, ours.dataset_id
         ))),
+    }
+}
+
+/// Where `theirs`, a manifest of the same dataset, parts from `ours`, in words.
+fn divergence(theirs: &Manifest, ours: &Manifest) -> String {
+    if theirs.schema != ours.schema {
+        return "its schema differs".into();
+    }
+    if theirs.shards.len() > ours.shards.len() {
+        return format!(
+            "it holds {} shards, the source {}",
+            theirs.shards.len(),
+            ours.shards.len()
+        );
+    }
+    match theirs
+        .shards
+        .iter()
+        .zip(&ours.shards)
+        .position(|(a, b)| a != b)
+    {
+        Some(at) => format!("their shard {} differs", theirs.shards[at].file),
+        None => "it differs from the source".into(),
     }
 }
 
