@@ -286,8 +286,8 @@ fn destination_manifest(
         (false, _) if theirs.dataset_id == ours.dataset_id => Err(refuse(format!(
             "it holds a copy of this dataset (id {}) that is not an earlier state of the \
              source: {}; the two have diverged (each was written to after they parted), so \
-             nothing was sent or replaced: copy into an empty destination, or `hspack merge` \
-             the two into a new one",
+             nothing was sent or replaced: copy into an empty destination (what only the \
+             destination holds stays there)",
             ours.dataset_id,
             divergence(&theirs, ours)
         ))),
