@@ -42,7 +42,7 @@ def hspack(*args, ok=True):
 
 def read_sample(ds, key, tmp_path):
     out = tmp_path / "export.safetensors"
-    hspack("export", ds, key, "--to", "safetensors", "-o", out)
+    hspack("export", ds, key, "--to", "safetensors", "-o", out, "--force")  # one file, read each time
     return load_file(str(out))
 
 
