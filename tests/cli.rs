@@ -1052,18 +1052,24 @@ fn export_refuses_a_field_safetensors_cannot_name() {
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
 }
 
-/// `#N` names the sample at ordinal N; where a sample is keyed `#N` too, it names two, and is
-/// refused saying how to name each: it silently read the other one.
-#[test]
-fn an_ordinal_that_is_also_a_key_is_refused_naming_both() {
-    use hspack::{DType, DatasetWriter, Field, Role, Schema, WriteOptions};
-    let t = tempfile::tempdir().unwrap();
-    let schema = Schema::new(vec![Field::new(
+/// A schema of token ids alone: samples of a few bytes, for tests of what commands say.
+fn ids_only() -> hspack::Schema {
+    use hspack::{DType, Field, Role};
+    hspack::Schema::new(vec![Field::new(
         "input_ids",
         DType::I32,
         &[],
         Role::TokenIds,
-    )]);
+    )])
+}
+
+/// `#N` names the sample at ordinal N; where a sample is keyed `#N` too, it names two, and is
+/// refused saying how to name each: it silently read the other one.
+#[test]
+fn an_ordinal_that_is_also_a_key_is_refused_naming_both() {
+    use hspack::{DatasetWriter, WriteOptions};
+    let t = tempfile::tempdir().unwrap();
+    let schema = ids_only();
     let mut w =
         DatasetWriter::create(t.path().join("ds"), schema, WriteOptions::default()).unwrap();
     for (key, tokens) in [("#2", 1), ("x", 2), ("y", 3)] {
@@ -1193,14 +1199,9 @@ fn a_dump_file_and_an_interrupted_copy_are_said_with_what_to_do() {
 /// the two diverged and where (it said "another dataset", giving two equal ids).
 #[test]
 fn a_sync_onto_a_copy_that_diverged_says_so() {
-    use hspack::{DType, Dataset, DatasetWriter, Field, Role, Schema, WriteOptions};
+    use hspack::{Dataset, DatasetWriter, WriteOptions};
     let t = tempfile::tempdir().unwrap();
-    let schema = Schema::new(vec![Field::new(
-        "input_ids",
-        DType::I32,
-        &[],
-        Role::TokenIds,
-    )]);
+    let schema = ids_only();
     let append = |dir: &str, key: &str, create: bool| {
         let path = t.path().join(dir);
         let mut w = match create {
