@@ -63,8 +63,7 @@ pub(crate) fn write_options(
                 o.prequantized = option(&k, &v, "True or False")?
             }
             "codec" => {
-                let name: String =
-                    option(&k, &v, "\"none\", \"zstd\" or \"zstd-bytegroup\"")?;
+                let name: String = option(&k, &v, "\"none\", \"zstd\" or \"zstd-bytegroup\"")?;
                 o.codec = Codec::from_name(&name)
                     .filter(|c| Codec::LOSSLESS.contains(c))
                     .ok_or_else(|| {
