@@ -136,7 +136,8 @@ def _pid_namespace() -> str:
     host (a temp folder may be shared with other hosts, and namespace inodes repeat across
     them); "0" where `/proc` cannot say, which no cleanup touches."""
     try:
-        boot = open("/proc/sys/kernel/random/boot_id").read().strip().replace("-", "")[:12]
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip().replace("-", "")[:12]
         return f"{boot}.{os.stat('/proc/self/ns/pid').st_ino}"
     except OSError:
         return "0"
