@@ -436,6 +436,78 @@ fn gc_says_it_waits_for_a_committing_writer_and_then_collects() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("live"));
 }
 
+/// A store lock held past the wait (by a process that is stuck, or by a worker forked from a
+/// killed writer, which keeps the lock file open): `store gc` and `store add` stop, naming
+/// what holds it and how to find it, and change nothing; once it is let go, both run.
+#[test]
+fn a_store_lock_held_past_the_wait_is_named_and_nothing_changes() {
+    let t = tempfile::tempdir().unwrap();
+    let store_dir = t.path().join("store");
+    write_plain(&t.path().join("a"), 5, 1);
+    write_plain(&t.path().join("b"), 5, 2);
+    let store = Arc::new(Store::init(&store_dir).unwrap());
+    add(
+        &store,
+        &Dataset::open(t.path().join("a")).unwrap(),
+        "a",
+        &|_| {},
+    )
+    .unwrap();
+    let run = |args: &[&str]| {
+        let start = std::time::Instant::now();
+        let out = Command::new(env!("CARGO_BIN_EXE_hspack"))
+            .args(args)
+            .env("HSPACK_COMMIT_WAIT_SECS", "1")
+            .output()
+            .unwrap();
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "{args:?} waited on"
+        );
+        out
+    };
+    let gc_lock = store_dir.join("locks").join("gc.lock");
+    let writer = store.locks().adding().unwrap();
+    let out = run(&["store", "gc", s(&store_dir)]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{said}");
+    assert!(
+        said.contains("writers adding to the store")
+            && said.contains(&format!("fuser -v {}", gc_lock.display())),
+        "{said}"
+    );
+    drop(writer);
+    let collecting = store.locks().collecting(&|_| {}).unwrap();
+    let out = run(&[
+        "store",
+        "add",
+        s(&store_dir),
+        s(&t.path().join("b")),
+        "--name",
+        "b",
+    ]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{said}");
+    assert!(
+        said.contains("a collection (`hspack store gc`)") && said.contains("fuser -v"),
+        "{said}"
+    );
+    assert!(Dataset::open(store_dir.join("b")).is_err(), "b was added");
+    drop(collecting);
+    assert!(hspack(&[
+        "store",
+        "add",
+        s(&store_dir),
+        s(&t.path().join("b")),
+        "--name",
+        "b"
+    ])
+    .status
+    .success());
+    assert!(hspack(&["store", "gc", s(&store_dir)]).status.success());
+    assert_eq!(Dataset::open(store_dir.join("b")).unwrap().len(), 5);
+}
+
 /// A dataset removed while `du` runs (listed, then its file gone: here a link to nothing)
 /// has no entry, and what each other dataset alone holds is charged to it (the index into
 /// the entries was shifted: bytes went to the next dataset, or out of bounds).
@@ -528,6 +600,32 @@ fn a_damaged_dataset_is_named_by_ls_du_and_gc_and_does_not_hide_the_others() {
 /// (`a`'s blobs would look dead); `store rm` removes it (it refused, as every command but
 /// `init` did), and then `gc` runs and `b` reads and verifies. (One such file stopped `ls`,
 /// `du` and `gc` with no word of what to do.)
+/// A stored dataset's record of its manifest claiming a terabyte is refused on the record,
+/// before the blob is opened: a compressed blob is decoded whole when opened, so the claim
+/// (with an index entry to match) would have been decoded into memory first.
+#[test]
+fn a_stored_file_recorded_longer_than_it_may_be_is_refused_before_it_is_read() {
+    let t = tempfile::tempdir().unwrap();
+    let (store_dir, _store) = store_of_a_and_b(t.path());
+    let file = store_dir.join("datasets/a.json");
+    let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    let files = v["files"].as_array_mut().unwrap();
+    let manifest = files
+        .iter_mut()
+        .find(|f| f["name"] == "manifest.json")
+        .unwrap();
+    manifest["bytes"] = serde_json::json!(1u64 << 40);
+    std::fs::write(&file, serde_json::to_vec(&v).unwrap()).unwrap();
+    let err = Dataset::open(store_dir.join("a")).unwrap_err();
+    let said = err.to_string();
+    assert!(
+        err.is_damage()
+            && said.contains("the store records 1099511627776 bytes for it, more than the")
+            && said.contains("manifest.json"),
+        "{said}"
+    );
+}
+
 #[test]
 fn a_dataset_file_that_does_not_decode_is_named_and_can_be_removed() {
     let t = tempfile::tempdir().unwrap();

@@ -208,15 +208,145 @@ pub struct CommitLock {
 }
 
 impl CommitLock {
-    /// Takes the commit lock of the dataset in `dir`, waiting for the writer holding it.
+    /// Takes the commit lock of the dataset in `dir`, waiting for the writer holding it (up
+    /// to [`commit_wait`](super::object_lease::commit_wait)).
     pub fn take(dir: &Path) -> Result<Self> {
         let path = dir.join(COMMIT_LOCK_FILE);
         let file = open_lock_file(&path)?;
-        file.lock().map_err(io(&path, "lock"))?;
+        let file = lock_waiting(file, &path, false).map_err(|e| {
+            e.or_locked(
+                dir,
+                "a writer committing (another of the writers sharing it)",
+            )
+        })?;
         Ok(CommitLock {
             file,
             pid: std::process::id(),
         })
+    }
+}
+
+/// A wait for a lock that ran out: the lock file and how long it was waited for.
+#[derive(Debug)]
+pub(crate) struct WaitedTooLong {
+    path: PathBuf,
+    waited: std::time::Duration,
+}
+
+impl WaitedTooLong {
+    /// Who holds the lock, for [`Error::Locked`]: `who` (the holder it is there for), and
+    /// how to find one that is not.
+    pub(crate) fn holder(&self, who: &str) -> String {
+        format!(
+            "{who}, still after {} s waiting for its lock {}: a process holding it is stuck, \
+             or a process forked without exec (a DataLoader or multiprocessing worker) from \
+             one that was killed holds it still; `fuser -v {}` names them: stop the one that \
+             should not be there (HSPACK_COMMIT_WAIT_SECS sets the wait)",
+            self.waited.as_secs(),
+            self.path.display(),
+            self.path.display()
+        )
+    }
+}
+
+/// Locks `file` (at `path`), shared or exclusively, waiting while another open file holds
+/// it, up to [`commit_wait`](super::object_lease::commit_wait). The wait blocks in a thread
+/// of its own, so that waiters are served as the kernel serves them; a lock that thread gets
+/// after the wait ran out is released at once.
+pub(crate) fn lock_waiting(
+    file: File,
+    path: &Path,
+    shared: bool,
+) -> std::result::Result<File, WaitOrError> {
+    lock_waiting_up_to(file, path, shared, super::object_lease::commit_wait())
+}
+
+/// [`lock_waiting`], waiting up to `wait`.
+fn lock_waiting_up_to(
+    file: File,
+    path: &Path,
+    shared: bool,
+    wait: std::time::Duration,
+) -> std::result::Result<File, WaitOrError> {
+    let tried = match shared {
+        true => file.try_lock_shared(),
+        false => file.try_lock(),
+    };
+    match tried {
+        Ok(()) => return Ok(file),
+        Err(TryLockError::WouldBlock) => {}
+        Err(TryLockError::Error(e)) => return Err(WaitOrError::Error(io(path, "lock")(e))),
+    }
+    // A second handle of the same open file: the lock its thread takes is this file's.
+    let handle = file
+        .try_clone()
+        .map_err(|e| WaitOrError::Error(io(path, "open lock file")(e)))?;
+    let state = std::sync::Arc::new((
+        std::sync::Mutex::new(Wait::Waiting),
+        std::sync::Condvar::new(),
+    ));
+    std::thread::Builder::new()
+        .name("hspack-lock-wait".into())
+        .spawn({
+            let state = state.clone();
+            move || {
+                let got = match shared {
+                    true => handle.lock_shared(),
+                    false => handle.lock(),
+                };
+                let (lock, done) = &*state;
+                let mut s = lock.lock().unwrap_or_else(|e| e.into_inner());
+                match (&*s, got) {
+                    (Wait::Abandoned, Ok(())) => {
+                        let _ = handle.unlock();
+                    }
+                    (_, got) => *s = Wait::Done(got),
+                }
+                done.notify_all();
+            }
+        })
+        .map_err(|e| WaitOrError::Error(io(path, "start waiting for lock")(e)))?;
+    let (lock, done) = &*state;
+    let s = lock.lock().unwrap_or_else(|e| e.into_inner());
+    let (mut s, _) = done
+        .wait_timeout_while(s, wait, |s| matches!(s, Wait::Waiting))
+        .unwrap_or_else(|e| e.into_inner());
+    match std::mem::replace(&mut *s, Wait::Abandoned) {
+        Wait::Done(got) => match got {
+            Ok(()) => Ok(file),
+            Err(e) => Err(WaitOrError::Error(io(path, "lock")(e))),
+        },
+        _ => Err(WaitOrError::Waited(WaitedTooLong {
+            path: path.to_path_buf(),
+            waited: wait,
+        })),
+    }
+}
+
+/// Where a lock wait stands, as its thread and the waiting caller share it.
+enum Wait {
+    Waiting,
+    Done(std::io::Result<()>),
+    Abandoned,
+}
+
+/// A lock wait that ran out, or failed.
+#[derive(Debug)]
+pub(crate) enum WaitOrError {
+    Waited(WaitedTooLong),
+    Error(Error),
+}
+
+impl WaitOrError {
+    /// The error: a wait that ran out as [`Error::Locked`] of `path`, held by `who`.
+    pub(crate) fn or_locked(self, path: &Path, who: &str) -> Error {
+        match self {
+            WaitOrError::Waited(w) => Error::Locked {
+                path: path.to_path_buf(),
+                holder: w.holder(who),
+            },
+            WaitOrError::Error(e) => e,
+        }
     }
 }
 
@@ -342,6 +472,66 @@ mod tests {
         ));
         drop(second);
         assert!(!dir.path().join(LOCK_FILE).exists());
+    }
+
+    /// A lock another open file holds: the wait runs out, says where to look, and the lock
+    /// its thread gets once the holder lets go is released, not kept by nobody.
+    #[test]
+    fn a_lock_wait_runs_out_and_leaves_nothing_held() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(COMMIT_LOCK_FILE);
+        let holder = open_lock_file(&path).unwrap();
+        holder.lock().unwrap();
+        let start = std::time::Instant::now();
+        let wait = std::time::Duration::from_millis(300);
+        let err = match lock_waiting_up_to(open_lock_file(&path).unwrap(), &path, false, wait) {
+            Err(e) => e.or_locked(dir.path(), "a writer committing"),
+            Ok(_) => panic!("the lock was taken while another file held it"),
+        };
+        assert!(start.elapsed() >= wait, "{:?}", start.elapsed());
+        let said = err.to_string();
+        assert!(matches!(err, Error::Locked { .. }), "{said}");
+        assert!(
+            said.contains("a writer committing")
+                && said.contains(&format!("fuser -v {}", path.display()))
+                && said.contains("HSPACK_COMMIT_WAIT_SECS"),
+            "{said}"
+        );
+        holder.unlock().unwrap();
+        let next = open_lock_file(&path).unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while next.try_lock().is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the abandoned wait kept the lock"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+
+    /// A wait the holder ends in time returns the file locked, shared or exclusive.
+    #[test]
+    fn a_lock_wait_gets_the_lock_once_the_holder_lets_go() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gc.lock");
+        for shared in [false, true] {
+            let holder = open_lock_file(&path).unwrap();
+            holder.lock().unwrap();
+            let release = std::thread::spawn(move || {
+                std::thread::sleep(std::time::Duration::from_millis(200));
+                holder.unlock().unwrap();
+            });
+            let wait = std::time::Duration::from_secs(30);
+            let Ok(got) = lock_waiting_up_to(open_lock_file(&path).unwrap(), &path, shared, wait)
+            else {
+                panic!("the wait ran out though the holder let go");
+            };
+            release.join().unwrap();
+            let other = open_lock_file(&path).unwrap();
+            assert!(other.try_lock().is_err(), "not locked");
+            assert_eq!(other.try_lock_shared().is_ok(), shared);
+            drop((got, other));
+        }
     }
 
     /// A dead sole writer's text left in the lock file, and a joining writer that has taken

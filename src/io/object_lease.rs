@@ -94,8 +94,8 @@ impl LeaseText {
     }
 }
 
-/// How long a writer sharing a dataset waits for the commit lease: 600 s, or
-/// `HSPACK_COMMIT_WAIT_SECS`.
+/// How long a lock is waited for (the commit lease or lock of a writer sharing a dataset,
+/// the store's leases and locks): 600 s, or `HSPACK_COMMIT_WAIT_SECS`.
 pub fn commit_wait() -> Duration {
     env_seconds("HSPACK_COMMIT_WAIT_SECS", 600.0, true)
 }

@@ -32,6 +32,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::error::{io, Error, Result};
+use crate::io::lock::{lock_waiting, WaitOrError};
 use crate::io::object_lease::{self, Backoff, ObjectLease};
 use crate::io::{ObjectStorage, Storage};
 
@@ -114,6 +115,26 @@ fn add_lease_name() -> String {
 
 const GC_LEASE: &str = "gc.lease";
 
+/// What holds `gc.lock` while an add waits for it, said where the wait runs out.
+const COLLECTING: &str = "a collection (`hspack store gc`)";
+
+/// What holds `gc.lock` while a collection waits for it.
+const ADDING: &str = "writers adding to the store (until their commits), or another collection";
+
+/// What holds `index.lock`.
+const INDEXING: &str = "a process replacing the store's index";
+
+/// A folder lock's wait that ran out, as the store's error; `who` holds the lock.
+fn waited_for(e: WaitOrError, store: &Path, who: &str) -> Error {
+    match e {
+        WaitOrError::Waited(w) => Error::Store {
+            path: store.to_path_buf(),
+            detail: format!("{}; run again once it is done", w.holder(who)),
+        },
+        WaitOrError::Error(e) => e,
+    }
+}
+
 /// What a collection waits for when writers are committing.
 const WAITING_FOR_ADDS: &str = "waiting for the writers adding to the store to finish their \
      commits, or for another collection (a collection starts between commits; a process that \
@@ -131,21 +152,19 @@ impl Locks {
             .map_err(io(&path, "open lock"))
     }
 
-    /// Waits for lock file `name`, shared or exclusive.
-    fn hold(dir: &Path, name: &str, shared: bool) -> Result<StoreLock> {
-        let file = Locks::file(dir, name)?;
-        let held = match shared {
-            true => file.lock_shared(),
-            false => file.lock(),
-        };
-        held.map_err(io(dir.join(name), "lock"))?;
+    /// Waits for lock file `name`, shared or exclusive, up to
+    /// [`commit_wait`](object_lease::commit_wait); past it, says what holds it (`who`).
+    fn hold(dir: &Path, name: &str, shared: bool, who: &str) -> Result<StoreLock> {
+        let path = dir.join(name);
+        let file = lock_waiting(Locks::file(dir, name)?, &path, shared)
+            .map_err(|e| waited_for(e, dir, who))?;
         Ok(StoreLock::new(Held::File(file)))
     }
 
     /// Waits while a collection runs, then holds what keeps one from starting.
     pub fn adding(&self) -> Result<StoreLock> {
         let leases = match self {
-            Locks::Folder(dir) => return Locks::hold(dir, "gc.lock", true),
+            Locks::Folder(dir) => return Locks::hold(dir, "gc.lock", true, COLLECTING),
             Locks::Objects(leases) => leases,
         };
         let deadline = Instant::now() + object_lease::commit_wait();
@@ -171,7 +190,7 @@ impl Locks {
     /// this writer's commit (each for the other, until the collection gave up).
     pub fn adding_beside_held(&self) -> Result<StoreLock> {
         match self {
-            Locks::Folder(dir) => Locks::hold(dir, "gc.lock", true),
+            Locks::Folder(dir) => Locks::hold(dir, "gc.lock", true, COLLECTING),
             Locks::Objects(leases) => Ok(StoreLock::new(Held::Lease(ObjectLease::take_new(
                 leases,
                 &add_lease_name(),
@@ -186,16 +205,15 @@ impl Locks {
         let leases = match self {
             Locks::Folder(dir) => {
                 let file = Locks::file(dir, "gc.lock")?;
-                let failed = io(dir.join("gc.lock"), "lock");
                 match file.try_lock() {
-                    Ok(()) => {}
-                    Err(TryLockError::WouldBlock) => {
-                        waiting(WAITING_FOR_ADDS);
-                        file.lock().map_err(failed)?;
-                    }
-                    Err(TryLockError::Error(e)) => return Err(failed(e)),
+                    Ok(()) => return Ok(StoreLock::new(Held::File(file))),
+                    Err(TryLockError::WouldBlock) => waiting(WAITING_FOR_ADDS),
+                    Err(TryLockError::Error(e)) => return Err(io(dir.join("gc.lock"), "lock")(e)),
                 }
-                return Ok(StoreLock::new(Held::File(file)));
+                return Ok(StoreLock::new(Held::File(
+                    lock_waiting(file, &dir.join("gc.lock"), false)
+                        .map_err(|e| waited_for(e, dir, ADDING))?,
+                )));
             }
             Locks::Objects(leases) => leases,
         };
@@ -227,7 +245,7 @@ impl Locks {
     /// Waits for the index's lock.
     pub fn index(&self) -> Result<StoreLock> {
         match self {
-            Locks::Folder(dir) => Locks::hold(dir, "index.lock", false),
+            Locks::Folder(dir) => Locks::hold(dir, "index.lock", false, INDEXING),
             Locks::Objects(leases) => Ok(StoreLock::new(Held::Lease(ObjectLease::take_waiting(
                 leases,
                 "index.lease",

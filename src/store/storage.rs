@@ -683,6 +683,27 @@ impl Storage for StoreDataset {
         Ok(Some(file.read(0..file.len())?.to_vec()))
     }
 
+    /// Refuses a file recorded longer than `max` before its blob is read: a compressed blob
+    /// is decoded whole when opened, so a record (and an index entry) claiming terabytes
+    /// would be decoded into memory first.
+    fn read_bounded(&self, name: &str, max: u64) -> Result<Option<Vec<u8>>> {
+        let Some(record) = self.record(name)? else {
+            return Ok(None);
+        };
+        if record.bytes > max {
+            return Err(Error::StoreDamage {
+                path: self.path(name),
+                detail: format!(
+                    "the store records {} bytes for it, more than the {max} it may hold: the \
+                     store's record of the dataset is damaged; run `hspack store verify`",
+                    record.bytes
+                ),
+            });
+        }
+        let file = self.open_record(&record)?;
+        Ok(Some(file.read(0..file.len())?.to_vec()))
+    }
+
     fn open(&self, name: &str) -> Result<Arc<dyn FileReader>> {
         let record = self.record(name)?.ok_or_else(|| self.not_found(name))?;
         self.open_record(&record)

@@ -329,6 +329,46 @@ def test_a_lock_a_killed_writers_child_still_holds_names_it_and_goes_with_it(tmp
     assert hspack.verify(path)["ok"]
 
 
+def test_a_commit_lock_held_past_the_wait_stops_the_commit_and_names_where_to_look(tmp_path, monkeypatch):
+    """Writers sharing a dataset wait for its commit lock; one held past the wait (a writer
+    stuck in its commit, or a worker forked from a killed one, which keeps the lock file open)
+    stops the commit with an error saying what holds it and how to find it: no wait for good.
+    The lock the abandoned wait gets later is let go, so the next writer commits."""
+    import fcntl
+    import subprocess
+
+    path = tmp_path / "ds"
+    w = hspack.Writer(path, schema(), shared=True)
+    w.append("waited", **sample(1))
+    lock = path / ".hspack-commit.lock"
+    holder = subprocess.Popen(["flock", str(lock), "sleep", "600"])
+    try:
+        deadline = time.monotonic() + 30
+        with open(lock, "a") as probe:
+            while True:  # until the holder has it
+                try:
+                    fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    fcntl.flock(probe, fcntl.LOCK_UN)
+                except BlockingIOError:
+                    break
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+        monkeypatch.setenv("HSPACK_COMMIT_WAIT_SECS", "1")
+        start = time.monotonic()
+        with pytest.raises(hspack.HspackError) as e:
+            w.finish()
+        said = str(e.value)
+        assert time.monotonic() - start < 30, said
+        assert f"fuser -v {lock}" in said and "a writer committing" in said, said
+    finally:
+        holder.kill()
+        holder.wait()
+    with hspack.Writer(path, schema(), shared=True) as next_writer:
+        next_writer.append("next", **sample(2))
+    assert keys(path) == ["next"]
+    assert hspack.verify(path)["ok"]
+
+
 def test_a_field_named_like_the_capture_key_keyword_is_refused(tmp_path):
     """`append(capture_key=...)` would take such a field's tensor for a capture key."""
     with pytest.raises(hspack.HspackError, match="field named `capture_key`") as e:
