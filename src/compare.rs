@@ -186,18 +186,7 @@ pub fn compare(a: &Dataset, b: &Dataset, options: &CompareOptions) -> Result<Com
         rows += sa.rows();
         for (f, field) in schema.fields.iter().enumerate() {
             let (ta, tb) = (sa.read_field(f, None)?, sb.read_field(f, None)?);
-            let (Some(va), Some(vb)) = (ta.to_f64(), tb.to_f64()) else {
-                // fp8 dtypes as stored: compare the bytes.
-                let acc = &mut accs[f][0];
-                acc.values += ta.bytes().len() as u64;
-                acc.differing += ta
-                    .bytes()
-                    .iter()
-                    .zip(tb.bytes())
-                    .filter(|(x, y)| x != y)
-                    .count() as u64;
-                continue;
-            };
+            let (va, vb) = (ta.to_f64(), tb.to_f64());
             let ints = field
                 .dtype
                 .ints(ta.bytes())

@@ -310,8 +310,12 @@ impl Error {
             | Error::ForeignShard { .. }
             | Error::SamplesTable { .. }
             | Error::KeyRun { .. }
-            | Error::StoreDamage { .. }
-            | Error::Format { .. } => true,
+            | Error::StoreDamage { .. } => true,
+            // A structure a newer hspack wrote is not damage: this one cannot read it.
+            Error::Format { source, .. } => !matches!(
+                source,
+                crate::format::FormatError::UnsupportedVersion { .. }
+            ),
             // A file that is not there as a file (gone, or a folder under its name, which
             // cannot be mapped): no retry reads it. Other failed reads say nothing of the bytes.
             Error::Io { source, .. } => {

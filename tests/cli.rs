@@ -140,6 +140,62 @@ fn cp_without_reread_reads_back_the_shards_it_finds() {
     assert!(o.status.success(), "{}", text(&o));
 }
 
+/// A copy onto its own source, however spelled (`.`, a trailing slash, a link), is refused
+/// before anything is touched: it would send nothing and report a copy made.
+#[test]
+fn cp_and_sync_onto_the_source_itself_are_refused() {
+    let (t, _b) = demo_copied();
+    std::os::unix::fs::symlink(t.path().join("a"), t.path().join("link")).unwrap();
+    for (verb, dst) in [
+        ("cp", "a"),
+        ("cp", "./a/"),
+        ("sync", "link"),
+        ("cp", "b/../a"),
+    ] {
+        let o = hspack_in(&[verb, "a", dst], t.path());
+        assert_eq!(o.status.code(), Some(2), "{verb} a {dst}: {}", text(&o));
+        assert!(
+            stderr(&o).contains("it is the source itself"),
+            "{verb} a {dst}: {}",
+            text(&o)
+        );
+    }
+    assert!(hspack_in(&["verify", "a"], t.path()).status.success());
+}
+
+/// A dataset a newer hspack wrote (its manifest of a higher version, holding what this one
+/// cannot decode) is no damage: every command says to upgrade, exit 2, and none says to
+/// restore the manifest or calls the dataset damaged.
+#[test]
+fn a_newer_manifest_says_upgrade_not_damaged() {
+    let (t, b) = demo_copied();
+    let path = b.join("manifest.json");
+    let text_of = std::fs::read_to_string(&path).unwrap();
+    let mut m: serde_json::Value = serde_json::from_str(&text_of).unwrap();
+    m["version"] = serde_json::json!(99);
+    m["schema"]["fields"][0]["dtype"] = serde_json::json!("fp4");
+    std::fs::write(&path, serde_json::to_vec(&m).unwrap()).unwrap();
+    for args in [
+        &["verify", "b"][..],
+        &["info", "b"],
+        &["ls", "b"],
+        &["digest", "b"],
+        &["cp", "b", "c"],
+    ] {
+        let o = hspack_in(args, t.path());
+        let said = text(&o);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {said}");
+        assert!(
+            said.contains("format version 99") && said.contains("upgrade hspack"),
+            "{args:?}: {said}"
+        );
+        assert!(
+            !said.contains("DAMAGED") && !said.contains("restore") && !said.contains("damaged"),
+            "{args:?}: {said}"
+        );
+    }
+}
+
 /// `digest` of several datasets does every one, whatever the others are, and exits with the
 /// worst met; a dataset that lost a segment is damage (exit 1) to every command that opens
 /// it, as to `verify`.
@@ -238,8 +294,13 @@ fn a_file_given_for_a_folder_is_named_as_a_file() {
             "--hidden 4611686018427387904: the demo takes at most 65536",
         ),
         (
-            &["--min-tokens", "0", "--max-tokens", "18446744073709551615"][..],
+            &["--min-tokens", "1", "--max-tokens", "18446744073709551615"][..],
             "--max-tokens 18446744073709551615: the demo takes at most 1048576",
+        ),
+        // Samples of no tokens: the random-read line divided by them.
+        (
+            &["--min-tokens", "0", "--max-tokens", "0"][..],
+            "need --samples >= 1 and 1 <= --min-tokens <= --max-tokens",
         ),
         (
             &["--samples", "9999999999"][..],

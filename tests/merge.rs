@@ -22,8 +22,11 @@ fn write_seeded(dir: &Path, prefix: &str, n: u64, shift: u64) {
 }
 
 fn write_samples(dir: &Path, prefix: &str, n: u64, hidden: usize, shift: u64) {
+    // Each dataset its own id, as every writer gives one: a merge's destination with a
+    // source's id is a copy of that source.
     let options = WriteOptions {
         shard_samples: 3,
+        dataset_id: None,
         ..small_options()
     };
     let mut w = DatasetWriter::create(dir, capture_schema(hidden as u64), options).unwrap();
@@ -126,6 +129,9 @@ fn a_shared_key_or_another_schema_is_refused_before_anything_is_written() {
         said.contains(&format!("[{HIDDEN}] (hidden state, layer"))
             && said.contains(&format!("[{}] (hidden state, layer", 2 * HIDDEN))
             && said.contains("only datasets of one schema")
+            // `wide` is the dataset the message names first: its schema is said first, "here".
+            && said.find(&format!("[{}] (hidden state", 2 * HIDDEN))
+                < said.find(&format!("[{HIDDEN}] (hidden state"))
             && !said.contains("new folder")
             && !said.contains("HiddenState"),
         "{said}"
@@ -209,7 +215,15 @@ fn a_destination_that_is_not_an_interrupted_merge_of_the_sources_is_refused() {
         (vec!["b", "a"], "ab", "is where this merge puts \"b0\""),
         // More samples than the sources have.
         (vec!["a"], "ab", "is past the sources' last sample"),
+        // A copy of the first source: its samples are the merge's first ones, but the merge
+        // would have appended to the user's copy.
+        (vec!["a", "b"], "a_copy", "holds a copy of"),
     ];
+    std::fs::create_dir(t.path().join("a_copy")).unwrap();
+    for e in std::fs::read_dir(t.path().join("a")).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), t.path().join("a_copy").join(e.file_name())).unwrap();
+    }
     merge(
         &open_all(t.path(), &["a", "b"]),
         dst("ab"),

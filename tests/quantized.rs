@@ -562,3 +562,68 @@ fn compare_counts_integers_exactly_and_non_finite_values_apart() {
     assert!(line.contains("min 1") && line.contains("max 3"), "{line}");
     assert!(line.contains("(1 NaN, 1 infinite"), "{line}");
 }
+
+/// Fields whose dtype is an fp8 one (codes a model wrote, its scales elsewhere) are compared
+/// by their codes' values, layer by layer: they were compared by bytes, every layer counted
+/// under the first, with no error figures (0 and a cosine of 1 for values that differ).
+#[test]
+fn compare_gives_fp8_dtype_fields_their_figures_layer_by_layer() {
+    use hspack::compare::{compare, CompareOptions};
+    use hspack::format::CapturePoint;
+    use hspack::{DType, Field, Role};
+    let t = tempfile::tempdir().unwrap();
+    let schema = Schema::new(vec![
+        Field::new("input_ids", DType::I32, &[], Role::TokenIds),
+        Field::new(
+            "codes",
+            DType::F8E4M3FN,
+            &[2, 4],
+            Role::HiddenStates {
+                layers: vec![2, 3],
+                point: CapturePoint::LayerInput,
+            },
+        ),
+        Field::new("e5m2", DType::F8E5M2, &[4], Role::Other),
+    ]);
+    // Codes 0x38 = 1.0 (E4M3FN) and 0x3c = 1.0 (E5M2); layer 2's first value 2.0 (0x40) in b.
+    let write = |name: &str, first: u8| {
+        let mut w =
+            DatasetWriter::create(t.path().join(name), schema.clone(), WriteOptions::default())
+                .unwrap();
+        let mut codes = vec![0x38u8; 3 * 8];
+        codes[0] = first;
+        w.append(
+            "a",
+            &[
+                ("input_ids", &[0u8; 12][..]),
+                ("codes", &codes),
+                ("e5m2", &[0x3cu8; 12]),
+            ],
+        )
+        .unwrap();
+        w.finish().unwrap();
+        Dataset::open(t.path().join(name)).unwrap()
+    };
+    let (a, b) = (write("a", 0x38), write("b", 0x40));
+    let c = compare(&a, &b, &CompareOptions::default()).unwrap();
+    let (layer2, layer3, e5m2) = (&c.fields[1], &c.fields[2], &c.fields[3]);
+    assert_eq!(
+        (layer2.layer, layer2.values, layer2.differing),
+        (Some(2), 12, 1),
+        "{layer2:?}"
+    );
+    assert_eq!(layer2.max_abs, 1.0, "{layer2:?}");
+    assert!(layer2.rel_l2 > 0.0 && layer2.cosine_min < 1.0, "{layer2:?}");
+    assert_eq!(
+        (layer3.layer, layer3.values, layer3.differing),
+        (Some(3), 12, 0),
+        "{layer3:?}"
+    );
+    assert_eq!(
+        (e5m2.values, e5m2.differing, e5m2.max_abs),
+        (12, 0, 0.0),
+        "{e5m2:?}"
+    );
+    let shown = a.sample(0).unwrap().read("e5m2", None).unwrap().to_f64();
+    assert_eq!(shown, vec![1.0; 12]);
+}

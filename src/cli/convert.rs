@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use hspack::convert::spec::FieldArg;
 use hspack::convert::{self, ConvertSpec, Mapping, Preset, Progress};
+use hspack::verify::count;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use super::{gbps, human_bytes, EXIT_SKIPPED};
@@ -284,18 +285,18 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             r.ignored
         ),
         format!(
-            "appended  {} samples ({} already in the dataset and skipped), {} of sources in \
+            "appended  {} ({} already in the dataset and skipped), {} of sources in \
              {secs:.2} s: {:.2} GB/s",
-            r.samples,
+            count(r.samples, "sample"),
             r.samples_present,
             human_bytes(r.source_bytes),
             gbps(r.source_bytes, secs)
         ),
         format!(
-            "dataset   {}: {} samples in {} shards, {}",
+            "dataset   {}: {} in {}, {}",
             spec.dst.display(),
-            r.stats.samples,
-            r.stats.shards,
+            count(r.stats.samples, "sample"),
+            count(r.stats.shards, "shard"),
             human_bytes(r.stats.bytes)
         ),
     ];

@@ -105,8 +105,8 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             a.codec
         )
     })?;
-    if a.min_tokens > a.max_tokens || a.samples == 0 {
-        bail!("need --samples >= 1 and --min-tokens <= --max-tokens");
+    if a.min_tokens > a.max_tokens || a.samples == 0 || a.min_tokens == 0 {
+        bail!("need --samples >= 1 and 1 <= --min-tokens <= --max-tokens");
     }
     // A demo's sizes: every product below stays far inside 64 bits.
     for (option, value, max) in [

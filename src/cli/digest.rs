@@ -38,15 +38,21 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         if report.is_ok() {
             println!("{}  {}", report.digest, dir.display());
         } else {
-            for p in &report.problems {
-                eprintln!("DAMAGED {p}");
+            // As `verify` says them: a read that failed is no damage.
+            for line in super::verify::problem_lines(&report.problems) {
+                eprintln!("{line}");
             }
+            let damaged = report.problems.iter().any(|p| p.is_damage());
             eprintln!(
-                "{}: damaged, {}, no digest",
+                "{}: {}, {}, no digest",
                 dir.display(),
+                match damaged {
+                    true => "damaged",
+                    false => "not read whole (verify again once the storage reads)",
+                },
                 count(report.problems.len() as u64, "problem")
             );
-            worst = worst.max(EXIT_DAMAGED);
+            worst = worst.max(super::verify::exit_code(&report.problems));
         }
     }
     Ok(ExitCode::from(worst))

@@ -179,7 +179,8 @@ pub fn read_failed(e: anyhow::Error) -> ExitCode {
 /// (edited, truncated, corrupted) is damage, exit 1, like any other; a folder or manifest that
 /// cannot be read at all is an error, exit 2.
 pub fn open_failed(e: hspack::Error, json: bool) -> anyhow::Result<ExitCode> {
-    if !matches!(e, hspack::Error::Format { .. }) {
+    // Not damage: a manifest a newer hspack wrote, say, which this one cannot read.
+    if !e.is_damage() || !matches!(e, hspack::Error::Format { .. }) {
         return Err(e.into());
     }
     if json {

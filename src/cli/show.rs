@@ -44,7 +44,9 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             Ok(t) => t,
             Err(e) => return Ok(super::read_failed(e.into())),
         };
-        let stats = t.to_f64().filter(|v| !v.is_empty()).map(|v| Stats::of(&v));
+        let stats = Some(t.to_f64())
+            .filter(|v| !v.is_empty())
+            .map(|v| Stats::of(&v));
         fields.push((f.name.clone(), f.dtype, t.shape.clone(), stats));
     }
     if a.json {

@@ -94,7 +94,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
 /// A line for each problem: `DAMAGED` for damage, `NOT READ` for a read that failed (a
 /// request refused or timed out, a short read), which says nothing of the bytes: `hspack
 /// repair` mends only the first.
-fn problem_lines(problems: &[hspack::Error]) -> Vec<String> {
+pub(super) fn problem_lines(problems: &[hspack::Error]) -> Vec<String> {
     let line = |p: &hspack::Error| match p.is_damage() {
         true => format!("DAMAGED {p}"),
         false => format!("NOT READ {p}"),
@@ -104,7 +104,7 @@ fn problem_lines(problems: &[hspack::Error]) -> Vec<String> {
 
 /// 0 when verify found no problem, [`EXIT_DAMAGED`] when it found damage, [`EXIT_ERROR`]
 /// when the only problems were reads that failed (it could not check those bytes).
-fn exit_code(problems: &[hspack::Error]) -> u8 {
+pub(super) fn exit_code(problems: &[hspack::Error]) -> u8 {
     match (problems.is_empty(), problems.iter().any(|p| p.is_damage())) {
         (true, _) => 0,
         (false, true) => EXIT_DAMAGED,

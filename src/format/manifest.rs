@@ -269,6 +269,12 @@ impl Manifest {
                 rule: format!("at most {MAX_MANIFEST_BYTES} bytes"),
             });
         }
+        super::version::refuse_unknown_version(
+            bytes,
+            S,
+            MIN_VERSION.into(),
+            MANIFEST_VERSION.into(),
+        )?;
         let f: ManifestFile = serde_json::from_slice(bytes).map_err(|e| FormatError::Json {
             structure: S,
             detail: format!("{e}; the manifest is damaged: restore it from the source copy"),
@@ -806,6 +812,21 @@ mod tests {
             Manifest::decode(&m.encode()),
             Err(FormatError::UnsupportedVersion { .. })
         ));
+        // A newer writer's manifest may hold what this reader cannot decode (a new dtype):
+        // it is refused by its version, not called damaged.
+        let mut m = manifest();
+        m.version = MANIFEST_VERSION + 1;
+        let newer = String::from_utf8(m.encode())
+            .unwrap()
+            .replace("\"i32\"", "\"fp4\"");
+        assert!(newer.contains("fp4"));
+        let err = Manifest::decode(newer.as_bytes()).unwrap_err();
+        assert!(
+            matches!(err, FormatError::UnsupportedVersion { .. })
+                && err.to_string().contains("upgrade hspack")
+                && !err.to_string().contains("damaged"),
+            "{err}"
+        );
         let mut m = manifest();
         m.set_lease("00ff");
         assert_eq!(m.version, LEASE_VERSION);

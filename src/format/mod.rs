@@ -13,6 +13,7 @@ pub mod manifest;
 pub mod quantize;
 pub mod schema;
 pub mod segment;
+pub mod version;
 
 pub use codec::{Codec, Elements};
 pub use dtype::DType;

@@ -145,6 +145,12 @@ impl Segment {
                     .into(),
             ));
         }
+        super::version::refuse_unknown_version(
+            bytes,
+            S,
+            SEGMENT_VERSION.into(),
+            SEGMENT_VERSION.into(),
+        )?;
         let s: Segment = serde_json::from_slice(bytes).map_err(|e| json(e.to_string()))?;
         if s.format != SEGMENT_FORMAT {
             return Err(json(format!(

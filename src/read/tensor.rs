@@ -69,9 +69,10 @@ impl Tensor {
             .flatten()
     }
 
-    /// The elements as f64 (exact for every dtype but i64 beyond 2^53); `None` for the fp8
-    /// dtypes, which hold codes whose meaning depends on scales.
-    pub fn to_f64(&self) -> Option<Vec<f64>> {
+    /// The elements as f64 (exact for every dtype but i64 beyond 2^53); for the fp8 dtypes
+    /// the values of their codes (a scale a model keeps beside them is not applied; an
+    /// E4M3FN NaN code is NaN).
+    pub fn to_f64(&self) -> Vec<f64> {
         let b = self.bytes();
         let v = match self.dtype {
             DType::Bool | DType::U8 => b.iter().map(|&x| x as f64).collect(),
@@ -104,9 +105,17 @@ impl Tensor {
                 .chunks_exact(8)
                 .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")))
                 .collect(),
-            DType::F8E4M3FN | DType::F8E5M2 => return None,
+            DType::F8E4M3FN => b
+                .iter()
+                .map(|&c| crate::format::fp8::decode_e4m3(c).map_or(f64::NAN, f64::from))
+                .collect(),
+            // E5M2 is the high byte of an IEEE half.
+            DType::F8E5M2 => b
+                .iter()
+                .map(|&c| half::f16::from_bits(u16::from(c) << 8).to_f64())
+                .collect(),
         };
-        Some(v)
+        v
     }
 
     /// Rows.

@@ -90,6 +90,7 @@ impl IndexRoot {
 
     /// Parses `index.json`, refusing another format or version and names that are not runs.
     pub fn decode(bytes: &[u8]) -> Result<Self, FormatError> {
+        crate::format::version::refuse_unknown_version(bytes, "store index.json", 1, 1)?;
         let root: IndexRoot = serde_json::from_slice(bytes).map_err(|e| FormatError::Json {
             structure: "store index.json",
             detail: e.to_string(),

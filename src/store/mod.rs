@@ -26,6 +26,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::format::manifest::{hex, unhex};
+use crate::format::FormatError;
 use crate::io::{FileBytes, FileReader, LocalStorage, ObjectStorage, Storage};
 use crate::per_process::lock_for_an_instant;
 
@@ -91,6 +92,21 @@ fn read_config(root: &Path, meta: &dyn Storage) -> Result<StoreConfig> {
         detail: "not a store: it has no store.json (make one with `hspack store init`)".into(),
     })?;
     let path = meta.path(STORE_FILE);
+    let newer = |found: &dyn std::fmt::Display, format: &str| Error::Store {
+        path: path.clone(),
+        detail: format!(
+            "format {format} version {found}; this hspack reads {STORE_FORMAT} version \
+             {STORE_VERSION}: upgrade hspack"
+        ),
+    };
+    // A newer store's file may hold fields this one does not know: refused by its version,
+    // not called damaged.
+    let version = STORE_VERSION.into();
+    if let Err(FormatError::UnsupportedVersion { found, .. }) =
+        crate::format::version::refuse_unknown_version(&bytes, "store.json", version, version)
+    {
+        return Err(newer(&found, STORE_FORMAT));
+    }
     let config: StoreConfig = serde_json::from_slice(&bytes).map_err(|e| Error::Store {
         path: path.clone(),
         detail: format!(
@@ -99,13 +115,7 @@ fn read_config(root: &Path, meta: &dyn Storage) -> Result<StoreConfig> {
         ),
     })?;
     if config.format != STORE_FORMAT || config.version != STORE_VERSION {
-        return Err(Error::Store {
-            path,
-            detail: format!(
-                "format {} version {}; this hspack reads {STORE_FORMAT} version {STORE_VERSION}: upgrade hspack",
-                config.format, config.version
-            ),
-        });
+        return Err(newer(&config.version, &config.format));
     }
     // The id names this machine's staging folder of a store in object storage: only the 32
     // hex digits a store is made with (FORMAT.md §11), never a path.

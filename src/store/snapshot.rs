@@ -69,6 +69,7 @@ impl Snapshot {
             structure: "stored dataset",
             detail,
         };
+        crate::format::version::refuse_unknown_version(bytes, "stored dataset", 1, 1)?;
         let s: Snapshot = serde_json::from_slice(bytes).map_err(|e| bad(e.to_string()))?;
         if s.format != SNAPSHOT_FORMAT {
             return Err(bad(format!(

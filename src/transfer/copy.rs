@@ -95,6 +95,15 @@ pub fn copy(
 ) -> Result<CopyReport> {
     let manifest = src.manifest();
     crate::store::refuse_root(&**dst)?;
+    if super::same_place(src.dir(), dst.root()) {
+        // Nothing would be sent, and the report would read as a copy made.
+        return Err(Error::CopyRefused {
+            path: dst.root().to_path_buf(),
+            detail: "it is the source itself (the same folder or URL); name where the copy \
+                     goes"
+                .into(),
+        });
+    }
     dst.create_root()?;
     // The destination's writer lock, held until the manifest is published: a writer there
     // (or another copy) would otherwise race this one for its shard names, and this copy

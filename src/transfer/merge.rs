@@ -67,13 +67,15 @@ pub fn merge(
     }
     for ds in &sources[1..] {
         if ds.schema() != first.schema() {
+            // "here" is this dataset's schema, "given" the first one's.
             return Err(Error::SchemaMismatch {
                 path: ds.dir().to_path_buf(),
                 detail: format!(
-                    "it cannot be merged with {}: {}; only datasets of one schema (fields and \
-                     capture metadata) merge",
+                    "it cannot be merged with {}: {}; only datasets of one schema (fields, \
+                     how they are stored, and capture metadata) merge: convert the odd one \
+                     out to the others' schema first",
                     first.dir().display(),
-                    describe_difference(first.schema(), ds.schema())
+                    describe_difference(ds.schema(), first.schema())
                 ),
             });
         }
@@ -93,7 +95,7 @@ pub fn merge(
             seen.insert(key, i);
         }
     }
-    let done = merged_so_far(sources, &dst, &refused)?;
+    let done = merged_so_far(sources, &dst, options.dataset_id, &refused)?;
     let mut w = DatasetWriter::open_in(dst, first.schema().clone(), options)?;
     let mut report = MergeReport::default();
     let mut skip = done;
@@ -144,6 +146,7 @@ fn read_all(ds: &Dataset, sample: &Sample<'_>) -> Result<Vec<Tensor>> {
 fn merged_so_far(
     sources: &[Dataset],
     dst: &Arc<dyn Storage>,
+    given_id: Option<[u8; 16]>,
     refused: &dyn Fn(String) -> Error,
 ) -> Result<u64> {
     let held = match Dataset::open_in(Arc::clone(dst), Default::default()) {
@@ -151,6 +154,20 @@ fn merged_so_far(
         Err(Error::NotADataset { .. }) => return Ok(0),
         Err(e) => return Err(e),
     };
+    // A merge's dataset has an id of its own (a new one, unless the options give it): one
+    // with a source's is a copy of that source (whose first samples are the merge's too),
+    // which the merge would append to.
+    let id = held.manifest().dataset_id_bytes();
+    if let Some(ds) = sources
+        .iter()
+        .find(|ds| ds.manifest().dataset_id_bytes() == id && given_id != Some(id))
+    {
+        return Err(refused(format!(
+            "it holds a copy of {} (the same dataset id), not an interrupted merge of these \
+             sources; nothing was written: merge into a new folder",
+            ds.dir().display()
+        )));
+    }
     let mut wanted = sources
         .iter()
         .flat_map(|ds| (0..ds.len()).map(move |o| (ds, o)));
