@@ -3,8 +3,10 @@
 //!
 //! The quick check opens every shard against the manifest (size, footer, header, index hash,
 //! index structure), checks every chunk header against its index entry (the headers only, no
-//! payload) and checks the samples table. The full check also reads every other byte: each
-//! payload against its BLAKE3, every padding byte zero.
+//! payload), every key given once in the dataset, and the samples table (its hash, then its
+//! rows against the shards' indexes). The full check also reads every other byte: each
+//! payload against its BLAKE3, every padding byte zero, and each sample's recorded loss rows
+//! against its loss mask.
 //!
 //! Files of the folder that no committed data uses are not damage: what an interrupted writer
 //! left (temp files, shards past the manifest's) and files hspack does not know are listed
@@ -12,6 +14,7 @@
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use rayon::prelude::*;
 
@@ -186,22 +189,29 @@ pub fn verify_dataset(
         replaced_meanwhile: Vec::new(),
     };
     let hashed = AtomicU64::new(0);
+    // Every sample's key hash and ordinal, to find a key given twice.
+    let mut keys: Vec<(u64, u64)> = Vec::new();
     // A batch of shards at a time, each let go once checked: a process maps at most
     // `vm.max_map_count` regions (65530 by default), fewer than a large dataset's shards.
     for seqs in (0..manifest.shards.len())
         .collect::<Vec<_>>()
         .chunks(VERIFY_BATCH)
     {
-        let mut shards: Vec<Shard> = Vec::with_capacity(seqs.len());
+        let mut shards: Vec<Arc<Shard>> = Vec::with_capacity(seqs.len());
         for &seq in seqs {
             match ds.open_shard(seq) {
-                Ok(s) => shards.push(s),
+                Ok(s) => shards.push(Arc::new(s)),
                 Err(e) => problems.push(e),
             }
         }
         problems.extend(check_shards(&shards, schema, &options, &hashed, progress));
+        if !options.quick {
+            problems.extend(check_loss_rows(&ds, &shards));
+        }
+        keys.extend(shards.iter().flat_map(|s| key_hashes(s)));
         report.chunk_headers += shards.iter().map(|s| s.footer().chunk_count).sum::<u64>();
     }
+    problems.extend(check_unique_keys(&ds, keys));
     if !options.quick {
         report.chunks = report.chunk_headers;
         report.bytes_hashed = hashed.into_inner();
@@ -241,7 +251,7 @@ const VERIFY_BATCH: usize = 1024;
 /// core; the others (object storage) are scanned in file order, several shards at once, in
 /// large reads.
 fn check_shards(
-    shards: &[Shard],
+    shards: &[Arc<Shard>],
     schema: &crate::format::Schema,
     options: &VerifyOptions,
     hashed: &AtomicU64,
@@ -284,6 +294,96 @@ fn check_shards(
     });
     found.sort_by_key(|(i, c, _)| (*i, *c));
     problems.extend(found.into_iter().map(|(_, _, e)| e));
+    problems
+}
+
+/// Each sample's `loss_rows` against the rows its loss mask sets (§3.2), where the schema has
+/// one: a count that is not the mask's passes every hash (the writer recorded it), and a
+/// trainer filtering by loss tokens would drop or keep the sample wrongly. In shards a
+/// storage maps (a folder): elsewhere each mask would be a request of its own.
+fn check_loss_rows(ds: &Dataset, shards: &[Arc<Shard>]) -> Vec<Error> {
+    let Some(mask) = ds.schema().loss_mask_field() else {
+        return Vec::new();
+    };
+    let row_bytes = ds.schema().fields[mask].row_bytes() as usize;
+    let found: Vec<Vec<Error>> = crate::parallel::install(|| {
+        shards
+            .par_iter()
+            .filter(|shard| shard.is_mapped())
+            .map(|shard| {
+                (0..shard.index().sample_count())
+                    .filter_map(|i| {
+                        let sample = ds.sample_of(shard, i)?;
+                        // A mask that does not read is named by the chunk checks.
+                        let read = sample.read_field(mask, None).ok()?;
+                        let set = crate::format::loss_rows_of(read.bytes(), row_bytes);
+                        let recorded = sample.loss_rows()?;
+                        (set != recorded).then(|| Error::Format {
+                            path: shard.path().to_path_buf(),
+                            source: crate::format::FormatError::Invalid {
+                                structure: "shard index",
+                                what: "sample loss_rows",
+                                value: recorded,
+                                rule: format!(
+                                    "{set}, the rows the loss mask of sample {} (`{}`) sets",
+                                    sample.ordinal(),
+                                    sample.key()
+                                ),
+                            },
+                        })
+                    })
+                    .collect()
+            })
+            .collect()
+    });
+    found.into_iter().flatten().collect()
+}
+
+/// The hash of every key of `shard` and its sample's ordinal.
+fn key_hashes(shard: &Shard) -> Vec<(u64, u64)> {
+    let index = shard.index();
+    (0..index.sample_count())
+        .filter_map(|i| {
+            let entry = index.sample(i)?;
+            Some((
+                crate::format::key_hash(index.key_of(&entry)?),
+                entry.ordinal,
+            ))
+        })
+        .collect()
+}
+
+/// A key given to two samples (§3.2: keys are unique in the dataset; a shard's index refuses
+/// a repeat within it, not one across shards). A read by key finds one of them only. Each
+/// sample of a repeated key after the first is named.
+fn check_unique_keys(ds: &Dataset, mut keys: Vec<(u64, u64)>) -> Vec<Error> {
+    keys.sort_unstable();
+    let mut problems = Vec::new();
+    for same_hash in keys.chunk_by(|a, b| a.0 == b.0).filter(|run| run.len() > 1) {
+        let mut seen: Vec<(String, u64)> = Vec::new();
+        for &(_, ordinal) in same_hash {
+            let Ok(sample) = ds.sample(ordinal) else {
+                continue;
+            };
+            let key = sample.key().to_string();
+            match seen.iter().find(|(k, _)| *k == key) {
+                Some(&(_, first)) => problems.push(Error::Format {
+                    path: sample.shard().path().to_path_buf(),
+                    source: crate::format::FormatError::Invalid {
+                        structure: "shard index",
+                        what: "sample ordinal",
+                        value: ordinal,
+                        rule: format!(
+                            "that of a sample with a key of its own: key `{key}` is sample \
+                             {first}'s too (keys are unique in a dataset; a read by key finds \
+                             one of them only)"
+                        ),
+                    },
+                }),
+                None => seen.push((key, ordinal)),
+            }
+        }
+    }
     problems
 }
 
@@ -376,19 +476,29 @@ fn files_not_in_use(ds: &Dataset) -> Result<(Vec<PathBuf>, Vec<PathBuf>)> {
 }
 
 /// The samples table (versions 1 to 3) or its parts (version 4), each against its length and
-/// hash. A table is checked as everything else is, by its hash in the manifest; its parquet is
-/// never decoded here (a decoder fed hostile bytes is a risk the hash makes needless).
+/// hash, then, decoded (bytes the manifest vouched for), row by row against what the shards'
+/// indexes say: a writer could have recorded rows that every hash covers and that are not the
+/// samples', which pandas would then be given.
 fn check_samples_tables(ds: &Dataset, missing: &mut Vec<PathBuf>) -> Vec<Error> {
     let manifest = ds.manifest();
     let mut problems = Vec::new();
+    let mut shard_rows = ShardRows {
+        ds,
+        loaded: None,
+        rows: Vec::new(),
+    };
+    let mut first_ordinal = 0u64;
     for t in manifest.table_files() {
         let problem = |detail: String| Error::SamplesTable {
             path: ds.storage().path(&t.file),
             detail,
         };
-        if let Err(detail) = read_listed(ds, &t.file, t.bytes, &t.blake3, missing) {
+        let rows = read_listed(ds, &t.file, t.bytes, &t.blake3, missing)
+            .and_then(|bytes| shard_rows.check_part(bytes, first_ordinal, t.samples));
+        if let Err(detail) = rows {
             problems.push(problem(detail));
         }
+        first_ordinal = first_ordinal.saturating_add(t.samples);
         if let Some(whole) = manifest
             .samples_table
             .as_ref()
@@ -402,6 +512,59 @@ fn check_samples_tables(ds: &Dataset, missing: &mut Vec<PathBuf>) -> Vec<Error> 
         }
     }
     problems
+}
+
+/// The samples table's rows as the shards' indexes give them, one shard's at a time.
+struct ShardRows<'d> {
+    ds: &'d Dataset,
+    /// The shard whose rows `rows` holds.
+    loaded: Option<usize>,
+    rows: Vec<crate::write::samples_table::SampleRow>,
+}
+
+impl ShardRows<'_> {
+    /// The row of sample `ordinal`; `None` where its shard does not open (named apart).
+    fn row(&mut self, ordinal: u64) -> Option<&crate::write::samples_table::SampleRow> {
+        let (seq, local) = self.ds.locate(ordinal).ok()?;
+        if self.loaded != Some(seq) {
+            let shard = self.ds.open_shard(seq).ok()?;
+            let record = &self.ds.manifest().shards[seq];
+            self.rows = crate::write::samples_table::rows_of(&shard, record);
+            self.loaded = Some(seq);
+        }
+        self.rows.get(usize::try_from(local).ok()?)
+    }
+
+    /// Table part `bytes`, which holds the rows of the `samples` samples from ordinal
+    /// `first`, against the shards; `Err` says the first row that differs.
+    fn check_part(
+        &mut self,
+        bytes: Vec<u8>,
+        first: u64,
+        samples: u64,
+    ) -> std::result::Result<(), String> {
+        let found = crate::write::samples_table::decode(bytes)?;
+        if found.len() as u64 != samples {
+            return Err(format!(
+                "it holds {} rows, the manifest records {samples}",
+                found.len()
+            ));
+        }
+        for (i, row) in found.iter().enumerate() {
+            let ordinal = first.saturating_add(i as u64);
+            match self.row(ordinal) {
+                Some(want) if want != row => {
+                    return Err(format!(
+                        "its row {i} is {row:?}, where the shards' indexes give {want:?}: \
+                         the table was written wrong (`hspack ls --json` lists the samples as \
+                         the shards give them)"
+                    ))
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Whether the samples table (versions 1 to 3) or its parts (version 4) are as the manifest

@@ -493,3 +493,110 @@ fn a_loss_row_count_the_sample_cannot_have_is_refused() {
         }
     }
 }
+
+/// Shard `seq` of the version-1 dataset in `dir` with its index rebuilt, each sample given
+/// as `edit` returns it from its key and loss rows, then re-sealed (the shard's length, the
+/// index hash in the footer and the manifest, the footer's check word): bytes a writer that
+/// recorded them wrongly would have made.
+fn rebuild_v1_index(dir: &Path, seq: usize, edit: impl Fn(u64, &str, u64) -> (String, u64)) {
+    let mut m = Manifest::decode(&std::fs::read(dir.join("manifest.json")).unwrap()).unwrap();
+    let path = dir.join(&m.shards[seq].file);
+    let shard = std::fs::read(&path).unwrap();
+    let mut footer = footer_of(&shard);
+    let at = footer.index_offset as usize;
+    let old = Index::parse(&shard[at..at + footer.index_len as usize]).unwrap();
+    let mut b = IndexBuilder::new(old.header().first_ordinal);
+    for c in 0..old.chunk_count() {
+        b.push_chunk(old.chunk(c).unwrap());
+    }
+    for i in 0..old.sample_count() {
+        let s = old.sample(i).unwrap();
+        let extents: Vec<ExtentEntry> = old.extents_of(&s).collect();
+        let (key, loss_rows) = edit(s.ordinal, old.key_of(&s).unwrap(), s.loss_rows);
+        b.push_sample(&key, s.rows, loss_rows, s.raw_bytes, &extents);
+    }
+    let index = b.encode();
+    footer.index_len = index.len() as u64;
+    footer.index_hash = *blake3::hash(&index).as_bytes();
+    let mut out = shard[..at].to_vec();
+    out.extend_from_slice(&index);
+    out.extend_from_slice(bytemuck::bytes_of(&footer.seal()));
+    std::fs::write(&path, &out).unwrap();
+    m.shards[seq].index_blake3 = hex(&footer.index_hash);
+    m.shards[seq].bytes = out.len() as u64;
+    std::fs::write(dir.join("manifest.json"), m.encode()).unwrap();
+}
+
+/// Bug: verify passed a key given to two samples of two shards (a shard's index refuses a
+/// repeat within it only) and a sample whose recorded loss rows are not the rows its mask
+/// sets (FORMAT.md §3.2): both pass every hash, the writer having recorded them. A read by
+/// key found one of the two samples; `ls` and `lengths()` reported the wrong count.
+#[test]
+fn a_key_given_twice_and_a_loss_count_not_the_masks_are_named_by_verify() {
+    let dir = copy_of("v1/none");
+    let ds = Dataset::open(dir.path()).unwrap();
+    let (first, shard0) = (
+        ds.sample(0).unwrap().key().to_string(),
+        ds.manifest().shards[0].samples,
+    );
+    let masked = ds.sample(shard0 + 1).unwrap().loss_rows().unwrap();
+    // Within the sample's rows, so the index stays valid: only the mask says it is wrong.
+    let wrong = if masked > 0 { masked - 1 } else { 1 };
+    assert!(wrong <= ds.sample(shard0 + 1).unwrap().rows());
+    drop(ds);
+    assert!(problems(dir.path()).is_empty());
+    rebuild_v1_index(dir.path(), 1, |ordinal, key, loss_rows| {
+        match ordinal - shard0 {
+            0 => (first.clone(), loss_rows),
+            1 => (key.to_string(), wrong),
+            _ => (key.to_string(), loss_rows),
+        }
+    });
+    let found: Vec<String> = problems(dir.path()).iter().map(|e| e.to_string()).collect();
+    // The samples table, written by the writer that was right, no longer matches the shards.
+    assert_eq!(found.len(), 3, "{found:#?}");
+    let said = found.join("\n");
+    for part in [
+        format!("samples.parquet: its row {shard0} is"),
+        format!("shard-000001.hsp: shard index: sample ordinal is {shard0}"),
+        format!("key `{first}` is sample 0's too"),
+        format!("sample loss_rows is {wrong}, but must be {masked}"),
+        format!("the loss mask of sample {}", shard0 + 1),
+    ] {
+        assert!(said.contains(&part), "{part}: {said}");
+    }
+    // The quick check reads no mask, and still finds the key and the table.
+    let quick = verify(dir.path(), VerifyOptions { quick: true }, &|_| {}).unwrap();
+    assert_eq!(quick.problems.len(), 2, "{:?}", quick.problems);
+}
+
+/// Bug: verify checked the samples table by its hash alone, so rows a writer recorded wrongly
+/// (here one sample's token count) passed, and pandas was given them. The table is decoded
+/// and compared row by row with the shards' indexes; `reindex` writes it again.
+#[test]
+fn a_samples_table_row_that_is_not_the_samples_is_named_and_reindex_mends_it() {
+    use hspack::write::samples_table::{decode, encode};
+    let dir = copy_of("v1/none");
+    let mut m =
+        Manifest::decode(&std::fs::read(dir.path().join("manifest.json")).unwrap()).unwrap();
+    let table = m.samples_table.clone().unwrap();
+    let path = dir.path().join(&table.file);
+    let mut rows = decode(std::fs::read(&path).unwrap()).unwrap();
+    rows[3].tokens += 1;
+    let bytes = encode(&rows, &path).unwrap();
+    std::fs::write(&path, &bytes).unwrap();
+    let record = m.samples_table.as_mut().unwrap();
+    record.bytes = bytes.len() as u64;
+    record.blake3 = hex(blake3::hash(&bytes).as_bytes());
+    std::fs::write(dir.path().join("manifest.json"), m.encode()).unwrap();
+    let found: Vec<String> = problems(dir.path()).iter().map(|e| e.to_string()).collect();
+    assert_eq!(found.len(), 1, "{found:#?}");
+    assert!(
+        found[0].contains("samples.parquet") && found[0].contains("its row 3 is"),
+        "{}",
+        found[0]
+    );
+    assert!(!hspack::write::reindex(dir.path()).unwrap().is_empty());
+    let after = problems(dir.path());
+    assert!(after.is_empty(), "{after:#?}");
+}

@@ -384,6 +384,14 @@ pub struct SampleEntry {
     pub reserved: u64,
 }
 
+/// Rows of loss mask `mask` (rows of `row_bytes` bytes) that are set: any byte non-zero.
+/// What a sample's `loss_rows` records.
+pub fn loss_rows_of(mask: &[u8], row_bytes: usize) -> u64 {
+    mask.chunks_exact(row_bytes.max(1))
+        .filter(|r| r.iter().any(|&b| b != 0))
+        .count() as u64
+}
+
 impl SampleEntry {
     /// Rows whose loss mask is set, when the schema has a loss mask (`loss_rows` holds
     /// `u64::MAX` when it has none).

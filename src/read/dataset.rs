@@ -295,6 +295,17 @@ impl Dataset {
         self.sample_in(seq, local)
     }
 
+    /// Sample `local` of `shard`, a shard of this dataset opened apart
+    /// ([`Dataset::open_shard`]); `None` past its samples.
+    pub(crate) fn sample_of(&self, shard: &Arc<Shard>, local: u64) -> Option<Sample<'_>> {
+        let entry = shard.index().sample(local)?;
+        Some(Sample {
+            ds: self,
+            shard: Arc::clone(shard),
+            entry,
+        })
+    }
+
     fn sample_in(&self, seq: usize, local: u64) -> Result<Sample<'_>> {
         let shard = self.shard(seq)?.clone();
         let entry = shard

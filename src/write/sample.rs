@@ -2,7 +2,7 @@
 //! indexed. Shared by the dataset writer and by shard lanes.
 
 use crate::error::{Error, Result};
-use crate::format::{ExtentEntry, Role, Schema};
+use crate::format::{ExtentEntry, Schema};
 
 use super::encode::encode_sample;
 use super::options::WriteOptions;
@@ -124,13 +124,9 @@ pub fn write(
     key: &str,
     sample: &CheckedSample<'_>,
 ) -> Result<()> {
-    let loss_rows = match schema.fields.iter().position(|f| f.role == Role::LossMask) {
+    let loss_rows = match schema.loss_mask_field() {
         Some(i) => {
-            let rb = schema.fields[i].row_bytes() as usize;
-            sample.fields[i]
-                .chunks_exact(rb)
-                .filter(|r| r.iter().any(|&b| b != 0))
-                .count() as u64
+            crate::format::loss_rows_of(sample.fields[i], schema.fields[i].row_bytes() as usize)
         }
         None => u64::MAX,
     };

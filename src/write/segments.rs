@@ -102,8 +102,10 @@ impl<'a> Segments<'a> {
         let (mut entries, rows) = self.read_shards(manifest, old.clone())?;
         entries.sort_unstable();
         let samples: u64 = manifest.shards[old.clone()].iter().map(|s| s.samples).sum();
+        // Kept only where it holds the rows the shards give: a table a writer recorded wrong
+        // hashes as recorded all the same.
         let part = match table {
-            Some(t) if t.samples == samples && self.intact(&t.file, t.bytes, &t.blake3) => t,
+            Some(t) if t.samples == samples && self.holds(&t, &rows) => t,
             _ => self.publish_part(manifest, old.clone(), &rows)?,
         };
         let keys = self.publish_run(&key_run_name(old.clone(), self.tag), &entries)?;
@@ -114,10 +116,22 @@ impl<'a> Segments<'a> {
 
     /// True when `file` is there with `bytes` bytes hashing to `blake3`.
     fn intact(&self, file: &str, bytes: u64, blake3: &str) -> bool {
-        self.storage.read(file).ok().flatten().is_some_and(|b| {
+        self.intact_bytes(file, bytes, blake3).is_some()
+    }
+
+    /// The bytes of `file`, when it is there with `bytes` bytes hashing to `blake3`.
+    fn intact_bytes(&self, file: &str, bytes: u64, blake3: &str) -> Option<Vec<u8>> {
+        self.storage.read(file).ok().flatten().filter(|b| {
             b.len() as u64 == bytes
-                && hex(blake3::hash(&b).as_bytes()) == blake3.to_ascii_lowercase()
+                && hex(blake3::hash(b).as_bytes()) == blake3.to_ascii_lowercase()
         })
+    }
+
+    /// True when table `t` is intact and holds `rows`.
+    fn holds(&self, t: &TableRecord, rows: &[SampleRow]) -> bool {
+        self.intact_bytes(&t.file, t.bytes, &t.blake3)
+            .and_then(|b| samples_table::decode(b).ok())
+            .is_some_and(|found| found == rows)
     }
 
     /// Rewrites the key runs and table parts of `manifest`'s segments that are missing or do
