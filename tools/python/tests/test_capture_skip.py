@@ -8,6 +8,7 @@ by a hook on the model, not taken from the driver's own report.
 
 import json
 import random
+import re
 import subprocess
 import sys
 
@@ -255,6 +256,26 @@ def test_max_len_below_one_is_refused(tmp_path):
         with pytest.raises(ValueError, match=f"max_len {bad}: give 1 or more"):
             list(read_samples(str(data), max_len=bad))
     assert list(read_samples(str(data), max_len=2))[0].input_ids == [5, 6]
+
+
+def test_a_prompts_file_that_is_not_there_is_named_before_the_model_is_resolved(tmp_path, monkeypatch):
+    """A typo in ``--data`` is said first, not after a model download, nor hidden behind an
+    offline hub's error about the model; so is a ``max_len`` below 1."""
+    from hspack.capture import sglang
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    data = tmp_path / "prompts.jsonl"
+    data.write_text(json.dumps({"id": "a", "input_ids": [5, 6]}) + "\n")
+    for capture in (extract, sglang.extract):
+        for given, said in ((tmp_path / "missing.jsonl", "does not exist"), (tmp_path, "is not a file")):
+            with pytest.raises(FileNotFoundError, match=re.escape(f"--data {given}: {said}; give the JSONL file")):
+                capture("no-such-org/no-such-model", str(given), [1], str(tmp_path / "out"))
+        with pytest.raises(ValueError, match="max_len 0: give 1 or more"):
+            capture("no-such-org/no-such-model", str(data), [1], str(tmp_path / "out"), max_len=0)
+    # The model is looked for once the prompts are there (the offline hub's error).
+    with pytest.raises(OSError, match="huggingface|no-such-org/no-such-model"):
+        extract("no-such-org/no-such-model", str(data), [1], str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists()
 
 
 def test_model_revision_names_a_cache_snapshot_by_its_commit_and_a_folder_by_its_weights(tmp_path):

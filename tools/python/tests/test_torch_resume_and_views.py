@@ -4,6 +4,7 @@ refuse what they cannot serve, and the pinned collate of a tensor that could not
 from __future__ import annotations
 
 import copy
+import os
 import pickle
 import re
 
@@ -275,3 +276,84 @@ def test_an_iterable_dataset_an_hspack_loader_went_through_is_whole_for_a_plain_
     resumed = HspackIterableDataset(eagle_path, ["input_ids"], seed=3)
     resumed.load_state_dict(state)
     assert ordinals(HspackLoader(resumed, batch_size=None, num_workers=workers)) == []
+
+
+def test_a_dataset_rewritten_since_it_was_opened_is_refused_by_a_copy_and_after_close(tmp_path):
+    """A dataset pickled into a worker, or closed and used again, opens the folder again:
+    rewritten meanwhile (same keys, other values), it read the new values silently, and a
+    closed one kept its old lengths (read_concat cut samples short). Refused now; one appended
+    to reads on, with the new samples' lengths."""
+    import shutil
+    from conftest import write_eagle
+
+    path = str(tmp_path / "ds")
+    write_eagle(path, 6, shard_samples=3)
+    ds = hspack.open(path)
+    before = ds[0]["hidden.1"].clone()
+    assert len(ds.lengths) == 6
+    sent = pickle.dumps(ds)  # what a spawned DataLoader worker gets
+    ds.close()
+    write_eagle(path, 9, first=6, shard_samples=3)  # appended to: reads on
+    assert len(ds) == 9 and len(ds.lengths) == 9 and len(pickle.loads(sent)) == 9
+    assert ds.read_concat(8, ["hidden.1", "hidden.3"]).shape[0] == ds.rows_of(8)
+    shutil.rmtree(path)
+    write_eagle(path, 6, first=3, shard_samples=3)  # rewritten: other samples at ordinal 0
+    for reopened in (pickle.loads(sent), ds):
+        reopened.close()
+        with pytest.raises(hspack.HspackError, match="the dataset changed since this dataset object first opened it") as e:
+            reopened[0]
+        assert e.value.kind == "Io" and e.value.path == path
+    assert torch.equal(before, hspack.open(path)[0]["hidden.1"]) is False
+
+
+def test_an_index_that_is_no_int_is_refused_not_read_as_another_sample(eagle_path):
+    ds, hd = hspack.open(eagle_path), HspackDataset(eagle_path)
+    for bad in (True, 2.7, [1, 2]):
+        for reader in (ds, hd):
+            with pytest.raises(TypeError, match="sample index must be an int"):
+                reader[bad]
+    with pytest.raises(IndexError, match=r"sample -38 is out of range: the dataset has 37 samples \(0 to 36, or -37 to -1"):
+        ds[-38]
+    for rows in ((-1, 3), 5, (1, 2, 3), (True, 2)):
+        with pytest.raises(hspack.HspackError, match=re.escape(f"option rows of sample 0: {rows!r} must be (start, stop)")):
+            ds.read(0, rows=rows)
+    with pytest.raises(TypeError, match=r"a sample key is a str, not int; the sample at ordinal i: ds\[i\]"):
+        ds.get(3)
+    for max_len in (-3, 0, 1.5):
+        for view in ("eagle3", None):
+            with pytest.raises(hspack.HspackError, match=re.escape(f"option max_len: {max_len!r} must be an int of 1 or more")):
+                HspackDataset(eagle_path, view=view, max_len=max_len)
+
+
+def test_a_stacked_field_out_of_layer_order_serves_the_shallowest_layer_first(tmp_path):
+    """The EAGLE-3 view hands out the auxiliary states shallowest first, whether they are
+    separate fields or one field stacking them: stacked as [30, 2, 16], they came out in that
+    order, unlike the same capture stored as separate fields."""
+    path = str(tmp_path / "stacked")
+    layers, h, t = [30, 2, 16], 4, 3
+    schema = [hspack.token_ids(), hspack.hidden_states(layers, h, dtype="f32"), hspack.hidden_state(40, h, point="final_norm", dtype="f32")]
+    stacked = torch.stack([torch.full((t, h), float(layer)) for layer in layers], dim=1)
+    fields = {f["name"]: f for f in schema}
+    name = [n for n, f in fields.items() if f["role"]["kind"] == "hidden_states"][0]
+    with hspack.Writer(path, schema, durable=False) as w:
+        w.append("a", **{"input_ids": torch.arange(t, dtype=torch.int32), name: stacked, "hidden.40": torch.zeros(t, h)})
+    aux = HspackDataset(path, view="eagle3")[0]["aux_hidden_state"]
+    assert aux.shape == (t, 3 * h)
+    assert aux[0].tolist() == [2.0] * h + [16.0] * h + [30.0] * h
+
+
+def test_a_missing_shard_fails_only_the_samples_it_holds_in_a_view(eagle_path, tmp_path):
+    """The views took a sample's length from every shard's index (`lengths`): one shard gone
+    failed every read, of samples in intact shards too."""
+    import shutil
+
+    path = str(tmp_path / "ds")
+    shutil.copytree(eagle_path, path)
+    ds = hspack.open(path)
+    last = ds.shards[-1]
+    os.remove(os.path.join(path, last["file"]))
+    for view in ("eagle3", None):
+        hd = HspackDataset(path, view=view, max_len=8)
+        assert hd[0]["input_ids" if view is None else "input_ids"].shape[0] == min(8, ds.rows_of(0))
+        with pytest.raises(hspack.HspackError, match=last["file"]):
+            hd[last["first_ordinal"]]

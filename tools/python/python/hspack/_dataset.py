@@ -60,6 +60,34 @@ def _names(fields: Sequence[str] | str | None) -> list[str] | None:
     return [fields] if isinstance(fields, str) else list(fields)
 
 
+def shards_of(ds: Any) -> list[tuple[int, int, str]]:
+    """What names each shard of `hspack.Dataset` `ds`: its first ordinal, its samples and its
+    index's hash (so two datasets whose shards hold as many samples still differ)."""
+    return _shard_names(ds.shards)
+
+
+def _shard_names(shards: list[dict]) -> list[tuple[int, int, str]]:
+    return [(int(s["first_ordinal"]), int(s["samples"]), str(s["index_blake3"])[:32]) for s in shards]
+
+
+def grown_from(now: Sequence[tuple], before: Sequence[tuple]) -> bool:
+    """True when shards `now` (`shards_of`) start with `before`: the same dataset, appended to
+    since (a commit adds shards after the last), not rewritten."""
+    return [tuple(r) for r in now[: len(before)]] == [tuple(r) for r in before]
+
+
+def _rows_option(rows: Any, i: int) -> tuple[int, int] | None:
+    """`rows` as `(start, stop)`, refused naming the sample where it is no pair of
+    non-negative ints."""
+    if rows is None:
+        return None
+    ok = isinstance(rows, (tuple, list)) and len(rows) == 2
+    ok = ok and all(isinstance(r, (int, np.integer)) and not isinstance(r, (bool, np.bool_)) and r >= 0 for r in rows)
+    if not ok:
+        raise make_error("BadOption", f"option rows of sample {i}: {rows!r} must be (start, stop), two ints 0 or more (token rows start to stop - 1)", option="rows")
+    return (int(rows[0]), int(rows[1]))
+
+
 def _readahead_option(mode: str) -> None:
     if mode not in READAHEADS:
         raise make_error("BadOption", "option readahead: must be \"hint\" or \"load\"", option="readahead")
@@ -96,14 +124,30 @@ class Dataset:
         self._native: _hspack.Dataset | None = None
         self._schema: dict | None = None
         self._lengths: tuple | None = None
+        # The shards first opened (`shards_of`): what a reopened dataset must start with.
+        self._opened: list | None = None
         self.native  # open now, so a missing dataset fails here
 
     # -- lifecycle -----------------------------------------------------------------------
     @property
     def native(self) -> _hspack.Dataset:
-        """The native dataset, opened on first use."""
+        """The native dataset, opened on first use; opened again (in a process it was pickled
+        to, or after `close`) only where it is the dataset opened first, appended to since:
+        one rewritten meanwhile is refused, since an ordinal would name another sample."""
         if self._native is None:
-            self._native = _hspack.Dataset(self.path, self.check, self.checked_memo, self._readahead, self.cache_dir, self.cache_bytes)
+            native = _hspack.Dataset(self.path, self.check, self.checked_memo, self._readahead, self.cache_dir, self.cache_bytes)
+            now = _shard_names(json.loads(native.shards_json()))
+            if self._opened is None:
+                self._opened = now
+            elif not grown_from(now, self._opened):
+                raise make_error(
+                    "Io",
+                    f"{self.path}: the dataset changed since this dataset object first opened it (its shards are no longer "
+                    f"the {len(self._opened)} it had: it was rewritten, not appended to); open it again with hspack.open",
+                    path=self.path,
+                )
+            self._lengths = None  # samples may have been appended since
+            self._native = native
         return self._native
 
     def cache_stats(self) -> dict[str, int] | None:
@@ -126,17 +170,20 @@ class Dataset:
         self._readahead = mode
 
     def close(self) -> None:
-        """Drops this object's handle on the mapping (views already made stay valid)."""
+        """Drops this object's handle on the mapping (views already made stay valid). A later
+        use opens the dataset again, refused where it was rewritten meanwhile."""
         self._native = None
+        self._lengths = None
 
     def __getstate__(self) -> dict:
-        return {"path": self.path, "check": self.check, "format": self.format, "checked_memo": self.checked_memo, "_readahead": self._readahead, "cache_dir": self.cache_dir, "cache_bytes": self.cache_bytes}
+        return {"path": self.path, "check": self.check, "format": self.format, "checked_memo": self.checked_memo, "_readahead": self._readahead, "cache_dir": self.cache_dir, "cache_bytes": self.cache_bytes, "_opened": self._opened}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self.__dict__.setdefault("_readahead", "hint")
         self.__dict__.setdefault("cache_dir", None)
         self.__dict__.setdefault("cache_bytes", None)
+        self.__dict__.setdefault("_opened", None)
         self._native = None
         self._schema = None
         self._lengths = None
@@ -232,15 +279,23 @@ class Dataset:
     # -- reading -------------------------------------------------------------------------
     def _index(self, i: int) -> int:
         n = len(self)
-        if not isinstance(i, (int, np.integer)):
+        # A bool is an int to Python: ds[True] read sample 1.
+        if not isinstance(i, (int, np.integer)) or isinstance(i, (bool, np.bool_)):
             by_key = "; a sample by its key: ds.get(key)" if isinstance(i, str) else ""
             raise TypeError(f"sample index must be an int, not {type(i).__name__}{by_key}")
-        i = int(i)
-        if i < 0:
-            i += n
+        given = int(i)
+        i = given + n if given < 0 else given
         if not 0 <= i < n:
-            raise IndexError(f"sample {i} is out of range: the dataset has {n} samples")
+            raise IndexError(f"sample {given} is out of range: the dataset has {n} samples (0 to {n - 1}, or -{n} to -1 from the end)")
         return i
+
+    def rows_of(self, i: int) -> int:
+        """Rows (tokens) of sample `i`, from its shard's index alone (`lengths` reads every
+        shard's)."""
+        i = self._index(i)
+        if self._lengths is not None:
+            return int(self._lengths[0][i])
+        return int(self.native.info(i)[1])
 
     def read(
         self,
@@ -252,7 +307,7 @@ class Dataset:
         """`{field: tensor}` of sample `i`: only `fields` (all when None), only token rows
         `rows = (start, stop)` (all when None)."""
         i = self._index(i)
-        parts = self.native.read(i, _names(fields), tuple(rows) if rows is not None else None)
+        parts = self.native.read(i, _names(fields), _rows_option(rows, i))
         return Fields((name, convert(buf, self.format, copy)) for name, buf in parts)
 
     def read_concat(self, i: int, fields: Sequence[str], rows: tuple[int, int] | None = None) -> Any:
@@ -261,8 +316,7 @@ class Dataset:
         The fields share a dtype. One copy from the shards, on the thread pool for a large
         sample, into memory reused from earlier such results this process dropped."""
         i = self._index(i)
-        n = int(self.lengths[i])
-        start, stop = rows if rows is not None else (0, n)
+        start, stop = _rows_option(rows, i) or (0, self.rows_of(i))
         return convert(self.native.read_concat(i, _names(fields), (start, stop)), self.format, False)
 
     def __getitem__(self, i: int) -> dict:
@@ -281,6 +335,8 @@ class Dataset:
     def get(self, key: str, fields: Sequence[str] | None = None, rows: tuple[int, int] | None = None, copy: bool = False) -> dict:
         """`{field: tensor}` of the sample with `key`; `HspackError` (kind `NoSuchKey`) when
         there is none."""
+        if not isinstance(key, str):
+            raise TypeError(f"a sample key is a str, not {type(key).__name__}" + ("; the sample at ordinal i: ds[i]" if isinstance(key, (int, np.integer)) else ""))
         i = self.native.find(key)
         if i is None:
             raise make_error("NoSuchKey", f"no sample has key `{key}`: list the keys with `hspack ls DATASET`", key=key)

@@ -49,7 +49,7 @@ from torch import nn
 from .decoder import Decoder, find_decoder
 from .errors import RowMismatch, command_errors
 from .points import CapturePoints, capture_metadata, config_hash, model_shape, parse_layers
-from .prompts import Sample, read_samples
+from .prompts import Sample, check_prompts, read_samples
 from .reuse import CaptureCounts, capture_config, model_revision, plan
 from .sink import Sink
 from .split import real_token_index
@@ -343,6 +343,7 @@ def extract(
         raise ValueError(f"rank {rank} must be in 0..{world_size} (world_size {world_size})")
     if shared is None:
         shared = world_size > 1
+    check_prompts(data, max_len)
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     torch_dtype = _DTYPES[dtype]

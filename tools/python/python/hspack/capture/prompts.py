@@ -16,6 +16,7 @@ the dataset) and either
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from typing import Iterator, List, Optional, Tuple
 
@@ -31,11 +32,26 @@ class Sample:
     loss_mask: List[int]
 
 
-def read_samples(path: str, tokenizer=None, max_len: Optional[int] = None) -> Iterator[Sample]:
-    """Yield the samples of a JSONL file; ``max_len`` (1 or more) truncates longer ones."""
+def check_prompts(path: str, max_len: Optional[int] = None) -> None:
+    """Refuse a prompts file that is not a readable file and a ``max_len`` below 1: a capture
+    calls this before it resolves the model (a download, or a network error that hides the
+    typo in ``--data``)."""
     if max_len is not None and max_len < 1:
         # -1 cut every sample's last token without a word; 0 failed inside the model.
         raise ValueError(f"max_len {max_len}: give 1 or more tokens (or leave it out to keep every token)")
+    if not os.path.isfile(path):
+        what = "is not a file" if os.path.exists(path) else "does not exist"
+        raise FileNotFoundError(f"--data {path}: {what}; give the JSONL file of prompts (a record a line)")
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as e:
+        raise OSError(f"--data {path}: cannot be read ({e.strerror})") from None
+
+
+def read_samples(path: str, tokenizer=None, max_len: Optional[int] = None) -> Iterator[Sample]:
+    """Yield the samples of a JSONL file; ``max_len`` (1 or more) truncates longer ones."""
+    check_prompts(path, max_len)
     with open(path, "r", encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():

@@ -56,7 +56,7 @@ from . import sglang_names as names
 from .decoder import Decoder, find_decoder
 from .errors import RowMismatch, UnsupportedSetup, command_errors
 from .points import CapturePoints, capture_metadata, config_hash, model_shape, parse_layers
-from .prompts import read_samples
+from .prompts import check_prompts, read_samples
 from .reuse import CaptureCounts, capture_config, model_revision, plan
 from .sink import Sink
 from .split import split_packed
@@ -577,6 +577,7 @@ def extract(
     ``revision`` is the one whose config and tokenizer are read, and is recorded."""
     import tempfile
 
+    check_prompts(data, max_len)
     import hspack
     import sglang
     from tqdm import tqdm

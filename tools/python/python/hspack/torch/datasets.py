@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 import torch.utils.data as tud
 
-from .._dataset import Dataset
+from .._dataset import Dataset, grown_from, shards_of
 from .._errors import make_error
 from . import order as _order
 from . import progress as _progress
@@ -185,7 +185,7 @@ def _check_grown_from(ds: Dataset, opened: list[tuple[int, int, str]]) -> None:
     """Refuses a dataset, reopened in a worker, whose first shards are not the ones the
     process that made the dataset object opened (it was rewritten, not appended to): the
     ordinals ordered there would name other samples here."""
-    if not _order.grown_from(_order.shards_of(ds), opened):
+    if not grown_from(shards_of(ds), opened):
         raise make_error(
             "Io",
             f"{ds.path}: the dataset changed since this DataLoader's dataset object was made (its shards are no longer "
@@ -231,7 +231,7 @@ class _Reopening:
             ds = Dataset(self.path, check=self.check, checked_memo=self.checked_memo, cache_dir=self.cache_dir, cache_bytes=self.cache_bytes)
             opened = getattr(self, "_opened", None)
             if opened is None:
-                self._opened = _order.shards_of(ds)
+                self._opened = shards_of(ds)
             else:
                 _check_grown_from(ds, opened)
             # With transfer="copy" its tensors go as torch sends them (writable copies), even
@@ -299,8 +299,9 @@ class HspackDataset(_Reopening, tud.Dataset):
             if ordinal is None:
                 raise KeyError(f"{self.path}: no sample has key {i!r}")
             i = ordinal
-        # A negative index counts from the end, as for the hspack dataset.
-        return self.view(self.hspack, self.hspack._index(int(i)))
+        # A negative index counts from the end, as for the hspack dataset; a float or a bool
+        # is refused there (int(2.7) read sample 2).
+        return self.view(self.hspack, self.hspack._index(i))
 
 
 class HspackSampler(tud.Sampler):

@@ -15,6 +15,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .._dataset import grown_from, shards_of
+
 
 def rng(seed: int, epoch: int, *extra: int) -> np.random.Generator:
     """The generator of `(seed, epoch, *extra)`: the same on every rank and worker."""
@@ -124,16 +126,6 @@ def samples(shard_ranges: Sequence[tuple[int, int]]) -> int:
     return sum(int(count) for _, count in shard_ranges)
 
 
-def shards_of(ds: Any) -> list[tuple[int, int, str]]:
-    """What names each shard of `hspack.Dataset` `ds`: its first ordinal, its samples and its
-    index's hash (so two datasets whose shards hold as many samples still differ)."""
-    return [(int(s["first_ordinal"]), int(s["samples"]), str(s["index_blake3"])[:32]) for s in ds.shards]
-
-
-def grown_from(now: Sequence[tuple], before: Sequence[tuple]) -> bool:
-    """True when shards `now` (`shards_of`) start with `before`: the same dataset, appended to
-    since (a commit adds shards after the last), not rewritten."""
-    return [tuple(r) for r in now[: len(before)]] == [tuple(r) for r in before]
 
 
 def agreed(ds: Any, rank: int | None = None, world_size: int | None = None) -> list[tuple[int, int]]:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
+import numpy as np
+
 from .._dataset import Fields
 from .._errors import make_error
 from .._dtypes import torch_dtypes
@@ -59,6 +61,16 @@ def clip(rows: int, max_len: int | None) -> int:
     return rows if max_len is None else min(rows, max_len)
 
 
+def max_len_option(max_len: Any) -> int | None:
+    """`max_len` checked: None (every token) or an int of 1 or more. A negative one failed at
+    every read (in a worker), 0 handed out samples of no tokens."""
+    if max_len is None:
+        return None
+    if isinstance(max_len, (bool, np.bool_)) or not isinstance(max_len, (int, np.integer)) or max_len < 1:
+        raise make_error("BadOption", f"option max_len: {max_len!r} must be an int of 1 or more tokens (or None for every token)", option="max_len")
+    return int(max_len)
+
+
 def refused(ds: Any, option: str, message: str, kind: str = "BadOption", field: str | None = None) -> Exception:
     """The error for a view that dataset `ds` cannot serve, as option `option` stands: an
     `HspackError` naming the option, the dataset and the field. A view's `check` raises it
@@ -82,7 +94,7 @@ class FieldsView:
 
     def __init__(self, fields: Sequence[str] | None = None, max_len: int | None = None):
         self.fields = list(fields) if fields is not None else None
-        self.max_len = max_len
+        self.max_len = max_len_option(max_len)
 
     def check(self, ds: Any) -> None:
         """Refuses fields the dataset has not: the torch datasets call it when built, before
@@ -95,8 +107,7 @@ class FieldsView:
     def __call__(self, ds: Any, ordinal: int) -> dict:
         rows = None
         if self.max_len is not None:
-            n = int(ds.lengths[ordinal])
-            rows = (0, clip(n, self.max_len))
+            rows = (0, clip(ds.rows_of(ordinal), self.max_len))
         out = ds.read(ordinal, self.fields, rows)
         out["ordinal"] = ordinal
         return out
@@ -179,7 +190,7 @@ class Eagle3View:
             raise make_error("BadOption", "option layout: must be \"hspack\" or \"specforge\"", option="layout")
         self.aux_fields = list(aux_fields) if aux_fields is not None else None
         self.target_field = target_field
-        self.max_len = max_len
+        self.max_len = max_len_option(max_len)
         self.layout = layout
 
     def _resolve(self, ds: Any) -> tuple[list[str], str, str, str | None]:
@@ -223,12 +234,19 @@ class Eagle3View:
 
         aux, target, ids_field, mask_field = self._resolve(ds)
         by_name = {f["name"]: f for f in ds.schema}
-        n = clip(int(ds.lengths[ordinal]), self.max_len)
+        n = clip(ds.rows_of(ordinal), self.max_len)
         small = [ids_field] + ([mask_field] if mask_field is not None else [])
         if len(aux) == 1 and by_name[aux[0]]["role"].get("kind") == "hidden_states":
             parts = ds.read(ordinal, small + aux + [target], (0, n))
+            stacked, shape = parts[aux[0]], by_name[aux[0]]["shape"]
+            # Shallowest first, as separate fields are: a field stacking its layers in
+            # another order ([30, 2, 16]) is reordered (a copy).
+            layers = by_name[aux[0]]["role"]["layers"]
+            order = sorted(range(len(layers)), key=lambda j: layers[j])
+            if order != list(range(len(layers))):
+                stacked = stacked.reshape(n, *shape)[:, order]
             # The width named, not -1: a sample of 0 tokens has no rows to infer it from.
-            out = parts[aux[0]].reshape(n, math.prod(by_name[aux[0]]["shape"]))
+            out = stacked.reshape(n, math.prod(shape))
         else:
             from torch.utils.data import get_worker_info
 
