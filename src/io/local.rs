@@ -104,7 +104,7 @@ impl Storage for LocalStorage {
 
     fn create(&self, temp: &str) -> Result<Box<dyn NewFile>> {
         let temp = self.dir.join(temp);
-        let file = File::create(&temp).map_err(io(&temp, "create"))?;
+        let file = create_temp(&temp)?;
         Ok(Box::new(LocalNewFile {
             file,
             temp,
@@ -365,9 +365,26 @@ fn sync_parent(target: &Path, durable: bool) -> Result<()> {
 }
 
 /// Writes `bytes` to the temp file of `target`, synced when `durable`; returns its path.
+/// Creates temp file `temp` anew. One left there is unlinked first, never truncated: a
+/// writer killed between linking a temp file to its published name and removing the temp
+/// name leaves the temp a second name of the published file, whose bytes a truncate would
+/// wipe (a store's `index.json` was left empty so).
+fn create_temp(temp: &Path) -> Result<File> {
+    match std::fs::remove_file(temp) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io(temp, "remove a leftover temp file")(e)),
+    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(temp)
+        .map_err(io(temp, "create"))
+}
+
 fn write_temp(target: &Path, bytes: &[u8], durable: bool) -> Result<PathBuf> {
     let temp = temp_path(target);
-    let mut f = File::create(&temp).map_err(io(&temp, "create"))?;
+    let mut f = create_temp(&temp)?;
     f.write_all(bytes).map_err(io(&temp, "write"))?;
     if durable {
         f.sync_all().map_err(io(&temp, "fsync"))?;
@@ -384,6 +401,29 @@ pub fn write_atomic(target: &Path, bytes: &[u8], durable: bool) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A writer killed between linking a temp file to its published name and removing the
+    /// temp name leaves two names of one file: the next temp of that name must be a new
+    /// file, not the published one truncated (a store's `index.json` was left empty).
+    #[test]
+    fn a_temp_left_as_a_second_name_of_a_published_file_is_not_written_through() {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = LocalStorage::new(dir.path());
+        storage.put_new("index.json", b"committed", false).unwrap();
+        let (published, temp) = (
+            dir.path().join("index.json"),
+            dir.path().join("index.json.tmp"),
+        );
+        std::fs::hard_link(&published, &temp).unwrap();
+        let started = storage.create("index.json.tmp").unwrap();
+        assert_eq!(std::fs::read(&published).unwrap(), b"committed");
+        started.abandon();
+        std::fs::hard_link(&published, &temp).unwrap();
+        let written = write_temp(&published, b"next", false).unwrap();
+        assert_eq!(std::fs::read(&published).unwrap(), b"committed");
+        publish(&written, &published, false).unwrap();
+        assert_eq!(std::fs::read(&published).unwrap(), b"next");
+    }
 
     #[test]
     fn a_new_folder_is_made_with_the_missing_folders_above_it() {
