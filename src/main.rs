@@ -16,6 +16,9 @@ fn main() -> std::process::ExitCode {
         }
         default(info);
     }));
+    // A shard cut short in place by another program while it is mapped kills the process
+    // with SIGBUS: said first, naming the file.
+    hspack::io::mmap::explain_write_faults();
     // Crash points for tests, set by the FAILPOINTS variable (feature `failpoints` only).
     #[cfg(feature = "failpoints")]
     let _failpoints = fail::FailScenario::setup();

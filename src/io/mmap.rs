@@ -95,7 +95,8 @@ impl Drop for ReadOnlyMap {
 }
 
 /// Makes a write into a read-only mapping of a dataset's file (a zero-copy tensor written in
-/// place: torch has no read-only tensors) say what happened before the process dies of it:
+/// place: torch has no read-only tensors), and a read of one past the end of its file (cut
+/// short in place by another program since), say what happened before the process dies of it:
 /// the signal's disposition before this call is put back, so the process then dies as it
 /// would have (a core dump, Python's `faulthandler`). For a process that hands mapped bytes
 /// to code that may write them (the Python package calls it when imported).
@@ -123,8 +124,9 @@ mod written {
     static SAYING: AtomicBool = AtomicBool::new(false);
     static SAID: AtomicBool = AtomicBool::new(false);
     static INSTALL: Once = Once::new();
-    /// The disposition before ours, put back by the handler.
+    /// The dispositions before ours of `SIGSEGV` and `SIGBUS`, put back by the handler.
     static PREVIOUS: AtomicPtr<libc::sigaction> = AtomicPtr::new(std::ptr::null_mut());
+    static PREVIOUS_BUS: AtomicPtr<libc::sigaction> = AtomicPtr::new(std::ptr::null_mut());
 
     pub(super) fn list(start: usize, len: usize, path: &Path) -> Option<usize> {
         if !ON.load(Ordering::Acquire) {
@@ -156,21 +158,23 @@ mod written {
     pub(super) fn install() {
         INSTALL.call_once(|| {
             // SAFETY: plain `sigaction` calls with zeroed, then filled, structures; the old
-            // disposition is kept (leaked) for the handler to put back.
+            // dispositions are kept (leaked) for the handler to put back.
             unsafe {
-                let previous = Box::into_raw(Box::new(std::mem::zeroed::<libc::sigaction>()));
                 let mut ours: libc::sigaction = std::mem::zeroed();
                 ours.sa_sigaction = on_fault as *const () as usize;
                 ours.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
                 libc::sigemptyset(&mut ours.sa_mask);
-                if libc::sigaction(libc::SIGSEGV, std::ptr::null(), previous) != 0 {
-                    return;
+                let mut on = false;
+                for (signal, slot) in [(libc::SIGSEGV, &PREVIOUS), (libc::SIGBUS, &PREVIOUS_BUS)] {
+                    let previous = Box::into_raw(Box::new(std::mem::zeroed::<libc::sigaction>()));
+                    if libc::sigaction(signal, std::ptr::null(), previous) != 0 {
+                        continue;
+                    }
+                    slot.store(previous, Ordering::Release);
+                    ON.store(true, Ordering::Release);
+                    on |= libc::sigaction(signal, &ours, std::ptr::null_mut()) == 0;
                 }
-                PREVIOUS.store(previous, Ordering::Release);
-                ON.store(true, Ordering::Release);
-                if libc::sigaction(libc::SIGSEGV, &ours, std::ptr::null_mut()) != 0 {
-                    ON.store(false, Ordering::Release);
-                }
+                ON.store(on, Ordering::Release);
             }
         });
     }
@@ -180,12 +184,16 @@ mod written {
     /// back and returns: the write faults again, and the previous disposition acts. A signal
     /// sent (`kill`, `raise`) rather than a fault is raised again, to be delivered that way.
     /// Only async-signal-safe calls (`sigaction`, `write`, `raise`).
-    extern "C" fn on_fault(_: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
-        let previous = PREVIOUS.load(Ordering::Acquire);
+    extern "C" fn on_fault(signal: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
+        let bus = signal == libc::SIGBUS;
+        let previous = match bus {
+            true => PREVIOUS_BUS.load(Ordering::Acquire),
+            false => PREVIOUS.load(Ordering::Acquire),
+        };
         let put_back = || {
-            // SAFETY: `previous` was stored before this handler was installed and is never
-            // freed.
-            unsafe { libc::sigaction(libc::SIGSEGV, previous, std::ptr::null_mut()) };
+            // SAFETY: `previous` was stored before this handler was installed for `signal`
+            // and is never freed.
+            unsafe { libc::sigaction(signal, previous, std::ptr::null_mut()) };
         };
         // SAFETY: `info` is the kernel's, valid for this call.
         let (addr, code) = unsafe { ((*info).si_addr() as usize, (*info).si_code) };
@@ -193,10 +201,12 @@ mod written {
             put_back();
             // SAFETY: raising a signal; it is blocked in this handler, so it is delivered,
             // with the disposition put back, once the handler returns.
-            unsafe { libc::raise(libc::SIGSEGV) };
+            unsafe { libc::raise(signal) };
             return;
         }
-        let slot = (code == SEGV_ACCERR)
+        // A write into a read-only page; or (SIGBUS) a read past the end of a file cut short
+        // since it was mapped.
+        let slot = (bus || code == SEGV_ACCERR)
             .then(|| {
                 (0..SLOTS).find(|&i| {
                     let start = STARTS[i].load(Ordering::Acquire);
@@ -218,18 +228,30 @@ mod written {
             // SAFETY: `write` of a live buffer to standard error.
             unsafe { libc::write(2, bytes.as_ptr().cast(), bytes.len()) };
         };
-        say(b"hspack: this process wrote into memory that maps a dataset's file read-only (");
+        let (what, why): (&[u8], &[u8]) = match bus {
+            true => (
+                b"hspack: this process read memory that maps a dataset's file (",
+                b") past the file's end: the file was cut short or written over in place \
+                  while it was mapped (a copy or rsync onto the dataset's folder?); hspack \
+                  never changes a file it published, so another program did: copy a dataset \
+                  to a new folder (`hspack cp`), never over one in use, then verify it. The \
+                  process stops here.\n",
+            ),
+            false => (
+                b"hspack: this process wrote into memory that maps a dataset's file read-only (",
+                b"): a tensor hspack reads without copying shares the file's pages and must \
+                  not be written in place; write to a copy (`t.clone()`, or read with \
+                  copy=True). The process stops here.\n",
+            ),
+        };
+        say(what);
         let path = PATHS[slot].load(Ordering::Acquire);
         if !path.is_null() {
             // SAFETY: a path is freed only when its slot is listed again, and the slot is
             // listed (its range matched just now).
             say(unsafe { &*path });
         }
-        say(
-            b"): a tensor hspack reads without copying shares the file's pages and must not \
-              be written in place; write to a copy (`t.clone()`, or read with copy=True). \
-              The process stops here.\n",
-        );
+        say(why);
         put_back();
         SAID.store(true, Ordering::Release);
     }

@@ -386,6 +386,35 @@ def test_a_write_into_a_mapped_tensor_is_explained_before_the_process_dies(eagle
     assert "hspack:" not in other.stderr, other.stderr
 
 
+READS_A_SHARD_CUT_SHORT = """
+import os, sys, hspack
+ds = hspack.open(sys.argv[1])
+t = ds[len(ds) - 1]["hidden.3"]  # mapped, near the end of its shard
+shard = os.path.join(sys.argv[1], ds.shards[-1]["file"])
+with open(shard, "r+b") as f:  # what cp or rsync --inplace over the dataset does
+    f.truncate(4096)
+print(float(t.float().sum()))
+"""
+
+
+def test_a_read_of_a_shard_cut_short_in_place_is_explained_before_the_process_dies(tmp_path, eagle_path):
+    """Another program cutting a shard short in place while it is mapped (a copy over the
+    dataset in use) kills a reader with SIGBUS, which said nothing: standard error names the
+    file and what happened, and the process still dies of the signal."""
+    import shutil
+    import signal
+    import subprocess
+    import sys
+
+    path = str(tmp_path / "ds")
+    shutil.copytree(eagle_path, path)
+    run = subprocess.run([sys.executable, "-c", READS_A_SHARD_CUT_SHORT, path], capture_output=True, text=True, timeout=120)
+    assert run.returncode == -signal.SIGBUS, (run.returncode, run.stderr)
+    said = run.stderr
+    assert "hspack: this process read memory that maps a dataset's file (" in said and path in said, said
+    assert "past the file's end" in said and "hspack cp" in said, said
+
+
 def test_context_manager_does_not_commit_on_error(tmp_path):
     from conftest import eagle_schema
 
