@@ -1142,10 +1142,19 @@ fn an_ordinal_that_is_also_a_key_is_refused_naming_both() {
     let o = show("#2");
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(
-        text(&o).contains("names two samples") && text(&o).contains("'y' or '#0'"),
+        text(&o).contains("names two samples") && text(&o).contains("--ordinal 2 or --ordinal 0"),
         "{}",
         text(&o)
     );
+    // --ordinal names each sample whatever the keys are (keys like each other's ordinals
+    // made every '#N' ambiguous), and is refused beside a key.
+    for (ordinal, key) in [("2", "`y`"), ("0", "`#2`")] {
+        let o = hspack_in(&["show", "ds", "--ordinal", ordinal], t.path());
+        assert_eq!(o.status.code(), Some(0), "{ordinal}: {}", text(&o));
+        assert!(text(&o).contains(key), "{ordinal}: {}", text(&o));
+    }
+    let o = hspack_in(&["show", "ds", "y", "--ordinal", "1"], t.path());
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     for (key, said) in [("#0", "`#2`"), ("#1", "`x`"), ("y", "`y`")] {
         let o = show(key);
         assert_eq!(o.status.code(), Some(0), "{key}: {}", text(&o));

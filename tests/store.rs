@@ -441,18 +441,9 @@ fn gc_says_it_waits_for_a_committing_writer_and_then_collects() {
 /// what holds it and how to find it, and change nothing; once it is let go, both run.
 #[test]
 fn a_store_lock_held_past_the_wait_is_named_and_nothing_changes() {
-    let t = tempfile::tempdir().unwrap();
+    let (t, store) = store_of_one_dataset();
     let store_dir = t.path().join("store");
-    write_plain(&t.path().join("a"), 5, 1);
     write_plain(&t.path().join("b"), 5, 2);
-    let store = Arc::new(Store::init(&store_dir).unwrap());
-    add(
-        &store,
-        &Dataset::open(t.path().join("a")).unwrap(),
-        "a",
-        &|_| {},
-    )
-    .unwrap();
     let run = |args: &[&str]| {
         let start = std::time::Instant::now();
         let out = Command::new(env!("CARGO_BIN_EXE_hspack"))

@@ -23,8 +23,8 @@ enum To {
 pub struct Args {
     #[arg(help = super::DATASET)]
     dir: PathBuf,
-    /// Sample key, or '#ORDINAL' (quoted: a shell takes # for a comment), e.g. '#0'.
-    key: String,
+    #[command(flatten)]
+    sample: super::SampleArg,
     /// Output format.
     #[arg(long)]
     to: To,
@@ -213,7 +213,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         Err(e) => return super::open_failed(e, false),
     };
     let read = || -> anyhow::Result<_> {
-        let s = super::sample_named(&ds, &a.key)?;
+        let s = a.sample.sample(&ds)?;
         let names: Vec<String> = if a.fields.is_empty() {
             ds.schema().fields.iter().map(|f| f.name.clone()).collect()
         } else {

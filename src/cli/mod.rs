@@ -122,10 +122,32 @@ pub fn rerun_helps(e: &hspack::Error) -> bool {
     }
 }
 
+/// Which sample a command is about: a key (or `'#N'`), or `--ordinal N`.
+#[derive(clap::Args)]
+pub struct SampleArg {
+    /// Sample key, or '#ORDINAL' (quoted: a shell takes # for a comment), e.g. '#0'.
+    #[arg(required_unless_present = "ordinal")]
+    key: Option<String>,
+    /// The sample at this ordinal (0 is the first), whatever the keys are.
+    #[arg(long, conflicts_with = "key")]
+    ordinal: Option<u64>,
+}
+
+impl SampleArg {
+    /// The sample named.
+    pub fn sample<'d>(&self, ds: &'d hspack::Dataset) -> anyhow::Result<hspack::Sample<'d>> {
+        match (&self.key, self.ordinal) {
+            (_, Some(ordinal)) => Ok(ds.sample(ordinal)?),
+            (Some(key), None) => sample_named(ds, key),
+            (None, None) => anyhow::bail!("name a sample: its key, or --ordinal N"),
+        }
+    }
+}
+
 /// The sample `key` names on the command line: `#N` the sample at ordinal N, anything else a
 /// sample key (one that no sample has and reads as a number says how to ask for an ordinal).
 /// `#N` that is also a sample's key names two samples: refused, saying how to name each.
-pub fn sample_named<'d>(ds: &'d hspack::Dataset, key: &str) -> anyhow::Result<hspack::Sample<'d>> {
+fn sample_named<'d>(ds: &'d hspack::Dataset, key: &str) -> anyhow::Result<hspack::Sample<'d>> {
     if let Some(ordinal) = key.strip_prefix('#').and_then(|n| n.parse::<u64>().ok()) {
         let at = ds.sample(ordinal);
         return match ds.get_by_key(key) {
@@ -137,11 +159,10 @@ pub fn sample_named<'d>(ds: &'d hspack::Dataset, key: &str) -> anyhow::Result<hs
                 Ok(at) if at.ordinal() == keyed.ordinal() => Ok(at),
                 Ok(at) => anyhow::bail!(
                     "'{key}' names two samples: the one at ordinal {ordinal} (key `{}`) and the \
-                     one keyed `{key}` (ordinal {}); name the one you mean by what only it has: \
-                     '{}' or '#{}'",
+                     one keyed `{key}` (ordinal {}); name the one you mean by its ordinal: \
+                     --ordinal {ordinal} or --ordinal {}",
                     at.key(),
                     keyed.ordinal(),
-                    at.key(),
                     keyed.ordinal()
                 ),
             },

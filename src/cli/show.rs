@@ -12,8 +12,8 @@ use super::shape_text;
 pub struct Args {
     #[arg(help = super::DATASET)]
     dir: PathBuf,
-    /// Sample key, or '#ORDINAL' (quoted: a shell takes # for a comment), e.g. '#0'.
-    key: String,
+    #[command(flatten)]
+    sample: super::SampleArg,
     /// Print JSON.
     #[arg(long)]
     json: bool,
@@ -34,7 +34,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         Err(e) => return super::open_failed(e, false),
     };
     // Past the manifest, a failed read is damage (exit 1) or an error (exit 2), as in export.
-    let s = match super::sample_named(&ds, &a.key) {
+    let s = match a.sample.sample(&ds) {
         Ok(s) => s,
         Err(e) => return Ok(super::read_failed(e)),
     };

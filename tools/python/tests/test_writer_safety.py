@@ -341,7 +341,8 @@ def test_a_commit_lock_held_past_the_wait_stops_the_commit_and_names_where_to_lo
     w = hspack.Writer(path, schema(), shared=True)
     w.append("waited", **sample(1))
     lock = path / ".hspack-commit.lock"
-    holder = subprocess.Popen(["flock", str(lock), "sleep", "600"])
+    # -o: flock holds the lock itself, not the `sleep` it runs (which would inherit it).
+    holder = subprocess.Popen(["flock", "-o", str(lock), "sleep", "600"], start_new_session=True)
     try:
         deadline = time.monotonic() + 30
         with open(lock, "a") as probe:
@@ -361,7 +362,7 @@ def test_a_commit_lock_held_past_the_wait_stops_the_commit_and_names_where_to_lo
         assert time.monotonic() - start < 30, said
         assert f"fuser -v {lock}" in said and "a writer committing" in said, said
     finally:
-        holder.kill()
+        os.killpg(holder.pid, signal.SIGKILL)
         holder.wait()
     with hspack.Writer(path, schema(), shared=True) as next_writer:
         next_writer.append("next", **sample(2))
