@@ -9,9 +9,10 @@
 2. A synthetic forward loop (61 layers of bf16 matmuls, 4 layers captured per step) with
    capture off and on: the slowdown.
 
-Prints a table and writes it as JSON (--out). Needs a CUDA GPU.
+Every path runs once a round, in turn, for --rounds rounds (5 by default); prints min and
+median of each, and the load average, and writes them as JSON (--out). Needs a CUDA GPU.
 
-    python benches/cuda_capture.py --out results.json
+    python benches/cuda_capture.py --rounds 5 --out results.json
 """
 
 from __future__ import annotations
@@ -123,6 +124,14 @@ def forward_loop(steps, rows, writer, weights, x0):
     return (time.perf_counter() - t0) / steps
 
 
+def summary(runs: dict, best) -> dict:
+    """`{name: {"min": .., "median": .., "best": .., "rounds": [...]}}` of the rounds each ran;
+    `best` picks the best round (max for a rate, min for a time)."""
+    import statistics
+
+    return {k: {"min": min(v), "median": statistics.median(v), "best": best(v), "rounds": v} for k, v in runs.items()}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=2048)
@@ -130,13 +139,15 @@ def main():
     ap.add_argument("--slots", type=int, default=8)
     ap.add_argument("--slot-bytes", type=int, default=128 << 20)
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=5, help="rounds; within each the peers run in turn (A, B, A, B...)")
     ap.add_argument("--disk", default=None, help="folder on disk (default: a temp folder under /tmp)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
     dev = torch.cuda.get_device_name()
     res = {"device": dev, "torch": torch.__version__, "rows": args.rows, "hidden": HIDDEN, "layers": list(LAYERS),
-           "sample_bytes": args.rows * HIDDEN * 2 * len(LAYERS), "samples": args.samples, "slots": args.slots, "slot_bytes": args.slot_bytes}
+           "sample_bytes": args.rows * HIDDEN * 2 * len(LAYERS), "samples": args.samples, "slots": args.slots, "slot_bytes": args.slot_bytes,
+           "rounds": args.rounds, "loadavg_before": os.getloadavg()}
     samples = make_samples(4, args.rows)
     shm = "/dev/shm" if os.path.isdir("/dev/shm") and shutil.disk_usage("/dev/shm").free > 3 * args.samples * res["sample_bytes"] else None
     disk = args.disk or tempfile.gettempdir()
@@ -145,31 +156,32 @@ def main():
     torch_pinned(samples, 4, args.slots)
     cuda_writer(samples, 4, None, args.slots, args.slot_bytes, True)
 
+    def stored(target):
+        p = tempfile.mkdtemp(dir=target)
+        try:
+            return cuda_writer(samples, args.samples, os.path.join(p, "ds"), args.slots, args.slot_bytes, False)
+        finally:
+            shutil.rmtree(p)
+
     d2h = {}
     res["append_overhead"] = append_overhead()
-    for rep in range(2):
+    # Interleaved: every path once a round, in turn.
+    for _ in range(args.rounds):
         d2h.setdefault("torch_pinned_non_blocking", []).append(torch_pinned(samples, args.samples, args.slots)[0])
         gbs, _, st = cuda_writer(samples, args.samples, None, args.slots, args.slot_bytes, True)
         d2h.setdefault("cudawriter_discard", []).append(gbs)
         res.setdefault("discard_stats", []).append(st)
-    for slots, slot_bytes in ((16, 32 << 20), (32, 16 << 20)):
-        gbs, _, st = cuda_writer(samples, args.samples, None, slots, slot_bytes, True)
-        d2h[f"cudawriter_discard_{slots}x{slot_bytes >> 20}MiB"] = [gbs]
-    if shm:
-        p = tempfile.mkdtemp(dir=shm)
-        gbs, _, st = cuda_writer(samples, args.samples, os.path.join(p, "ds"), args.slots, args.slot_bytes, False)
-        d2h["cudawriter_dev_shm"] = [gbs]
-        res["dev_shm_stats"] = st
-        shutil.rmtree(p)
-    p = tempfile.mkdtemp(dir=disk)
-    gbs, _, st = cuda_writer(samples, args.samples, os.path.join(p, "ds"), args.slots, args.slot_bytes, False)
-    d2h["cudawriter_disk"] = [gbs]
-    res["disk_stats"] = st
+        if shm:
+            gbs, _, st = stored(shm)
+            d2h.setdefault("cudawriter_dev_shm", []).append(gbs)
+            res.setdefault("dev_shm_stats", []).append(st)
+        gbs, _, st = stored(disk)
+        d2h.setdefault("cudawriter_disk", []).append(gbs)
+        res.setdefault("disk_stats", []).append(st)
     res["disk_folder"] = disk
-    shutil.rmtree(p)
-    res["d2h_gb_per_s"] = {k: max(v) for k, v in d2h.items()}
-    base = res["d2h_gb_per_s"]["torch_pinned_non_blocking"]
-    res["d2h_ratio_vs_torch"] = {k: v / base for k, v in res["d2h_gb_per_s"].items()}
+    res["d2h_gb_per_s"] = summary(d2h, max)
+    base = res["d2h_gb_per_s"]["torch_pinned_non_blocking"]["median"]
+    res["d2h_median_ratio_vs_torch"] = {k: v["median"] / base for k, v in res["d2h_gb_per_s"].items()}
 
     # Forward loop.
     gen = torch.Generator(device="cuda").manual_seed(1)
@@ -178,25 +190,34 @@ def main():
     x0 = torch.randn(args.rows, HIDDEN, device="cuda", generator=gen, dtype=torch.bfloat16)
     forward_loop(2, args.rows, None, weights, x0)
     modes = {}
-    for rep in range(2):
-        modes.setdefault("off", []).append(forward_loop(args.steps, args.rows, None, weights, x0))
+    for _ in range(args.rounds):
+        modes.setdefault("off", []).append(forward_loop(args.steps, args.rows, None, weights, x0) * 1e3)
         w = CudaWriter(None, schema(), slots=args.slots, slot_bytes=args.slot_bytes, discard=True)
-        modes.setdefault("on_discard", []).append(forward_loop(args.steps, args.rows, w, weights, x0))
+        modes.setdefault("on_discard", []).append(forward_loop(args.steps, args.rows, w, weights, x0) * 1e3)
         w.finish()
         target = shm or disk
         p = tempfile.mkdtemp(dir=target)
         w = CudaWriter(os.path.join(p, "ds"), schema(), slots=args.slots, slot_bytes=args.slot_bytes, durable=False)
         key = "on_dev_shm" if shm else "on_disk"
-        modes.setdefault(key, []).append(forward_loop(args.steps, args.rows, w, weights, x0))
+        modes.setdefault(key, []).append(forward_loop(args.steps, args.rows, w, weights, x0) * 1e3)
         st = w.finish()
         res.setdefault("forward_store_stats", []).append(st)
         shutil.rmtree(p)
-    ms = {k: min(v) * 1e3 for k, v in modes.items()}
-    res["forward_ms_per_step"] = ms
-    res["forward_slowdown_pct"] = {k: (v / ms["off"] - 1) * 100 for k, v in ms.items() if k != "off"}
-    res["forward_captured_gb_per_s"] = res["sample_bytes"] / (ms["off"] / 1e3) / 1e9
+    res["forward_ms_per_step"] = summary(modes, min)
+    off = res["forward_ms_per_step"]["off"]
+    res["forward_slowdown_pct"] = {k: {s: (v[s] / off[s] - 1) * 100 for s in ("min", "median")} for k, v in res["forward_ms_per_step"].items() if k != "off"}
+    res["forward_captured_gb_per_s"] = res["sample_bytes"] / (off["median"] / 1e3) / 1e9
+    res["loadavg_after"] = os.getloadavg()
 
-    print(json.dumps(res, indent=2))
+    print(f"{dev}, {args.rounds} interleaved rounds, load average {res['loadavg_before'][0]:.2f} before, {res['loadavg_after'][0]:.2f} after")
+    print(f"{'device-to-host path':<30} {'min GB/s':>9} {'median':>9} {'median vs torch':>16}")
+    for k, v in res["d2h_gb_per_s"].items():
+        print(f"{k:<30} {v['min']:>9.2f} {v['median']:>9.2f} {res['d2h_median_ratio_vs_torch'][k]:>15.3f}x")
+    print(f"{'forward loop':<30} {'min ms':>9} {'median':>9} {'slowdown min/median':>20}")
+    for k, v in res["forward_ms_per_step"].items():
+        slow = res["forward_slowdown_pct"].get(k)
+        said = "" if slow is None else f"{slow['min']:+.2f}% / {slow['median']:+.2f}%"
+        print(f"{k:<30} {v['min']:>9.2f} {v['median']:>9.2f} {said:>20}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(res, f, indent=2)
