@@ -600,3 +600,53 @@ fn a_samples_table_row_that_is_not_the_samples_is_named_and_reindex_mends_it() {
     let after = problems(dir.path());
     assert!(after.is_empty(), "{after:#?}");
 }
+
+/// A version-4 table part whose rows are not the shards', re-sealed in its segment (a faulty
+/// writer's): named by verify, and `reindex` says it cannot be rebuilt to what the segment
+/// records and how to mend it (it said nothing was to rewrite).
+#[test]
+fn a_version_4_table_part_with_wrong_rows_is_named_and_reindex_says_to_restore_it() {
+    use hspack::write::samples_table::{decode, encode};
+    fn seal(v: &mut serde_json::Value, file: &str, bytes: &[u8]) {
+        match v {
+            serde_json::Value::Object(o)
+                if o.get("file").and_then(|f| f.as_str()) == Some(file) =>
+            {
+                o.insert("bytes".into(), bytes.len().into());
+                o.insert("blake3".into(), hex(blake3::hash(bytes).as_bytes()).into());
+            }
+            serde_json::Value::Object(o) => o.values_mut().for_each(|v| seal(v, file, bytes)),
+            serde_json::Value::Array(a) => a.iter_mut().for_each(|v| seal(v, file, bytes)),
+            _ => {}
+        }
+    }
+    let dir = copy_of("v4/segments");
+    let (part, segment) = (
+        "samples-000001-000001.parquet",
+        "segment-000000-000007.json",
+    );
+    let path = dir.path().join(part);
+    let mut rows = decode(std::fs::read(&path).unwrap()).unwrap();
+    rows[0].tokens += 1;
+    let bytes = encode(&rows, &path).unwrap();
+    std::fs::write(&path, &bytes).unwrap();
+    let segment_path = dir.path().join(segment);
+    let mut seg: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&segment_path).unwrap()).unwrap();
+    seal(&mut seg, part, &bytes);
+    let seg_bytes = serde_json::to_vec_pretty(&seg).unwrap();
+    std::fs::write(&segment_path, &seg_bytes).unwrap();
+    edit_manifest_json(dir.path(), |m| seal(m, segment, &seg_bytes));
+    let found: Vec<String> = problems(dir.path()).iter().map(|e| e.to_string()).collect();
+    assert_eq!(found.len(), 1, "{found:#?}");
+    assert!(
+        found[0].contains(part) && found[0].contains("its row 0 is"),
+        "{}",
+        found[0]
+    );
+    let err = hspack::write::reindex(dir.path()).unwrap_err().to_string();
+    assert!(
+        err.contains(part) && err.contains("restore it from a copy with `hspack repair`"),
+        "{err}"
+    );
+}
