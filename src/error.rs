@@ -311,11 +311,10 @@ impl Error {
             | Error::SamplesTable { .. }
             | Error::KeyRun { .. }
             | Error::StoreDamage { .. } => true,
-            // A structure a newer hspack wrote is not damage: this one cannot read it.
-            Error::Format { source, .. } => !matches!(
-                source,
-                crate::format::FormatError::UnsupportedVersion { .. }
-            ),
+            // A dataset or store a newer hspack wrote is not damage: this one cannot read it.
+            Error::Format { source, .. } => {
+                !crate::format::version::written_by_a_newer_hspack(source)
+            }
             // A file that is not there as a file (gone, or a folder under its name, which
             // cannot be mapped): no retry reads it. Other failed reads say nothing of the bytes.
             Error::Io { source, .. } => {

@@ -3,10 +3,9 @@
 //!
 //! The quick check opens every shard against the manifest (size, footer, header, index hash,
 //! index structure), checks every chunk header against its index entry (the headers only, no
-//! payload), every key given once in the dataset, and the samples table (its hash, then its
-//! rows against the shards' indexes). The full check also reads every other byte: each
-//! payload against its BLAKE3, every padding byte zero, and each sample's recorded loss rows
-//! against its loss mask.
+//! payload), every key given once in the dataset, and the samples table (by its hash). The
+//! full check also reads every other byte: each payload against its BLAKE3, every padding
+//! byte zero, and each sample's recorded loss rows against its loss mask.
 //!
 //! Files of the folder that no committed data uses are not damage: what an interrupted writer
 //! left (temp files, shards past the manifest's) and files hspack does not know are listed
@@ -189,8 +188,8 @@ pub fn verify_dataset(
         replaced_meanwhile: Vec::new(),
     };
     let hashed = AtomicU64::new(0);
-    // Every sample's key hash and ordinal, to find a key given twice.
-    let mut keys: Vec<(u64, u64)> = Vec::new();
+    // Every sample's key hash, to find a key given twice.
+    let mut keys: Vec<u64> = Vec::new();
     // A batch of shards at a time, each let go once checked: a process maps at most
     // `vm.max_map_count` regions (65530 by default), fewer than a large dataset's shards.
     for seqs in (0..manifest.shards.len())
@@ -339,48 +338,57 @@ fn check_loss_rows(ds: &Dataset, shards: &[Arc<Shard>]) -> Vec<Error> {
     found.into_iter().flatten().collect()
 }
 
-/// The hash of every key of `shard` and its sample's ordinal.
-fn key_hashes(shard: &Shard) -> Vec<(u64, u64)> {
+/// The hash of every key of `shard`, in ordinal order.
+fn key_hashes(shard: &Shard) -> Vec<u64> {
     let index = shard.index();
     (0..index.sample_count())
-        .filter_map(|i| {
-            let entry = index.sample(i)?;
-            Some((
-                crate::format::key_hash(index.key_of(&entry)?),
-                entry.ordinal,
-            ))
-        })
+        .filter_map(|i| Some(crate::format::key_hash(index.key_of(&index.sample(i)?)?)))
         .collect()
 }
 
 /// A key given to two samples (§3.2: keys are unique in the dataset; a shard's index refuses
 /// a repeat within it, not one across shards). A read by key finds one of them only. Each
-/// sample of a repeated key after the first is named.
-fn check_unique_keys(ds: &Dataset, mut keys: Vec<(u64, u64)>) -> Vec<Error> {
-    keys.sort_unstable();
+/// sample of a repeated key after the first is named. `hashes` are every key's hash (8 bytes
+/// a sample are all verify holds for this); where two are equal, the samples are read to
+/// compare their keys.
+fn check_unique_keys(ds: &Dataset, mut hashes: Vec<u64>) -> Vec<Error> {
+    hashes.sort_unstable();
+    let repeated: std::collections::HashSet<u64> = hashes
+        .windows(2)
+        .filter(|w| w[0] == w[1])
+        .map(|w| w[0])
+        .collect();
+    drop(hashes);
     let mut problems = Vec::new();
-    for same_hash in keys.chunk_by(|a, b| a.0 == b.0).filter(|run| run.len() > 1) {
-        let mut seen: Vec<(String, u64)> = Vec::new();
-        for &(_, ordinal) in same_hash {
-            let Ok(sample) = ds.sample(ordinal) else {
-                continue;
-            };
-            let key = sample.key().to_string();
-            match seen.iter().find(|(k, _)| *k == key) {
-                Some(&(_, first)) => problems.push(Error::Format {
-                    path: sample.shard().path().to_path_buf(),
-                    source: crate::format::FormatError::Invalid {
-                        structure: "shard index",
-                        what: "sample ordinal",
-                        value: ordinal,
-                        rule: format!(
-                            "that of a sample with a key of its own: key `{key}` is sample \
-                             {first}'s too (keys are unique in a dataset; a read by key finds \
-                             one of them only)"
-                        ),
-                    },
-                }),
-                None => seen.push((key, ordinal)),
+    if repeated.is_empty() {
+        return problems;
+    }
+    let mut seen: std::collections::HashMap<String, u64> = std::collections::HashMap::new();
+    for ordinal in 0..ds.len() {
+        // A sample that does not read is named by the other checks.
+        let Ok(sample) = ds.sample(ordinal) else {
+            continue;
+        };
+        if !repeated.contains(&crate::format::key_hash(sample.key())) {
+            continue;
+        }
+        let key = sample.key().to_string();
+        match seen.get(&key) {
+            Some(&first) => problems.push(Error::Format {
+                path: sample.shard().path().to_path_buf(),
+                source: crate::format::FormatError::Invalid {
+                    structure: "shard index",
+                    what: "sample ordinal",
+                    value: ordinal,
+                    rule: format!(
+                        "that of a sample with a key of its own: key `{key}` is sample \
+                         {first}'s too (keys are unique in a dataset; a read by key finds one \
+                         of them only)"
+                    ),
+                },
+            }),
+            None => {
+                seen.insert(key, ordinal);
             }
         }
     }
@@ -476,29 +484,19 @@ fn files_not_in_use(ds: &Dataset) -> Result<(Vec<PathBuf>, Vec<PathBuf>)> {
 }
 
 /// The samples table (versions 1 to 3) or its parts (version 4), each against its length and
-/// hash, then, decoded (bytes the manifest vouched for), row by row against what the shards'
-/// indexes say: a writer could have recorded rows that every hash covers and that are not the
-/// samples', which pandas would then be given.
+/// hash. A table is checked as everything else is, by its hash in the manifest; its parquet is
+/// never decoded here (a decoder fed hostile bytes is a risk the hash makes needless).
 fn check_samples_tables(ds: &Dataset, missing: &mut Vec<PathBuf>) -> Vec<Error> {
     let manifest = ds.manifest();
     let mut problems = Vec::new();
-    let mut shard_rows = ShardRows {
-        ds,
-        loaded: None,
-        rows: Vec::new(),
-    };
-    let mut first_ordinal = 0u64;
     for t in manifest.table_files() {
         let problem = |detail: String| Error::SamplesTable {
             path: ds.storage().path(&t.file),
             detail,
         };
-        let rows = read_listed(ds, &t.file, t.bytes, &t.blake3, missing)
-            .and_then(|bytes| shard_rows.check_part(bytes, first_ordinal, t.samples));
-        if let Err(detail) = rows {
+        if let Err(detail) = read_listed(ds, &t.file, t.bytes, &t.blake3, missing) {
             problems.push(problem(detail));
         }
-        first_ordinal = first_ordinal.saturating_add(t.samples);
         if let Some(whole) = manifest
             .samples_table
             .as_ref()
@@ -512,59 +510,6 @@ fn check_samples_tables(ds: &Dataset, missing: &mut Vec<PathBuf>) -> Vec<Error> 
         }
     }
     problems
-}
-
-/// The samples table's rows as the shards' indexes give them, one shard's at a time.
-struct ShardRows<'d> {
-    ds: &'d Dataset,
-    /// The shard whose rows `rows` holds.
-    loaded: Option<usize>,
-    rows: Vec<crate::write::samples_table::SampleRow>,
-}
-
-impl ShardRows<'_> {
-    /// The row of sample `ordinal`; `None` where its shard does not open (named apart).
-    fn row(&mut self, ordinal: u64) -> Option<&crate::write::samples_table::SampleRow> {
-        let (seq, local) = self.ds.locate(ordinal).ok()?;
-        if self.loaded != Some(seq) {
-            let shard = self.ds.open_shard(seq).ok()?;
-            let record = &self.ds.manifest().shards[seq];
-            self.rows = crate::write::samples_table::rows_of(&shard, record);
-            self.loaded = Some(seq);
-        }
-        self.rows.get(usize::try_from(local).ok()?)
-    }
-
-    /// Table part `bytes`, which holds the rows of the `samples` samples from ordinal
-    /// `first`, against the shards; `Err` says the first row that differs.
-    fn check_part(
-        &mut self,
-        bytes: Vec<u8>,
-        first: u64,
-        samples: u64,
-    ) -> std::result::Result<(), String> {
-        let found = crate::write::samples_table::decode(bytes)?;
-        if found.len() as u64 != samples {
-            return Err(format!(
-                "it holds {} rows, the manifest records {samples}",
-                found.len()
-            ));
-        }
-        for (i, row) in found.iter().enumerate() {
-            let ordinal = first.saturating_add(i as u64);
-            match self.row(ordinal) {
-                Some(want) if want != row => {
-                    return Err(format!(
-                        "its row {i} is {row:?}, where the shards' indexes give {want:?}: \
-                         the table was written wrong (`hspack ls --json` lists the samples as \
-                         the shards give them)"
-                    ))
-                }
-                _ => {}
-            }
-        }
-        Ok(())
-    }
 }
 
 /// Whether the samples table (versions 1 to 3) or its parts (version 4) are as the manifest

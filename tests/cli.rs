@@ -196,6 +196,24 @@ fn a_newer_manifest_says_upgrade_not_damaged() {
     }
 }
 
+/// A version a shard's header does not know, under a manifest this build reads, is a flipped
+/// bit: damage, which `repair` mends (it was taken for a newer hspack's, "not damage", and
+/// repair refused).
+#[test]
+fn an_unknown_version_in_a_shard_is_damage_that_repair_mends() {
+    let (t, b) = demo_copied();
+    let shard = b.join(&hspack::Dataset::open(&b).unwrap().manifest().shards[0].file);
+    let mut bytes = std::fs::read(&shard).unwrap();
+    bytes[8] ^= 2; // the header's version word
+    std::fs::write(&shard, bytes).unwrap();
+    let o = hspack_in(&["verify", "b"], t.path());
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("DAMAGED"), "{}", text(&o));
+    let o = hspack_in(&["repair", "b", "--from", "a"], t.path());
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(hspack_in(&["verify", "b"], t.path()).status.success());
+}
+
 /// `digest` of several datasets does every one, whatever the others are, and exits with the
 /// worst met; a dataset that lost a segment is damage (exit 1) to every command that opens
 /// it, as to `verify`.

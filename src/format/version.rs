@@ -32,6 +32,17 @@ pub fn refuse_unknown_version(
     }
 }
 
+/// The structures whose version says which hspack wrote a dataset or store: one newer than
+/// this build reads is no damage, a newer hspack wrote it. Every other versioned structure (a
+/// shard's header and footer, a segment, a pack) sits under one of these that this build
+/// read, so a version there it does not know is damage (a flipped bit), as before.
+const WRITER_VERSIONED: [&str; 3] = ["manifest", "store index.json", "stored dataset"];
+
+/// True when `e` says a newer hspack wrote the dataset or store: not damage.
+pub fn written_by_a_newer_hspack(e: &FormatError) -> bool {
+    matches!(e, FormatError::UnsupportedVersion { structure, .. } if WRITER_VERSIONED.contains(structure))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -102,10 +102,8 @@ impl<'a> Segments<'a> {
         let (mut entries, rows) = self.read_shards(manifest, old.clone())?;
         entries.sort_unstable();
         let samples: u64 = manifest.shards[old.clone()].iter().map(|s| s.samples).sum();
-        // Kept only where it holds the rows the shards give: a table a writer recorded wrong
-        // hashes as recorded all the same.
         let part = match table {
-            Some(t) if t.samples == samples && self.holds(&t, &rows) => t,
+            Some(t) if t.samples == samples && self.intact(&t.file, t.bytes, &t.blake3) => t,
             _ => self.publish_part(manifest, old.clone(), &rows)?,
         };
         let keys = self.publish_run(&key_run_name(old.clone(), self.tag), &entries)?;
@@ -116,28 +114,16 @@ impl<'a> Segments<'a> {
 
     /// True when `file` is there with `bytes` bytes hashing to `blake3`.
     fn intact(&self, file: &str, bytes: u64, blake3: &str) -> bool {
-        self.intact_bytes(file, bytes, blake3).is_some()
-    }
-
-    /// The bytes of `file`, when it is there with `bytes` bytes hashing to `blake3`.
-    fn intact_bytes(&self, file: &str, bytes: u64, blake3: &str) -> Option<Vec<u8>> {
-        self.storage.read(file).ok().flatten().filter(|b| {
+        self.storage.read(file).ok().flatten().is_some_and(|b| {
             b.len() as u64 == bytes
-                && hex(blake3::hash(b).as_bytes()) == blake3.to_ascii_lowercase()
+                && hex(blake3::hash(&b).as_bytes()) == blake3.to_ascii_lowercase()
         })
     }
 
-    /// True when table `t` is intact and holds `rows`.
-    fn holds(&self, t: &TableRecord, rows: &[SampleRow]) -> bool {
-        self.intact_bytes(&t.file, t.bytes, &t.blake3)
-            .and_then(|b| samples_table::decode(b).ok())
-            .is_some_and(|found| found == rows)
-    }
-
     /// Rewrites the key runs and table parts of `manifest`'s segments that are missing or do
-    /// not hash to their records (or, for a part, do not hold the shards' rows), each from the
-    /// shards' indexes, bit for bit: refused where the bytes rebuilt differ from the record (a
-    /// file written by another release, or a faulty writer). Returns the names rewritten.
+    /// not hash to their records, each from the shards' indexes, bit for bit: refused where
+    /// the bytes rebuilt differ from the record (a file written by another release). Returns
+    /// the names rewritten.
     pub(crate) fn rewrite_derived(&self, manifest: &Manifest) -> Result<Vec<String>> {
         let mut rewritten = Vec::new();
         for (g, files) in manifest.segments.iter().zip(&manifest.segment_files) {
@@ -145,40 +131,26 @@ impl<'a> Segments<'a> {
                 .keys
                 .as_ref()
                 .filter(|k| !self.intact(&k.file, k.bytes, &k.blake3));
-            let seqs = g.first_seq as usize..(g.first_seq + g.shards) as usize;
-            let intact = || {
-                run.is_none()
-                    && (files.tables.iter()).all(|t| self.intact(&t.file, t.bytes, &t.blake3))
-            };
-            let (mut entries, rows) = match self.read_shards(manifest, seqs) {
-                Ok(read) => read,
-                // A shard that does not read (verify names it): its segment's files, intact,
-                // are left as they are.
-                Err(_) if intact() => continue,
-                Err(e) => return Err(e),
-            };
-            // A part that hashes as recorded but does not hold the shards' rows (a faulty
-            // writer's) is rewritten too: its segment then refuses the bytes, saying so.
-            let parts: Vec<(usize, &TableRecord)> = (files.tables.iter())
-                .scan(0usize, |at, t| {
-                    *at += t.samples as usize;
-                    Some((*at - t.samples as usize, t))
+            let parts: Vec<(u64, &TableRecord)> = (files.tables.iter())
+                .scan(g.first_ordinal, |at, t| {
+                    *at += t.samples;
+                    Some((*at - t.samples, t))
                 })
-                .filter(|&(first, t)| {
-                    let mine = rows.get(first..first + t.samples as usize).unwrap_or(&[]);
-                    !self.holds(t, mine)
-                })
+                .filter(|(_, t)| !self.intact(&t.file, t.bytes, &t.blake3))
                 .collect();
             if run.is_none() && parts.is_empty() {
                 continue;
             }
+            let seqs = g.first_seq as usize..(g.first_seq + g.shards) as usize;
+            let (mut entries, rows) = self.read_shards(manifest, seqs)?;
             entries.sort_unstable();
             let mut rebuilt: Vec<(&str, &str, Vec<u8>)> = Vec::new();
             if let Some(k) = run {
                 rebuilt.push((&k.file, &k.blake3, encode_key_run(&entries)));
             }
-            for (first, t) in parts {
-                let mine = rows.get(first..first + t.samples as usize).unwrap_or(&[]);
+            for (start, t) in parts {
+                let first = (start - g.first_ordinal) as usize;
+                let mine = &rows[first..first + t.samples as usize];
                 let path = self.storage.path(&t.file);
                 rebuilt.push((&t.file, &t.blake3, samples_table::encode(mine, &path)?));
             }
@@ -187,8 +159,8 @@ impl<'a> Segments<'a> {
                     return Err(format(self.storage.path(file))(FormatError::Json {
                         structure: "segment",
                         detail: "rebuilt from the shards, the file differs from what its segment \
-                                 records (another release, or a faulty writer, wrote it): restore \
-                                 it from a copy with `hspack repair`"
+                                 records (another release wrote it): restore it from a copy with \
+                                 `hspack repair`"
                             .into(),
                     }));
                 }

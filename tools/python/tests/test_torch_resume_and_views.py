@@ -307,7 +307,15 @@ def test_a_dataset_rewritten_since_it_was_opened_is_refused_by_a_copy_and_after_
 
 
 def test_an_index_that_is_no_int_is_refused_not_read_as_another_sample(eagle_path):
+    import numpy as np
+
     ds, hd = hspack.open(eagle_path), HspackDataset(eagle_path)
+    # What is an index is taken: a numpy integer, a 0-d integer tensor (a Subset of a
+    # randperm gives those), rows as an array.
+    order = torch.randperm(len(hd))
+    assert torch.equal(torch.utils.data.Subset(hd, order)[0]["input_ids"], hd[int(order[0])]["input_ids"])
+    assert torch.equal(ds[np.int64(3)]["input_ids"], ds[torch.tensor(3)]["input_ids"])
+    assert ds.read(0, rows=np.array([0, 2]))["input_ids"].shape[0] == 2
     for bad in (True, 2.7, [1, 2]):
         for reader in (ds, hd):
             with pytest.raises(TypeError, match="sample index must be an int"):

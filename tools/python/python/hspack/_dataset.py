@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import operator
 import os
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
@@ -76,16 +77,29 @@ def grown_from(now: Sequence[tuple], before: Sequence[tuple]) -> bool:
     return [tuple(r) for r in now[: len(before)]] == [tuple(r) for r in before]
 
 
+def _as_index(v: Any) -> int | None:
+    """`v` as an int where it is one (an int, a numpy integer, a 0-d integer tensor: anything
+    with `__index__`), else None; a bool is no index (`ds[True]` read sample 1)."""
+    if isinstance(v, (bool, np.bool_)):
+        return None
+    try:
+        return operator.index(v)
+    except TypeError:
+        return None
+
+
 def _rows_option(rows: Any, i: int) -> tuple[int, int] | None:
     """`rows` as `(start, stop)`, refused naming the sample where it is no pair of
     non-negative ints."""
     if rows is None:
         return None
-    ok = isinstance(rows, (tuple, list)) and len(rows) == 2
-    ok = ok and all(isinstance(r, (int, np.integer)) and not isinstance(r, (bool, np.bool_)) and r >= 0 for r in rows)
-    if not ok:
+    try:
+        pair = [_as_index(r) for r in rows] if len(rows) == 2 else None
+    except TypeError:
+        pair = None
+    if pair is None or any(r is None or r < 0 for r in pair):
         raise make_error("BadOption", f"option rows of sample {i}: {rows!r} must be (start, stop), two ints 0 or more (token rows start to stop - 1)", option="rows")
-    return (int(rows[0]), int(rows[1]))
+    return (pair[0], pair[1])
 
 
 def _readahead_option(mode: str) -> None:
@@ -279,11 +293,10 @@ class Dataset:
     # -- reading -------------------------------------------------------------------------
     def _index(self, i: int) -> int:
         n = len(self)
-        # A bool is an int to Python: ds[True] read sample 1.
-        if not isinstance(i, (int, np.integer)) or isinstance(i, (bool, np.bool_)):
+        given = _as_index(i)
+        if given is None:
             by_key = "; a sample by its key: ds.get(key)" if isinstance(i, str) else ""
             raise TypeError(f"sample index must be an int, not {type(i).__name__}{by_key}")
-        given = int(i)
         i = given + n if given < 0 else given
         if not 0 <= i < n:
             raise IndexError(f"sample {given} is out of range: the dataset has {n} samples (0 to {n - 1}, or -{n} to -1 from the end)")

@@ -10,9 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-import numpy as np
-
-from .._dataset import Fields
+from .._dataset import Fields, _as_index
 from .._errors import make_error
 from .._dtypes import torch_dtypes
 from .. import _hspack
@@ -66,9 +64,10 @@ def max_len_option(max_len: Any) -> int | None:
     every read (in a worker), 0 handed out samples of no tokens."""
     if max_len is None:
         return None
-    if isinstance(max_len, (bool, np.bool_)) or not isinstance(max_len, (int, np.integer)) or max_len < 1:
+    n = _as_index(max_len)
+    if n is None or n < 1:
         raise make_error("BadOption", f"option max_len: {max_len!r} must be an int of 1 or more tokens (or None for every token)", option="max_len")
-    return int(max_len)
+    return n
 
 
 def refused(ds: Any, option: str, message: str, kind: str = "BadOption", field: str | None = None) -> Exception:
