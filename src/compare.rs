@@ -29,13 +29,27 @@ pub struct FieldDiff {
     /// left out of `max_abs`, `rel_l2` and the cosines, which they would make NaN or infinite.
     pub non_finite: u64,
     /// Largest absolute difference.
+    #[serde(serialize_with = "figure")]
     pub max_abs: f64,
-    /// ‖a − b‖ / ‖a‖ over all values (0 where a is all zeros and b equals it).
+    /// ‖a − b‖ / ‖a‖ over all values (0 where a is all zeros and b equals it, infinite where
+    /// b does not).
+    #[serde(serialize_with = "figure")]
     pub rel_l2: f64,
     /// Mean over rows (tokens) of the cosine similarity of a row of a and of b.
+    #[serde(serialize_with = "figure")]
     pub cosine_mean: f64,
     /// Smallest such cosine similarity.
+    #[serde(serialize_with = "figure")]
     pub cosine_min: f64,
+}
+
+/// A figure in JSON: a number, or `"inf"`, `"-inf"` or `"NaN"`, which JSON has no number for
+/// (serde writes them as `null`, which reads as "not computed").
+fn figure<S: serde::Serializer>(v: &f64, s: S) -> std::result::Result<S::Ok, S::Error> {
+    match v.is_finite() {
+        true => s.serialize_f64(*v),
+        false => s.serialize_str(&v.to_string()),
+    }
 }
 
 /// What [`compare`] found.
@@ -238,4 +252,31 @@ pub fn compare(a: &Dataset, b: &Dataset, options: &CompareOptions) -> Result<Com
         rows,
         fields,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An infinite relative error (a reference of zeros) is `"inf"` in JSON, not `null`.
+    #[test]
+    fn a_figure_json_has_no_number_for_is_said_not_nulled() {
+        let diff = FieldDiff {
+            field: "h".into(),
+            layer: None,
+            stored: "exact".into(),
+            values: 2,
+            differing: 1,
+            non_finite: 0,
+            max_abs: 1.0,
+            rel_l2: f64::INFINITY,
+            cosine_mean: f64::NAN,
+            cosine_min: f64::NEG_INFINITY,
+        };
+        let v = serde_json::to_value(&diff).unwrap();
+        assert_eq!(v["max_abs"], 1.0);
+        assert_eq!(v["rel_l2"], "inf");
+        assert_eq!(v["cosine_mean"], "NaN");
+        assert_eq!(v["cosine_min"], "-inf");
+    }
 }

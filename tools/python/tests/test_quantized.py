@@ -256,3 +256,15 @@ def test_copies_stores_and_verify_keep_the_stored_codes(tmp_path):
                 assert torch.equal(qa["codes"].view(torch.uint8), qb["codes"].view(torch.uint8))
                 assert torch.equal(qa["scales"], qb["scales"])
     assert all(f["differing"] == 0 for f in hspack.compare(tmp_path / "q", tmp_path / "store" / "q")["fields"])
+
+
+def test_an_infinite_relative_error_is_inf_not_none(tmp_path):
+    """Against a reference of zeros the relative error is infinite: it came back as None (the
+    JSON `null` serde writes for it), read as "not computed"."""
+    schema = [hspack.token_ids(), hspack.hidden_state(2, 4, dtype="f32")]
+    for name, value in (("zeros", 0.0), ("ones", 1.0)):
+        with hspack.Writer(tmp_path / name, schema, durable=False) as w:
+            w.append("a", input_ids=torch.arange(3, dtype=torch.int32), **{"hidden.2": torch.full((3, 4), value)})
+    fields = {f["field"]: f for f in hspack.compare(tmp_path / "zeros", tmp_path / "ones")["fields"]}
+    assert fields["hidden.2"]["rel_l2"] == float("inf") and fields["hidden.2"]["max_abs"] == 1.0
+    assert fields["input_ids"]["rel_l2"] == 0.0

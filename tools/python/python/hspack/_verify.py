@@ -40,5 +40,10 @@ def compare(a: str | os.PathLike, b: str | os.PathLike, samples: int | None = No
     Returns `samples`, `rows` and `fields`: for each field (each layer of a field that stacks
     layers) `field`, `layer`, `stored` (`"exact"` or the scheme `b` stores it with), `values`,
     `differing`, `non_finite` (NaN or infinite in either, left out of the next four),
-    `max_abs`, `rel_l2` (‖a − b‖ / ‖a‖), `cosine_mean` and `cosine_min` (of each token's row). Only the first `samples` samples of `a` when given."""
-    return json.loads(_hspack.compare_json(os.fspath(a), os.fspath(b), samples))
+    `max_abs`, `rel_l2` (‖a − b‖ / ‖a‖; `inf` where `a` is all zeros and `b` is not), `cosine_mean` and
+    `cosine_min` (of each token's row), floats. Only the first `samples` samples of `a` when given."""
+    found = json.loads(_hspack.compare_json(os.fspath(a), os.fspath(b), samples))
+    for f in found["fields"]:
+        for figure in ("max_abs", "rel_l2", "cosine_mean", "cosine_min"):
+            f[figure] = float(f[figure])  # JSON has no inf or NaN: they come as "inf", "NaN"
+    return found
