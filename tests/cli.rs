@@ -601,11 +601,7 @@ fn info_refuses_shard_sizes_that_add_up_past_2_64() {
     let t = tempfile::tempdir().unwrap();
     let golden = Path::new(env!("CARGO_MANIFEST_DIR")).join("format-spec/golden/v1/none");
     let ds = t.path().join("ds");
-    std::fs::create_dir(&ds).unwrap();
-    for e in std::fs::read_dir(&golden).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), ds.join(e.file_name())).unwrap();
-    }
+    common::copy_dir(&golden, &ds);
     let o = hspack_in(&["info", "ds", "--json"], t.path());
     assert!(o.status.success(), "{}", text(&o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
@@ -1190,11 +1186,7 @@ fn reindex_leaves_an_intact_earlier_version_as_it_is() {
     let t = tempfile::tempdir().unwrap();
     let golden = Path::new(env!("CARGO_MANIFEST_DIR")).join("format-spec/golden/v1/none");
     let ds = t.path().join("ds");
-    std::fs::create_dir(&ds).unwrap();
-    for e in std::fs::read_dir(&golden).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), ds.join(e.file_name())).unwrap();
-    }
+    common::copy_dir(&golden, &ds);
     let files = |dir: &Path| -> Vec<(std::ffi::OsString, Vec<u8>)> {
         let mut f: Vec<_> = std::fs::read_dir(dir)
             .unwrap()

@@ -2,6 +2,8 @@
 //! writer would leave them) are refused with an error naming what is wrong: never a panic (the
 //! tests run with overflow checks), never an abort, never taken for intact.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
 use hspack::format::layout::{ExtentEntry, IndexHeader, KeyEntry, SampleEntry};
@@ -21,10 +23,7 @@ fn golden(set: &str) -> PathBuf {
 /// A copy of golden dataset `set` (a folder of plain files) in a temp folder.
 fn copy_of(set: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    for e in std::fs::read_dir(golden(set)).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), dir.path().join(e.file_name())).unwrap();
-    }
+    common::copy_dir(&golden(set), dir.path());
     dir
 }
 

@@ -219,11 +219,7 @@ fn a_destination_that_is_not_an_interrupted_merge_of_the_sources_is_refused() {
         // would have appended to the user's copy.
         (vec!["a", "b"], "a_copy", "holds a copy of"),
     ];
-    std::fs::create_dir(t.path().join("a_copy")).unwrap();
-    for e in std::fs::read_dir(t.path().join("a")).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), t.path().join("a_copy").join(e.file_name())).unwrap();
-    }
+    copy_dir(&t.path().join("a"), &t.path().join("a_copy"));
     merge(
         &open_all(t.path(), &["a", "b"]),
         dst("ab"),

@@ -287,14 +287,6 @@ fn detected(dir: &Path, pristine_digest: &str) {
     }
 }
 
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
-    }
-}
-
 fn corruption(rng: &mut Rng) -> Tally {
     const PER_KIND: u64 = 8;
     let mut t = Tally::new("corruption injected by kind");

@@ -307,16 +307,9 @@ impl Dataset {
     }
 
     fn sample_in(&self, seq: usize, local: u64) -> Result<Sample<'_>> {
-        let shard = self.shard(seq)?.clone();
-        let entry = shard
-            .index()
-            .sample(local)
-            .expect("locate keeps local below the shard's count");
-        Ok(Sample {
-            ds: self,
-            shard,
-            entry,
-        })
+        Ok(self
+            .sample_of(self.shard(seq)?, local)
+            .expect("locate keeps local below the shard's count"))
     }
 
     /// The sample with `key`, or `None`. A shard that cannot be opened does not hide the keys

@@ -89,6 +89,15 @@ pub fn small_options() -> WriteOptions {
     }
 }
 
+/// Copies the files of folder `from` into folder `to` (made if missing).
+pub fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+    }
+}
+
 /// `p` as a command-line argument.
 pub fn s(p: &Path) -> &str {
     p.to_str().unwrap()

@@ -150,10 +150,7 @@ class Dataset:
         one rewritten meanwhile is refused, since an ordinal would name another sample."""
         if self._native is None:
             native = _hspack.Dataset(self.path, self.check, self.checked_memo, self._readahead, self.cache_dir, self.cache_bytes)
-            now = _shard_names(json.loads(native.shards_json()))
-            if self._opened is None:
-                self._opened = now
-            elif not grown_from(now, self._opened):
+            if self._opened is not None and not grown_from(_shard_names(json.loads(native.shards_json())), self._opened):
                 raise make_error(
                     "Io",
                     f"{self.path}: the dataset changed since this dataset object first opened it (its shards are no longer "
@@ -183,13 +180,21 @@ class Dataset:
             self._native.set_readahead(mode)
         self._readahead = mode
 
+    def _remember(self) -> None:
+        """The shards first opened (`_opened`), taken from the open mapping before a reopen
+        can follow (a close, a pickle): not at every open, where it would cost each one."""
+        if self._opened is None and self._native is not None:
+            self._opened = _shard_names(json.loads(self._native.shards_json()))
+
     def close(self) -> None:
         """Drops this object's handle on the mapping (views already made stay valid). A later
         use opens the dataset again, refused where it was rewritten meanwhile."""
+        self._remember()
         self._native = None
         self._lengths = None
 
     def __getstate__(self) -> dict:
+        self._remember()
         return {"path": self.path, "check": self.check, "format": self.format, "checked_memo": self.checked_memo, "_readahead": self._readahead, "cache_dir": self.cache_dir, "cache_bytes": self.cache_bytes, "_opened": self._opened}
 
     def __setstate__(self, state: dict) -> None:
