@@ -327,6 +327,14 @@ impl Error {
     }
 }
 
+/// `n` and `noun`, in the plural unless `n` is 1: "1 shard", "2 shards".
+pub fn count(n: u64, noun: &str) -> String {
+    match n {
+        1 => format!("1 {noun}"),
+        _ => format!("{n} {noun}s"),
+    }
+}
+
 /// Result of the dataset layers.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 

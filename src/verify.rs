@@ -126,13 +126,7 @@ impl Report {
     }
 }
 
-/// `n` and `noun`, in the plural unless `n` is 1: "1 shard", "2 shards".
-pub fn count(n: u64, noun: &str) -> String {
-    match n {
-        1 => format!("1 {noun}"),
-        _ => format!("{n} {noun}s"),
-    }
-}
+pub use crate::error::count;
 
 fn file_names(paths: &[PathBuf]) -> String {
     paths

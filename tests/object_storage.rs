@@ -1439,3 +1439,64 @@ fn stores_in_s3(local: &str, tmp: &Path) {
     assert!(r.packs_rewritten > 0, "{r:?}");
     same_samples(&src, &reader, |_| {});
 }
+
+/// A server that sends no ETag (a static file host), and an object written again in place
+/// while a dataset was open: ranged reads were pinned to nothing, and chunks checked once
+/// were served changed. They are pinned to the last-modified time now: the read fails,
+/// saying the object was written again.
+#[test]
+fn an_object_written_again_on_a_server_without_etags_is_refused_not_read() {
+    let t = tempfile::tempdir().unwrap();
+    let local = t.path().join("ds");
+    // Samples of 400 rows: a shard larger than the tail a read fetches at open.
+    let big = |i: u64| capture_sample(i, 400, HIDDEN);
+    let mut w = DatasetWriter::open(&local, capture_schema(HIDDEN as u64), options()).unwrap();
+    for i in 0..8 {
+        w.append(&format!("s{i}"), &as_fields(&big(i))).unwrap();
+    }
+    w.finish().unwrap();
+    let server = common::http_files::HttpFiles::start_without_etags(t.path());
+    let url = format!("{}/ds", server.url());
+    let options = ReadOptions {
+        check: CheckPolicy::Once,
+        ..ReadOptions::default()
+    };
+    let ds = Dataset::open_in(open_location(&url).unwrap(), options).unwrap();
+    let field = |i: u64| {
+        ds.sample(i)
+            .unwrap()
+            .read("hidden.30", None)
+            .map(|t| t.bytes().to_vec())
+    };
+    for i in 0..8 {
+        assert_eq!(field(i).unwrap(), big(i)[3].1);
+    }
+    // The first shard written again in place, one byte of a payload changed, a second later.
+    let shard = local.join(&ds.manifest().shards[0].file);
+    let mut bytes = std::fs::read(&shard).unwrap();
+    let at = ds.shard(0).unwrap().index().chunk(0).unwrap().offset as usize + 200;
+    bytes[at] ^= 0x10;
+    std::fs::write(&shard, &bytes).unwrap();
+    let later = std::time::SystemTime::now() + std::time::Duration::from_secs(5);
+    std::fs::File::options()
+        .write(true)
+        .open(&shard)
+        .unwrap()
+        .set_modified(later)
+        .unwrap();
+    let mut refused = 0;
+    for i in 0..ds.manifest().shards[0].samples {
+        match field(i) {
+            Ok(got) => assert_eq!(got, big(i)[3].1, "sample {i} read changed"),
+            Err(e) => {
+                assert!(
+                    e.to_string()
+                        .contains("written again since the dataset was opened"),
+                    "{e}"
+                );
+                refused += 1;
+            }
+        }
+    }
+    assert!(refused > 0);
+}

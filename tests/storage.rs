@@ -862,3 +862,40 @@ fn repair_deletes_nothing_for_a_read_that_failed() {
     assert!(report.is_ok(), "{:?}", report.problems);
     assert_eq!(after.len(), 12);
 }
+
+/// A copy whose hold on the destination lapsed while its manifest was on the way (a slow put
+/// its client retried), during which another copy took the destination over and put a file
+/// of its own: the manifest landed over it and the copy said it was proven. The files the
+/// manifest lists are checked again where the lease was lost: a file changed fails the copy,
+/// naming it; a takeover that changed nothing leaves a proven copy.
+#[test]
+fn a_copy_whose_lease_lapsed_while_its_manifest_was_on_the_way_checks_what_is_there() {
+    let src_storage: Arc<dyn Storage> = Arc::new(MemoryStorage::new("src"));
+    write(&src_storage, 0..12, small_options());
+    let src = open(&src_storage);
+    let listed = src.manifest().listed_files()[0].file.to_string();
+    let same = src_storage.read(&listed).unwrap().unwrap();
+    for (put, fails) in [(b"another copy's file".to_vec(), true), (same, false)] {
+        let dst = MemoryStorage::new("dst");
+        dst.set_faults(Faults {
+            taken_over_during_publish_of: Some(("manifest.json".into(), listed.clone(), put)),
+            ..Faults::default()
+        });
+        let dst: Arc<dyn Storage> = Arc::new(dst);
+        let copied = hspack::transfer::copy(&src, &dst, &Default::default(), &|_| {});
+        match fails {
+            true => {
+                let err = copied.unwrap_err().to_string();
+                assert!(
+                    err.contains("lapsed while its manifest was on the way")
+                        && err.contains(&listed),
+                    "{err}"
+                );
+            }
+            false => {
+                copied.unwrap();
+                check_all("memory", &open(&dst), 12);
+            }
+        }
+    }
+}

@@ -355,6 +355,190 @@ fn gc_does_not_move_a_damaged_blob_on() {
     assert_eq!(packs(), before);
 }
 
+/// A store holding datasets `a` and `b` of the same samples, whose payload blob of `a`'s
+/// first chunk is damaged at rest.
+fn store_with_a_damaged_payload(t: &Path) -> (PathBuf, PathBuf) {
+    let (store_dir, a) = (t.join("store"), t.join("a"));
+    write_plain(&a, 12, 1);
+    let store = Arc::new(Store::init(&store_dir).unwrap());
+    let ds = Dataset::open(&a).unwrap();
+    add(&store, &ds, "a", &|_| {}).unwrap();
+    add(&store, &ds, "b", &|_| {}).unwrap();
+    let hash = ds.shard(0).unwrap().index().chunk(0).unwrap().hash;
+    let at = store.index().unwrap().find(&hash).unwrap();
+    let pack = store_dir
+        .join("packs")
+        .join(hspack::store::pack::pack_name(&at.pack));
+    common::flip(&pack, at.blob.offset + at.blob.stored_len / 2);
+    assert!(!hspack(&["verify", s(&store_dir.join("b"))])
+        .status
+        .success());
+    (store_dir, a)
+}
+
+fn reads_as(store_dir: &Path, names: &[&str], a: &Path) {
+    for name in names {
+        let o = hspack(&["verify", s(&store_dir.join(name))]);
+        assert!(o.status.success(), "{name}: {}", text(&o));
+        same_samples(
+            &Dataset::open(a).unwrap(),
+            &Dataset::open(store_dir.join(name)).unwrap(),
+            |_| {},
+        );
+    }
+}
+
+/// A store found the bytes `repair` sent under their hash and referred them to the damaged
+/// copy unread: the repair failed, after deleting the shard, and the dataset lost samples it
+/// read before. The bytes are stored anew, and every dataset referencing them reads them.
+#[test]
+fn repair_in_a_store_stores_anew_a_payload_damaged_at_rest() {
+    let t = tempfile::tempdir().unwrap();
+    let (store_dir, a) = store_with_a_damaged_payload(t.path());
+    let o = hspack(&["repair", s(&store_dir.join("a")), "--from", s(&a)]);
+    assert!(o.status.success(), "{}", text(&o));
+    reads_as(&store_dir, &["a", "b"], &a);
+    // The damaged copy is one no read finds: no damage of the store's, and collected.
+    let o = hspack(&["store", "verify", s(&store_dir)]);
+    assert!(o.status.success(), "{}", text(&o));
+    let r = gc::collect(&Arc::new(Store::open(&store_dir).unwrap()), false).unwrap();
+    assert!(r.packs_rewritten + r.packs_deleted > 0, "{r:?}");
+    reads_as(&store_dir, &["a", "b"], &a);
+}
+
+/// A pack the index lists gone: a read called it a missing shard to `repair`, and `store
+/// verify` said which pack but not which datasets lost blobs.
+#[test]
+fn a_lost_pack_is_the_stores_damage_and_store_verify_names_the_datasets_it_hits() {
+    let t = tempfile::tempdir().unwrap();
+    let (store_dir, a) = store_with_a_damaged_payload(t.path());
+    let ds = Dataset::open(&a).unwrap();
+    let hash = ds.shard(0).unwrap().index().chunk(0).unwrap().hash;
+    let store = Store::open(&store_dir).unwrap();
+    let at = store.index().unwrap().find(&hash).unwrap();
+    std::fs::remove_file(
+        store_dir
+            .join("packs")
+            .join(hspack::store::pack::pack_name(&at.pack)),
+    )
+    .unwrap();
+    let said = text(&hspack(&["verify", s(&store_dir.join("a"))]));
+    assert!(
+        said.contains("the pack is missing") && !said.contains("manifest lists it"),
+        "{said}"
+    );
+    let o = hspack(&["store", "verify", s(&store_dir)]);
+    assert!(!o.status.success());
+    let said = text(&o);
+    assert!(
+        said.contains("dataset `a` references")
+            && said.contains("dataset `b` references")
+            && said.contains("store rm"),
+        "{said}"
+    );
+}
+
+/// A dataset's file recording a shard one byte longer than its blobs hold: every read of it
+/// fails, advising `store verify`, which said OK.
+#[test]
+fn store_verify_checks_the_lengths_a_dataset_records_as_a_read_does() {
+    let t = tempfile::tempdir().unwrap();
+    let store_dir = t.path().join("store");
+    let a = t.path().join("a");
+    write_plain(&a, 6, 1);
+    let store = Arc::new(Store::init(&store_dir).unwrap());
+    add(&store, &Dataset::open(&a).unwrap(), "a", &|_| {}).unwrap();
+    let file = store_dir.join("datasets").join("a.json");
+    let mut snap: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    let shard = snap["files"]
+        .as_array_mut()
+        .unwrap()
+        .iter_mut()
+        .find(|f| f["shard"] == true)
+        .unwrap();
+    shard["bytes"] = (shard["bytes"].as_u64().unwrap() + 1).into();
+    std::fs::write(&file, serde_json::to_vec(&snap).unwrap()).unwrap();
+    assert!(!hspack(&["verify", s(&store_dir.join("a"))])
+        .status
+        .success());
+    let o = hspack(&["store", "verify", s(&store_dir)]);
+    assert!(!o.status.success(), "{}", text(&o));
+    let said = text(&o);
+    assert!(
+        said.contains("the dataset records") && said.contains("store rm"),
+        "{said}"
+    );
+}
+
+/// The same bytes added under another name: the copy proved what landed and failed, and
+/// left an empty dataset listed. The shard is sent once more, with what the store finds
+/// checked.
+#[test]
+fn an_add_into_a_store_holding_a_damaged_copy_of_its_bytes_stores_them_anew() {
+    let t = tempfile::tempdir().unwrap();
+    let (store_dir, a) = store_with_a_damaged_payload(t.path());
+    let o = hspack(&["store", "add", s(&store_dir), s(&a), "--name", "c"]);
+    assert!(o.status.success(), "{}", text(&o));
+    reads_as(&store_dir, &["a", "b", "c"], &a);
+}
+
+/// An `index.json` restored from an older copy lists not the runs (nor the packs) of a later
+/// add: a collection would delete those packs as unlisted, though a dataset references their
+/// blobs. It stops, naming the dataset, and deletes nothing; with the index put back, the
+/// dataset reads.
+#[test]
+fn gc_deletes_nothing_while_a_dataset_references_a_blob_the_index_does_not_list() {
+    let t = tempfile::tempdir().unwrap();
+    let store_dir = t.path().join("store");
+    let (a, b) = (t.path().join("a"), t.path().join("b"));
+    write_plain(&a, 6, 1);
+    write_plain(&b, 6, 500);
+    let store = Arc::new(Store::init(&store_dir).unwrap());
+    add(&store, &Dataset::open(&a).unwrap(), "a", &|_| {}).unwrap();
+    // A copy of the store's index as it was: `index.json` and the runs it lists.
+    let index_files = || {
+        std::fs::read_dir(&store_dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.is_file() && p.file_name().unwrap() != "store.json")
+            .map(|p| (p.clone(), std::fs::read(&p).unwrap()))
+            .collect::<Vec<_>>()
+    };
+    let older = index_files();
+    add(&store, &Dataset::open(&b).unwrap(), "b", &|_| {}).unwrap();
+    let current = index_files();
+    for (path, bytes) in &older {
+        std::fs::write(path, bytes).unwrap();
+    }
+    let files = |dir: &str| {
+        let mut names: Vec<_> = std::fs::read_dir(store_dir.join(dir))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        names.sort();
+        names
+    };
+    let (packs, runs) = (files("packs"), files(""));
+    let store = Arc::new(Store::open(&store_dir).unwrap());
+    let err = gc::collect(&store, false).unwrap_err().to_string();
+    assert!(
+        err.contains("dataset `b`") && err.contains("deletes nothing"),
+        "{err}"
+    );
+    assert_eq!((files("packs"), files("")), (packs, runs));
+    for (path, bytes) in &current {
+        std::fs::write(path, bytes).unwrap();
+    }
+    let store = Arc::new(Store::open(&store_dir).unwrap());
+    gc::collect(&store, false).unwrap();
+    same_samples(
+        &Dataset::open(&b).unwrap(),
+        &Dataset::open(store_dir.join("b")).unwrap(),
+        |_| {},
+    );
+}
+
 /// A store's root is not a dataset's folder: a copy, a writer or a merge into it is refused
 /// with what to name instead, and the store stays as it was.
 #[test]
@@ -378,6 +562,13 @@ fn a_dataset_written_into_a_stores_root_is_refused() {
     let err = hspack::transfer::merge(&sources, into, Default::default(), &|_| {}).unwrap_err();
     assert!(err.to_string().contains("is a store of datasets"), "{err}");
     assert!(!store_dir.join("manifest.json").exists());
+    // A name no stored dataset may have was written as a folder among the store's files.
+    for bad in ["bad name", ".hidden"] {
+        let o = hspack(&["cp", s(&a), s(&store_dir.join(bad))]);
+        assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+        assert!(text(&o).contains("a dataset name is"), "{}", text(&o));
+        assert!(!store_dir.join(bad).exists());
+    }
     assert!(hspack(&["cp", s(&a), s(&store_dir.join("a"))])
         .status
         .success());

@@ -531,6 +531,10 @@ impl Storage for CachedStorage {
         self.inner.sync()
     }
 
+    fn check_copies_found(&self) -> bool {
+        self.inner.check_copies_found()
+    }
+
     fn lock(&self) -> Result<Box<dyn WriterLease>> {
         self.inner.lock()
     }

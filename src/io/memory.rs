@@ -40,6 +40,10 @@ pub struct Faults {
     /// Writes into files being written that succeed before every later one fails, as on a
     /// full disk (counted from when the faults are set).
     pub writes_before_failure: Option<u32>,
+    /// `(part, file, bytes)`: while the first publish of a file whose name contains `part`
+    /// is on its way (a slow put its client retries, past its writer's lease), another
+    /// writer takes the lock over and puts `bytes` as `file`. The publish then lands.
+    pub taken_over_during_publish_of: Option<(String, String, Vec<u8>)>,
 }
 
 #[derive(Debug, Default)]
@@ -57,6 +61,9 @@ struct State {
     /// The token of the leases handed out, as object storage's are ([`MemoryStorage::lease_as`]).
     lease: Option<String>,
 }
+
+/// The holder of a lock taken over ([`Faults::taken_over_during_publish_of`]): no process.
+const TAKEN_OVER: u32 = u32::MAX;
 
 /// Files in memory, shared by every clone.
 #[derive(Debug, Clone)]
@@ -222,6 +229,14 @@ impl MemoryStorage {
         };
         if fails && !s.faults.failed_publishes_land {
             return Err(failed());
+        }
+        if let Some((_, file, other)) = s
+            .faults
+            .taken_over_during_publish_of
+            .take_if(|(part, _, _)| name.contains(part.as_str()))
+        {
+            s.locked_by = Some(TAKEN_OVER);
+            s.files.insert(file, FileBytes::from_vec(other));
         }
         check(&s)?;
         s.publishes += 1;
@@ -571,6 +586,17 @@ impl WriterLease for MemoryLease {
         self.pid == std::process::id()
     }
 
+    fn confirm(&self) -> Result<()> {
+        let s = self.storage.state();
+        match self.held {
+            Held::Sole if s.locked_by != Some(self.pid) => Err(Error::CommitConflict {
+                path: self.storage.root.clone(),
+                detail: "another writer took the lock over".into(),
+            }),
+            _ => Ok(()),
+        }
+    }
+
     fn token(&self) -> Option<&str> {
         self.token.as_deref()
     }
@@ -581,7 +607,8 @@ impl Drop for MemoryLease {
         if self.is_owner() {
             let mut s = self.storage.state();
             match self.held {
-                Held::Sole => s.locked_by = None,
+                Held::Sole if s.locked_by == Some(self.pid) => s.locked_by = None,
+                Held::Sole => {}
                 Held::Shared => s.joined = s.joined.saturating_sub(1),
                 Held::Commit => s.committing = false,
             }

@@ -225,6 +225,15 @@ pub trait Storage: Send + Sync + Debug {
     /// Makes the deletions done so far durable.
     fn sync(&self) -> Result<()>;
 
+    /// Where this storage keeps one copy of bytes that many files hold (a deduplicating
+    /// store) and refers a new file to it unread: from now on, reads and checks such a copy
+    /// first, and stores the bytes anew where it is damaged. True where that applies; a
+    /// storage that writes every file whole says false. What `hspack repair` and a copy
+    /// sending a shard again ask, so that what they send lands as sent.
+    fn check_copies_found(&self) -> bool {
+        false
+    }
+
     /// Takes the dataset's one-writer lock, or says who holds it ([`crate::Error::Locked`]).
     fn lock(&self) -> Result<Box<dyn WriterLease>>;
 

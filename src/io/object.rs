@@ -494,6 +494,7 @@ impl Storage for ObjectStorage {
             shown,
             len: meta.size,
             tail,
+            modified: ModifiedAt::of(&meta),
             version: meta.version,
             e_tag: meta.e_tag,
         }))
@@ -598,6 +599,29 @@ struct ObjectFile {
     /// of the two writes' bytes.
     version: Option<String>,
     e_tag: Option<String>,
+    /// Where the server gives neither (a static HTTP server may send no ETag), the time the
+    /// object was last modified, as opened: reads ask for bytes only while it is unmodified
+    /// since (`If-Unmodified-Since`), and check the time the reply gives.
+    modified: Option<ModifiedAt>,
+}
+
+/// The last-modified time of an object as its server gave it, and as text (what names
+/// the object's version to a cache).
+#[derive(Debug)]
+struct ModifiedAt {
+    at: object_store::ObjectMeta,
+    text: String,
+}
+
+impl ModifiedAt {
+    /// What pins an object that has no strong ETag and no version id: its last-modified time.
+    fn of(meta: &object_store::ObjectMeta) -> Option<ModifiedAt> {
+        let strong = meta.e_tag.as_deref().is_some_and(|t| !t.starts_with("W/"));
+        (!strong && meta.version.is_none()).then(|| ModifiedAt {
+            at: meta.clone(),
+            text: format!("modified {}", meta.last_modified.to_rfc3339()),
+        })
+    }
 }
 
 impl FileReader for ObjectFile {
@@ -606,7 +630,11 @@ impl FileReader for ObjectFile {
     }
 
     fn version(&self) -> Option<&str> {
-        self.version.as_deref().or(self.e_tag.as_deref())
+        let modified = self.modified.as_ref().map(|m| m.text.as_str());
+        self.version
+            .as_deref()
+            .or(self.e_tag.as_deref())
+            .or(modified)
     }
 
     fn read(&self, range: Range<u64>) -> Result<FileBytes> {
@@ -633,25 +661,39 @@ impl FileReader for ObjectFile {
             range: Some(GetRange::Bounded(range.clone())),
             version: self.version.clone().filter(|_| if_match.is_none()),
             if_match,
+            if_unmodified_since: self.modified.as_ref().map(|m| m.at.last_modified),
             ..GetOptions::default()
         };
-        let got = block_on(async { store.get_opts(&self.path, options).await?.bytes().await })
-            .map_err(|e| other(&self.shown, "read", e))?
-            .map_err(|e| match e {
-                object_store::Error::Precondition { .. } | object_store::Error::NotFound { .. } => {
-                    other(
-                        &self.shown,
-                        "read",
-                        "the object was deleted or written again since the dataset was opened \
-                         (a copy or writer replaced it): open the dataset again",
-                    )
-                }
-                e => other(
+        let got = block_on(async {
+            let got = store.get_opts(&self.path, options).await?;
+            // A server that ignores the condition: the reply says what it read.
+            let changed = self.modified.as_ref().is_some_and(|m| {
+                got.meta.last_modified != m.at.last_modified || got.meta.size != m.at.size
+            });
+            if changed {
+                return Err(object_store::Error::Precondition {
+                    path: self.path.to_string(),
+                    source: "the object changed since it was opened".into(),
+                });
+            }
+            got.bytes().await
+        })
+        .map_err(|e| other(&self.shown, "read", e))?
+        .map_err(|e| match e {
+            object_store::Error::Precondition { .. } | object_store::Error::NotFound { .. } => {
+                other(
                     &self.shown,
                     "read",
-                    format!("bytes {}..{}: {e}", range.start, range.end),
-                ),
-            })?;
+                    "the object was deleted or written again since the dataset was opened \
+                         (a copy or writer replaced it): open the dataset again",
+                )
+            }
+            e => other(
+                &self.shown,
+                "read",
+                format!("bytes {}..{}: {e}", range.start, range.end),
+            ),
+        })?;
         expect_whole(&self.shown, &range, FileBytes::copy_of(&got))
     }
 

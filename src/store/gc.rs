@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::failpoint::failpoint;
-use crate::format::manifest::TEMP_SUFFIX;
+use crate::format::manifest::{hex, TEMP_SUFFIX};
 use crate::io::Storage;
 
 use super::index::{self, IndexRoot, Location, INDEX_ROOT};
@@ -73,6 +73,25 @@ pub fn live_blobs(store: &Store, index: &index::BlobIndex) -> Result<HashSet<[u8
         };
         for f in &snap.files {
             let id = blob_id(&f.blob).expect("checked when read");
+            // A blob the index does not list may still lie in a pack the index no longer
+            // lists (an `index.json` restored from an older copy): that pack would be deleted
+            // as unlisted, so the collection stops, before anything is deleted.
+            let listed = |id: &[u8; 32]| match index.find(id) {
+                Some(_) => Ok(()),
+                None => Err(Error::StoreDamage {
+                    path: store.root().join(&name).join(&f.name),
+                    detail: format!(
+                        "blob {}, which dataset `{name}` references, is in no pack of the \
+                         index, so gc deletes nothing (a pack the index does not list, which \
+                         may hold it, would be deleted): run `hspack store verify {root}` to \
+                         see what is lost, restore the store's `index.json` from a copy or \
+                         remove the dataset (`hspack store rm {root} {name}`), then collect \
+                         again",
+                        hex(id)
+                    ),
+                }),
+            };
+            listed(&id)?;
             live.insert(id);
             if f.shard {
                 // A collection marks everything each dataset references; one it cannot read
@@ -91,7 +110,10 @@ pub fn live_blobs(store: &Store, index: &index::BlobIndex) -> Result<HashSet<[u8
                     path: store.root().join(&name).join(&f.name),
                     source,
                 })?;
-                live.extend(map.payload_ids().copied());
+                for id in map.payload_ids() {
+                    listed(id)?;
+                    live.insert(*id);
+                }
             }
         }
     }
@@ -146,6 +168,11 @@ pub fn collect_telling(
         } else {
             slot.1 += 1;
         }
+    }
+    // Copies of a blob stored again hold their packs' space for nothing: such packs are
+    // rewritten without them.
+    for e in index.superseded() {
+        per_pack.entry(e.pack).or_default().1 += 1;
     }
     report.blobs_live = live_count;
     report.blobs_removed = index.entries().count() as u64 - live_count;

@@ -511,6 +511,11 @@ impl BlobIndex {
     pub fn entries(&self) -> impl Iterator<Item = Location> + '_ {
         merged(&self.runs)
     }
+
+    /// The entries newer ones hide ([`superseded`]).
+    pub fn superseded(&self) -> impl Iterator<Item = Location> + '_ {
+        superseded(&self.runs)
+    }
 }
 
 /// The runs this process opened, by file and recorded BLAKE3. A run's file never changes (its
@@ -609,6 +614,26 @@ pub fn open_run(storage: &dyn Storage, r: &RunRecord) -> Result<Run> {
 /// The entries of `runs` in id order, each id once: where several runs hold an id, the
 /// latest run's entry.
 pub fn merged<R: Borrow<Run>>(runs: &[R]) -> impl Iterator<Item = Location> + '_ {
+    every_entry(runs).filter_map(|(e, newest)| newest.then_some(e))
+}
+
+/// The entries of `runs` that a newer run's entry of the same id, in another pack, hides:
+/// copies of a blob stored again (a damaged one, stored anew where an add checks what it
+/// finds), which no read finds. A collection drops them.
+pub fn superseded<R: Borrow<Run>>(runs: &[R]) -> impl Iterator<Item = Location> + '_ {
+    let mut newest: Option<[u8; 16]> = None;
+    every_entry(runs).filter_map(move |(e, is_newest)| match is_newest {
+        true => {
+            newest = Some(e.pack);
+            None
+        }
+        false => (newest != Some(e.pack)).then_some(e),
+    })
+}
+
+/// Every entry of `runs` in id order, newest run first among those of one id, each with
+/// whether it is its id's newest.
+fn every_entry<R: Borrow<Run>>(runs: &[R]) -> impl Iterator<Item = (Location, bool)> + '_ {
     let runs: Vec<&Run> = runs.iter().map(Borrow::borrow).collect();
     // A min-heap of (id, newest run first, position).
     let mut heap = BinaryHeap::new();
@@ -623,12 +648,10 @@ pub fn merged<R: Borrow<Run>>(runs: &[R]) -> impl Iterator<Item = Location> + '_
         if pos + 1 < runs[i].len() {
             heap.push(Reverse((id_at(runs[i], pos + 1), Reverse(i), pos + 1)));
         }
-        if last == Some(id) {
-            continue;
-        }
+        let newest = last != Some(id);
         last = Some(id);
         if let Ok(e) = runs[i].decode(pos) {
-            return Some(e);
+            return Some((e, newest));
         }
     })
 }

@@ -58,6 +58,11 @@ pub struct Ingest {
     /// What was stored and found so far.
     pub stats: IngestStats,
     lock: StoreLock,
+    /// Whether a blob found in the index is read and checked before it is referenced
+    /// ([`Ingest::check_found`]).
+    check_found: bool,
+    /// Blobs found in the index and checked.
+    found_sound: HashSet<[u8; 32]>,
 }
 
 impl std::fmt::Debug for Ingest {
@@ -100,12 +105,40 @@ impl Ingest {
             new: BTreeMap::new(),
             stats: IngestStats::default(),
             lock,
+            check_found: false,
+            found_sound: HashSet::new(),
         })
     }
 
-    /// True when blob `id` is in the store or was added by this ingest.
-    pub fn has(&self, id: &[u8; 32]) -> bool {
-        self.open.contains(id) || self.new.contains_key(id) || self.index.find(id).is_some()
+    /// From now on, a blob found in the index is read and checked against its id before it
+    /// is referenced, and stored anew where its copy is damaged (or its pack gone): a lookup
+    /// finds the newest copy, so every dataset referencing it reads the sound one. Without
+    /// this, what is found is referenced unread, and a copy damaged at rest stays damaged
+    /// however often its bytes are added again (what `hspack repair` sends).
+    pub fn check_found(&mut self) {
+        self.check_found = true;
+    }
+
+    /// True when blob `id` is in the store (and sound, where found ones are checked) or was
+    /// added by this ingest.
+    pub fn has(&mut self, id: &[u8; 32]) -> Result<bool> {
+        if self.open.contains(id) || self.new.contains_key(id) || self.found_sound.contains(id) {
+            return Ok(true);
+        }
+        let Some(at) = self.index.find(id) else {
+            return Ok(false);
+        };
+        if !self.check_found {
+            return Ok(true);
+        }
+        match self.store.blob(&at) {
+            Ok(_) => {
+                self.found_sound.insert(*id);
+                Ok(true)
+            }
+            Err(e) if e.is_damage() => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 
     fn found(&mut self, len: u64) {
@@ -116,7 +149,7 @@ impl Ingest {
     /// Adds blob `bytes` (whose BLAKE3 is `id`, checked by the caller) unless it is there;
     /// `compress` tries zstd. True when stored.
     pub fn put(&mut self, id: [u8; 32], bytes: &[u8], compress: bool) -> Result<bool> {
-        if self.has(&id) {
+        if self.has(&id)? {
             self.found(bytes.len() as u64);
             return Ok(false);
         }
@@ -198,10 +231,12 @@ impl Ingest {
         };
         let is_handed = |p: &super::skeleton::Payload| handed.get(&p.offset) == Some(&p.id);
         for batch in payloads.chunks(64) {
-            let mut todo: Vec<&super::skeleton::Payload> = batch
-                .iter()
-                .filter(|p| !is_handed(p) && !self.has(&p.id))
-                .collect();
+            let mut todo: Vec<&super::skeleton::Payload> = Vec::new();
+            for p in batch {
+                if !is_handed(p) && !self.has(&p.id)? {
+                    todo.push(p);
+                }
+            }
             todo.sort_by_key(|p| p.id);
             todo.dedup_by_key(|p| p.id);
             let read: Vec<([u8; 32], Result<crate::io::FileBytes>)> =
@@ -223,7 +258,7 @@ impl Ingest {
             for p in batch {
                 if is_handed(p) {
                     // Stored (or found) when handed over; counted then.
-                    if !self.has(&p.id) {
+                    if !self.has(&p.id)? {
                         return Err(Error::StoreDamage {
                             path: path.to_path_buf(),
                             detail: format!(
@@ -235,7 +270,7 @@ impl Ingest {
                     }
                     continue;
                 }
-                if self.has(&p.id) {
+                if self.has(&p.id)? {
                     self.found(p.len);
                     continue;
                 }

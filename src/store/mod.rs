@@ -201,8 +201,10 @@ fn has_file(dir: &Path, name: &str) -> bool {
         .is_ok_and(|size| size.is_some())
 }
 
-/// When `path` is `STORE/NAME` (the parent a store, the name a dataset name, and no dataset
-/// at `path` itself), the store's folder or URL and the name.
+/// When `path` is `STORE/NAME` (the parent a store, and no dataset at `path` itself), the
+/// store's folder or URL and the name. A name no dataset may have is given too, for
+/// [`StoreDataset::new`] to refuse: taken for a folder, it would be written among the store's
+/// files, where neither the store nor a reader of the store finds it.
 pub fn split_store_path(path: &Path) -> Option<(PathBuf, String)> {
     let name = path.file_name()?.to_str()?;
     let parent = path.parent()?;
@@ -214,7 +216,7 @@ pub fn split_store_path(path: &Path) -> Option<(PathBuf, String)> {
     if crate::io::is_remote(path) && parent.to_string_lossy().ends_with(':') {
         return None; // `s3://bucket`: a bucket, not a store's dataset
     }
-    (snapshot::is_dataset_name(name) && is_store(parent) && !has_file(path, "manifest.json"))
+    (is_store(parent) && !has_file(path, "manifest.json"))
         .then(|| (parent.to_path_buf(), name.to_string()))
 }
 
@@ -487,7 +489,24 @@ impl Store {
         if let Some(f) = lock_for_an_instant(&self.open_packs).and_then(|o| o.get(id).cloned()) {
             return Ok(f);
         }
-        let f = self.packs.open(&pack::pack_name(id))?;
+        let name = pack::pack_name(id);
+        let f = self.packs.open(&name).map_err(|e| match e {
+            // Not a shard missing (which the reader would say of a file not found, and
+            // `repair` could send again): the store lost a pack, which every dataset
+            // referencing its blobs misses.
+            Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+                Error::StoreDamage {
+                    path: self.packs.path(&name),
+                    detail: format!(
+                        "the pack is missing, but the store's index lists it: run `hspack store \
+                         verify {}` to see the datasets that lost blobs, then restore the pack \
+                         (or the store) from a copy, or remove them (`hspack store rm`)",
+                        self.root.display()
+                    ),
+                }
+            }
+            e => e,
+        })?;
         if let Some(mut open) = lock_for_an_instant(&self.open_packs) {
             // Another thread may have opened it meanwhile: the first one stays.
             return Ok(Arc::clone(open.entry(*id).or_insert(f)));

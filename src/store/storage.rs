@@ -43,7 +43,9 @@ pub struct StoreDataset {
     path: PathBuf,
     staging: Arc<LocalStorage>,
     state: Arc<Mutex<WriteState>>,
-    index: Mutex<Option<Arc<BlobIndex>>>,
+    /// The index as last read for this dataset's reads, shared by its handles; dropped when
+    /// this dataset adds blobs (a blob stored anew is then found where it is now).
+    index: Arc<Mutex<Option<Arc<BlobIndex>>>>,
     /// The process that opened the handle: only it writes through it (see
     /// [`StoreDataset::state`]).
     pid: u32,
@@ -66,6 +68,13 @@ struct WriteState {
     /// while there are any, the hold of `gc.lock` is kept across commits, since those
     /// payloads are referenced by nothing published yet.
     handing: usize,
+    /// Blobs found in the store are checked before they are referenced
+    /// ([`Storage::check_copies_found`]).
+    check_found: bool,
+    /// Files deleted from the committed dataset through this handle: one put again under
+    /// its name is committed at once (`hspack repair` sends a damaged file again and
+    /// publishes no manifest, whose publish commits the other files).
+    deleted: std::collections::HashSet<String>,
 }
 
 impl StoreDataset {
@@ -84,7 +93,7 @@ impl StoreDataset {
             name: name.into(),
             store,
             state: Arc::new(Mutex::new(WriteState::default())),
-            index: Mutex::new(None),
+            index: Arc::new(Mutex::new(None)),
             pid: std::process::id(),
         })
     }
@@ -97,7 +106,7 @@ impl StoreDataset {
             path: self.path.clone(),
             staging: Arc::clone(self.store.staging()),
             state: Arc::clone(&self.state),
-            index: Mutex::new(None),
+            index: Arc::clone(&self.index),
             pid: self.pid,
         }
     }
@@ -172,7 +181,9 @@ impl StoreDataset {
         // without it.
         let cached = lock_for_an_instant(&self.index).and_then(|i| i.clone());
         if let Some(index) = cached {
-            if let Ok(file) = open_file(&self.store, &index, record, self.path(&record.name)) {
+            if let Ok(file) =
+                open_file(&self.store, &index, record, self.path(&record.name), VERIFY)
+            {
                 return Ok(file);
             }
         }
@@ -180,7 +191,7 @@ impl StoreDataset {
         if let Some(mut cached) = lock_for_an_instant(&self.index) {
             *cached = Some(Arc::clone(&index));
         }
-        let opened = open_file(&self.store, &index, record, self.path(&record.name));
+        let opened = open_file(&self.store, &index, record, self.path(&record.name), VERIFY);
         if opened.is_err() {
             // A writer reading back what it added, whose hold a collection revoked (it hung
             // past its lease) and whose blobs it removed: that is the error to report.
@@ -194,22 +205,25 @@ impl StoreDataset {
     }
 }
 
-/// Opens a stored file.
+/// What a reader of a stored file that does not read is told to do.
+const VERIFY: &str = "run `hspack store verify`";
+
+/// Opens a stored file, checking what the dataset records of it against the blobs the index
+/// lists: every blob there, of the lengths recorded. `advice`: what a message says to do.
 pub fn open_file(
     store: &Arc<Store>,
     index: &BlobIndex,
     record: &FileRecord,
     path: PathBuf,
+    advice: &str,
 ) -> Result<Arc<dyn FileReader>> {
     let id = blob_id(&record.blob).expect("checked when the dataset was read");
-    let missing = |id: &[u8; 32]| {
-        Error::StoreDamage {
+    let missing = |id: &[u8; 32]| Error::StoreDamage {
         path: path.clone(),
         detail: format!(
-            "blob {} is in no pack of the store's index: the store lost it; run `hspack store verify`",
+            "blob {} is in no pack of the store's index: the store lost it; {advice}",
             hex(id)
         ),
-    }
     };
     let at = index.find(&id).ok_or_else(|| missing(&id))?;
     if !record.shard {
@@ -217,7 +231,7 @@ pub fn open_file(
             return Err(Error::StoreDamage {
                 path,
                 detail: format!(
-                    "its blob holds {} bytes, the dataset records {}: run `hspack store verify`",
+                    "its blob holds {} bytes, the dataset records {}: {advice}",
                     at.blob.raw_len, record.bytes
                 ),
             });
@@ -256,7 +270,7 @@ pub fn open_file(
         return Err(Error::StoreDamage {
             path,
             detail: format!(
-                "its skeleton describes {} bytes, the dataset records {}: run `hspack store verify`",
+                "its skeleton describes {} bytes, the dataset records {}: {advice}",
                 map.file_len, record.bytes
             ),
         });
@@ -275,7 +289,7 @@ pub fn open_file(
                         path: path.clone(),
                         detail: format!(
                             "its skeleton names blob {} for {len} bytes, and the blob holds {}: \
-                             run `hspack store verify`",
+                             {advice}",
                             hex(id),
                             at.blob.raw_len
                         ),
@@ -461,11 +475,15 @@ impl StoreDataset {
 
     fn ingest<'a>(&self, st: &'a mut WriteState) -> Result<&'a mut Ingest> {
         if st.ingest.is_none() {
-            st.ingest = Some(match st.gc_hold {
+            let mut ingest = match st.gc_hold {
                 // A collection waits for this writer's commit: it must not wait for one.
                 Some(_) => Ingest::beside_held(&self.store)?,
                 None => Ingest::new(&self.store)?,
-            });
+            };
+            if st.check_found {
+                ingest.check_found();
+            }
+            st.ingest = Some(ingest);
         }
         Ok(st.ingest.as_mut().expect("started"))
     }
@@ -505,9 +523,10 @@ impl StoreDataset {
         // The blobs are published and indexed now, so this handle reads the file back (a copy
         // proves what landed); the dataset's file, which others read, waits for the commit.
         self.flush_blobs(&mut st)?;
+        let restored = st.deleted.remove(name);
         let files = st.files.as_mut().expect("loaded");
         let before = files.insert(name.into(), record);
-        if replace || name == MANIFEST_FILE {
+        if replace || restored || name == MANIFEST_FILE {
             if let Err(e) = self.commit(&mut st, durable) {
                 // Not published: the file stays the one committed, so that a writer reading
                 // its manifest back after a failed commit finds the old one, not the one that
@@ -517,6 +536,9 @@ impl StoreDataset {
                     Some(record) => files.insert(name.into(), record),
                     None => files.remove(name),
                 };
+                if restored {
+                    st.deleted.insert(name.into());
+                }
                 return Err(e);
             }
         }
@@ -530,6 +552,9 @@ impl StoreDataset {
             let (stats, held) = ingest.commit()?;
             st.added.add(&stats);
             st.gc_hold.get_or_insert(held);
+            if let Some(mut cached) = lock_for_an_instant(&self.index) {
+                *cached = None;
+            }
         }
         Ok(())
     }
@@ -754,15 +779,37 @@ impl Storage for StoreDataset {
     fn delete(&self, name: &str) -> Result<()> {
         let mut st = self.state()?;
         let files = self.begin(&mut st)?;
-        if files.remove(name).is_some() {
+        if files.remove(name).is_none() {
+            return Ok(());
+        }
+        // A file the committed dataset does not list (one added through this handle and not
+        // committed: a shard a copy failed to prove) is only dropped: a commit here would
+        // publish the other pending files, or a dataset of no files where none was.
+        let listed = st.snapshot_hash.is_some()
+            && self
+                .committed()?
+                .is_some_and(|snap| snap.file(name).is_some());
+        if listed {
             // Should this commit fail, the file stays out of the next.
             self.commit(&mut st, true)?;
+            st.deleted.insert(name.to_string());
         }
         Ok(())
     }
 
     fn sync(&self) -> Result<()> {
         Ok(())
+    }
+
+    fn check_copies_found(&self) -> bool {
+        let Ok(mut st) = self.state() else {
+            return false;
+        };
+        st.check_found = true;
+        if let Some(ingest) = &mut st.ingest {
+            ingest.check_found();
+        }
+        true
     }
 
     fn write_defaults(&self) -> crate::io::WriteDefaults {
@@ -827,5 +874,19 @@ mod tests {
         );
         assert!(ds.delete("manifest.json").is_err());
         drop(held);
+    }
+
+    /// A file a copy put and then deleted (its proof failed) before any commit of a new
+    /// dataset: the deletion published a dataset of no files, which `store ls` listed.
+    #[test]
+    fn a_file_deleted_before_its_dataset_was_committed_publishes_nothing() {
+        let t = tempfile::tempdir().unwrap();
+        let store = super::super::tests::store_with_a_dataset(t.path());
+        let ds = StoreDataset::new(Arc::clone(&store), "new").unwrap();
+        ds.put_new("samples-000000.parquet", b"not committed", true)
+            .unwrap();
+        ds.delete("samples-000000.parquet").unwrap();
+        assert!(store.snapshot("new").unwrap().is_none());
+        assert_eq!(store.names().unwrap(), ["d"]);
     }
 }

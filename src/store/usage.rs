@@ -267,6 +267,8 @@ pub fn check(store: &Arc<Store>) -> Result<StoreCheck> {
         }
     }
     let mut tables: HashMap<[u8; 16], HashMap<[u8; 32], super::BlobEntry>> = HashMap::new();
+    // Blobs the index finds that do not read: the datasets referencing them are named.
+    let mut lost: HashSet<[u8; 32]> = HashSet::new();
     let packs: HashSet<[u8; 16]> = index
         .runs()
         .iter()
@@ -300,7 +302,13 @@ pub fn check(store: &Arc<Store>) -> Result<StoreCheck> {
                         c.blobs += 1;
                         c.bytes += b.len() as u64;
                     }
-                    Err(err) => problems.push(err.to_string()),
+                    // A copy stored again elsewhere (this one damaged): no read finds this
+                    // one, and a collection drops it.
+                    Err(_) if index.find(&e.id).is_some_and(|at| at.pack != *pack) => {}
+                    Err(err) => {
+                        lost.insert(e.id);
+                        problems.push(err.to_string());
+                    }
                 }
                 t.insert(e.id, e);
             }
@@ -313,6 +321,12 @@ pub fn check(store: &Arc<Store>) -> Result<StoreCheck> {
                 continue;
             }
             problems.push(e.to_string());
+            lost.extend(
+                index
+                    .entries()
+                    .filter(|e| e.pack == *pack)
+                    .map(|e| e.blob.id),
+            );
         }
         c.packs += 1;
         c.problems.extend(problems);
@@ -337,7 +351,7 @@ pub fn check(store: &Arc<Store>) -> Result<StoreCheck> {
     // index once, so that none was rewritten after the index it is checked against.
     let mut again = Vec::new();
     for (name, snap) in snapshots {
-        if referenced_present(store, &index, &name, &snap).is_ok() {
+        if referenced_present(store, &index, &name, &snap, &lost).is_ok() {
             c.datasets += 1;
             continue;
         }
@@ -351,7 +365,7 @@ pub fn check(store: &Arc<Store>) -> Result<StoreCheck> {
     if !again.is_empty() {
         let index_now = store.index()?;
         for (name, snap) in again {
-            match referenced_present(store, &index_now, &name, &snap) {
+            match referenced_present(store, &index_now, &name, &snap, &lost) {
                 Ok(()) => c.datasets += 1,
                 // A blob that cannot be read (a pack cut short) is named too, as damage.
                 Err(e) => c.problems.push(e.to_string()),
@@ -376,35 +390,57 @@ pub fn check(store: &Arc<Store>) -> Result<StoreCheck> {
     Ok(c)
 }
 
+/// Fails unless every file of dataset `name` opens as a read opens it (its blobs listed, of
+/// the lengths recorded) and none of its blobs is one of `lost`, found damaged or missing.
 fn referenced_present(
-    store: &Store,
+    store: &Arc<Store>,
     index: &BlobIndex,
     name: &str,
     snap: &super::Snapshot,
+    lost: &HashSet<[u8; 32]>,
 ) -> Result<()> {
+    let advice = format!(
+        "restore the dataset from a copy (`hspack repair {}/{name} --from COPY`), or remove it \
+         (`hspack store rm {} {name}`)",
+        store.root().display(),
+        store.root().display()
+    );
+    let mut hit: Option<(&str, usize)> = None;
+    let mut files = 0;
     for f in &snap.files {
-        let id = blob_id(&f.blob).expect("checked when read");
         let path = store.root().join(name).join(&f.name);
-        let missing = |id: &[u8; 32]| Error::StoreDamage {
-            path: path.clone(),
-            detail: format!(
-                "blob {} is in no pack of the index: the store lost it; restore the dataset \
-                 from a copy, or remove it (`hspack store rm {} {name}`)",
-                hex(id),
-                store.root().display()
-            ),
-        };
-        index.find(&id).ok_or_else(|| missing(&id))?;
-        if f.shard {
-            let skeleton = store.blob_by_id(index, &id)?;
-            let map = map_skeleton(&skeleton).map_err(|source| Error::Format {
+        // An error of the dataset's own records names it; one of the store's (a pack
+        // damaged or gone) is said as what it costs the dataset.
+        let named = |e: Error| match e {
+            Error::StoreDamage { path: ref p, .. } if *p != path => Error::StoreDamage {
                 path: path.clone(),
-                source,
-            })?;
-            for p in map.payload_ids() {
-                index.find(p).ok_or_else(|| missing(p))?;
-            }
+                detail: format!("dataset `{name}` references what does not read ({e}): {advice}"),
+            },
+            e => e,
+        };
+        super::storage::open_file(store, index, f, path.clone(), &advice).map_err(named)?;
+        let id = blob_id(&f.blob).expect("checked when read");
+        let mut n = usize::from(lost.contains(&id));
+        if f.shard && !lost.is_empty() {
+            let skeleton = store.blob_by_id(index, &id).map_err(named)?;
+            let map = map_skeleton(&skeleton).map_err(|source| Error::Format { path, source })?;
+            n += map.payload_ids().filter(|p| lost.contains(*p)).count();
+        }
+        if n > 0 {
+            files += 1;
+            let (_, total) = hit.get_or_insert((f.name.as_str(), 0));
+            *total += n;
         }
     }
-    Ok(())
+    match hit {
+        None => Ok(()),
+        Some((first, n)) => Err(Error::StoreDamage {
+            path: store.root().join(name).join(first),
+            detail: format!(
+                "dataset `{name}` references {} damaged or missing (above), in {}: {advice}",
+                crate::error::count(n as u64, "blob"),
+                crate::error::count(files as u64, "file")
+            ),
+        }),
+    }
 }

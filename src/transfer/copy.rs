@@ -175,7 +175,16 @@ pub fn copy(
                     }
                 }
                 send_shard(src, seq, dst, &stats, progress)?;
-                if let Err(e) = prove(src, dst, record, options.reread, &stats) {
+                let mut proven = prove(src, dst, record, options.reread, &stats);
+                // A store refers what it finds to its copy unread: a copy damaged at rest is
+                // what landed. Sent once more, with what the store finds checked first.
+                if matches!(&proven, Err(e) if e.is_damage()) && dst.check_copies_found() {
+                    still_held(&*lock, dst)?;
+                    dst.delete(&record.file)?;
+                    send_shard(src, seq, dst, &stats, &|_| {})?;
+                    proven = prove(src, dst, record, options.reread, &stats);
+                }
+                if let Err(e) = proven {
                     // What landed is not what was sent: never to be taken for the shard (a
                     // rerun without --reread would check only its index). Deleted only
                     // while the destination is still this copy's: else the object there
@@ -576,5 +585,41 @@ fn publish_manifest(
             },
         ));
     }
+    // A put can land long after the lease was last read (a client retrying a slow put): a
+    // copy or writer that took the destination over meanwhile may have replaced what this
+    // one sent. Where the lease is this copy's no longer, what the manifest lists is checked
+    // again before the copy is said to have landed.
+    if published && still_held(lock, dst).is_err() {
+        recheck_listed(src, dst).map_err(|e| Error::CopyRefused {
+            path: dst.root().to_path_buf(),
+            detail: format!(
+                "this copy's hold on the destination lapsed while its manifest was on the way, \
+                 and another copy or writer changed what is there: {e}; the manifest this copy \
+                 put lists files it did not write: verify the destination (`hspack verify`), \
+                 then copy again"
+            ),
+        })?;
+    }
     Ok(published)
+}
+
+/// What `src`'s manifest lists, checked again at `dst`: the files besides shards by their
+/// hashes, and each shard opened against its record (its dataset, place and index).
+fn recheck_listed(src: &Dataset, dst: &Arc<dyn Storage>) -> Result<()> {
+    for f in src.manifest().listed_files() {
+        let there = dst.read(f.file)?;
+        let want = f.blake3.to_ascii_lowercase();
+        if there.is_none_or(|b| hex(blake3::hash(&b).as_bytes()) != want) {
+            return Err(Error::SamplesTable {
+                path: dst.path(f.file),
+                detail: "it is not the file the manifest lists".into(),
+            });
+        }
+    }
+    crate::parallel::install(|| {
+        src.manifest()
+            .shards
+            .par_iter()
+            .try_for_each(|record| check_at(src, dst, record).map(drop))
+    })
 }

@@ -136,6 +136,8 @@ pub fn repair(damaged: &Dataset, good: &Dataset) -> Result<RepairReport> {
     let dst: Arc<dyn crate::io::Storage> = Arc::clone(damaged.storage());
     // No writer or copy may be at work there while shards are replaced.
     let lock = dst.lock()?;
+    // In a store, bytes sent again are found there: the damaged copy must not be found.
+    dst.check_copies_found();
     let stats = Stats::default();
     for (seq, record) in damaged.manifest().shards.iter().enumerate() {
         if !names.contains(record.file.as_str()) {

@@ -17,8 +17,18 @@ pub struct HttpFiles {
 }
 
 impl HttpFiles {
-    /// Serves `root`.
+    /// Serves `root`, each file with an ETag (its length) and one fixed last-modified time.
     pub fn start(root: &Path) -> HttpFiles {
+        HttpFiles::serving(root, true)
+    }
+
+    /// Serves `root` as a server that sends no ETag: each file with its modification time
+    /// as its last-modified time (and `If-Unmodified-Since` not honoured).
+    pub fn start_without_etags(root: &Path) -> HttpFiles {
+        HttpFiles::serving(root, false)
+    }
+
+    fn serving(root: &Path, etags: bool) -> HttpFiles {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let requests = Arc::new(AtomicU64::new(0));
@@ -28,7 +38,7 @@ impl HttpFiles {
                 let (root, counted) = (root.clone(), Arc::clone(&counted));
                 std::thread::spawn(move || {
                     counted.fetch_add(1, Ordering::Relaxed);
-                    let _ = serve(conn, &root);
+                    let _ = serve(conn, &root, etags);
                 });
             }
         });
@@ -41,7 +51,7 @@ impl HttpFiles {
     }
 }
 
-fn serve(conn: TcpStream, root: &Path) -> std::io::Result<()> {
+fn serve(conn: TcpStream, root: &Path, etags: bool) -> std::io::Result<()> {
     let mut reader = BufReader::new(conn.try_clone()?);
     let mut line = String::new();
     reader.read_line(&mut line)?;
@@ -89,8 +99,19 @@ fn serve(conn: TcpStream, root: &Path) -> std::io::Result<()> {
         ),
         None => ("200 OK", &bytes[..], String::new()),
     };
+    let identity = match etags {
+        true => format!("Last-Modified: Thu, 01 Jan 2026 00:00:00 GMT\r\nETag: \"{len}\"\r\n"),
+        false => {
+            let modified = std::fs::metadata(&path)?.modified()?;
+            let secs = modified
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_secs();
+            format!("Last-Modified: {}\r\n", http_date(secs))
+        }
+    };
     let head = format!(
-        "HTTP/1.1 {status}\r\nContent-Length: {}\r\nAccept-Ranges: bytes\r\nLast-Modified: Thu, 01 Jan 2026 00:00:00 GMT\r\nETag: \"{len}\"\r\n{extra}Connection: close\r\n\r\n",
+        "HTTP/1.1 {status}\r\nContent-Length: {}\r\nAccept-Ranges: bytes\r\n{identity}{extra}Connection: close\r\n\r\n",
         body.len()
     );
     out.write_all(head.as_bytes())?;
@@ -98,4 +119,31 @@ fn serve(conn: TcpStream, root: &Path) -> std::io::Result<()> {
         out.write_all(body)?;
     }
     Ok(())
+}
+
+/// `secs` after the epoch as an HTTP date (`Thu, 01 Jan 2026 00:00:00 GMT`).
+fn http_date(secs: u64) -> String {
+    let (days, rest) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (H. Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    const WEEKDAYS: [&str; 7] = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"];
+    format!(
+        "{}, {day:02} {} {year} {:02}:{:02}:{:02} GMT",
+        WEEKDAYS[(days % 7) as usize],
+        MONTHS[month as usize - 1],
+        rest / 3600,
+        rest / 60 % 60,
+        rest % 60
+    )
 }
