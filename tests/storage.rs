@@ -898,4 +898,24 @@ fn a_copy_whose_lease_lapsed_while_its_manifest_was_on_the_way_checks_what_is_th
             }
         }
     }
+    // The other copy put its manifest first: said as a copy refused, not as a writer's
+    // uncommitted samples.
+    let dst = MemoryStorage::new("dst");
+    dst.set_faults(Faults {
+        taken_over_during_publish_of: Some((
+            "manifest.json".into(),
+            "manifest.json".into(),
+            b"{}".to_vec(),
+        )),
+        ..Faults::default()
+    });
+    let dst: Arc<dyn Storage> = Arc::new(dst);
+    let err = hspack::transfer::copy(&src, &dst, &Default::default(), &|_| {})
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("another copy or writer changed the destination while this copy held it")
+            && !err.contains("uncommitted samples"),
+        "{err}"
+    );
 }

@@ -358,13 +358,17 @@ pub fn expect_whole(path: &Path, range: &Range<u64>, got: FileBytes) -> Result<F
     if got.len() as u64 == want {
         return Ok(got);
     }
+    let (kind, what) = match (got.len() as u64) < want {
+        true => (std::io::ErrorKind::UnexpectedEof, "a short read"),
+        false => (std::io::ErrorKind::InvalidData, "more than asked for"),
+    };
     Err(crate::Error::Io {
         path: path.to_path_buf(),
         op: "read",
         source: std::io::Error::new(
-            std::io::ErrorKind::UnexpectedEof,
+            kind,
             format!(
-                "asked for bytes {}..{}, got {}: a short read; retry, and if it persists check the storage",
+                "asked for bytes {}..{}, got {}: {what}; retry, and if it persists check the storage",
                 range.start,
                 range.end,
                 got.len()

@@ -105,6 +105,13 @@ pub(super) fn object_error(path: &Path, op: &'static str, e: object_store::Error
                  S3-compatible server AWS_ENDPOINT_URL and the region"
             ),
         ),
+        None if said.contains("URL scheme is not allowed") => std::io::Error::new(
+            kind,
+            format!(
+                "{said}: the endpoint is plain http; use https, or allow http with \
+                 AWS_ALLOW_HTTP=true (on a network you trust)"
+            ),
+        ),
         None => std::io::Error::new(kind, e),
     };
     Error::Io {

@@ -463,9 +463,10 @@ pub(crate) fn copy_listed_files(
         // past its lease never overwrites what the copy that took over wrote since.
         still_held(lock, dst)?;
         match &there {
-            None => dst.put_new(f.file, &bytes, true)?,
-            Some(found) => dst.replace(f.file, &bytes, Some(blake3::hash(found)), true)?,
+            None => dst.put_new(f.file, &bytes, true),
+            Some(found) => dst.replace(f.file, &bytes, Some(blake3::hash(found)), true),
         }
+        .map_err(|e| changed_meanwhile(e, dst))?;
         match dst.read(f.file)? {
             Some(landed) if hash(&landed) == want => copied.push(f.file.to_string()),
             _ => {
@@ -557,12 +558,14 @@ fn publish_manifest(
     still_held(lock, dst)?;
     let published = match existing {
         None => {
-            dst.put_new(MANIFEST_FILE, bytes, true)?;
+            dst.put_new(MANIFEST_FILE, bytes, true)
+                .map_err(|e| changed_meanwhile(e, dst))?;
             true
         }
         Some(hash) if hash == blake3::hash(bytes) => false,
         Some(hash) => {
-            dst.replace(MANIFEST_FILE, bytes, Some(hash), true)?;
+            dst.replace(MANIFEST_FILE, bytes, Some(hash), true)
+                .map_err(|e| changed_meanwhile(e, dst))?;
             true
         }
     };
@@ -601,6 +604,23 @@ fn publish_manifest(
         })?;
     }
     Ok(published)
+}
+
+/// A put refused because the file is not what the copy found there (a writer's conflict),
+/// said as what it means for a copy.
+fn changed_meanwhile(e: Error, dst: &Arc<dyn Storage>) -> Error {
+    match e {
+        Error::CommitConflict { path, detail } => Error::CopyRefused {
+            path,
+            detail: format!(
+                "{detail}; another copy or writer changed the destination while this copy \
+                 held it, so this file was not put: see what {} holds (`hspack verify`), then \
+                 copy again",
+                dst.root().display()
+            ),
+        },
+        e => e,
+    }
 }
 
 /// What `src`'s manifest lists, checked again at `dst`: the files besides shards by their
