@@ -1,5 +1,6 @@
 //! `Writer`: appends samples to a dataset folder; every append releases the GIL.
 
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
 use hspack::store::captures::{reuse_captured, written_digest, CaptureConfig};
@@ -178,14 +179,25 @@ impl Writer {
         })
     }
 
-    /// Records the capture keys appended since the last commit (called after a commit that
-    /// landed). Records that fail to be recorded are kept for the next commit.
-    fn record_captured(&self, py: Python<'_>) -> PyResult<()> {
+    /// Records the capture keys of the samples appended and committed (called after a commit
+    /// that landed: asked, or a full shard's, inside `append`); those of the samples in
+    /// `uncommitted` wait. Records that fail to be recorded are kept for the next commit.
+    fn record_captured(&self, py: Python<'_>, uncommitted: &HashSet<String>) -> PyResult<()> {
         self.owned()?;
         let Some((store, name)) = &self.store else {
             return Ok(());
         };
-        let records = std::mem::take(&mut *self.captured.lock().unwrap_or_else(|e| e.into_inner()));
+        let (records, waiting): (Vec<_>, Vec<_>) =
+            std::mem::take(&mut *self.captured.lock().unwrap_or_else(|e| e.into_inner()))
+                .into_iter()
+                .partition(|(_, _, key)| !uncommitted.contains(key));
+        self.captured
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(waiting);
+        if records.is_empty() {
+            return Ok(());
+        }
         let recorded = py.allow_threads(|| store.record_captures(name, &records).map(|_| ()));
         let Err(e) = recorded else {
             return Ok(());
@@ -289,17 +301,28 @@ impl Writer {
             .zip(&views)
             .map(|((name, _), v)| (name.as_str(), v.as_slice()))
             .collect();
-        let (ordinal, digest) = self.with(py, |w| {
+        let (ordinal, digest, rolled) = self.with(py, |w| {
+            let before = w.uncommitted_keys().len();
             let ordinal = w.append(key, &pairs)?;
             // The digest of the sample as it reads back (quantized fields decoded).
             let digest = capture_key.map(|_| written_digest(w.schema(), &pairs));
-            Ok((ordinal, digest))
+            // A full shard was committed before this sample went into a new one: its
+            // samples' captures are recorded now, not lost with a run that fails later.
+            let rolled = w.uncommitted_keys().len() != before + 1;
+            let uncommitted: Option<HashSet<String>> =
+                rolled.then(|| w.uncommitted_keys().iter().cloned().collect());
+            Ok((ordinal, digest, uncommitted))
         })?;
         if let (Some(k), Some(d)) = (capture_key, digest) {
             self.captured
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .push((k, d, key.to_string()));
+        }
+        if let Some(uncommitted) = rolled {
+            // A failure keeps the records for the next commit, which reports it: this
+            // sample was appended.
+            let _ = self.record_captured(py, &uncommitted);
         }
         Ok((ordinal != hspack::write::ORDINAL_AT_COMMIT).then_some(ordinal))
     }
@@ -351,7 +374,7 @@ impl Writer {
         let s = self.with(py, |w| w.commit().map(stats)).inspect_err(|_| {
             self.forget_uncommitted(py);
         })?;
-        self.record_captured(py)?;
+        self.record_captured(py, &HashSet::new())?;
         Ok(s)
     }
 
@@ -364,7 +387,7 @@ impl Writer {
         });
         let w = w.ok_or_else(|| bad_option("writer", "the writer is already finished"))?;
         let s = py.allow_threads(|| w.finish()).map(stats).py_err()?;
-        self.record_captured(py)?;
+        self.record_captured(py, &HashSet::new())?;
         Ok(s)
     }
 

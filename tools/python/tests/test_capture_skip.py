@@ -303,3 +303,85 @@ def test_model_revision_names_a_cache_snapshot_by_its_commit_and_a_folder_by_its
     assert first.startswith("weights:")
     (plain / "model.safetensors").write_bytes(b"ww")
     assert model_revision(str(plain), "v1") != first
+
+
+def test_the_captures_of_a_shard_committed_when_full_are_recorded_though_the_run_fails(tmp_path, lm):
+    """A shard committed inside ``append`` (it was full) left its samples' capture keys
+    unrecorded until the run's own commit: a run that failed after it lost them, and its
+    resume, which skips the committed samples, never recorded them."""
+    store = tmp_path / "store"
+    hspack.init_store(str(store))
+    schema, config = schema_and_config(lm)
+    samples = prompts(5, seed=9, system=[3] * 8)
+    with pytest.raises(RuntimeError, match="the run fails here"):
+        with hspack.Writer(f"{store}/a", schema, shard_samples=2) as w:
+            sink_append = w.append
+            calls = []
+
+            def failing_append(key, **kw):
+                if len(calls) == 3:
+                    raise RuntimeError("the run fails here")
+                calls.append(key)
+                return sink_append(key, **kw)
+
+            w.append = failing_append
+            capture_samples(lm, samples, LAYERS, w, batch_size=1, reuse=config)
+    assert len(hspack.open(f"{store}/a")) == 2
+    counts, n = capture(lm, store, "b", samples, schema, config)
+    assert (counts.reused, counts.forward, n) == (2, 3, 3), counts
+
+
+def test_prompt_lines_that_are_not_lists_of_integers_are_refused_naming_the_field(tmp_path):
+    """A string of digits was read digit by digit as token ids, a float cut to an integer: a
+    capture of other tokens than meant, without a word. A line that is not an object, or a
+    turn that is not, raised a TypeError or AttributeError."""
+    from hspack.capture.prompts import read_samples
+
+    cases = [
+        ({"id": "a", "input_ids": "123"}, "'input_ids' must be a list of integers"),
+        ({"id": "a", "input_ids": [4.7, 5]}, r"'input_ids'\[0\] is 4.7, not an integer"),
+        ({"id": "a", "input_ids": [4, True]}, r"'input_ids'\[1\] is True"),
+        ({"id": "a", "input_ids": [4, 5], "loss_mask": "10"}, "'loss_mask' must be a list"),
+        ({"id": "a", "input_ids": [4, 5], "loss_mask": [0.4, 1]}, r"'loss_mask'\[0\] is 0.4"),
+        (5, "a line must be a JSON object"),
+        ({"id": None, "input_ids": [4]}, "'id' must be a string or an integer"),
+        ({"id": "a", "conversations": ["hi"]}, "turn 0 is 'hi', not an object"),
+        ({"id": "a", "conversations": "hi"}, "'conversations'/'messages' must be a list of turns"),
+    ]
+    for rec, said in cases:
+        data = tmp_path / "prompts.jsonl"
+        data.write_text(json.dumps(rec) + "\n")
+        with pytest.raises(ValueError, match=rf"prompts.jsonl:1: {said}"):
+            list(read_samples(str(data), tokenizer=object()))
+    data.write_text(json.dumps({"id": 7, "input_ids": [4, 5], "loss_mask": [0, 1]}) + "\n")
+    (s,) = read_samples(str(data))
+    assert (s.key, s.input_ids, s.loss_mask) == ("7", [4, 5], [0, 1])
+
+
+def test_a_batch_size_below_one_a_rank_out_of_range_and_a_device_not_here_are_refused_first(tmp_path, monkeypatch):
+    """``--batch-size -1`` wrote nothing and said it was done; 0 failed inside ``range``; a
+    rank out of range read "must be in 0..2 (world_size 2)"; a device torch does not know, or
+    CUDA where there is none, failed as a traceback once the model was loaded."""
+    from hspack.capture import hf, sglang
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    data = tmp_path / "prompts.jsonl"
+    data.write_text(json.dumps({"id": "a", "input_ids": [5, 6]}) + "\n")
+    out = str(tmp_path / "out")
+    for capture in (extract, sglang.extract):
+        for bad in (0, -1):
+            with pytest.raises(ValueError, match=f"batch_size {bad}: give 1 or more"):
+                capture("no-such-org/no-such-model", str(data), [1], out, batch_size=bad)
+    with pytest.raises(ValueError, match="batch_size 0: give 1 or more"):
+        capture_samples(torch.nn.Linear(2, 2), [], [1], MemorySink(), batch_size=0)
+    for rank, world, said in ((2, 2, "rank 2: with world_size 2, give 0 to 1"), (0, 0, "world_size 0: give 1 or more")):
+        with pytest.raises(ValueError, match=re.escape(said)):
+            extract("no-such-org/no-such-model", str(data), [1], out, rank=rank, world_size=world)
+    for device, said in (("bogus", "device 'bogus'"), ("cuda:99", "device 'cuda:99'")):
+        with pytest.raises(ValueError, match=said):
+            extract("no-such-org/no-such-model", str(data), [1], out, device=device)
+    monkeypatch.setenv("RANK", "x")
+    p = subprocess.run([sys.executable, "-m", "hspack.capture.hf", "extract", "--model", "m", "--data", str(data),
+                        "--layers", "1", "--out", out], capture_output=True, text=True)
+    assert p.returncode == 2 and "$RANK is 'x', not an integer" in p.stderr, p.stderr
+    assert not (tmp_path / "out").exists()

@@ -49,7 +49,7 @@ from torch import nn
 from .decoder import Decoder, find_decoder
 from .errors import RowMismatch, command_errors
 from .points import CapturePoints, capture_metadata, config_hash, model_shape, parse_layers
-from .prompts import Sample, check_prompts, read_samples
+from .prompts import Sample, check_batching, check_prompts, read_samples
 from .reuse import CaptureCounts, capture_config, model_revision, plan
 from .sink import Sink
 from .split import real_token_index
@@ -213,6 +213,7 @@ def capture_samples(
     """
     if padding_side not in ("left", "right"):
         raise ValueError("padding_side must be 'left' or 'right'")
+    check_batching(batch_size)
     _check_unique_keys(samples)
     counts = counts if counts is not None else CaptureCounts()
     work = plan(samples, sink, reuse, counts)
@@ -339,11 +340,15 @@ def extract(
     capture (model, its weights (``reuse.model_revision``), config, dtype, layers, fields, tokens and loss mask; with
     ``batch_size=1`` the capture is per-sample deterministic) are copied, not run
     (``capture.reuse``); ``counts`` says how many."""
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank {rank} must be in 0..{world_size} (world_size {world_size})")
+    check_batching(batch_size, rank, world_size)
     if shared is None:
         shared = world_size > 1
     check_prompts(data, max_len)
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype {dtype!r}: give one of {', '.join(sorted(_DTYPES))}")
+    if sink is not None and quantize is not None:
+        raise ValueError("quantize applies to the dataset extract writes: with a sink, give the sink's writer the quantize option")
+    _check_device(device)
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     torch_dtype = _DTYPES[dtype]
@@ -441,6 +446,30 @@ class _Tokenizer:
         return pad if pad is not None else 0
 
 
+def _check_device(device: str) -> None:
+    """Refuse a device torch does not know, or a CUDA device where there is none, before the
+    prompts are read and the model loaded."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device {device!r}: {e}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r}: torch finds no CUDA device here; give --device cpu")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ValueError(f"device {device!r}: torch finds {torch.cuda.device_count()} CUDA devices here")
+
+
+def _env_int(name: str, default: int) -> int:
+    """The integer in environment variable ``name`` (as torchrun sets ``RANK``), or ``default``."""
+    value = os.environ.get(name, "")
+    if not value.strip():
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"${name} is {value!r}, not an integer; set it to one, or give the flag") from None
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point of ``python -m hspack.capture.hf``."""
     parser = argparse.ArgumentParser(prog="python -m hspack.capture.hf", description=__doc__.split("\n")[0])
@@ -458,9 +487,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     ex.add_argument("--revision", default=None)
     ex.add_argument("--trust-remote-code", action="store_true")
     ex.add_argument("--stack", action="store_true", help="store every id but the last in one stacked field aux_hidden_state (EAGLE-3; read without a copy)")
-    ex.add_argument("--rank", type=int, default=int(os.environ.get("RANK", 0)),
+    ex.add_argument("--rank", type=int, default=None,
                     help="this process's rank (default $RANK, as torchrun sets it, or 0)")
-    ex.add_argument("--world-size", type=int, default=int(os.environ.get("WORLD_SIZE", 1)),
+    ex.add_argument("--world-size", type=int, default=None,
                     help="processes capturing into --out at once, each every world-size-th sample (default $WORLD_SIZE or 1)")
     ex.add_argument("--quantize", default=None, metavar="fp8[:FIELDS]",
                     help="store the hidden states as FP8 with a scale per token and layer (lossy, half the bytes)")
@@ -469,11 +498,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
     counts = CaptureCounts()
     try:
+        rank = args.rank if args.rank is not None else _env_int("RANK", 0)
+        world_size = args.world_size if args.world_size is not None else _env_int("WORLD_SIZE", 1)
         n = extract(
             args.model, args.data, parse_layers(args.layers), args.out,
             batch_size=args.batch_size, max_len=args.max_len, dtype=args.dtype, device=args.device,
             padding_side=args.padding_side, revision=args.revision, trust_remote_code=args.trust_remote_code,
-            stack=args.stack, rank=args.rank, world_size=args.world_size,
+            stack=args.stack, rank=rank, world_size=world_size,
             shared=True if args.shared else None, counts=counts, quantize=args.quantize,
         )
     except command_errors() as e:

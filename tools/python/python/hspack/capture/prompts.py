@@ -49,6 +49,17 @@ def check_prompts(path: str, max_len: Optional[int] = None) -> None:
         raise OSError(f"--data {path}: cannot be read ({e.strerror})") from None
 
 
+def check_batching(batch_size: int, rank: int = 0, world_size: int = 1) -> None:
+    """Refuse a batch size below 1 (``range`` with a negative step ran no batch: a capture that
+    wrote nothing and said it was done) and a rank outside ``0..world_size - 1``."""
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size {batch_size!r}: give 1 or more prompts a batch")
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size {world_size!r}: give 1 or more processes")
+    if not isinstance(rank, int) or not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank!r}: with world_size {world_size}, give 0 to {world_size - 1}")
+
+
 def read_samples(path: str, tokenizer=None, max_len: Optional[int] = None) -> Iterator[Sample]:
     """Yield the samples of a JSONL file; ``max_len`` (1 or more) truncates longer ones."""
     check_prompts(path, max_len)
@@ -68,14 +79,29 @@ def read_samples(path: str, tokenizer=None, max_len: Optional[int] = None) -> It
             yield sample
 
 
+def _integers(value, name: str, where: str) -> List[int]:
+    """``value``, a JSON list of integers; anything else (a string, whose characters ``int``
+    would take as digits, a float, which it would cut) is refused naming the field."""
+    if not isinstance(value, list):
+        raise ValueError(f"{where}: '{name}' must be a list of integers, not {type(value).__name__} {value!r:.40}")
+    for i, t in enumerate(value):
+        if not isinstance(t, int) or isinstance(t, bool):
+            raise ValueError(f"{where}: '{name}'[{i}] is {t!r:.40}, not an integer")
+    return list(value)
+
+
 def parse_record(rec: dict, tokenizer, where: str = "record") -> Sample:
     """Turn one decoded JSON line into a ``Sample``."""
+    if not isinstance(rec, dict):
+        raise ValueError(f"{where}: a line must be a JSON object with an 'id', not {type(rec).__name__} {rec!r:.40}")
     if "id" not in rec:
         raise ValueError(f"{where}: every line needs an 'id' (its key in the dataset, used to resume)")
+    if not isinstance(rec["id"], (str, int)) or isinstance(rec["id"], bool):
+        raise ValueError(f"{where}: 'id' must be a string or an integer, not {rec['id']!r:.40}")
     key = str(rec["id"])
     if "input_ids" in rec:
-        ids = [int(t) for t in rec["input_ids"]]
-        mask = [int(m) for m in rec.get("loss_mask", [1] * len(ids))]
+        ids = _integers(rec["input_ids"], "input_ids", where)
+        mask = _integers(rec["loss_mask"], "loss_mask", where) if "loss_mask" in rec else [1] * len(ids)
         if len(mask) != len(ids):
             raise ValueError(f"{where}: loss_mask has {len(mask)} entries, input_ids {len(ids)}")
     else:
@@ -93,8 +119,12 @@ def parse_record(rec: dict, tokenizer, where: str = "record") -> Sample:
 
 
 def _messages(turns: list, where: str) -> List[dict]:
+    if not isinstance(turns, list):
+        raise ValueError(f"{where}: 'conversations'/'messages' must be a list of turns, not {type(turns).__name__}")
     out = []
-    for t in turns:
+    for k, t in enumerate(turns):
+        if not isinstance(t, dict):
+            raise ValueError(f"{where}: turn {k} is {t!r:.40}, not an object with 'role' and 'content'")
         # ShareGPT-style {"from", "value"} is accepted too.
         role = t.get("role", t.get("from"))
         content = t.get("content", t.get("value"))

@@ -54,9 +54,9 @@ from torch import nn
 
 from . import sglang_names as names
 from .decoder import Decoder, find_decoder
-from .errors import RowMismatch, UnsupportedSetup, command_errors
+from .errors import CaptureError, RowMismatch, UnsupportedSetup, command_errors
 from .points import CapturePoints, capture_metadata, config_hash, model_shape, parse_layers
-from .prompts import check_prompts, read_samples
+from .prompts import check_batching, check_prompts, read_samples
 from .reuse import CaptureCounts, capture_config, model_revision, plan
 from .sink import Sink
 from .split import split_packed
@@ -577,6 +577,7 @@ def extract(
     ``revision`` is the one whose config and tokenizer are read, and is recorded."""
     import tempfile
 
+    check_batching(batch_size)
     check_prompts(data, max_len)
     import hspack
     import sglang
@@ -645,7 +646,7 @@ def extract(
         held = hspack.open(out)
         missing = [s.key for s in todo if s.key not in held]
         if missing:
-            raise RuntimeError(
+            raise CaptureError(
                 f"{out}: {len(missing)} of the {len(todo)} prompts sent to the engine are not in the dataset "
                 f"({', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''}): the engine did not complete them "
                 "(a request it aborted or truncated, over its context or KV pool, or a scheduler that stopped); "
@@ -660,7 +661,7 @@ def extract(
             done, _ = writer.reuse_captured([(t.key, work.keys[t.key]) for t in twins])
         if not all(done):
             missing = [t.key for t, d in zip(twins, done) if not d][:5]
-            raise RuntimeError(f"samples {missing} share tokens with captured samples the store does not hold; run again")
+            raise CaptureError(f"samples {missing} share tokens with captured samples the store does not hold; run again")
     return counts.forward + counts.reused + counts.shared
 
 
