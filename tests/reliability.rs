@@ -178,19 +178,38 @@ fn convert_kills(rng: &mut Rng, kills: u64) -> Tally {
     const N: usize = 40;
     let mut t = Tally::new("kill -9 of convert --delete-source");
     let calibrate = tempfile::tempdir().unwrap();
-    write_dumps(&calibrate.path().join("src"), 0..N);
+    let calibrate_src = calibrate.path().join("src");
+    write_dumps(&calibrate_src, 0..N);
+    // The time a whole run takes here, and when its first source file goes (after its first
+    // commit): on a loaded machine the start can take most of the run, so every other kill
+    // lands after that.
     let start = Instant::now();
-    let status = convert_command(&calibrate.path().join("src"), &calibrate.path().join("ds"))
-        .status()
+    let mut child = convert_command(&calibrate_src, &calibrate.path().join("ds"))
+        .spawn()
         .unwrap();
+    let mut first = None;
+    let status = loop {
+        let left = std::fs::read_dir(&calibrate_src).map_or(0, |d| d.count());
+        if first.is_none() && left < N {
+            first = Some(start.elapsed());
+        }
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    };
     assert!(status.success());
     let run = start.elapsed();
+    let first = first.unwrap_or_default().min(run);
     let mut mid_run = 0;
     for k in 0..kills {
         let dir = tempfile::tempdir().unwrap();
         let (src, ds) = (dir.path().join("src"), dir.path().join("ds"));
         write_dumps(&src, 0..N);
-        let delay = Duration::from_micros(rng.below(run.as_micros() as u64));
+        let delay = match k % 2 {
+            0 => Duration::from_micros(rng.below(run.as_micros() as u64)),
+            _ => first + Duration::from_micros(rng.below((run - first).as_micros().max(1) as u64)),
+        };
         let mut child = convert_command(&src, &ds).spawn().unwrap();
         std::thread::sleep(delay);
         let _ = child.kill();

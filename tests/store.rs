@@ -1621,3 +1621,49 @@ fn a_store_whose_id_is_not_32_hex_digits_is_refused() {
     std::fs::write(&file, good).unwrap();
     Store::open(&store_dir).unwrap();
 }
+
+/// A stored dataset's file copied by hand under another name (FORMAT.md §11.5: the name it
+/// records is its file's): read as the other dataset, a writer of either took it for its own.
+#[test]
+fn a_stored_datasets_file_under_another_name_is_refused() {
+    let t = tempfile::tempdir().unwrap();
+    let store_dir = t.path().join("store");
+    let a = t.path().join("a");
+    write_plain(&a, 3, 1);
+    let store = Arc::new(Store::init(&store_dir).unwrap());
+    add(&store, &Dataset::open(&a).unwrap(), "a", &|_| {}).unwrap();
+    let datasets = store_dir.join("datasets");
+    std::fs::copy(datasets.join("a.json"), datasets.join("c.json")).unwrap();
+    let o = hspack(&["verify", s(&store_dir.join("c"))]);
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("records the name `a`, not `c`"),
+        "{}",
+        text(&o)
+    );
+    assert!(hspack(&["verify", s(&store_dir.join("a"))])
+        .status
+        .success());
+}
+
+/// A pack's header bytes FORMAT.md §11.2 says are zero, not zero: `store verify` said OK.
+#[test]
+fn store_verify_checks_a_packs_reserved_header_bytes() {
+    let t = tempfile::tempdir().unwrap();
+    let store_dir = t.path().join("store");
+    let a = t.path().join("a");
+    write_plain(&a, 3, 1);
+    let store = Arc::new(Store::init(&store_dir).unwrap());
+    add(&store, &Dataset::open(&a).unwrap(), "a", &|_| {}).unwrap();
+    let pack = std::fs::read_dir(store_dir.join("packs"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    assert!(hspack(&["store", "verify", s(&store_dir)]).status.success());
+    common::flip(&pack, 40);
+    let o = hspack(&["store", "verify", s(&store_dir)]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("reserved"), "{}", text(&o));
+}

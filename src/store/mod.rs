@@ -452,7 +452,18 @@ impl Store {
         let Some(bytes) = self.datasets.read(&file)? else {
             return Ok(None);
         };
-        Ok(Some(match Snapshot::decode(&bytes) {
+        let decoded = Snapshot::decode(&bytes).and_then(|s| match s.name == name {
+            true => Ok(s),
+            // Copied under another name by hand: a writer of either would take it for its own.
+            false => Err(crate::format::FormatError::Json {
+                structure: "stored dataset",
+                detail: format!(
+                    "it records the name `{}`, not `{name}`, its file's name (§11.5)",
+                    s.name
+                ),
+            }),
+        });
+        Ok(Some(match decoded {
             Ok(s) => Ok((s, blake3::hash(&bytes))),
             Err(source) => Err(Error::Format {
                 path: self.datasets.path(&file),

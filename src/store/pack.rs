@@ -166,6 +166,7 @@ pub fn decode_table(
         .checked_mul(PACK_ENTRY as u64)
         .filter(|&n| {
             table_offset >= PACK_HEADER as u64
+                && table_offset % BLOB_ALIGN == 0
                 && table_offset.checked_add(n) == Some(pack_len - PACK_FOOTER as u64)
         })
         .ok_or_else(|| {
@@ -173,7 +174,7 @@ pub fn decode_table(
                 "pack footer",
                 "table offset",
                 table_offset,
-                "table offset + 64 × entries = pack length − 64",
+                "a multiple of 64, and table offset + 64 × entries = pack length − 64",
             )
         })?;
     if u64_at(f, 48) != 0 {
@@ -226,6 +227,9 @@ pub fn check_header(b: &[u8], pack_id: &[u8; 16]) -> Result<(), FormatError> {
         PACK_VERSION,
         "pack header",
     )?;
+    if b[10..16].iter().chain(&b[32..PACK_HEADER]).any(|&z| z != 0) {
+        return Err(invalid("pack header", "reserved", 0, "zero"));
+    }
     if &b[16..32] != pack_id {
         return Err(invalid(
             "pack header",
