@@ -177,7 +177,8 @@ pub fn run(spec: &ConvertSpec, progress: &mut dyn FnMut(Progress)) -> Result<Rep
     let folder_existed = o.dst.exists();
     let result = convert(o, progress);
     if result.is_err() && fresh {
-        remove_empty_dataset(o, folder_existed);
+        let report = (o.report_path.clone()).unwrap_or_else(|| o.dst.join(REPORT_FILE));
+        remove_empty_dataset(&o.dst, &report, folder_existed);
     }
     result
 }
@@ -225,32 +226,37 @@ fn has_dataset(dst: &Path) -> Result<bool, RunError> {
         .is_some())
 }
 
-/// Removes the dataset a failed run created in `o.dst` when it holds no shard: the manifest,
-/// the key log, an empty bad-file report, and the folder when the run created it and it is
-/// then empty. Best effort: the run's own error is what the caller sees.
-fn remove_empty_dataset(o: &ConvertOptions, folder_existed: bool) {
-    if let Ok(ds) = Dataset::open(&o.dst) {
+/// Removes the dataset a failed run created in `dst` when it holds no shard: the manifest,
+/// the key log, an empty bad-file report (`report`), and the folder when the run created it
+/// and it is then empty. Under the writer lock, or not at all: another run that created the
+/// dataset meanwhile (this one may have failed on its lock) holds it, and its manifest and
+/// files being written are not this run's to remove. Best effort: the run's own error is
+/// what the caller sees.
+fn remove_empty_dataset(dst: &Path, report: &Path, folder_existed: bool) {
+    let Ok(storage) = crate::store::open_location(dst) else {
+        return;
+    };
+    let Ok(_lock) = storage.lock() else {
+        return;
+    };
+    if let Ok(ds) = Dataset::open_in(Arc::clone(&storage), Default::default()) {
         if !ds.manifest().shards.is_empty() {
             return;
         }
         // What the failed first commit left goes before the manifest (a crash in between
         // leaves the manifest, and the next writer removes them): without a manifest, a
         // writer takes files named as a dataset's for someone else's and refuses the folder.
-        let storage = ds.storage();
         let _ = crate::write::dataset_writer::remove_leftovers(storage.as_ref(), ds.manifest());
         let _ = storage.delete(MANIFEST_FILE);
         let _ = storage.delete(super::keys::KEYS_FILE);
     }
-    let report = o
-        .report_path
-        .clone()
-        .unwrap_or_else(|| o.dst.join(REPORT_FILE));
-    if std::fs::metadata(&report).is_ok_and(|m| m.len() == 0) {
-        let _ = std::fs::remove_file(&report);
+    if std::fs::metadata(report).is_ok_and(|m| m.len() == 0) {
+        let _ = std::fs::remove_file(report);
     }
+    drop(_lock);
     if !folder_existed {
         // Only when empty: never a file the run did not create.
-        let _ = std::fs::remove_dir(&o.dst);
+        let _ = std::fs::remove_dir(dst);
     }
 }
 
@@ -804,5 +810,46 @@ impl<'o> Run<'o> {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two runs into one new folder: the one that failed on the other's lock cleaned up as if
+    /// the dataset were its own, deleting the other's manifest and the shard it was writing.
+    #[test]
+    fn a_failed_runs_cleanup_leaves_a_dataset_another_writer_holds() {
+        let t = tempfile::tempdir().unwrap();
+        let dst = t.path().join("ds");
+        let schema = crate::synth::capture_schema("m", 4, 64, &[1, 2]);
+        let mut rng = crate::synth::Rng::new(7);
+        let scales: Vec<_> = (0..2)
+            .map(|_| crate::synth::channel_scales(&mut rng, 64))
+            .collect();
+        let mut w = crate::DatasetWriter::create(&dst, schema, Default::default()).unwrap();
+        let sample = crate::synth::named_capture_sample(&mut rng, 40, &[1, 2], &scales);
+        let fields: Vec<(&str, &[u8])> = sample
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_slice()))
+            .collect();
+        w.append("a", &fields).unwrap();
+        remove_empty_dataset(&dst, &dst.join(REPORT_FILE), false);
+        assert!(dst.join(MANIFEST_FILE).exists());
+        w.finish().unwrap();
+        assert_eq!(Dataset::open(&dst).unwrap().len(), 1);
+        // Once no writer holds it, an empty dataset a failed run made goes, folder and all.
+        let empty = t.path().join("empty");
+        crate::DatasetWriter::create(
+            &empty,
+            crate::synth::capture_schema("m", 4, 64, &[1]),
+            Default::default(),
+        )
+        .unwrap()
+        .finish()
+        .unwrap();
+        remove_empty_dataset(&empty, &empty.join(REPORT_FILE), false);
+        assert!(!empty.exists());
     }
 }

@@ -166,7 +166,7 @@ pub fn decode_table(
         .checked_mul(PACK_ENTRY as u64)
         .filter(|&n| {
             table_offset >= PACK_HEADER as u64
-                && table_offset % BLOB_ALIGN == 0
+                && table_offset.is_multiple_of(BLOB_ALIGN)
                 && table_offset.checked_add(n) == Some(pack_len - PACK_FOOTER as u64)
         })
         .ok_or_else(|| {

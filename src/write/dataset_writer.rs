@@ -819,9 +819,20 @@ pub fn reindex_in(storage: Arc<dyn Storage>) -> Result<Vec<String>> {
     drop(ds);
     let w = DatasetWriter::open_in(storage, schema, WriteOptions::default())?;
     if !w.manifest.is_segmented() {
-        let table = w.manifest.samples_table.clone();
+        // Written anew as version 4 (its segment, key run and table part made from the
+        // shards): those are the files rewritten, and the old table, which no manifest lists
+        // then, goes (`verify` would call it a leftover).
+        let old = w.manifest.samples_table.clone();
+        let storage = Arc::clone(&w.storage);
         w.finish()?;
-        return Ok(table.into_iter().map(|t| t.file).collect());
+        let ds = Dataset::open_in(Arc::clone(&storage), ReadOptions::default())?;
+        let written: Vec<String> = (ds.manifest().listed_files().iter())
+            .map(|f| f.file.to_string())
+            .collect();
+        if let Some(old) = old.filter(|t| !written.contains(&t.file)) {
+            storage.delete(&old.file)?;
+        }
+        return Ok(written);
     }
     let segments = Segments::new(&*w.storage, None, w.options.durable);
     segments.rewrite_derived(&w.manifest)
