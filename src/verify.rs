@@ -54,6 +54,9 @@ pub struct Report {
     /// Other files in the folder that the dataset does not use; hspack ignores them. Not
     /// damage.
     pub unknown_files: Vec<PathBuf>,
+    /// False where the storage lists no folder (a dataset served over http(s)): leftovers and
+    /// unknown files were not looked for.
+    pub files_listed: bool,
     /// The dataset digest (BLAKE3 of the manifest), which covers every byte through the hash
     /// tree; only meaningful when `problems` is empty (see [`Report::proven_digest`]).
     pub digest: String,
@@ -85,6 +88,14 @@ impl Report {
     pub fn notes(&self) -> Vec<String> {
         let them = |files: &[PathBuf]| if files.len() == 1 { "it" } else { "them" };
         let mut notes = Vec::new();
+        if !self.files_listed {
+            notes.push(
+                "the storage lists no folder (a dataset served over http(s)): files an \
+                 interrupted writer left were not looked for; everything the manifest lists \
+                 was checked"
+                    .into(),
+            );
+        }
         if !self.leftovers.is_empty() {
             notes.push(format!(
                 "{} not in the manifest ({}): left by an interrupted writer; reopening the \
@@ -164,7 +175,11 @@ pub fn verify_dataset(
     let manifest = ds.manifest();
     let schema = ds.schema();
     let mut problems = Vec::new();
-    let (leftovers, unknown_files) = files_not_in_use(&ds)?;
+    let (leftovers, unknown_files, files_listed) = match files_not_in_use(&ds) {
+        Ok((leftovers, unknown)) => (leftovers, unknown, true),
+        Err(Error::Unsupported { .. }) => (Vec::new(), Vec::new(), false),
+        Err(e) => return Err(e),
+    };
     let mut missing = Vec::new();
     let mut report = Report {
         shards: manifest.shards.len() as u64,
@@ -177,6 +192,7 @@ pub fn verify_dataset(
         problems: Vec::new(),
         leftovers,
         unknown_files,
+        files_listed,
         digest: hex(blake3::hash(ds.manifest_bytes()).as_bytes()),
         quick: options.quick,
         replaced_meanwhile: Vec::new(),

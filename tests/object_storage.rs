@@ -192,6 +192,15 @@ fn round_trip(local: &str, tmp: &Path) {
         |_| {},
     );
     assert_eq!(digest(&http), d);
+    // A static server lists no folder (WebDAV `PROPFIND` answered 501, retried for minutes):
+    // verify checks what the manifest lists and says what it did not look for.
+    let report = verify_dataset(
+        &Dataset::open(&http).unwrap(),
+        VerifyOptions::default(),
+        &|_| {},
+    )
+    .unwrap();
+    assert!(!report.files_listed && report.notes()[0].contains("lists no folder"));
     let err = DatasetWriter::open(&http, capture_schema(HIDDEN as u64), options()).unwrap_err();
     assert!(err.to_string().contains("read-only"), "{err}");
     // Token ranges of a remote sample: only those rows.

@@ -61,7 +61,8 @@ Exit codes: 0 everything converted; 2 error (nothing after a bad file is committ
 pub struct Args {
     /// Source folder (walked recursively) or file.
     src: PathBuf,
-    /// Dataset folder: created, or resumed when it already holds a dataset.
+    /// The dataset: a folder, a store's dataset STORE/NAME, or a URL (s3://, gs://, az://);
+    /// created, or resumed when it already holds a dataset.
     dst: PathBuf,
     /// Layout of the source files (see --help for the tensors each expects).
     #[arg(long, value_enum)]

@@ -12,9 +12,11 @@ use super::{gbps, human_bytes};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// The dataset: a folder or a URL (s3://bucket/prefix, gs://, az://, https://).
+    /// The dataset: a folder, a store's dataset STORE/NAME, or a URL (s3://bucket/prefix, gs://,
+    /// az://, https://).
     src: PathBuf,
-    /// Where the copy goes: a folder or a URL (s3://, gs://, az://).
+    /// Where the copy goes: a folder, a store's dataset STORE/NAME, or a URL (s3://, gs://,
+    /// az://).
     dst: PathBuf,
     /// Prove a shard this run sends by its size, footer, header and index hash only: skip
     /// reading every chunk back from the destination (they were checked as they passed). A

@@ -30,7 +30,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             "ordinal", "tokens", "loss", "bytes", "shard"
         );
     }
-    let mut code = ExitCode::SUCCESS;
+    let mut exit = 0u8;
     // Shard by shard, so that a damaged shard does not hide the samples of the others.
     for (seq, record) in ds.manifest().shards.iter().enumerate() {
         let ordinals = record.first_ordinal..(record.first_ordinal + record.samples).min(n);
@@ -44,18 +44,29 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             } else {
                 format!("ordinals {} to {}", ordinals.start, ordinals.end - 1)
             };
+            // A read that failed says nothing of the bytes: exit 2, as `show` and `verify`.
+            let (failed, advice) = match e.is_damage() {
+                true => (
+                    super::EXIT_DAMAGED,
+                    "run `hspack verify` to check the whole dataset",
+                ),
+                false => (
+                    super::EXIT_ERROR,
+                    "a read failed, not a check: run `hspack ls` again once the storage reads",
+                ),
+            };
             eprintln!(
-                "hspack: {e}\nhspack: {} ({which}) not listed; run `hspack verify` to check the whole dataset",
+                "hspack: {e}\nhspack: {} ({which}) not listed; {advice}",
                 count(missing, "sample")
             );
-            code = ExitCode::from(super::EXIT_DAMAGED);
+            exit = exit.max(failed);
             continue;
         }
         for i in ordinals {
             print_sample(&ds.sample(i)?, a.json);
         }
     }
-    Ok(code)
+    Ok(ExitCode::from(exit))
 }
 
 fn print_sample(s: &Sample<'_>, json: bool) {

@@ -10,9 +10,9 @@ use super::EXIT_DAMAGED;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// The damaged copy: a folder or a URL.
+    /// The damaged copy: a folder, STORE/NAME, or a URL.
     damaged: PathBuf,
-    /// An intact copy of the same dataset (same digest): a folder or a URL.
+    /// An intact copy of the same dataset (same digest): a folder, STORE/NAME, or a URL.
     #[arg(long)]
     from: PathBuf,
     /// Print JSON.

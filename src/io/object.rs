@@ -411,6 +411,10 @@ impl Storage for ObjectStorage {
     }
 
     fn list(&self) -> Result<Vec<String>> {
+        // A plain web server answers a listing (WebDAV `PROPFIND`) with 501, which the client
+        // retries for minutes; a listing is for writers, and for the files an interrupted
+        // writer left, which `verify` then does not look for.
+        self.writable("")?;
         let store = self.store()?;
         let listed = self.run("", "list", async {
             store.list_with_delimiter(Some(&self.inner.prefix)).await

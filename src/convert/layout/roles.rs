@@ -16,11 +16,12 @@ pub fn hidden_roles(
     if options.layers.len() != count {
         return Err(LayoutError::Layers {
             detail: format!(
-                "the {layout} layout holds {count} hidden states ({what}) but the files do not say \
-                 which layers they are: give --layers with {count} comma-separated layer ids in \
-                 that order (got {}), e.g. --layers {}",
+                "the {layout} layout holds {} ({what}) but the files do not say which layers \
+                 they are: give --layers with {} in that order (got {}), e.g. {}",
+                crate::error::count(count as u64, "hidden state"),
+                crate::error::count(count as u64, "layer id"),
                 options.layers.len(),
-                (0..count).map(|i| (i * 10 + 2).to_string()).collect::<Vec<_>>().join(",")
+                example_layers(count, options.num_layers, defaults)
             ),
         });
     }
@@ -74,6 +75,40 @@ pub fn hidden_roles(
             )
         })
         .collect())
+}
+
+/// `--layers` as a model of `num_layers` layers (61 where not given, then said) would give it:
+/// the states a preset takes for the final norm's output as `num_layers`, the others spread
+/// from layer 2 to `num_layers - 3`, as EAGLE-3 picks them.
+fn example_layers(
+    count: usize,
+    num_layers: Option<u32>,
+    defaults: &[Option<CapturePoint>],
+) -> String {
+    let n = num_layers.unwrap_or(61);
+    let is_final = |i: usize| defaults.get(i).copied().flatten() == Some(CapturePoint::FinalNorm);
+    let others = (0..count).filter(|&i| !is_final(i)).count() as u32;
+    let mut k = 0;
+    let ids: Vec<String> = (0..count)
+        .map(|i| match is_final(i) {
+            true => n.to_string(),
+            false => {
+                let span = n.saturating_sub(5);
+                let id = 2
+                    + (k * span)
+                        .checked_div(others.saturating_sub(1))
+                        .unwrap_or(0);
+                k += 1;
+                id.to_string()
+            }
+        })
+        .collect();
+    let given = match num_layers {
+        Some(_) => String::new(),
+        None if (0..count).any(is_final) => format!(" --num-layers {n}"),
+        None => String::new(),
+    };
+    format!("--layers {}{given}", ids.join(","))
 }
 
 /// The error for a preset whose default labels layer `options.layers[i]` the final-norm
@@ -132,5 +167,27 @@ pub fn layer_fits(id: u32, point: CapturePoint, n: u32) -> Result<(), String> {
              was taken at"
         )),
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The example a missing `--layers` is told: ids a model of `--num-layers` layers has,
+    /// the final norm's output where the preset takes one (it suggested `--layers 2` for a
+    /// final-norm state, which the next run refused as not the final norm).
+    #[test]
+    fn the_example_layers_fit_the_model_and_the_presets_final_norm() {
+        let last = Some(CapturePoint::FinalNorm);
+        let eagle3 = [None, None, None, last];
+        assert_eq!(example_layers(4, Some(61), &eagle3), "--layers 2,30,58,61");
+        assert_eq!(
+            example_layers(4, None, &eagle3),
+            "--layers 2,30,58,61 --num-layers 61"
+        );
+        assert_eq!(example_layers(1, Some(61), &[last]), "--layers 61");
+        assert_eq!(example_layers(2, Some(32), &[]), "--layers 2,29");
+        assert_eq!(example_layers(1, Some(32), &[]), "--layers 2");
     }
 }
