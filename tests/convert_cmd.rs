@@ -1713,3 +1713,37 @@ fn names_that_are_not_utf8_are_said_not_lost() {
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert!(v["path"].as_str().unwrap().ends_with("ds\u{fffd}"), "{v}");
 }
+
+/// A rerun that keys samples otherwise than the run that wrote the dataset (`--key-from`
+/// added or dropped): the files converted before were appended again under the other keys,
+/// every sample twice. Refused, naming the key log and both ways, with nothing appended.
+#[test]
+fn a_resume_keyed_otherwise_is_refused() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    write_fwd_safetensors(&src.join("00001.safetensors"), &[7, 9], &[1, 2]);
+    let keyed: &[&str] = &["--key-from", "rids"];
+    for (name, first, then, said) in [
+        (
+            "a",
+            keyed,
+            &[][..],
+            "by the value `rids` their files hold (--key-from rids), this one by their file names",
+        ),
+        (
+            "b",
+            &[][..],
+            keyed,
+            "by their file names, this one by the value `rids`",
+        ),
+    ] {
+        let ds = t.path().join(name);
+        let o = hspack(&fwd_args(&src, &ds, first));
+        assert!(o.status.success(), "{}", text(&o));
+        let o = hspack(&fwd_args(&src, &ds, then));
+        assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+        assert!(text(&o).contains(said), "{}", text(&o));
+        assert_eq!(Dataset::open(&ds).unwrap().len(), 2);
+    }
+}

@@ -434,3 +434,108 @@ fn a_mistyped_field_tensor_is_a_flag_error() {
     assert_eq!(msg.matches("needs tensor").count(), 1, "{msg}");
     assert!(Dataset::open(&ds).is_err());
 }
+
+/// A source reached through a symbolic link, or with a second hard link: `--delete-source`
+/// deleted the name it converted and the bytes stayed under the other, which the next run
+/// converted again under another key (a sample twice, one under a wrong key). Refused, naming
+/// the file, with nothing deleted.
+#[test]
+fn delete_source_refuses_a_source_with_another_name() {
+    let t = tempfile::tempdir().unwrap();
+    type Link = fn(&Path, &Path) -> std::io::Result<()>;
+    let hard: Link = |a, b| std::fs::hard_link(a, b);
+    let soft: Link = |a, b| std::os::unix::fs::symlink(a, b);
+    // The walk takes each file once, under the first of its names: the link's here.
+    for (link, make) in [
+        ("req_009.safetensors", hard),
+        ("req_000b.safetensors", soft),
+    ] {
+        let (src, ds) = (
+            t.path().join(link).join("src"),
+            t.path().join(link).join("ds"),
+        );
+        common::dumps::write_dumps(&src, 0..3);
+        make(&src.join("req_001.safetensors"), &src.join(link)).unwrap();
+        let before = files_in(&src);
+        let o = common::dumps::convert_command(&src, &ds).output().unwrap();
+        assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+        assert!(
+            text(&o).contains("symbolic link, or has other hard links"),
+            "{}",
+            text(&o)
+        );
+        assert_eq!(files_in(&src), before);
+    }
+}
+
+/// A rerun with `--skip-bad` after `--delete-source` took the good files: the first file left
+/// was a bad one (another hidden size), whose fields the run took for the dataset's, and it
+/// stopped at the dataset's schema naming no file, converting none of the good files added
+/// since. The bad ones are listed, the good ones converted.
+#[test]
+fn a_skip_bad_rerun_whose_first_file_is_of_another_kind_converts_the_rest() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, ds) = (t.path().join("src"), t.path().join("ds"));
+    let file = |i: usize, width: usize| {
+        let h = common::bytes(i as u64, 4 * width * 4);
+        write(
+            &src.join(format!("req_{i:03}.safetensors")),
+            vec![ids(4), ("h", vec![4, width], Dtype::F32, h)],
+        )
+    };
+    for i in 0..3 {
+        file(i, 8);
+    }
+    for i in 3..5 {
+        file(i, 4);
+    }
+    let args = |extra: &'static [&'static str]| {
+        let mut a = vec![
+            "convert",
+            s(&src),
+            s(&ds),
+            "--layout",
+            "generic",
+            "--field",
+            "input_ids=ids",
+            "--field",
+            "hidden.7=h",
+            "--delete-source",
+            "--skip-bad",
+            "-q",
+        ];
+        a.extend_from_slice(extra);
+        a
+    };
+    let o = hspack(&args(&[]));
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o));
+    for i in 5..8 {
+        file(i, 8);
+    }
+    let o = hspack(&args(&[]));
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o));
+    assert_eq!(Dataset::open(&ds).unwrap().len(), 6);
+    assert_eq!(
+        files_in(&src),
+        ["req_003.safetensors", "req_004.safetensors"]
+    );
+    // Without --skip-bad, the first file of another kind is named, with what differs.
+    let o = hspack(&[
+        "convert",
+        s(&src),
+        s(&ds),
+        "--layout",
+        "generic",
+        "--field",
+        "input_ids=ids",
+        "--field",
+        "hidden.7=h",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("req_003.safetensors")
+            && text(&o).contains("its fields are not the dataset's"),
+        "{}",
+        text(&o)
+    );
+}

@@ -893,3 +893,53 @@ fn a_shared_writer_that_hung_past_its_commit_lease_never_commits(moto: &common::
     let report = hspack::verify::verify_dataset(&ds, VerifyOptions::default(), &|_| {}).unwrap();
     assert!(report.is_ok(), "{:?}", report.problems);
 }
+
+/// A source file written again under its name while `convert --delete-source` ran, after the
+/// run read it and before it deleted it (a producer rewriting dumps in place): it was deleted,
+/// and the dataset held only the bytes read before. It is kept now, and counted as kept.
+#[test]
+fn convert_delete_source_keeps_a_file_written_again_after_it_was_read() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (src, ds, other) = (
+        tmp.path().join("src"),
+        tmp.path().join("ds"),
+        tmp.path().join("other"),
+    );
+    write_dumps(&src, 0..6);
+    write_dumps(&other, 50..51);
+    let child = convert_command(&src, &ds)
+        .env("FAILPOINTS", "convert-committed=1*sleep(3000)")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Paused after its first commit: a file of a sample it committed is written again.
+    let started = std::time::Instant::now();
+    let key = loop {
+        let first = Dataset::open(&ds)
+            .ok()
+            .filter(|d| !d.is_empty())
+            .map(|d| d.sample(0).unwrap().key().to_string());
+        if let Some(key) = first {
+            break key;
+        }
+        assert!(started.elapsed().as_secs() < 60, "no commit");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    };
+    let rewritten = src.join(format!("{key}.safetensors"));
+    std::fs::write(
+        &rewritten,
+        std::fs::read(other.join("req_050.safetensors")).unwrap(),
+    )
+    .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(rewritten.exists(), "the file written again was deleted");
+    let left: Vec<_> = std::fs::read_dir(&src).unwrap().collect();
+    assert_eq!(left.len(), 1, "only the file written again stays");
+    assert_eq!(check_dataset(&ds).len(), 6);
+}

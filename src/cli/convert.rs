@@ -315,9 +315,11 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         let kept = match r.kept {
             0 => String::new(),
             n => format!(
-                "; kept {n} units whose captures the dataset holds with other hidden states \
-                 than theirs (the same tokens and capture config), or that could not be read \
-                 again to compare: compare them before deleting them by hand"
+                "; kept {n} units whose samples the dataset holds with other hidden states \
+                 than theirs (the same tokens and capture config), that could not be read \
+                 again to compare, or whose files were written again after they were read: \
+                 compare them before deleting them by hand (a rerun compares each with what \
+                 the dataset holds, deleting what matches and refusing what does not)"
             ),
         };
         lines.push(format!("deleted   {} source files{kept}", r.deleted));

@@ -30,11 +30,27 @@ use super::layout::{derive_schema, refuse_left_out, specs_for, LayoutError, Pres
 use super::prepare::{Decoder, SplitBy};
 use super::report::{BadFile, BadLog, Progress, Report};
 use super::spec::{ConvertOptions, ConvertSpec, SpecError};
-use super::unit_error::UnitError;
+use super::unit_error::{UnitError, UnitProblem};
 use super::units::{natural_cmp, plan, Inputs, Unit};
 use super::ConvertError;
 
 pub use super::report::REPORT_FILE;
+
+/// A way of keying samples ([`RunError::KeyedOtherwise`]) in words.
+fn keying(keyed: &str) -> String {
+    match keyed.strip_prefix("key-from ") {
+        Some(name) => format!("the value `{name}` their files hold (--key-from {name})"),
+        None => "their file names".into(),
+    }
+}
+
+/// The flags that key samples as `keyed` does.
+fn flag(keyed: &str) -> String {
+    match keyed.strip_prefix("key-from ") {
+        Some(name) => format!("--key-from {name}"),
+        None => "no --key-from".into(),
+    }
+}
 
 /// Why a run stopped.
 #[derive(Debug, thiserror::Error)]
@@ -93,6 +109,24 @@ pub enum RunError {
         key: String,
         /// The unit's file.
         file: PathBuf,
+    },
+    /// A source file `--delete-source` would delete is a symbolic link or has other hard
+    /// links: its bytes would stay under the other name, which a rerun converts again.
+    #[error("{}: is a symbolic link, or has other hard links: --delete-source would delete this name and leave the bytes under the other, which a later run would convert again under another key; convert without --delete-source, or replace the link with the file itself", file.display())]
+    LinkedSource {
+        /// The file.
+        file: PathBuf,
+    },
+    /// A resume that keys samples otherwise than the runs that wrote the dataset: the files
+    /// converted before would be appended again under other keys.
+    #[error("{}: the runs that wrote this dataset keyed its samples by {}, this one by {}: resumed, the files converted before would be appended again under other keys; run with the same keying ({}), or convert into a new dataset", log.display(), keying(before), keying(now), flag(before))]
+    KeyedOtherwise {
+        /// The key log.
+        log: PathBuf,
+        /// How earlier runs keyed samples (`name`, `key-from NAME`).
+        before: String,
+        /// How this one does.
+        now: String,
     },
     /// No source file matches the layout.
     #[error("{}: no source files for the {layout} layout, which reads files named {names}{grouped} ({ignored} other files there); check the path and --layout", src.display())]
@@ -312,6 +346,16 @@ fn convert(o: &ConvertOptions, progress: &mut dyn FnMut(Progress)) -> Result<Rep
     // run) are decoded too: each sample is compared with what the dataset holds under its
     // key, and a file goes only once its samples match and what is committed is verified.
     let recheck = o.delete_source && !present.is_empty();
+    if o.delete_source {
+        for unit in todo.iter().chain(&present) {
+            if let Some(file) = unit.linked_file() {
+                return Err(RunError::LinkedSource { file: file.clone() });
+            }
+            // What a file is like before it is read: a file written again under its name
+            // since is not deleted (`Run::delete`).
+            unit.identity();
+        }
+    }
     run.verified = writer.stats().shards;
     if recheck {
         run.verified = 0;
@@ -449,11 +493,26 @@ impl<'o> Run<'o> {
             request_keys: HashMap::new(),
             verified: 0,
             keys: match key_log_kept(o) {
-                true => Some(KeyLog::open(&o.dst).map_err(|source| RunError::Io {
-                    path: o.dst.join(super::keys::KEYS_FILE),
-                    op: "read",
-                    source,
-                })?),
+                true => {
+                    let log = KeyLog::open(&o.dst, o.key_from.as_deref()).map_err(|source| {
+                        RunError::Io {
+                            path: o.dst.join(super::keys::KEYS_FILE),
+                            op: "read",
+                            source,
+                        }
+                    })?;
+                    if let Some(before) = log.keyed_before() {
+                        return Err(RunError::KeyedOtherwise {
+                            log: log.path().to_path_buf(),
+                            before: before.to_string(),
+                            now: match &o.key_from {
+                                Some(name) => format!("key-from {name}"),
+                                None => "name".into(),
+                            },
+                        });
+                    }
+                    Some(log)
+                }
                 false => None,
             },
         })
@@ -481,6 +540,13 @@ impl<'o> Run<'o> {
     /// bad (with `skip_bad`).
     fn decoder(&mut self, units: &[Unit]) -> Result<Option<Decoder>, RunError> {
         let o = self.o;
+        // Appending to a dataset: the first unit whose fields are the dataset's (one of
+        // another kind left first after a run that deleted the good ones is bad, not the
+        // layout of the run).
+        let existing = match has_dataset(&o.dst)? {
+            true => Some(Dataset::open(&o.dst)?.schema().clone()),
+            false => None,
+        };
         for u in units {
             let first = &u.files[0].1;
             let inputs = match Inputs::open(u, o.limits) {
@@ -505,6 +571,16 @@ impl<'o> Run<'o> {
                                 detail,
                             })
                         })?;
+                    }
+                    if let Some(have) = existing.as_ref().filter(|&have| *have != schema) {
+                        let difference =
+                            crate::write::dataset_writer::describe_difference(have, &schema);
+                        self.bad(UnitError::Unit {
+                            file: first.clone(),
+                            problem: Box::new(UnitProblem::NotTheDatasets { difference }),
+                        })?;
+                        self.bad_units.insert(u.key.clone());
+                        continue;
                     }
                     if let Some(e) = o.key_from.as_deref().and_then(|k| misnamed(&inputs, k)) {
                         return Err(RunError::KeyFrom(e));
@@ -788,7 +864,13 @@ impl<'o> Run<'o> {
     }
 
     fn delete(&mut self, unit: &Unit) -> Result<(), RunError> {
-        for path in unit.files.iter().map(|f| &f.1).chain(&unit.split_file) {
+        // Written again under its name since the run read it (another process producing
+        // dumps): the dataset holds the bytes read, not these, so they stay.
+        if unit.identity().is_empty() || unit.identity_now() != unit.identity() {
+            self.report.kept += 1;
+            return Ok(());
+        }
+        for path in unit.own_files() {
             match std::fs::remove_file(path) {
                 Ok(()) => {
                     failpoint!("convert-source-deleted");

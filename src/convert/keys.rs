@@ -377,6 +377,10 @@ pub struct KeyLog {
     by_unit: HashMap<String, (String, String)>,
     by_key: HashMap<String, (String, PathBuf)>,
     file: Option<std::fs::File>,
+    /// How this run keys samples ([`KeyLog::open`]), written on each line.
+    keyed: String,
+    /// Another way earlier runs keyed samples, where one did.
+    keyed_before: Option<String>,
 }
 
 /// One line of the log.
@@ -391,17 +395,28 @@ struct Line {
     /// versions, whose units are read again.
     #[serde(default)]
     files: String,
+    /// How the run keyed samples: `name` (file names) or `key-from NAME`; absent in logs of
+    /// earlier versions.
+    #[serde(default)]
+    keyed: String,
 }
 
 impl KeyLog {
-    /// Reads the log in `dst` (empty when there is none).
-    pub fn open(dst: &Path) -> Result<KeyLog, std::io::Error> {
+    /// Reads the log in `dst` (empty when there is none), for a run keying samples by
+    /// `key_from` (the value named), else by file name.
+    pub fn open(dst: &Path, key_from: Option<&str>) -> Result<KeyLog, std::io::Error> {
         let path = dst.join(KEYS_FILE);
+        let keyed = match key_from {
+            Some(name) => format!("key-from {name}"),
+            None => "name".to_string(),
+        };
         let mut log = KeyLog {
             path,
             by_unit: HashMap::new(),
             by_key: HashMap::new(),
             file: None,
+            keyed,
+            keyed_before: None,
         };
         let f = match std::fs::File::open(&log.path) {
             Ok(f) => f,
@@ -411,11 +426,20 @@ impl KeyLog {
         for line in std::io::BufReader::new(f).lines() {
             // A line cut by a crash is the last one, of a unit that was not appended.
             if let Ok(l) = serde_json::from_str::<Line>(&line?) {
+                if !l.keyed.is_empty() && l.keyed != log.keyed {
+                    log.keyed_before.get_or_insert(l.keyed.clone());
+                }
                 log.by_key.insert(l.key.clone(), (l.unit.clone(), l.file));
                 log.by_unit.insert(l.unit, (l.key, l.files));
             }
         }
         Ok(log)
+    }
+
+    /// How an earlier run keyed samples, where it did otherwise than this one: resumed, the
+    /// same files would be appended again under other keys.
+    pub fn keyed_before(&self) -> Option<&str> {
+        self.keyed_before.as_deref()
     }
 
     /// The path of the log.
@@ -477,6 +501,7 @@ impl KeyLog {
             file: file.to_path_buf(),
             key: key.to_string(),
             files: files.to_string(),
+            keyed: self.keyed.clone(),
         })
         .unwrap_or_default();
         // A previous line cut by a crash would swallow this one: start on a fresh line.

@@ -77,9 +77,10 @@ pub struct Report {
     pub ignored: u64,
     /// Source files deleted.
     pub deleted: u64,
-    /// Units not deleted with `delete_source` although the dataset holds their samples'
-    /// captures: the samples it holds (copied from the store, or converted earlier) hold
-    /// other hidden states than these files, or the files could not be read again.
+    /// Units not deleted with `delete_source` although the dataset holds their samples: the
+    /// samples it holds (copied from the store, or converted earlier) hold other hidden
+    /// states than these files, the files could not be read again, or they were written
+    /// again under their names after the run read them.
     pub kept: u64,
     /// The dataset after the run.
     pub stats: WriteStats,

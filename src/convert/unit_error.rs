@@ -107,6 +107,13 @@ pub enum UnitProblem {
         /// The fields read for the key.
         fields: Vec<String>,
     },
+    /// Fields other than the dataset's, into which the run appends (files of another kind,
+    /// or flags other than the earlier runs').
+    #[error("its fields are not the dataset's: {difference}")]
+    NotTheDatasets {
+        /// What differs, in words.
+        difference: String,
+    },
     /// `--trim-padding` without the field it reads.
     #[error("--trim-padding needs a loss mask or token id field in the layout")]
     TrimNeedsField,

@@ -202,22 +202,41 @@ impl Unit {
     /// when first asked (planning, where a key log is kept), so the log records the files as
     /// they were when the run chose to read them, without a second `stat` of each.
     pub fn identity(&self) -> &str {
-        self.identity.get_or_init(|| {
-            use std::os::unix::fs::MetadataExt;
-            let mut out = String::new();
-            for path in self.files.iter().map(|f| &f.1).chain(&self.split_file) {
-                let Ok(m) = std::fs::metadata(path) else {
-                    return String::new();
-                };
-                out.push_str(&format!(
-                    "{}:{}.{}:{};",
-                    m.len(),
-                    m.mtime(),
-                    m.mtime_nsec(),
-                    m.ino()
-                ));
-            }
-            out
+        self.identity.get_or_init(|| self.identity_now())
+    }
+
+    /// [`Unit::identity`] as the files are now: a unit whose files were written again since
+    /// it was taken gives another.
+    pub fn identity_now(&self) -> String {
+        use std::os::unix::fs::MetadataExt;
+        let mut out = String::new();
+        for path in self.own_files() {
+            let Ok(m) = std::fs::metadata(path) else {
+                return String::new();
+            };
+            out.push_str(&format!(
+                "{}:{}.{}:{};",
+                m.len(),
+                m.mtime(),
+                m.mtime_nsec(),
+                m.ino()
+            ));
+        }
+        out
+    }
+
+    /// Every file of the unit: its parts, then the file that splits it.
+    pub fn own_files(&self) -> impl Iterator<Item = &PathBuf> {
+        self.files.iter().map(|f| &f.1).chain(&self.split_file)
+    }
+
+    /// The first of the unit's files reached through a symbolic link, or that has other hard
+    /// links: deleting that name would leave its bytes under another.
+    pub fn linked_file(&self) -> Option<&PathBuf> {
+        use std::os::unix::fs::MetadataExt;
+        self.own_files().find(|path| {
+            std::fs::symlink_metadata(path)
+                .is_ok_and(|m| m.file_type().is_symlink() || m.nlink() > 1)
         })
     }
 }
