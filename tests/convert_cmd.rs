@@ -1747,3 +1747,28 @@ fn a_resume_keyed_otherwise_is_refused() {
         assert_eq!(Dataset::open(&ds).unwrap().len(), 2);
     }
 }
+
+/// `--key-from` naming a value no file holds (a typo), on files not grouped into parts: every
+/// file was called bad (with `--skip-bad` each listed, exit 3, and an empty dataset left). It
+/// is the flag's mistake, said once, from the first file.
+#[test]
+fn a_key_from_that_names_no_value_is_the_flags_mistake() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    write_fwd_safetensors(&src.join("00001.safetensors"), &[7, 9], &[1, 2]);
+    write_fwd_safetensors(&src.join("00002.safetensors"), &[8, 10], &[1, 2]);
+    for extra in [&[][..], &["--skip-bad"][..]] {
+        let ds = t.path().join(format!("ds{}", extra.len()));
+        let mut args = vec!["--key-from", "ridz"];
+        args.extend_from_slice(extra);
+        let o = hspack(&fwd_args(&src, &ds, &args));
+        assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+        assert!(
+            text(&o).contains("--key-from ridz: the file holds no value `ridz`"),
+            "{}",
+            text(&o)
+        );
+        assert!(!ds.join("manifest.json").exists());
+    }
+}

@@ -24,7 +24,7 @@ use crate::store::Store;
 use crate::write::DatasetWriter;
 
 use super::groups::{check_duplicates, to_convert};
-use super::keys::{misnamed, KeyError, KeyLog};
+use super::keys::{misnamed, stored_keys, KeyError, KeyLog};
 use super::lanes::{write_in_lanes, GroupDone, LaneOptions, Outcome};
 use super::layout::{derive_schema, refuse_left_out, specs_for, LayoutError, Preset};
 use super::prepare::{Decoder, SplitBy};
@@ -584,6 +584,15 @@ impl<'o> Run<'o> {
                     }
                     if let Some(e) = o.key_from.as_deref().and_then(|k| misnamed(&inputs, k)) {
                         return Err(RunError::KeyFrom(e));
+                    }
+                    // A name the first unit whose fields fit holds no value under: a typo in
+                    // the flag, not every file bad (as a field's tensor under the generic
+                    // layout).
+                    if let Some(k) = o.key_from.as_deref() {
+                        match stored_keys(&inputs, k, None) {
+                            Err(e) if e.is_no_value() => return Err(RunError::KeyFrom(e)),
+                            _ => {}
+                        }
                     }
                     if let (Some(SplitBy::Lengths(name) | SplitBy::CuSeqlens(name)), None) =
                         (&o.split_by, &u.split_file)

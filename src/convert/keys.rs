@@ -156,6 +156,18 @@ impl KeyError {
         }
     }
 
+    /// True when the file holds no value under the name (rather than one that does not key
+    /// samples): on the first unit read, the flag's mistake, not the file's.
+    pub fn is_no_value(&self) -> bool {
+        matches!(
+            self,
+            KeyError::Value {
+                problem: KeyProblem::NoValue { .. },
+                ..
+            }
+        )
+    }
+
     /// The message without the file it starts with.
     pub fn detail(&self) -> String {
         match self {
