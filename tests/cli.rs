@@ -1312,3 +1312,23 @@ fn a_sync_onto_a_copy_that_diverged_says_so() {
     assert!(!text(&o).contains("another dataset"), "{}", text(&o));
     assert_eq!(Dataset::open(t.path().join("b")).unwrap().len(), 2);
 }
+
+/// An S3 endpoint of plain http on another host: the client refuses the scheme, which the
+/// error said only deep in its cause ("builder error"), with no word of how to allow it.
+#[test]
+fn a_plain_http_endpoint_says_how_to_allow_it() {
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_hspack"))
+        .args(["info", "s3://bucket/ds"])
+        .env("AWS_ENDPOINT_URL", "http://192.0.2.1:9000")
+        .env("AWS_ACCESS_KEY_ID", "x")
+        .env("AWS_SECRET_ACCESS_KEY", "y")
+        .env_remove("AWS_ALLOW_HTTP")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("use https, or allow http (AWS_ALLOW_HTTP=true"),
+        "{}",
+        text(&o)
+    );
+}

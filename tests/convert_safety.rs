@@ -519,8 +519,10 @@ fn a_skip_bad_rerun_whose_first_file_is_of_another_kind_converts_the_rest() {
         files_in(&src),
         ["req_003.safetensors", "req_004.safetensors"]
     );
-    // Without --skip-bad, the first file of another kind is named, with what differs.
-    let o = hspack(&[
+    // Without --skip-bad, the first file of another kind is named, with what differs, once
+    // a file of the dataset's kind shows the flags are the earlier runs'.
+    file(11, 8);
+    let plain = [
         "convert",
         s(&src),
         s(&ds),
@@ -530,11 +532,31 @@ fn a_skip_bad_rerun_whose_first_file_is_of_another_kind_converts_the_rest() {
         "input_ids=ids",
         "--field",
         "hidden.7=h",
+    ];
+    let o = hspack(&plain);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("req_003.safetensors: its fields are not the dataset's"),
+        "{}",
+        text(&o)
+    );
+    // Flags other than the earlier runs' (every file then differs): said once, as the flags'.
+    let o = hspack(&[
+        "convert",
+        s(&src),
+        s(&ds),
+        "--layout",
+        "generic",
+        "--field",
+        "input_ids=ids",
+        "--field",
+        "hidden.9=h",
+        "--skip-bad",
     ]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(
-        text(&o).contains("req_003.safetensors")
-            && text(&o).contains("its fields are not the dataset's"),
+        text(&o).contains("the fields this run makes of the files are not the dataset's")
+            && text(&o).contains("give the flags the runs that wrote it gave"),
         "{}",
         text(&o)
     );

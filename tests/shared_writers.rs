@@ -29,8 +29,12 @@ fn eight_writers_append_to_one_folder_at_once() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("ds");
     let go = tmp.path().join("go");
+    // A pause before each sample, as a capture's forward pass makes: on a loaded machine a
+    // writer could otherwise make all its commits in one run, and the check that commits
+    // interleave failed (the rank changed 7 times, once a writer).
+    let pause = [("HSPACK_TEST_APPEND_PAUSE_MS", "2")];
     let children: Vec<_> = (0..RANKS)
-        .map(|r| spawn("shared_writer_child", &dir, r, COUNT, &go, &[]))
+        .map(|r| spawn("shared_writer_child", &dir, r, COUNT, &go, &pause))
         .collect();
     std::fs::write(&go, b"").unwrap();
     // A reader opening the dataset while they commit sees a whole dataset each time.

@@ -436,6 +436,13 @@ fn a_lost_pack_is_the_stores_damage_and_store_verify_names_the_datasets_it_hits(
             && said.contains("store rm"),
         "{said}"
     );
+    // As it says: added again from a copy, what the store lost is stored anew.
+    assert!(hspack(&["store", "rm", s(&store_dir), "a"])
+        .status
+        .success());
+    let o = hspack(&["store", "add", s(&store_dir), s(&a), "--name", "a"]);
+    assert!(o.status.success(), "{}", text(&o));
+    reads_as(&store_dir, &["a"], &a);
 }
 
 /// A dataset's file recording a shard one byte longer than its blobs hold: every read of it

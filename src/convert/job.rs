@@ -36,6 +36,10 @@ use super::ConvertError;
 
 pub use super::report::REPORT_FILE;
 
+/// Units of fields other than the dataset's a run reads, none of the dataset's among them,
+/// before it says the flags differ from the earlier runs' rather than the files.
+const OTHER_KINDS_TRIED: usize = 64;
+
 /// A way of keying samples ([`RunError::KeyedOtherwise`]) in words.
 fn keying(keyed: &str) -> String {
     match keyed.strip_prefix("key-from ") {
@@ -331,6 +335,10 @@ fn convert(o: &ConvertOptions, progress: &mut dyn FnMut(Progress)) -> Result<Rep
     }
     run.report.units = plan.units.len() as u64;
     let Some(decoder) = run.decoder(&plan.units)? else {
+        // Every unit bad: the dataset is as it was.
+        if let Ok(ds) = Dataset::open(&o.dst) {
+            run.report.stats = crate::write::WriteStats::of(ds.manifest());
+        }
         run.report.elapsed = started.elapsed();
         return Ok(run.report);
     };
@@ -501,7 +509,11 @@ impl<'o> Run<'o> {
                             source,
                         }
                     })?;
-                    if let Some(before) = log.keyed_before() {
+                    // (A log beside no dataset, its dataset removed, says nothing.)
+                    let before = log
+                        .keyed_before()
+                        .filter(|_| matches!(has_dataset(&o.dst), Ok(true)));
+                    if let Some(before) = before {
                         return Err(RunError::KeyedOtherwise {
                             log: log.path().to_path_buf(),
                             before: before.to_string(),
@@ -547,7 +559,14 @@ impl<'o> Run<'o> {
             true => Some(Dataset::open(&o.dst)?.schema().clone()),
             false => None,
         };
+        // Units whose fields are not the dataset's, before the first that are: bad files
+        // once one fits; else the flags are not the earlier runs' (or every file is of
+        // another kind), said once.
+        let mut others: Vec<(PathBuf, String, String)> = Vec::new();
         for u in units {
+            if others.len() >= OTHER_KINDS_TRIED {
+                break;
+            }
             let first = &u.files[0].1;
             let inputs = match Inputs::open(u, o.limits) {
                 Ok(i) => i,
@@ -575,12 +594,15 @@ impl<'o> Run<'o> {
                     if let Some(have) = existing.as_ref().filter(|&have| *have != schema) {
                         let difference =
                             crate::write::dataset_writer::describe_difference(have, &schema);
+                        others.push((first.clone(), u.key.clone(), difference));
+                        continue;
+                    }
+                    for (file, key, difference) in others.drain(..) {
                         self.bad(UnitError::Unit {
-                            file: first.clone(),
+                            file,
                             problem: Box::new(UnitProblem::NotTheDatasets { difference }),
                         })?;
-                        self.bad_units.insert(u.key.clone());
-                        continue;
+                        self.bad_units.insert(key);
                     }
                     if let Some(e) = o.key_from.as_deref().and_then(|k| misnamed(&inputs, k)) {
                         return Err(RunError::KeyFrom(e));
@@ -652,6 +674,17 @@ impl<'o> Run<'o> {
                     self.bad_units.insert(u.key.clone());
                 }
             }
+        }
+        if let Some((file, _, difference)) = others.first() {
+            return Err(RunError::Dataset(crate::Error::SchemaMismatch {
+                path: o.dst.clone(),
+                detail: format!(
+                    "the fields this run makes of the files are not the dataset's ({}: \
+                     {difference}); give the flags the runs that wrote it gave, or convert into \
+                     a new dataset",
+                    file.display()
+                ),
+            }));
         }
         Ok(None)
     }

@@ -71,6 +71,19 @@ pub(super) fn other(path: &Path, op: &'static str, detail: impl std::fmt::Displa
 }
 
 /// An `object_store` error as hspack's, naming the object.
+/// `e` and every error it came from, as text: what a client library says of the cause often
+/// lies below the error it returns (`HTTP error: builder error`, then why).
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
 pub(super) fn object_error(path: &Path, op: &'static str, e: object_store::Error) -> Error {
     use std::io::ErrorKind;
     let kind = match &e {
@@ -105,11 +118,16 @@ pub(super) fn object_error(path: &Path, op: &'static str, e: object_store::Error
                  S3-compatible server AWS_ENDPOINT_URL and the region"
             ),
         ),
-        None if said.contains("URL scheme is not allowed") => std::io::Error::new(
+        None if chain(&e).contains("URL scheme is not allowed") => std::io::Error::new(
             kind,
             format!(
-                "{said}: the endpoint is plain http; use https, or allow http with \
-                 AWS_ALLOW_HTTP=true (on a network you trust)"
+                "{said}: URL scheme is not allowed: the endpoint is plain http; use https, or \
+                 allow http ({}=true, on a network you trust)",
+                match path.to_string_lossy().split_once("://").map(|(s, _)| s) {
+                    Some("az" | "azure" | "abfs" | "abfss") => "AZURE_ALLOW_HTTP",
+                    Some("gs" | "gcs") => "GOOGLE_ALLOW_HTTP",
+                    _ => "AWS_ALLOW_HTTP",
+                }
             ),
         ),
         None => std::io::Error::new(kind, e),
@@ -412,9 +430,17 @@ impl Storage for ObjectStorage {
 
     fn list(&self) -> Result<Vec<String>> {
         // A plain web server answers a listing (WebDAV `PROPFIND`) with 501, which the client
-        // retries for minutes; a listing is for writers, and for the files an interrupted
-        // writer left, which `verify` then does not look for.
-        self.writable("")?;
+        // retries for minutes: what is served over http(s) is read by the names its files
+        // list (`verify` then does not look for files an interrupted writer left).
+        if self.inner.read_only {
+            return Err(Error::Unsupported {
+                path: self.root().to_path_buf(),
+                detail: "a server reached over http(s) lists no folder: a command that lists \
+                         one (`store ls`, `du`, `verify`, a copy's destination) needs s3://, \
+                         gs://, az:// or a folder; copy the dataset or store there"
+                    .into(),
+            });
+        }
         let store = self.store()?;
         let listed = self.run("", "list", async {
             store.list_with_delimiter(Some(&self.inner.prefix)).await

@@ -171,11 +171,13 @@ pub fn collect_telling(
     }
     // Copies of a blob stored again hold their packs' space for nothing: such packs are
     // rewritten without them.
+    let mut superseded = 0u64;
     for e in index.superseded() {
         per_pack.entry(e.pack).or_default().1 += 1;
+        superseded += 1;
     }
     report.blobs_live = live_count;
-    report.blobs_removed = index.entries().count() as u64 - live_count;
+    report.blobs_removed = index.entries().count() as u64 - live_count + superseded;
     let rewrite: HashSet<[u8; 16]> = per_pack
         .iter()
         .filter(|(_, (l, d))| *d > 0 && *l > 0)

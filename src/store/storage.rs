@@ -790,8 +790,19 @@ impl Storage for StoreDataset {
                 .committed()?
                 .is_some_and(|snap| snap.file(name).is_some());
         if listed {
-            // Should this commit fail, the file stays out of the next.
-            self.commit(&mut st, true)?;
+            let emptied = st.files.as_ref().is_some_and(|f| f.is_empty());
+            match emptied {
+                // A dataset of no files is none (a failed first run's manifest deleted): its
+                // file goes, not one listing nothing, which `store ls` would list.
+                true => {
+                    let datasets = self.store.datasets();
+                    datasets.delete(&snapshot_file(&self.name))?;
+                    datasets.sync()?;
+                    st.snapshot_hash = None;
+                }
+                // Should this commit fail, the file stays out of the next.
+                false => self.commit(&mut st, true)?,
+            }
             st.deleted.insert(name.to_string());
         }
         Ok(())
@@ -886,6 +897,13 @@ mod tests {
         ds.put_new("samples-000000.parquet", b"not committed", true)
             .unwrap();
         ds.delete("samples-000000.parquet").unwrap();
+        assert!(store.snapshot("new").unwrap().is_none());
+        assert_eq!(store.names().unwrap(), ["d"]);
+        // A committed dataset whose last file is deleted (a failed first run of `convert`
+        // taking back its manifest) is no dataset: `store ls` listed one of no files.
+        ds.put_new("manifest.json", b"{}", true).unwrap();
+        assert_eq!(store.names().unwrap(), ["d", "new"]);
+        ds.delete("manifest.json").unwrap();
         assert!(store.snapshot("new").unwrap().is_none());
         assert_eq!(store.names().unwrap(), ["d"]);
     }

@@ -399,11 +399,11 @@ fn referenced_present(
     snap: &super::Snapshot,
     lost: &HashSet<[u8; 32]>,
 ) -> Result<()> {
+    let root = store.root().display();
     let advice = format!(
-        "restore the dataset from a copy (`hspack repair {}/{name} --from COPY`), or remove it \
-         (`hspack store rm {} {name}`)",
-        store.root().display(),
-        store.root().display()
+        "add the dataset again from a copy (`hspack store rm {root} {name}`, then `hspack store \
+         add {root} COPY --name {name}`: what the store finds damaged of it is stored anew), or \
+         remove it"
     );
     let mut hit: Option<(&str, usize)> = None;
     let mut files = 0;

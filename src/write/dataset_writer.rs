@@ -741,12 +741,7 @@ impl DatasetWriter {
 
     /// What is committed.
     pub fn stats(&self) -> WriteStats {
-        WriteStats {
-            samples: self.manifest.samples,
-            shards: self.manifest.shards.len() as u64,
-            bytes: self.manifest.shard_bytes().unwrap_or(u64::MAX),
-            raw_bytes: self.manifest.raw_bytes().unwrap_or(u64::MAX),
-        }
+        WriteStats::of(&self.manifest)
     }
 
     /// Commits and releases the dataset. A dataset of manifest version 1 to 3 is made version

@@ -167,6 +167,18 @@ pub struct WriteStats {
     pub raw_bytes: u64,
 }
 
+impl WriteStats {
+    /// What `manifest` holds committed.
+    pub fn of(manifest: &crate::format::Manifest) -> WriteStats {
+        WriteStats {
+            samples: manifest.samples,
+            shards: manifest.shards.len() as u64,
+            bytes: manifest.shard_bytes().unwrap_or(u64::MAX),
+            raw_bytes: manifest.raw_bytes().unwrap_or(u64::MAX),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
