@@ -36,8 +36,15 @@ use super::ConvertError;
 
 pub use super::report::REPORT_FILE;
 
+/// Removes the key log kept for the dataset at `dst` (a local file, also for `STORE/NAME`).
+fn forget_key_log(dst: &Path) {
+    if !crate::io::is_remote(dst) {
+        let _ = std::fs::remove_file(dst.join(super::keys::KEYS_FILE));
+    }
+}
+
 /// Units of fields other than the dataset's a run reads, none of the dataset's among them,
-/// before it says the flags differ from the earlier runs' rather than the files.
+/// before it stops to say so (with `--skip-bad` it reads on, listing them).
 const OTHER_KINDS_TRIED: usize = 64;
 
 /// A way of keying samples ([`RunError::KeyedOtherwise`]) in words.
@@ -286,7 +293,7 @@ fn remove_empty_dataset(dst: &Path, report: &Path, folder_existed: bool) {
         // writer takes files named as a dataset's for someone else's and refuses the folder.
         let _ = crate::write::dataset_writer::remove_leftovers(storage.as_ref(), ds.manifest());
         let _ = storage.delete(MANIFEST_FILE);
-        let _ = storage.delete(super::keys::KEYS_FILE);
+        forget_key_log(dst);
     }
     if std::fs::metadata(report).is_ok_and(|m| m.len() == 0) {
         let _ = std::fs::remove_file(report);
@@ -502,6 +509,11 @@ impl<'o> Run<'o> {
             verified: 0,
             keys: match key_log_kept(o) {
                 true => {
+                    // A log beside no dataset is of one removed (or of a first run that failed):
+                    // it names nothing there, and this run's dataset starts a new one.
+                    if !has_dataset(&o.dst)? {
+                        forget_key_log(&o.dst);
+                    }
                     let log = KeyLog::open(&o.dst, o.key_from.as_deref()).map_err(|source| {
                         RunError::Io {
                             path: o.dst.join(super::keys::KEYS_FILE),
@@ -509,11 +521,7 @@ impl<'o> Run<'o> {
                             source,
                         }
                     })?;
-                    // (A log beside no dataset, its dataset removed, says nothing.)
-                    let before = log
-                        .keyed_before()
-                        .filter(|_| matches!(has_dataset(&o.dst), Ok(true)));
-                    if let Some(before) = before {
+                    if let Some(before) = log.keyed_before() {
                         return Err(RunError::KeyedOtherwise {
                             log: log.path().to_path_buf(),
                             before: before.to_string(),
@@ -564,7 +572,7 @@ impl<'o> Run<'o> {
         // another kind), said once.
         let mut others: Vec<(PathBuf, String, String)> = Vec::new();
         for u in units {
-            if others.len() >= OTHER_KINDS_TRIED {
+            if others.len() >= OTHER_KINDS_TRIED && !o.skip_bad {
                 break;
             }
             let first = &u.files[0].1;
@@ -607,10 +615,10 @@ impl<'o> Run<'o> {
                     if let Some(e) = o.key_from.as_deref().and_then(|k| misnamed(&inputs, k)) {
                         return Err(RunError::KeyFrom(e));
                     }
-                    // A name the first unit whose fields fit holds no value under: a typo in
-                    // the flag, not every file bad (as a field's tensor under the generic
-                    // layout).
-                    if let Some(k) = o.key_from.as_deref() {
+                    // A name the first unit whose fields fit holds no value under, starting a
+                    // dataset: a typo in the flag, not every file bad (as a field's tensor
+                    // under the generic layout). Appending, the dataset shows the flag held.
+                    if let Some(k) = o.key_from.as_deref().filter(|_| existing.is_none()) {
                         match stored_keys(&inputs, k, None) {
                             Err(e) if e.is_no_value() => return Err(RunError::KeyFrom(e)),
                             _ => {}
@@ -675,13 +683,25 @@ impl<'o> Run<'o> {
                 }
             }
         }
+        if o.skip_bad {
+            // Every unit bad: listed, each with what differs.
+            for (file, key, difference) in others.drain(..) {
+                self.bad(UnitError::Unit {
+                    file,
+                    problem: Box::new(UnitProblem::NotTheDatasets { difference }),
+                })?;
+                self.bad_units.insert(key);
+            }
+        }
         if let Some((file, _, difference)) = others.first() {
             return Err(RunError::Dataset(crate::Error::SchemaMismatch {
                 path: o.dst.clone(),
                 detail: format!(
-                    "the fields this run makes of the files are not the dataset's ({}: \
-                     {difference}); give the flags the runs that wrote it gave, or convert into \
-                     a new dataset",
+                    "the fields this run makes of the first {} are not the dataset's ({}: \
+                     {difference}): give the flags the runs that wrote it gave, or, where those \
+                     files are of another kind, list them with --skip-bad; or convert into a \
+                     new dataset",
+                    crate::error::count(others.len() as u64, "file"),
                     file.display()
                 ),
             }));

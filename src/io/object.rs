@@ -70,7 +70,6 @@ pub(super) fn other(path: &Path, op: &'static str, detail: impl std::fmt::Displa
     }
 }
 
-/// An `object_store` error as hspack's, naming the object.
 /// `e` and every error it came from, as text: what a client library says of the cause often
 /// lies below the error it returns (`HTTP error: builder error`, then why).
 fn chain(e: &dyn std::error::Error) -> String {
@@ -84,6 +83,20 @@ fn chain(e: &dyn std::error::Error) -> String {
     text
 }
 
+/// The variable that lets the client of the storage at `location` (a URL) speak plain http.
+fn allow_http_variable(location: &Path) -> &'static str {
+    let scheme = url::Url::parse(&location.to_string_lossy())
+        .ok()
+        .and_then(|u| ObjectStoreScheme::parse(&u).ok())
+        .map(|(scheme, _)| scheme);
+    match scheme {
+        Some(ObjectStoreScheme::MicrosoftAzure) => "AZURE_ALLOW_HTTP",
+        Some(ObjectStoreScheme::GoogleCloudStorage) => "GOOGLE_ALLOW_HTTP",
+        _ => "AWS_ALLOW_HTTP",
+    }
+}
+
+/// An `object_store` error as hspack's, naming the object.
 pub(super) fn object_error(path: &Path, op: &'static str, e: object_store::Error) -> Error {
     use std::io::ErrorKind;
     let kind = match &e {
@@ -123,11 +136,7 @@ pub(super) fn object_error(path: &Path, op: &'static str, e: object_store::Error
             format!(
                 "{said}: URL scheme is not allowed: the endpoint is plain http; use https, or \
                  allow http ({}=true, on a network you trust)",
-                match path.to_string_lossy().split_once("://").map(|(s, _)| s) {
-                    Some("az" | "azure" | "abfs" | "abfss") => "AZURE_ALLOW_HTTP",
-                    Some("gs" | "gcs") => "GOOGLE_ALLOW_HTTP",
-                    _ => "AWS_ALLOW_HTTP",
-                }
+                allow_http_variable(path)
             ),
         ),
         None => std::io::Error::new(kind, e),
@@ -436,8 +445,8 @@ impl Storage for ObjectStorage {
             return Err(Error::Unsupported {
                 path: self.root().to_path_buf(),
                 detail: "a server reached over http(s) lists no folder: a command that lists \
-                         one (`store ls`, `du`, `verify`, a copy's destination) needs s3://, \
-                         gs://, az:// or a folder; copy the dataset or store there"
+                         one (`store ls`, `store du`, `store verify`, a copy's destination) \
+                         needs s3://, gs://, az:// or a folder; copy the dataset or store there"
                     .into(),
             });
         }

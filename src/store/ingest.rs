@@ -63,6 +63,8 @@ pub struct Ingest {
     check_found: bool,
     /// Blobs found in the index and checked.
     found_sound: HashSet<[u8; 32]>,
+    /// Blobs found in the index whose copy is damaged: stored anew.
+    found_damaged: HashSet<[u8; 32]>,
 }
 
 impl std::fmt::Debug for Ingest {
@@ -107,6 +109,7 @@ impl Ingest {
             lock,
             check_found: false,
             found_sound: HashSet::new(),
+            found_damaged: HashSet::new(),
         })
     }
 
@@ -136,7 +139,10 @@ impl Ingest {
                 self.found_sound.insert(*id);
                 Ok(true)
             }
-            Err(e) if e.is_damage() => Ok(false),
+            Err(e) if e.is_damage() => {
+                self.found_damaged.insert(*id);
+                Ok(false)
+            }
             Err(e) => Err(e),
         }
     }
@@ -157,6 +163,10 @@ impl Ingest {
             Some(p) => p,
             None => self.pack.insert(PackWriter::create(&**self.store.packs())?),
         };
+        if self.found_damaged.contains(&id) {
+            // At another place than its damaged copy, in case the pack holds nothing else.
+            pack.skip(1 + u64::from(crate::io::unique_id(b"restore")[0] % 64))?;
+        }
         let z = if compress { compressed(bytes) } else { None };
         let (stored, codec) = match &z {
             Some(z) => (z.as_slice(), BlobCodec::Zstd),

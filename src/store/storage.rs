@@ -795,6 +795,22 @@ impl Storage for StoreDataset {
                 // A dataset of no files is none (a failed first run's manifest deleted): its
                 // file goes, not one listing nothing, which `store ls` would list.
                 true => {
+                    // As a commit replaces it: while this handle holds the dataset, and only
+                    // the file it last read or wrote.
+                    if let Some(lock) = &st.lock {
+                        lock.check()?;
+                    }
+                    if let Some(hold) = &st.gc_hold {
+                        hold.check()?;
+                    }
+                    let now = self.store.snapshot(&self.name)?.map(|(_, hash)| hash);
+                    if now != st.snapshot_hash {
+                        return Err(Error::CommitConflict {
+                            path: self.path(name),
+                            detail: "the stored dataset's file changed since this handle read it"
+                                .into(),
+                        });
+                    }
                     let datasets = self.store.datasets();
                     datasets.delete(&snapshot_file(&self.name))?;
                     datasets.sync()?;
