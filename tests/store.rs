@@ -1713,4 +1713,20 @@ fn a_dataset_whose_table_part_is_damaged_in_the_store_is_added_again_from_a_copy
     let o = hspack(&["store", "add", s(&store_dir), s(&a), "--name", "a"]);
     assert!(o.status.success(), "{}", text(&o));
     reads_as(&store_dir, &["a"], &a);
+    // Damaged again where it was stored anew (a pack of its own): stored anew once more, not
+    // at that place, so not in a pack of that name.
+    for _ in 0..2 {
+        let store = Store::open(&store_dir).unwrap();
+        let at = store.index().unwrap().find(&id).unwrap();
+        let pack = store_dir
+            .join("packs")
+            .join(hspack::store::pack::pack_name(&at.pack));
+        common::flip(&pack, at.blob.offset + at.blob.stored_len / 2);
+        assert!(hspack(&["store", "rm", s(&store_dir), "a"])
+            .status
+            .success());
+        let o = hspack(&["store", "add", s(&store_dir), s(&a), "--name", "a"]);
+        assert!(o.status.success(), "{}", text(&o));
+        reads_as(&store_dir, &["a"], &a);
+    }
 }

@@ -22,8 +22,15 @@ fuzz_target!(|data: &[u8]| {
         assert!(!value.is_empty() && value == value.trim());
     }
     let p = resolve(name.trim(), text, text);
-    let (id, secret) = p.keys.map(|(id, secret, _)| (id, secret)).unwrap_or_default();
-    for value in [p.region, p.endpoint].into_iter().flatten().chain([id, secret]) {
+    let (id, secret) = p
+        .keys
+        .map(|(id, secret, _)| (id, secret))
+        .unwrap_or_default();
+    for value in [p.region, p.endpoint]
+        .into_iter()
+        .flatten()
+        .chain([id, secret])
+    {
         assert_eq!(value, value.trim());
     }
 });

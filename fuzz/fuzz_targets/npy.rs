@@ -19,7 +19,10 @@ fuzz_target!(|data: &[u8]| {
             let h = npy.header();
             let len = match h.shape.contains(&0) {
                 true => Some(0),
-                false => h.shape.iter().try_fold(h.dtype.size() as u64, |a, &d| a.checked_mul(d)),
+                false => h
+                    .shape
+                    .iter()
+                    .try_fold(h.dtype.size() as u64, |a, &d| a.checked_mul(d)),
             };
             assert_eq!(Some(bytes.len() as u64), len);
         }

@@ -121,6 +121,7 @@ pub fn live_blobs(store: &Store, index: &index::BlobIndex) -> Result<HashSet<[u8
 }
 
 fn finish_pack(
+    store: &Store,
     w: PackWriter,
     durable: bool,
     moved: &mut HashMap<[u8; 32], Location>,
@@ -128,7 +129,7 @@ fn finish_pack(
     report: &mut GcReport,
 ) -> Result<()> {
     report.bytes_written += w.len();
-    let (pack, blobs) = w.finish(durable)?;
+    let (pack, blobs) = w.finish(durable, &|id, entries| store.pack_there_sound(id, entries))?;
     new_packs.push(pack);
     for blob in blobs {
         moved.insert(blob.id, Location { pack, blob });
@@ -203,11 +204,11 @@ pub fn collect_telling(
         w.push(e.blob.id, &stored, e.blob.raw_len, e.blob.codec)?;
         if w.len() >= PACK_TARGET {
             let w = out.take().expect("open");
-            finish_pack(w, durable, &mut moved, &mut new_packs, &mut report)?;
+            finish_pack(store, w, durable, &mut moved, &mut new_packs, &mut report)?;
         }
     }
     if let Some(w) = out.take() {
-        finish_pack(w, durable, &mut moved, &mut new_packs, &mut report)?;
+        finish_pack(store, w, durable, &mut moved, &mut new_packs, &mut report)?;
     }
 
     // One run of every live blob.

@@ -63,8 +63,8 @@ pub struct Ingest {
     check_found: bool,
     /// Blobs found in the index and checked.
     found_sound: HashSet<[u8; 32]>,
-    /// Blobs found in the index whose copy is damaged: stored anew.
-    found_damaged: HashSet<[u8; 32]>,
+    /// Blobs found in the index whose copy is damaged, and where: stored anew elsewhere.
+    found_damaged: HashMap<[u8; 32], Location>,
 }
 
 impl std::fmt::Debug for Ingest {
@@ -109,7 +109,7 @@ impl Ingest {
             lock,
             check_found: false,
             found_sound: HashSet::new(),
-            found_damaged: HashSet::new(),
+            found_damaged: HashMap::new(),
         })
     }
 
@@ -140,7 +140,7 @@ impl Ingest {
                 Ok(true)
             }
             Err(e) if e.is_damage() => {
-                self.found_damaged.insert(*id);
+                self.found_damaged.insert(*id, at);
                 Ok(false)
             }
             Err(e) => Err(e),
@@ -163,9 +163,12 @@ impl Ingest {
             Some(p) => p,
             None => self.pack.insert(PackWriter::create(&**self.store.packs())?),
         };
-        if self.found_damaged.contains(&id) {
-            // At another place than its damaged copy, in case the pack holds nothing else.
-            pack.skip(1 + u64::from(crate::io::unique_id(b"restore")[0] % 64))?;
+        // Never at its damaged copy's place: a pack holding nothing else would have the damaged
+        // pack's table, id and name, and be taken for it.
+        if let Some(damaged) = self.found_damaged.get(&id) {
+            if pack.len().next_multiple_of(super::pack::BLOB_ALIGN) == damaged.blob.offset {
+                pack.skip(1)?;
+            }
         }
         let z = if compress { compressed(bytes) } else { None };
         let (stored, codec) = match &z {
@@ -185,7 +188,9 @@ impl Ingest {
 
     fn close_pack(&mut self) -> Result<()> {
         if let Some(p) = self.pack.take() {
-            let (pack, blobs) = p.finish(true)?;
+            let store = &self.store;
+            let (pack, blobs) =
+                p.finish(true, &|id, entries| store.pack_there_sound(id, entries))?;
             for blob in blobs {
                 self.new.insert(blob.id, Location { pack, blob });
             }

@@ -525,6 +525,29 @@ impl Store {
         Ok(f)
     }
 
+    /// Whether a pack of id `id`, holding `entries`, is there, and then whether every blob of
+    /// it checks against its id ([`pack::PackWriter::finish`] asks, before it publishes one).
+    pub fn pack_there_sound(
+        &self,
+        id: &[u8; 16],
+        entries: &[pack::BlobEntry],
+    ) -> Result<Option<bool>> {
+        if self.packs.size(&pack::pack_name(id))?.is_none() {
+            return Ok(None);
+        }
+        for e in entries {
+            match self.blob(&Location {
+                pack: *id,
+                blob: *e,
+            }) {
+                Ok(_) => {}
+                Err(e) if e.is_damage() => return Ok(Some(false)),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(Some(true))
+    }
+
     /// Forgets the packs opened so far (after a collection replaced some).
     pub fn forget_packs(&self) {
         if let Some(mut open) = lock_for_an_instant(&self.open_packs) {
@@ -729,7 +752,7 @@ mod tests {
         let mut w = pack::PackWriter::create(&**store.packs()).unwrap();
         w.push([7; 32], &frame, huge, pack::BlobCodec::Zstd)
             .unwrap();
-        let (pack, blobs) = w.finish(false).unwrap();
+        let (pack, blobs) = w.finish(false, &|_, _| Ok(None)).unwrap();
         let at = index::Location {
             pack,
             blob: blobs[0],

@@ -241,6 +241,10 @@ pub fn check_header(b: &[u8], pack_id: &[u8; 16]) -> Result<(), FormatError> {
     Ok(())
 }
 
+/// Whether a pack of an id, holding these entries, is there, and sound
+/// ([`PackWriter::finish`]).
+pub type PackThere<'a> = dyn Fn(&[u8; 16], &[BlobEntry]) -> Result<Option<bool>> + 'a;
+
 /// A pack being written. Its id (the first 16 bytes of the BLAKE3 of its table) is known
 /// once it is finished; the header, which holds it, is written then.
 pub struct PackWriter {
@@ -285,9 +289,9 @@ impl PackWriter {
         self.entries.is_empty()
     }
 
-    /// Leaves `blocks` × 64 zero bytes before the next blob: a pack holding a blob stored
-    /// anew (its copy damaged) must not be the damaged copy's pack again, which a pack of the
-    /// same table is (same id, same name: the damaged one would be kept as that pack).
+    /// Leaves `blocks` × 64 zero bytes before the next blob: a blob stored anew (its copy
+    /// damaged) must not lie where its damaged copy lies, or a pack holding only it would have
+    /// the damaged pack's table, id and name, and the damaged one would be kept as it.
     pub fn skip(&mut self, blocks: u64) -> Result<()> {
         let offset = self.pos.next_multiple_of(BLOB_ALIGN);
         let zeros = vec![0u8; (blocks * BLOB_ALIGN) as usize];
@@ -321,12 +325,43 @@ impl PackWriter {
 
     /// Writes the table, footer and header and publishes the pack; returns its id and
     /// entries. A pack of the same id already there holds the same blobs at the same places
-    /// (its id hashes its table, which names every blob by its hash): this one is dropped.
-    pub fn finish(mut self, durable: bool) -> Result<([u8; 16], Vec<BlobEntry>)> {
+    /// (its id hashes its table, which names every blob by its hash): where `there` finds it
+    /// sound (`Some(true)`), this one is dropped; where damaged (`Some(false)`: a blob stored
+    /// anew over its damaged copy, laid out as that copy's pack was), a filler blob of unique
+    /// bytes, referenced by nothing, makes this pack another. `there` gives `None` where no
+    /// pack has the id.
+    pub fn finish(
+        mut self,
+        durable: bool,
+        there: &PackThere<'_>,
+    ) -> Result<([u8; 16], Vec<BlobEntry>)> {
+        let (mut table, mut table_hash, mut id);
+        loop {
+            table = self
+                .entries
+                .iter()
+                .flat_map(|e| e.encode())
+                .collect::<Vec<u8>>();
+            table_hash = blake3::hash(&table);
+            id = table_hash.as_bytes()[..16].try_into().expect("16");
+            match there(&id, &self.entries)? {
+                None => break,
+                Some(true) => {
+                    self.out.abandon();
+                    return Ok((id, self.entries));
+                }
+                Some(false) => {
+                    let filler = crate::io::unique_id(b"pack filler");
+                    self.push(
+                        *blake3::hash(&filler).as_bytes(),
+                        &filler,
+                        16,
+                        BlobCodec::None,
+                    )?;
+                }
+            }
+        }
         let table_offset = self.pos.next_multiple_of(BLOB_ALIGN);
-        let table: Vec<u8> = self.entries.iter().flat_map(|e| e.encode()).collect();
-        let table_hash = blake3::hash(&table);
-        let id: [u8; 16] = table_hash.as_bytes()[..16].try_into().expect("16");
         let mut f = [0u8; PACK_FOOTER];
         f[0..8].copy_from_slice(&table_offset.to_le_bytes());
         f[8..16].copy_from_slice(&(self.entries.len() as u64).to_le_bytes());
