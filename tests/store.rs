@@ -355,6 +355,20 @@ fn gc_does_not_move_a_damaged_blob_on() {
     assert_eq!(packs(), before);
 }
 
+/// Flips a byte in the middle of the copy of blob `id` that the store in `store_dir` reads.
+fn damage_blob(store_dir: &Path, id: &[u8; 32]) {
+    let at = Store::open(store_dir)
+        .unwrap()
+        .index()
+        .unwrap()
+        .find(id)
+        .unwrap();
+    let pack = store_dir
+        .join("packs")
+        .join(hspack::store::pack::pack_name(&at.pack));
+    common::flip(&pack, at.blob.offset + at.blob.stored_len / 2);
+}
+
 /// A store holding datasets `a` and `b` of the same samples, whose payload blob of `a`'s
 /// first chunk is damaged at rest.
 fn store_with_a_damaged_payload(t: &Path) -> (PathBuf, PathBuf) {
@@ -365,11 +379,7 @@ fn store_with_a_damaged_payload(t: &Path) -> (PathBuf, PathBuf) {
     add(&store, &ds, "a", &|_| {}).unwrap();
     add(&store, &ds, "b", &|_| {}).unwrap();
     let hash = ds.shard(0).unwrap().index().chunk(0).unwrap().hash;
-    let at = store.index().unwrap().find(&hash).unwrap();
-    let pack = store_dir
-        .join("packs")
-        .join(hspack::store::pack::pack_name(&at.pack));
-    common::flip(&pack, at.blob.offset + at.blob.stored_len / 2);
+    damage_blob(&store_dir, &hash);
     assert!(!hspack(&["verify", s(&store_dir.join("b"))])
         .status
         .success());
@@ -1699,11 +1709,7 @@ fn a_dataset_whose_table_part_is_damaged_in_the_store_is_added_again_from_a_copy
     let id: [u8; 32] = blake3::Hash::from_hex(part["blob"].as_str().unwrap())
         .unwrap()
         .into();
-    let at = store.index().unwrap().find(&id).unwrap();
-    let pack = store_dir
-        .join("packs")
-        .join(hspack::store::pack::pack_name(&at.pack));
-    common::flip(&pack, at.blob.offset + at.blob.stored_len / 2);
+    damage_blob(&store_dir, &id);
     let o = hspack(&["store", "verify", s(&store_dir)]);
     assert!(!o.status.success());
     assert!(text(&o).contains("store rm"), "{}", text(&o));
@@ -1716,12 +1722,7 @@ fn a_dataset_whose_table_part_is_damaged_in_the_store_is_added_again_from_a_copy
     // Damaged again where it was stored anew (a pack of its own): stored anew once more, not
     // at that place, so not in a pack of that name.
     for _ in 0..2 {
-        let store = Store::open(&store_dir).unwrap();
-        let at = store.index().unwrap().find(&id).unwrap();
-        let pack = store_dir
-            .join("packs")
-            .join(hspack::store::pack::pack_name(&at.pack));
-        common::flip(&pack, at.blob.offset + at.blob.stored_len / 2);
+        damage_blob(&store_dir, &id);
         assert!(hspack(&["store", "rm", s(&store_dir), "a"])
             .status
             .success());

@@ -556,6 +556,22 @@ impl<'o> Run<'o> {
         Ok(())
     }
 
+    /// Records `others`, units whose fields are not the dataset's (file, key, what differs),
+    /// as bad, emptying it.
+    fn bad_of_another_kind(
+        &mut self,
+        others: &mut Vec<(PathBuf, String, String)>,
+    ) -> Result<(), RunError> {
+        for (file, key, difference) in others.drain(..) {
+            self.bad(UnitError::Unit {
+                file,
+                problem: Box::new(UnitProblem::NotTheDatasets { difference }),
+            })?;
+            self.bad_units.insert(key);
+        }
+        Ok(())
+    }
+
     /// The decoder from the first unit whose tensors fit the layout; `None` when every unit is
     /// bad (with `skip_bad`).
     fn decoder(&mut self, units: &[Unit]) -> Result<Option<Decoder>, RunError> {
@@ -605,13 +621,7 @@ impl<'o> Run<'o> {
                         others.push((first.clone(), u.key.clone(), difference));
                         continue;
                     }
-                    for (file, key, difference) in others.drain(..) {
-                        self.bad(UnitError::Unit {
-                            file,
-                            problem: Box::new(UnitProblem::NotTheDatasets { difference }),
-                        })?;
-                        self.bad_units.insert(key);
-                    }
+                    self.bad_of_another_kind(&mut others)?;
                     if let Some(e) = o.key_from.as_deref().and_then(|k| misnamed(&inputs, k)) {
                         return Err(RunError::KeyFrom(e));
                     }
@@ -685,13 +695,7 @@ impl<'o> Run<'o> {
         }
         if o.skip_bad {
             // Every unit bad: listed, each with what differs.
-            for (file, key, difference) in others.drain(..) {
-                self.bad(UnitError::Unit {
-                    file,
-                    problem: Box::new(UnitProblem::NotTheDatasets { difference }),
-                })?;
-                self.bad_units.insert(key);
-            }
+            self.bad_of_another_kind(&mut others)?;
         }
         if let Some((file, _, difference)) = others.first() {
             return Err(RunError::Dataset(crate::Error::SchemaMismatch {

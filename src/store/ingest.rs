@@ -63,8 +63,6 @@ pub struct Ingest {
     check_found: bool,
     /// Blobs found in the index and checked.
     found_sound: HashSet<[u8; 32]>,
-    /// Blobs found in the index whose copy is damaged, and where: stored anew elsewhere.
-    found_damaged: HashMap<[u8; 32], Location>,
 }
 
 impl std::fmt::Debug for Ingest {
@@ -109,7 +107,6 @@ impl Ingest {
             lock,
             check_found: false,
             found_sound: HashSet::new(),
-            found_damaged: HashMap::new(),
         })
     }
 
@@ -139,10 +136,7 @@ impl Ingest {
                 self.found_sound.insert(*id);
                 Ok(true)
             }
-            Err(e) if e.is_damage() => {
-                self.found_damaged.insert(*id, at);
-                Ok(false)
-            }
+            Err(e) if e.is_damage() => Ok(false),
             Err(e) => Err(e),
         }
     }
@@ -163,13 +157,6 @@ impl Ingest {
             Some(p) => p,
             None => self.pack.insert(PackWriter::create(&**self.store.packs())?),
         };
-        // Never at its damaged copy's place: a pack holding nothing else would have the damaged
-        // pack's table, id and name, and be taken for it.
-        if let Some(damaged) = self.found_damaged.get(&id) {
-            if pack.len().next_multiple_of(super::pack::BLOB_ALIGN) == damaged.blob.offset {
-                pack.skip(1)?;
-            }
-        }
         let z = if compress { compressed(bytes) } else { None };
         let (stored, codec) = match &z {
             Some(z) => (z.as_slice(), BlobCodec::Zstd),

@@ -289,17 +289,6 @@ impl PackWriter {
         self.entries.is_empty()
     }
 
-    /// Leaves `blocks` × 64 zero bytes before the next blob: a blob stored anew (its copy
-    /// damaged) must not lie where its damaged copy lies, or a pack holding only it would have
-    /// the damaged pack's table, id and name, and the damaged one would be kept as it.
-    pub fn skip(&mut self, blocks: u64) -> Result<()> {
-        let offset = self.pos.next_multiple_of(BLOB_ALIGN);
-        let zeros = vec![0u8; (blocks * BLOB_ALIGN) as usize];
-        self.out.write_at(offset, &zeros)?;
-        self.pos = offset + zeros.len() as u64;
-        Ok(())
-    }
-
     /// Appends a blob whose id is `id`, stored as `stored` with `codec`, `raw_len` bytes once
     /// decoded; returns its entry (its pack's id is known at [`PackWriter::finish`]).
     pub fn push(
