@@ -8,7 +8,7 @@ use hspack::transfer::{copy, CopyMode, CopyOptions};
 use hspack::verify::count;
 
 use super::progress::bytes_bar;
-use super::{gbps, human_bytes};
+use super::{human_bytes, rate_text};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -81,7 +81,7 @@ pub fn run(a: Args, mode: CopyMode) -> anyhow::Result<ExitCode> {
         );
     }
     println!(
-        "{} -> {}: {}, {}: {} sent ({} in {secs:.2} s, {:.2} GB/s), {} already there and \
+        "{} -> {}: {}, {}: {} sent ({} in {secs:.2} s, {}), {} already there and \
          right; {} checked as they passed{}; manifest {}",
         a.src.display(),
         a.dst.display(),
@@ -89,7 +89,7 @@ pub fn run(a: Args, mode: CopyMode) -> anyhow::Result<ExitCode> {
         count(report.samples, "sample"),
         count(report.shards_sent, "shard"),
         human_bytes(report.bytes_sent),
-        gbps(report.bytes_sent, secs),
+        rate_text(report.bytes_sent, secs),
         count(report.shards_present, "shard"),
         count(report.chunks_checked, "chunk"),
         // Shards found there are read back even without reread.

@@ -261,6 +261,15 @@ pub fn gbps(bytes: u64, secs: f64) -> f64 {
     bytes as f64 / secs.max(1e-9) / 1e9
 }
 
+/// A rate as people read it: `2.41 GB/s`, and below 1 GB/s in MB/s (`1.95 MB/s`, not
+/// `0.00 GB/s`: what a copy over a slow link shows).
+pub fn rate_text(bytes: u64, secs: f64) -> String {
+    match gbps(bytes, secs) {
+        r if r >= 1.0 => format!("{r:.2} GB/s"),
+        r => format!("{:.2} MB/s", r * 1e3),
+    }
+}
+
 /// A shape as people write it: `[905, 7168]`; `scalar` for `[]` (one value per row).
 pub fn shape_text(shape: &[u64]) -> String {
     if shape.is_empty() {

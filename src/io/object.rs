@@ -7,7 +7,9 @@
 //! Reads fetch byte ranges: opening a file fetches its last [`TAIL`] bytes (which tell its
 //! size, and hold a shard's footer and usually its index), later reads only the ranges asked
 //! for. Transient errors are retried with backoff by `object_store` (bounded: 10 retries,
-//! 3 minutes); a short read is an error. A new file is published with `If-None-Match: *`
+//! 3 minutes; a request that carries a file's bytes up goes through a client of its own,
+//! allowed [`BODY_TIMEOUT`] where the 30 s of other requests would fail a slow uplink); a short
+//! read is an error. A new file is published with `If-None-Match: *`
 //! (a single put) or, when larger than [`PART`], by a multipart upload started only where no
 //! object is and, on S3, completed with `If-None-Match: *` too ([`super::object_upload`]);
 //! the manifest is replaced with `If-Match` on the ETag of the one read.
@@ -55,11 +57,40 @@ struct Inner {
     store: PerProcess<Clients>,
 }
 
-/// The clients of one store: for everything, and for multipart uploads (none over http).
+/// The clients of one store: for everything, and for what carries a file's bytes up (none
+/// over http): whole-file puts and multipart uploads.
 #[derive(Debug)]
 struct Clients {
     store: Arc<dyn ObjectStore>,
+    /// Whole-file puts: the client of `uploader.parts`.
+    bodies: Option<Arc<dyn ObjectStore>>,
     uploader: Option<Uploader>,
+}
+
+/// How long one request that carries a file's bytes up (a part, or a whole file of up to
+/// [`PART`]) may take, where the environment sets no timeout (`AWS_TIMEOUT`,
+/// `GOOGLE_TIMEOUT`, `AZURE_TIMEOUT`). `object_store`'s 30 s would fail every part on an
+/// uplink slower than the parts in flight need (a copy's 4 shards of 8 parts of 32 MiB at
+/// 300 Mbit/s), and each retry send it again, so the copy could never finish; 10 minutes
+/// carries a part at 56 KB/s. Other requests keep the 30 s: a stalled one is found soon.
+const BODY_TIMEOUT: &str = "10m";
+/// Retries of such a request stop after this long: past [`BODY_TIMEOUT`], so a part that
+/// timed out is sent once more, and within the 15 minutes a signed request stays valid.
+const BODY_RETRY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(12 * 60);
+
+/// True when the environment names the timeout of a client whose variables start with
+/// `prefix` (`AWS`, `GOOGLE`, `AZURE`), as the builders' `from_env` read them.
+fn timeout_named(prefix: &str) -> bool {
+    let name = format!("{prefix}_TIMEOUT");
+    std::env::vars_os().any(|(k, _)| k.to_str().is_some_and(|k| k.eq_ignore_ascii_case(&name)))
+}
+
+/// The retries of the requests that carry a file's bytes up.
+fn body_retries() -> object_store::RetryConfig {
+    object_store::RetryConfig {
+        retry_timeout: BODY_RETRY_TIMEOUT,
+        ..Default::default()
+    }
 }
 
 pub(super) fn other(path: &Path, op: &'static str, detail: impl std::fmt::Display) -> Error {
@@ -83,16 +114,17 @@ fn chain(e: &dyn std::error::Error) -> String {
     text
 }
 
-/// The variable that lets the client of the storage at `location` (a URL) speak plain http.
-fn allow_http_variable(location: &Path) -> &'static str {
+/// How the variables of the client of the storage at `location` (a URL) start:
+/// `AWS_ALLOW_HTTP`, `GOOGLE_TIMEOUT`...
+fn variable_prefix(location: &Path) -> &'static str {
     let scheme = url::Url::parse(&location.to_string_lossy())
         .ok()
         .and_then(|u| ObjectStoreScheme::parse(&u).ok())
         .map(|(scheme, _)| scheme);
     match scheme {
-        Some(ObjectStoreScheme::MicrosoftAzure) => "AZURE_ALLOW_HTTP",
-        Some(ObjectStoreScheme::GoogleCloudStorage) => "GOOGLE_ALLOW_HTTP",
-        _ => "AWS_ALLOW_HTTP",
+        Some(ObjectStoreScheme::MicrosoftAzure) => "AZURE",
+        Some(ObjectStoreScheme::GoogleCloudStorage) => "GOOGLE",
+        _ => "AWS",
     }
 }
 
@@ -135,10 +167,27 @@ pub(super) fn object_error(path: &Path, op: &'static str, e: object_store::Error
             kind,
             format!(
                 "{said}: URL scheme is not allowed: the endpoint is plain http; use https, or \
-                 allow http ({}=true, on a network you trust)",
-                allow_http_variable(path)
+                 allow http ({}_ALLOW_HTTP=true, on a network you trust)",
+                variable_prefix(path)
             ),
         ),
+        None if op == "publish" && chain(&e).contains("timed out") => {
+            let prefix = variable_prefix(path);
+            let limit = match timeout_named(prefix) {
+                true => format!("what {prefix}_TIMEOUT says"),
+                false => BODY_TIMEOUT.to_string(),
+            };
+            std::io::Error::new(
+                ErrorKind::TimedOut,
+                format!(
+                    "{said}: sending the file's bytes timed out on every retry: the link to the \
+                     storage is slower than the uploads in flight need (a part is {} MiB; a \
+                     request may take {limit}); send fewer files at once (`hspack cp --jobs \
+                     1`), or allow a request longer ({prefix}_TIMEOUT=30m)",
+                    PART >> 20,
+                ),
+            )
+        }
         None => std::io::Error::new(kind, e),
     };
     Error::Io {
@@ -222,6 +271,17 @@ impl ObjectStorage {
         inner.store.get(|| build_store(&inner.url, &inner.root))
     }
 
+    /// The client of whole-file puts.
+    fn bodies(&self, name: &str) -> Result<Arc<dyn ObjectStore>> {
+        self.clients()?
+            .bodies
+            .clone()
+            .ok_or_else(|| Error::Unsupported {
+                path: self.path(name),
+                detail: "this storage takes no uploads".into(),
+            })
+    }
+
     /// The clients of multipart uploads.
     fn uploader(&self, name: &str) -> Result<Uploader> {
         self.clients()?
@@ -298,20 +358,36 @@ fn build_store(url: &url::Url, root: &Path) -> Result<Clients> {
         path: root.to_path_buf(),
         detail: e.to_string(),
     })?;
-    fn plain<T: ObjectStore + object_store::multipart::MultipartStore>(store: T) -> Clients {
+    // Bodies go up through a client of their own (`bodies`), with a longer timeout.
+    fn plain<T: ObjectStore + object_store::multipart::MultipartStore>(
+        store: T,
+        bodies: T,
+    ) -> Clients {
         let store = Arc::new(store);
+        let bodies = Arc::new(bodies);
         Clients {
             store: Arc::clone(&store) as Arc<dyn ObjectStore>,
+            bodies: Some(Arc::clone(&bodies) as _),
             uploader: Some(Uploader {
-                parts: Arc::clone(&store) as _,
+                parts: bodies,
                 complete: store,
             }),
         }
     }
+    use object_store::ClientConfigKey::Timeout;
     let clients = match scheme {
         ObjectStoreScheme::AmazonS3 => {
+            use object_store::aws::AmazonS3ConfigKey::Client;
             let (builder, local) = s3_builder(url);
             let store = Arc::new(builder.clone().build().map_err(bad)?);
+            let mut bodies = builder
+                .clone()
+                .with_retry(body_retries())
+                .with_credentials(Arc::clone(store.credentials()));
+            if !timeout_named("AWS") {
+                bodies = bodies.with_config(Client(Timeout), BODY_TIMEOUT);
+            }
+            let bodies = Arc::new(bodies.build().map_err(bad)?);
             // The completions of multipart uploads go through a client that sends
             // `If-None-Match: *` with every request it makes: it makes no other, and takes
             // its credentials from the main client (so no credential request of its own
@@ -328,25 +404,34 @@ fn build_store(url: &url::Url, root: &Path) -> Result<Clients> {
                 .build()
                 .map_err(bad)?;
             Clients {
-                store: Arc::clone(&store) as Arc<dyn ObjectStore>,
+                store: store as Arc<dyn ObjectStore>,
+                bodies: Some(Arc::clone(&bodies) as _),
                 uploader: Some(Uploader {
-                    parts: store,
+                    parts: bodies,
                     complete: Arc::new(completer),
                 }),
             }
         }
-        ObjectStoreScheme::GoogleCloudStorage => plain(
-            object_store::gcp::GoogleCloudStorageBuilder::from_env()
-                .with_url(url.as_str())
-                .build()
-                .map_err(bad)?,
-        ),
-        ObjectStoreScheme::MicrosoftAzure => plain(
-            object_store::azure::MicrosoftAzureBuilder::from_env()
-                .with_url(url.as_str())
-                .build()
-                .map_err(bad)?,
-        ),
+        ObjectStoreScheme::GoogleCloudStorage => {
+            use object_store::gcp::GoogleConfigKey::Client;
+            let builder =
+                object_store::gcp::GoogleCloudStorageBuilder::from_env().with_url(url.as_str());
+            let mut bodies = builder.clone().with_retry(body_retries());
+            if !timeout_named("GOOGLE") {
+                bodies = bodies.with_config(Client(Timeout), BODY_TIMEOUT);
+            }
+            plain(builder.build().map_err(bad)?, bodies.build().map_err(bad)?)
+        }
+        ObjectStoreScheme::MicrosoftAzure => {
+            use object_store::azure::AzureConfigKey::Client;
+            let builder =
+                object_store::azure::MicrosoftAzureBuilder::from_env().with_url(url.as_str());
+            let mut bodies = builder.clone().with_retry(body_retries());
+            if !timeout_named("AZURE") {
+                bodies = bodies.with_config(Client(Timeout), BODY_TIMEOUT);
+            }
+            plain(builder.build().map_err(bad)?, bodies.build().map_err(bad)?)
+        }
         ObjectStoreScheme::Http => {
             let origin = &url[..url::Position::BeforePath];
             let options =
@@ -359,6 +444,7 @@ fn build_store(url: &url::Url, root: &Path) -> Result<Clients> {
                         .build()
                         .map_err(bad)?,
                 ),
+                bodies: None,
                 uploader: None,
             }
         }
@@ -979,7 +1065,7 @@ impl NewFile for ObjectNewFile {
                 Err(e) => Err(object_error(&shown, "publish", e)),
             };
         }
-        let store = self.storage.store()?;
+        let store = self.storage.bodies(name)?;
         let path = self.storage.object(name);
         let bytes = bytes::Bytes::from(std::mem::take(&mut self.buf));
         let payload = PutPayload::from(bytes.clone());

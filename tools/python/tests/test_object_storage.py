@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -119,6 +120,45 @@ def test_dataloader_workers_over_s3_see_every_sample_once(remote, context):
     mapped = HspackDataset(url, view="eagle3")
     loader = torch.utils.data.DataLoader(mapped, batch_size=None, num_workers=2, multiprocessing_context=context)
     assert [s["ordinal"] for s in loader] == list(range(37))
+
+
+def test_a_copy_over_a_slow_uplink_finishes(s3, tmp_path):
+    """A shard's first 32 MiB part over an uplink of 1 MB/s takes longer than the 30 s a
+    request is given by default: it is sent once and lands, not cut off and sent again until
+    the copy fails (every copy from a link slower than its parts in flight need did)."""
+    local = tmp_path / "big"
+    tokens, hidden = 2200, 8192  # 36 MB: parts of 32 MiB and 2.4 MiB
+    schema = [hspack.token_ids(), hspack.hidden_state(1, hidden)]
+    capture = {"model": "test/model", "num_layers": 2, "hidden_size": hidden, "dtype": "bf16"}
+    g = torch.Generator().manual_seed(0)
+    with hspack.Writer(local, schema, capture, durable=False) as w:
+        states = torch.randn(tokens, hidden, generator=g).to(torch.bfloat16)
+        w.append("big", input_ids=torch.arange(tokens, dtype=torch.int32), **{"hidden.1": states})
+    server = os.environ["AWS_ENDPOINT_URL"].rsplit(":", 1)[1]
+    port = _free_port()
+    link = Path(__file__).with_name("slow_link.py")
+    proxy = subprocess.Popen([sys.executable, str(link), str(port), server, "1000000"])
+    try:
+        deadline = time.time() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert proxy.poll() is None and time.time() < deadline, "slow_link.py did not listen"
+                time.sleep(0.1)
+        os.environ["AWS_ENDPOINT_URL"] = f"http://127.0.0.1:{port}"
+        start = time.monotonic()
+        report = hspack.copy(local, f"{s3}/slow")
+        took = time.monotonic() - start
+    finally:
+        os.environ["AWS_ENDPOINT_URL"] = f"http://127.0.0.1:{server}"
+        proxy.terminate()
+        proxy.wait()
+    assert report["shards_sent"] == 1 and report["manifest_published"]
+    # The link was as slow as meant: the parts alone needed more than 30 s.
+    assert took > 32, took
+    assert hspack.verify(f"{s3}/slow")["digest"] == hspack.verify(local)["digest"]
 
 
 def test_a_writer_writes_straight_into_s3(s3):
