@@ -333,6 +333,34 @@ def test_an_index_that_is_no_int_is_refused_not_read_as_another_sample(eagle_pat
                 HspackDataset(eagle_path, view=view, max_len=max_len)
 
 
+def test_batching_and_ordering_options_are_checked_where_they_are_given(eagle_path):
+    """A collate that cuts samples to 0 tokens trained on nothing through a whole epoch (saved
+    as consumed); a negative seed, epoch, bucket or multiple failed at the first batch, in a
+    worker, in numpy's or torch's words. Each is refused where it is given, naming it."""
+    def refused(option, value, make):
+        with pytest.raises(hspack.HspackError, match=re.escape(f"option {option}: {value!r} must be an int of")) as e:
+            make()
+        assert e.value.kind == "BadOption" and e.value.option == option
+
+    for max_len in (0, -1, 2.5):
+        refused("max_len", max_len, lambda: PadCollate(max_len=max_len))
+        refused("max_len", max_len, lambda: TokenBudgetBatchSampler(HspackDataset(eagle_path), 64, max_len=max_len))
+    for multiple in (0, -4):
+        refused("pad_to_multiple_of", multiple, lambda: PadCollate(pad_to_multiple_of=multiple))
+    refused("seed", -1, lambda: HspackSampler(HspackDataset(eagle_path), seed=-1))
+    refused("seed", -1, lambda: HspackIterableDataset(eagle_path, seed=-1))
+    sampler = HspackSampler(HspackDataset(eagle_path))
+    refused("epoch", -1, lambda: sampler.set_epoch(-1))
+    for option in ("bucket_size", "max_tokens"):
+        refused(option, 0, lambda: TokenBudgetBatchSampler(HspackDataset(eagle_path), **{"max_tokens": 64, option: 0}))
+    refused("block_size", 0, lambda: HspackSampler(HspackDataset(eagle_path), block_size=0))
+    # What they allow still batches every sample once.
+    collate = PadCollate(max_len=8, pad_to_multiple_of=4)
+    batches = [collate([HspackDataset(eagle_path)[i] for i in b]) for b in TokenBudgetBatchSampler(HspackDataset(eagle_path), 64, max_len=8, bucket_size=5, seed=3)]
+    assert sorted(int(o) for b in batches for o in b["ordinal"]) == list(range(37))
+    assert all(b["input_ids"].shape[1] % 4 == 0 and b["input_ids"].shape[1] <= 8 for b in batches)
+
+
 def test_a_stacked_field_out_of_layer_order_serves_the_shallowest_layer_first(tmp_path):
     """The EAGLE-3 view hands out the auxiliary states shallowest first, whether they are
     separate fields or one field stacking them: stacked as [30, 2, 16], they came out in that

@@ -14,9 +14,9 @@ from .._dataset import Fields
 from .._errors import make_error
 from .._hspack import EAGLE3, gather_into
 from . import order as _order
-from .progress import Progress
+from .progress import Progress, count_option
 from .transfer import raise_unreadable
-from .views import pinned_empty, shared_empty
+from .views import max_len_option, pinned_empty, shared_empty
 
 # Token ids and the attention mask, named as the Rust side names them (`hspack::format::eagle3`).
 _INPUT_IDS = EAGLE3["fields"]["input_ids"]
@@ -63,6 +63,7 @@ class TokenBudgetBatchSampler(tud.Sampler):
         ds = dataset.hspack if hasattr(dataset, "hspack") else dataset
         self.shard_ranges = _order.agreed(ds, rank, world_size)
         lengths = ds.lengths[: _order.samples(self.shard_ranges)]
+        max_len = max_len_option(max_len)
         self.lengths = lengths if max_len is None else np.minimum(lengths, max_len)
         self.max_tokens = max_tokens
         self.shuffle, self.seed, self.bucket_size = shuffle, seed, bucket_size
@@ -146,8 +147,11 @@ class PadCollate:
     zeroed the last of the whole sample)."""
 
     def __init__(self, max_len: int | None = None, pad_id: int = 0, length_key: str = _INPUT_IDS, pad_to_multiple_of: int | None = None):
-        self.max_len, self.pad_id, self.length_key = max_len, pad_id, length_key
-        self.multiple = pad_to_multiple_of
+        # Checked where the collate is made (in the trainer process): 0 cut every sample to no
+        # tokens, and a negative one failed in a worker in torch's words.
+        self.max_len, self.pad_id, self.length_key = max_len_option(max_len), pad_id, length_key
+        multiple = pad_to_multiple_of
+        self.multiple = None if multiple is None else count_option("pad_to_multiple_of", multiple, 1)
 
     def __call__(self, samples: Sequence[dict], pin: bool = False) -> dict:
         # A tensor that could not be received (`transfer.Unreadable`): collated, it would be

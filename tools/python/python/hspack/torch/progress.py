@@ -25,7 +25,20 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterator, Sequence
 
+from .._dataset import _as_index
+from .._errors import make_error
 from . import order as _order
+
+# The ordering options that count something (samples, batches, tokens): 1 or more.
+COUNTS = {"block_size", "window_blocks", "bucket_size", "max_tokens"}
+
+
+def count_option(option: str, value: Any, least: int) -> int:
+    """`value` of `option` as an int of `least` or more, else an error naming the option."""
+    n = _as_index(value)
+    if n is None or n < least:
+        raise make_error("BadOption", f"option {option}: {value!r} must be an int of {least} or more", option=option)
+    return n
 
 
 class Progress:
@@ -36,7 +49,11 @@ class Progress:
     def __init__(self, seed: int, rank: int | None, world_size: int | None, unit: str, **order: Any):
         # Resolved here, in the main process: DataLoader workers have no process group.
         self.rank, self.world_size = _order.world(rank, world_size)
-        self.seed = seed
+        # Checked here, the one place every ordering option passes: a negative seed failed at
+        # the first batch in numpy's words, a bucket of 0 in range()'s.
+        self.seed = seed = count_option("seed", seed, 0)
+        for name in COUNTS & order.keys():
+            order[name] = count_option(name, order[name], 1)
         self.fixed = {"seed": seed, "world_size": self.world_size, "unit": unit, **order}
         self.epoch = 0
         self.consumed = 0
@@ -53,7 +70,7 @@ class Progress:
     def set_epoch(self, epoch: int) -> None:
         """Starts epoch `epoch` from its beginning, unless it is the epoch of a state just
         loaded (see the module's rules)."""
-        epoch = int(epoch)
+        epoch = count_option("epoch", epoch, 0)
         if not (self.restored and epoch == self.epoch):
             self.epoch, self.consumed, self.restored = epoch, 0, False
         self.publish()
