@@ -315,16 +315,21 @@ impl Error {
             Error::Format { source, .. } => {
                 !crate::format::version::written_by_a_newer_hspack(source)
             }
-            // A file that is not there as a file (gone, or a folder under its name, which
-            // cannot be mapped): no retry reads it. Other failed reads say nothing of the bytes.
-            Error::Io { source, .. } => {
-                use std::io::ErrorKind::{IsADirectory, NotADirectory, NotFound};
-                matches!(source.kind(), NotFound | IsADirectory | NotADirectory)
-                    || source.raw_os_error() == Some(libc::ENODEV)
-            }
+            Error::Io { source, .. } => not_there_as_a_file(source),
             _ => false,
         }
     }
+}
+
+/// True for a file that is not there as a file (gone, or a folder, FIFO or device under its
+/// name): no retry reads it, so it is damage. Other failed reads say nothing of the bytes.
+pub(crate) fn not_there_as_a_file(source: &std::io::Error) -> bool {
+    use std::io::ErrorKind::{IsADirectory, NotADirectory, NotFound};
+    matches!(source.kind(), NotFound | IsADirectory | NotADirectory)
+        || source.raw_os_error() == Some(libc::ENODEV)
+        || source
+            .get_ref()
+            .is_some_and(|e| e.is::<crate::io::local::NotAFile>())
 }
 
 /// `n` and `noun`, in the plural unless `n` is 1: "1 shard", "2 shards".

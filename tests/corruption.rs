@@ -206,6 +206,55 @@ fn a_truncated_shard_is_named() {
     }
 }
 
+/// A FIFO or a folder under the name of a file the manifest lists: the open of a FIFO waited
+/// for a writer forever (`verify`, `ls`, `show` never ended). Each is damage that names the
+/// file, found by opening the dataset or by `verify`, within the time allowed.
+#[test]
+fn something_other_than_a_file_under_a_listed_name_is_damage_not_a_hang() {
+    let (dir, _) = dataset(Codec::None);
+    let mut names: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| !n.starts_with('.'))
+        .collect();
+    names.sort();
+    assert!(names.len() >= 5, "{names:?}"); // manifest, shards, segment, key run, table
+    for name in &names {
+        for kind in ["FIFO", "folder"] {
+            let copy = tempfile::tempdir().unwrap();
+            copy_dir(dir.path(), copy.path());
+            let path = copy.path().join(name);
+            std::fs::remove_file(&path).unwrap();
+            match kind {
+                "FIFO" => assert!(std::process::Command::new("mkfifo")
+                    .arg(&path)
+                    .status()
+                    .unwrap()
+                    .success()),
+                _ => std::fs::create_dir(&path).unwrap(),
+            }
+            let (tx, rx) = std::sync::mpsc::channel();
+            let root = copy.path().to_path_buf();
+            std::thread::spawn(move || {
+                let found: Vec<Error> = match Dataset::open(&root) {
+                    Err(e) => vec![e],
+                    Ok(_) => problems(&root),
+                };
+                let _ = tx.send(found);
+            });
+            let found = rx
+                .recv_timeout(std::time::Duration::from_secs(60))
+                .unwrap_or_else(|_| panic!("{kind} as {name}: still waiting after 60 s"));
+            assert!(
+                found
+                    .iter()
+                    .any(|e| e.is_damage() && e.to_string().contains(name.as_str())),
+                "{kind} as {name}: {found:?}"
+            );
+        }
+    }
+}
+
 #[test]
 fn swapped_chunks_are_caught_by_their_headers() {
     let (dir, samples) = dataset(Codec::None);

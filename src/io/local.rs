@@ -58,8 +58,13 @@ impl Storage for LocalStorage {
     }
 
     fn read(&self, name: &str) -> Result<Option<Vec<u8>>> {
+        use std::io::Read;
         let path = self.dir.join(name);
-        match std::fs::read(&path) {
+        let read = open_regular(&path).and_then(|mut f| {
+            let mut bytes = Vec::new();
+            f.read_to_end(&mut bytes).map(|_| bytes)
+        });
+        match read {
             Ok(b) => Ok(Some(b)),
             // No such file, or the folder is a file: the file is not there.
             Err(e)
@@ -77,7 +82,7 @@ impl Storage for LocalStorage {
     fn read_bounded(&self, name: &str, max: u64) -> Result<Option<Vec<u8>>> {
         use std::io::Read;
         let path = self.dir.join(name);
-        let file = match File::open(&path) {
+        let file = match open_regular(&path) {
             Ok(f) => f,
             Err(e)
                 if matches!(
@@ -183,6 +188,52 @@ impl FileReader for LocalFile {
     fn whole(&self) -> Option<FileBytes> {
         Some(self.bytes.clone())
     }
+}
+
+/// Why a file hspack reads is not there as a file: something else under its name (a FIFO,
+/// which an open would wait on forever, a socket, a device, a folder). Damage: no retry
+/// reads it ([`Error::is_damage`]).
+#[derive(Debug)]
+pub struct NotAFile(&'static str);
+
+impl std::fmt::Display for NotAFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "it is {}, not a regular file: hspack reads files only; put the file itself \
+             under this name (from an intact copy)",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for NotAFile {}
+
+/// The regular file at `path`, open for reading; anything else under its name refused
+/// ([`NotAFile`]) before a byte is read. Opened without blocking: a FIFO's open would wait
+/// for a writer forever (a verify that never ends).
+pub fn open_regular(path: &Path) -> std::io::Result<File> {
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    let kind = file.metadata()?.file_type();
+    let what = match () {
+        _ if kind.is_file() => return Ok(file),
+        _ if kind.is_dir() => {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::IsADirectory,
+                NotAFile("a folder"),
+            ))
+        }
+        _ if kind.is_fifo() => "a FIFO (named pipe)",
+        _ if kind.is_socket() => "a socket",
+        _ if kind.is_block_device() => "a block device",
+        _ if kind.is_char_device() => "a character device",
+        _ => "not a file",
+    };
+    Err(std::io::Error::other(NotAFile(what)))
 }
 
 pub(crate) fn usize_range(range: &Range<u64>) -> Option<Range<usize>> {

@@ -19,7 +19,7 @@ use crate::error::{io, Result};
 /// Another program truncating a mapped file would make reads fault (SIGBUS): the documented
 /// hazard of reading files others are editing in place.
 pub fn map_path(path: &Path) -> std::io::Result<FileBytes> {
-    map_open(&File::open(path)?, path)
+    map_open(&super::local::open_regular(path)?, path)
 }
 
 /// [`map_path`] of a file already open, found at `path`.

@@ -58,9 +58,7 @@ pub fn load_manifest(storage: &dyn Storage) -> Result<Option<(Manifest, Vec<u8>)
                 }
             }
             // A part the manifest lists and that is not there is damage, as a damaged one is.
-            Err(Error::Io { path, source, .. })
-                if source.kind() == std::io::ErrorKind::NotFound =>
-            {
+            Err(Error::Io { path, source, .. }) if crate::error::not_there_as_a_file(&source) => {
                 return Err(Error::Format {
                     path,
                     source: crate::format::FormatError::Json {
