@@ -1,20 +1,43 @@
 #![no_main]
 //! Any bytes as a whole shard file, read the way the reader does: footer, header, index
-//! (structure checks against a fixed schema, one field of it stored as fp8), then every chunk
-//! header and payload decode.
+//! (structure checks against each schema the seeds were written with, and a fixed one with a
+//! field stored as fp8), then every chunk header and payload decode.
 //! Nothing may panic or read out of bounds, whatever the bytes claim.
 
+use std::sync::OnceLock;
+
 use hspack::format::{
-    ChunkHeader, Codec, DType, Elements, Field, Footer, Index, Role, Schema, ShardHeader,
+    ChunkHeader, Codec, DType, Elements, Field, Footer, Index, Manifest, Role, Schema, ShardHeader,
 };
 use libfuzzer_sys::fuzz_target;
 
-fn schema() -> Schema {
-    Schema::new(vec![
-        Field::new("ids", DType::I32, &[], Role::TokenIds),
-        Field::new("h", DType::BF16, &[3], Role::Other),
-        Field::new("q", DType::BF16, &[2, 3], Role::Other).quantize_fp8(None),
-    ])
+/// The manifests of the golden datasets whose shards seed this target: an index validates
+/// only against the schema it was written with, so without theirs no seed would get past
+/// the index to its chunks.
+const MANIFESTS: [&[u8]; 5] = [
+    include_bytes!("../../format-spec/golden/v1/none/manifest.json"),
+    include_bytes!("../../format-spec/golden/v2/stacked/manifest.json"),
+    include_bytes!("../../format-spec/golden/v4/segments/manifest.json"),
+    include_bytes!("../../format-spec/golden/v4/stacked/manifest.json"),
+    include_bytes!("../../format-spec/golden/v5/quantized/manifest.json"),
+];
+
+fn schemas() -> &'static [Schema] {
+    static SCHEMAS: OnceLock<Vec<Schema>> = OnceLock::new();
+    SCHEMAS.get_or_init(|| {
+        let mut schemas = vec![Schema::new(vec![
+            Field::new("ids", DType::I32, &[], Role::TokenIds),
+            Field::new("h", DType::BF16, &[3], Role::Other),
+            Field::new("q", DType::BF16, &[2, 3], Role::Other).quantize_fp8(None),
+        ])];
+        for m in MANIFESTS {
+            let schema = Manifest::decode(m).expect("a golden manifest").schema;
+            if !schemas.contains(&schema) {
+                schemas.push(schema);
+            }
+        }
+        schemas
+    })
 }
 
 fuzz_target!(|data: &[u8]| {
@@ -32,17 +55,23 @@ fuzz_target!(|data: &[u8]| {
     let Ok(index) = Index::parse(index_bytes) else {
         return;
     };
-    let schema = schema();
-    if index
-        .validate(
-            &schema,
-            ShardHeader::SIZE as u64..footer.index_offset,
-            1 << header.align_log2,
-        )
-        .is_err()
-    {
-        return;
+    for schema in schemas() {
+        if index
+            .validate(
+                schema,
+                ShardHeader::SIZE as u64..footer.index_offset,
+                1 << header.align_log2,
+            )
+            .is_ok()
+        {
+            chunks_and_samples(data, &index, schema);
+        }
     }
+});
+
+/// Every chunk header and payload, every sample's key and extents, of an index validated
+/// against `schema`.
+fn chunks_and_samples(data: &[u8], index: &Index, schema: &Schema) {
     for c in 0..index.chunk_count() {
         let e = index.chunk(c).expect("validated");
         let at = e.offset as usize;
@@ -62,4 +91,4 @@ fuzz_target!(|data: &[u8]| {
             assert!(index.chunk(x.chunk.into()).is_some());
         }
     }
-});
+}
