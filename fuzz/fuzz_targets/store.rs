@@ -7,7 +7,7 @@
 use hspack::io::FileBytes;
 use hspack::store::captures::CaptureFile;
 use hspack::store::index::{IndexRoot, Run};
-use hspack::store::pack::{check_header, decode_table};
+use hspack::store::pack::{check_header, decode_table, PACK_ENTRY, PACK_FOOTER};
 use hspack::store::skeleton::map_skeleton;
 use hspack::store::Snapshot;
 use libfuzzer_sys::fuzz_target;
@@ -15,10 +15,11 @@ use libfuzzer_sys::fuzz_target;
 fuzz_target!(|data: &[u8]| {
     if data.starts_with(b"HSPKPACK") {
         let _ = check_header(data, &[0; 16]);
-        if let Ok(Ok(table)) = decode_table(data, data.len() as u64) {
-            for e in table {
-                assert!(e.offset + e.stored_len <= data.len() as u64);
-            }
+        pack_table(data);
+        // Also with the table's hash made right, so a mutated table reaches the checks of
+        // its entries.
+        if let Some(sealed) = resealed(data) {
+            pack_table(&sealed);
         }
         return;
     }
@@ -65,3 +66,33 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(at, map.file_len);
     }
 });
+
+/// A pack's table read from the whole pack, and from its second half (which asks for more
+/// where the table does not fit, never reading past what it was given).
+fn pack_table(data: &[u8]) {
+    let len = data.len() as u64;
+    let tail = &data[data.len() / 2..];
+    for given in [data, tail] {
+        match decode_table(given, len) {
+            Ok(Ok(table)) => {
+                for e in table {
+                    assert!(e.offset + e.stored_len <= len);
+                }
+            }
+            Ok(Err(need)) => assert!(need > given.len() as u64 && need <= len),
+            Err(_) => {}
+        }
+    }
+}
+
+/// `data` with the footer's table hash set to the BLAKE3 of the table the footer points at.
+fn resealed(data: &[u8]) -> Option<Vec<u8>> {
+    let footer = data.len().checked_sub(PACK_FOOTER)?;
+    let entries = u64::from_le_bytes(data[footer + 8..footer + 16].try_into().ok()?);
+    let table_len = usize::try_from(entries.checked_mul(PACK_ENTRY as u64)?).ok()?;
+    let start = footer.checked_sub(table_len)?;
+    let mut out = data.to_vec();
+    let hash = blake3::hash(&data[start..footer]);
+    out[footer + 16..footer + 48].copy_from_slice(hash.as_bytes());
+    Some(out)
+}
