@@ -469,6 +469,25 @@ fn info_ls_show_and_export() {
         "{}",
         text(&o)
     );
+    // No sample named: each way to name one, not a `<KEY>` called required (the usage says
+    // `[KEY]`, and `--ordinal N` alone is enough).
+    for args in [
+        &["show", "ds"][..],
+        &["export", "ds", "--to", "npy", "-o", "x"],
+    ] {
+        let o = hspack_in(args, t.path());
+        assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+        assert!(
+            text(&o).contains("name the sample: its key, '#N'")
+                && text(&o).contains("--ordinal N")
+                && !text(&o).contains("<KEY>"),
+            "{}",
+            text(&o)
+        );
+    }
+    assert!(hspack_in(&["export", "--help"], t.path()).status.success());
+    let usage = stdout(&hspack_in(&["export", "--help"], t.path()));
+    assert!(usage.contains("<DIR> [KEY]"), "{usage}");
 }
 
 #[test]

@@ -122,11 +122,12 @@ pub fn rerun_helps(e: &hspack::Error) -> bool {
     }
 }
 
-/// Which sample a command is about: a key (or `'#N'`), or `--ordinal N`.
+/// Which sample a command is about: a key (or `'#N'`), or `--ordinal N`. Neither is required
+/// on its own, as the usage says (`<DIR> [KEY]`, `--ordinal`); naming none is refused by
+/// [`SampleArg::sample`] (clap's own refusal listed `<KEY>` as required).
 #[derive(clap::Args)]
 pub struct SampleArg {
     /// Sample key, or '#ORDINAL' (quoted: a shell takes # for a comment), e.g. '#0'.
-    #[arg(required_unless_present = "ordinal")]
     key: Option<String>,
     /// The sample at this ordinal (0 is the first), whatever the keys are.
     #[arg(long, conflicts_with = "key")]
@@ -139,7 +140,11 @@ impl SampleArg {
         match (&self.key, self.ordinal) {
             (_, Some(ordinal)) => Ok(ds.sample(ordinal)?),
             (Some(key), None) => sample_named(ds, key),
-            (None, None) => anyhow::bail!("name a sample: its key, or --ordinal N"),
+            (None, None) => anyhow::bail!(
+                "name the sample: its key, '#N' for the sample at ordinal N (quoted: a shell \
+                 takes # for a comment), or --ordinal N; `hspack ls {}` lists them",
+                ds.storage().root().display()
+            ),
         }
     }
 }
