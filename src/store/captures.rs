@@ -430,6 +430,23 @@ pub fn reuse_captured(
     writer: &mut DatasetWriter,
     items: &[(String, [u8; 32])],
 ) -> Result<(Vec<Option<[u8; 32]>>, ReuseStats)> {
+    // Every sample key checked before any sample is appended: a refusal part way left the
+    // samples before it appended, and the caller, given an error, could not tell which.
+    let mut given = std::collections::HashSet::new();
+    for (key, _) in items {
+        if writer.contains_key(key) {
+            return Err(crate::Error::DuplicateKey { key: key.clone() });
+        }
+        if !given.insert(key.as_str()) {
+            return Err(crate::Error::BadSample {
+                key: key.clone(),
+                field: String::new(),
+                detail: "given twice in the samples to reuse: keys are unique; nothing was \
+                         appended"
+                    .into(),
+            });
+        }
+    }
     let keys: Vec<[u8; 32]> = items.iter().map(|(_, k)| *k).collect();
     let hits = store.find_captures(&keys)?;
     let mut open: HashMap<String, Option<Dataset>> = HashMap::new();

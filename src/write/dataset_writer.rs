@@ -858,18 +858,28 @@ pub(crate) fn describe_difference(have: &Schema, given: &Schema) -> String {
             field_names(given)
         )
     } else {
-        let json = |s: &Schema| serde_json::to_value(&s.capture).unwrap_or_default();
-        let (a, b) = (json(have), json(given));
+        // Capture metadata given for one and not the other is said as such (every entry
+        // compared with nothing read as `null here, null given`).
+        let (a, b) = match (&have.capture, &given.capture) {
+            (Some(_), None) => {
+                return "capture metadata here, none given: give the dataset's own to append \
+                        to it (in Python, capture=hspack.open(PATH).capture)"
+                    .into()
+            }
+            (None, Some(_)) => return "no capture metadata here, some given".into(),
+            (a, b) => (
+                serde_json::to_value(a).unwrap_or_default(),
+                serde_json::to_value(b).unwrap_or_default(),
+            ),
+        };
         let entry = a
             .as_object()
             .into_iter()
             .flatten()
             .find(|(k, v)| b.get(k.as_str()) != Some(v))
-            .map(|(k, v)| {
-                format!(
-                    "capture `{k}`: {v} here, {} given",
-                    b.get(k.as_str()).unwrap_or(&serde_json::Value::Null)
-                )
+            .map(|(k, v)| match b.get(k.as_str()) {
+                Some(w) => format!("capture `{k}`: {v} here, {w} given"),
+                None => format!("capture `{k}`: {v} here, none given"),
             });
         entry.unwrap_or_else(|| "the capture metadata differs".into())
     }

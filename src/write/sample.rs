@@ -73,7 +73,7 @@ pub fn check_lengths(
         }
     }
     let mut order = Vec::with_capacity(schema.fields.len());
-    let mut rows = None;
+    let mut counts: Vec<(&str, u64)> = Vec::with_capacity(schema.fields.len());
     for f in &schema.fields {
         let mut given = (0..fields.len()).filter(|&i| fields[i].0 == f.name);
         let at = given.next().ok_or_else(|| {
@@ -97,23 +97,31 @@ pub fn check_lengths(
                 format!("{len} bytes is not a whole number of rows of {row_bytes} bytes ({what})"),
             ));
         }
-        let r = len / row_bytes;
-        match rows {
-            None => rows = Some(r),
-            Some(prev) if prev != r => {
-                return Err(bad(
-                    &f.name,
-                    format!(
-                        "has {r} rows, other fields have {prev}: all fields share the token \
-                         dimension"
-                    ),
-                ))
-            }
-            _ => {}
-        }
+        counts.push((&f.name, len / row_bytes));
         order.push(at);
     }
-    Ok((order, rows.unwrap_or(0)))
+    let rows = counts.first().map_or(0, |&(_, r)| r);
+    if counts.iter().any(|&(_, r)| r != rows) {
+        // The field blamed is one whose count fewest share, the last of those (the first
+        // field's count was taken for everyone's: `input_ids` alone of 6 rows blamed
+        // `loss_mask`, of 5); every count is said.
+        let sharing = |r: u64| counts.iter().filter(|&&(_, o)| o == r).count();
+        let &(odd, _) = counts
+            .iter()
+            .rev()
+            .min_by_key(|&&(_, r)| sharing(r))
+            .expect("two counts at least");
+        let each: Vec<String> = counts.iter().map(|(n, r)| format!("{n} {r}")).collect();
+        return Err(bad(
+            odd,
+            format!(
+                "the fields have different row counts ({}): all fields share the token \
+                 dimension",
+                each.join(", ")
+            ),
+        ));
+    }
+    Ok((order, rows))
 }
 
 /// Writes a checked sample as the next sample of `shard`.
@@ -215,7 +223,21 @@ mod tests {
         assert_eq!(field, "h");
         assert_eq!(
             detail,
-            "has 2 rows, other fields have 3: all fields share the token dimension"
+            "the fields have different row counts (ids 3, h 2): all fields share the token \
+             dimension"
         );
+        // The field whose count the others do not share is blamed, the first one too.
+        let three = Schema::new(vec![
+            Field::new("ids", DType::I32, &[], Role::TokenIds),
+            Field::new("mask", DType::U8, &[], Role::LossMask),
+            Field::new("h", DType::BF16, &[8], Role::Other),
+        ]);
+        match check_lengths(&three, "k", &[("ids", 24), ("mask", 5), ("h", 80)], false) {
+            Err(Error::BadSample { field, detail, .. }) => {
+                assert_eq!(field, "ids");
+                assert!(detail.contains("(ids 6, mask 5, h 5)"), "{detail}");
+            }
+            other => panic!("{other:?}"),
+        }
     }
 }

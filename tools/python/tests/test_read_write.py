@@ -5,13 +5,14 @@ from __future__ import annotations
 import gc
 import json
 import os
+import re
 
 import numpy as np
 import pytest
 import torch
 
 import hspack
-from conftest import eagle_sample
+from conftest import eagle_sample, eagle_schema, write_eagle
 
 DTYPES = {
     "bool": torch.bool,
@@ -476,3 +477,67 @@ def test_read_concat_joins_rows_and_reuses_memory_without_leaking_old_bytes(tmp_
         del got
     with pytest.raises(hspack.HspackError, match="fields"):
         ds.read_concat(0, [])
+
+
+def test_a_resume_without_the_datasets_capture_metadata_says_so(tmp_path):
+    """Reopened with no capture metadata, a dataset that has some was refused as `capture
+    `config_hash`: null here, null given` with "write to a new folder": it says what is
+    missing and where to take it from, which then resumes."""
+    path = tmp_path / "ds"
+    write_eagle(path, 3)
+    with pytest.raises(hspack.HspackError, match=r"capture metadata here, none given: .*capture=hspack.open\(PATH\).capture"):
+        hspack.Writer(path, eagle_schema())
+    other = {**hspack.open(path).capture, "model": "other/model"}
+    with pytest.raises(hspack.HspackError, match='capture `model`: "test/model" here, "other/model" given'):
+        hspack.Writer(path, eagle_schema(), other)
+    with hspack.Writer(path, eagle_schema(), hspack.open(path).capture, durable=False) as w:
+        w.append("s9999", **eagle_sample(9999))
+    assert len(hspack.open(path)) == 4
+
+
+def test_one_or_no_token_tensors_of_any_stride_are_written(tmp_path):
+    """A tensor of one or no elements counts as contiguous whatever its stride (a column of a
+    one-row batch, an expanded scalar): viewing its bytes failed with torch's RuntimeError,
+    naming neither sample nor field."""
+    path = tmp_path / "ds"
+    schema = [hspack.token_ids(), hspack.loss_mask(), hspack.field("logprob", "f32")]
+    batch = torch.arange(6, dtype=torch.int32).view(3, 2)
+    with hspack.Writer(path, schema, durable=False) as w:
+        for n, key in ((1, "one"), (0, "none")):
+            w.append(key, input_ids=batch[:n, 1], loss_mask=torch.tensor(1, dtype=torch.uint8).expand(n), logprob=torch.tensor(-1.5).expand(n))
+    ds = hspack.open(path)
+    assert ds.get("one")["input_ids"].tolist() == [1] and ds.get("one")["logprob"].tolist() == [-1.5]
+    assert ds.get("one")["loss_mask"].tolist() == [1] and len(ds.get("none")["input_ids"]) == 0
+
+
+def test_a_numpy_array_of_another_dtype_is_told_how_to_convert(tmp_path):
+    schema = [hspack.token_ids(), hspack.field("logprob", "f32"), hspack.hidden_state(1, 4)]
+    ids = np.arange(3, dtype=np.int32)
+    good = {"logprob": np.zeros(3, np.float32), "hidden.1": torch.zeros(3, 4, dtype=torch.bfloat16)}
+    with hspack.Writer(tmp_path / "ds", schema, durable=False) as w:
+        for name, bad, said in (
+            ("logprob", np.zeros(3, ">f4"), "(the same type, big-endian); convert it: .astype('float32')"),
+            ("logprob", np.zeros(3, np.float64), "convert it: .astype('float32')"),
+            ("hidden.1", np.zeros((3, 4), np.float32), "numpy has no bf16"),
+        ):
+            with pytest.raises(hspack.HspackError, match=re.escape(said)) as e:
+                w.append("s", input_ids=ids, **{**good, name: bad})
+            assert e.value.field == name and e.value.key == "s"
+        w.append("s", input_ids=ids, **good)
+
+
+def test_schema_helpers_refuse_sizes_that_are_no_sizes_naming_them():
+    """A negative width was refused when the writer opened, as `option schema: invalid value:
+    integer -4096, expected u64 at line 1 column 148` (of JSON the user never wrote)."""
+    for make, option in (
+        (lambda: hspack.hidden_state(2, -4096), "width"),
+        (lambda: hspack.hidden_state(-1, 8), "layer"),
+        (lambda: hspack.hidden_states([2, -3], 8), "layers"),
+        (lambda: hspack.hidden_states([2, 3], -8), "width"),
+        (lambda: hspack.field("x", "f32", [4, -1]), "shape"),
+        (lambda: hspack.field("x", "f32", [2.5]), "shape"),
+    ):
+        with pytest.raises(hspack.HspackError, match=f"option {option}: .* must be an int of") as e:
+            make()
+        assert e.value.option == option
+

@@ -4,6 +4,7 @@ another name store (almost) nothing new."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import hspack
@@ -117,6 +118,13 @@ def test_a_failed_commit_forgets_the_capture_records_of_its_samples(tmp_path):
     other = hspack.Writer(store / "x", eagle_schema(), durable=False)
     done, stale = other.reuse_captured([(f"c{i}", hspack.capture_key(config, [i])) for i in range(3)])
     assert (done, stale) == ([True, False, True], 0)
+    # A key held already, or given twice, is refused before any sample is appended: refused
+    # part way, the samples before it were appended, their captures unrecorded, unsaid.
+    for items in ([("new0", 0), ("c0", 2)], [("new0", 0), ("new0", 2)]):
+        with pytest.raises(hspack.HspackError, match="`c0` is already in the dataset|given twice") as e:
+            other.reuse_captured([(k, hspack.capture_key(config, [i])) for k, i in items])
+        assert e.value.key == items[-1][0]
+        assert not other.contains("new0")
     other.abort()
 
 

@@ -125,6 +125,15 @@ def _off_cpu(value: Any) -> str | None:
     return None if str(getattr(device, "type", device)) == "cpu" else str(device)
 
 
+def _numpy_fix(dtype: np.dtype, want: str) -> str:
+    """What to do with a numpy array of `dtype` for a field of hspack dtype `want`."""
+    if dtype.byteorder == ">" and dtype.newbyteorder("<") == NUMPY.get(want):
+        return f" (the same type, big-endian); convert it: .astype('{NUMPY[want].name}')"
+    if want in _ML_NAMES:
+        return f"; numpy has no {want}: pass a torch tensor (torch.from_numpy(a).to(...)), an ml_dtypes array, or the raw bits as {NUMPY[want]}"
+    return f"; convert it: .astype('{NUMPY[want].name}')" if want in NUMPY else ""
+
+
 def input_bytes(key: str, name: str, field: dict, value: Any) -> np.ndarray:
     """The bytes of one field of a sample to append, as a flat uint8 numpy array that shares
     memory with `value` when it is contiguous. Checks dtype and row shape against `field`."""
@@ -145,7 +154,7 @@ def input_bytes(key: str, name: str, field: dict, value: Any) -> np.ndarray:
         got = hspack_name_of(value)
         raw_ok = want in ("bf16", "f8e4m3fn", "f8e5m2") and value.dtype == NUMPY[want]
         if got != want and not raw_ok:
-            raise make_error("BadSample", f"sample `{key}`, field `{name}`: dtype {value.dtype}, the schema says {want}", key=key, field=name)
+            raise make_error("BadSample", f"sample `{key}`, field `{name}`: dtype {value.dtype}, the schema says {want}{_numpy_fix(value.dtype, want)}", key=key, field=name)
         shape = value.shape
         flat = np.ascontiguousarray(value).reshape(-1).view(np.uint8)
     else:
@@ -160,7 +169,12 @@ def input_bytes(key: str, name: str, field: dict, value: Any) -> np.ndarray:
         shape = tuple(value.shape)
         import torch
 
-        flat = value.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
+        flat = value.detach().contiguous().reshape(-1)
+        if flat.stride(0) != 1:
+            # A tensor of one or no elements counts as contiguous whatever its stride (a
+            # column of one row, an expanded scalar); viewing it as bytes needs stride 1.
+            flat = flat.clone(memory_format=torch.contiguous_format)
+        flat = flat.view(torch.uint8).numpy()
     if len(shape) == 0:
         need = ", ".join(["rows", *map(str, row_shape)])
         raise make_error(
