@@ -4,6 +4,7 @@
 //! `(name, device address, bytes)` and passes the objects that own the memory; they are held
 //! until the copies are complete and then released on the writer's thread, without the GIL.
 
+use crate::detach::detached;
 use std::sync::Mutex;
 
 use hspack::capture::cuda::{
@@ -103,7 +104,7 @@ impl CudaWriter {
         f: impl FnOnce(&mut Inner) -> Result<T, CaptureError> + Send,
     ) -> PyResult<T> {
         self.check_owner()?;
-        py.allow_threads(|| {
+        detached(py, || {
             let mut guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
             guard.as_mut().map(f)
         })
@@ -141,7 +142,7 @@ impl CudaWriter {
             slot_bytes,
             write: write.clone(),
         };
-        let w = py.allow_threads(|| {
+        let w = detached(py, || {
             if discard {
                 Inner::with_sink(Box::new(Discard), schema, opts)
             } else if create {
@@ -211,21 +212,19 @@ impl CudaWriter {
     /// Flushes, finishes the dataset and stops the threads; returns the counters.
     fn finish(&self, py: Python<'_>) -> PyResult<Stats> {
         self.check_owner()?;
-        let w = py.allow_threads(|| {
+        let w = detached(py, || {
             let mut guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
             guard.take()
         });
         let w = w.ok_or_else(|| bad_option("writer", "the writer is already finished"))?;
-        py.allow_threads(|| w.finish())
-            .map(stats)
-            .map_err(capture_err)
+        detached(py, || w.finish()).map(stats).map_err(capture_err)
     }
 
     /// Stops without committing what was given since the last commit (samples in flight are
     /// still copied, so no copy outlives its memory).
     fn abort(&self, py: Python<'_>) -> PyResult<()> {
         self.check_owner()?;
-        py.allow_threads(|| {
+        detached(py, || {
             let mut guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
             drop(guard.take());
         });

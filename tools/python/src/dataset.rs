@@ -1,5 +1,6 @@
 //! `Dataset`: an open dataset. Every read releases the GIL.
 
+use crate::detach::detached;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -72,7 +73,7 @@ impl Dataset {
         read: impl FnOnce(&hspack::Sample<'_>) -> hspack::Result<T> + Send,
     ) -> PyResult<T> {
         let load = self.load.load(Ordering::Relaxed);
-        py.allow_threads(|| {
+        detached(py, || {
             let s = self.inner.sample(ordinal)?;
             s.prefetch(numbers, load)?;
             let got = read(&s);
@@ -120,9 +121,7 @@ impl Dataset {
             checked_memo,
             cache,
         };
-        let inner = py
-            .allow_threads(|| hspack::Dataset::open_with(&path, options))
-            .py_err()?;
+        let inner = detached(py, || hspack::Dataset::open_with(&path, options)).py_err()?;
         Ok(Dataset {
             inner: Arc::new(inner),
             load: AtomicBool::new(load),
@@ -193,7 +192,7 @@ impl Dataset {
 
     /// `(key, rows, loss_rows or None)` of sample `ordinal`.
     fn info(&self, py: Python<'_>, ordinal: u64) -> PyResult<(String, u64, Option<u64>)> {
-        py.allow_threads(|| {
+        detached(py, || {
             let s = self.inner.sample(ordinal)?;
             Ok((s.key().to_string(), s.rows(), s.loss_rows()))
         })
@@ -202,13 +201,12 @@ impl Dataset {
 
     /// The ordinal of the sample with `key`, or None.
     fn find(&self, py: Python<'_>, key: &str) -> PyResult<Option<u64>> {
-        py.allow_threads(|| Ok(self.inner.find(key)?.map(|s| s.ordinal())))
-            .py_err()
+        detached(py, || Ok(self.inner.find(key)?.map(|s| s.ordinal()))).py_err()
     }
 
     /// Keys in ordinal order; raises naming the first shard that cannot be opened.
     fn keys(&self, py: Python<'_>) -> PyResult<Vec<String>> {
-        py.allow_threads(|| {
+        detached(py, || {
             let mut keys = Vec::with_capacity(claimed(self.inner.len()));
             for part in self.inner.keys_by_shard() {
                 keys.extend(part.keys?.into_iter().map(str::to_string));
@@ -221,20 +219,19 @@ impl Dataset {
     /// Rows and loss rows (u64::MAX when unknown) of every sample, from the shard indexes,
     /// as little-endian u64 bytes: `2 * len` values, rows first.
     fn lengths<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
-        let bytes = py
-            .allow_threads(|| {
-                let n = claimed(self.inner.len());
-                let mut rows = Vec::with_capacity(16 * n);
-                let mut loss = Vec::with_capacity(8 * n);
-                for s in self.inner.samples() {
-                    let s = s?;
-                    rows.extend_from_slice(&s.entry.rows.to_le_bytes());
-                    loss.extend_from_slice(&s.entry.loss_rows.to_le_bytes());
-                }
-                rows.extend_from_slice(&loss);
-                Ok(rows)
-            })
-            .py_err()?;
+        let bytes = detached(py, || {
+            let n = claimed(self.inner.len());
+            let mut rows = Vec::with_capacity(16 * n);
+            let mut loss = Vec::with_capacity(8 * n);
+            for s in self.inner.samples() {
+                let s = s?;
+                rows.extend_from_slice(&s.entry.rows.to_le_bytes());
+                loss.extend_from_slice(&s.entry.loss_rows.to_le_bytes());
+            }
+            rows.extend_from_slice(&loss);
+            Ok(rows)
+        })
+        .py_err()?;
         Ok(PyBytes::new(py, &bytes))
     }
 
@@ -279,13 +276,12 @@ impl Dataset {
         rows: Option<(u64, u64)>,
     ) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyBytes>, u64)> {
         let f = self.field_numbers(Some(vec![field]))?[0];
-        let q = py
-            .allow_threads(|| {
-                self.inner
-                    .sample(ordinal)?
-                    .read_quantized(f, row_range(rows))
-            })
-            .py_err()?;
+        let q = detached(py, || {
+            self.inner
+                .sample(ordinal)?
+                .read_quantized(f, row_range(rows))
+        })
+        .py_err()?;
         let scales: Vec<u8> = q.scales.iter().flat_map(|s| s.to_le_bytes()).collect();
         Ok((
             PyBytes::new(py, &q.codes),
@@ -336,7 +332,7 @@ impl Dataset {
         if seq >= self.inner.manifest().shards.len() {
             return Err(bad_option("seq", "no such shard"));
         }
-        py.allow_threads(|| {
+        detached(py, || {
             let shard = self.inner.shard(seq)?;
             let whole = shard.file().whole();
             Ok(whole.map_or((0, 0), |b| (b.as_ptr() as usize, b.len())))

@@ -1,6 +1,7 @@
 //! `gather_into`: a batch assembled from many arrays on hspack's thread pool, for a caller
 //! that is a single thread (the DataLoader's pin-memory thread).
 
+use crate::detach::detached;
 use pyo3::prelude::*;
 
 use crate::borrowed::ByteView;
@@ -54,6 +55,6 @@ pub fn gather_into(
         rest = tail;
         pos = end;
     }
-    py.allow_threads(|| hspack::parallel::fill(pieces));
+    detached(py, || hspack::parallel::fill(pieces));
     Ok(())
 }

@@ -8,6 +8,7 @@ mod borrowed;
 #[cfg(feature = "cuda")]
 mod cuda_writer;
 mod dataset;
+mod detach;
 mod eagle3;
 mod errors;
 mod gather;

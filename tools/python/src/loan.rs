@@ -2,6 +2,7 @@
 //! (`hspack::io::loan`): [`take_shared`] in the worker, [`lend`] when a tensor over it is
 //! sent, [`receive_lent`] in the trainer.
 
+use crate::detach::detached;
 use std::sync::Arc;
 
 use hspack::io::loan::{self, Loan};
@@ -62,8 +63,7 @@ impl SharedBuffer {
 /// once nothing holds it any more, else new. Raises OSError when none can be had.
 #[pyfunction]
 pub fn take_shared(py: Python<'_>, nbytes: usize) -> PyResult<SharedBuffer> {
-    let region = py
-        .allow_threads(|| loan::take(nbytes))
+    let region = detached(py, || loan::take(nbytes))
         .map_err(|e| PyOSError::new_err(format!("shared memory of {nbytes} bytes: {e}")))?;
     Ok(SharedBuffer {
         holder: Holder::Owned(region),
@@ -108,14 +108,12 @@ pub fn receive_lent(
     len: usize,
 ) -> PyResult<SharedBuffer> {
     let id = FileId { dev, ino };
-    let lent = py
-        .allow_threads(|| Loan::receive(pid, fd, id, offset, len))
-        .map_err(|e| {
-            PyOSError::new_err(format!(
-                "a sample a DataLoader worker built in shared memory: {e}; \
+    let lent = detached(py, || Loan::receive(pid, fd, id, offset, len)).map_err(|e| {
+        PyOSError::new_err(format!(
+            "a sample a DataLoader worker built in shared memory: {e}; \
                  transfer=\"copy\" sends samples as torch does"
-            ))
-        })?;
+        ))
+    })?;
     Ok(SharedBuffer {
         holder: Holder::Lent(lent),
         len,

@@ -11,6 +11,7 @@
 //! [`RECEIVED_FILES`] files): a tensor is then a slice of a mapping whose pages are already in
 //! place, rather than a new mapping that faults in every page and is torn down after.
 
+use crate::detach::detached;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -142,13 +143,12 @@ pub fn map_received(
     dev: u64,
     ino: u64,
 ) -> PyResult<TensorBuffer> {
-    let data = py
-        .allow_threads(|| {
-            let file = received_file(&path, FileId { dev, ino })?;
-            let end = offset.checked_add(len).ok_or_else(|| replaced(&path))?;
-            file.slice(offset..end).ok_or_else(|| replaced(&path))
-        })
-        .py_err()?;
+    let data = detached(py, || {
+        let file = received_file(&path, FileId { dev, ino })?;
+        let end = offset.checked_add(len).ok_or_else(|| replaced(&path))?;
+        file.slice(offset..end).ok_or_else(|| replaced(&path))
+    })
+    .py_err()?;
     Ok(TensorBuffer::new(Tensor {
         dtype: DType::U8,
         shape: vec![len as u64],

@@ -1,5 +1,6 @@
 //! `copy`: a dataset copied between folders and object storage, proven (`hspack cp`/`sync`).
 
+use crate::detach::detached;
 use hspack::transfer::{copy as copy_dataset, CopyMode, CopyOptions};
 use pyo3::prelude::*;
 
@@ -24,13 +25,12 @@ pub fn copy(
         reread,
         jobs,
     };
-    let report = py
-        .allow_threads(|| {
-            let src = hspack::Dataset::open(&src)?;
-            let dst = hspack::store::open_location(&dst)?;
-            copy_dataset(&src, &dst, &options, &|_| {})
-        })
-        .py_err()?;
+    let report = detached(py, || {
+        let src = hspack::Dataset::open(&src)?;
+        let dst = hspack::store::open_location(&dst)?;
+        copy_dataset(&src, &dst, &options, &|_| {})
+    })
+    .py_err()?;
     Ok(serde_json::to_string(&report).expect("a report is plain data"))
 }
 
@@ -38,6 +38,5 @@ pub fn copy(
 /// `path/NAME` wherever a dataset goes.
 #[pyfunction]
 pub fn init_store(py: Python<'_>, path: std::path::PathBuf) -> PyResult<()> {
-    py.allow_threads(|| hspack::store::Store::init(&path).map(|_| ()))
-        .py_err()
+    detached(py, || hspack::store::Store::init(&path).map(|_| ())).py_err()
 }

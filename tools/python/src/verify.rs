@@ -1,5 +1,6 @@
 //! `verify`: the full (or quick) check of a dataset, as a dict.
 
+use crate::detach::detached;
 use hspack::verify::{verify as verify_dataset, VerifyOptions};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -18,9 +19,10 @@ pub fn verify<'py>(
     path: std::path::PathBuf,
     quick: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let report = py
-        .allow_threads(|| verify_dataset(path, VerifyOptions { quick }, &|_| {}))
-        .py_err()?;
+    let report = detached(py, || {
+        verify_dataset(path, VerifyOptions { quick }, &|_| {})
+    })
+    .py_err()?;
     let d = PyDict::new(py);
     d.set_item("ok", report.is_ok())?;
     d.set_item("notes", report.notes())?;
@@ -54,7 +56,7 @@ pub fn compare_json(
     b: std::path::PathBuf,
     samples: Option<u64>,
 ) -> PyResult<String> {
-    py.allow_threads(|| {
+    detached(py, || {
         let (x, y) = (hspack::Dataset::open(a)?, hspack::Dataset::open(b)?);
         let c = hspack::compare::compare(&x, &y, &hspack::compare::CompareOptions { samples })?;
         Ok(serde_json::to_string(&c).expect("a comparison serializes"))

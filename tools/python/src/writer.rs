@@ -1,5 +1,6 @@
 //! `Writer`: appends samples to a dataset folder; every append releases the GIL.
 
+use crate::detach::detached;
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
@@ -159,7 +160,7 @@ impl Writer {
         f: impl FnOnce(&mut DatasetWriter) -> hspack::Result<T> + Send,
     ) -> PyResult<T> {
         self.owned()?;
-        py.allow_threads(|| {
+        detached(py, || {
             let mut guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
             match guard.as_mut() {
                 Some(w) => Ok(f(w)),
@@ -198,7 +199,7 @@ impl Writer {
         if records.is_empty() {
             return Ok(());
         }
-        let recorded = py.allow_threads(|| store.record_captures(name, &records).map(|_| ()));
+        let recorded = detached(py, || store.record_captures(name, &records).map(|_| ()));
         let Err(e) = recorded else {
             return Ok(());
         };
@@ -251,15 +252,14 @@ impl Writer {
         let schema: Schema =
             serde_json::from_str(schema_json).map_err(|e| bad_option("schema", &e.to_string()))?;
         let options = write_options(options, Face::Writer)?;
-        let w = py
-            .allow_threads(|| {
-                if create {
-                    DatasetWriter::create(&path, schema, options)
-                } else {
-                    DatasetWriter::open(&path, schema, options)
-                }
-            })
-            .py_err()?;
+        let w = detached(py, || {
+            if create {
+                DatasetWriter::create(&path, schema, options)
+            } else {
+                DatasetWriter::open(&path, schema, options)
+            }
+        })
+        .py_err()?;
         let store = match hspack::store::split_store_path(&path) {
             Some((root, name)) => Some((Arc::new(Store::open(root).py_err()?), name)),
             None => None,
@@ -381,12 +381,12 @@ impl Writer {
     /// Commits and closes: `(samples, shards, bytes, raw_bytes)`.
     fn finish(&self, py: Python<'_>) -> PyResult<Stats> {
         self.owned()?;
-        let w = py.allow_threads(|| {
+        let w = detached(py, || {
             let mut guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
             guard.take()
         });
         let w = w.ok_or_else(|| bad_option("writer", "the writer is already finished"))?;
-        let s = py.allow_threads(|| w.finish()).map(stats).py_err()?;
+        let s = detached(py, || w.finish()).map(stats).py_err()?;
         self.record_captured(py, &HashSet::new())?;
         Ok(s)
     }
@@ -397,11 +397,11 @@ impl Writer {
         if self.owned().is_err() {
             return;
         }
-        let w = py.allow_threads(|| {
+        let w = detached(py, || {
             let mut guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
             guard.take()
         });
-        py.allow_threads(move || drop(w));
+        detached(py, move || drop(w));
     }
 }
 

@@ -376,3 +376,41 @@ def test_a_field_named_like_the_capture_key_keyword_is_refused(tmp_path):
         hspack.Writer(tmp_path / "ds", [hspack.token_ids(), hspack.field("capture_key", "f32", [4])])
     assert e.value.field == "capture_key"
     assert not (tmp_path / "ds").exists()
+
+
+DAEMON_APPENDS = """
+import sys, threading, time
+import numpy as np
+import hspack
+w = hspack.Writer(sys.argv[1], [hspack.token_ids(), hspack.field("h", "f32", [256])], durable=False)
+ids, h = np.zeros(4096, np.int32), np.zeros((4096, 256), np.float32)
+w.append("first", input_ids=ids, h=h)
+w.commit()
+def appends():
+    i = 0
+    while True:
+        w.append(f"t{i}", input_ids=ids, h=h)
+        i += 1
+threading.Thread(target=appends, daemon=True).start()
+time.sleep(0.5)
+"""
+
+
+def test_a_daemon_thread_inside_append_when_the_interpreter_exits_does_not_abort_it(tmp_path):
+    """Python ends a thread that takes the GIL back while it finalizes with `pthread_exit`:
+    its forced unwind through pyo3 aborted the process ("FATAL: exception not rethrown",
+    status 134) in a daemon thread appending as the main thread returned. The process exits
+    as it means to, and what was committed stays."""
+    import shutil
+    import subprocess
+    import sys
+
+    path = str(tmp_path / "ds")
+    for _ in range(3):
+        done = subprocess.run([sys.executable, "-c", DAEMON_APPENDS, path], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+        assert "FATAL" not in done.stderr, done.stderr[-2000:]
+        ds = hspack.open(path)
+        assert "first" in ds.keys() and hspack.verify(path)["ok"]
+        shutil.rmtree(path)
+
