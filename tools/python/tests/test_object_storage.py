@@ -26,6 +26,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _wait_listening(port: int, process: subprocess.Popen, what: str) -> None:
+    """Returns once `process` listens on `port` of 127.0.0.1 (30 s at most)."""
+    deadline = time.time() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            assert process.poll() is None, f"{what} exited"
+            assert time.time() < deadline, f"{what} did not listen within 30 s"
+            time.sleep(0.1)
+
+
 @pytest.fixture(scope="module")
 def s3():
     """A moto server on 127.0.0.1 with bucket `hspack-test`; the AWS variables point at it."""
@@ -42,15 +55,7 @@ def s3():
         stderr=subprocess.DEVNULL,
     )
     endpoint = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 30
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            assert server.poll() is None, "moto.server exited: pip install 'moto[server]'"
-            assert time.time() < deadline, "moto.server did not listen within 30 s"
-            time.sleep(0.1)
+    _wait_listening(port, server, "moto.server (pip install 'moto[server]')")
     env = {
         "AWS_ENDPOINT_URL": endpoint,
         "AWS_ACCESS_KEY_ID": "test",
@@ -139,14 +144,7 @@ def test_a_copy_over_a_slow_uplink_finishes(s3, tmp_path):
     link = Path(__file__).with_name("slow_link.py")
     proxy = subprocess.Popen([sys.executable, str(link), str(port), server, "1000000"])
     try:
-        deadline = time.time() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert proxy.poll() is None and time.time() < deadline, "slow_link.py did not listen"
-                time.sleep(0.1)
+        _wait_listening(port, proxy, "slow_link.py")
         os.environ["AWS_ENDPOINT_URL"] = f"http://127.0.0.1:{port}"
         start = time.monotonic()
         report = hspack.copy(local, f"{s3}/slow")
