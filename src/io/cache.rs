@@ -21,9 +21,13 @@
 //! temp name and renamed, so a reader never sees half of one. When the folder grows past
 //! `max_bytes`, the least recently used blocks (by modification time, touched on each hit)
 //! are deleted until it holds about 90% of that; blocks other processes delete or add
-//! meanwhile are taken in stride. The cache never fails a read: a folder that cannot be
-//! written (or a full disk) leaves the read to the wrapped storage, counted in
-//! [`CacheStats::failed_writes`].
+//! meanwhile are taken in stride. Only files named as the cache names its blocks and temp
+//! files are ever deleted: the folder may hold others. The cache never fails a read: a folder
+//! that cannot be written (or a full disk) leaves the read to the wrapped storage, counted in
+//! [`CacheStats::failed_writes`]; while it keeps nothing (a write failed within the last
+//! [`KEEPS_NOTHING_FOR`], or a bound under one block, `cache_bytes=0`), missing blocks are not
+//! fetched whole, only the bytes asked for (fetching 4 MiB blocks it could not keep made a
+//! read of a few rows cost tens of times the traffic of no cache).
 
 use std::collections::VecDeque;
 use std::fs::File;
@@ -65,6 +69,10 @@ const RECENT: usize = 4;
 /// Temp files older than this were left by a process that died; eviction removes them.
 const STALE_TEMP: Duration = Duration::from_secs(600);
 
+/// How long after a failed block write the cache keeps nothing: reads fetch only what they
+/// ask for, then a write is tried again.
+pub const KEEPS_NOTHING_FOR: Duration = Duration::from_secs(60);
+
 /// Where the cache lives and how large it may grow.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CacheOptions {
@@ -98,7 +106,8 @@ pub struct CacheStats {
     pub fetched_bytes: u64,
     /// Bytes of reads served from cached blocks.
     pub served_bytes: u64,
-    /// Bytes of reads inside a file's tail, passed to the wrapped reader.
+    /// Bytes of reads passed to the wrapped reader: inside a file's tail, or while the cache
+    /// keeps nothing.
     pub passed_bytes: u64,
     /// Block files found damaged (wrong length or checksum), deleted and fetched again.
     pub damaged: u64,
@@ -156,6 +165,8 @@ struct CacheInner {
     evicting: Mutex<()>,
     /// Blocks verified lately: (key, block number) and the block file.
     recent: Mutex<Recent>,
+    /// When a block write last failed (seconds since the Unix epoch; 0: never).
+    failed_at: AtomicU64,
 }
 
 impl std::fmt::Debug for CacheInner {
@@ -191,6 +202,7 @@ impl ChunkCache {
                 scanned: AtomicBool::new(false),
                 evicting: Mutex::new(()),
                 recent: Mutex::new(VecDeque::new()),
+                failed_at: AtomicU64::new(0),
             }),
         }
     }
@@ -258,6 +270,13 @@ impl ChunkCache {
         *h.finalize().as_bytes()
     }
 
+    /// True while blocks are not kept: a bound under one block, or a write failed lately.
+    fn keeps_nothing(&self) -> bool {
+        let failed = self.inner.failed_at.load(Ordering::Relaxed);
+        self.inner.max_bytes < self.inner.block
+            || (failed > 0 && unix_secs().saturating_sub(failed) < KEEPS_NOTHING_FOR.as_secs())
+    }
+
     fn block_path(&self, key: &[u8; 32], n: u64) -> PathBuf {
         let key = blake3::Hash::from(*key).to_hex();
         self.inner.dir.join(format!("{key}-{n:x}.blk"))
@@ -300,7 +319,18 @@ impl ChunkCache {
             return hit;
         }
         let path = self.block_path(key, n);
-        let mut f = File::open(&path).ok()?;
+        // Not a blocking open: a FIFO under a block's name would hang every reader.
+        let mut f = match super::local::open_regular(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+            Err(_) => {
+                // Something else under the block's name (a FIFO, a folder): damage, removed
+                // where it can be (a folder only when empty), so the block can be kept again.
+                add(&self.counters().damaged, 1);
+                let _ = std::fs::remove_file(&path).or_else(|_| std::fs::remove_dir(&path));
+                return None;
+            }
+        };
         let want = len + CHECKSUM as u64;
         let mut bytes = Vec::new();
         let read = f.metadata().ok().filter(|m| m.len() == want).and_then(|_| {
@@ -343,7 +373,12 @@ impl ChunkCache {
                 self.remember((*key, n), Arc::new(file));
                 self.evict_if_needed();
             }
-            Err(_) => add(&self.counters().failed_writes, 1),
+            Err(_) => {
+                add(&self.counters().failed_writes, 1);
+                self.inner
+                    .failed_at
+                    .store(unix_secs().max(1), Ordering::Relaxed);
+            }
         }
     }
 
@@ -416,13 +451,13 @@ impl ChunkCache {
             let name = name.to_string_lossy();
             let Ok(meta) = entry.metadata() else { continue };
             let used = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
-            if name.ends_with(".blk") && !name.starts_with('.') {
+            if is_block_name(&name) && meta.is_file() {
                 found.push(Found {
                     path: entry.path(),
                     len: meta.len(),
                     used,
                 });
-            } else if name.ends_with(".tmp")
+            } else if is_temp_name(&name)
                 && now.duration_since(used).is_ok_and(|age| age > STALE_TEMP)
             {
                 let _ = std::fs::remove_file(entry.path());
@@ -430,6 +465,36 @@ impl ChunkCache {
         }
         found
     }
+}
+
+/// Seconds since the Unix epoch.
+fn unix_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// True for a name as [`ChunkCache::block_path`] makes them: `<64 hex>-<hex>.blk`. Eviction
+/// deletes no other file (a user's `disk-image.blk` in a shared folder was deleted).
+fn is_block_name(name: &str) -> bool {
+    let hex = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_hexdigit());
+    name.strip_suffix(".blk")
+        .and_then(|stem| stem.split_once('-'))
+        .is_some_and(|(key, n)| key.len() == 64 && hex(key) && hex(n))
+}
+
+/// True for a temp name as [`ChunkCache::publish`] makes them: `.<block name>.<pid>.<n>.tmp`.
+fn is_temp_name(name: &str) -> bool {
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    name.strip_prefix('.')
+        .and_then(|s| s.strip_suffix(".tmp"))
+        .and_then(|s| s.split_once(".blk."))
+        .is_some_and(|(stem, rest)| {
+            is_block_name(&format!("{stem}.blk"))
+                && rest
+                    .split_once('.')
+                    .is_some_and(|(p, n)| digits(p) && digits(n))
+        })
 }
 
 /// A block file found in the folder.
@@ -620,6 +685,15 @@ impl FileReader for CachedFile {
         }
         for run in missing {
             let at = run.start * b;
+            if self.cache.keeps_nothing() {
+                // Blocks it could not keep are not fetched whole: the bytes asked for only.
+                let want = range.start.max(at)..range.end.min(self.block_range(run.end - 1).end);
+                let got = self.file.read(want.clone())?;
+                let into = (want.start - range.start) as usize..(want.end - range.start) as usize;
+                out.as_bytes_mut()[into].copy_from_slice(&got);
+                add(&c.passed_bytes, want.end - want.start);
+                continue;
+            }
             let fetched = self.file.read(at..self.block_range(run.end - 1).end)?;
             add(&c.misses, run.end - run.start);
             add(&c.fetches, 1);

@@ -169,6 +169,20 @@ impl Dataset {
     /// Opens the dataset in folder `dir` with `options`; with `options.cache`, reads go
     /// through that cache.
     pub fn open_with(dir: impl AsRef<Path>, options: ReadOptions) -> Result<Dataset> {
+        if options
+            .cache
+            .as_ref()
+            .is_some_and(|c| c.dir.as_os_str().is_empty())
+        {
+            // It would cache into whatever folder the process runs in, which no eviction
+            // lists: unbounded.
+            return Err(Error::BadOption {
+                option: "cache_dir",
+                detail: "an empty path names no folder: give the cache's folder (\".\" for \
+                         this one)"
+                    .into(),
+            });
+        }
         let storage = crate::store::open_location(dir)?;
         let Some(cache) = options.cache.clone().map(ChunkCache::new) else {
             return Self::open_in(storage, options);

@@ -252,8 +252,104 @@ fn an_unwritable_folder_does_not_fail_reads() {
     for _ in 0..2 {
         assert_eq!(&*f.read(100..2_200).unwrap(), &bytes[100..]);
     }
+    // The first read fetched its blocks whole and could keep none; the second asks for its
+    // bytes only (whole blocks it cannot keep cost more than no cache).
     let s = cache.stats();
-    assert_eq!((s.failed_writes, s.misses, s.hits), (6, 6, 0), "{s:?}");
+    assert_eq!((s.failed_writes, s.misses, s.hits), (3, 3, 0), "{s:?}");
+    assert_eq!((s.fetched_bytes, s.passed_bytes), (2_200, 2_100), "{s:?}");
+}
+
+#[test]
+fn a_bound_under_one_block_fetches_only_what_is_asked() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bytes = data(5_000, 7);
+    let cache = cache_in(tmp.path(), 0);
+    let cached = CachedStorage::new(memory_with("f", &bytes), cache.clone());
+    let f = cached.open("f").unwrap();
+    assert_eq!(&*f.read(10..20).unwrap(), &bytes[10..20]);
+    assert_eq!(&*f.read(900..3_100).unwrap(), &bytes[900..3_100]);
+    let s = cache.stats();
+    assert_eq!(
+        (s.fetched_bytes, s.passed_bytes, s.misses),
+        (0, 2_210, 0),
+        "{s:?}"
+    );
+    assert!(block_files(tmp.path()).is_empty());
+}
+
+#[test]
+fn only_the_caches_own_files_are_ever_deleted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let old = SystemTime::now() - 2 * STALE_TEMP;
+    let theirs = [
+        "disk-image.blk",
+        "report.tmp",
+        ".notes.blk.1.2.tmp",
+        "keep.txt",
+    ];
+    let stale_ours = format!(".{}-0.blk.12.3.tmp", "ab".repeat(32));
+    for name in theirs.iter().copied().chain([stale_ours.as_str()]) {
+        let p = tmp.path().join(name);
+        std::fs::write(&p, vec![0u8; 5_000]).unwrap();
+        File::options()
+            .write(true)
+            .open(&p)
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+    }
+    let bytes = data(6_000, 8);
+    let max = 2 * (B + CHECKSUM as u64);
+    let cached = CachedStorage::new(memory_with("f", &bytes), cache_in(tmp.path(), max));
+    let f = cached.open("f").unwrap();
+    assert_eq!(&*f.read(0..6_000).unwrap(), &bytes[..]);
+    assert!(cached.cache().stats().evicted >= 4);
+    for name in theirs {
+        assert!(tmp.path().join(name).exists(), "{name} was deleted");
+    }
+    assert!(
+        !tmp.path().join(&stale_ours).exists(),
+        "a stale temp of the cache's stays"
+    );
+    assert!(is_block_name(&format!("{}-1f.blk", "0a".repeat(32))));
+    assert!(!is_block_name(&format!("{}-1f.blk", "0a".repeat(31))));
+}
+
+#[test]
+fn a_fifo_or_folder_under_a_blocks_name_is_damage_not_a_hang() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bytes = data(1_500, 9);
+    let cache = cache_in(tmp.path(), u64::MAX);
+    let cached = CachedStorage::new(memory_with("f", &bytes), cache.clone());
+    let f = cached.open("f").unwrap();
+    f.read(0..1_500).unwrap();
+    let blocks = block_files(tmp.path());
+    assert_eq!(blocks.len(), 2);
+    std::fs::remove_file(&blocks[0]).unwrap();
+    assert!(std::process::Command::new("mkfifo")
+        .arg(&blocks[0])
+        .status()
+        .unwrap()
+        .success());
+    std::fs::remove_file(&blocks[1]).unwrap();
+    std::fs::create_dir(&blocks[1]).unwrap();
+    for _ in 0..2 {
+        // A fresh cache over the folder: nothing held in memory.
+        let again = CachedStorage::new(memory_with("f", &bytes), cache_in(tmp.path(), u64::MAX));
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let f = again.open("f").unwrap();
+            let _ = tx.send((f.read(0..1_500).map(|b| b.to_vec()), again.cache().stats()));
+        });
+        let (got, _) = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the read still waits on the FIFO after 30 s");
+        assert_eq!(got.unwrap(), bytes);
+    }
+    // Both were found damaged once, removed, and the blocks kept again as files.
+    for p in &blocks {
+        assert!(std::fs::metadata(p).unwrap().is_file(), "{}", p.display());
+    }
 }
 
 #[test]

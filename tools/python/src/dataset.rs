@@ -100,9 +100,20 @@ impl Dataset {
         checked_memo: Option<std::path::PathBuf>,
         readahead: &str,
         cache_dir: Option<std::path::PathBuf>,
-        cache_bytes: Option<u64>,
+        cache_bytes: Option<Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let load = readahead_mode(readahead)?;
+        // Said of the option (pyo3's own refusal was a bare OverflowError).
+        let cache_bytes = cache_bytes
+            .map(|b| {
+                b.extract::<u64>().map_err(|_| {
+                    bad_option(
+                        "cache_bytes",
+                        &format!("{b}: must be a count of bytes, 0 or more (0 keeps nothing)"),
+                    )
+                })
+            })
+            .transpose()?;
         let cache = match (cache_dir, cache_bytes) {
             (Some(dir), bytes) => Some(CacheOptions {
                 dir,

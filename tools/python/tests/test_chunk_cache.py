@@ -112,3 +112,16 @@ def test_dataloader_workers_share_the_folder(big, tmp_path, context):
     after = hspack.open(url, cache_dir=cache)
     read_all(after)
     assert after.cache_stats()["misses"] == 0, after.cache_stats()
+
+
+def test_cache_options_that_name_no_cache_are_refused_naming_the_option(eagle_path):
+    """An empty cache_dir cached into the folder the process ran in, past any bound (no
+    eviction listed it); a negative cache_bytes raised a bare OverflowError."""
+    with pytest.raises(hspack.HspackError, match="option cache_dir: an empty path") as e:
+        hspack.open(eagle_path, cache_dir="")[0]
+    assert e.value.option == "cache_dir"
+    for bad in (-1, 2**64, 1.5):
+        with pytest.raises(hspack.HspackError, match="option cache_bytes: .* must be a count of bytes") as e:
+            hspack.open(eagle_path, cache_dir="c", cache_bytes=bad)[0]
+        assert e.value.option == "cache_bytes"
+
