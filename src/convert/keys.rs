@@ -430,7 +430,7 @@ impl KeyLog {
             keyed,
             keyed_before: None,
         };
-        let f = match std::fs::File::open(&log.path) {
+        let f = match crate::io::local::open_regular(&log.path) {
             Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(log),
             Err(e) => return Err(e),

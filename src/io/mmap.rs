@@ -386,7 +386,7 @@ impl FileId {
 /// `expect` names. A mapping handed to another process by path and identity is refused this
 /// way when the file was replaced in between.
 pub fn map_identified(path: &Path, expect: FileId) -> Result<FileBytes> {
-    let file = File::open(path).map_err(io(path, "open"))?;
+    let file = super::local::open_regular(path).map_err(io(path, "open"))?;
     if FileId::of(&file, path)? != expect {
         return Err(replaced(path));
     }
