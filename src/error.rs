@@ -327,9 +327,7 @@ pub(crate) fn not_there_as_a_file(source: &std::io::Error) -> bool {
     use std::io::ErrorKind::{IsADirectory, NotADirectory, NotFound};
     matches!(source.kind(), NotFound | IsADirectory | NotADirectory)
         || source.raw_os_error() == Some(libc::ENODEV)
-        || source
-            .get_ref()
-            .is_some_and(|e| e.is::<crate::io::local::NotAFile>())
+        || crate::io::local::is_not_a_file(source)
 }
 
 /// `n` and `noun`, in the plural unless `n` is 1: "1 shard", "2 shards".

@@ -206,9 +206,9 @@ fn a_truncated_shard_is_named() {
     }
 }
 
-/// A FIFO or a folder under the name of a file the manifest lists: the open of a FIFO waited
-/// for a writer forever (`verify`, `ls`, `show` never ended). Each is damage that names the
-/// file, found by opening the dataset or by `verify`, within the time allowed.
+/// A FIFO, a folder or a socket under the name of a file the manifest lists: the open of a
+/// FIFO waited for a writer forever (`verify`, `ls`, `show` never ended). Each is damage that
+/// names the file, found by opening the dataset or by `verify`, within the time allowed.
 #[test]
 fn something_other_than_a_file_under_a_listed_name_is_damage_not_a_hang() {
     let (dir, _) = dataset(Codec::None);
@@ -220,19 +220,24 @@ fn something_other_than_a_file_under_a_listed_name_is_damage_not_a_hang() {
     names.sort();
     assert!(names.len() >= 5, "{names:?}"); // manifest, shards, segment, key run, table
     for name in &names {
-        for kind in ["FIFO", "folder"] {
+        for kind in ["FIFO", "folder", "socket"] {
             let copy = tempfile::tempdir().unwrap();
             copy_dir(dir.path(), copy.path());
             let path = copy.path().join(name);
             std::fs::remove_file(&path).unwrap();
-            match kind {
-                "FIFO" => assert!(std::process::Command::new("mkfifo")
-                    .arg(&path)
-                    .status()
-                    .unwrap()
-                    .success()),
-                _ => std::fs::create_dir(&path).unwrap(),
-            }
+            // (A socket cannot be opened at all: it read as a failed read, to retry.)
+            let _listening = match kind {
+                "FIFO" => {
+                    let made = std::process::Command::new("mkfifo").arg(&path).status();
+                    assert!(made.unwrap().success());
+                    None
+                }
+                "socket" => Some(std::os::unix::net::UnixListener::bind(&path).unwrap()),
+                _ => {
+                    std::fs::create_dir(&path).unwrap();
+                    None
+                }
+            };
             let (tx, rx) = std::sync::mpsc::channel();
             let root = copy.path().to_path_buf();
             std::thread::spawn(move || {

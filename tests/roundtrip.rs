@@ -120,7 +120,10 @@ fn bad_samples_are_refused_with_their_field_named() {
     let mut s = capture_sample(1, 3, 8);
     s[3].1.extend_from_slice(&[0; 16]);
     let e = w.append("k", &as_fields(&s)).unwrap_err().to_string();
-    assert!(e.contains("field `hidden.30`") && e.contains("hidden.30 4)"), "{e}");
+    assert!(
+        e.contains("field `hidden.30`") && e.contains("hidden.30 4)"),
+        "{e}"
+    );
     let s = capture_sample(1, 3, 8);
     let e = w.append("k", &as_fields(&s[..3])).unwrap_err().to_string();
     assert!(e.contains("hidden.30") && e.contains("missing"), "{e}");

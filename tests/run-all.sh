@@ -69,7 +69,7 @@ seeds_for() {
     # The pickle target reads bare pickles: the fixtures' `data.pkl` entries, in seeds/pickle.
     pickle) echo ../tests/fixtures/pt ../tests/bad_files/convert seeds/pickle ;;
     torch_zip|npy|safetensors) echo ../tests/fixtures/pt ../tests/bad_files/convert ;;
-    manifest|shard) echo ../format-spec/golden/v1/none ../format-spec/golden/v1/zstd ../format-spec/golden/v2/stacked ../format-spec/golden/v4/segments ../format-spec/golden/v4/stacked ../format-spec/golden/v5/quantized ;;
+    manifest|shard) echo ../format-spec/golden/v1/none ../format-spec/golden/v1/zstd ../format-spec/golden/v1/zstd-bytegroup ../format-spec/golden/v2/stacked ../format-spec/golden/v3/leased ../format-spec/golden/v4/leased ../format-spec/golden/v4/segments ../format-spec/golden/v4/stacked ../format-spec/golden/v5/quantized ;;
     segment) echo ../format-spec/golden/v4/segments ../format-spec/golden/v4/leased ;;
     store) echo ../format-spec/golden/store-v1 ../format-spec/golden/store-v1/packs ../format-spec/golden/store-v1/datasets ../format-spec/golden/store-v1/captures ../format-spec/golden/v4/segments ;;
     *) echo "seeds/$1" ;;

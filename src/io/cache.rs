@@ -322,14 +322,15 @@ impl ChunkCache {
         // Not a blocking open: a FIFO under a block's name would hang every reader.
         let mut f = match super::local::open_regular(&path) {
             Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
-            Err(_) => {
+            Err(e) if super::local::is_not_a_file(&e) => {
                 // Something else under the block's name (a FIFO, a folder): damage, removed
                 // where it can be (a folder only when empty), so the block can be kept again.
                 add(&self.counters().damaged, 1);
                 let _ = std::fs::remove_file(&path).or_else(|_| std::fs::remove_dir(&path));
                 return None;
             }
+            // Not there, or a folder that cannot be read: a miss.
+            Err(_) => return None,
         };
         let want = len + CHECKSUM as u64;
         let mut bytes = Vec::new();
@@ -400,6 +401,13 @@ impl ChunkCache {
             let _ = std::fs::remove_file(&temp);
         }
         written
+    }
+
+    /// [`ChunkCache::evict_if_needed`], where this process never measured the folder.
+    fn evict_if_never_measured(&self) {
+        if !self.inner.scanned.load(Ordering::Relaxed) {
+            self.evict_if_needed();
+        }
     }
 
     /// Deletes the least recently used blocks when the folder may be over its bound: when
@@ -665,6 +673,11 @@ impl FileReader for CachedFile {
             op: "read",
             source: std::io::Error::other("the range does not fit in memory"),
         })?;
+        if self.cache.keeps_nothing() {
+            // A folder filled under a larger bound is brought under this one all the same
+            // (eviction otherwise follows a block kept).
+            self.cache.evict_if_never_measured();
+        }
         let mut out = AlignedBytes::zeroed(size);
         let b = self.cache.inner.block;
         let blocks = range.start / b..(range.end - 1) / b + 1;

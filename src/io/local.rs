@@ -209,15 +209,34 @@ impl std::fmt::Display for NotAFile {
 
 impl std::error::Error for NotAFile {}
 
+/// True for the error [`open_regular`] gives for something other than a file under the
+/// name (a folder, FIFO, socket or device): no retry reads it.
+pub fn is_not_a_file(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::IsADirectory
+        || e.get_ref().is_some_and(|inner| inner.is::<NotAFile>())
+}
+
 /// The regular file at `path`, open for reading; anything else under its name refused
 /// ([`NotAFile`]) before a byte is read. Opened without blocking: a FIFO's open would wait
 /// for a writer forever (a verify that never ends).
 pub fn open_regular(path: &Path) -> std::io::Result<File> {
     use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
-    let file = std::fs::OpenOptions::new()
+    let opened = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK)
-        .open(path)?;
+        .open(path);
+    let file = match opened {
+        // A socket cannot be opened at all (ENXIO), which reads as a failed read.
+        Err(e) if e.raw_os_error() == Some(libc::ENXIO) => {
+            return match std::fs::metadata(path) {
+                Ok(m) if m.file_type().is_socket() => {
+                    Err(std::io::Error::other(NotAFile("a socket")))
+                }
+                _ => Err(e),
+            }
+        }
+        opened => opened?,
+    };
     let kind = file.metadata()?.file_type();
     let what = match () {
         _ if kind.is_file() => return Ok(file),

@@ -180,10 +180,10 @@ pub(super) fn object_error(path: &Path, op: &'static str, e: object_store::Error
             std::io::Error::new(
                 ErrorKind::TimedOut,
                 format!(
-                    "{said}: sending the file's bytes timed out on every retry: the link to the \
-                     storage is slower than the uploads in flight need (a part is {} MiB; a \
-                     request may take {limit}); send fewer files at once (`hspack cp --jobs \
-                     1`), or allow a request longer ({prefix}_TIMEOUT=30m)",
+                    "{said}: sending the file's bytes timed out: the link to the storage is \
+                     slower than the uploads in flight need (a part, or a whole file, is up to \
+                     {} MiB; a request may take {limit}); send fewer files at once (`hspack cp \
+                     --jobs 1`), or allow a request longer ({prefix}_TIMEOUT=30m)",
                     PART >> 20,
                 ),
             )

@@ -257,6 +257,8 @@ fn an_unwritable_folder_does_not_fail_reads() {
     let s = cache.stats();
     assert_eq!((s.failed_writes, s.misses, s.hits), (3, 3, 0), "{s:?}");
     assert_eq!((s.fetched_bytes, s.passed_bytes), (2_200, 2_100), "{s:?}");
+    // A folder that cannot be read is no damaged block (nothing is deleted on its word).
+    assert_eq!(s.damaged, 0, "{s:?}");
 }
 
 #[test]
@@ -275,6 +277,20 @@ fn a_bound_under_one_block_fetches_only_what_is_asked() {
         "{s:?}"
     );
     assert!(block_files(tmp.path()).is_empty());
+    // A folder filled under a larger bound is brought under this one.
+    let filled = CachedStorage::new(memory_with("f", &bytes), cache_in(tmp.path(), u64::MAX));
+    filled.open("f").unwrap().read(0..5_000).unwrap();
+    assert_eq!(block_files(tmp.path()).len(), 5);
+    let small = CachedStorage::new(memory_with("f", &bytes), cache_in(tmp.path(), 0));
+    assert_eq!(
+        &*small.open("f").unwrap().read(0..5_000).unwrap(),
+        &bytes[..]
+    );
+    assert!(
+        block_files(tmp.path()).is_empty(),
+        "{:?}",
+        small.cache().stats()
+    );
 }
 
 #[test]
