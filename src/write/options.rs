@@ -150,6 +150,18 @@ impl WriteOptions {
         if !(MIN_ALIGN_LOG2..=MAX_ALIGN_LOG2).contains(&self.payload_align_log2()) {
             return bad("align_log2", "must be in 6..=20");
         }
+        // zstd takes any level and uses the nearest it has: 100 was written at 22, unsaid.
+        let levels = zstd::compression_level_range();
+        if !levels.contains(&self.zstd_level) {
+            return bad(
+                "zstd_level",
+                &format!(
+                    "must be in {}..={} (negative: faster; 0: the default, 3)",
+                    levels.start(),
+                    levels.end()
+                ),
+            );
+        }
         Ok(())
     }
 }
@@ -184,6 +196,30 @@ mod tests {
     use super::*;
     use crate::format::index::MAX_CHUNK_BYTES;
     use crate::format::{DType, Role};
+
+    #[test]
+    fn a_zstd_level_zstd_does_not_have_is_refused() {
+        for (level, ok) in [
+            (3, true),
+            (22, true),
+            (-5, true),
+            (0, true),
+            (23, false),
+            (100, false),
+        ] {
+            let options = WriteOptions {
+                zstd_level: level,
+                ..WriteOptions::default()
+            };
+            match options.validate() {
+                Ok(()) => assert!(ok, "{level}"),
+                Err(Error::BadOption { option, .. }) => {
+                    assert!(!ok && option == "zstd_level", "{level}")
+                }
+                Err(e) => panic!("{level}: {e}"),
+            }
+        }
+    }
 
     #[test]
     fn no_chunk_is_larger_than_the_format_allows() {

@@ -57,7 +57,7 @@ pub(crate) fn write_options(
             "block_rows" => o.block_rows = Some(option(&k, &v, COUNT)?),
             "shard_bytes" => o.shard_bytes = option(&k, &v, COUNT)?,
             "shard_samples" => o.shard_samples = option(&k, &v, COUNT)?,
-            "zstd_level" => o.zstd_level = option(&k, &v, "an integer level (1 to 22)")?,
+            "zstd_level" => o.zstd_level = option(&k, &v, "an integer level (up to 22)")?,
             "align_log2" => o.align_log2 = Some(option(&k, &v, "an integer from 0 to 255")?),
             "durable" => o.durable = option(&k, &v, "True or False")?,
             "shared" => o.shared = option(&k, &v, "True or False")?,
