@@ -386,6 +386,16 @@ fn store_with_a_damaged_payload(t: &Path) -> (PathBuf, PathBuf) {
     (store_dir, a)
 }
 
+/// A store (`T/store`) holding dataset `T/a` of 6 samples as `a`: its folder, the dataset's,
+/// and the store.
+fn store_holding_a(t: &Path) -> (PathBuf, PathBuf, Arc<Store>) {
+    let (store_dir, a) = (t.join("store"), t.join("a"));
+    write_plain(&a, 6, 1);
+    let store = Arc::new(Store::init(&store_dir).unwrap());
+    add(&store, &Dataset::open(&a).unwrap(), "a", &|_| {}).unwrap();
+    (store_dir, a, store)
+}
+
 fn reads_as(store_dir: &Path, names: &[&str], a: &Path) {
     for name in names {
         let o = hspack(&["verify", s(&store_dir.join(name))]);
@@ -460,11 +470,7 @@ fn a_lost_pack_is_the_stores_damage_and_store_verify_names_the_datasets_it_hits(
 #[test]
 fn store_verify_checks_the_lengths_a_dataset_records_as_a_read_does() {
     let t = tempfile::tempdir().unwrap();
-    let store_dir = t.path().join("store");
-    let a = t.path().join("a");
-    write_plain(&a, 6, 1);
-    let store = Arc::new(Store::init(&store_dir).unwrap());
-    add(&store, &Dataset::open(&a).unwrap(), "a", &|_| {}).unwrap();
+    let (store_dir, _, _) = store_holding_a(t.path());
     let file = store_dir.join("datasets").join("a.json");
     let mut snap: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
@@ -1111,11 +1117,7 @@ fn killing_gc_while_a_writer_adds_loses_no_committed_chunk() {
 fn capture_keys_find_stored_samples_until_their_dataset_goes() {
     use hspack::store::captures::{reuse_captured, sample_digest, sample_tensors, CaptureConfig};
     let t = tempfile::tempdir().unwrap();
-    let store_dir = t.path().join("store");
-    let a = t.path().join("a");
-    write_plain(&a, 6, 1);
-    let store = Arc::new(Store::init(&store_dir).unwrap());
-    add(&store, &Dataset::open(&a).unwrap(), "a", &|_| {}).unwrap();
+    let (store_dir, _, store) = store_holding_a(t.path());
     let stored = Dataset::open(store_dir.join("a")).unwrap();
     let config = CaptureConfig {
         model: "m".into(),
@@ -1692,11 +1694,7 @@ fn store_verify_checks_a_packs_reserved_header_bytes() {
 #[test]
 fn a_dataset_whose_table_part_is_damaged_in_the_store_is_added_again_from_a_copy() {
     let t = tempfile::tempdir().unwrap();
-    let store_dir = t.path().join("store");
-    let a = t.path().join("a");
-    write_plain(&a, 6, 1);
-    let store = Arc::new(Store::init(&store_dir).unwrap());
-    add(&store, &Dataset::open(&a).unwrap(), "a", &|_| {}).unwrap();
+    let (store_dir, a, _) = store_holding_a(t.path());
     let snap: serde_json::Value =
         serde_json::from_slice(&std::fs::read(store_dir.join("datasets").join("a.json")).unwrap())
             .unwrap();

@@ -88,6 +88,15 @@ def _as_index(v: Any) -> int | None:
         return None
 
 
+def count_option(option: str, value: Any, least: int) -> int:
+    """`value` of `option` as an int of `least` or more, else an `HspackError` naming the
+    option (every option that counts something: sizes, seeds, epochs, layers)."""
+    n = _as_index(value)
+    if n is None or n < least:
+        raise make_error("BadOption", f"option {option}: {value!r} must be an int of {least} or more", option=option)
+    return n
+
+
 def _rows_option(rows: Any, i: int) -> tuple[int, int] | None:
     """`rows` as `(start, stop)`, refused naming the sample where it is no pair of
     non-negative ints."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from ._dataset import count_option
 from ._errors import make_error
 from ._hspack import EAGLE3
 
@@ -28,21 +29,9 @@ def _role(role: Any) -> dict:
     raise make_error("BadOption", f"option role: {role!r} is not a role; use \"token_ids\", \"loss_mask\", \"other\" or hidden_state(...)", option="role")
 
 
-def _int(option: str, value: Any, least: int) -> int:
-    """`value` of `option` as an int of `least` or more, else an error naming the option (a
-    negative width was refused later as `option schema: invalid value ... expected u64 at line
-    1 column 148`, of JSON the user never wrote)."""
-    from ._dataset import _as_index
-
-    n = _as_index(value)
-    if n is None or n < least:
-        raise make_error("BadOption", f"option {option}: {value!r} must be an int of {least} or more", option=option)
-    return n
-
-
 def field(name: str, dtype: str, shape: Sequence[int] = (), role: Any = "other") -> dict:
     """A field: rows of `shape`-shaped elements of `dtype` (`"bf16"`, `"i32"`, ...)."""
-    return {"name": name, "dtype": dtype, "shape": [_int("shape", d, 0) for d in shape], "role": _role(role)}
+    return {"name": name, "dtype": dtype, "shape": [count_option("shape", d, 0) for d in shape], "role": _role(role)}
 
 
 def hidden_state(layer: int, width: int, point: str = "layer_input", dtype: str = "bf16", name: str | None = None) -> dict:
@@ -55,7 +44,7 @@ def hidden_state(layer: int, width: int, point: str = "layer_input", dtype: str 
     point = _point(point)
     if name is None:
         name = f"{_NAMES['hidden_prefix']}{layer}"
-    return field(name, dtype, [_int("width", width, 0)], {"kind": "hidden_state", "layer": _int("layer", layer, 0), "point": point})
+    return field(name, dtype, [count_option("width", width, 0)], {"kind": "hidden_state", "layer": count_option("layer", layer, 0), "point": point})
 
 
 def hidden_states(layers: Sequence[int], width: int, point: str = "layer_input", dtype: str = "bf16", name: str = _NAMES["aux"]) -> dict:
@@ -64,10 +53,10 @@ def hidden_states(layers: Sequence[int], width: int, point: str = "layer_input",
     on the last dim: EAGLE-3's `aux_hidden_state [T, k*H]`, which `hspack.torch`'s EAGLE-3 view
     then returns without copying. Append `[T, k, H]` or `[T, k*H]` tensors."""
     point = _point(point)
-    layers = [_int("layers", x, 0) for x in layers]
+    layers = [count_option("layers", x, 0) for x in layers]
     if not layers:
         raise make_error("BadOption", "option layers: name at least one layer", option="layers")
-    return field(name, dtype, [len(layers), _int("width", width, 0)], {"kind": "hidden_states", "layers": layers, "point": point})
+    return field(name, dtype, [len(layers), count_option("width", width, 0)], {"kind": "hidden_states", "layers": layers, "point": point})
 
 
 def token_ids(name: str = _NAMES["input_ids"], dtype: str = "i32") -> dict:

@@ -10,11 +10,11 @@ import numpy as np
 import torch
 import torch.utils.data as tud
 
-from .._dataset import Fields
+from .._dataset import Fields, count_option
 from .._errors import make_error
 from .._hspack import EAGLE3, gather_into
 from . import order as _order
-from .progress import Progress, count_option
+from .progress import Progress
 from .transfer import raise_unreadable
 from .views import max_len_option, pinned_empty, shared_empty
 

@@ -25,20 +25,11 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterator, Sequence
 
-from .._dataset import _as_index
-from .._errors import make_error
+from .._dataset import count_option
 from . import order as _order
 
 # The ordering options that count something (samples, batches, tokens): 1 or more.
 COUNTS = {"block_size", "window_blocks", "bucket_size", "max_tokens"}
-
-
-def count_option(option: str, value: Any, least: int) -> int:
-    """`value` of `option` as an int of `least` or more, else an error naming the option."""
-    n = _as_index(value)
-    if n is None or n < least:
-        raise make_error("BadOption", f"option {option}: {value!r} must be an int of {least} or more", option=option)
-    return n
 
 
 class Progress:
