@@ -562,8 +562,9 @@ fn a_later_file_holding_what_the_first_lacked_is_refused_not_cut_down() {
     }
 }
 
-/// A --group-by pattern that gives two files of one sample the same part (it names `{part}`
-/// twice, and only the first is the part): refused, naming both, and neither deleted.
+/// A --group-by pattern that would give two files of one sample the same part (it names
+/// `{part}` twice, and only the first was the part): refused before any file is read, naming
+/// the pattern, and neither file deleted.
 #[test]
 fn two_files_of_one_part_are_refused() {
     let t = tempfile::tempdir().unwrap();
@@ -588,13 +589,14 @@ fn two_files_of_one_part_are_refused() {
     ]);
     assert!(!o.status.success(), "{}", text(&o));
     assert!(
-        text(&o).contains("both give part `a` of sample `k`")
-            && text(&o).contains("x.pt")
-            && text(&o).contains("y.pt"),
+        text(&o).contains(
+            "--group-by \"{key}/{part}/{part}.pt\": a pattern names {key} once and {part} once"
+        ),
         "{}",
         text(&o)
     );
     assert!(src.join("k/a/x.pt").exists() && src.join("k/a/y.pt").exists());
+    assert!(!ds.exists());
 }
 
 /// A destination inside the source folder: a rerun (the documented resume) does not take the
@@ -1004,7 +1006,8 @@ fn linked_files_and_folders_are_converted_and_a_loop_is_refused() {
     std::os::unix::fs::symlink(elsewhere.join("more"), src.join("zz-again")).unwrap();
     std::os::unix::fs::symlink(t.path().join("gone"), src.join("dangling.safetensors")).unwrap();
     // The same file reached again, through a link or a hard link, is converted once too (it
-    // was stored under both keys); a FIFO is passed over (it was passed over unsaid).
+    // was stored under both keys), and said by name (it was counted with the files ignored);
+    // a FIFO is passed over (it was passed over unsaid).
     std::os::unix::fs::symlink(src.join("a.safetensors"), src.join("zz-same.safetensors")).unwrap();
     std::fs::hard_link(src.join("a.safetensors"), src.join("zz-hard.safetensors")).unwrap();
     let fifo = src.join("zz-fifo.safetensors");
@@ -1024,7 +1027,14 @@ fn linked_files_and_folders_are_converted_and_a_loop_is_refused() {
             .count(),
         0
     );
-    assert!(text(&o).contains("5 other files ignored"), "{}", text(&o));
+    assert!(text(&o).contains("3 other files ignored"), "{}", text(&o));
+    assert!(
+        text(&o).contains("linked    2 files are names of files converted under another name")
+            && text(&o).contains("src/zz-hard.safetensors is ")
+            && text(&o).contains("src/zz-same.safetensors is "),
+        "{}",
+        text(&o)
+    );
     // A FIFO given as the source is refused by name (reading it waited for good).
     let o = hspack(&fwd_args(&fifo, &t.path().join("ds-fifo"), &[]));
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
@@ -1771,4 +1781,98 @@ fn a_key_from_that_names_no_value_is_the_flags_mistake() {
         );
         assert!(!ds.join("manifest.json").exists());
     }
+}
+
+/// A rerun that splits files into requests otherwise than the runs before (`--split-by` added
+/// or dropped): the file converted whole was appended again as its requests, every token
+/// twice. Refused, naming the key log and both splits, with nothing appended.
+#[test]
+fn a_resume_split_otherwise_is_refused() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    write_fwd_safetensors(&src.join("00001.safetensors"), &[7, 9], &[1, 2]);
+    let whole = |ds: &Path| -> Vec<String> {
+        fwd_args(&src, ds, &[])[..7]
+            .iter()
+            .map(|a| a.to_string())
+            .collect()
+    };
+    for (name, split_first, said, held) in [
+        (
+            "a",
+            true,
+            "split its files with `--split-by lengths:seq_lens`, this one with no --split-by",
+            2,
+        ),
+        (
+            "b",
+            false,
+            "split its files with no --split-by, this one with `--split-by lengths:seq_lens`",
+            1,
+        ),
+    ] {
+        let ds = t.path().join(name);
+        let split = fwd_args(&src, &ds, &[]);
+        let unsplit = whole(&ds);
+        let unsplit: Vec<&str> = unsplit.iter().map(String::as_str).collect();
+        let (first, then) = match split_first {
+            true => (&split, &unsplit),
+            false => (&unsplit, &split),
+        };
+        let o = hspack(first);
+        assert!(o.status.success(), "{}", text(&o));
+        let o = hspack(then);
+        assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+        assert!(
+            text(&o).contains(said) && text(&o).contains("convert-keys.jsonl"),
+            "{}",
+            text(&o)
+        );
+        assert_eq!(Dataset::open(&ds).unwrap().len(), held);
+    }
+}
+
+/// A dataset of a store removed, and made again under its name by `store add`: the removed
+/// one's key log, left in `STORE/NAME/`, named units of a dataset no longer there, and a
+/// rerun of its conversion skipped a file as converted while the new dataset held other data
+/// under its key. The log is of the dataset it was written for: this one reads the file,
+/// finds the other data and refuses it.
+#[test]
+fn a_key_log_of_a_removed_dataset_is_not_trusted_for_its_successor() {
+    let t = tempfile::tempdir().unwrap();
+    let (first, other, store) = (
+        t.path().join("first"),
+        t.path().join("other"),
+        t.path().join("store"),
+    );
+    for dir in [&first, &other] {
+        std::fs::create_dir_all(dir).unwrap();
+    }
+    write_fwd_safetensors(&first.join("a.safetensors"), &[7], &[2]);
+    write_fwd_safetensors(&other.join("b.safetensors"), &[7], &[3]);
+    assert!(hspack(&["store", "init", s(&store)]).status.success());
+    let x = store.join("x");
+    let o = hspack(&fwd_args(&first, &x, &["--key-from", "rids"]));
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(x.join("convert-keys.jsonl").exists());
+    assert!(hspack(&["store", "rm", s(&store), "x"]).status.success());
+    // The same key, other data, made into a dataset apart and added under the name.
+    let apart = t.path().join("apart");
+    let o = hspack(&fwd_args(&other, &apart, &["--key-from", "rids"]));
+    assert!(o.status.success(), "{}", text(&o));
+    let o = hspack(&["store", "add", s(&store), s(&apart), "--name", "x"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = hspack(&fwd_args(&first, &x, &["--key-from", "rids"]));
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains(
+            "a.safetensors: gives sample key `7`, which the dataset holds with other data"
+        ),
+        "{}",
+        text(&o)
+    );
+    let d = Dataset::open(&x).unwrap();
+    assert_eq!(d.len(), 1);
+    assert_eq!(d.sample(0).unwrap().rows(), 3);
 }

@@ -9,9 +9,10 @@ fuzz_target!(|data: &[u8]| {
     let dir = std::env::temp_dir().join(format!("hspack-fuzz-keylog-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join(KEYS_FILE), data).unwrap();
-    if let Ok(log) = KeyLog::open(&dir, None) {
+    if let Ok(log) = KeyLog::open(&dir, None, "", None) {
         // The way earlier runs keyed samples is read from the lines, whatever they say.
         let _ = log.keyed_before();
+        let _ = log.split_before();
         if let Ok(text) = std::str::from_utf8(data) {
             for line in text.lines() {
                 if let Ok(v) = serde_json::from_str::<serde_json::Value>(line) {

@@ -267,6 +267,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             "reused": r.reused, "samples_reused": r.samples_reused,
             "captures_stale": r.captures_stale,
             "source_bytes": r.source_bytes, "ignored": r.ignored, "deleted": r.deleted, "kept": r.kept,
+            "same_file": r.aliases.iter().map(|(file, first)| serde_json::json!({"file": file.display().to_string(), "converted_as": first.display().to_string()})).collect::<Vec<_>>(),
             "bad": r.bad.iter().map(|b| serde_json::json!({"file": b.file.display().to_string(), "error": b.error})).collect::<Vec<_>>(),
             "report": r.report_path.as_ref().map(|p| p.display().to_string()),
             "dataset": {"path": spec.dst.display().to_string(), "samples": r.stats.samples, "shards": r.stats.shards,
@@ -323,6 +324,20 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             ),
         };
         lines.push(format!("deleted   {} source files{kept}", r.deleted));
+    }
+    if !r.aliases.is_empty() {
+        lines.push(format!(
+            "linked    {} files are names of files converted under another name (a hard link, \
+             or a symbolic link to a file), so converted once, as that one:",
+            r.aliases.len()
+        ));
+        const SHOWN: usize = 20;
+        for (file, first) in r.aliases.iter().take(SHOWN) {
+            lines.push(format!("  {} is {}", file.display(), first.display()));
+        }
+        if r.aliases.len() > SHOWN {
+            lines.push(format!("  ... and {} more", r.aliases.len() - SHOWN));
+        }
     }
     if !r.bad.is_empty() {
         let listed = r

@@ -55,11 +55,33 @@ fn keying(keyed: &str) -> String {
     }
 }
 
+/// Split flags in words: none said as such.
+fn said(flags: &str) -> String {
+    match flags {
+        "" => "no --split-by".into(),
+        f => format!("`{f}`"),
+    }
+}
+
 /// The flags that key samples as `keyed` does.
 fn flag(keyed: &str) -> String {
     match keyed.strip_prefix("key-from ") {
         Some(name) => format!("--key-from {name}"),
         None => "no --key-from".into(),
+    }
+}
+
+/// How `o` splits files into requests, as its flags say (empty for none): recorded in the key
+/// log, so that a resume splitting otherwise is refused ([`RunError::SplitOtherwise`]).
+fn split_flags(o: &ConvertOptions) -> String {
+    let by = match &o.split_by {
+        None => return String::new(),
+        Some(SplitBy::Lengths(t)) => format!("--split-by lengths:{t}"),
+        Some(SplitBy::CuSeqlens(t)) => format!("--split-by cu_seqlens:{t}"),
+    };
+    match &o.split_file {
+        Some(p) => format!("{by} --split-by-file {p}"),
+        None => by,
     }
 }
 
@@ -137,6 +159,17 @@ pub enum RunError {
         /// How earlier runs keyed samples (`name`, `key-from NAME`).
         before: String,
         /// How this one does.
+        now: String,
+    },
+    /// A resume that splits files into requests otherwise than the runs before: the files
+    /// converted before would be appended again as other samples.
+    #[error("{}: the runs that wrote this dataset split its files with {}, this one with {}: resumed, the files converted before would be appended again as other samples; run with the same flags, or convert into a new dataset", log.display(), said(before), said(now))]
+    SplitOtherwise {
+        /// The key log.
+        log: PathBuf,
+        /// The split flags of earlier runs (empty for none).
+        before: String,
+        /// This run's.
         now: String,
     },
     /// No source file matches the layout.
@@ -317,6 +350,7 @@ fn convert(o: &ConvertOptions, progress: &mut dyn FnMut(Progress)) -> Result<Rep
     check_duplicates(&plan.units)?;
     refuse_foreign_folder(&o.dst)?;
     let mut run = Run::new(o, plan.ignored.len() as u64)?;
+    run.report.aliases = plan.aliases.clone();
     if plan.units.is_empty() {
         if has_dataset(&o.dst)? {
             run.report.stats = DatasetWriter::open(
@@ -350,6 +384,9 @@ fn convert(o: &ConvertOptions, progress: &mut dyn FnMut(Progress)) -> Result<Rep
         return Ok(run.report);
     };
     let mut writer = DatasetWriter::open(&o.dst, decoder.schema.clone(), o.write.clone())?;
+    if let Some(log) = run.keys.as_mut() {
+        log.bind(writer.dataset_id());
+    }
     let (mut todo, present, trusted) = to_convert(
         plan.units,
         &run.bad_units,
@@ -472,12 +509,12 @@ impl Captures {
     }
 }
 
-/// Whether the run keeps a key log: beside a dataset in a local folder, and wherever
-/// `--key-from` needs one (refused for object storage). Without it (object storage, a store),
-/// a unit whose key the dataset holds is skipped by its key ([`to_convert`]).
+/// Whether the run keeps a key log: beside a dataset in a local folder or store
+/// (`STORE/NAME/`), and wherever `--key-from` needs one (refused for object storage). Without
+/// it (object storage), a unit whose key the dataset holds is skipped by its key
+/// ([`to_convert`]).
 fn key_log_kept(o: &ConvertOptions) -> bool {
-    o.key_from.is_some()
-        || !crate::io::is_remote(&o.dst) && crate::store::split_store_path(&o.dst).is_none()
+    o.key_from.is_some() || !crate::io::is_remote(&o.dst)
 }
 
 struct Run<'o> {
@@ -510,17 +547,30 @@ impl<'o> Run<'o> {
             keys: match key_log_kept(o) {
                 true => {
                     // A log beside no dataset is of one removed (or of a first run that failed):
-                    // it names nothing there, and this run's dataset starts a new one.
-                    if !has_dataset(&o.dst)? {
-                        forget_key_log(&o.dst);
-                    }
-                    let log = KeyLog::open(&o.dst, o.key_from.as_deref()).map_err(|source| {
-                        RunError::Io {
-                            path: o.dst.join(super::keys::KEYS_FILE),
-                            op: "read",
-                            source,
+                    // it names nothing there, and this run's dataset starts a new one; so is a
+                    // log of another dataset (one removed, whose name was given again).
+                    let dataset = match has_dataset(&o.dst)? {
+                        true => Some(Dataset::open(&o.dst)?.manifest().dataset_id.clone()),
+                        false => {
+                            forget_key_log(&o.dst);
+                            None
                         }
-                    })?;
+                    };
+                    let split = split_flags(o);
+                    let log =
+                        KeyLog::open(&o.dst, o.key_from.as_deref(), &split, dataset.as_deref())
+                            .map_err(|source| RunError::Io {
+                                path: o.dst.join(super::keys::KEYS_FILE),
+                                op: "read",
+                                source,
+                            })?;
+                    if let Some(before) = log.split_before() {
+                        return Err(RunError::SplitOtherwise {
+                            log: log.path().to_path_buf(),
+                            before: before.to_string(),
+                            now: split,
+                        });
+                    }
                     if let Some(before) = log.keyed_before() {
                         return Err(RunError::KeyedOtherwise {
                             log: log.path().to_path_buf(),

@@ -393,6 +393,14 @@ pub struct KeyLog {
     keyed: String,
     /// Another way earlier runs keyed samples, where one did.
     keyed_before: Option<String>,
+    /// How this run splits files into requests: its `--split-by` and `--split-by-file` flags,
+    /// empty for none; written on each line.
+    split: String,
+    /// Another split earlier runs made, where one did.
+    split_before: Option<String>,
+    /// The id of the dataset the lines are of, once known ([`KeyLog::bind`]), written on each
+    /// line.
+    dataset: Option<String>,
 }
 
 /// One line of the log.
@@ -411,12 +419,27 @@ struct Line {
     /// earlier versions.
     #[serde(default)]
     keyed: String,
+    /// How the run split files into requests ([`KeyLog::split`]); absent (not known) in logs
+    /// of earlier versions.
+    #[serde(default)]
+    split: Option<String>,
+    /// The id of the dataset the unit's samples went into; absent in logs of earlier versions.
+    #[serde(default)]
+    dataset: Option<String>,
 }
 
 impl KeyLog {
     /// Reads the log in `dst` (empty when there is none), for a run keying samples by
-    /// `key_from` (the value named), else by file name.
-    pub fn open(dst: &Path, key_from: Option<&str>) -> Result<KeyLog, std::io::Error> {
+    /// `key_from` (the value named), else by file name, and splitting files as `split` says
+    /// (its flags, empty for none), into dataset `dataset` (its id; `None` where there is
+    /// none yet). A log of another dataset (one removed, whose name was given again) names
+    /// nothing in this one: it is deleted, and this run starts a new one.
+    pub fn open(
+        dst: &Path,
+        key_from: Option<&str>,
+        split: &str,
+        dataset: Option<&str>,
+    ) -> Result<KeyLog, std::io::Error> {
         let path = dst.join(KEYS_FILE);
         let keyed = match key_from {
             Some(name) => format!("key-from {name}"),
@@ -429,6 +452,9 @@ impl KeyLog {
             file: None,
             keyed,
             keyed_before: None,
+            split: split.to_string(),
+            split_before: None,
+            dataset: dataset.map(String::from),
         };
         let f = match crate::io::local::open_regular(&log.path) {
             Ok(f) => f,
@@ -437,15 +463,36 @@ impl KeyLog {
         };
         for line in std::io::BufReader::new(f).lines() {
             // A line cut by a crash is the last one, of a unit that was not appended.
-            if let Ok(l) = serde_json::from_str::<Line>(&line?) {
-                if !l.keyed.is_empty() && l.keyed != log.keyed {
-                    log.keyed_before.get_or_insert(l.keyed.clone());
-                }
-                log.by_key.insert(l.key.clone(), (l.unit.clone(), l.file));
-                log.by_unit.insert(l.unit, (l.key, l.files));
+            let Ok(l) = serde_json::from_str::<Line>(&line?) else {
+                continue;
+            };
+            if l.dataset.is_some() && l.dataset.as_deref() != dataset {
+                std::fs::remove_file(&log.path)?;
+                return KeyLog::open(dst, key_from, split, dataset);
             }
+            if !l.keyed.is_empty() && l.keyed != log.keyed {
+                log.keyed_before.get_or_insert(l.keyed.clone());
+            }
+            if let Some(before) = l.split.filter(|s| *s != log.split) {
+                log.split_before.get_or_insert(before);
+            }
+            log.by_key.insert(l.key.clone(), (l.unit.clone(), l.file));
+            log.by_unit.insert(l.unit, (l.key, l.files));
         }
         Ok(log)
+    }
+
+    /// Names the dataset the lines written from now on are of: the one this run made, where
+    /// there was none when the log was opened.
+    pub fn bind(&mut self, dataset: &str) {
+        self.dataset = Some(dataset.to_string());
+    }
+
+    /// The split earlier runs made (their `--split-by` and `--split-by-file` flags, empty for
+    /// none), where it is not this run's: resumed, the files converted before would be
+    /// appended again as other samples.
+    pub fn split_before(&self) -> Option<&str> {
+        self.split_before.as_deref()
     }
 
     /// How an earlier run keyed samples, where it did otherwise than this one: resumed, the
@@ -514,6 +561,8 @@ impl KeyLog {
             key: key.to_string(),
             files: files.to_string(),
             keyed: self.keyed.clone(),
+            split: Some(self.split.clone()),
+            dataset: self.dataset.clone(),
         })
         .unwrap_or_default();
         // A previous line cut by a crash would swallow this one: start on a fresh line.

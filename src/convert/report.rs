@@ -75,6 +75,9 @@ pub struct Report {
     pub report_path: Option<PathBuf>,
     /// Files the layout did not take.
     pub ignored: u64,
+    /// Dump files reached again under another name (a hard link, a link to a file), each
+    /// with the name it was converted under ([`Plan::aliases`](super::units::Plan::aliases)).
+    pub aliases: Vec<(PathBuf, PathBuf)>,
     /// Source files deleted.
     pub deleted: u64,
     /// Units not deleted with `delete_source` although the dataset holds their samples: the
@@ -104,6 +107,7 @@ impl Report {
             bad: Vec::new(),
             report_path,
             ignored,
+            aliases: Vec::new(),
             deleted: 0,
             kept: 0,
             stats: WriteStats {

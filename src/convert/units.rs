@@ -99,6 +99,10 @@ pub struct Plan {
     pub units: Vec<Unit>,
     /// Files the layout or the group pattern does not take.
     pub ignored: Vec<PathBuf>,
+    /// Dump files reached again under another name (a hard link, a link to a file), each
+    /// with the name it is converted under: converted once, and said by name, as a sample
+    /// left out unsaid would be.
+    pub aliases: Vec<(PathBuf, PathBuf)>,
 }
 
 /// Relative path with `/` separators.
@@ -132,9 +136,12 @@ struct Walk {
     passed_over: Vec<PathBuf>,
     /// The device and inode of every folder walked.
     seen: std::collections::HashSet<(u64, u64)>,
-    /// The device and inode of every file found: one reached again would be converted twice,
-    /// under two keys.
-    seen_files: std::collections::HashSet<(u64, u64)>,
+    /// The device and inode of every file found, and its first name: one reached again would
+    /// be converted twice, under two keys.
+    seen_files: std::collections::HashMap<(u64, u64), PathBuf>,
+    /// Files reached again under another name (a hard link, a link to a file), each with the
+    /// name it was first found under: [`Plan::aliases`] where the layout takes them.
+    again: Vec<(PathBuf, PathBuf)>,
     /// The device and inode of the destination, when it lies in the source: not walked (its
     /// files are the dataset being written, not dumps).
     skip: Option<(u64, u64)>,
@@ -142,7 +149,8 @@ struct Walk {
 
 /// Walks `dir`, links followed (to files and to folders): a linked dump is converted, never
 /// skipped. A folder or file reached again (`latest -> step_1000`) is taken once, under the
-/// first of its names in order, and a link to nothing is passed over: both are reported. A
+/// first of its names in order, and a link to nothing is passed over: all are reported (a dump
+/// file reached again by name). A
 /// link to a folder above it (a loop) is an error naming it. `above`: the device and inode of
 /// the folders the walk is in.
 fn walk(dir: &Path, above: &mut Vec<(u64, u64)>, found: &mut Walk) -> Result<(), ConvertError> {
@@ -186,9 +194,14 @@ fn walk(dir: &Path, above: &mut Vec<(u64, u64)>, found: &mut Walk) -> Result<(),
         };
         if meta.is_dir() {
             walk(&path, above, found)?;
-        } else if !meta.is_file() || !found.seen_files.insert((meta.dev(), meta.ino())) {
+        } else if !meta.is_file() {
             found.passed_over.push(path);
+        } else if let Some(first) = found.seen_files.get(&(meta.dev(), meta.ino())) {
+            found.again.push((path, first.clone()));
         } else {
+            found
+                .seen_files
+                .insert((meta.dev(), meta.ino()), path.clone());
             found.files.push((path, meta.len()));
         }
     }
@@ -242,8 +255,13 @@ impl Unit {
 }
 
 /// Matches `name` against a pattern of literals, `{key}` and `{part}` (each matching one or
-/// more characters); returns (key, part).
+/// more characters); returns (key, part). A pattern must name each once (`ConvertSpec::check`
+/// refuses others); one that does not matches nothing, as the search, trying every split of
+/// `name` for each placeholder, would take time exponential in their number.
 pub fn match_pattern(pattern: &str, name: &str) -> Option<(String, String)> {
+    if pattern.matches("{key}").count() != 1 || pattern.matches("{part}").count() != 1 {
+        return None;
+    }
     fn go<'a>(pat: &str, name: &'a str, caps: &mut Vec<(bool, &'a str)>) -> bool {
         for (tag, is_key) in [("{key}", true), ("{part}", false)] {
             if let Some(rest) = pat.strip_prefix(tag) {
@@ -340,12 +358,20 @@ pub fn plan(
         found.files.push((src.to_path_buf(), meta.len()));
         src.parent().map(Path::to_path_buf).unwrap_or_default()
     };
+    let takes = |rel: &str| match group_by {
+        Some(p) => match_pattern(p, rel).is_some(),
+        None => preset.accepts(rel),
+    };
+    let mut plan = Plan::default();
+    for (path, first) in found.again {
+        match takes(&rel_name(&root, &path)) {
+            true => plan.aliases.push((path, first)),
+            false => found.passed_over.push(path),
+        }
+    }
     let mut files = found.files;
     files.sort();
-    let mut plan = Plan {
-        ignored: found.passed_over,
-        ..Plan::default()
-    };
+    plan.ignored = found.passed_over;
     let mut groups: BTreeMap<Natural, Unit> = BTreeMap::new();
     for (path, len) in files {
         let rel = rel_name(&root, &path);
@@ -593,6 +619,14 @@ mod tests {
             Some(("a/b".into(), "ids".into()))
         );
         assert_eq!(match_pattern("{key}/{part}.pt", "a.pt"), None);
+        // A pattern naming a placeholder more than once matches nothing, at once: trying
+        // every split of a long name for each of 16 placeholders would never end.
+        let many = "{key}{part}".repeat(8) + "x";
+        let t = std::time::Instant::now();
+        assert_eq!(match_pattern(&many, &"a".repeat(200)), None);
+        assert!(t.elapsed() < std::time::Duration::from_secs(5));
+        // One of each is quadratic at worst: a 4096-byte path that does not match.
+        assert_eq!(match_pattern("{key}{part}x", &"a".repeat(4096)), None);
         assert!(is_split_file("{stem}.lens.pt", "b_0.lens.pt"));
         let mut names = [
             "data_10",

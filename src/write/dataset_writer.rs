@@ -234,6 +234,12 @@ impl DatasetWriter {
         &self.manifest.schema
     }
 
+    /// The dataset's id (hex), which its manifest records: a dataset made again where one was
+    /// removed has another.
+    pub fn dataset_id(&self) -> &str {
+        &self.manifest.dataset_id
+    }
+
     /// True when a sample with `key` was appended (committed or not): skip it to resume.
     pub fn contains_key(&self, key: &str) -> bool {
         self.keys.contains(key)

@@ -345,9 +345,16 @@ pub fn derive_schema(
             spec.role.clone(),
         ));
     }
-    let hidden = fields
-        .iter()
-        .find(|f| matches!(f.role, Role::HiddenState { .. } | Role::HiddenStates { .. }));
+    let is_hidden =
+        |f: &Field| matches!(f.role, Role::HiddenState { .. } | Role::HiddenStates { .. });
+    let hidden = fields.iter().find(|f| is_hidden(f));
+    refuse_other_widths(
+        fields
+            .iter()
+            .zip(specs)
+            .filter(|(f, _)| is_hidden(f))
+            .collect(),
+    )?;
     let capture = match hidden {
         Some(h) => {
             let size = h.shape.last().copied().unwrap_or(1);
@@ -379,6 +386,58 @@ pub fn derive_schema(
         .validate()
         .map_err(|e| LayoutError::BadOption(format!("the derived schema is invalid: {e}")))?;
     Ok(schema)
+}
+
+/// Refuses hidden-state fields of different widths: the hidden states of one model share its
+/// hidden size. Where a field concatenates layers on its last dim, this is what tells a
+/// `layers=` list of the wrong length, which reads the same bytes as layers of another width
+/// (`[T, 96]` named with 2 ids is 2 layers of 48, where 3 of 32 were stored): such a field is
+/// measured against one whose width is read as it is, where there is one.
+fn refuse_other_widths(hidden: Vec<(&Field, &FieldSpec)>) -> Result<(), LayoutError> {
+    let width = |f: &Field| f.shape.last().copied().unwrap_or(1);
+    let concatenated = |s: &FieldSpec| s.is_stacked() && s.stack == Stack::Concat;
+    let Some(&(first, _)) = hidden
+        .iter()
+        .find(|(_, s)| !concatenated(s))
+        .or(hidden.first())
+    else {
+        return Ok(());
+    };
+    let want = width(first);
+    for &(f, spec) in &hidden {
+        let got = width(f);
+        if got == want {
+            continue;
+        }
+        let k = spec.layer_count();
+        let fits = if concatenated(spec) && (k * got).is_multiple_of(want) {
+            format!(
+                "; its last dim, {}, holds {} layers of {want}: name as many in its `layers=`",
+                k * got,
+                k * got / want
+            )
+        } else {
+            String::new()
+        };
+        return Err(LayoutError::Shape {
+            tensor: spec.source.clone(),
+            got: format!(
+                "hidden states {got} wide in field `{}`{}",
+                f.name,
+                if spec.is_stacked() {
+                    format!(" ({k} layers)")
+                } else {
+                    String::new()
+                }
+            ),
+            expected: format!(
+                "{want} wide, as field `{}` holds them: the hidden states of one model share \
+                 its hidden size{fits}",
+                first.name
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// Checks that `other`, a further source of a stacked field, matches the first source's dtype

@@ -309,3 +309,53 @@ fn what_no_field_reads_is_refused_where_it_would_be_lost() {
         "{e:?}"
     );
 }
+
+/// A `layers=` list of the wrong length for a field concatenating layers on its last dim reads
+/// the same bytes as layers of another width: refused where another hidden-state field shows
+/// the model's width (it was stored as `[T, 2, 48]`, labelled layers 2 and 30).
+#[test]
+fn a_stacked_field_naming_too_few_layers_is_refused_by_the_models_width() {
+    let stacked = |layers: Vec<u32>| {
+        FieldSpec::new(
+            "aux_hidden_state",
+            "aux",
+            Role::HiddenStates {
+                layers,
+                point: CapturePoint::LayerInput,
+            },
+        )
+    };
+    let last = FieldSpec::new(
+        "hidden.61",
+        "final",
+        Role::HiddenState {
+            layer: 61,
+            point: CapturePoint::FinalNorm,
+        },
+    );
+    let tensors = [
+        info("aux", DType::BF16, &[5, 96]),
+        info("final", DType::BF16, &[5, 32]),
+    ];
+    let schema_of = |layers: Vec<u32>| {
+        let options = LayoutOptions {
+            fields: vec![stacked(layers), last.clone()],
+            num_layers: Some(61),
+            ..LayoutOptions::default()
+        };
+        let specs = specs_for(Preset::Generic, &tensors, &options)?;
+        derive_schema(Preset::Generic, &specs, &tensors, &options)
+    };
+    for layers in [vec![2, 30], vec![2, 30, 58, 59]] {
+        let e = schema_of(layers).unwrap_err().to_string();
+        assert!(
+            e.contains("in field `aux_hidden_state`")
+                && e.contains("32 wide, as field `hidden.61` holds them")
+                && e.contains("its last dim, 96, holds 3 layers of 32"),
+            "{e}"
+        );
+    }
+    let schema = schema_of(vec![2, 30, 58]).unwrap();
+    assert_eq!(schema.fields[0].shape, vec![3, 32]);
+    assert_eq!(schema.capture.unwrap().hidden_size, 32);
+}

@@ -266,6 +266,20 @@ pub enum SpecError {
         /// What was given.
         pattern: String,
     },
+    /// A group-by pattern that does not name `{key}` and `{part}` once each.
+    #[error(
+        "--group-by {pattern:?}: a pattern names {{key}} once and {{part}} once (here {{key}}: \
+         {keys}, {{part}}: {parts}), {{key}} the sample and {{part}} the file within it, \
+         e.g. '{{key}}_{{part}}.pt' or '{{key}}/{{part}}.pt'"
+    )]
+    GroupBy {
+        /// What was given.
+        pattern: String,
+        /// How many times it names `{key}`.
+        keys: usize,
+        /// How many times it names `{part}`.
+        parts: usize,
+    },
 }
 
 impl SpecError {
@@ -285,6 +299,7 @@ impl SpecError {
             SpecError::NeedsLocalFile { option, .. } => option,
             SpecError::TooLarge { key, .. } => key,
             SpecError::SplitFileAlone | SpecError::SplitFileName { .. } => "split_by_file",
+            SpecError::GroupBy { .. } => "group_by",
         }
     }
 }
@@ -495,6 +510,16 @@ impl ConvertSpec {
         }
         if self.split_by_file.is_some() && (self.split_by.is_none() || self.group_by.is_some()) {
             return Err(SpecError::SplitFileAlone);
+        }
+        if let Some(p) = &self.group_by {
+            let (keys, parts) = (p.matches("{key}").count(), p.matches("{part}").count());
+            if (keys, parts) != (1, 1) {
+                return Err(SpecError::GroupBy {
+                    pattern: p.clone(),
+                    keys,
+                    parts,
+                });
+            }
         }
         if let Some(p) = &self.split_by_file {
             if !p.contains("{stem}") || p.contains('/') {

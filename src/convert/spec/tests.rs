@@ -134,6 +134,22 @@ fn a_bad_spec_is_refused_naming_the_option() {
         ),
         (
             ConvertSpec {
+                group_by: Some("{key}_{part}_{key}.pt".into()),
+                ..base()
+            },
+            "group_by",
+            "--group-by \"{key}_{part}_{key}.pt\": a pattern names {key} once and {part} once (here {key}: 2, {part}: 1)",
+        ),
+        (
+            ConvertSpec {
+                group_by: Some("{key}.pt".into()),
+                ..base()
+            },
+            "group_by",
+            "(here {key}: 1, {part}: 0), {key} the sample and {part} the file within it",
+        ),
+        (
+            ConvertSpec {
                 delete_source: true,
                 fsync: false,
                 ..base()
