@@ -347,6 +347,33 @@ fn a_file_given_for_a_folder_is_named_as_a_file() {
     );
 }
 
+/// Replacing its earlier demo, the demo removes only the files named as a writer names its
+/// own: files of the user's beside them, even named like a dataset's, stay.
+#[test]
+fn the_demo_replacing_its_own_keeps_the_users_files_beside_it() {
+    let t = tempfile::tempdir().unwrap();
+    assert!(demo(t.path()).status.success());
+    let mine = [
+        "samples_stats.parquet",
+        "shard-000001-old.hsp",
+        "segment-notes.json",
+        "keys-mine.bin",
+        "notes.txt",
+    ];
+    for name in mine {
+        std::fs::write(t.path().join("ds").join(name), name).unwrap();
+    }
+    let o = demo(t.path());
+    assert!(o.status.success(), "{}", text(&o));
+    for name in mine {
+        assert_eq!(
+            std::fs::read_to_string(t.path().join("ds").join(name)).unwrap(),
+            name
+        );
+    }
+    assert_eq!(hspack::Dataset::open(t.path().join("ds")).unwrap().len(), 5);
+}
+
 /// The demo replaces only its own earlier dataset: another dataset in `--out` is refused
 /// and left whole.
 #[test]

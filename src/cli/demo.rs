@@ -5,6 +5,8 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::{bail, Context};
+use hspack::format::manifest::{is_data_file_name, is_temp_file_name, MANIFEST_FILE};
+use hspack::io::lock::{COMMIT_LOCK_FILE, LOCK_FILE};
 use hspack::synth::{capture_schema, channel_scales, named_capture_sample, Rng};
 use hspack::verify::{count, verify, VerifyOptions};
 use hspack::{Codec, Dataset, DatasetWriter, WriteOptions};
@@ -82,11 +84,18 @@ fn clear_previous(dir: &Path) -> anyhow::Result<()> {
             dir.display()
         );
     }
+    // Only the files named exactly as a writer names its own: a file of yours beside them
+    // whose name merely resembles one (`samples_stats.parquet`, `shard-1-old.hsp`) stays.
+    let ours = |name: &str| {
+        name == MANIFEST_FILE
+            || is_data_file_name(name)
+            || is_temp_file_name(name)
+            || name == LOCK_FILE
+            || name == COMMIT_LOCK_FILE
+    };
     for entry in std::fs::read_dir(dir)? {
         let entry = entry?;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let ours = ["shard-", "segment-", "keys-", "samples", ".hspack"];
-        if name == "manifest.json" || ours.iter().any(|p| name.starts_with(p)) {
+        if ours(&entry.file_name().to_string_lossy()) {
             std::fs::remove_file(entry.path())?;
         }
     }
