@@ -161,6 +161,14 @@ fn same_fields(a: &Schema, b: &Schema) -> std::result::Result<(), String> {
 /// shapes; how they are stored may differ) and every key of `a` must be in `b` with the same
 /// rows.
 pub fn compare(a: &Dataset, b: &Dataset, options: &CompareOptions) -> Result<Comparison> {
+    if options.samples == Some(0) {
+        // Nothing compared would read as a perfect match.
+        return Err(Error::BadOption {
+            option: "samples",
+            detail: "0 compares nothing: give 1 or more, or leave it out to compare every sample"
+                .into(),
+        });
+    }
     same_fields(a.schema(), b.schema()).map_err(|detail| Error::BadOption {
         option: "datasets",
         detail,

@@ -98,8 +98,9 @@ impl Report {
         }
         if !self.leftovers.is_empty() {
             notes.push(format!(
-                "{} not in the manifest ({}): left by an interrupted writer; reopening the \
-                 dataset for writing removes {2} (no committed data is in {2})",
+                "{} not in the manifest ({}): being written by a writer that holds the dataset \
+                 now, or left by an interrupted one, which reopening the dataset for writing \
+                 removes once no writer holds it (no committed data is in {2})",
                 count(self.leftovers.len() as u64, "file"),
                 file_names(&self.leftovers),
                 them(&self.leftovers),

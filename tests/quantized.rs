@@ -539,6 +539,12 @@ fn compare_counts_integers_exactly_and_non_finite_values_apart() {
         Dataset::open(t.path().join(name)).unwrap()
     };
     let (a, b) = (write("a", 0), write("b", 1));
+    // Comparing no sample is refused: nothing compared read as a perfect match.
+    let e = compare(&a, &b, &CompareOptions { samples: Some(0) }).unwrap_err();
+    assert!(
+        e.to_string().contains("option samples: 0 compares nothing"),
+        "{e}"
+    );
     let same = compare(&a, &a, &CompareOptions::default()).unwrap();
     let logits = &same.fields[1];
     assert_eq!((logits.differing, logits.non_finite), (0, 2), "{logits:?}");

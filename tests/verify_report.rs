@@ -73,8 +73,8 @@ fn interrupt(dir: &Path) {
     std::fs::write(dir.join("notes.txt"), b"copied on monday").unwrap();
 }
 
-const LEFTOVER_NOTE: &str =
-    "left by an interrupted writer; reopening the dataset for writing removes them";
+const LEFTOVER_NOTE: &str = "being written by a writer that holds the dataset now, or left by \
+     an interrupted one, which reopening the dataset for writing removes once no writer holds it";
 
 #[test]
 fn files_of_an_interrupted_writer_are_a_note_not_damage() {

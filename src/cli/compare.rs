@@ -13,7 +13,7 @@ pub struct Args {
     a: PathBuf,
     /// The dataset compared with it (e.g. a copy converted with `--quantize fp8`).
     b: PathBuf,
-    /// Compare only the first N samples of the reference.
+    /// Compare only the first N samples of the reference (1 or more).
     #[arg(long, value_name = "N")]
     samples: Option<u64>,
     /// Print JSON.
