@@ -557,14 +557,19 @@ fn check_key_runs(ds: &Dataset, missing: &mut Vec<PathBuf>) -> Vec<Error> {
         };
         let mut want = Vec::with_capacity(found.len());
         let seqs = g.first_seq as usize..(g.first_seq + g.shards) as usize;
-        // A shard that does not open is reported on its own; its keys cannot be compared.
-        let Ok(opened) = seqs
-            .map(|seq| ds.open_shard(seq))
-            .collect::<Result<Vec<_>>>()
-        else {
-            continue;
-        };
-        for shard in opened {
+        // One shard mapped at a time (a segment may hold more than a process may map), each
+        // let go once its keys are taken. A damaged shard is reported on its own, and its keys
+        // cannot be compared; one that could not be read leaves this check undone, which is
+        // said (it passed unsaid, and verify called the dataset intact).
+        let mut unread = None;
+        for seq in seqs {
+            let shard = match ds.open_shard(seq) {
+                Ok(shard) => shard,
+                Err(e) => {
+                    unread = Some(e);
+                    break;
+                }
+            };
             let index = shard.index();
             want.extend((0..index.sample_count()).filter_map(|i| {
                 let entry = index.sample(i)?;
@@ -573,6 +578,12 @@ fn check_key_runs(ds: &Dataset, missing: &mut Vec<PathBuf>) -> Vec<Error> {
                     ordinal: entry.ordinal,
                 })
             }));
+        }
+        if let Some(e) = unread {
+            if !e.is_damage() {
+                problems.push(e);
+            }
+            continue;
         }
         want.sort_unstable();
         if let Some(i) = (0..want.len().max(found.len())).find(|&i| want.get(i) != found.get(i)) {
