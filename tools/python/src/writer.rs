@@ -8,7 +8,7 @@ use hspack::store::captures::{reuse_captured, written_digest, CaptureConfig};
 use hspack::store::Store;
 use hspack::{Codec, DatasetWriter, Schema, WriteOptions};
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyBool, PyDict};
 
 use crate::borrowed::ByteView;
 use crate::errors::{bad_option, IntoPy};
@@ -41,6 +41,15 @@ fn option<'py, T: FromPyObject<'py>>(k: &str, v: &Bound<'py, PyAny>, want: &str)
     })
 }
 
+/// Option `k`'s value as an integer: an int, not a bool, which Python takes for 0 or 1
+/// (`chunk_bytes=True` would cut chunks of one byte's worth of rows).
+fn integer<'py, T: FromPyObject<'py>>(k: &str, v: &Bound<'py, PyAny>, want: &str) -> PyResult<T> {
+    if v.is_instance_of::<PyBool>() {
+        return Err(bad_option(k, &format!("must be {want}, not a bool ({v})")));
+    }
+    option(k, v, want)
+}
+
 pub(crate) fn write_options(
     options: Option<&Bound<'_, PyDict>>,
     face: Face,
@@ -53,12 +62,12 @@ pub(crate) fn write_options(
     for (k, v) in options.iter() {
         let k: String = option("options", &k, "named by a str")?;
         match k.as_str() {
-            "chunk_bytes" => o.chunk_bytes = Some(option(&k, &v, COUNT)?),
-            "block_rows" => o.block_rows = Some(option(&k, &v, COUNT)?),
-            "shard_bytes" => o.shard_bytes = option(&k, &v, COUNT)?,
-            "shard_samples" => o.shard_samples = option(&k, &v, COUNT)?,
-            "zstd_level" => o.zstd_level = option(&k, &v, "an integer level (up to 22)")?,
-            "align_log2" => o.align_log2 = Some(option(&k, &v, "an integer from 0 to 255")?),
+            "chunk_bytes" => o.chunk_bytes = Some(integer(&k, &v, COUNT)?),
+            "block_rows" => o.block_rows = Some(integer(&k, &v, COUNT)?),
+            "shard_bytes" => o.shard_bytes = integer(&k, &v, COUNT)?,
+            "shard_samples" => o.shard_samples = integer(&k, &v, COUNT)?,
+            "zstd_level" => o.zstd_level = integer(&k, &v, "an integer level (up to 22)")?,
+            "align_log2" => o.align_log2 = Some(integer(&k, &v, "an integer from 0 to 255")?),
             "durable" => o.durable = option(&k, &v, "True or False")?,
             "shared" => o.shared = option(&k, &v, "True or False")?,
             "prequantized" if face == Face::CudaWriter => {

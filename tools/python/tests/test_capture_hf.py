@@ -233,6 +233,34 @@ def test_extract_driver_resumes_with_a_sink(tmp_path, causal_lm):
     assert extract(str(tmp_path / "model"), str(data), LAYERS, str(tmp_path / "out"), sink=sink) == 0
 
 
+def test_an_interrupted_extract_commits_what_it_captured_and_a_rerun_captures_the_rest(tmp_path, causal_lm, monkeypatch):
+    """Ctrl-C during an extraction dropped every sample captured since the last commit (all
+    of them, for a shard not yet full); they are whole, so they are committed, and said."""
+    import hspack
+    from hspack.capture import hf
+
+    causal_lm.to(torch.bfloat16).save_pretrained(tmp_path / "model")
+    chat_tokenizer().save_pretrained(tmp_path / "model")
+    model, data, out = str(tmp_path / "model"), tmp_path / "prompts.jsonl", str(tmp_path / "ds")
+    data.write_text("".join(json.dumps({"id": f"p{i}", "input_ids": [5 + i, 6, 7, 8]}) + "\n" for i in range(5)))
+    run, calls = HFCapture.run, []
+
+    def interrupted_at_the_fourth_batch(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return run(self, *args, **kwargs)
+
+    monkeypatch.setattr(HFCapture, "run", interrupted_at_the_fourth_batch)
+    with pytest.raises(KeyboardInterrupt) as e:
+        extract(model, str(data), LAYERS, out, batch_size=1)
+    assert f"{out} holds the 3 samples captured so far" in " ".join(e.value.__notes__)
+    assert len(hspack.open(out)) == 3
+    monkeypatch.undo()
+    assert extract(model, str(data), LAYERS, out, batch_size=1) == 2
+    assert sorted(hspack.open(out).keys()) == [f"p{i}" for i in range(5)]
+
+
 def test_resume_refuses_a_stored_sample_whose_prompt_now_gives_other_tokens(tmp_path, causal_lm):
     """A rerun into the same dataset resumes only samples stored from the tokens their
     prompts give now: another --max-len, an edited prompt or loss mask under the same id is

@@ -41,6 +41,17 @@ def test_without_gpu_the_error_is_clear(tmp_path):
     assert "CUDA" in str(e.value)
 
 
+@pytest.mark.parametrize("option", [{"writers": 0}, {"writers": True}, {"slots": 0}, {"slots": 2.5}, {"slot_bytes": 0}, {"slot_bytes": True}])
+def test_a_ring_option_that_counts_nothing_is_refused_naming_it(tmp_path, option):
+    """Checked before any GPU is asked for (so here, with or without one): `slots=True` was a
+    ring of one slot, `slot_bytes=0` reached the native writer."""
+    with pytest.raises(hspack.HspackError) as e:
+        CudaWriter(tmp_path / "ds", schema(), **option)
+    (name,) = option
+    assert e.value.kind == "BadOption" and e.value.option == name, e.value
+    assert not (tmp_path / "ds").exists()
+
+
 def slow_produce(bufs, rows, gen):
     """Fills bufs[:rows] on the current stream after a GPU-side delay, so a copy that did not
     wait for the producer would read the old contents."""

@@ -186,6 +186,11 @@ def test_writer_rejects_wrong_dtype_and_shape(tmp_path):
         with pytest.raises(hspack.HspackError) as e:
             w.append("a", x=torch.zeros(2, 4, dtype=torch.float16))
         assert (e.value.kind, e.value.key, e.value.field) == ("BadSample", "a", "x")
+        assert str(e.value).endswith("the schema says bf16; convert it: .to(torch.bfloat16)"), e.value
+        # Integers of bf16's width may be its bit patterns: .to() alone would give other values.
+        with pytest.raises(hspack.HspackError) as e:
+            w.append("a", x=torch.zeros(2, 4, dtype=torch.uint16))
+        assert ".to(torch.bfloat16); if they are bf16 bit patterns, view them: .view(torch.bfloat16)" in str(e.value), e.value
         with pytest.raises(hspack.HspackError):
             w.append("a", x=torch.zeros(2, 5, dtype=torch.bfloat16))
         w.append("a", x=torch.zeros(2, 8, dtype=torch.bfloat16)[:, ::2])  # strided input
@@ -244,6 +249,9 @@ def test_an_unknown_writer_option_lists_the_ones_there_are(tmp_path):
     ({"codec": 3}, "codec"),
     ({"zstd_level": 2**40}, "zstd_level"),
     ({"chunk_bytes": -1}, "chunk_bytes"),
+    ({"chunk_bytes": True}, "chunk_bytes"),  # a bool is an int to Python: chunks of 1 byte
+    ({"shard_samples": False}, "shard_samples"),
+    ({"align_log2": True}, "align_log2"),
     ({"durable": "yes"}, "durable"),
     ({"quantize": 123}, "quantize"),
     ({"quantize": ["hidden.2", 7]}, "quantize"),

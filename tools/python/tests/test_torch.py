@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 
 import hspack
@@ -177,6 +178,11 @@ def test_sampler_resume(eagle_path):
     s2.load_state_dict(sampler.state_dict())
     rest = [o for b in HspackLoader(ds, batch_size=5, sampler=s2, collate_fn=PadCollate()) for o in b["ordinal"].tolist()]
     assert first + rest == full and sorted(full) == list(range(37))
+    # Something else than a loader state (a whole checkpoint, a model's state, None) is said
+    # so; it raised a bare KeyError or AttributeError from inside the package.
+    for wrong, said in (({"model": {}, "loader": sampler.state_dict()}, "a dict of keys ['loader', 'model']"), (None, "a NoneType")):
+        with pytest.raises(ValueError, match=rf"not an hspack loader state \({re.escape(said)}; one holds `epoch` and `consumed`\)"):
+            HspackSampler(ds, seed=3).load_state_dict(wrong)
 
 
 def test_token_budget_batches(eagle_path):

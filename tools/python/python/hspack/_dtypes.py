@@ -165,6 +165,10 @@ def input_bytes(key: str, name: str, field: dict, value: Any) -> np.ndarray:
         if got != want:
             to = torch_dtypes().get(want)
             fix = f"; convert it: .to({to})" if to is not None else ""
+            if to is not None and to.is_floating_point and not value.dtype.is_floating_point and value.element_size() == to.itemsize:
+                # Integers of the width of a float type may be its bit patterns (as numpy holds
+                # bf16), which .to() would convert as numbers into other values.
+                fix = f"; if these are its values, convert them: .to({to}); if they are {want} bit patterns, view them: .view({to})"
             raise make_error("BadSample", f"sample `{key}`, field `{name}`: dtype {value.dtype}, the schema says {want}{fix}", key=key, field=name)
         shape = tuple(value.shape)
         import torch

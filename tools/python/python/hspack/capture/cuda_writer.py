@@ -259,10 +259,10 @@ class CudaWriter:
             from .._errors import make_error
 
             raise make_error("BadOption", "option path: give a folder, or discard=True", option="path")
-        if not isinstance(writers, int) or writers < 1:
-            from .._errors import make_error
+        from .._dataset import count_option
 
-            raise make_error("BadOption", f"option writers: {writers!r}; give 1 or more", option="writers")
+        writers, slots = count_option("writers", writers, 1), count_option("slots", slots, 1)
+        slot_bytes = None if slot_bytes is None else count_option("slot_bytes", slot_bytes, 1)
         if writers > 1:
             options = {**options, "shared": True}
         self._natives = [native(self.path or "", json.dumps(doc), self.device, slots, slot_bytes, create and i == 0, discard, options) for i in range(writers)]

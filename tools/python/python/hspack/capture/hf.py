@@ -399,9 +399,16 @@ def extract(
                     engine="transformers", deterministic=batch_size == 1, dtype=meta["dtype"],
                     layers=points.ids, fields=[f["name"] for f in schema],
                 )
-            return capture_samples(net, samples, points.ids, writer, batch_size=batch_size,
-                                   pad_id=pad_id, padding_side=padding_side, progress=True, stack=stack,
-                                   reuse=reuse, counts=counts)
+            try:
+                return capture_samples(net, samples, points.ids, writer, batch_size=batch_size,
+                                       pad_id=pad_id, padding_side=padding_side, progress=True, stack=stack,
+                                       reuse=reuse, counts=counts)
+            except KeyboardInterrupt as e:
+                # The samples appended are whole: committed, a rerun resumes after them (the
+                # writer's exit would drop them with the interrupt).
+                held = writer.commit()["samples"]
+                e.add_note(f"{out} holds the {held} samples captured so far: run the same command again to capture the rest")
+                raise
     return capture_samples(net, samples, points.ids, sink, batch_size=batch_size,
                            pad_id=pad_id, padding_side=padding_side, progress=True, stack=stack,
                            counts=counts)
@@ -510,6 +517,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     except command_errors() as e:
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as e:
+        said = "; ".join(getattr(e, "__notes__", [])) or "nothing was committed"
+        print(f"{parser.prog}: interrupted: {said}", file=sys.stderr)
+        return 130
     print(f"wrote {n} samples to {args.out}; {counts.summary()}", file=sys.stderr)
     return 0
 

@@ -134,7 +134,7 @@ class PadCollate:
     """Collates `[T, ...]` samples into `[B, T_max, ...]` batches, padding at the end.
 
     Per-token tensors (first dim equals the sample's length, taken from `length_key`) are
-    cut to `max_len` and padded: `pad_ids` for `input_ids`, 0 elsewhere (so `loss_mask`
+    cut to `max_len` and padded: `pad_id` for `input_ids`, 0 elsewhere (so `loss_mask`
     is 0 on padding). Adds `attention_mask` (`[B, T_max]` int64, 1 on real tokens) and
     `lengths`. Ints (`ordinal`) become a tensor; other values are listed. In DataLoader
     workers the batch tensors are allocated in shared memory; with `pin=True`, in pinned

@@ -120,6 +120,12 @@ class Progress:
         """Resumes: the next iteration yields exactly what the saved epoch had left. Refuses a
         state whose order would differ (see the module's rules); the rank may differ (a
         trainer may load rank 0's state on every rank)."""
+        if not isinstance(state, dict) or not {"epoch", "consumed"} <= state.keys():
+            what = f"a dict of keys {sorted(map(str, state))[:8]}" if isinstance(state, dict) else f"a {type(state).__name__}"
+            raise ValueError(
+                f"not an hspack loader state ({what}; one holds `epoch` and `consumed`): give what "
+                "state_dict() of this loader, sampler or dataset returned (in a checkpoint, under the key you saved it as)"
+            )
         for key, mine in self.fixed.items():
             saved = state.get(key, mine)
             if saved != mine and key == "unit":
