@@ -114,4 +114,42 @@ fn verify_maps_a_bounded_number_of_shards_at_once() {
         most > 0 && most < base + 2000,
         "{most} regions mapped ({base} before)"
     );
+    // A writer reopening the dataset, and a merge of it, walk its shards letting each go:
+    // they kept every one mapped, and past `vm.max_map_count` shards a dataset could not be
+    // resumed nor merged.
+    let base = regions();
+    let w = DatasetWriter::open(dir.path(), schema_of(dir.path()), Default::default()).unwrap();
+    assert_eq!(w.len(), SHARDS);
+    assert!(
+        regions() < base + 100,
+        "{} regions mapped ({base} before)",
+        regions()
+    );
+    drop(w);
+    let base = regions();
+    let most = std::sync::atomic::AtomicUsize::new(0);
+    let source = hspack::Dataset::open(dir.path()).unwrap();
+    let into = tempfile::tempdir().unwrap();
+    let merged = hspack::transfer::merge(
+        std::slice::from_ref(&source),
+        hspack::io::open_location(into.path().join("m")).unwrap(),
+        WriteOptions {
+            durable: false,
+            ..WriteOptions::default()
+        },
+        &|_| {
+            most.fetch_max(regions(), std::sync::atomic::Ordering::Relaxed);
+        },
+    )
+    .unwrap();
+    assert_eq!(merged.samples, SHARDS);
+    let most = most.into_inner();
+    assert!(
+        most > 0 && most < base + 200,
+        "merge: {most} regions mapped ({base} before)"
+    );
+}
+
+fn schema_of(dir: &std::path::Path) -> Schema {
+    hspack::Dataset::open(dir).unwrap().schema().clone()
 }

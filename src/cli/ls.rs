@@ -37,33 +37,42 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         if ordinals.is_empty() {
             continue;
         }
-        if let Err(e) = ds.shard(seq) {
-            let missing = ordinals.end - ordinals.start;
-            let which = if missing == 1 {
-                format!("ordinal {}", ordinals.start)
-            } else {
-                format!("ordinals {} to {}", ordinals.start, ordinals.end - 1)
-            };
-            // A read that failed says nothing of the bytes: exit 2, as `show` and `verify`.
-            let (failed, advice) = match e.is_damage() {
-                true => (
-                    super::EXIT_DAMAGED,
-                    "run `hspack verify` to check the whole dataset",
-                ),
-                false => (
-                    super::EXIT_ERROR,
-                    "a read failed, not a check: run `hspack ls` again once the storage reads",
-                ),
-            };
-            eprintln!(
-                "hspack: {e}\nhspack: {} ({which}) not listed; {advice}",
-                count(missing, "sample")
-            );
-            exit = exit.max(failed);
-            continue;
-        }
+        // Opened apart, and let go after its samples: a dataset of more shards than a
+        // process may map is listed too.
+        let shard = match ds.shard_apart(seq) {
+            Ok(shard) => shard,
+            Err(e) => {
+                let missing = ordinals.end - ordinals.start;
+                let which = if missing == 1 {
+                    format!("ordinal {}", ordinals.start)
+                } else {
+                    format!("ordinals {} to {}", ordinals.start, ordinals.end - 1)
+                };
+                // A read that failed says nothing of the bytes: exit 2, as `show` and `verify`.
+                let (failed, advice) = match e.is_damage() {
+                    true => (
+                        super::EXIT_DAMAGED,
+                        "run `hspack verify` to check the whole dataset",
+                    ),
+                    false => (
+                        super::EXIT_ERROR,
+                        "a read failed, not a check: run `hspack ls` again once the storage reads",
+                    ),
+                };
+                eprintln!(
+                    "hspack: {e}\nhspack: {} ({which}) not listed; {advice}",
+                    count(missing, "sample")
+                );
+                exit = exit.max(failed);
+                continue;
+            }
+        };
         for i in ordinals {
-            print_sample(&ds.sample(i)?, a.json);
+            let sample = ds.sample_of(&shard, i - record.first_ordinal);
+            print_sample(
+                &sample.expect("the manifest's count of the shard's samples"),
+                a.json,
+            );
         }
     }
     Ok(ExitCode::from(exit))

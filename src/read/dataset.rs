@@ -261,20 +261,40 @@ impl Dataset {
     /// Shard `seq`, mapped and checked on first use.
     pub fn shard(&self, seq: usize) -> Result<&Arc<Shard>> {
         let Some(cell) = self.shards.get(seq) else {
-            return Err(Error::BadOption {
-                option: "shard",
-                detail: format!(
-                    "{seq} is not a shard number of {}, which has {} shards",
-                    self.storage.root().display(),
-                    self.shards.len()
-                ),
-            });
+            return Err(self.no_such_shard(seq));
         };
         if let Some(s) = cell.get() {
             return Ok(s);
         }
         let shard = self.open_shard(seq)?;
         Ok(cell.get_or_init(|| Arc::new(shard)))
+    }
+
+    /// Shard `seq` for a pass over every shard (a listing, a copy, a writer reopening the
+    /// dataset): the one the dataset keeps where it has opened it, else opened anew and not
+    /// kept, so it is let go once the caller and the samples read through it
+    /// ([`Dataset::sample_of`]) drop it. A pass through [`Dataset::shard`] keeps every shard
+    /// mapped, and a dataset of more shards than a process may map (`vm.max_map_count`,
+    /// 65530 by default) could not be walked.
+    pub fn shard_apart(&self, seq: usize) -> Result<Arc<Shard>> {
+        let Some(cell) = self.shards.get(seq) else {
+            return Err(self.no_such_shard(seq));
+        };
+        match cell.get() {
+            Some(s) => Ok(Arc::clone(s)),
+            None => self.open_shard(seq).map(Arc::new),
+        }
+    }
+
+    fn no_such_shard(&self, seq: usize) -> Error {
+        Error::BadOption {
+            option: "shard",
+            detail: format!(
+                "{seq} is not a shard number of {}, which has {} shards",
+                self.storage.root().display(),
+                self.shards.len()
+            ),
+        }
     }
 
     /// Shard `seq` (a shard number of the dataset) opened anew and checked as [`Dataset::shard`]
@@ -310,8 +330,8 @@ impl Dataset {
     }
 
     /// Sample `local` of `shard`, a shard of this dataset opened apart
-    /// ([`Dataset::open_shard`]); `None` past its samples.
-    pub(crate) fn sample_of(&self, shard: &Arc<Shard>, local: u64) -> Option<Sample<'_>> {
+    /// ([`Dataset::shard_apart`]); `None` past its samples.
+    pub fn sample_of(&self, shard: &Arc<Shard>, local: u64) -> Option<Sample<'_>> {
         let entry = shard.index().sample(local)?;
         Some(Sample {
             ds: self,

@@ -81,18 +81,25 @@ pub fn merge(
         }
     }
     let mut seen: HashMap<String, usize> = HashMap::new();
+    // Shard by shard, each let go once read: sources of more shards than a process may map
+    // together are merged too.
     for (i, ds) in sources.iter().enumerate() {
-        for s in ds.samples() {
-            let key = s?.key.to_string();
-            if let Some(&other) = seen.get(&key) {
-                return Err(refused(format!(
-                    "key {key:?} is in both {} and {}; nothing was written: keys must be \
-                     unique in the merged dataset",
-                    sources[other].dir().display(),
-                    ds.dir().display()
-                )));
+        for seq in 0..ds.manifest().shards.len() {
+            let shard = ds.shard_apart(seq)?;
+            let index = shard.index();
+            for key in (0..index.sample_count())
+                .filter_map(|n| index.sample(n).and_then(|e| index.key_of(&e)))
+            {
+                if let Some(&other) = seen.get(key) {
+                    return Err(refused(format!(
+                        "key {key:?} is in both {} and {}; nothing was written: keys must be \
+                         unique in the merged dataset",
+                        sources[other].dir().display(),
+                        ds.dir().display()
+                    )));
+                }
+                seen.insert(key.to_string(), i);
             }
-            seen.insert(key, i);
         }
     }
     let done = merged_so_far(sources, &dst, options.dataset_id, &refused)?;
@@ -105,8 +112,16 @@ pub fn merge(
             .push((ds.dir().display().to_string(), ds.len()));
         let resumed = skip.min(ds.len());
         skip -= resumed;
+        let mut apart: Option<(usize, Arc<crate::read::Shard>)> = None;
         for ordinal in resumed..ds.len() {
-            let sample = ds.sample(ordinal)?;
+            let (seq, local) = ds.locate(ordinal)?;
+            if apart.as_ref().is_none_or(|(s, _)| *s != seq) {
+                apart = Some((seq, ds.shard_apart(seq)?));
+            }
+            let shard = &apart.as_ref().expect("set above").1;
+            let sample = ds
+                .sample_of(shard, local)
+                .expect("locate keeps local below the shard's count");
             let tensors = read_all(ds, &sample)?;
             let fields: Vec<(&str, &[u8])> = (ds.schema().fields.iter())
                 .zip(&tensors)
