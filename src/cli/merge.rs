@@ -19,6 +19,11 @@ pub struct Args {
     /// Chunk codec of the destination: none, zstd, zstd-bytegroup.
     #[arg(long, default_value = "none")]
     codec: String,
+    /// log2 of the payload alignment of uncompressed chunks in the destination (6 to 20): by
+    /// default the first dataset's (a merge of datasets packed at 64 bytes was aligned at
+    /// 4 KiB, many times their size for small samples).
+    #[arg(long, value_name = "N")]
+    align_log2: Option<u8>,
     /// Print JSON.
     #[arg(long)]
     json: bool,
@@ -44,8 +49,15 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             Err(e) => return super::open_failed(e, a.json),
         }
     }
+    let align_log2 = a.align_log2.or_else(|| {
+        let first = opened.first()?;
+        (!first.manifest().shards.is_empty())
+            .then(|| first.shard_apart(0).ok().map(|s| s.header().align_log2))
+            .flatten()
+    });
     let options = WriteOptions {
         codec,
+        align_log2,
         ..WriteOptions::default()
     };
     let storage = hspack::store::open_location(dst)?;
