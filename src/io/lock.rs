@@ -129,11 +129,8 @@ impl SharedLock {
             let mut file = open_lock_file(&path)?;
             match file.try_lock() {
                 Ok(()) if still_named(&file, &path)? => {
-                    let text = format!(
-                        "writers sharing the dataset, the first of them pid {} on {}\n",
-                        std::process::id(),
-                        host_name()
-                    );
+                    let text =
+                        format!("{SHARED_HOLDER}{} on {}\n", std::process::id(), host_name());
                     file.set_len(0)
                         .and_then(|()| file.rewind())
                         .and_then(|()| file.write_all(text.as_bytes()))
@@ -349,6 +346,10 @@ fn still_named(file: &File, path: &Path) -> Result<bool> {
     }
 }
 
+/// What the lock file of writers sharing a dataset says, before the first one's process id
+/// and host.
+const SHARED_HOLDER: &str = "writers sharing the dataset, the first of them pid ";
+
 fn holder_text(file: &mut File, path: &Path) -> String {
     let mut text = String::new();
     let _ = file.take(256).read_to_string(&mut text);
@@ -357,6 +358,12 @@ fn holder_text(file: &mut File, path: &Path) -> String {
         t if t.starts_with(&format!("pid {} ", std::process::id())) => {
             format!("{t}: another writer of this process; finish or drop it first")
         }
+        t if holder_exited(t) && t.starts_with(SHARED_HOLDER) => format!(
+            "{t}, which has exited: the others sharing the dataset hold the lock, or a process \
+             one of them forked without exec (a DataLoader or multiprocessing worker) inherited \
+             it; `fuser -v {}` names them: wait for them, or stop them",
+            path.display()
+        ),
         t if holder_exited(t) => format!(
             "{t}, which has exited: a process it forked without exec (a DataLoader or \
              multiprocessing worker) inherited the lock and still holds it; `fuser -v {}` \
@@ -367,11 +374,15 @@ fn holder_text(file: &mut File, path: &Path) -> String {
     }
 }
 
-/// True when lock text `t` names a process of this host (`pid N on HOST`) that no longer
-/// runs. The lock is held all the same: by a child forked from it, which shares the open
-/// lock file. False where this cannot be told (no `/proc`).
+/// True when lock text `t` names a process of this host (`pid N on HOST`, also after the
+/// words of writers sharing the dataset) that no longer runs. The lock is held all the same:
+/// by a child forked from it, which shares the open lock file (or by the others sharing the
+/// dataset). False where this cannot be told (no `/proc`).
 fn holder_exited(t: &str) -> bool {
-    let Some((pid, host)) = t.strip_prefix("pid ").and_then(|r| r.split_once(" on ")) else {
+    let named = t
+        .strip_prefix("pid ")
+        .or_else(|| t.strip_prefix(SHARED_HOLDER));
+    let Some((pid, host)) = named.and_then(|r| r.split_once(" on ")) else {
         return false;
     };
     let proc = Path::new("/proc");
@@ -527,11 +538,14 @@ mod tests {
         held.try_lock().unwrap();
         let parent = std::os::unix::process::parent_id();
         for (pid, exited) in [(u32::MAX, true), (parent, false)] {
-            std::fs::write(&path, format!("pid {pid} on {}\n", host_name())).unwrap();
-            let msg = WriterLock::take(dir.path()).unwrap_err().to_string();
-            assert!(msg.contains(&format!("pid {pid} on ")), "{msg}");
-            assert_eq!(msg.contains("which has exited"), exited, "{msg}");
-            assert_eq!(msg.contains("fuser -v"), exited, "{msg}");
+            // Also as writers sharing the dataset name the first of them: it said only that.
+            for before in ["pid ", SHARED_HOLDER] {
+                std::fs::write(&path, format!("{before}{pid} on {}\n", host_name())).unwrap();
+                let msg = WriterLock::take(dir.path()).unwrap_err().to_string();
+                assert!(msg.contains(&format!("pid {pid} on ")), "{msg}");
+                assert_eq!(msg.contains("which has exited"), exited, "{msg}");
+                assert_eq!(msg.contains("fuser -v"), exited, "{msg}");
+            }
         }
     }
 
