@@ -110,7 +110,13 @@ mod written {
     use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
     use std::sync::Once;
 
-    const SLOTS: usize = 4096;
+    /// As many as the mappings a process may hold by default (`vm.max_map_count`, 65530):
+    /// a reader past 4096 shards mapped died of a write into one unexplained. Statics of
+    /// zeroes, so memory is taken only for the slots used.
+    const SLOTS: usize = 1 << 16;
+    /// Where the search for a free slot starts: after the slot last taken, so taking one costs
+    /// little however many are listed (slots free up about in the order they were taken).
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
     /// `si_code` of a fault on a page whose protection refuses the access (`<signal.h>`;
     /// the `libc` crate does not export it).
     const SEGV_ACCERR: libc::c_int = 2;
@@ -132,11 +138,13 @@ mod written {
         if !ON.load(Ordering::Acquire) {
             return None;
         }
-        let slot = (0..SLOTS).find(|&i| {
+        let from = NEXT.load(Ordering::Relaxed);
+        let slot = (from..SLOTS).chain(0..from).find(|&i| {
             ENDS[i]
                 .compare_exchange(0, usize::MAX, Ordering::AcqRel, Ordering::Relaxed)
                 .is_ok()
         })?;
+        NEXT.store((slot + 1) % SLOTS, Ordering::Relaxed);
         let name = Box::into_raw(Box::new(path.as_os_str().as_encoded_bytes().to_vec()));
         let old = PATHS[slot].swap(name, Ordering::AcqRel);
         if !old.is_null() {

@@ -12,6 +12,7 @@
 //! place, rather than a new mapping that faults in every page and is torn down after.
 
 use crate::detach::detached;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -30,13 +31,59 @@ struct Entry {
     id: FileId,
 }
 
-static MAPPINGS: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
+/// The registered mappings by base address, and how many entries there were after the last
+/// sweep of those no longer alive. Looked up by address, not scanned: a trainer reading a
+/// dataset of tens of thousands of shards registers as many mappings, and a scan per read
+/// made a pass over it quadratic.
+static MAPPINGS: Mutex<Registry> = Mutex::new(Registry {
+    by_base: BTreeMap::new(),
+    swept: 0,
+});
+
+struct Registry {
+    by_base: BTreeMap<usize, Entry>,
+    swept: usize,
+}
+
+impl Registry {
+    /// The live entry whose mapping holds `addr..addr + len`. Live mappings do not overlap,
+    /// so the one with the highest base at or below `addr` is the only candidate; entries no
+    /// longer alive (their memory may be mapped again since) are passed over.
+    fn holding(&self, addr: usize, len: usize) -> Option<&Entry> {
+        let end = addr.checked_add(len)?;
+        let e = self
+            .by_base
+            .range(..=addr)
+            .rev()
+            .map(|(_, e)| e)
+            .find(|e| e.map.is_alive())?;
+        (end <= e.map.base + e.map.len).then_some(e)
+    }
+
+    /// Adds the entry of `map` (replacing one of a mapping gone whose memory it reuses); the
+    /// entries no longer alive are swept whenever their number has doubled since the last
+    /// sweep, so a sweep costs nothing per mapping on average.
+    fn push(&mut self, map: MappingRef, path: &Path) {
+        self.by_base.insert(
+            map.base,
+            Entry {
+                id: map.file,
+                map,
+                path: path.to_path_buf(),
+            },
+        );
+        if self.by_base.len() > 2 * self.swept.max(64) {
+            self.by_base.retain(|_, e| e.map.is_alive());
+            self.swept = self.by_base.len();
+        }
+    }
+}
 
 /// The registry, or None while another thread holds it. Never waits: a DataLoader worker is
 /// forked while the trainer's pin-memory thread may be registering a received file, and a lock
 /// held by a thread the fork did not copy would be held forever in the child. Whoever finds
 /// it held does without: an unregistered tensor is sent as bytes, as torch sends it.
-fn entries() -> Option<std::sync::MutexGuard<'static, Vec<Entry>>> {
+fn entries() -> Option<std::sync::MutexGuard<'static, Registry>> {
     match MAPPINGS.try_lock() {
         Ok(all) => Some(all),
         Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
@@ -55,24 +102,19 @@ pub fn register(bytes: &FileBytes, path: &Path) {
     let Some(mut all) = entries() else {
         return;
     };
-    if all.iter().any(|e| e.map.same_as(&map)) {
+    if all
+        .by_base
+        .get(&map.base)
+        .is_some_and(|e| e.map.same_as(&map))
+    {
         return;
     }
     let Ok(file) = std::fs::File::open(path) else {
         return;
     };
     if FileId::of(&file, path).is_ok_and(|id| id == map.file) {
-        push(&mut all, map, path);
+        all.push(map, path);
     }
-}
-
-fn push(all: &mut Vec<Entry>, map: MappingRef, path: &Path) {
-    all.retain(|e| e.map.is_alive());
-    all.push(Entry {
-        id: map.file,
-        map,
-        path: path.to_path_buf(),
-    });
 }
 
 /// `(path, file offset, dev, ino)` of bytes `addr..addr + len` when they lie inside one live
@@ -81,18 +123,10 @@ fn push(all: &mut Vec<Entry>, map: MappingRef, path: &Path) {
 #[pyfunction]
 pub fn origin(addr: usize, len: usize) -> Option<(std::ffi::OsString, u64, u64, u64)> {
     let all = entries()?;
-    all.iter()
-        .filter(|e| e.map.is_alive())
-        .find(|e| {
-            addr >= e.map.base
-                && addr
-                    .checked_add(len)
-                    .is_some_and(|end| end <= e.map.base + e.map.len)
-        })
-        .map(|e| {
-            let offset = (addr - e.map.base) as u64;
-            (e.path.clone().into_os_string(), offset, e.id.dev, e.id.ino)
-        })
+    all.holding(addr, len).map(|e| {
+        let offset = (addr - e.map.base) as u64;
+        (e.path.clone().into_os_string(), offset, e.id.dev, e.id.ino)
+    })
 }
 
 /// How many received files a process keeps mapped; past it, the file received longest ago is
@@ -112,7 +146,7 @@ fn received_file(path: &Path, id: FileId) -> hspack::Result<FileBytes> {
     }
     let bytes = map_identified(path, id)?;
     if let (Some(map), Some(mut all)) = (bytes.mapping(), entries()) {
-        push(&mut all, map, path);
+        all.push(map, path);
     }
     if kept.len() == RECEIVED_FILES {
         kept.remove(0);

@@ -373,6 +373,30 @@ def test_a_write_on_many_threads_at_once_is_explained_once(tmp_path):
     assert "The process stops here." in run.stderr, run.stderr
 
 
+WRITES_INTO_THE_LAST_OF_MANY_SHARDS = """
+import sys, hspack
+ds = hspack.open(sys.argv[1])
+held = [ds[i]["input_ids"] for i in range(len(ds))]
+held[-1].mul_(2)
+"""
+
+
+def test_a_write_past_4096_shards_mapped_is_explained_too(tmp_path):
+    """The mappings a write is checked against were 4096: past as many shards mapped, a
+    write into one died unexplained."""
+    import signal
+    import subprocess
+    import sys
+
+    with hspack.Writer(tmp_path / "many", [hspack.token_ids()], durable=False, shard_samples=1, align_log2=6) as w:
+        for i in range(4200):
+            w.append(f"s{i}", input_ids=torch.tensor([i], dtype=torch.int32))
+    run = subprocess.run([sys.executable, "-c", WRITES_INTO_THE_LAST_OF_MANY_SHARDS, str(tmp_path / "many")], capture_output=True, text=True, timeout=300)
+    assert run.returncode == -signal.SIGSEGV, (run.returncode, run.stderr)
+    assert "hspack: this process wrote into memory that maps a dataset's file read-only" in run.stderr, run.stderr
+    assert "shard-004199" in run.stderr, run.stderr
+
+
 @pytest.mark.parametrize("how", ["torch", "numpy of torch"])
 def test_a_write_into_a_mapped_tensor_is_explained_before_the_process_dies(eagle_path, how):
     """Torch has no read-only tensors: a write into one over a mapped shard kills the process
