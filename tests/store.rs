@@ -1729,3 +1729,29 @@ fn a_dataset_whose_table_part_is_damaged_in_the_store_is_added_again_from_a_copy
         reads_as(&store_dir, &["a"], &a);
     }
 }
+
+/// A new dataset named as one of the store's own folders is refused: converted into, its key
+/// log went among the packs (counted by `du` as a pack, deleted by `gc`), and a convert into
+/// `STORE/locks` was refused as a folder holding other files.
+#[test]
+fn a_dataset_named_as_a_folder_of_the_store_is_refused() {
+    let t = tempfile::tempdir().unwrap();
+    let (store_dir, a, store) = store_holding_a(t.path());
+    for name in hspack::store::STORE_FOLDERS {
+        let e = add(&store, &Dataset::open(&a).unwrap(), name, &|_| {}).unwrap_err();
+        assert!(
+            e.to_string().contains(&format!(
+                "`{name}` is the name of one of the store's own folders"
+            )),
+            "{e}"
+        );
+        let e = DatasetWriter::create(
+            store_dir.join(name),
+            Dataset::open(&a).unwrap().schema().clone(),
+            Default::default(),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("choose another name"), "{e}");
+    }
+    reads_as(&store_dir, &["a"], &a);
+}

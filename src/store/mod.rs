@@ -201,6 +201,16 @@ fn has_file(dir: &Path, name: &str) -> bool {
         .is_ok_and(|size| size.is_some())
 }
 
+/// The folders of a store in a folder: no new dataset takes one's name (its `STORE/NAME/`
+/// folder, where convert keeps its key log, would be the store's own).
+pub const STORE_FOLDERS: [&str; 5] = [
+    "packs",
+    "datasets",
+    "locks",
+    "staging",
+    captures::CAPTURES_DIR,
+];
+
 /// When `path` is `STORE/NAME` (the parent a store, and no dataset at `path` itself), the
 /// store's folder or URL and the name. A name no dataset may have is given too, for
 /// [`StoreDataset::new`] to refuse: taken for a folder, it would be written among the store's

@@ -87,6 +87,17 @@ impl StoreDataset {
                     .into(),
             });
         }
+        // A dataset of that name made before this rule stays readable.
+        if super::STORE_FOLDERS.contains(&name) && store.read_snapshot(name)?.is_none() {
+            return Err(Error::Store {
+                path: store.root().join(name),
+                detail: format!(
+                    "`{name}` is the name of one of the store's own folders ({}): choose \
+                     another name for the dataset",
+                    super::STORE_FOLDERS.join(", ")
+                ),
+            });
+        }
         Ok(StoreDataset {
             path: store.root().join(name),
             staging: Arc::clone(store.staging()),
