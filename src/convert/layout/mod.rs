@@ -348,6 +348,7 @@ pub fn derive_schema(
     let is_hidden =
         |f: &Field| matches!(f.role, Role::HiddenState { .. } | Role::HiddenStates { .. });
     let hidden = fields.iter().find(|f| is_hidden(f));
+    refuse_repeated_layers(specs)?;
     refuse_other_widths(
         fields
             .iter()
@@ -386,6 +387,29 @@ pub fn derive_schema(
         .validate()
         .map_err(|e| LayoutError::BadOption(format!("the derived schema is invalid: {e}")))?;
     Ok(schema)
+}
+
+/// Refuses a stacked field naming a layer id twice (`--layers 2,2,2,61`): its layers would be
+/// labelled as one, whatever the tensor holds.
+fn refuse_repeated_layers(specs: &[FieldSpec]) -> Result<(), LayoutError> {
+    for spec in specs {
+        if let Role::HiddenStates { layers, .. } = &spec.role {
+            let mut seen = std::collections::HashSet::new();
+            if let Some(id) = layers.iter().find(|&&id| !seen.insert(id)) {
+                return Err(LayoutError::BadOption(format!(
+                    "field `{}` names layer {id} more than once ({}): each layer it stacks is \
+                     another layer id; give each once",
+                    spec.name,
+                    layers
+                        .iter()
+                        .map(u32::to_string)
+                        .collect::<Vec<_>>()
+                        .join(",")
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Refuses hidden-state fields of different widths: the hidden states of one model share its

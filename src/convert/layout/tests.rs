@@ -355,6 +355,11 @@ fn a_stacked_field_naming_too_few_layers_is_refused_by_the_models_width() {
             "{e}"
         );
     }
+    let e = schema_of(vec![2, 2, 30]).unwrap_err().to_string();
+    assert!(
+        e.contains("field `aux_hidden_state` names layer 2 more than once (2,2,30)"),
+        "{e}"
+    );
     let schema = schema_of(vec![2, 30, 58]).unwrap();
     assert_eq!(schema.fields[0].shape, vec![3, 32]);
     assert_eq!(schema.capture.unwrap().hidden_size, 32);

@@ -401,6 +401,16 @@ impl ConvertSpec {
     /// Refuses thread counts and shard sizes no machine has: a thread per job is started, and
     /// the shard size in bytes must fit in 64 bits.
     fn check_sizes(&self) -> Result<(), SpecError> {
+        use crate::format::schema::MAX_FIELDS;
+        if self.fields.len() > MAX_FIELDS {
+            return Err(SpecError::TooLarge {
+                flag: "--field",
+                key: "fields",
+                value: self.fields.len() as u64,
+                max: MAX_FIELDS as u64,
+                why: "a dataset's schema holds at most as many fields",
+            });
+        }
         if let Some(jobs) = self.jobs.filter(|&j| j as u64 > MAX_JOBS) {
             return Err(SpecError::TooLarge {
                 flag: "--jobs",

@@ -142,6 +142,16 @@ fn a_bad_spec_is_refused_naming_the_option() {
         ),
         (
             ConvertSpec {
+                fields: (0..4097)
+                    .map(|i| FieldArg::Flag(format!("f{i}=t{i}")))
+                    .collect(),
+                ..base()
+            },
+            "fields",
+            "--field 4097 (`fields` in a mapping file): must be at most 4096 (a dataset's schema",
+        ),
+        (
+            ConvertSpec {
                 group_by: Some("{key}.pt".into()),
                 ..base()
             },
