@@ -151,14 +151,32 @@ pub enum FieldProblem {
     },
 }
 
-/// One field of the generic layout, as the user gave it.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+/// One field of the generic layout, as the user gave it. Read from JSON as a string or an
+/// object, an object's mistake said by its key (an untagged enum said only that the entry
+/// matched no variant, for a misspelled `source` as for a missing `name`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 #[serde(untagged)]
 pub enum FieldArg {
     /// A `--field` argument: `NAME=SRC[:OPTION]...`.
     Flag(String),
     /// The same as an object whose keys are the options.
     Object(FieldObject),
+}
+
+impl<'de> serde::Deserialize<'de> for FieldArg {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        match serde_json::Value::deserialize(d)? {
+            serde_json::Value::String(s) => Ok(FieldArg::Flag(s)),
+            v @ serde_json::Value::Object(_) => FieldObject::deserialize(v)
+                .map(FieldArg::Object)
+                .map_err(|e| D::Error::custom(format!("a field object: {e}"))),
+            other => Err(D::Error::custom(format!(
+                "a field is a string (\"NAME=SRC[:OPTION]...\") or an object with `name`, \
+                 `source` and the options as keys, not {other}"
+            ))),
+        }
+    }
 }
 
 /// A field as an object: the `--field` options as keys.

@@ -291,6 +291,26 @@ fn a_mapping_key_given_as_a_flag_too_is_refused() {
         e.to_string(),
         "m.json: the mapping file sets `fields` and so does --field: give it in one place"
     );
+    // A field object's mistake is said by its key (it was "data did not match any variant
+    // of untagged enum FieldArg").
+    for (fields, said) in [
+        (
+            r#"[{"name": "h", "sourc": "x"}]"#,
+            "a field object: unknown field `sourc`",
+        ),
+        (
+            r#"[{"source": "x"}]"#,
+            "a field object: missing field `name`",
+        ),
+        (
+            r#"[7]"#,
+            "a field is a string (\"NAME=SRC[:OPTION]...\") or an object",
+        ),
+    ] {
+        let text = format!(r#"{{"fields": {fields}}}"#);
+        let e = Mapping::parse(&text, Path::new("m.json")).unwrap_err();
+        assert!(e.to_string().contains(said), "{e}");
+    }
     let e = Mapping::parse(r#"{"feilds": []}"#, Path::new("m.json")).unwrap_err();
     assert!(
         e.to_string()
