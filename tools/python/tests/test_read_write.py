@@ -511,6 +511,21 @@ def test_read_concat_joins_rows_and_reuses_memory_without_leaking_old_bytes(tmp_
         ds.read_concat(0, [])
 
 
+@pytest.mark.parametrize("capture, said", [
+    ({"modl": "m", "model": "m", "num_layers": 4, "hidden_size": 8, "dtype": "bf16"}, "unknown key(s) modl; the keys are model, revision"),
+    ({"model": "m", "num_layers": 4, "hidden_size": 8}, "missing dtype; it needs model, num_layers, hidden_size, dtype"),
+    (["m"], "a list; give a dict with model"),
+])
+def test_capture_metadata_misspelled_or_missing_a_key_is_named(tmp_path, capture, said):
+    """A misspelled key of `capture=` was dropped unsaid; a missing one was said as `option
+    schema: missing field ... at line 1 column 331`, of JSON the caller never wrote."""
+    with pytest.raises(hspack.HspackError) as e:
+        hspack.Writer(tmp_path / "ds", [hspack.token_ids(), hspack.hidden_state(2, 8)], capture)
+    assert e.value.kind == "BadOption" and e.value.option == "capture", e.value
+    assert str(e.value).startswith("option capture: ") and said in str(e.value), e.value
+    assert not (tmp_path / "ds").exists()
+
+
 def test_a_resume_without_the_datasets_capture_metadata_says_so(tmp_path):
     """Reopened with no capture metadata, a dataset that has some was refused as `capture
     `config_hash`: null here, null given` with "write to a new folder": it says what is

@@ -78,3 +78,30 @@ def normalize(fields: Sequence[Any]) -> list[dict]:
         f["role"] = _role(f.get("role", "other"))
         out.append(f)
     return out
+
+
+#: The keys of the capture metadata a writer takes (`capture=`), and those it needs.
+CAPTURE_KEYS = ("model", "revision", "config_hash", "num_layers", "hidden_size", "dtype", "tp_size", "tool", "tool_version")
+CAPTURE_NEEDS = ("model", "num_layers", "hidden_size", "dtype")
+
+
+def capture_metadata(capture: Any, tool: str, tool_version: str) -> dict:
+    """`capture=` of a writer as the manifest records it, `tool` and `tool_version` filled
+    where not given; a key misspelled (it was dropped unsaid) or one missing is refused naming
+    it (it was said as `option schema: missing field ... at line 1 column N` of JSON the caller
+    never wrote)."""
+    if not isinstance(capture, dict):
+        raise make_error("BadOption", f"option capture: a {type(capture).__name__}; give a dict with {', '.join(CAPTURE_NEEDS)}", option="capture")
+    unknown = sorted(str(k) for k in capture if k not in CAPTURE_KEYS)
+    if unknown:
+        raise make_error("BadOption", f"option capture: unknown key(s) {', '.join(unknown)}; the keys are {', '.join(CAPTURE_KEYS)}", option="capture")
+    missing = [k for k in CAPTURE_NEEDS if k not in capture]
+    if missing:
+        raise make_error(
+            "BadOption",
+            f"option capture: missing {', '.join(missing)}; it needs {', '.join(CAPTURE_NEEDS)} (the model's name, its layer count, "
+            'its hidden size and the hidden states\' dtype, e.g. "bf16"), and may give revision, config_hash and tp_size',
+            option="capture",
+        )
+    return {"tool": tool, "tool_version": tool_version, **capture}
+

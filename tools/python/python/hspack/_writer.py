@@ -8,7 +8,7 @@ from typing import Any, Sequence
 
 from . import _hspack
 from ._dtypes import input_bytes
-from ._schema import normalize
+from ._schema import capture_metadata, normalize
 
 TOOL = "hspack.python"
 
@@ -19,8 +19,8 @@ class Writer:
     uploaded when it rolls, and one writer at a time holds the dataset's lease.
 
     `schema` is a list of fields (dicts or `hspack.field` / `hidden_state` / `token_ids` /
-    `loss_mask`); `capture` optionally describes the capture (`model`, `num_layers`,
-    `hidden_size`, `dtype`, ...). Options: `chunk_bytes`, `shard_bytes`, `shard_samples`,
+    `loss_mask`); `capture`, where given, describes the capture: `model`, `num_layers`,
+    `hidden_size` and `dtype` (those four needed), `revision`, `config_hash`, `tp_size`. Options: `chunk_bytes`, `shard_bytes`, `shard_samples`,
     `codec` (`"none"`, `"zstd"`, `"zstd-bytegroup"`), `zstd_level`, `align_log2`, `durable`
     (default True; False skips fsync, for scratch data: a crash of the process still loses
     nothing committed, a power cut can lose commits or leave the dataset unreadable;
@@ -48,10 +48,7 @@ class Writer:
         self.path = os.fspath(path)
         doc: dict = {"fields": normalize(schema), "capture": None}
         if capture is not None:
-            capture = dict(capture)
-            capture.setdefault("tool", TOOL)
-            capture.setdefault("tool_version", _hspack.__version__)
-            doc["capture"] = capture
+            doc["capture"] = capture_metadata(capture, TOOL, _hspack.__version__)
         quantize = options.pop("quantize", None)
         if quantize is not None:
             doc["fields"] = quantized_fields(doc["fields"], quantize)

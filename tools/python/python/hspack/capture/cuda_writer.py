@@ -234,16 +234,13 @@ class CudaWriter:
         **options: Any,
     ):
         from .. import _hspack
-        from .._schema import normalize
+        from .._schema import capture_metadata, normalize
 
         native = _native()
         self.path = None if path is None else os.fspath(path)
         doc: dict = {"fields": normalize(schema), "capture": None}
         if capture is not None:
-            capture = dict(capture)
-            capture.setdefault("tool", "hspack.capture.CudaWriter")
-            capture.setdefault("tool_version", _hspack.__version__)
-            doc["capture"] = capture
+            doc["capture"] = capture_metadata(capture, "hspack.capture.CudaWriter", _hspack.__version__)
         quantize = options.pop("quantize", None)
         if quantize is not None:
             from .._writer import quantized_fields
