@@ -374,6 +374,32 @@ fn the_demo_replacing_its_own_keeps_the_users_files_beside_it() {
     assert_eq!(hspack::Dataset::open(t.path().join("ds")).unwrap().len(), 5);
 }
 
+/// The demo into a store's dataset (`STORE/NAME`) runs again over its earlier demo, and
+/// says how to remove it from the store (it said `rm -r STORE/NAME`, a folder that is not
+/// there, and a second run was refused as a dataset already there).
+#[test]
+fn the_demo_into_a_store_runs_again_and_says_how_to_remove_it() {
+    let t = tempfile::tempdir().unwrap();
+    assert!(hspack_in(&["store", "init", "st"], t.path())
+        .status
+        .success());
+    let args = ["demo", "--out", "st/d", "--samples", "2", "--hidden", "64"];
+    for _ in 0..2 {
+        let o = hspack_in(&args, t.path());
+        assert!(o.status.success(), "{}", text(&o));
+        assert!(text(&o).contains("store rm st d`, then `"), "{}", text(&o));
+    }
+    assert_eq!(
+        hspack::Dataset::open(t.path().join("st/d")).unwrap().len(),
+        2
+    );
+    for args in [&["store", "rm", "st", "d"][..], &["store", "gc", "st"]] {
+        let o = hspack_in(args, t.path());
+        assert!(o.status.success(), "{}", text(&o));
+    }
+    assert!(hspack::Dataset::open(t.path().join("st/d")).is_err());
+}
+
 /// The demo replaces only its own earlier dataset: another dataset in `--out` is refused
 /// and left whole.
 #[test]

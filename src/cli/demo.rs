@@ -49,7 +49,36 @@ pub struct Args {
     codec: String,
 }
 
+/// Only an earlier demo is replaced: a dataset that fails to open, or names another model,
+/// may be someone's data.
+fn refuse_other_than_a_demo(dir: &Path) -> anyhow::Result<()> {
+    let model = Dataset::open(dir)
+        .map_err(|e| e.to_string())
+        .and_then(|ds| match ds.schema().capture.as_ref() {
+            Some(c) if c.model == DEMO_MODEL => Ok(()),
+            Some(c) => Err(format!("a dataset of model `{}`", c.model)),
+            None => Err("a dataset with no capture metadata".into()),
+        });
+    if let Err(what) = model {
+        bail!(
+            "{} holds a dataset the demo did not write ({what}); the demo replaces only its own: \
+             choose another --out",
+            dir.display()
+        );
+    }
+    Ok(())
+}
+
 fn clear_previous(dir: &Path) -> anyhow::Result<()> {
+    // A store's dataset (`STORE/NAME`): an earlier demo there is removed from the store.
+    if let Some((store, name)) = hspack::store::split_store_path(dir) {
+        let store = hspack::store::Store::open(store)?;
+        if store.names()?.contains(&name) {
+            refuse_other_than_a_demo(dir)?;
+            store.remove(&name)?;
+        }
+        return Ok(());
+    }
     if !dir.exists() {
         return Ok(());
     }
@@ -68,22 +97,7 @@ fn clear_previous(dir: &Path) -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    // Only an earlier demo is replaced: a dataset that fails to open, or names another
-    // model, may be someone's data.
-    let model = Dataset::open(dir)
-        .map_err(|e| e.to_string())
-        .and_then(|ds| match ds.schema().capture.as_ref() {
-            Some(c) if c.model == DEMO_MODEL => Ok(()),
-            Some(c) => Err(format!("a dataset of model `{}`", c.model)),
-            None => Err("a dataset with no capture metadata".into()),
-        });
-    if let Err(what) = model {
-        bail!(
-            "{} holds a dataset the demo did not write ({what}); the demo replaces only its own: \
-             choose another --out",
-            dir.display()
-        );
-    }
+    refuse_other_than_a_demo(dir)?;
     // Only the files named exactly as a writer names its own: a file of yours beside them
     // whose name merely resembles one (`samples_stats.parquet`, `shard-1-old.hsp`) stays.
     let ours = |name: &str| {
@@ -274,8 +288,18 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     );
     let exe = invocation();
     let ds = shell_word(&a.out.display().to_string());
+    let remove = match hspack::store::split_store_path(&a.out) {
+        Some((store, name)) => {
+            let store = shell_word(&store.display().to_string());
+            format!(
+                "`{exe} store rm {store} {}`, then `{exe} store gc {store}`",
+                shell_word(&name)
+            )
+        }
+        None => format!("`rm -r {ds}`"),
+    };
     println!(
-        "done  : {} holds the dataset ({} on disk; remove it with `rm -r {ds}`)",
+        "done  : {} holds the dataset ({} on disk; remove it with {remove})",
         shown_path(&a.out),
         human_bytes(stats.bytes)
     );
