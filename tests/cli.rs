@@ -994,6 +994,19 @@ fn first_mistakes_name_the_next_step() {
         ],
     );
 
+    // A folder of datasets (it was said to hold files to convert, a key run's `.bin`).
+    for name in ["many/sm_b", "many/sm_a"] {
+        let o = hspack_in(
+            &["demo", "--out", name, "--samples", "1", "--hidden", "64"],
+            t.path(),
+        );
+        assert!(o.status.success(), "{}", text(&o));
+    }
+    refused(
+        &["info", "many"],
+        &["it is a folder of datasets (sm_a, sm_b): give one of them, as many/sm_a"],
+    );
+
     let occupied = t.path().join("occupied");
     std::fs::create_dir_all(&occupied).unwrap();
     std::fs::write(occupied.join("notes.txt"), "mine\n").unwrap();

@@ -103,6 +103,12 @@ fn not_a_dataset(root: &Path) -> Error {
             root.display(),
             root.display()
         )
+    } else if let Some(first) = local.then(|| datasets_in(root)).filter(|d| !d.is_empty()) {
+        format!(
+            "it is a folder of datasets ({}): give one of them, as {}",
+            first.join(", "),
+            root.join(&first[0]).display()
+        )
     } else if let Some(dump) = local.then(|| convertible_file(root)).flatten() {
         format!(
             "it has no manifest.json, and holds files to convert (such as {dump}): `hspack \
@@ -116,6 +122,27 @@ fn not_a_dataset(root: &Path) -> Error {
         path: root.to_path_buf(),
         why,
     }
+}
+
+/// The names of up to 5 datasets (folders holding a `manifest.json`) among the first 256
+/// entries of folder `dir`, in order.
+fn datasets_in(dir: &Path) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut found: Vec<String> = entries
+        .flatten()
+        .take(256)
+        .filter(|e| {
+            e.path()
+                .join(crate::format::manifest::MANIFEST_FILE)
+                .is_file()
+        })
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    found.sort();
+    found.truncate(5);
+    found
 }
 
 /// Whether folder `dir` holds shards, or shards being written (a look at its first 4096
