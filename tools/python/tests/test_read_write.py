@@ -191,6 +191,8 @@ def test_writer_rejects_wrong_dtype_and_shape(tmp_path):
         with pytest.raises(hspack.HspackError) as e:
             w.append("a", x=torch.zeros(2, 4, dtype=torch.uint16))
         assert ".to(torch.bfloat16); if they are bf16 bit patterns, view them: .view(torch.bfloat16)" in str(e.value), e.value
+        with pytest.raises(hspack.HspackError, match=r"sample key 5: an int, not a str; keys are strings"):
+            w.append(5, x=torch.zeros(2, 4, dtype=torch.bfloat16))
         with pytest.raises(hspack.HspackError):
             w.append("a", x=torch.zeros(2, 5, dtype=torch.bfloat16))
         w.append("a", x=torch.zeros(2, 8, dtype=torch.bfloat16)[:, ::2])  # strided input

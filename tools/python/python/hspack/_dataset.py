@@ -376,7 +376,7 @@ class Dataset:
         a row: one per row and layer by default). With `format="numpy"` the codes are uint8
         (the E4M3FN bits). Reading the field normally gives the dequantized values."""
         i = self._index(i)
-        codes, scales, group = self.native.read_quantized(i, field, tuple(rows) if rows is not None else None)
+        codes, scales, group = self.native.read_quantized(i, field, _rows_option(rows, i))
         f = next(f for f in self.schema if f["name"] == field)
         shape = [int(d) for d in f["shape"]]
         per_row = int(np.prod(shape, dtype=np.int64)) if shape else 1

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from ._errors import make_error
+from ._errors import kind_of, make_error
 
 #: hspack dtype name -> numpy dtype used for its bytes. bf16 and the fp8 types have no numpy
 #: type: these are their raw bits (uint16 / uint8); `ml_dtypes()` gives the real types.
@@ -144,7 +144,7 @@ def input_bytes(key: str, name: str, field: dict, value: Any) -> np.ndarray:
     if not isinstance(value, np.ndarray) and not (hasattr(value, "dtype") and hasattr(value, "shape")):
         raise make_error(
             "BadSample",
-            f"sample `{key}`, field `{name}`: a {type(value).__name__}, not a tensor; pass a torch tensor or a numpy array (torch.tensor(...) makes one)",
+            f"sample `{key}`, field `{name}`: {kind_of(value)}, not a tensor; pass a torch tensor or a numpy array (torch.tensor(...) makes one)",
             key=key,
             field=name,
         )

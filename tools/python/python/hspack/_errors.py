@@ -22,4 +22,10 @@ def make_error(kind: str, message: str, **context: Any) -> HspackError:
     return err
 
 
-__all__ = ["HspackError", "make_error"]
+def kind_of(value: Any) -> str:
+    """What `value` is, for an error: its type's name with its article (`an int`, `a list`)."""
+    name = type(value).__name__
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+
+
+__all__ = ["HspackError", "make_error", "kind_of"]

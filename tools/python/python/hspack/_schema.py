@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ._dataset import count_option
-from ._errors import make_error
+from ._errors import kind_of, make_error
 from ._hspack import EAGLE3
 
 _NAMES = EAGLE3["fields"]
@@ -91,7 +91,7 @@ def capture_metadata(capture: Any, tool: str, tool_version: str) -> dict:
     it (it was said as `option schema: missing field ... at line 1 column N` of JSON the caller
     never wrote)."""
     if not isinstance(capture, dict):
-        raise make_error("BadOption", f"option capture: a {type(capture).__name__}; give a dict with {', '.join(CAPTURE_NEEDS)}", option="capture")
+        raise make_error("BadOption", f"option capture: {kind_of(capture)}; give a dict with {', '.join(CAPTURE_NEEDS)}", option="capture")
     unknown = sorted(str(k) for k in capture if k not in CAPTURE_KEYS)
     if unknown:
         raise make_error("BadOption", f"option capture: unknown key(s) {', '.join(unknown)}; the keys are {', '.join(CAPTURE_KEYS)}", option="capture")

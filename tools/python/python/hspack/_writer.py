@@ -69,8 +69,10 @@ class Writer:
         `capture_key` (from `hspack.capture_key`, for a dataset `STORE/NAME` only): the store
         records at the next commit that this sample is that capture, so later runs into the
         store reuse it (`reuse_captured`) instead of running the model again."""
-        from ._errors import make_error
+        from ._errors import kind_of, make_error
 
+        if not isinstance(key, str):
+            raise make_error("BadSample", f"sample key {key!r}: {kind_of(key)}, not a str; keys are strings (str({key!r}) makes one)", key=str(key))
         parts = []
         for name, value in tensors.items():
             f = self._by_name.get(name)

@@ -26,6 +26,7 @@ from __future__ import annotations
 from typing import Any, Callable, Iterator, Sequence
 
 from .._dataset import count_option
+from .._errors import kind_of
 from . import order as _order
 
 # The ordering options that count something (samples, batches, tokens): 1 or more.
@@ -121,7 +122,7 @@ class Progress:
         state whose order would differ (see the module's rules); the rank may differ (a
         trainer may load rank 0's state on every rank)."""
         if not isinstance(state, dict) or not {"epoch", "consumed"} <= state.keys():
-            what = f"a dict of keys {sorted(map(str, state))[:8]}" if isinstance(state, dict) else f"a {type(state).__name__}"
+            what = f"a dict of keys {sorted(map(str, state))[:8]}" if isinstance(state, dict) else kind_of(state)
             raise ValueError(
                 f"not an hspack loader state ({what}; one holds `epoch` and `consumed`): give what "
                 "state_dict() of this loader, sampler or dataset returned (in a checkpoint, under the key you saved it as)"
