@@ -216,7 +216,13 @@ def test_a_plain_dataloader_over_ragged_samples_says_how_to_batch_them(eagle_pat
     loader = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=workers)
     with pytest.raises(hspack.HspackError, match=r"differ in shape in field .*PadCollate\(\)") as e:
         next(iter(loader))
-    assert "HspackLoader" in str(e.value) and "batch_size=None" in str(e.value)
+    assert "TokenBudgetBatchSampler(dataset, max_tokens=...)" in str(e.value) and "batch_size=None" in str(e.value)
+    # What it says runs (it said HspackLoader(dataset, batch_size=...), which refuses a map
+    # dataset without a sampler).
+    from hspack.torch import HspackLoader, PadCollate, TokenBudgetBatchSampler
+
+    told = HspackLoader(ds, batch_sampler=TokenBudgetBatchSampler(ds, max_tokens=4096), collate_fn=PadCollate(), num_workers=workers)
+    assert "attention_mask" in next(iter(told))
 
 
 def test_a_plain_dataloader_still_stacks_samples_of_one_length(tmp_path):

@@ -345,7 +345,8 @@ def _default_collate(batch: Sequence[Fields], *, collate_fn_map: Any = None) -> 
                 "BadOption",
                 f"option collate_fn: {which} of one batch differ in shape in field {name!r} ({', '.join(map(str, shapes))}), and "
                 "the DataLoader's default collate stacks equal shapes only. Pad them: collate_fn=hspack.torch.PadCollate() "
-                "(adds attention_mask and lengths), or hspack.torch.HspackLoader(dataset, batch_size=..., collate_fn=PadCollate()); "
+                "(adds attention_mask and lengths), or batch_sampler=hspack.torch.TokenBudgetBatchSampler(dataset, max_tokens=...) "
+                "with PadCollate() to batch samples of similar lengths; "
                 "or batch_size=None for one sample a step",
                 option="collate_fn",
             )
