@@ -282,6 +282,19 @@ fn a_file_given_for_a_folder_is_named_as_a_file() {
             "64",
         ],
         &["info", "notes.py"],
+        // Into a file, or a folder under one (said as "cannot read
+        // notes.py/convert-keys.jsonl: Not a directory").
+        &["convert", "a", "notes.py", "--layout", "specforge"],
+        &["cp", "a", "notes.py/copy"],
+        &[
+            "demo",
+            "--out",
+            "notes.py/d",
+            "--samples",
+            "2",
+            "--hidden",
+            "64",
+        ],
     ] {
         let o = hspack_in(args, t.path());
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));

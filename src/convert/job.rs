@@ -266,6 +266,7 @@ pub fn run(spec: &ConvertSpec, progress: &mut dyn FnMut(Progress)) -> Result<Rep
 /// key log and report, hspack's lock files, temp files, the shards of a run that failed
 /// before its first commit) and a volume's `lost+found` may be there.
 fn refuse_foreign_folder(dst: &Path) -> Result<(), RunError> {
+    crate::store::refuse_a_file_path(dst)?;
     if crate::io::is_remote(dst) || !dst.is_dir() || has_dataset(dst)? {
         return Ok(());
     }

@@ -165,12 +165,14 @@ pub fn is_store(dir: &Path) -> bool {
     has_file(dir, STORE_FILE)
 }
 
-/// Refuses `storage` as where a dataset is written when it is a file, or a store's root: the
-/// dataset's files would lie beside the store's, where neither the store nor a reader of the
-/// folder finds it. A dataset goes into a store as `STORE/NAME`.
-pub fn refuse_root(storage: &dyn Storage) -> Result<()> {
-    let root = storage.root();
-    if !crate::io::is_remote(root) && root.is_file() {
+/// Refuses `root` as a dataset's folder where it is a file, or lies under one (`notes.txt/ds`,
+/// where no folder can be made: it was said as "cannot stat .../store.json: Not a
+/// directory").
+pub fn refuse_a_file_path(root: &Path) -> Result<()> {
+    if crate::io::is_remote(root) {
+        return Ok(());
+    }
+    if root.is_file() {
         return Err(Error::NotADataset {
             path: root.to_path_buf(),
             why: "it is a file: give a folder to write the dataset in (a new one, or one \
@@ -178,6 +180,24 @@ pub fn refuse_root(storage: &dyn Storage) -> Result<()> {
                 .into(),
         });
     }
+    if let Some(file) = root.ancestors().skip(1).find(|a| a.is_file()) {
+        return Err(Error::NotADataset {
+            path: root.to_path_buf(),
+            why: format!(
+                "{} is a file, so no folder can be made under it: give a folder path to write \
+                 the dataset in",
+                file.display()
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Refuses `storage` as where a dataset is written when it is a file, or a store's root: the
+/// dataset's files would lie beside the store's, where neither the store nor a reader of the
+/// folder finds it. A dataset goes into a store as `STORE/NAME`.
+pub fn refuse_root(storage: &dyn Storage) -> Result<()> {
+    refuse_a_file_path(storage.root())?;
     if storage.size(STORE_FILE)?.is_none() {
         return Ok(());
     }
