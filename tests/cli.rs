@@ -337,6 +337,16 @@ fn a_file_given_for_a_folder_is_named_as_a_file() {
             &["--samples", "9999999999"][..],
             "--samples 9999999999: the demo takes at most 1048576",
         ),
+        // It said `option schema: ... row bytes is 0`; and --max-tokens alone under the
+        // default --min-tokens did not say that default.
+        (
+            &["--hidden", "0"][..],
+            "--hidden 0: a hidden state of no values; give 1 or more",
+        ),
+        (
+            &["--max-tokens", "16"][..],
+            "(given 24, 64 and 16; --min-tokens is 64 unless given)",
+        ),
     ] {
         let o = hspack_in(&[&["demo", "--out", "b"][..], args].concat(), t.path());
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));

@@ -346,8 +346,8 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             .map(|p| format!(", listed in {}", p.display()))
             .unwrap_or_default();
         lines.push(format!(
-            "skipped   {} bad files, whose samples the dataset lacks{listed}:",
-            r.bad.len()
+            "skipped   {}, whose samples the dataset lacks{listed}:",
+            count(r.bad.len() as u64, "bad file")
         ));
         const SHOWN: usize = 20;
         for b in r.bad.iter().take(SHOWN) {

@@ -129,7 +129,16 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         )
     })?;
     if a.min_tokens > a.max_tokens || a.samples == 0 || a.min_tokens == 0 {
-        bail!("need --samples >= 1 and 1 <= --min-tokens <= --max-tokens");
+        bail!(
+            "need --samples >= 1 and 1 <= --min-tokens <= --max-tokens (given {}, {} and {}; \
+             --min-tokens is 64 unless given)",
+            a.samples,
+            a.min_tokens,
+            a.max_tokens
+        );
+    }
+    if a.hidden == 0 {
+        bail!("--hidden 0: a hidden state of no values; give 1 or more");
     }
     // A demo's sizes: every product below stays far inside 64 bits.
     for (option, value, max) in [
