@@ -201,6 +201,8 @@ pub fn verify_dataset(
     let hashed = AtomicU64::new(0);
     // Every sample's key hash, to find a key given twice.
     let mut keys: Vec<u64> = Vec::new();
+    // The shards that did not open, each reported once.
+    let mut unopened = std::collections::HashSet::new();
     // A batch of shards at a time, each let go once checked: a process maps at most
     // `vm.max_map_count` regions (65530 by default), fewer than a large dataset's shards.
     for seqs in (0..manifest.shards.len())
@@ -211,7 +213,10 @@ pub fn verify_dataset(
         for &seq in seqs {
             match ds.open_shard(seq) {
                 Ok(s) => shards.push(Arc::new(s)),
-                Err(e) => problems.push(e),
+                Err(e) => {
+                    unopened.insert(seq);
+                    problems.push(e)
+                }
             }
         }
         problems.extend(check_shards(&shards, schema, &options, &hashed, progress));
@@ -227,7 +232,7 @@ pub fn verify_dataset(
         report.bytes_hashed = hashed.into_inner();
     }
     problems.extend(check_samples_tables(&ds, &mut missing));
-    problems.extend(check_key_runs(&ds, &mut missing));
+    problems.extend(check_key_runs(&ds, &mut missing, &unopened));
     if !missing.is_empty()
         && ds.storage().read(MANIFEST_FILE)?.as_deref() != Some(ds.manifest_bytes())
     {
@@ -530,8 +535,13 @@ pub(crate) fn samples_tables_intact(ds: &Dataset) -> bool {
 }
 
 /// Every key run (version 4) against its length and hash, its rules (§6.4), and the keys of
-/// its segment's shards: one entry per sample, none missing, none more.
-fn check_key_runs(ds: &Dataset, missing: &mut Vec<PathBuf>) -> Vec<Error> {
+/// its segment's shards: one entry per sample, none missing, none more. `unopened`: the shards
+/// the shard pass could not open, whose error it reported.
+fn check_key_runs(
+    ds: &Dataset,
+    missing: &mut Vec<PathBuf>,
+    unopened: &std::collections::HashSet<usize>,
+) -> Vec<Error> {
     let manifest = ds.manifest();
     let mut problems = Vec::new();
     for (g, files) in manifest.segments.iter().zip(&manifest.segment_files) {
@@ -558,15 +568,15 @@ fn check_key_runs(ds: &Dataset, missing: &mut Vec<PathBuf>) -> Vec<Error> {
         let mut want = Vec::with_capacity(found.len());
         let seqs = g.first_seq as usize..(g.first_seq + g.shards) as usize;
         // One shard mapped at a time (a segment may hold more than a process may map), each
-        // let go once its keys are taken. A damaged shard is reported on its own, and its keys
-        // cannot be compared; one that could not be read leaves this check undone, which is
-        // said (it passed unsaid, and verify called the dataset intact).
+        // let go once its keys are taken. A shard that does not open leaves this check
+        // undone: said by the shard pass where it failed there too, else here (it passed
+        // unsaid, and verify called the dataset intact).
         let mut unread = None;
         for seq in seqs {
             let shard = match ds.open_shard(seq) {
                 Ok(shard) => shard,
                 Err(e) => {
-                    unread = Some(e);
+                    unread = Some((seq, e));
                     break;
                 }
             };
@@ -579,8 +589,8 @@ fn check_key_runs(ds: &Dataset, missing: &mut Vec<PathBuf>) -> Vec<Error> {
                 })
             }));
         }
-        if let Some(e) = unread {
-            if !e.is_damage() {
+        if let Some((seq, e)) = unread {
+            if !unopened.contains(&seq) {
                 problems.push(e);
             }
             continue;

@@ -1010,6 +1010,10 @@ fn linked_files_and_folders_are_converted_and_a_loop_is_refused() {
     // a FIFO is passed over (it was passed over unsaid).
     std::os::unix::fs::symlink(src.join("a.safetensors"), src.join("zz-same.safetensors")).unwrap();
     std::fs::hard_link(src.join("a.safetensors"), src.join("zz-hard.safetensors")).unwrap();
+    // A file whose first name (in order) is one the layout does not take is converted under
+    // the name it takes (its sample was lost, and said converted as the other).
+    write_fwd_safetensors(&src.join("m.safetensors"), &[6], &[2]);
+    std::fs::hard_link(src.join("m.safetensors"), src.join("0-m.safetensors.bak")).unwrap();
     let fifo = src.join("zz-fifo.safetensors");
     assert!(Command::new("mkfifo")
         .arg(&fifo)
@@ -1019,7 +1023,12 @@ fn linked_files_and_folders_are_converted_and_a_loop_is_refused() {
     let ds = t.path().join("ds");
     let o = hspack(&fwd_args(&src, &ds, &[]));
     assert!(o.status.success(), "{}", text(&o));
-    assert_eq!(Dataset::open(&ds).unwrap().len(), 5, "{}", text(&o));
+    assert_eq!(Dataset::open(&ds).unwrap().len(), 6, "{}", text(&o));
+    assert!(
+        keys_in_order(&ds).iter().any(|k| k.starts_with("m/")),
+        "{:?}",
+        keys_in_order(&ds)
+    );
     assert_eq!(
         keys_in_order(&ds)
             .iter()
@@ -1027,9 +1036,10 @@ fn linked_files_and_folders_are_converted_and_a_loop_is_refused() {
             .count(),
         0
     );
-    assert!(text(&o).contains("3 other files ignored"), "{}", text(&o));
+    assert!(text(&o).contains("4 other files ignored"), "{}", text(&o));
+    assert!(!text(&o).contains(".bak is"), "{}", text(&o));
     assert!(
-        text(&o).contains("linked    2 files are names of files converted under another name")
+        text(&o).contains("linked    2 files under a second name (a hard link")
             && text(&o).contains("src/zz-hard.safetensors is ")
             && text(&o).contains("src/zz-same.safetensors is "),
         "{}",
@@ -1875,4 +1885,36 @@ fn a_key_log_of_a_removed_dataset_is_not_trusted_for_its_successor() {
     let d = Dataset::open(&x).unwrap();
     assert_eq!(d.len(), 1);
     assert_eq!(d.sample(0).unwrap().rows(), 3);
+}
+
+/// A store's dataset named as one of the store's folders (made before such names were
+/// refused) is not converted into: its key log went among the store's files, which `store gc`
+/// deleted.
+#[test]
+fn a_store_dataset_named_as_a_store_folder_is_not_converted_into() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, store) = (t.path().join("src"), t.path().join("st"));
+    std::fs::create_dir_all(&src).unwrap();
+    write_fwd_safetensors(&src.join("a.safetensors"), &[7], &[2]);
+    assert!(hspack(&["store", "init", s(&store)]).status.success());
+    let o = hspack(&fwd_args(&src, &store.join("x"), &[]));
+    assert!(o.status.success(), "{}", text(&o));
+    // Its file renamed, as an older hspack let a dataset be named.
+    let datasets = store.join("datasets");
+    let mut v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(datasets.join("x.json")).unwrap()).unwrap();
+    v["name"] = "packs".into();
+    std::fs::write(datasets.join("packs.json"), serde_json::to_vec(&v).unwrap()).unwrap();
+    std::fs::remove_file(datasets.join("x.json")).unwrap();
+    assert_eq!(Dataset::open(store.join("packs")).unwrap().len(), 1);
+    let o = hspack(&fwd_args(&src, &store.join("packs"), &[]));
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains(
+            "`packs` is the name of one of the store's own folders, where convert's key log"
+        ),
+        "{}",
+        text(&o)
+    );
+    assert!(!store.join("packs/convert-keys.jsonl").exists());
 }

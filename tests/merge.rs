@@ -236,6 +236,16 @@ fn the_command_line_merge_keeps_the_sources_alignment() {
     );
     assert!(o.status.success(), "{}", text(&o));
     assert_eq!(align("paged").0, 12);
+    // Into a store's dataset, the store's own 64 bytes, whatever the sources' (4 KiB here).
+    write(&t.path().join("r0"), "r0-", 3, HIDDEN);
+    write(&t.path().join("r1"), "r1-", 3, HIDDEN);
+    assert_eq!(align("r0").0, 12);
+    assert!(hspack_in(&["store", "init", "st"], t.path())
+        .status
+        .success());
+    let o = hspack_in(&["merge", "r0", "r1", "st/m"], t.path());
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(align("st/m").0, 6);
 }
 
 #[test]

@@ -323,3 +323,30 @@ fn an_os_error_is_said_once() {
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     os(&o);
 }
+
+/// A shard that cannot be opened is reported once: the key-run check, which opens each
+/// segment's shards again, said the same failure a second time.
+#[test]
+fn a_shard_that_does_not_open_is_reported_once() {
+    let t = tempfile::tempdir().unwrap();
+    let options = WriteOptions {
+        shard_samples: 1,
+        ..small_options()
+    };
+    let mut w = DatasetWriter::create(t.path(), capture_schema(8), options).unwrap();
+    for i in 0..6 {
+        let sample = capture_sample(i, 2, 8);
+        w.append(&format!("s{i}"), &as_fields(&sample)).unwrap();
+    }
+    w.finish().unwrap();
+    let shard = t.path().join("shard-000002.hsp");
+    std::fs::remove_file(&shard).unwrap();
+    std::os::unix::fs::symlink("shard-000002.hsp", &shard).unwrap();
+    let report = verify(t.path(), VerifyOptions::default(), &|_| {}).unwrap();
+    assert_eq!(report.problems.len(), 1, "{:?}", report.problems);
+    assert!(
+        report.problems[0].to_string().contains("shard-000002.hsp"),
+        "{}",
+        report.problems[0]
+    );
+}

@@ -9,7 +9,14 @@ fuzz_target!(|data: &[u8]| {
     let dir = std::env::temp_dir().join(format!("hspack-fuzz-keylog-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join(KEYS_FILE), data).unwrap();
-    if let Ok(log) = KeyLog::open(&dir, None, "", None) {
+    // Read as the run into the dataset its first line names reads it (a log of another
+    // dataset is deleted unread): the dataset of the first line that names one, if any.
+    let dataset = std::str::from_utf8(data).ok().and_then(|text| {
+        text.lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .find_map(|v| v.get("dataset")?.as_str().map(String::from))
+    });
+    if let Ok(log) = KeyLog::open(&dir, None, "", dataset.as_deref()) {
         // The way earlier runs keyed samples is read from the lines, whatever they say.
         let _ = log.keyed_before();
         let _ = log.split_before();

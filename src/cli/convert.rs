@@ -327,9 +327,9 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     }
     if !r.aliases.is_empty() {
         lines.push(format!(
-            "linked    {} files are names of files converted under another name (a hard link, \
-             or a symbolic link to a file), so converted once, as that one:",
-            r.aliases.len()
+            "linked    {} under a second name (a hard link, or a symbolic link to a file) of a \
+             file converted under the name shown, so converted once:",
+            count(r.aliases.len() as u64, "file")
         ));
         const SHOWN: usize = 20;
         for (file, first) in r.aliases.iter().take(SHOWN) {

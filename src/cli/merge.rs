@@ -20,8 +20,9 @@ pub struct Args {
     #[arg(long, default_value = "none")]
     codec: String,
     /// log2 of the payload alignment of uncompressed chunks in the destination (6 to 20): by
-    /// default the first dataset's (a merge of datasets packed at 64 bytes was aligned at
-    /// 4 KiB, many times their size for small samples).
+    /// default a store's own (64 bytes) for a store's dataset, else the first dataset's (a
+    /// merge of datasets packed at 64 bytes was aligned at 4 KiB, many times their size for
+    /// small samples).
     #[arg(long, value_name = "N")]
     align_log2: Option<u8>,
     /// Print JSON.
@@ -49,18 +50,23 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             Err(e) => return super::open_failed(e, a.json),
         }
     }
-    let align_log2 = a.align_log2.or_else(|| {
-        let first = opened.first()?;
-        (!first.manifest().shards.is_empty())
-            .then(|| first.shard_apart(0).ok().map(|s| s.header().align_log2))
-            .flatten()
-    });
+    let storage = hspack::store::open_location(dst)?;
+    // Given, else where the destination has its own (a store's 64 bytes), else the first
+    // source's.
+    let align_log2 = a
+        .align_log2
+        .or(storage.write_defaults().align_log2)
+        .or_else(|| {
+            let first = opened.first()?;
+            (!first.manifest().shards.is_empty())
+                .then(|| first.shard_apart(0).ok().map(|s| s.header().align_log2))
+                .flatten()
+        });
     let options = WriteOptions {
         codec,
         align_log2,
         ..WriteOptions::default()
     };
-    let storage = hspack::store::open_location(dst)?;
     let report = match merge(&opened, storage, options, &|_| {}) {
         Ok(r) => r,
         Err(e) => {

@@ -63,7 +63,7 @@ pub(super) fn to_convert(
         if bad.contains(&u.key) {
             continue;
         }
-        // Without a key log (a dataset in object storage or a store keeps none), a held key
+        // Without a key log (a dataset in object storage keeps none), a held key
         // is trusted, as before the log: comparing every held sample there would read the
         // whole dataset back on each rerun. The report counts those skipped.
         let key = match keys {

@@ -267,6 +267,20 @@ pub fn run(spec: &ConvertSpec, progress: &mut dyn FnMut(Progress)) -> Result<Rep
 /// before its first commit) and a volume's `lost+found` may be there.
 fn refuse_foreign_folder(dst: &Path) -> Result<(), RunError> {
     crate::store::refuse_a_file_path(dst)?;
+    // A store's dataset named as one of its folders (made before such names were refused):
+    // its key log would lie among the store's own files, which `store gc` deletes.
+    if let Some((store, name)) = crate::store::split_store_path(dst)
+        .filter(|(_, name)| crate::store::STORE_FOLDERS.contains(&name.as_str()))
+    {
+        return Err(RunError::Dataset(crate::Error::Store {
+            path: dst.to_path_buf(),
+            detail: format!(
+                "`{name}` is the name of one of the store's own folders, where convert's key log \
+                 would lie among the store's files: convert into another name of {}",
+                store.display()
+            ),
+        }));
+    }
     if crate::io::is_remote(dst) || !dst.is_dir() || has_dataset(dst)? {
         return Ok(());
     }

@@ -136,12 +136,12 @@ struct Walk {
     passed_over: Vec<PathBuf>,
     /// The device and inode of every folder walked.
     seen: std::collections::HashSet<(u64, u64)>,
-    /// The device and inode of every file found, and its first name: one reached again would
-    /// be converted twice, under two keys.
-    seen_files: std::collections::HashMap<(u64, u64), PathBuf>,
-    /// Files reached again under another name (a hard link, a link to a file), each with the
-    /// name it was first found under: [`Plan::aliases`] where the layout takes them.
-    again: Vec<(PathBuf, PathBuf)>,
+    /// The device and inode of every file found, and where it is in `files`: one reached
+    /// again would be converted twice, under two keys.
+    seen_files: std::collections::HashMap<(u64, u64), usize>,
+    /// Files reached again under another name (a hard link, a link to a file), each with
+    /// where the file is in `files`: [`Plan::aliases`] where the layout takes them.
+    again: Vec<(PathBuf, usize)>,
     /// The device and inode of the destination, when it lies in the source: not walked (its
     /// files are the dataset being written, not dumps).
     skip: Option<(u64, u64)>,
@@ -196,12 +196,11 @@ fn walk(dir: &Path, above: &mut Vec<(u64, u64)>, found: &mut Walk) -> Result<(),
             walk(&path, above, found)?;
         } else if !meta.is_file() {
             found.passed_over.push(path);
-        } else if let Some(first) = found.seen_files.get(&(meta.dev(), meta.ino())) {
-            found.again.push((path, first.clone()));
+        } else if let Some(&i) = found.seen_files.get(&(meta.dev(), meta.ino())) {
+            found.again.push((path, i));
         } else {
-            found
-                .seen_files
-                .insert((meta.dev(), meta.ino()), path.clone());
+            let at = found.files.len();
+            found.seen_files.insert((meta.dev(), meta.ino()), at);
             found.files.push((path, meta.len()));
         }
     }
@@ -358,16 +357,45 @@ pub fn plan(
         found.files.push((src.to_path_buf(), meta.len()));
         src.parent().map(Path::to_path_buf).unwrap_or_default()
     };
-    let takes = |rel: &str| match group_by {
-        Some(p) => match_pattern(p, rel).is_some(),
-        None => preset.accepts(rel),
-    };
-    let mut plan = Plan::default();
-    for (path, first) in found.again {
-        match takes(&rel_name(&root, &path)) {
-            true => plan.aliases.push((path, first)),
-            false => found.passed_over.push(path),
+    // Whether a file is a unit's: a split file beside a batch is not, nor one the layout or
+    // the pattern does not take.
+    let takes = |path: &Path| {
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy())
+            .unwrap_or_default();
+        if split_file.is_some_and(|p| is_split_file(p, &name)) {
+            return false;
         }
+        let rel = rel_name(&root, path);
+        match group_by {
+            Some(p) => match_pattern(p, &rel).is_some(),
+            None => preset.accepts(&rel),
+        }
+    };
+    // A file reached under several names is converted under the first the layout takes (the
+    // first found may be one it does not, a backup's name); its other names the layout takes
+    // are listed as aliases of that one, the rest passed over.
+    let mut plan = Plan::default();
+    let mut others: Vec<Vec<PathBuf>> = vec![Vec::new(); found.files.len()];
+    for (path, i) in found.again {
+        others[i].push(path);
+    }
+    for (i, names) in others.into_iter().enumerate() {
+        if names.is_empty() {
+            continue;
+        }
+        let mut all: Vec<PathBuf> = std::iter::once(found.files[i].0.clone())
+            .chain(names)
+            .collect();
+        let chosen = all.remove(all.iter().position(|p| takes(p)).unwrap_or(0));
+        for name in all {
+            match takes(&name) {
+                true => plan.aliases.push((name, chosen.clone())),
+                false => found.passed_over.push(name),
+            }
+        }
+        found.files[i].0 = chosen;
     }
     let mut files = found.files;
     files.sort();

@@ -223,13 +223,14 @@ fn has_file(dir: &Path, name: &str) -> bool {
 
 /// The folders of a store in a folder: no new dataset takes one's name (its `STORE/NAME/`
 /// folder, where convert keeps its key log, would be the store's own).
-pub const STORE_FOLDERS: [&str; 5] = [
-    "packs",
-    "datasets",
-    "locks",
-    "staging",
-    captures::CAPTURES_DIR,
-];
+pub const STORE_FOLDERS: [&str; 5] = [PACKS, DATASETS, LOCKS, STAGING, captures::CAPTURES_DIR];
+
+/// The store's folders (in object storage, prefixes) of packs, of named datasets, of locks,
+/// and (in a folder) of files being written.
+const PACKS: &str = "packs";
+const DATASETS: &str = "datasets";
+const LOCKS: &str = "locks";
+const STAGING: &str = "staging";
 
 /// When `path` is `STORE/NAME` (the parent a store, and no dataset at `path` itself), the
 /// store's folder or URL and the name. A name no dataset may have is given too, for
@@ -321,7 +322,7 @@ impl Store {
             });
         }
         if !crate::io::is_remote(dir) {
-            for sub in ["", "packs", "datasets", "locks", captures::CAPTURES_DIR] {
+            for sub in ["", PACKS, DATASETS, LOCKS, captures::CAPTURES_DIR] {
                 crate::io::local::create_dir_durable(&dir.join(sub))?;
             }
         }
@@ -351,19 +352,19 @@ impl Store {
         let meta = part(dir, "")?;
         let config = read_config(dir, &*meta)?;
         let (staging, locks) = match crate::io::is_remote(dir) {
-            false => (dir.join("staging"), Locks::Folder(dir.join("locks"))),
+            false => (dir.join(STAGING), Locks::Folder(dir.join(LOCKS))),
             // Files being written are staged on this machine, in a folder of this store.
             true => (
                 std::env::temp_dir()
                     .join("hspack-store-staging")
                     .join(&config.id),
-                Locks::Objects(ObjectStorage::open(&part_url(dir, "locks"))?),
+                Locks::Objects(ObjectStorage::open(&part_url(dir, LOCKS))?),
             ),
         };
         let parts = StoreParts {
             meta,
-            packs: part(dir, "packs")?,
-            datasets: part(dir, "datasets")?,
+            packs: part(dir, PACKS)?,
+            datasets: part(dir, DATASETS)?,
             captures: part(dir, captures::CAPTURES_DIR)?,
             staging: Arc::new(LocalStorage::new(staging)),
             locks,

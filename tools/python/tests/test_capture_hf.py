@@ -233,7 +233,7 @@ def test_extract_driver_resumes_with_a_sink(tmp_path, causal_lm):
     assert extract(str(tmp_path / "model"), str(data), LAYERS, str(tmp_path / "out"), sink=sink) == 0
 
 
-def test_an_interrupted_extract_commits_what_it_captured_and_a_rerun_captures_the_rest(tmp_path, causal_lm, monkeypatch):
+def test_an_interrupted_extract_commits_what_it_captured_and_a_rerun_captures_the_rest(tmp_path, causal_lm, monkeypatch, capsys):
     """Ctrl-C during an extraction dropped every sample captured since the last commit (all
     of them, for a shard not yet full); they are whole, so they are committed, and said."""
     import hspack
@@ -259,6 +259,22 @@ def test_an_interrupted_extract_commits_what_it_captured_and_a_rerun_captures_th
     monkeypatch.undo()
     assert extract(model, str(data), LAYERS, out, batch_size=1) == 2
     assert sorted(hspack.open(out).keys()) == [f"p{i}" for i in range(5)]
+    # Interrupted again while committing: the command says so, not that nothing was
+    # committed (it said so, the commit having landed), and exits 130.
+    calls.clear()
+    monkeypatch.setattr(HFCapture, "run", interrupted_at_the_fourth_batch)
+    commit = hspack.Writer.commit
+
+    def interrupted_after(self):
+        commit(self)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(hspack.Writer, "commit", interrupted_after)
+    again = str(tmp_path / "again")
+    code = hf.main(["extract", "--model", model, "--data", str(data), "--layers", ",".join(map(str, LAYERS)), "--out", again, "--batch-size", "1"])
+    said = capsys.readouterr().err
+    assert code == 130 and "interrupted again while committing what was captured" in said, said
+    assert "nothing was committed" not in said
 
 
 def test_resume_refuses_a_stored_sample_whose_prompt_now_gives_other_tokens(tmp_path, causal_lm):

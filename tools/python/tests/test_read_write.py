@@ -191,6 +191,12 @@ def test_writer_rejects_wrong_dtype_and_shape(tmp_path):
         with pytest.raises(hspack.HspackError) as e:
             w.append("a", x=torch.zeros(2, 4, dtype=torch.uint16))
         assert ".to(torch.bfloat16); if they are bf16 bit patterns, view them: .view(torch.bfloat16)" in str(e.value), e.value
+
+        class ArrayLike:  # has a dtype and a shape, and is not a torch tensor
+            dtype, shape = np.dtype(np.float32), (2, 4)
+
+        with pytest.raises(hspack.HspackError, match="dtype float32, the schema says bf16"):
+            w.append("a", x=ArrayLike())
         with pytest.raises(hspack.HspackError, match=r"sample key 5: an int, not a str; keys are strings"):
             w.append(5, x=torch.zeros(2, 4, dtype=torch.bfloat16))
         with pytest.raises(hspack.HspackError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numpy as np
@@ -165,7 +166,8 @@ def input_bytes(key: str, name: str, field: dict, value: Any) -> np.ndarray:
         if got != want:
             to = torch_dtypes().get(want)
             fix = f"; convert it: .to({to})" if to is not None else ""
-            if to is not None and to.is_floating_point and not value.dtype.is_floating_point and value.element_size() == to.itemsize:
+            torch = sys.modules.get("torch")  # a torch tensor means torch is imported
+            if to is not None and torch is not None and isinstance(value, torch.Tensor) and to.is_floating_point and not value.dtype.is_floating_point and value.element_size() == to.itemsize:
                 # Integers of the width of a float type may be its bit patterns (as numpy holds
                 # bf16), which .to() would convert as numbers into other values.
                 fix = f"; if these are its values, convert them: .to({to}); if they are {want} bit patterns, view them: .view({to})"

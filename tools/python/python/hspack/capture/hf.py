@@ -406,12 +406,21 @@ def extract(
             except KeyboardInterrupt as e:
                 # The samples appended are whole: committed, a rerun resumes after them (the
                 # writer's exit would drop them with the interrupt).
-                held = writer.commit()["samples"]
-                e.add_note(f"{out} holds the {held} samples captured so far: run the same command again to capture the rest")
+                try:
+                    held = writer.commit()["samples"]
+                except KeyboardInterrupt as again:
+                    _note(again, f"{out}: interrupted again while committing what was captured; run the same command again: it resumes after what the dataset holds")
+                    raise
+                _note(e, f"{out} holds the {held} samples captured so far: run the same command again to capture the rest")
                 raise
     return capture_samples(net, samples, points.ids, sink, batch_size=batch_size,
                            pad_id=pad_id, padding_side=padding_side, progress=True, stack=stack,
                            counts=counts)
+
+
+def _note(e: BaseException, text: str) -> None:
+    """Adds `text` to `e`'s notes (`BaseException.add_note`, which Python 3.9 and 3.10 lack)."""
+    e.__notes__ = [*getattr(e, "__notes__", []), text]
 
 
 class _Tokenizer:
@@ -518,7 +527,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:
-        said = "; ".join(getattr(e, "__notes__", [])) or "nothing was committed"
+        said = "; ".join(getattr(e, "__notes__", [])) or f"{args.out} holds what was committed before; run the same command again to resume"
         print(f"{parser.prog}: interrupted: {said}", file=sys.stderr)
         return 130
     print(f"wrote {n} samples to {args.out}; {counts.summary()}", file=sys.stderr)
