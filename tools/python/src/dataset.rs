@@ -219,8 +219,15 @@ impl Dataset {
     fn keys(&self, py: Python<'_>) -> PyResult<Vec<String>> {
         detached(py, || {
             let mut keys = Vec::with_capacity(claimed(self.inner.len()));
-            for part in self.inner.keys_by_shard() {
-                keys.extend(part.keys?.into_iter().map(str::to_string));
+            // Shard by shard, each let go once read (unless a read keeps it): a dataset of
+            // more shards than a process may map is listed too.
+            for seq in 0..self.inner.manifest().shards.len() {
+                let shard = self.inner.shard_apart(seq)?;
+                let index = shard.index();
+                keys.extend((0..index.sample_count()).map(|i| {
+                    let key = index.sample(i).and_then(|s| index.key_of(&s));
+                    key.unwrap_or("").to_string()
+                }));
             }
             Ok(keys)
         })
@@ -234,10 +241,14 @@ impl Dataset {
             let n = claimed(self.inner.len());
             let mut rows = Vec::with_capacity(16 * n);
             let mut loss = Vec::with_capacity(8 * n);
-            for s in self.inner.samples() {
-                let s = s?;
-                rows.extend_from_slice(&s.entry.rows.to_le_bytes());
-                loss.extend_from_slice(&s.entry.loss_rows.to_le_bytes());
+            // Shard by shard, as `keys`: no data is read, and no shard stays mapped for it.
+            for seq in 0..self.inner.manifest().shards.len() {
+                let shard = self.inner.shard_apart(seq)?;
+                let index = shard.index();
+                for entry in (0..index.sample_count()).filter_map(|i| index.sample(i)) {
+                    rows.extend_from_slice(&entry.rows.to_le_bytes());
+                    loss.extend_from_slice(&entry.loss_rows.to_le_bytes());
+                }
             }
             rows.extend_from_slice(&loss);
             Ok(rows)

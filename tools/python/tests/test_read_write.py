@@ -381,6 +381,24 @@ def test_a_write_on_many_threads_at_once_is_explained_once(tmp_path):
     assert "The process stops here." in run.stderr, run.stderr
 
 
+def test_keys_and_lengths_keep_no_shard_mapped(tmp_path):
+    """`keys()` and `lengths` (no data read) mapped every shard and kept it: past
+    vm.max_map_count shards they failed, and the process died at its next allocation."""
+    with hspack.Writer(tmp_path / "many", [hspack.token_ids()], durable=False, shard_samples=1, align_log2=6) as w:
+        for i in range(600):
+            w.append(f"s{i}", input_ids=torch.arange(i % 5 + 1, dtype=torch.int32))
+
+    def regions():
+        with open("/proc/self/maps") as f:
+            return sum(1 for _ in f)
+
+    ds = hspack.open(tmp_path / "many")
+    before = regions()
+    assert ds.keys() == [f"s{i}" for i in range(600)]
+    assert list(ds.lengths) == [i % 5 + 1 for i in range(600)]
+    assert regions() < before + 50, (before, regions())
+
+
 WRITES_INTO_THE_LAST_OF_MANY_SHARDS = """
 import sys, hspack
 ds = hspack.open(sys.argv[1])
