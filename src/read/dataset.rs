@@ -432,18 +432,21 @@ impl Dataset {
     }
 
     /// The keys of shard `seq` (below the shard count) in ordinal order, or the error that
-    /// shard fails to open with.
-    fn shard_keys(&self, seq: usize) -> Result<Vec<&str>> {
-        let index = self.shard(seq)?.index();
+    /// shard fails to open with; the shard opened apart ([`Dataset::shard_apart`]).
+    fn shard_keys(&self, seq: usize) -> Result<Vec<String>> {
+        let shard = self.shard_apart(seq)?;
+        let index = shard.index();
         Ok((0..index.sample_count())
             .map(|i| index.sample(i).and_then(|s| index.key_of(&s)).unwrap_or(""))
+            .map(str::to_string)
             .collect())
     }
 
     /// Every key in ordinal order, shard by shard: one item per shard, holding that shard's
     /// keys or the error it fails to open with, so that one damaged shard does not hide the
-    /// keys of the others.
-    pub fn keys_by_shard(&self) -> impl Iterator<Item = ShardKeys<'_>> + '_ {
+    /// keys of the others. Each shard is let go once its keys are taken: a dataset of more
+    /// shards than a process may map is walked too.
+    pub fn keys_by_shard(&self) -> impl Iterator<Item = ShardKeys> + '_ {
         self.manifest
             .shards
             .iter()
@@ -516,7 +519,7 @@ impl Dataset {
 
 /// The keys of one shard, from [`Dataset::keys_by_shard`].
 #[derive(Debug)]
-pub struct ShardKeys<'d> {
+pub struct ShardKeys {
     /// Shard number.
     pub seq: usize,
     /// Shard file.
@@ -524,7 +527,7 @@ pub struct ShardKeys<'d> {
     /// Ordinals of the shard's samples, from the manifest.
     pub ordinals: Range<u64>,
     /// The keys in ordinal order, or the error the shard fails to open with.
-    pub keys: Result<Vec<&'d str>>,
+    pub keys: Result<Vec<String>>,
 }
 
 /// What a shard's index says of one sample, from [`Dataset::samples`].

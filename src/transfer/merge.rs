@@ -81,16 +81,10 @@ pub fn merge(
         }
     }
     let mut seen: HashMap<String, usize> = HashMap::new();
-    // Shard by shard, each let go once read: sources of more shards than a process may map
-    // together are merged too.
     for (i, ds) in sources.iter().enumerate() {
-        for seq in 0..ds.manifest().shards.len() {
-            let shard = ds.shard_apart(seq)?;
-            let index = shard.index();
-            for key in (0..index.sample_count())
-                .filter_map(|n| index.sample(n).and_then(|e| index.key_of(&e)))
-            {
-                if let Some(&other) = seen.get(key) {
+        for part in ds.keys_by_shard() {
+            for key in part.keys? {
+                if let Some(&other) = seen.get(&key) {
                     return Err(refused(format!(
                         "key {key:?} is in both {} and {}; nothing was written: keys must be \
                          unique in the merged dataset",
@@ -98,7 +92,7 @@ pub fn merge(
                         ds.dir().display()
                     )));
                 }
-                seen.insert(key.to_string(), i);
+                seen.insert(key, i);
             }
         }
     }

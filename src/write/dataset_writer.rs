@@ -157,16 +157,8 @@ impl DatasetWriter {
                     ),
                 });
             }
-            // Shard by shard, each let go once its keys are taken: a dataset of more shards
-            // than a process may map is resumed too.
-            for seq in 0..ds.manifest().shards.len() {
-                let shard = ds.shard_apart(seq)?;
-                let index = shard.index();
-                for i in 0..index.sample_count() {
-                    if let Some(key) = index.sample(i).and_then(|e| index.key_of(&e)) {
-                        keys.insert(key.to_string());
-                    }
-                }
+            for part in ds.keys_by_shard() {
+                keys.extend(part.keys?);
             }
             (ds.manifest().clone(), blake3::hash(ds.manifest_bytes()))
         } else {

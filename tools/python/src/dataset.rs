@@ -219,15 +219,8 @@ impl Dataset {
     fn keys(&self, py: Python<'_>) -> PyResult<Vec<String>> {
         detached(py, || {
             let mut keys = Vec::with_capacity(claimed(self.inner.len()));
-            // Shard by shard, each let go once read (unless a read keeps it): a dataset of
-            // more shards than a process may map is listed too.
-            for seq in 0..self.inner.manifest().shards.len() {
-                let shard = self.inner.shard_apart(seq)?;
-                let index = shard.index();
-                keys.extend((0..index.sample_count()).map(|i| {
-                    let key = index.sample(i).and_then(|s| index.key_of(&s));
-                    key.unwrap_or("").to_string()
-                }));
+            for part in self.inner.keys_by_shard() {
+                keys.extend(part.keys?);
             }
             Ok(keys)
         })
