@@ -150,6 +150,105 @@ fn verify_maps_a_bounded_number_of_shards_at_once() {
     );
 }
 
+/// A dataset of `shards` one-sample shards, keyed `s0`, `s1`, ….
+fn many_shards(dir: &std::path::Path, shards: u64) {
+    let schema = Schema::new(vec![Field::new("ids", DType::I32, &[], Role::TokenIds)]);
+    let options = WriteOptions {
+        durable: false,
+        shard_samples: 1,
+        align_log2: Some(6),
+        ..WriteOptions::default()
+    };
+    let mut w = DatasetWriter::create(dir, schema, options).unwrap();
+    for i in 0..shards {
+        let id = (i as i32).to_le_bytes();
+        w.append(&format!("s{i}"), &[("ids", &id[..])]).unwrap();
+    }
+    w.finish().unwrap();
+}
+
+fn regions() -> usize {
+    std::fs::read_to_string("/proc/self/maps")
+        .unwrap()
+        .lines()
+        .count()
+}
+
+/// A reader kept every shard it read mapped: reading through a dataset of more shards than
+/// a process may map failed (`compare` of two 32,700-shard datasets aborted, and a Python
+/// pass over 65,000 shards failed, then the interpreter died). It keeps at most
+/// `mapped_shards`, the one mapped longest let go first, whatever the order of the reads.
+#[test]
+fn a_reader_keeps_at_most_its_mapped_shards() {
+    let _alone = ALONE.lock().unwrap_or_else(|e| e.into_inner());
+    const SHARDS: u64 = 3000;
+    let dir = tempfile::tempdir().unwrap();
+    many_shards(dir.path(), SHARDS);
+    let options = || hspack::ReadOptions {
+        mapped_shards: Some(100),
+        ..hspack::ReadOptions::default()
+    };
+    let base = regions();
+    let a = hspack::Dataset::open_with(dir.path(), options()).unwrap();
+    let b = hspack::Dataset::open_with(dir.path(), options()).unwrap();
+    let mut most = 0;
+    for i in 0..SHARDS {
+        let s = a.sample(i).unwrap();
+        assert_eq!(
+            s.read("ids", None).unwrap().bytes(),
+            (i as i32).to_le_bytes()
+        );
+        // By key, in another order.
+        let k = (i * 7919) % SHARDS;
+        let s = b.get_by_key(&format!("s{k}")).unwrap();
+        assert_eq!(s.ordinal(), k);
+        if i % 100 == 0 {
+            most = most.max(regions());
+        }
+    }
+    let compared = hspack::compare::compare(&a, &b, &Default::default()).unwrap();
+    assert_eq!(compared.samples, SHARDS);
+    most = most.max(regions());
+    assert!(most < base + 600, "{most} regions mapped ({base} before)");
+    // What a reader holds stays mapped past the limit, and reads the same.
+    let first = a.sample(0).unwrap();
+    for i in 1..300 {
+        a.sample(i).unwrap();
+    }
+    assert_eq!(first.read("ids", None).unwrap().bytes(), 0i32.to_le_bytes());
+}
+
+/// `store add` opened every pack it wrote to read it back, and kept each open: a dataset of
+/// more shards than a process may map could not be added (it aborted after 66,000). A store
+/// handle keeps at most 4096 packs open.
+#[test]
+fn a_store_keeps_a_bounded_number_of_packs_open() {
+    let _alone = ALONE.lock().unwrap_or_else(|e| e.into_inner());
+    const SHARDS: u64 = 6000;
+    let dir = tempfile::tempdir().unwrap();
+    many_shards(&dir.path().join("src"), SHARDS);
+    let store = dir.path().join("store");
+    hspack::store::Store::init(&store).unwrap();
+    let st = std::sync::Arc::new(hspack::store::Store::open(&store).unwrap());
+    let src = hspack::Dataset::open(dir.path().join("src")).unwrap();
+    let base = regions();
+    let most = std::sync::atomic::AtomicUsize::new(0);
+    let calls = std::sync::atomic::AtomicU64::new(0);
+    let (report, _) = hspack::transfer::add_to_store(&st, &src, "many", &|_| {
+        if calls
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            .is_multiple_of(50)
+        {
+            most.fetch_max(regions(), std::sync::atomic::Ordering::Relaxed);
+        }
+    })
+    .unwrap();
+    assert_eq!(report.samples, SHARDS);
+    let most = most.into_inner().max(regions());
+    eprintln!("store add of {SHARDS} shards: at most {most} regions mapped ({base} before)");
+    assert!(most < base + 5000, "{most} regions mapped ({base} before)");
+}
+
 fn schema_of(dir: &std::path::Path) -> Schema {
     hspack::Dataset::open(dir).unwrap().schema().clone()
 }

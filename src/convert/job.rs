@@ -979,7 +979,7 @@ impl<'o> Run<'o> {
         let ds = Dataset::open(&self.o.dst)?;
         let schema = ds.schema().clone();
         for seq in self.verified..shards {
-            let shard = ds.shard(seq as usize).map_err(RunError::Verify)?;
+            let shard = ds.shard_apart(seq as usize).map_err(RunError::Verify)?;
             crate::parallel::install(|| {
                 (0..shard.footer().chunk_count)
                     .into_par_iter()

@@ -15,6 +15,7 @@
 pub mod aws_profile;
 pub mod bytes;
 pub mod cache;
+pub(crate) mod held;
 pub mod loan;
 pub mod local;
 pub mod lock;

@@ -7,6 +7,7 @@ use std::sync::{Arc, OnceLock};
 use crate::error::{Error, Result};
 use crate::format::{ChunkHeader, DType, ExtentEntry, Manifest, SampleEntry, Schema};
 use crate::io::cache::{CacheOptions, CachedStorage, ChunkCache};
+use crate::io::held::Held;
 use crate::io::Storage;
 
 use super::key_directory::{self, KeyDirectory};
@@ -29,6 +30,11 @@ struct ConcatPart {
 /// The largest span of a sample's chunks [`Sample::prefetch`] fetches in one request.
 pub const MAX_PREFETCH: u64 = 256 << 20;
 
+/// The shards a dataset keeps mapped unless [`ReadOptions::mapped_shards`] says otherwise:
+/// with a checked-chunk memo, two regions each, a quarter of the regions a process may map
+/// by default (`vm.max_map_count`, 65,530).
+pub const DEFAULT_MAPPED_SHARDS: usize = 8192;
+
 /// Options for reading.
 #[derive(Debug, Clone, Default)]
 pub struct ReadOptions {
@@ -47,17 +53,24 @@ pub struct ReadOptions {
     /// ([`crate::io::cache`]). Files a storage maps, as a local folder's are, are read in
     /// place and never cached. Used by [`Dataset::open_with`]. `None`: no cache.
     pub cache: Option<CacheOptions>,
+    /// At most this many shards stay mapped for later reads, the one mapped longest let go
+    /// first (it stays mapped while a sample or tensor read from it lives). `None`:
+    /// [`DEFAULT_MAPPED_SHARDS`]. A process maps at most `vm.max_map_count` regions, so a
+    /// dataset of more shards than that could not be read through if every shard stayed.
+    pub mapped_shards: Option<usize>,
 }
 
 /// An open dataset. Opening reads the manifest only; shards are mapped and checked on first
-/// use. Share it between threads by reference or `Arc`.
+/// use, and kept mapped up to [`ReadOptions::mapped_shards`]. Share it between threads by
+/// reference or `Arc`.
 #[derive(Debug)]
 pub struct Dataset {
     storage: Arc<dyn Storage>,
     manifest: Manifest,
     manifest_bytes: Vec<u8>,
     dataset_id: [u8; 16],
-    shards: Vec<OnceLock<Arc<Shard>>>,
+    /// The shards opened and kept, by number.
+    shards: Held<usize, Arc<Shard>>,
     options: ReadOptions,
     cache: Option<ChunkCache>,
     /// Which shards hold a key, built on the first lookup by key of a dataset of many shards.
@@ -225,7 +238,7 @@ impl Dataset {
         let Some((manifest, manifest_bytes)) = super::load_manifest(&*storage)? else {
             return Err(not_a_dataset(storage.root()));
         };
-        let shards = manifest.shards.iter().map(|_| OnceLock::new()).collect();
+        let shards = Held::new(options.mapped_shards.unwrap_or(DEFAULT_MAPPED_SHARDS));
         let key_runs = KeyRuns::new(manifest.segments.len());
         Ok(Dataset {
             dataset_id: manifest.dataset_id_bytes(),
@@ -285,32 +298,33 @@ impl Dataset {
         self.cache.as_ref()
     }
 
-    /// Shard `seq`, mapped and checked on first use.
-    pub fn shard(&self, seq: usize) -> Result<&Arc<Shard>> {
-        let Some(cell) = self.shards.get(seq) else {
-            return Err(self.no_such_shard(seq));
-        };
-        if let Some(s) = cell.get() {
+    /// Shard `seq`, mapped and checked on first use and kept for later reads (up to
+    /// [`ReadOptions::mapped_shards`]).
+    pub fn shard(&self, seq: usize) -> Result<Arc<Shard>> {
+        if let Some(s) = self.kept_shard(seq)? {
             return Ok(s);
         }
-        let shard = self.open_shard(seq)?;
-        Ok(cell.get_or_init(|| Arc::new(shard)))
+        let shard = Arc::new(self.open_shard(seq)?);
+        Ok(self.shards.keep(seq, shard))
     }
 
     /// Shard `seq` for a pass over every shard (a listing, a copy, a writer reopening the
-    /// dataset): the one the dataset keeps where it has opened it, else opened anew and not
-    /// kept, so it is let go once the caller and the samples read through it
-    /// ([`Dataset::sample_of`]) drop it. A pass through [`Dataset::shard`] keeps every shard
-    /// mapped, and a dataset of more shards than a process may map (`vm.max_map_count`,
-    /// 65530 by default) could not be walked.
+    /// dataset): the one the dataset keeps where it has it, else opened anew and not kept, so
+    /// it is let go once the caller and the samples read through it ([`Dataset::sample_of`])
+    /// drop it, and the pass does not push out the shards a reader keeps.
     pub fn shard_apart(&self, seq: usize) -> Result<Arc<Shard>> {
-        let Some(cell) = self.shards.get(seq) else {
-            return Err(self.no_such_shard(seq));
-        };
-        match cell.get() {
-            Some(s) => Ok(Arc::clone(s)),
+        match self.kept_shard(seq)? {
+            Some(s) => Ok(s),
             None => self.open_shard(seq).map(Arc::new),
         }
+    }
+
+    /// The shard `seq` the dataset keeps, if it does; an error past its shards.
+    fn kept_shard(&self, seq: usize) -> Result<Option<Arc<Shard>>> {
+        if seq >= self.manifest.shards.len() {
+            return Err(self.no_such_shard(seq));
+        }
+        Ok(self.shards.get(&seq))
     }
 
     fn no_such_shard(&self, seq: usize) -> Error {
@@ -319,7 +333,7 @@ impl Dataset {
             detail: format!(
                 "{seq} is not a shard number of {}, which has {} shards",
                 self.storage.root().display(),
-                self.shards.len()
+                self.manifest.shards.len()
             ),
         }
     }
@@ -369,7 +383,7 @@ impl Dataset {
 
     fn sample_in(&self, seq: usize, local: u64) -> Result<Sample<'_>> {
         Ok(self
-            .sample_of(self.shard(seq)?, local)
+            .sample_of(&self.shard(seq)?, local)
             .expect("locate keeps local below the shard's count"))
     }
 
@@ -380,13 +394,13 @@ impl Dataset {
         if self.manifest.is_segmented() {
             return self.find_by_runs(key);
         }
-        if self.shards.len() > key_directory::FROM_SHARDS {
+        if self.manifest.shards.len() > key_directory::FROM_SHARDS {
             let directory = self.key_directory.get_or_init(|| KeyDirectory::build(self));
             let hash = crate::format::key_hash(key);
             let candidates = directory.shards_for(hash);
             return self.find_in(key, candidates.chain(directory.unindexed().iter().copied()));
         }
-        self.find_in(key, 0..self.shards.len())
+        self.find_in(key, 0..self.manifest.shards.len())
     }
 
     /// [`Dataset::find`] through the segments' key runs: the shards their entries name, then
@@ -461,19 +475,21 @@ impl Dataset {
 
     /// Every sample's index entry and key, in ordinal order. A shard that cannot be opened
     /// yields its error in its place (once); the walk goes on with the next shard, so the
-    /// caller decides whether to stop.
-    pub fn samples(&self) -> impl Iterator<Item = Result<SampleInfo<'_>>> + '_ {
-        (0..self.shards.len()).flat_map(move |seq| {
-            let items: Box<dyn Iterator<Item = Result<SampleInfo<'_>>>> = match self.shard(seq) {
+    /// caller decides whether to stop. Each shard is opened apart ([`Dataset::shard_apart`]).
+    pub fn samples(&self) -> impl Iterator<Item = Result<SampleInfo>> + '_ {
+        (0..self.manifest.shards.len()).flat_map(move |seq| {
+            let items: Vec<Result<SampleInfo>> = match self.shard_apart(seq) {
                 Ok(shard) => {
                     let index = shard.index();
-                    Box::new((0..index.sample_count()).filter_map(move |i| {
-                        let entry = index.sample(i)?;
-                        let key = index.key_of(&entry).unwrap_or("");
-                        Some(Ok(SampleInfo { seq, key, entry }))
-                    }))
+                    (0..index.sample_count())
+                        .filter_map(|i| {
+                            let entry = index.sample(i)?;
+                            let key = index.key_of(&entry).unwrap_or("").to_string();
+                            Some(Ok(SampleInfo { seq, key, entry }))
+                        })
+                        .collect()
                 }
-                Err(e) => Box::new(std::iter::once(Err(e))),
+                Err(e) => vec![Err(e)],
             };
             items
         })
@@ -531,17 +547,17 @@ pub struct ShardKeys {
 }
 
 /// What a shard's index says of one sample, from [`Dataset::samples`].
-#[derive(Debug, Clone, Copy)]
-pub struct SampleInfo<'d> {
+#[derive(Debug, Clone)]
+pub struct SampleInfo {
     /// The shard's number.
     pub seq: usize,
     /// The key.
-    pub key: &'d str,
+    pub key: String,
     /// The index entry: ordinal, rows, loss rows, raw bytes.
     pub entry: SampleEntry,
 }
 
-impl SampleInfo<'_> {
+impl SampleInfo {
     /// Rows whose loss mask is set, when the schema has a loss mask.
     pub fn loss_rows(&self) -> Option<u64> {
         self.entry.loss_rows()

@@ -31,7 +31,7 @@ impl KeyDirectory {
             (0..ds.manifest().shards.len())
                 .into_par_iter()
                 .map(|seq| {
-                    let shard = ds.shard(seq).map_err(|_| seq)?;
+                    let shard = ds.shard_apart(seq).map_err(|_| seq)?;
                     let index = shard.index();
                     Ok((0..index.sample_count())
                         .filter_map(|i| index.key_entry(i))

@@ -17,7 +17,6 @@ pub mod snapshot;
 pub mod storage;
 pub mod usage;
 
-use std::collections::HashMap;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -27,6 +26,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::format::manifest::{hex, unhex};
 use crate::format::FormatError;
+use crate::io::held::Held;
 use crate::io::{FileBytes, FileReader, LocalStorage, ObjectStorage, Storage};
 use crate::per_process::lock_for_an_instant;
 
@@ -142,7 +142,8 @@ pub struct Store {
     captures: Arc<dyn Storage>,
     staging: Arc<LocalStorage>,
     locks: Locks,
-    open_packs: Mutex<HashMap<[u8; 16], Arc<dyn FileReader>>>,
+    /// The packs opened, kept up to [`OPEN_PACKS`].
+    open_packs: Held<[u8; 16], Arc<dyn FileReader>>,
     /// The index as last read to find blobs a collection moved ([`Store::with_moved`]).
     latest_index: Mutex<Option<Arc<BlobIndex>>>,
     /// Packs a read found gone, whose blobs were found moved: later reads of their blobs
@@ -159,6 +160,10 @@ impl std::fmt::Debug for Store {
 /// Rows of a token block in a dataset written into a store
 /// ([`crate::WriteOptions::block_rows`]).
 pub const STORE_BLOCK_ROWS: u64 = 16;
+
+/// The packs a store handle keeps open for later reads, the one opened longest let go first:
+/// a store of more packs than a process may map (`vm.max_map_count`) is read through too.
+const OPEN_PACKS: usize = 4096;
 
 /// True when `dir` (a folder or a URL) is a store: it holds `store.json`.
 pub fn is_store(dir: &Path) -> bool {
@@ -386,7 +391,7 @@ impl Store {
             captures: parts.captures,
             staging: parts.staging,
             locks: parts.locks,
-            open_packs: Mutex::new(HashMap::new()),
+            open_packs: Held::new(OPEN_PACKS),
             latest_index: Mutex::new(None),
             gone_packs: Mutex::new(Default::default()),
         }
@@ -528,7 +533,7 @@ impl Store {
     /// Pack `id`, opened once per store handle (its memories are locked for an instant,
     /// never across a read).
     pub fn pack(&self, id: &[u8; 16]) -> Result<Arc<dyn FileReader>> {
-        if let Some(f) = lock_for_an_instant(&self.open_packs).and_then(|o| o.get(id).cloned()) {
+        if let Some(f) = self.open_packs.get(id) {
             return Ok(f);
         }
         let name = pack::pack_name(id);
@@ -549,11 +554,8 @@ impl Store {
             }
             e => e,
         })?;
-        if let Some(mut open) = lock_for_an_instant(&self.open_packs) {
-            // Another thread may have opened it meanwhile: the first one stays.
-            return Ok(Arc::clone(open.entry(*id).or_insert(f)));
-        }
-        Ok(f)
+        // Another thread may have opened it meanwhile: the first one stays.
+        Ok(self.open_packs.keep(*id, f))
     }
 
     /// Whether a pack of id `id`, holding `entries`, is there, and then whether every blob of
@@ -581,9 +583,7 @@ impl Store {
 
     /// Forgets the packs opened so far (after a collection replaced some).
     pub fn forget_packs(&self) {
-        if let Some(mut open) = lock_for_an_instant(&self.open_packs) {
-            open.clear();
-        }
+        self.open_packs.clear();
     }
 
     /// `read` of the blob at `at`, found before a collection may have moved it (copied into
@@ -805,7 +805,7 @@ mod tests {
         let index = store.index().unwrap();
         let at = index.entries().next().unwrap();
         let held = (
-            store.open_packs.lock().unwrap(),
+            store.open_packs.hold(),
             store.gone_packs.lock().unwrap(),
             store.latest_index.lock().unwrap(),
         );

@@ -90,9 +90,12 @@ impl Dataset {
     /// shared by processes that should hash each chunk once in all (`check="once"`).
     /// `readahead`: `"hint"` or `"load"` (see [`hspack::Sample::prefetch`]). `cache_dir`: a
     /// folder that keeps the blocks read from object storage, shared by processes given the
-    /// same folder; `cache_bytes` bounds it (default [`DEFAULT_MAX_BYTES`]).
+    /// same folder; `cache_bytes` bounds it (default [`DEFAULT_MAX_BYTES`]). `mapped_shards`:
+    /// how many shards stay mapped (see [`ReadOptions::mapped_shards`]), checked by the
+    /// Python class.
     #[new]
-    #[pyo3(signature = (path, check = "once", checked_memo = None, readahead = "hint", cache_dir = None, cache_bytes = None))]
+    #[pyo3(signature = (path, check = "once", checked_memo = None, readahead = "hint", cache_dir = None, cache_bytes = None, mapped_shards = None))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         path: std::path::PathBuf,
@@ -101,6 +104,7 @@ impl Dataset {
         readahead: &str,
         cache_dir: Option<std::path::PathBuf>,
         cache_bytes: Option<Bound<'_, PyAny>>,
+        mapped_shards: Option<usize>,
     ) -> PyResult<Self> {
         let load = readahead_mode(readahead)?;
         // Said of the option (pyo3's own refusal was a bare OverflowError).
@@ -131,6 +135,7 @@ impl Dataset {
             check: check_policy(check)?,
             checked_memo,
             cache,
+            mapped_shards,
         };
         let inner = detached(py, || hspack::Dataset::open_with(&path, options)).py_err()?;
         Ok(Dataset {

@@ -399,6 +399,38 @@ def test_keys_and_lengths_keep_no_shard_mapped(tmp_path):
     assert regions() < before + 50, (before, regions())
 
 
+def test_a_pass_over_the_samples_keeps_at_most_mapped_shards(tmp_path):
+    """Reading every sample kept every shard mapped: a pass over more shards than
+    vm.max_map_count failed, and the process died at its next allocation. At most
+    `mapped_shards` stay (the oldest let go first); a tensor still held keeps its shard, and
+    reads the same."""
+    with hspack.Writer(tmp_path / "many", [hspack.token_ids()], durable=False, shard_samples=1, align_log2=6) as w:
+        for i in range(600):
+            w.append(f"s{i}", input_ids=torch.tensor([i], dtype=torch.int32))
+
+    def regions():
+        with open("/proc/self/maps") as f:
+            return sum(1 for _ in f)
+
+    ds = hspack.open(tmp_path / "many", mapped_shards=20)
+    first = ds[0]["input_ids"]
+    before = regions()
+    most = 0
+    for i in range(600):
+        assert ds[i]["input_ids"].tolist() == [i]
+        assert ds.sample(599 - i)["input_ids"].tolist() == [599 - i]
+        most = max(most, regions())
+    assert most < before + 80, (before, most)
+    assert first.tolist() == [0]
+    # Carried to the processes the dataset is pickled to.
+    import pickle
+
+    assert pickle.loads(pickle.dumps(ds)).mapped_shards == 20
+    for bad in (0, -1, True, 1.5, "8"):
+        with pytest.raises(hspack.HspackError, match="option mapped_shards"):
+            hspack.open(tmp_path / "many", mapped_shards=bad)
+
+
 WRITES_INTO_THE_LAST_OF_MANY_SHARDS = """
 import sys, hspack
 ds = hspack.open(sys.argv[1])

@@ -129,7 +129,7 @@ class Dataset:
     process that unpickles it (DataLoader workers, fork or spawn).
     """
 
-    def __init__(self, path: str | os.PathLike, check: str = "once", format: str = "torch", *, checked_memo: str | None = None, readahead: str = "hint", cache_dir: str | os.PathLike | None = None, cache_bytes: int | None = None):
+    def __init__(self, path: str | os.PathLike, check: str = "once", format: str = "torch", *, checked_memo: str | None = None, readahead: str = "hint", cache_dir: str | os.PathLike | None = None, cache_bytes: int | None = None, mapped_shards: int | None = None):
         if check not in CHECKS:
             raise make_error("BadOption", "option check: must be \"once\", \"always\" or \"never\"", option="check")
         if format not in FORMATS:
@@ -144,6 +144,7 @@ class Dataset:
         self.checked_memo = checked_memo
         self.cache_dir = None if cache_dir is None else os.fspath(cache_dir)
         self.cache_bytes = cache_bytes
+        self.mapped_shards = None if mapped_shards is None else count_option("mapped_shards", mapped_shards, 1)
         self._native: _hspack.Dataset | None = None
         self._schema: dict | None = None
         self._lengths: tuple | None = None
@@ -158,7 +159,7 @@ class Dataset:
         to, or after `close`) only where it is the dataset opened first, appended to since:
         one rewritten meanwhile is refused, since an ordinal would name another sample."""
         if self._native is None:
-            native = _hspack.Dataset(self.path, self.check, self.checked_memo, self._readahead, self.cache_dir, self.cache_bytes)
+            native = _hspack.Dataset(self.path, self.check, self.checked_memo, self._readahead, self.cache_dir, self.cache_bytes, self.mapped_shards)
             if self._opened is not None and not grown_from(_shard_names(json.loads(native.shards_json())), self._opened):
                 raise make_error(
                     "Io",
@@ -204,13 +205,14 @@ class Dataset:
 
     def __getstate__(self) -> dict:
         self._remember()
-        return {"path": self.path, "check": self.check, "format": self.format, "checked_memo": self.checked_memo, "_readahead": self._readahead, "cache_dir": self.cache_dir, "cache_bytes": self.cache_bytes, "_opened": self._opened}
+        return {"path": self.path, "check": self.check, "format": self.format, "checked_memo": self.checked_memo, "_readahead": self._readahead, "cache_dir": self.cache_dir, "cache_bytes": self.cache_bytes, "mapped_shards": self.mapped_shards, "_opened": self._opened}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self.__dict__.setdefault("_readahead", "hint")
         self.__dict__.setdefault("cache_dir", None)
         self.__dict__.setdefault("cache_bytes", None)
+        self.__dict__.setdefault("mapped_shards", None)
         self.__dict__.setdefault("_opened", None)
         self._native = None
         self._schema = None
@@ -398,7 +400,7 @@ class Dataset:
         return self.native.mapping_range(shard)
 
 
-def open(path: str | os.PathLike, check: str = "once", format: str = "torch", *, checked_memo: str | None = None, readahead: str = "hint", cache_dir: str | os.PathLike | None = None, cache_bytes: int | None = None) -> Dataset:
+def open(path: str | os.PathLike, check: str = "once", format: str = "torch", *, checked_memo: str | None = None, readahead: str = "hint", cache_dir: str | os.PathLike | None = None, cache_bytes: int | None = None, mapped_shards: int | None = None) -> Dataset:
     """Opens the dataset in folder `path`. Reads only the manifest; shards are mapped and
     checked on first use.
 
@@ -421,5 +423,8 @@ def open(path: str | os.PathLike, check: str = "once", format: str = "torch", *,
     chunks are checked per `check` as always. `cache_bytes` bounds the folder (default
     64 GiB): past it the least recently used blocks are deleted. A local folder is mapped
     and read in place, never cached. `Dataset.cache_stats()` says what the cache did.
+    `mapped_shards`: how many shards stay mapped for later reads (default 8192), the one
+    mapped longest let go first; a tensor read from a shard keeps it mapped while it lives.
+    A process may map only so many regions (`vm.max_map_count`, 65,530 by default).
     """
-    return Dataset(path, check=check, format=format, checked_memo=checked_memo, readahead=readahead, cache_dir=cache_dir, cache_bytes=cache_bytes)
+    return Dataset(path, check=check, format=format, checked_memo=checked_memo, readahead=readahead, cache_dir=cache_dir, cache_bytes=cache_bytes, mapped_shards=mapped_shards)
