@@ -597,10 +597,14 @@ fn check_key_runs(
         }
         want.sort_unstable();
         if let Some(i) = (0..want.len().max(found.len())).find(|&i| want.get(i) != found.get(i)) {
+            let said = |e: Option<&crate::format::segment::KeyRunEntry>| match e {
+                Some(e) => format!("key hash {:016x} at sample {}", e.hash, e.ordinal),
+                None => "nothing (past the end)".to_string(),
+            };
             problems.push(problem(format!(
-                "entry {i} is {:?}, the shards' key tables give {:?}",
-                found.get(i),
-                want.get(i)
+                "entry {i} holds {}, where the shards' key tables give {}",
+                said(found.get(i)),
+                said(want.get(i))
             )));
         }
     }

@@ -406,6 +406,47 @@ fn a_stale_manifest_and_a_stale_key_run_are_reported() {
     assert!(p[0].to_string().contains("keys-000002-000002.bin"), "{p:?}");
 }
 
+/// A key run whose entries decode and whose hashes match their records, but which sends a
+/// key to another sample than the shards hold it in (two ordinals swapped, the records
+/// hashed again): reported naming the entry, both key hashes and samples, in words.
+#[test]
+fn a_key_run_that_sends_a_key_to_another_sample_is_reported() {
+    let (dir, _) = dataset(Codec::None);
+    let d = dir.path();
+    let hash = |b: &[u8]| blake3::hash(b).to_hex().to_string();
+    let manifest_path = d.join("manifest.json");
+    let mut m: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&manifest_path).unwrap()).unwrap();
+    let seg_file = m["segments"][0]["file"].as_str().unwrap().to_string();
+    let mut seg: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(d.join(&seg_file)).unwrap()).unwrap();
+    let run_file = seg["keys"]["file"].as_str().unwrap().to_string();
+    let mut run = std::fs::read(d.join(&run_file)).unwrap();
+    let (first, second) = (run[8..16].to_vec(), run[24..32].to_vec());
+    run[8..16].copy_from_slice(&second);
+    run[24..32].copy_from_slice(&first);
+    std::fs::write(d.join(&run_file), &run).unwrap();
+    seg["keys"]["blake3"] = hash(&run).into();
+    let seg_bytes = serde_json::to_vec(&seg).unwrap();
+    std::fs::write(d.join(&seg_file), &seg_bytes).unwrap();
+    m["segments"][0]["bytes"] = seg_bytes.len().into();
+    m["segments"][0]["blake3"] = hash(&seg_bytes).into();
+    std::fs::write(&manifest_path, serde_json::to_vec(&m).unwrap()).unwrap();
+    let p = problems(d);
+    assert!(matches!(&p[..], [Error::KeyRun { .. }]), "{p:?}");
+    let said = p[0].to_string();
+    let ordinal = |b: &[u8]| u64::from_le_bytes(b.try_into().unwrap());
+    let entry = format!(
+        "entry 0 holds key hash {:016x} at sample {}, where the shards' key tables give key hash {:016x} at sample {}",
+        ordinal(&run[0..8]),
+        ordinal(&second),
+        ordinal(&run[0..8]),
+        ordinal(&first)
+    );
+    assert!(said.contains(&entry), "{said}\nwanted: {entry}");
+    assert!(said.contains("hspack reindex"), "{said}");
+}
+
 #[test]
 fn damaged_chunk_headers_shard_headers_and_padding_are_reported() {
     let (dir, _) = dataset(Codec::None);

@@ -124,37 +124,45 @@ impl WriteOptions {
     }
 
     pub(crate) fn validate(&self) -> Result<()> {
-        let bad = |option, detail: &str| {
+        // Each refusal says the value given.
+        let bad = |option, given: &dyn std::fmt::Display, rule: &str| {
             Err(Error::BadOption {
                 option,
-                detail: detail.to_string(),
+                detail: format!("{given}: {rule}"),
             })
         };
         let chunk = self.chunk_target(self.codec);
         if chunk == 0 || chunk > crate::format::index::MAX_CHUNK_BYTES {
-            return bad("chunk_bytes", "must be in 1..=268435456 (256 MiB)");
+            return bad("chunk_bytes", &chunk, "must be in 1..=268435456 (256 MiB)");
         }
         if !Codec::LOSSLESS.contains(&self.codec) {
             return bad(
                 "codec",
+                &self.codec.name(),
                 "must be none, zstd or zstd-bytegroup: fp8 is lossy, chosen per field by \
                  quantizing it (`--quantize fp8`, `quantize=`), never for every field",
             );
         }
-        if self.block_rows.is_some_and(|b| b == 0 || b > 1 << 20) {
-            return bad("block_rows", "must be in 1..=1048576");
+        if let Some(b) = self.block_rows.filter(|&b| b == 0 || b > 1 << 20) {
+            return bad("block_rows", &b, "must be in 1..=1048576");
         }
         if self.shard_samples == 0 || self.shard_samples > u32::MAX.into() {
-            return bad("shard_samples", "must be in 1..=4294967295");
+            return bad(
+                "shard_samples",
+                &self.shard_samples,
+                "must be in 1..=4294967295",
+            );
         }
-        if !(MIN_ALIGN_LOG2..=MAX_ALIGN_LOG2).contains(&self.payload_align_log2()) {
-            return bad("align_log2", "must be in 6..=20");
+        let align = self.payload_align_log2();
+        if !(MIN_ALIGN_LOG2..=MAX_ALIGN_LOG2).contains(&align) {
+            return bad("align_log2", &align, "must be in 6..=20");
         }
         // zstd takes any level and uses the nearest it has: 100 was written at 22, unsaid.
         let levels = zstd::compression_level_range();
         if !levels.contains(&self.zstd_level) {
             return bad(
                 "zstd_level",
+                &self.zstd_level,
                 &format!(
                     "must be in {}..={} (negative: faster; 0: the default, 3)",
                     levels.start(),
@@ -219,6 +227,32 @@ mod tests {
                 Err(e) => panic!("{level}: {e}"),
             }
         }
+    }
+
+    /// Each refusal says the value given, beside the rule.
+    #[test]
+    fn a_refused_option_is_said_with_its_value() {
+        let said = |o: WriteOptions| o.validate().unwrap_err().to_string();
+        let e = said(WriteOptions {
+            align_log2: Some(40),
+            ..WriteOptions::default()
+        });
+        assert!(e.contains("align_log2: 40: must be in 6..=20"), "{e}");
+        let e = said(WriteOptions {
+            zstd_level: 100,
+            ..WriteOptions::default()
+        });
+        assert!(e.contains("zstd_level: 100: must be in"), "{e}");
+        let e = said(WriteOptions {
+            shard_samples: 0,
+            ..WriteOptions::default()
+        });
+        assert!(e.contains("shard_samples: 0: must be in 1..="), "{e}");
+        let e = said(WriteOptions {
+            block_rows: Some(0),
+            ..WriteOptions::default()
+        });
+        assert!(e.contains("block_rows: 0: must be in 1..="), "{e}");
     }
 
     #[test]

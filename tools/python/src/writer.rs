@@ -59,6 +59,7 @@ pub(crate) fn write_options(
         return Ok(o);
     };
     const COUNT: &str = "a non-negative integer that fits in 64 bits";
+    let mut level_given = false;
     for (k, v) in options.iter() {
         let k: String = option("options", &k, "named by a str")?;
         match k.as_str() {
@@ -66,7 +67,10 @@ pub(crate) fn write_options(
             "block_rows" => o.block_rows = Some(integer(&k, &v, COUNT)?),
             "shard_bytes" => o.shard_bytes = integer(&k, &v, COUNT)?,
             "shard_samples" => o.shard_samples = integer(&k, &v, COUNT)?,
-            "zstd_level" => o.zstd_level = integer(&k, &v, "an integer level (up to 22)")?,
+            "zstd_level" => {
+                o.zstd_level = integer(&k, &v, "an integer level (up to 22)")?;
+                level_given = true;
+            }
             "align_log2" => o.align_log2 = Some(integer(&k, &v, "an integer from 0 to 255")?),
             "durable" => o.durable = option(&k, &v, "True or False")?,
             "shared" => o.shared = option(&k, &v, "True or False")?,
@@ -91,6 +95,17 @@ pub(crate) fn write_options(
                 ))
             }
         }
+    }
+    if level_given && o.codec == Codec::None {
+        // The samples would be written uncompressed, the level passed over unsaid.
+        return Err(bad_option(
+            "zstd_level",
+            &format!(
+                "{} compresses nothing with codec \"none\" (the default): give codec=\"zstd\" \
+                 or \"zstd-bytegroup\" too, or leave zstd_level out",
+                o.zstd_level
+            ),
+        ));
     }
     Ok(o)
 }

@@ -256,6 +256,8 @@ def test_an_unknown_writer_option_lists_the_ones_there_are(tmp_path):
     ({"codec": None}, "codec"),
     ({"codec": 3}, "codec"),
     ({"zstd_level": 2**40}, "zstd_level"),
+    ({"zstd_level": 19}, "zstd_level"),  # codec none: written uncompressed, the level passed over
+    ({"align_log2": 40}, "align_log2"),
     ({"chunk_bytes": -1}, "chunk_bytes"),
     ({"chunk_bytes": True}, "chunk_bytes"),  # a bool is an int to Python: chunks of 1 byte
     ({"shard_samples": False}, "shard_samples"),
@@ -271,6 +273,17 @@ def test_a_writer_option_of_the_wrong_kind_is_named(tmp_path, options, option):
     assert e.value.kind == "BadOption", e.value
     assert str(e.value).startswith(f"option {option}: "), e.value
     assert not (tmp_path / "ds").exists()
+
+
+def test_a_zstd_level_is_taken_with_a_zstd_codec(tmp_path):
+    schema = [hspack.token_ids(), hspack.hidden_state(2, 8)]
+    with hspack.Writer(tmp_path / "ds", schema, codec="zstd", zstd_level=19, durable=False) as w:
+        w.append("a", input_ids=torch.arange(4, dtype=torch.int32), **{"hidden.2": torch.zeros(4, 8, dtype=torch.bfloat16)})
+    assert len(hspack.open(tmp_path / "ds")) == 1
+    with pytest.raises(hspack.HspackError, match="option zstd_level: 19 compresses nothing with codec"):
+        hspack.Writer(tmp_path / "other", schema, zstd_level=19)
+    with pytest.raises(hspack.HspackError, match="option align_log2: 40: must be in 6..=20"):
+        hspack.Writer(tmp_path / "other", schema, align_log2=40)
 
 
 def test_a_quantized_field_of_zero_bytes_is_said_of_the_schema(tmp_path):
