@@ -1,7 +1,7 @@
 #![no_main]
 //! Any bytes as the store's files (FORMAT.md §11): a pack (its table), an index run, a capture
-//! file (also with its trailing hash made right, to get past it), a named dataset or
-//! `index.json` (JSON), or a shard skeleton. Decoding never panics; what decodes
+//! file (also with its trailing hash made right, to get past it), a named dataset,
+//! `index.json` or `store.json` (JSON), or a shard skeleton. Decoding never panics; what decodes
 //! is consistent, and JSON that decodes re-encodes to JSON that decodes equal.
 
 use hspack::io::FileBytes;
@@ -9,7 +9,7 @@ use hspack::store::captures::CaptureFile;
 use hspack::store::index::{IndexRoot, Run};
 use hspack::store::pack::{check_header, decode_table, PACK_ENTRY, PACK_FOOTER};
 use hspack::store::skeleton::map_skeleton;
-use hspack::store::Snapshot;
+use hspack::store::{Snapshot, StoreConfig};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -54,6 +54,14 @@ fuzz_target!(|data: &[u8]| {
         }
         if let Ok(r) = IndexRoot::decode(data) {
             assert_eq!(IndexRoot::decode(&r.encode()).expect("re-encodes"), r);
+        }
+        if let Ok(c) = StoreConfig::decode(data, "store.json".into()) {
+            assert_eq!(c.id.len(), 32);
+            let again = serde_json::to_vec(&c).expect("encodes");
+            assert_eq!(
+                StoreConfig::decode(&again, "store.json".into()).expect("re-decodes"),
+                c
+            );
         }
         return;
     }

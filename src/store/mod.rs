@@ -91,45 +91,52 @@ fn read_config(root: &Path, meta: &dyn Storage) -> Result<StoreConfig> {
         path: root.to_path_buf(),
         detail: "not a store: it has no store.json (make one with `hspack store init`)".into(),
     })?;
-    let path = meta.path(STORE_FILE);
-    let newer = |found: &dyn std::fmt::Display, format: &str| Error::Store {
-        path: path.clone(),
-        detail: format!(
-            "format {format} version {found}; this hspack reads {STORE_FORMAT} version \
-             {STORE_VERSION}: upgrade hspack"
-        ),
-    };
-    // A newer store's file may hold fields this one does not know: refused by its version,
-    // not called damaged.
-    let version = STORE_VERSION.into();
-    if let Err(FormatError::UnsupportedVersion { found, .. }) =
-        crate::format::version::refuse_unknown_version(&bytes, "store.json", version, version)
-    {
-        return Err(newer(&found, STORE_FORMAT));
-    }
-    let config: StoreConfig = serde_json::from_slice(&bytes).map_err(|e| Error::Store {
-        path: path.clone(),
-        detail: format!(
-            "not a store file ({e}): it is damaged or was not written by hspack; restore it \
-             from a copy of the store"
-        ),
-    })?;
-    if config.format != STORE_FORMAT || config.version != STORE_VERSION {
-        return Err(newer(&config.version, &config.format));
-    }
-    // The id names this machine's staging folder of a store in object storage: only the 32
-    // hex digits a store is made with (FORMAT.md §11), never a path.
-    if unhex(&config.id).is_none_or(|id| id.len() != 16) {
-        return Err(Error::Store {
-            path,
+    StoreConfig::decode(&bytes, meta.path(STORE_FILE))
+}
+
+impl StoreConfig {
+    /// `store.json`'s bytes, read from `path` (for messages), checked: the format and version
+    /// this hspack reads, and an id of 32 hex digits.
+    pub fn decode(bytes: &[u8], path: PathBuf) -> Result<StoreConfig> {
+        let newer = |found: &dyn std::fmt::Display, format: &str| Error::Store {
+            path: path.clone(),
             detail: format!(
-                "its id {:?} is not 32 hex digits: the file is damaged or was not written by \
-                 hspack; restore it from a copy of the store",
-                config.id
+                "format {format} version {found}; this hspack reads {STORE_FORMAT} version \
+             {STORE_VERSION}: upgrade hspack"
             ),
-        });
+        };
+        // A newer store's file may hold fields this one does not know: refused by its version,
+        // not called damaged.
+        let version = STORE_VERSION.into();
+        if let Err(FormatError::UnsupportedVersion { found, .. }) =
+            crate::format::version::refuse_unknown_version(bytes, "store.json", version, version)
+        {
+            return Err(newer(&found, STORE_FORMAT));
+        }
+        let config: StoreConfig = serde_json::from_slice(bytes).map_err(|e| Error::Store {
+            path: path.clone(),
+            detail: format!(
+                "not a store file ({e}): it is damaged or was not written by hspack; restore it \
+             from a copy of the store"
+            ),
+        })?;
+        if config.format != STORE_FORMAT || config.version != STORE_VERSION {
+            return Err(newer(&config.version, &config.format));
+        }
+        // The id names this machine's staging folder of a store in object storage: only the 32
+        // hex digits a store is made with (FORMAT.md §11), never a path.
+        if unhex(&config.id).is_none_or(|id| id.len() != 16) {
+            return Err(Error::Store {
+                path,
+                detail: format!(
+                    "its id {:?} is not 32 hex digits: the file is damaged or was not written by \
+                 hspack; restore it from a copy of the store",
+                    config.id
+                ),
+            });
+        }
+        Ok(config)
     }
-    Ok(config)
 }
 
 /// A store, open.
