@@ -211,6 +211,16 @@ pub enum Error {
         /// Samples of the refused commit.
         samples: u64,
     },
+    /// Appending a sample failed before any of it was written into the open shard (a new
+    /// shard could not be made, a write into an empty one failed): the writer goes on, and
+    /// the sample can be appended again once the cause is gone.
+    #[error("`{key}` was not appended, and nothing of it is in the dataset: {cause}. The writer goes on: {}, then append `{key}` again", remedy(cause))]
+    NotAppended {
+        /// The sample's key.
+        key: String,
+        /// What failed.
+        cause: Box<Error>,
+    },
     /// A writer whose open shard could not be committed: its commit failed (inside `append`,
     /// the shard being full, or asked for), or a write into it failed part way. The samples
     /// it held, accepted (and given ordinals) by earlier appends, may not be in the dataset;
@@ -354,6 +364,22 @@ pub(crate) fn io(
 pub(crate) fn format(path: impl Into<PathBuf>) -> impl FnOnce(FormatError) -> Error {
     let path = path.into();
     move |source| Error::Format { path, source }
+}
+
+/// What to do before appending again after `cause` ([`Error::NotAppended`]).
+fn remedy(cause: &Error) -> &'static str {
+    use std::io::ErrorKind;
+    match cause {
+        Error::Io { source, .. }
+            if matches!(
+                source.kind(),
+                ErrorKind::StorageFull | ErrorKind::QuotaExceeded
+            ) =>
+        {
+            "free space where the dataset is"
+        }
+        _ => "remove the cause",
+    }
 }
 
 /// What stopped a writer ([`Error::WriterStopped`]).

@@ -715,7 +715,9 @@ fn puts_whose_responses_were_lost(moto: &Moto, local: &str) {
 /// A copy that stalls past its lease's life (a suspended machine) while another process takes
 /// the destination over publishes no manifest when it goes on: its shards, proven before the
 /// stall, may since have been replaced by the other's. The lease is expired and taken while
-/// the copy sends its first shard.
+/// the copy sends its first shard; one shard at a time, the copy sends no other shard after
+/// it (it sent them all into the other's dataset, and said its own lost lease as damage or
+/// as a copy to run again).
 fn a_copy_whose_lease_was_taken_over_publishes_nothing(local: &str) {
     let url = "s3://hspack-test/taken-copy";
     let dst = open_location(url).unwrap();
@@ -728,7 +730,11 @@ fn a_copy_whose_lease_was_taken_over_publishes_nothing(local: &str) {
             *other = Some(open_location(url).unwrap().lock().unwrap());
         }
     };
-    let err = copy(&src, &dst, &CopyOptions::default(), &taken).unwrap_err();
+    let one_at_a_time = CopyOptions {
+        jobs: 1,
+        ..CopyOptions::default()
+    };
+    let err = copy(&src, &dst, &one_at_a_time, &taken).unwrap_err();
     assert!(
         matches!(
             err,
@@ -737,6 +743,13 @@ fn a_copy_whose_lease_was_taken_over_publishes_nothing(local: &str) {
         "{err}"
     );
     assert!(dst.read("manifest.json").unwrap().is_none());
+    let shards = (dst.list().unwrap().iter())
+        .filter(|n| n.ends_with(".hsp"))
+        .count();
+    assert!(
+        src.manifest().shards.len() > 1 && shards <= 1,
+        "{shards} shards sent"
+    );
     // Once the other holder is done, the copy goes through.
     drop(other.into_inner().unwrap());
     cp(local, url, CopyMode::Copy).unwrap();

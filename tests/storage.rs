@@ -482,7 +482,15 @@ fn a_failed_write_into_the_open_shard_stops_the_writer_and_commits_nothing_damag
         ..Faults::default()
     });
     let err = w.append("s5", &as_fields(&sample(5))).unwrap_err();
-    assert!(err.to_string().contains("no space left"), "{err}");
+    assert!(matches!(err, Error::NotAppended { .. }), "{err:?}");
+    let said = err.to_string();
+    for part in [
+        "`s5` was not appended, and nothing of it is in the dataset",
+        "no space left",
+        "The writer goes on: free space where the dataset is, then append `s5` again",
+    ] {
+        assert!(said.contains(part), "{part:?} is not in: {said}");
+    }
     m.set_faults(Faults::default());
     for i in 5..8 {
         assert_eq!(

@@ -1755,3 +1755,61 @@ fn a_dataset_named_as_a_folder_of_the_store_is_refused() {
     }
     reads_as(&store_dir, &["a"], &a);
 }
+
+/// A dataset beside a store under `STORE/NAME` (copied there before `store init`, or by hand)
+/// was read in place of the store's dataset `NAME`: `store add` said it stored one dataset,
+/// and `digest`, `verify`, `export` and readers of `STORE/NAME` gave the other's samples. A
+/// store's dataset is not made under such a name, and where both are there (the store's
+/// made first), neither is read.
+#[test]
+fn a_dataset_beside_a_store_never_stands_for_the_stores_dataset() {
+    let t = tempfile::tempdir().unwrap();
+    let (root, plain, other) = (
+        t.path().join("st"),
+        t.path().join("st/run"),
+        t.path().join("alt"),
+    );
+    write_plain(&plain, 4, 1);
+    write_plain(&other, 4, 500);
+    let store = Arc::new(Store::init(&root).unwrap());
+    // The dataset already there is read as itself.
+    same_samples(
+        &Dataset::open(&plain).unwrap(),
+        &Dataset::open(&plain).unwrap(),
+        |_| {},
+    );
+    let e = add(&store, &Dataset::open(&other).unwrap(), "run", &|_| {}).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("a dataset not in the store lies there"),
+        "{e}"
+    );
+    let o = hspack(&["store", "add", s(&root), s(&other), "--name", "run"]);
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("Choose another name"), "{}", text(&o));
+    assert!(store.names().unwrap().is_empty());
+    // The store's made first, a dataset copied beside it by hand afterwards.
+    std::fs::rename(&plain, t.path().join("moved")).unwrap();
+    add(&store, &Dataset::open(&other).unwrap(), "run", &|_| {}).unwrap();
+    reads_as(&root, &["run"], &other);
+    std::fs::rename(t.path().join("moved"), &plain).unwrap();
+    let e = Dataset::open(&plain).unwrap_err();
+    assert!(
+        e.to_string().contains("two datasets answer to this path"),
+        "{e}"
+    );
+    for args in [
+        vec!["digest", s(&plain)],
+        vec!["verify", s(&plain)],
+        vec!["store", "export", s(&plain), s(&t.path().join("out"))],
+    ] {
+        let o = hspack(&args);
+        assert!(!o.status.success(), "{args:?}: {}", text(&o));
+        assert!(
+            text(&o).contains("two datasets answer to this path"),
+            "{args:?}: {}",
+            text(&o)
+        );
+    }
+    assert!(!t.path().join("out").exists());
+}

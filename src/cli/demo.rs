@@ -71,7 +71,7 @@ fn refuse_other_than_a_demo(dir: &Path) -> anyhow::Result<()> {
 
 fn clear_previous(dir: &Path) -> anyhow::Result<()> {
     // A store's dataset (`STORE/NAME`): an earlier demo there is removed from the store.
-    if let Some((store, name)) = hspack::store::split_store_path(dir) {
+    if let Some((store, name)) = hspack::store::split_store_path(dir)? {
         let store = hspack::store::Store::open(store)?;
         if store.names()?.contains(&name) {
             refuse_other_than_a_demo(dir)?;
@@ -297,7 +297,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     );
     let exe = invocation();
     let ds = shell_word(&a.out.display().to_string());
-    let remove = match hspack::store::split_store_path(&a.out) {
+    let remove = match hspack::store::split_store_path(&a.out).ok().flatten() {
         Some((store, name)) => {
             let store = shell_word(&store.display().to_string());
             format!(

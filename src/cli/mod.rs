@@ -118,6 +118,7 @@ pub fn rerun_helps(e: &hspack::Error) -> bool {
             source.kind(),
             ErrorKind::NotFound | ErrorKind::PermissionDenied | ErrorKind::InvalidInput
         ),
+        hspack::Error::NotAppended { cause, .. } => rerun_helps(cause),
         _ => false,
     }
 }

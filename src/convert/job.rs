@@ -269,7 +269,7 @@ fn refuse_foreign_folder(dst: &Path) -> Result<(), RunError> {
     crate::store::refuse_a_file_path(dst)?;
     // A store's dataset named as one of its folders (made before such names were refused):
     // its key log would lie among the store's own files, which `store gc` deletes.
-    if let Some((store, name)) = crate::store::split_store_path(dst)
+    if let Some((store, name)) = crate::store::split_store_path(dst)?
         .filter(|(_, name)| crate::store::STORE_FOLDERS.contains(&name.as_str()))
     {
         return Err(RunError::Dataset(crate::Error::Store {
@@ -509,7 +509,7 @@ impl Captures {
                 detail,
             })
         };
-        let (store, name) = crate::store::split_store_path(&o.dst).ok_or_else(|| {
+        let (store, name) = crate::store::split_store_path(&o.dst)?.ok_or_else(|| {
             bad(format!(
                 "{}: captures are recorded in a store: convert into STORE/NAME (make a store with `hspack store init`)",
                 o.dst.display()

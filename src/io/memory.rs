@@ -509,7 +509,10 @@ impl NewFile for MemoryNewFile {
                 return Err(Error::Io {
                     path: self.storage.path(&self.temp),
                     op: "write",
-                    source: std::io::Error::other("injected fault: no space left"),
+                    source: std::io::Error::new(
+                        std::io::ErrorKind::StorageFull,
+                        "injected fault: no space left",
+                    ),
                 });
             }
         }

@@ -172,9 +172,10 @@ pub const STORE_BLOCK_ROWS: u64 = 16;
 /// a store of more packs than a process may map (`vm.max_map_count`) is read through too.
 const OPEN_PACKS: usize = 4096;
 
-/// True when `dir` (a folder or a URL) is a store: it holds `store.json`.
+/// True when `dir` (a folder or a URL) is a store: it holds `store.json`. False where that
+/// cannot be read (for messages; [`split_store_path`] says why).
 pub fn is_store(dir: &Path) -> bool {
-    has_file(dir, STORE_FILE)
+    has_file(dir, STORE_FILE).unwrap_or(false)
 }
 
 /// Refuses `root` as a dataset's folder where it is a file, or lies under one (`notes.txt/ds`,
@@ -223,14 +224,18 @@ pub fn refuse_root(storage: &dyn Storage) -> Result<()> {
     })
 }
 
-/// True when `dir` (a folder or a URL) holds file `name`; false where it cannot be read.
-fn has_file(dir: &Path, name: &str) -> bool {
+/// Whether `dir` (a folder or a URL) holds file `name`: an error where that cannot be told
+/// (an object store that does not answer, or refuses the request). Taken for "no", a store's
+/// `store.json` that did not answer once made its `STORE/NAME` a plain folder: a copy wrote a
+/// dataset among the store's files, which later hid the store's dataset of that name, and
+/// each command waited out a second round of retries before it failed.
+pub(crate) fn has_file(dir: &Path, name: &str) -> Result<bool> {
     if !crate::io::is_remote(dir) {
-        return dir.join(name).is_file();
+        return Ok(dir.join(name).is_file());
     }
-    ObjectStorage::open(&dir.to_string_lossy())
-        .and_then(|s| s.size(name))
-        .is_ok_and(|size| size.is_some())
+    Ok(ObjectStorage::open(&dir.to_string_lossy())?
+        .size(name)?
+        .is_some())
 }
 
 /// The folders of a store in a folder: no new dataset takes one's name (its `STORE/NAME/`
@@ -247,20 +252,49 @@ const STAGING: &str = "staging";
 /// When `path` is `STORE/NAME` (the parent a store, and no dataset at `path` itself), the
 /// store's folder or URL and the name. A name no dataset may have is given too, for
 /// [`StoreDataset::new`] to refuse: taken for a folder, it would be written among the store's
-/// files, where neither the store nor a reader of the store finds it.
-pub fn split_store_path(path: &Path) -> Option<(PathBuf, String)> {
-    let name = path.file_name()?.to_str()?;
-    let parent = path.parent()?;
+/// files, where neither the store nor a reader of the store finds it. Refused where the
+/// store has a dataset `NAME` and a dataset of its own lies at `path` too: which one is meant
+/// cannot be told, and reading either could serve the other's samples.
+pub fn split_store_path(path: &Path) -> Result<Option<(PathBuf, String)>> {
+    let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+        return Ok(None);
+    };
+    let Some(parent) = path.parent() else {
+        return Ok(None);
+    };
     let parent = if parent.as_os_str().is_empty() {
         Path::new(".")
     } else {
         parent
     };
     if crate::io::is_remote(path) && parent.to_string_lossy().ends_with(':') {
-        return None; // `s3://bucket`: a bucket, not a store's dataset
+        return Ok(None); // `s3://bucket`: a bucket, not a store's dataset
     }
-    (is_store(parent) && !has_file(path, "manifest.json"))
-        .then(|| (parent.to_path_buf(), name.to_string()))
+    if !has_file(parent, STORE_FILE)? {
+        return Ok(None);
+    }
+    if !has_file(path, "manifest.json")? {
+        return Ok(Some((parent.to_path_buf(), name.to_string())));
+    }
+    if snapshot::is_dataset_name(name) && Store::open(parent)?.read_snapshot(name)?.is_some() {
+        return Err(two_datasets_at(path, parent, name));
+    }
+    Ok(None)
+}
+
+/// The error for `STORE/NAME` where a dataset lies beside the store's dataset `name`.
+fn two_datasets_at(path: &Path, store: &Path, name: &str) -> Error {
+    Error::Store {
+        path: path.to_path_buf(),
+        detail: format!(
+            "two datasets answer to this path: one of its own (its manifest.json is there, \
+             written beside the store rather than into it) and the dataset `{name}` of the \
+             store {store}; either could be meant, so neither is read. Move the one beside the \
+             store elsewhere (then `hspack store add {store} MOVED --name OTHER` adds it), or \
+             remove the store's (`hspack store rm {store} {name}`)",
+            store = store.display()
+        ),
+    }
 }
 
 /// `source` with `advice` (what to do) added where it has a detail to add it to: a
@@ -308,7 +342,7 @@ pub fn open_location(location: impl AsRef<Path>) -> Result<Arc<dyn Storage>> {
         Some(_) if !crate::io::is_remote(location) => return crate::io::open_location(location),
         _ => location,
     };
-    match split_store_path(path) {
+    match split_store_path(path)? {
         Some((store, name)) => Ok(Arc::new(StoreDataset::new(
             Arc::new(Store::open(store)?),
             &name,
@@ -327,7 +361,7 @@ impl Store {
     /// [`Store::init`] with a given store id (for reproducible files).
     pub fn init_with_id(dir: impl AsRef<Path>, id: [u8; 16]) -> Result<Self> {
         let dir = dir.as_ref();
-        if has_file(dir, STORE_FILE) || has_file(dir, "manifest.json") {
+        if has_file(dir, STORE_FILE)? || has_file(dir, "manifest.json")? {
             return Err(Error::Store {
                 path: dir.to_path_buf(),
                 detail: "a store or a dataset is already there; choose another place".into(),

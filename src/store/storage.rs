@@ -87,14 +87,29 @@ impl StoreDataset {
                     .into(),
             });
         }
+        let new = || -> Result<bool> { Ok(store.read_snapshot(name)?.is_none()) };
         // A dataset of that name made before this rule stays readable.
-        if super::STORE_FOLDERS.contains(&name) && store.read_snapshot(name)?.is_none() {
+        if super::STORE_FOLDERS.contains(&name) && new()? {
             return Err(Error::Store {
                 path: store.root().join(name),
                 detail: format!(
                     "`{name}` is the name of one of the store's own folders ({}): choose \
                      another name for the dataset",
                     super::STORE_FOLDERS.join(", ")
+                ),
+            });
+        }
+        // A dataset beside the store under `STORE/NAME` (written there before the store was
+        // made, or by a copy that did not see it) would be read in place of this one.
+        if super::has_file(&store.root().join(name), MANIFEST_FILE)? && new()? {
+            return Err(Error::Store {
+                path: store.root().join(name),
+                detail: format!(
+                    "a dataset not in the store lies there (its manifest.json): a store's \
+                     dataset of that name would be hidden by it. Choose another name, or move \
+                     that dataset elsewhere and add it with `hspack store add {} MOVED --name \
+                     {name}`",
+                    store.root().display()
                 ),
             });
         }

@@ -160,7 +160,9 @@ pub fn copy(
                         // A shard the destination's own manifest lists is its committed data:
                         // damage there is for `hspack repair`, never silently overwritten.
                         Err(e) if listed.contains(record.file.as_str()) => {
-                            return Err(listed_shard_failed(e, src, dst, record, same_state))
+                            // Unless the lease was lost: the shard may be another's since.
+                            still_held(&*lock, dst)?;
+                            return Err(listed_shard_failed(e, src, dst, record, same_state));
                         }
                         Err(_) => {
                             // Not this copy's to delete once another holds the destination:
@@ -174,6 +176,9 @@ pub fn copy(
                         }
                     }
                 }
+                // A copy that stalled past its lease sends nothing more: the destination may
+                // be another copy's or writer's now.
+                still_held(&*lock, dst)?;
                 send_shard(src, seq, dst, &stats, progress)?;
                 let mut proven = prove(src, dst, record, options.reread, &stats);
                 // A store refers what it finds to its copy unread: a copy damaged at rest is
@@ -189,9 +194,10 @@ pub fn copy(
                     // rerun without --reread would check only its index). Deleted only
                     // while the destination is still this copy's: else the object there
                     // may be the copy's that took it over.
-                    if still_held(&*lock, dst).is_ok() {
-                        let _ = dst.delete(&record.file);
-                    }
+                    // Where the lease was lost, that is what happened: the object there may
+                    // be the other's, which is no damage and no reason to run again.
+                    still_held(&*lock, dst)?;
+                    let _ = dst.delete(&record.file);
                     return Err(e);
                 }
                 stats.shards_sent.fetch_add(1, Ordering::Relaxed);

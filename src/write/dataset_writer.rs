@@ -285,12 +285,12 @@ impl DatasetWriter {
             false => self.len(),
         };
         let options = self.options.clone();
-        let shard = self.current_shard()?;
+        let shard = self.current_shard().map_err(|e| not_appended(key, e))?;
         if let Err(e) = sample::write(shard, &schema, &options, key, &checked) {
             if shard.unfit().is_some() {
                 return self.stop_after_failed_write(key, e);
             }
-            return Err(e);
+            return Err(not_appended(key, e));
         }
         self.keys.insert(key.to_string());
         self.current_keys.push(key.to_string());
@@ -306,7 +306,7 @@ impl DatasetWriter {
         };
         if shard.sample_count() == 0 {
             shard.abandon();
-            return Err(e);
+            return Err(not_appended(key, e));
         }
         self.stop(StopCause::Write(key.to_string()), e, Some(shard))
     }
@@ -945,4 +945,13 @@ pub(crate) fn remove_leftovers(storage: &dyn Storage, manifest: &Manifest) -> Re
         storage.sync()?;
     }
     Ok(())
+}
+
+/// `cause`, which kept `key` from the dataset before any of it was written: said so, with
+/// the writer going on.
+fn not_appended(key: &str, cause: Error) -> Error {
+    Error::NotAppended {
+        key: key.to_string(),
+        cause: Box::new(cause),
+    }
 }

@@ -206,6 +206,17 @@ impl Context {
                     ..c
                 },
             ),
+            Error::NotAppended { key, cause } => {
+                let (_, inner) = Context::of(cause);
+                (
+                    "NotAppended",
+                    Context {
+                        key: Some(key.clone()),
+                        detail: Some(cause.to_string()),
+                        ..inner
+                    },
+                )
+            }
             Error::DuplicateKey { key } => (
                 "DuplicateKey",
                 Context {
