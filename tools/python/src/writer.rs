@@ -284,7 +284,7 @@ impl Writer {
             }
         })
         .py_err()?;
-        let store = match hspack::store::split_store_path(&path) {
+        let store = match hspack::store::split_store_path(&path).py_err()? {
             Some((root, name)) => Some((Arc::new(Store::open(root).py_err()?), name)),
             None => None,
         };
