@@ -562,3 +562,59 @@ def test_a_state_saved_before_a_capture_grew_the_dataset_says_what_to_do(tmp_pat
     grown = HspackDataset(path, ["input_ids"])
     with pytest.raises(ValueError, match=r"saved over 20 samples, the dataset holds 30 now .* call set_epoch\(3\)"):
         HspackSampler(grown, seed=3).load_state_dict(state)
+
+
+def test_ordering_flags_are_bools_and_drop_last_with_pad_is_refused(eagle_path):
+    """`drop_last="false"` (a config file's string) was taken as True and left samples out;
+    `drop_last=True, pad=True` left one out unsaid (drop_last won)."""
+    ds = HspackDataset(eagle_path)
+    for option in ("shuffle", "drop_last", "pad"):
+        with pytest.raises(hspack.HspackError, match=f"option {option}: 'false' must be True or False"):
+            HspackSampler(ds, **{option: "false"})
+        with pytest.raises(hspack.HspackError, match=f"option {option}: 'false' must be True or False"):
+            HspackIterableDataset(eagle_path, **{option: "false"})
+    with pytest.raises(hspack.HspackError, match="option even_batches: 1 must be True or False"):
+        TokenBudgetBatchSampler(ds, 512, even_batches=1)
+    for make in (lambda r: HspackSampler(ds, rank=r, world_size=2, drop_last=True, pad=True),
+                 lambda r: HspackIterableDataset(eagle_path, rank=r, world_size=2, drop_last=True, pad=True)):
+        with pytest.raises(hspack.HspackError, match="option pad: drop_last=True and pad=True ask for opposite things"):
+            make(0)
+    # Each alone covers every sample as documented: pad repeats, drop_last leaves the odd one out.
+    padded = [o for r in range(2) for o in HspackSampler(ds, rank=r, world_size=2, pad=True)]
+    assert set(padded) == set(range(37)) and len(padded) == 38
+    dropped = [o for r in range(2) for o in HspackSampler(ds, rank=r, world_size=2, drop_last=True)]
+    assert len(set(dropped)) == len(dropped) == 36
+
+
+def test_a_state_with_a_negative_count_is_refused_and_a_batch_size_is_checked(eagle_path):
+    """A state of `consumed=-5` resumed 32 samples on, skipping them unsaid; a batch size of
+    2.5 became 2 and one of 0 was taken."""
+    sampler = HspackSampler(HspackDataset(eagle_path), shuffle=False)
+    for bad in ({"epoch": 0, "consumed": -5}, {"epoch": -1, "consumed": 0}, {"epoch": 0, "consumed": 2.5}):
+        with pytest.raises(ValueError, match="not an hspack loader state"):
+            sampler.load_state_dict({**sampler.state_dict(), **bad})
+    assert list(sampler) == list(range(37))
+    for bad in (0, -3, 2.5, True):
+        with pytest.raises(hspack.HspackError, match="option batch_size"):
+            HspackIterableDataset(eagle_path, batch_size=bad)
+
+
+def test_fields_given_as_one_string_is_that_field(eagle_path):
+    tds = HspackDataset(eagle_path, fields="input_ids")
+    assert sorted(tds[0]) == ["input_ids", "ordinal"]
+
+
+def test_the_final_norm_state_is_the_eagle3_target_whatever_its_layer_id(tmp_path):
+    """A final-norm field named after a layer before one captured (`hidden_state(5,
+    point="final_norm")` beside layer 6's output) sorted among the layers: layer 6's output
+    became the target and the final norm an auxiliary block, shapes unchanged."""
+    h = 8
+    schema = [hspack.token_ids(), hspack.hidden_state(1, h), hspack.hidden_state(3, h),
+              hspack.hidden_state(6, h, point="layer_output"), hspack.hidden_state(5, h, point="final_norm", name="final")]
+    g = torch.Generator().manual_seed(0)
+    x = {n: torch.randn(2, h, generator=g).to(torch.bfloat16) for n in ("hidden.1", "hidden.3", "hidden.6", "final")}
+    with hspack.Writer(tmp_path / "ds", schema, {"model": "m", "num_layers": 7, "hidden_size": h, "dtype": "bf16"}, durable=False) as w:
+        w.append("a", input_ids=torch.zeros(2, dtype=torch.int32), **x)
+    v = HspackDataset(str(tmp_path / "ds"), view="eagle3")[0]
+    assert torch.equal(v["hidden_state"], x["final"])
+    assert torch.equal(v["aux_hidden_state"], torch.cat([x["hidden.1"], x["hidden.3"], x["hidden.6"]], dim=-1))

@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 import torch.utils.data as tud
 
-from .._dataset import Dataset, grown_from, shards_of
+from .._dataset import Dataset, count_option, grown_from, shards_of
 from .._errors import make_error
 from . import order as _order
 from . import progress as _progress
@@ -382,7 +382,7 @@ class HspackIterableDataset(_Reopening, tud.IterableDataset):
 
     @batch_size.setter
     def batch_size(self, batch_size: int) -> None:
-        self.state.publish_batch_size(batch_size)
+        self.state.publish_batch_size(count_option("batch_size", batch_size, 1))
 
     def _total(self) -> int:
         return len(self.state.rank_order(self.shard_ranges))

@@ -25,12 +25,15 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterator, Sequence
 
-from .._dataset import count_option
-from .._errors import kind_of
+from .._dataset import _as_index, count_option
+from .._errors import kind_of, make_error
 from . import order as _order
 
 # The ordering options that count something (samples, batches, tokens): 1 or more.
 COUNTS = {"block_size", "window_blocks", "bucket_size", "max_tokens"}
+#: The ordering options that are True or False: a string such as "false", read from a config
+#: file, was taken as True (samples dropped, or shuffled, unsaid).
+FLAGS = {"shuffle", "drop_last", "pad", "even_batches"}
 
 
 class Progress:
@@ -46,6 +49,17 @@ class Progress:
         self.seed = seed = count_option("seed", seed, 0)
         for name in COUNTS & order.keys():
             order[name] = count_option(name, order[name], 1)
+        for name in FLAGS & order.keys():
+            if not isinstance(order[name], bool):
+                raise make_error("BadOption", f"option {name}: {order[name]!r} must be True or False", option=name)
+        if order.get("drop_last") and order.get("pad"):
+            # `partition` drops first: the samples past the last full round were left out.
+            raise make_error(
+                "BadOption",
+                "option pad: drop_last=True and pad=True ask for opposite things (leave the last samples out, or "
+                "repeat some so every rank gets as many): choose one",
+                option="pad",
+            )
         self.fixed = {"seed": seed, "world_size": self.world_size, "unit": unit, **order}
         self.epoch = 0
         self.consumed = 0
@@ -155,5 +169,10 @@ class Progress:
                     f"the state was saved with {key}={saved!r}, this run has {key}={mine!r}: the epoch order "
                     f"would differ and samples be skipped or repeated; resume with the same {key}"
                 )
+        for key in ("epoch", "consumed"):
+            n = _as_index(state[key])
+            if n is None or n < 0:
+                # A negative count skipped samples from the end of the epoch's order.
+                raise ValueError(f"not an hspack loader state: its {key} is {state[key]!r}, where a saved state holds an int of 0 or more")
         self.epoch, self.consumed, self.restored = int(state["epoch"]), int(state["consumed"]), True
         self.publish()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-from .._dataset import Fields, _as_index
+from .._dataset import Fields, _as_index, _names
 from .._errors import make_error
 from .._dtypes import torch_dtypes
 from .. import _hspack
@@ -92,7 +92,7 @@ class FieldsView:
     (all when None), plus `ordinal` (int)."""
 
     def __init__(self, fields: Sequence[str] | None = None, max_len: int | None = None):
-        self.fields = list(fields) if fields is not None else None
+        self.fields = _names(fields)
         self.max_len = max_len_option(max_len)
 
     def check(self, ds: Any) -> None:
@@ -113,8 +113,13 @@ class FieldsView:
 
 
 def _point_rank(role: dict) -> tuple:
+    """Where a hidden state lies in the model, for ordering: the final-norm state after every
+    layer whatever layer id it was given (a capture that named it after the last layer, not
+    past it, made a layer's output the target and put the final norm among the auxiliary
+    layers, shapes unchanged), then by layer, a layer's input before its output."""
     order = {"layer_input": 0, "layer_output": 1, "final_norm": 2}
-    return (role["layer"] + (1 if role["point"] != "layer_input" else 0), order[role["point"]])
+    final = role["point"] == "final_norm"
+    return (final, role["layer"] + (1 if role["point"] != "layer_input" else 0), order[role["point"]])
 
 
 def eagle3_fields(schema: list[dict]) -> tuple[list[str], str]:
