@@ -87,6 +87,18 @@ pub enum Error {
         /// Value in the file.
         found: String,
     },
+    /// A shard did not open as the manifest read at open records it because the dataset was
+    /// written anew since (its manifest now names another dataset): the samples this reader's
+    /// ordinals name are gone.
+    #[error("{}: the dataset was written anew since this reader opened it (its manifest now names dataset {now}, the one opened was {opened}): the samples its ordinals named are gone; open the dataset again (in a training run, make the dataset object again)", path.display())]
+    DatasetRewritten {
+        /// The dataset.
+        path: PathBuf,
+        /// The dataset id when it was opened.
+        opened: String,
+        /// The dataset id its manifest names now.
+        now: String,
+    },
     /// A shard belongs to another dataset.
     #[error("{}: the shard belongs to dataset {found}, this dataset is {expected}: a file from another dataset was copied in; copy the right shard from the source", shard.display())]
     ForeignShard {

@@ -857,3 +857,22 @@ fn a_manifest_claiming_huge_shards_fails_a_lookup_cleanly() {
     let err = ds.find("req-0").unwrap_err().to_string();
     assert!(err.contains("shard-000000.hsp"), "{err}");
 }
+
+/// A dataset written anew under an open reader (removed, then written again at its path): a
+/// shard the reader had not opened yet was said to be a foreign file copied in, with advice
+/// (copy the right shard from the source) that could fix nothing.
+#[test]
+fn a_dataset_written_anew_under_a_reader_is_said_so() {
+    let (dir, _) = dataset(Codec::None);
+    let ds = Dataset::open(dir.path()).unwrap();
+    ds.sample(0).unwrap();
+    std::fs::remove_dir_all(dir.path()).unwrap();
+    let (again, _) = dataset_with_id(Codec::None, [7; 16]);
+    std::fs::rename(again.path(), dir.path()).unwrap();
+    let e = ds.sample(ds.len() - 1).unwrap_err();
+    assert!(matches!(e, Error::DatasetRewritten { .. }), "{e:?}");
+    assert!(
+        e.to_string().contains("the dataset was written anew since this reader opened it"),
+        "{e}"
+    );
+}

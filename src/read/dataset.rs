@@ -349,6 +349,28 @@ impl Dataset {
             self.schema(),
             self.options.checked_memo.as_deref(),
         )
+        .map_err(|e| self.rewritten_or(e))
+    }
+
+    /// `e`, a shard's failure to open, or [`Error::DatasetRewritten`] where the manifest there
+    /// now names another dataset: a shard of the new one read as a foreign shard copied in,
+    /// and the advice (copy the right shard in) could fix nothing.
+    fn rewritten_or(&self, e: Error) -> Error {
+        let shard_gone =
+            matches!(&e, Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound);
+        if !(shard_gone || matches!(e, Error::ForeignShard { .. } | Error::ShardMismatch { .. })) {
+            return e;
+        }
+        match super::load_manifest(&*self.storage) {
+            Ok(Some((now, _))) if now.dataset_id_bytes() != self.dataset_id => {
+                Error::DatasetRewritten {
+                    path: self.storage.root().to_path_buf(),
+                    opened: self.manifest.dataset_id.clone(),
+                    now: now.dataset_id,
+                }
+            }
+            _ => e,
+        }
     }
 
     /// The shard number and shard-local position of `ordinal`.

@@ -217,6 +217,15 @@ impl Context {
                     },
                 )
             }
+            Error::DatasetRewritten { path, opened, now } => (
+                "DatasetRewritten",
+                Context {
+                    path: text(path),
+                    expected: Some(opened.clone()),
+                    found: Some(now.clone()),
+                    ..c
+                },
+            ),
             Error::DuplicateKey { key } => (
                 "DuplicateKey",
                 Context {
