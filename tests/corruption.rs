@@ -872,7 +872,8 @@ fn a_dataset_written_anew_under_a_reader_is_said_so() {
     let e = ds.sample(ds.len() - 1).unwrap_err();
     assert!(matches!(e, Error::DatasetRewritten { .. }), "{e:?}");
     assert!(
-        e.to_string().contains("the dataset was written anew since this reader opened it"),
+        e.to_string()
+            .contains("the dataset was written anew since this reader opened it"),
         "{e}"
     );
 }
