@@ -56,12 +56,12 @@ pub(crate) fn lock_for_an_instant<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> 
     lock_briefly(m, 1000)
 }
 
-/// `m`, tried up to `tries` times, every 0.1 ms after the first [`YIELDS`] tries (a poisoned
-/// lock is taken as it is); `None` when it stays held. For locks a thread holds for an
-/// instant, in memory a fork copies: a child forked in that instant inherits the lock held for
-/// good, and does without what it guards rather than hang.
+/// `m`, tried [`YIELDS`] times yielding between tries, then up to `tries` times every 0.1 ms
+/// (a poisoned lock is taken as it is); `None` when it stays held. For locks a thread holds
+/// for an instant, in memory a fork copies: a child forked in that instant inherits the lock
+/// held for good, and does without what it guards rather than hang.
 pub(crate) fn lock_briefly<T>(m: &Mutex<T>, tries: u32) -> Option<MutexGuard<'_, T>> {
-    for i in 0..tries {
+    for i in 0..YIELDS + tries {
         match m.try_lock() {
             Ok(guard) => return Some(guard),
             Err(TryLockError::Poisoned(p)) => return Some(p.into_inner()),

@@ -75,25 +75,7 @@ fn verify_maps_a_bounded_number_of_shards_at_once() {
     let _alone = ALONE.lock().unwrap_or_else(|e| e.into_inner());
     const SHARDS: u64 = 3000;
     let dir = tempfile::tempdir().unwrap();
-    let schema = Schema::new(vec![Field::new("ids", DType::I32, &[], Role::TokenIds)]);
-    let options = WriteOptions {
-        durable: false,
-        shard_samples: 1,
-        align_log2: Some(6),
-        ..WriteOptions::default()
-    };
-    let mut w = DatasetWriter::create(dir.path(), schema, options).unwrap();
-    for i in 0..SHARDS {
-        w.append(&format!("s{i}"), &[("ids", &[1u8, 0, 0, 0][..])])
-            .unwrap();
-    }
-    w.finish().unwrap();
-    let regions = || {
-        std::fs::read_to_string("/proc/self/maps")
-            .unwrap()
-            .lines()
-            .count()
-    };
+    many_shards(dir.path(), SHARDS);
     let base = regions();
     let calls = std::sync::atomic::AtomicU64::new(0);
     let most = std::sync::atomic::AtomicUsize::new(0);

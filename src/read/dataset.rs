@@ -56,7 +56,10 @@ pub struct ReadOptions {
     /// At most this many shards stay mapped for later reads, the one mapped longest let go
     /// first (it stays mapped while a sample or tensor read from it lives). `None`:
     /// [`DEFAULT_MAPPED_SHARDS`]. A process maps at most `vm.max_map_count` regions, so a
-    /// dataset of more shards than that could not be read through if every shard stayed.
+    /// dataset of more shards than that could not be read through if every shard stayed. A
+    /// shard let go and read again is checked again: its index, and under
+    /// [`CheckPolicy::Once`] without a `checked_memo`, its chunks (what it checked went with
+    /// it); with a memo, the chunks are not hashed again.
     pub mapped_shards: Option<usize>,
 }
 

@@ -49,7 +49,9 @@ pub const SCAN_AHEAD: u64 = 64 << 20;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CheckPolicy {
     /// The first read of each chunk hashes it (default): first in this process, or in all
-    /// processes sharing a checked-chunk memo (`ReadOptions::checked_memo`).
+    /// processes sharing a checked-chunk memo (`ReadOptions::checked_memo`). In this process,
+    /// first while the shard stays mapped: a shard the dataset let go
+    /// (`ReadOptions::mapped_shards`) hashes its chunks again when read again.
     #[default]
     Once,
     /// Every read hashes the chunk.

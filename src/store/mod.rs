@@ -225,17 +225,28 @@ pub fn refuse_root(storage: &dyn Storage) -> Result<()> {
 }
 
 /// Whether `dir` (a folder or a URL) holds file `name`: an error where that cannot be told
-/// (an object store that does not answer, or refuses the request). Taken for "no", a store's
+/// (an object store that does not answer, or fails the request). Taken for "no", a store's
 /// `store.json` that did not answer once made its `STORE/NAME` a plain folder: a copy wrote a
 /// dataset among the store's files, which later hid the store's dataset of that name, and
 /// each command waited out a second round of retries before it failed.
+///
+/// A request refused for want of rights is "no": S3 answers 403 for a missing object to a
+/// reader who may not list the bucket (a read-only policy on one prefix), and a dataset's
+/// folder above it is then asked for a `store.json` that is not there. So is a location no
+/// storage opens (a store made of parts, `memory://`).
 pub(crate) fn has_file(dir: &Path, name: &str) -> Result<bool> {
     if !crate::io::is_remote(dir) {
         return Ok(dir.join(name).is_file());
     }
-    Ok(ObjectStorage::open(&dir.to_string_lossy())?
-        .size(name)?
-        .is_some())
+    let size = ObjectStorage::open(&dir.to_string_lossy()).and_then(|s| s.size(name));
+    match size {
+        Ok(size) => Ok(size.is_some()),
+        Err(Error::Unsupported { .. }) => Ok(false),
+        Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::PermissionDenied => {
+            Ok(false)
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// The folders of a store in a folder: no new dataset takes one's name (its `STORE/NAME/`

@@ -947,11 +947,15 @@ pub(crate) fn remove_leftovers(storage: &dyn Storage, manifest: &Manifest) -> Re
     Ok(())
 }
 
-/// `cause`, which kept `key` from the dataset before any of it was written: said so, with
-/// the writer going on.
+/// `cause`, which kept `key` from the dataset before any of it was written: a storage
+/// failure said as such, with the writer going on; any other error (a sample refused for
+/// what it holds) as it is.
 fn not_appended(key: &str, cause: Error) -> Error {
-    Error::NotAppended {
-        key: key.to_string(),
-        cause: Box::new(cause),
+    match cause {
+        Error::Io { .. } => Error::NotAppended {
+            key: key.to_string(),
+            cause: Box::new(cause),
+        },
+        other => other,
     }
 }

@@ -276,6 +276,11 @@ impl Writer {
         let schema: Schema =
             serde_json::from_str(schema_json).map_err(|e| bad_option("schema", &e.to_string()))?;
         let options = write_options(options, Face::Writer)?;
+        // Before the dataset is made: a path that fails here leaves nothing behind.
+        let store = match hspack::store::split_store_path(&path).py_err()? {
+            Some((root, name)) => Some((Arc::new(Store::open(root).py_err()?), name)),
+            None => None,
+        };
         let w = detached(py, || {
             if create {
                 DatasetWriter::create(&path, schema, options)
@@ -284,10 +289,6 @@ impl Writer {
             }
         })
         .py_err()?;
-        let store = match hspack::store::split_store_path(&path).py_err()? {
-            Some((root, name)) => Some((Arc::new(Store::open(root).py_err()?), name)),
-            None => None,
-        };
         Ok(Writer {
             inner: Mutex::new(Some(w)),
             store,
