@@ -215,7 +215,8 @@ pub fn verify_dataset(
                 Ok(s) => shards.push(Arc::new(s)),
                 Err(e) => {
                     unopened.insert(seq);
-                    problems.push(e)
+                    let record = &manifest.shards[seq];
+                    problems.push(lost_under(e, || crate::read::shard::held_by(record)))
                 }
             }
         }
@@ -310,6 +311,19 @@ fn check_shards(
     found.sort_by_key(|(i, c, _)| (*i, *c));
     problems.extend(found.into_iter().map(|(_, _, e)| e));
     problems
+}
+
+/// `err`, met opening a shard or reading a chunk: where a store lost what held it (a pack
+/// gone, a blob damaged), with what that held (`held`: the shard's samples, or the chunk's
+/// sample, field and rows), as damage in a plain dataset is named. It said only the pack.
+fn lost_under(err: Error, held: impl FnOnce() -> String) -> Error {
+    match err {
+        Error::StoreDamage { path, detail } => Error::StoreDamage {
+            path,
+            detail: format!("{detail}; lost with it: {}", held()),
+        },
+        e => e,
+    }
 }
 
 /// Each sample's `loss_rows` against the rows its loss mask sets (§3.2), where the schema has
@@ -447,6 +461,7 @@ pub(crate) fn check_layout(
         let checked = match hash {
             true => scan(e.offset..end)
                 .and_then(|()| shard.read(e.offset..end))
+                .map_err(|err| lost_under(err, || shard.site(c, schema).to_string()))
                 .and_then(|bytes| {
                     hashed += e.stored_len;
                     progress(e.stored_len);

@@ -93,6 +93,7 @@ fn datasets_in_s3() {
     shared_writers_write_into_s3();
     convert_into_s3(tmp.path());
     faults_are_retried_or_named(&local, &moto);
+    a_store_probe_refused_or_failing(&local, &moto);
     let big = tmp.path().join("big");
     let mut w = DatasetWriter::open(&big, capture_schema(2048), options()).unwrap();
     for i in 0..16u64 {
@@ -102,6 +103,51 @@ fn datasets_in_s3() {
     }
     w.finish().unwrap();
     killed_copies_never_publish_a_partial_dataset(big.to_str().unwrap());
+}
+
+/// Every open of `PREFIX/NAME` asks whether `PREFIX` is a store (its `store.json`). A reader
+/// who may not list the bucket gets 403, not 404, for a missing object: that is "no store",
+/// and the dataset opens. A store's `store.json` that fails (503, every retry) is an error:
+/// taken for "no store", a copy wrote a plain dataset among the store's files, which later
+/// hid the store's dataset of that name.
+fn a_store_probe_refused_or_failing(local: &str, moto: &Moto) {
+    cp(local, "s3://hspack-test/team/ds", CopyMode::Copy).unwrap();
+    let forbidding = FaultProxy::answering(
+        moto.port,
+        "HEAD /hspack-test/team/store.json ",
+        "403 Forbidden",
+    );
+    std::env::set_var("AWS_ENDPOINT_URL", forbidding.endpoint());
+    let opened = Dataset::open("s3://hspack-test/team/ds");
+    std::env::set_var("AWS_ENDPOINT_URL", moto.endpoint());
+    let opened = opened.unwrap();
+    common::same_samples(&Dataset::open(local).unwrap(), &opened, |_| {});
+    hspack::store::Store::init("s3://hspack-test/st503").unwrap();
+    let failing = FaultProxy::answering(
+        moto.port,
+        "HEAD /hspack-test/st503/store.json ",
+        "503 Service Unavailable",
+    );
+    std::env::set_var("AWS_ENDPOINT_URL", failing.endpoint());
+    // As `hspack cp` opens its destination: `STORE/NAME` is the store's dataset.
+    let copied = hspack::store::open_location("s3://hspack-test/st503/x").and_then(|dst| {
+        copy(
+            &Dataset::open(local)?,
+            &dst,
+            &CopyOptions::default(),
+            &|_| {},
+        )
+    });
+    std::env::set_var("AWS_ENDPOINT_URL", moto.endpoint());
+    let e = copied.unwrap_err();
+    assert!(e.to_string().contains("st503/store.json"), "{e}");
+    let beside = open_location("s3://hspack-test/st503/x").unwrap();
+    assert!(beside.list().unwrap().is_empty(), "{:?}", beside.list());
+    assert!(hspack::store::Store::open("s3://hspack-test/st503")
+        .unwrap()
+        .names()
+        .unwrap()
+        .is_empty());
 }
 
 /// With no keys in the environment, `hspack` takes them (and the region and endpoint) from

@@ -447,6 +447,11 @@ fn a_lost_pack_is_the_stores_damage_and_store_verify_names_the_datasets_it_hits(
         said.contains("the pack is missing") && !said.contains("manifest lists it"),
         "{said}"
     );
+    // With the samples it held, as a plain dataset's damage is named.
+    assert!(
+        said.contains("; lost with it: shard 0 holding the samples of ordinals 0 to"),
+        "{said}"
+    );
     let o = hspack(&["store", "verify", s(&store_dir)]);
     assert!(!o.status.success());
     let said = text(&o);

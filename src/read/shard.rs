@@ -638,6 +638,23 @@ fn missing(e: Error, record: &ShardRecord) -> Error {
         Error::Io { path, source, .. } if source.kind() == std::io::ErrorKind::NotFound => path,
         e => return e,
     };
+    Error::Io {
+        path,
+        op: "open",
+        source: std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            format!(
+                "the file is missing, but the manifest lists it as {}; restore it from an \
+                 intact copy with `hspack repair DATASET --from COPY`",
+                held_by(record)
+            ),
+        ),
+    }
+}
+
+/// What the shard of `record` holds, for messages: `shard 3 holding the samples of ordinals
+/// 24 to 31`.
+pub(crate) fn held_by(record: &ShardRecord) -> String {
     let samples = match record.samples {
         0 => "no samples".to_string(),
         n => format!(
@@ -646,18 +663,7 @@ fn missing(e: Error, record: &ShardRecord) -> Error {
             record.first_ordinal.saturating_add(n - 1)
         ),
     };
-    Error::Io {
-        path,
-        op: "open",
-        source: std::io::Error::new(
-            std::io::ErrorKind::NotFound,
-            format!(
-                "the file is missing, but the manifest lists it as shard {} holding {samples}; \
-                 restore it from an intact copy with `hspack repair DATASET --from COPY`",
-                record.seq
-            ),
-        ),
-    }
+    format!("shard {} holding {samples}", record.seq)
 }
 
 /// The elements of the field chunk `e` holds (the index check made sure there is one).

@@ -54,7 +54,19 @@ impl FaultProxy {
     /// of every request (`If-Match`, `If-None-Match`) so that the server never sees them: a
     /// server that ignores conditions, as some S3-compatible servers do.
     pub fn ignoring_conditions(server: u16) -> FaultProxy {
-        FaultProxy::run_with(server, 1, u64::MAX, None, true)
+        FaultProxy::run_with(server, 1, u64::MAX, None, true, None)
+    }
+
+    /// Proxies 127.0.0.1:`server` without faults, but answers every request that starts with
+    /// `request` (such as `HEAD /bucket/key `) itself, with `status` (such as `403
+    /// Forbidden`) and no body, never forwarding it: a server that refuses or fails one
+    /// object's requests.
+    pub fn answering(server: u16, request: &str, status: &str) -> FaultProxy {
+        let canned = Canned {
+            request: request.as_bytes().to_vec(),
+            status: status.to_string(),
+        };
+        FaultProxy::run_with(server, 1, u64::MAX, None, false, Some(Arc::new(canned)))
     }
 
     /// Proxies 127.0.0.1:`server` without faults, except for the requests whose responses
@@ -88,7 +100,7 @@ impl FaultProxy {
     }
 
     fn run(server: u16, seed: u64, one_in: u64, losing: Option<Arc<Losing>>) -> FaultProxy {
-        FaultProxy::run_with(server, seed, one_in, losing, false)
+        FaultProxy::run_with(server, seed, one_in, losing, false, None)
     }
 
     fn run_with(
@@ -97,6 +109,7 @@ impl FaultProxy {
         one_in: u64,
         losing: Option<Arc<Losing>>,
         unconditional: bool,
+        canned: Option<Arc<Canned>>,
     ) -> FaultProxy {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
@@ -150,8 +163,9 @@ impl FaultProxy {
                     watch: None,
                     ..lose.clone()
                 };
-                std::thread::spawn(move || pump(client, upstream, up, lose, unconditional));
-                std::thread::spawn(move || pump(u2, c2, down, answer, false));
+                let canned = canned.clone().map(|c| (c, client.try_clone().unwrap()));
+                std::thread::spawn(move || pump(client, upstream, up, lose, unconditional, canned));
+                std::thread::spawn(move || pump(u2, c2, down, answer, false, None));
             }
         });
         FaultProxy {
@@ -179,6 +193,12 @@ impl Drop for FaultProxy {
         self.stop.store(true, Ordering::Relaxed);
         let _ = TcpStream::connect(("127.0.0.1", self.port)); // wakes the accept loop
     }
+}
+
+/// Requests the proxy answers itself ([`FaultProxy::answering`]).
+pub struct Canned {
+    request: Vec<u8>,
+    status: String,
 }
 
 /// One connection's lost responses: the request direction watches for a request to lose
@@ -221,7 +241,14 @@ impl Lose {
 
 /// Copies `from` to `to`, applying `fault` and `lose` (and with `unconditional`, renaming
 /// the conditional-write headers); closes both when either side ends.
-fn pump(mut from: TcpStream, mut to: TcpStream, fault: Fault, lose: Lose, unconditional: bool) {
+fn pump(
+    mut from: TcpStream,
+    mut to: TcpStream,
+    fault: Fault,
+    lose: Lose,
+    unconditional: bool,
+    mut canned: Option<(Arc<Canned>, TcpStream)>,
+) {
     let mut buf = vec![0u8; 16 << 10];
     let mut pos = 0u64;
     let mut stalled = false;
@@ -231,6 +258,16 @@ fn pump(mut from: TcpStream, mut to: TcpStream, fault: Fault, lose: Lose, uncond
             Ok(n) => n,
         };
         let chunk = &mut buf[..n];
+        if let Some((c, client)) = canned
+            .as_mut()
+            .filter(|(c, _)| chunk.starts_with(&c.request))
+        {
+            let reply = format!("HTTP/1.1 {}\r\nContent-Length: 0\r\n\r\n", c.status);
+            if client.write_all(reply.as_bytes()).is_err() {
+                break;
+            }
+            continue;
+        }
         if lose.cuts(chunk) {
             break;
         }
