@@ -458,8 +458,10 @@ impl Dataset {
         for seq in shards {
             match self.shard(seq) {
                 Ok(shard) => {
+                    // Read through the shard in hand: looked up again, it may have been let
+                    // go meanwhile (`mapped_shards`), and opened and checked once more.
                     if let Some(local) = shard.index().find_key(key) {
-                        return self.sample_in(seq, local).map(Some);
+                        return Ok(self.sample_of(&shard, local));
                     }
                 }
                 Err(e) => {
