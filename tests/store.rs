@@ -470,6 +470,54 @@ fn a_lost_pack_is_the_stores_damage_and_store_verify_names_the_datasets_it_hits(
     reads_as(&store_dir, &["a"], &a);
 }
 
+/// Any one pack lost (each in turn, in a store of `a` and `b` holding the same samples):
+/// `repair STORE/a --from A` found the damage and replaced nothing, as the lost blob was the
+/// store's file and not the shard's, and where the pack held the manifest's or a segment's
+/// blob the dataset did not open. Now whatever the pack held is stored anew from the copy,
+/// and both datasets read again.
+#[test]
+fn repair_from_a_copy_restores_any_pack_a_store_lost() {
+    let t = tempfile::tempdir().unwrap();
+    let a = t.path().join("a");
+    write_plain(&a, 12, 1);
+    let other = t.path().join("other");
+    write_plain(&other, 12, 2);
+    let mut lost_manifest = false;
+    for k in 0.. {
+        let store_dir = t.path().join(format!("store{k}"));
+        let store = Arc::new(Store::init(&store_dir).unwrap());
+        let ds = Dataset::open(&a).unwrap();
+        add(&store, &ds, "a", &|_| {}).unwrap();
+        add(&store, &ds, "b", &|_| {}).unwrap();
+        drop(store);
+        let mut packs: Vec<PathBuf> = std::fs::read_dir(store_dir.join("packs"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        packs.sort();
+        if k == packs.len() {
+            assert!(k > 3, "{packs:?}");
+            break;
+        }
+        std::fs::remove_file(&packs[k]).unwrap();
+        let opens = Dataset::open(store_dir.join("a")).is_ok();
+        if !opens {
+            // A copy of another dataset gives nothing, the manifest least of all.
+            let o = hspack(&["repair", s(&store_dir.join("a")), "--from", s(&other)]);
+            assert!(!o.status.success(), "pack {k}: {}", text(&o));
+            assert!(Dataset::open(store_dir.join("a")).is_err(), "pack {k}");
+        }
+        let o = hspack(&["repair", s(&store_dir.join("a")), "--from", s(&a)]);
+        let said = text(&o);
+        assert!(o.status.success(), "pack {k}: {said}");
+        lost_manifest |= said.contains("its manifest.json restored");
+        reads_as(&store_dir, &["a", "b"], &a);
+        let o = hspack(&["store", "verify", s(&store_dir)]);
+        assert!(o.status.success(), "pack {k}: {}", text(&o));
+    }
+    assert!(lost_manifest, "no pack held the manifest's blob");
+}
+
 /// A dataset's file recording a shard one byte longer than its blobs hold: every read of it
 /// fails, advising `store verify`, which said OK.
 #[test]

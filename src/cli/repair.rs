@@ -26,8 +26,11 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let mut restored = Vec::new();
     let damaged = match hspack::Dataset::open(&a.damaged) {
         Ok(ds) => ds,
-        // Its manifest is intact and a segment it lists is not: restored first, from the copy.
-        Err(e @ hspack::Error::Format { .. }) if !super::is_manifest_damage(&e) => {
+        // Its manifest is intact and a segment it lists is not, or a store lost a blob of
+        // either: restored first, from the copy.
+        Err(e @ (hspack::Error::Format { .. } | hspack::Error::StoreDamage { .. }))
+            if !super::is_manifest_damage(&e) =>
+        {
             let storage = hspack::store::open_location(&a.damaged)?;
             match restore_listed(&storage, &good) {
                 Ok(files) if !files.is_empty() => restored = files,

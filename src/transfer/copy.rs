@@ -450,7 +450,17 @@ pub(crate) fn copy_listed_files(
         if !wanted(f.file) {
             continue;
         }
-        let there = dst.read(f.file)?;
+        let there = match dst.read(f.file) {
+            Ok(there) => there,
+            // A store's blob of it lost or damaged at rest: put anew, with what the store
+            // finds checked first.
+            Err(e) if e.is_damage() && dst.check_copies_found() => {
+                still_held(lock, dst)?;
+                dst.delete(f.file)?;
+                None
+            }
+            Err(e) => return Err(e),
+        };
         if there.as_ref().is_some_and(|b| hash(b) == want) {
             continue;
         }

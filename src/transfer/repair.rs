@@ -57,14 +57,33 @@ fn problem_file(e: &Error) -> Option<&Path> {
 /// `dst` lists and that are missing there or differ from their hash (segments, key runs,
 /// samples table parts): what a dataset needs to open. Refused unless the two manifests are
 /// the same bytes. Returns the files copied.
+///
+/// In a store, the manifest's own blob may be what was lost: it is put again from the copy,
+/// where the dataset's record names those very bytes (their BLAKE3, which the store's
+/// `replace` checks), so the root of trust is the one it was.
 pub fn restore_listed(dst: &Arc<dyn Storage>, good: &Dataset) -> Result<Vec<String>> {
     refuse_same_copy(dst.root(), good.dir())?;
-    if dst.read(MANIFEST_FILE)?.as_deref() != Some(good.manifest_bytes()) {
-        return Err(not_a_copy(dst.root(), good));
-    }
+    let mut restored = Vec::new();
     // No writer or copy may be at work there meanwhile.
-    let lock = dst.lock()?;
-    copy_listed_files(good, dst, &*lock, &|_| true)
+    let lock;
+    match dst.read(MANIFEST_FILE) {
+        Ok(Some(there)) if there == good.manifest_bytes() => lock = dst.lock()?,
+        Err(e) if e.is_damage() && dst.check_copies_found() => {
+            lock = dst.lock()?;
+            let bytes = good.manifest_bytes();
+            still_held(&*lock, dst)?;
+            dst.replace(MANIFEST_FILE, bytes, Some(blake3::hash(bytes)), true)
+                .map_err(|e| match e {
+                    Error::CommitConflict { .. } => not_a_copy(dst.root(), good),
+                    e => e,
+                })?;
+            restored.push(MANIFEST_FILE.to_string());
+        }
+        Err(e) => return Err(e),
+        Ok(_) => return Err(not_a_copy(dst.root(), good)),
+    }
+    restored.extend(copy_listed_files(good, dst, &*lock, &|_| true)?);
+    Ok(restored)
 }
 
 /// Refuses `from` when it is the copy at `damaged` itself (another spelling of the path): a
@@ -133,6 +152,14 @@ pub fn repair(damaged: &Dataset, good: &Dataset) -> Result<RepairReport> {
         });
     }
     let names = damaged_files(&first);
+    // A store's lost or damaged blob is the store's file, and any of the dataset's files
+    // may reference it: each of them is proven again below, and only those that fail are
+    // sent again.
+    let store_damage = first
+        .problems
+        .iter()
+        .any(|e| matches!(e, Error::StoreDamage { .. }));
+    let wanted = |name: &str| store_damage || names.contains(name);
     let dst: Arc<dyn crate::io::Storage> = Arc::clone(damaged.storage());
     // No writer or copy may be at work there while shards are replaced.
     let lock = dst.lock()?;
@@ -140,7 +167,7 @@ pub fn repair(damaged: &Dataset, good: &Dataset) -> Result<RepairReport> {
     dst.check_copies_found();
     let stats = Stats::default();
     for (seq, record) in damaged.manifest().shards.iter().enumerate() {
-        if !names.contains(record.file.as_str()) {
+        if !wanted(record.file.as_str()) {
             continue;
         }
         still_held(&*lock, &dst)?;
@@ -157,7 +184,7 @@ pub fn repair(damaged: &Dataset, good: &Dataset) -> Result<RepairReport> {
         check_at(good, &dst, record)?;
         report.shards_replaced.push(record.file.clone());
     }
-    report.files_replaced = copy_listed_files(good, &dst, &*lock, &|name| names.contains(name))?;
+    report.files_replaced = copy_listed_files(good, &dst, &*lock, &wanted)?;
     let after = verify_dataset(damaged, VerifyOptions::default(), &|_| {})?;
     report.problems_left = after.problems.iter().map(Error::to_string).collect();
     report.digest = after.proven_digest().map(str::to_string);
