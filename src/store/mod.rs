@@ -598,8 +598,9 @@ impl Store {
                     path: self.packs.path(&name),
                     detail: format!(
                         "the pack is missing, but the store's index lists it: run `hspack store \
-                         verify {}` to see the datasets that lost blobs, then restore the pack \
-                         (or the store) from a copy, or remove them (`hspack store rm`)",
+                         verify {}` to see the datasets that lost blobs, then repair each from a \
+                         copy (`hspack repair STORE/NAME --from COPY`), or remove them (`hspack \
+                         store rm`)",
                         self.root.display()
                     ),
                 }
