@@ -127,6 +127,10 @@ fn table() -> Vec<(&'static str, Check)> {
             |e| matches!(e, E::TensorOutOfBounds { tensor, reason, .. } if tensor == "b" && reason.contains("overlaps")),
         ),
         (
+            "st_name_twice.safetensors",
+            |e| matches!(e, E::Malformed { reason, .. } if reason.contains("\"a\" is named twice")),
+        ),
+        (
             "st_past_end.safetensors",
             |e| matches!(e, E::TensorOutOfBounds { tensor, .. } if tensor == "a"),
         ),

@@ -66,6 +66,41 @@ struct RawInfo {
     data_offsets: (u64, u64),
 }
 
+/// A header's entries in file order, each name once: serde_json's map keeps the last of two
+/// entries of one name, which would leave a tensor out unsaid (the reference library refuses
+/// such a file).
+struct Entries(Vec<(String, serde_json::Value)>);
+
+impl<'de> serde::Deserialize<'de> for Entries {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = Entries;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object of tensors")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Entries, A::Error> {
+                let mut seen = std::collections::HashSet::new();
+                let mut entries = Vec::new();
+                while let Some((name, value)) = map.next_entry::<String, serde_json::Value>()? {
+                    if !seen.insert(name.clone()) {
+                        return Err(serde::de::Error::custom(format!(
+                            "{name:?} is named twice (a tensor would be lost); the file is \
+                             damaged or was not written by safetensors"
+                        )));
+                    }
+                    entries.push((name, value));
+                }
+                Ok(Entries(entries))
+            }
+        }
+        d.deserialize_map(Visit)
+    }
+}
+
 /// Parses the header of a safetensors file held in `bytes`, validating every tensor's
 /// dtype, shape and data range (within the file, sized to match, non-overlapping).
 pub fn parse(bytes: &[u8], file: &Path) -> Result<Header, ConvertError> {
@@ -87,7 +122,7 @@ pub fn parse(bytes: &[u8], file: &Path) -> Result<Header, ConvertError> {
     }
     let header_end = 8 + n as usize;
     let json = bytes.get(8..header_end).unwrap_or(&[]);
-    let raw: BTreeMap<String, serde_json::Value> = serde_json::from_slice(json)
+    let Entries(raw) = serde_json::from_slice(json)
         .map_err(|e| ConvertError::malformed(file, "safetensors header", 8, e.to_string()))?;
     let data_len = bytes.len() - header_end;
     let mut metadata = BTreeMap::new();

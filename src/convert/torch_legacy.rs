@@ -57,9 +57,12 @@ impl LegacyFile {
             });
         }
         let mut pos = 0;
+        let mut loaded = Vec::new();
         let mut next = |what: &'static str| -> Result<(Value, usize), ConvertError> {
             let rest = bytes.get(pos..).unwrap_or(&[]);
-            let (v, used) = pickle::parse_prefix(rest, file).map_err(|e| with_context(e, what))?;
+            let (v, used, storages) =
+                pickle::parse_prefix(rest, file).map_err(|e| with_context(e, what))?;
+            loaded.extend(storages);
             let at = pos;
             pos += used;
             Ok((v, at))
@@ -99,8 +102,10 @@ impl LegacyFile {
                 )
             })?;
 
+        // Sized by every storage a persistent id named, not only those the value holds: the
+        // file holds the bytes of all of them, in the order of `keys`.
         let mut sizes: HashMap<&str, u64> = HashMap::new();
-        for s in value.storages() {
+        for s in &loaded {
             sizes.entry(s.key.as_str()).or_insert(s.kind.element_size);
         }
         let mut cur = Cursor::new(bytes, pos, file);

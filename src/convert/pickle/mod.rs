@@ -29,15 +29,21 @@ pub use value::{NdArray, StorageKind, StorageRef, TensorLike, TensorRef, Value};
 /// Decodes one pickle from the start of `bytes`; bytes after its `STOP` are ignored.
 /// `file` names the source in errors.
 pub fn parse(bytes: &[u8], file: &Path) -> Result<Value, ConvertError> {
-    parse_prefix(bytes, file).map(|(v, _)| v)
+    parse_prefix(bytes, file).map(|(v, _, _)| v)
 }
 
 /// Decodes one pickle from the start of `bytes` and returns it with the number of bytes
-/// it occupied (through its `STOP` opcode), for streams of consecutive pickles.
-pub fn parse_prefix(bytes: &[u8], file: &Path) -> Result<(Value, usize), ConvertError> {
+/// it occupied (through its `STOP` opcode), for streams of consecutive pickles, and every
+/// storage its persistent ids named (the first of each key), in order: also those the value no longer holds (a dict
+/// entry given again, a tensor of a dtype hspack does not store), whose bytes a legacy file
+/// still holds.
+pub fn parse_prefix(
+    bytes: &[u8],
+    file: &Path,
+) -> Result<(Value, usize, Vec<StorageRef>), ConvertError> {
     let mut machine = vm::Machine::new(bytes, file);
     let value = machine.run()?;
-    Ok((value, machine.pos))
+    Ok((value, machine.pos, machine.loaded))
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ use std::path::Path;
 use super::calls;
 use super::globals::{self, Allowed};
 use super::text;
-use super::value::Value;
+use super::value::{StorageRef, Value};
 use crate::convert::ConvertError;
 
 /// Index of a node in the machine's arena.
@@ -62,6 +62,10 @@ pub(super) struct Machine<'a> {
     /// much larger than the pickle, so expansion is metered.
     pub(super) budget: u64,
     pub(super) budget_limit: u64,
+    /// Every storage a persistent id named, the first of each key, in order (a key named
+    /// again costs no memory: a pickle can name one at every 3 bytes).
+    pub(super) loaded: Vec<StorageRef>,
+    loaded_keys: std::collections::HashSet<String>,
 }
 
 impl<'a> Machine<'a> {
@@ -78,6 +82,8 @@ impl<'a> Machine<'a> {
             memo: HashMap::new(),
             budget: budget_limit,
             budget_limit,
+            loaded: Vec::new(),
+            loaded_keys: std::collections::HashSet::new(),
         }
     }
 
@@ -681,6 +687,9 @@ impl<'a> Machine<'a> {
                     let pid = self.pop(at)?;
                     let pid = self.expand(pid, 0)?;
                     let storage = calls::persistent_load(self, pid, at)?;
+                    if self.loaded_keys.insert(storage.key.clone()) {
+                        self.loaded.push(storage.clone());
+                    }
                     self.push(Node::Leaf(Value::Storage(storage)));
                 }
                 b'i' => {

@@ -184,6 +184,8 @@ def main():
         open(os.path.join(OUT, name), "wb").write(struct.pack("<Q", len(h)) + h + data)
 
     st("st_overlap.safetensors", '{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}}', bytes(12))
+    # One name twice: a JSON map keeps the last entry, and the first tensor would be lost.
+    st("st_name_twice.safetensors", '{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"a":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}}', bytes(range(16)))
     st("st_past_end.safetensors", '{"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}}', bytes(8))
     st("st_bad_dtype.safetensors", '{"a":{"dtype":"C64","shape":[1],"data_offsets":[0,8]}}', bytes(8))
     st("st_size_mismatch.safetensors", '{"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}}', bytes(8))

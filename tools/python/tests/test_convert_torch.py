@@ -356,14 +356,18 @@ def test_bad_files_stop_or_are_listed(tmp_path):
     same(read_sample(ds, "0/data_0", tmp_path)["hidden.9"], good["hidden_state"])
 
 
-def test_unsupported_dtypes_only_fail_when_used(tmp_path):
+@pytest.mark.parametrize("legacy", [False, True], ids=["zip", "legacy"])
+def test_unsupported_dtypes_only_fail_when_used(tmp_path, legacy):
+    """In the legacy format too: there the file holds the bytes of the storages of tensors
+    hspack does not store, and they were taken for missing ("the file is incomplete")."""
     src = tmp_path / "src"
     d = {"input_ids": torch.arange(4), "hidden_state": torch.randn(4, H, generator=g(80)).bfloat16(),
          "loss_mask": torch.ones(4, dtype=torch.long),
          "phase": torch.randn(4, 2, generator=g(81)).to(torch.complex64),
          "counts": torch.arange(4, dtype=torch.int32).to(torch.uint16),
          "big": torch.arange(3).to(torch.uint64)}
-    save(d, src / "0" / "data_0.ckpt")
+    (src / "0").mkdir(parents=True)
+    torch.save(d, src / "0" / "data_0.ckpt", _use_new_zipfile_serialization=not legacy)
     ds = tmp_path / "ds"
     hspack("convert", src, ds, "--layout", "eagle", "--layers", "9", "--num-layers", "9", "-q")
     same(read_sample(ds, "0/data_0", tmp_path)["hidden.9"], d["hidden_state"])
