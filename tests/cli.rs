@@ -1440,3 +1440,67 @@ fn a_plain_http_endpoint_says_how_to_allow_it() {
         text(&o)
     );
 }
+
+/// `hspack cp ds .`, as `cp -r` is typed, spread the dataset's files among the working
+/// folder's own (exit 0); so did sync, merge, store export and a writer given a folder of
+/// other files. Each is refused now, naming a file there, and leaves the folder as it was;
+/// convert refused it already. A folder holding only what an interrupted copy leaves (its
+/// shards, published before its manifest) is resumed as before.
+#[test]
+fn no_dataset_is_written_among_other_files() {
+    let (t, _) = demo_copied();
+    let proj = t.path().join("proj");
+    std::fs::create_dir(&proj).unwrap();
+    std::fs::write(proj.join("notes.txt"), "mine\n").unwrap();
+    let o = hspack_in(&["store", "init", "st"], t.path());
+    assert!(o.status.success(), "{}", text(&o));
+    let o = hspack_in(&["store", "add", "st", "a", "--name", "a"], t.path());
+    assert!(o.status.success(), "{}", text(&o));
+    for (name, seed) in [("x", 1), ("y", 2)] {
+        let opts = common::small_options();
+        let mut w =
+            hspack::DatasetWriter::create(t.path().join(name), common::capture_schema(8), opts)
+                .unwrap();
+        let smp = common::capture_sample(seed, 3, 8);
+        w.append(&format!("{name}0"), &common::as_fields(&smp))
+            .unwrap();
+        w.finish().unwrap();
+    }
+    for args in [
+        &["cp", "a", "proj"][..],
+        &["sync", "a", "proj"],
+        &["merge", "x", "y", "proj"],
+        &["store", "export", "st/a", "proj"],
+    ] {
+        let o = hspack_in(args, t.path());
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
+        assert!(
+            stderr(&o).contains("such as notes.txt") && stderr(&o).contains("new or empty folder"),
+            "{args:?}: {}",
+            text(&o)
+        );
+        let left: Vec<_> = std::fs::read_dir(&proj).unwrap().flatten().collect();
+        assert_eq!(left.len(), 1, "{args:?}: {left:?}");
+    }
+    let schema = hspack::Dataset::open(t.path().join("a"))
+        .unwrap()
+        .schema()
+        .clone();
+    let e = hspack::DatasetWriter::create(&proj, schema, hspack::WriteOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("such as notes.txt"), "{e}");
+    // An interrupted copy's shards, without the manifest: the copy goes on.
+    let c = t.path().join("c");
+    std::fs::create_dir(&c).unwrap();
+    let ds = hspack::Dataset::open(t.path().join("a")).unwrap();
+    let shard = &ds.manifest().shards[0].file;
+    std::fs::copy(t.path().join("a").join(shard), c.join(shard)).unwrap();
+    let o = hspack_in(&["cp", "a", "c"], t.path());
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        stdout(&o).contains("1 shard already there and right"),
+        "{}",
+        text(&o)
+    );
+}

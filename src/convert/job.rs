@@ -261,10 +261,8 @@ pub fn run(spec: &ConvertSpec, progress: &mut dyn FnMut(Progress)) -> Result<Rep
     result
 }
 
-/// Refuses a destination folder that holds files and no dataset: the dataset's files would
-/// be mixed in with them. Only what an earlier run of convert leaves without a manifest (its
-/// key log and report, hspack's lock files, temp files, the shards of a run that failed
-/// before its first commit) and a volume's `lost+found` may be there.
+/// Refuses a destination that is a file, a store's own folder, or a folder holding files and
+/// no dataset ([`refuse_foreign_folder`](crate::write::destination::refuse_foreign_folder)).
 fn refuse_foreign_folder(dst: &Path) -> Result<(), RunError> {
     crate::store::refuse_a_file_path(dst)?;
     // A store's dataset named as one of its folders (made before such names were refused):
@@ -281,35 +279,8 @@ fn refuse_foreign_folder(dst: &Path) -> Result<(), RunError> {
             ),
         }));
     }
-    if crate::io::is_remote(dst) || !dst.is_dir() || has_dataset(dst)? {
-        return Ok(());
-    }
-    let entries = std::fs::read_dir(dst).map_err(|source| RunError::Io {
-        path: dst.to_path_buf(),
-        op: "list",
-        source,
-    })?;
-    let foreign = entries.flatten().map(|e| e.file_name()).find(|name| {
-        let name = name.to_string_lossy();
-        // What a run killed before its first commit may leave: the writer (which refuses
-        // any other file named as a dataset's) removes these.
-        !(name == super::keys::KEYS_FILE
-            || name == REPORT_FILE
-            || name == "lost+found"
-            || name.starts_with(".hspack")
-            || crate::format::manifest::is_temp_file_name(&name))
-    });
-    match foreign {
-        None => Ok(()),
-        Some(name) => Err(RunError::Dataset(crate::Error::NotADataset {
-            path: dst.to_path_buf(),
-            why: format!(
-                "it holds other files (such as {}) and no dataset, so the dataset's files would \
-                 be mixed in with them; give a new or empty folder",
-                name.to_string_lossy()
-            ),
-        })),
-    }
+    crate::write::destination::refuse_foreign_folder(&*crate::store::open_location(dst)?)?;
+    Ok(())
 }
 
 /// True when `dst` (a folder or a URL) holds a dataset.

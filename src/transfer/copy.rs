@@ -104,6 +104,7 @@ pub fn copy(
                 .into(),
         });
     }
+    crate::write::destination::refuse_foreign_folder(&**dst)?;
     dst.create_root()?;
     // The destination's writer lock, held until the manifest is published: a writer there
     // (or another copy) would otherwise race this one for its shard names, and this copy

@@ -124,6 +124,7 @@ impl DatasetWriter {
             option: "schema",
             detail,
         })?;
+        super::destination::refuse_foreign_folder(&*storage)?;
         storage.create_root()?;
         let lock = match options.shared {
             false => storage.lock()?,

@@ -2,6 +2,7 @@
 //! atomically, commits through the manifest, resume on reopen.
 
 pub mod dataset_writer;
+pub mod destination;
 pub mod encode;
 pub mod lane;
 pub mod options;

@@ -1,0 +1,81 @@
+//! Where a new dataset may go: a folder that holds no dataset holds nothing but what hspack
+//! itself leaves there, or the dataset's files would be mixed in with someone else's (and
+//! `hspack cp ds .` would spread a dataset over the working folder).
+
+use crate::error::{Error, Result};
+use crate::format::manifest::{is_data_file_name, is_temp_file_name, MANIFEST_FILE};
+use crate::io::Storage;
+
+/// True for a file an hspack writer, copy or convert run leaves in a dataset's folder before
+/// (or without) its manifest: a lock or lease, a temp file, a shard or other data file (a copy
+/// publishes its shards before the manifest), convert's key log and report, a name beginning
+/// `.hspack` (the locks and lease); or a volume's `lost+found`.
+fn is_ours(name: &str) -> bool {
+    name == crate::convert::keys::KEYS_FILE
+        || name == crate::convert::report::REPORT_FILE
+        || name == "lost+found"
+        || name.starts_with(".hspack")
+        || is_temp_file_name(name)
+        || is_data_file_name(name)
+}
+
+/// Refuses a local folder that holds files, none of them a manifest, of which one at least is
+/// not hspack's ([`is_ours`]). A folder that is not there, is empty or holds a dataset passes;
+/// so does object storage (a prefix is listed at a cost, and no shell spreads one).
+pub fn refuse_foreign_folder(storage: &dyn Storage) -> Result<()> {
+    let root = storage.root();
+    if crate::io::is_remote(root) || !root.is_dir() || storage.read(MANIFEST_FILE)?.is_some() {
+        return Ok(());
+    }
+    let mut foreign: Vec<String> = storage
+        .list()?
+        .into_iter()
+        .filter(|n| !is_ours(n))
+        .collect();
+    if foreign.is_empty() {
+        return Ok(());
+    }
+    foreign.sort();
+    Err(Error::NotADataset {
+        path: root.to_path_buf(),
+        why: format!(
+            "it holds other files (such as {}) and no dataset, so the dataset's files would be \
+             mixed in with them; give a new or empty folder (for `hspack cp DATASET .`, name \
+             the copy: `hspack cp DATASET ./NAME`)",
+            foreign[0]
+        ),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_folder_of_other_files_is_refused_and_hspacks_own_files_pass() {
+        let t = tempfile::tempdir().unwrap();
+        let storage = crate::io::LocalStorage::new(t.path().join("d"));
+        // Not there, then empty.
+        refuse_foreign_folder(&storage).unwrap();
+        std::fs::create_dir(t.path().join("d")).unwrap();
+        refuse_foreign_folder(&storage).unwrap();
+        for ours in [
+            "shard-000000.hsp",
+            "manifest.json.tmp",
+            "convert-keys.jsonl",
+            ".hspack-x",
+        ] {
+            std::fs::write(t.path().join("d").join(ours), b"").unwrap();
+        }
+        refuse_foreign_folder(&storage).unwrap();
+        std::fs::write(t.path().join("d/notes.txt"), b"mine").unwrap();
+        let e = refuse_foreign_folder(&storage).unwrap_err().to_string();
+        assert!(
+            e.contains("such as notes.txt") && e.contains("new or empty folder"),
+            "{e}"
+        );
+        // With a manifest it is a dataset, whatever else lies there.
+        std::fs::write(t.path().join("d").join(MANIFEST_FILE), b"{}").unwrap();
+        refuse_foreign_folder(&storage).unwrap();
+    }
+}
