@@ -173,6 +173,32 @@ fn rerun_resumes_without_duplicates() {
     assert!(hspack(&["verify", s(&ds)]).status.success());
 }
 
+/// A first run stopped before its first commit (Ctrl-C) leaves a dataset of no samples, as a
+/// writer makes its manifest first. The rerun with corrected flags was refused as "not the
+/// dataset's" fields, although nothing was ever stored there; it now starts afresh. A
+/// dataset holding samples still refuses other flags.
+#[test]
+fn a_first_run_stopped_before_its_first_commit_does_not_pin_the_flags() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, ds) = (t.path().join("src"), t.path().join("ds"));
+    write_dumps(&src, 0..4);
+    let opts = common::small_options();
+    hspack::DatasetWriter::create(&ds, common::capture_schema(8), opts)
+        .unwrap()
+        .finish()
+        .unwrap();
+    let o = hspack(&convert_args(&src, &ds, &[]));
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(check_dataset(&ds).len(), 4);
+    let mut other = convert_args(&src, &ds, &[]);
+    let at = other.iter().position(|a| *a == "hidden.7=h").unwrap();
+    other[at] = "hidden.6=h";
+    let o = hspack(&other);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("are not the dataset's"), "{}", text(&o));
+    assert_eq!(check_dataset(&ds).len(), 4);
+}
+
 #[test]
 fn sigkill_with_delete_source_loses_nothing() {
     const N: usize = 50;

@@ -249,16 +249,31 @@ fn is_layout_flag_error(e: &LayoutError) -> bool {
 /// A run that fails before committing anything to a folder that held no dataset leaves no
 /// dataset behind: the manifest (and key log) it created go, and the folder too when the run
 /// created it and nothing else is in it.
+///
+/// A dataset of no shards there is what a first run killed before its first commit (Ctrl-C)
+/// leaves: it is removed first, so that the run starts afresh with the flags given now
+/// (which a user often corrects after such a stop) instead of refusing them as not the
+/// dataset's.
 pub fn run(spec: &ConvertSpec, progress: &mut dyn FnMut(Progress)) -> Result<Report, RunError> {
     let o = &spec.resolve()?;
+    let report = (o.report_path.clone()).unwrap_or_else(|| o.dst.join(REPORT_FILE));
+    if has_dataset(&o.dst)? && holds_no_shard(&o.dst) {
+        remove_empty_dataset(&o.dst, &report, true);
+    }
     let fresh = !has_dataset(&o.dst)?;
     let folder_existed = o.dst.exists();
     let result = convert(o, progress);
     if result.is_err() && fresh {
-        let report = (o.report_path.clone()).unwrap_or_else(|| o.dst.join(REPORT_FILE));
         remove_empty_dataset(&o.dst, &report, folder_existed);
     }
     result
+}
+
+/// True when the dataset at `dst` opens and its manifest lists no shard.
+fn holds_no_shard(dst: &Path) -> bool {
+    crate::store::open_location(dst)
+        .and_then(|s| Dataset::open_in(s, Default::default()))
+        .is_ok_and(|ds| ds.manifest().shards.is_empty())
 }
 
 /// Refuses a destination that is a file, a store's own folder, or a folder holding files and
