@@ -351,14 +351,27 @@ impl Decoder {
             key,
         };
         for (i, range) in ranges.into_iter().enumerate() {
-            let range = match self.trim {
-                Some(t) => self.trimmed(&prepared, t, range)?,
-                None => range,
-            };
             let key = match per_request.as_mut().and_then(Iterator::next) {
                 Some(id) => id,
                 None if split => format!("{}/{i}", prepared.key),
                 None => prepared.key.clone(),
+            };
+            let range = match self.trim {
+                Some(t) if !range.is_empty() => {
+                    let trimmed = self.trimmed(&prepared, t, range)?;
+                    if trimmed.is_empty() {
+                        let why = match t {
+                            Trim::LossMask => "its loss mask is all zero".to_string(),
+                            Trim::TokenIds { pad } => format!("every token id is {pad}"),
+                        };
+                        return Err(unit_error(
+                            &prepared.inputs,
+                            UnitProblem::TrimLeftNothing { key, why },
+                        ));
+                    }
+                    trimmed
+                }
+                _ => range,
             };
             prepared.samples.push((key, range));
         }

@@ -117,6 +117,18 @@ pub enum UnitProblem {
     /// `--trim-padding` without the field it reads.
     #[error("--trim-padding needs a loss mask or token id field in the layout")]
     TrimNeedsField,
+    /// `--trim-padding` that would leave a sample no token: it would be stored empty.
+    #[error(
+        "--trim-padding leaves sample `{key}` no token ({why}); a sample without tokens is none \
+         to train on: convert this file without --trim-padding, or leave it out (--skip-bad \
+         lists it)"
+    )]
+    TrimLeftNothing {
+        /// The sample's key.
+        key: String,
+        /// Why, in words: the mask all zero, or every id the pad id.
+        why: String,
+    },
     /// `--trim-padding ids` over token ids that are no integers.
     #[error("token ids are {dtype}, not integers")]
     TrimNotIntegers {

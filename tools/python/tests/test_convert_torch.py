@@ -164,6 +164,24 @@ def test_specforge_trim_padding(tmp_path):
         same(got["aux_hidden_state"][:, 1], d["aux_hidden_state"][0, :real, H : 2 * H])
 
 
+def test_trim_padding_that_leaves_no_token_is_refused_and_deletes_nothing(tmp_path):
+    """A sample whose loss mask is all zero (or whose ids are all the pad id) was stored with 0
+    tokens, and --delete-source deleted its file, with the report saying nothing."""
+    t = 8
+    d = {"input_ids": torch.arange(1, t + 1), "loss_mask": torch.zeros(t, dtype=torch.long),
+         "hidden_state": torch.randn(1, t, H, generator=g(7)).half(),
+         "aux_hidden_state": torch.randn(1, t, 3 * H, generator=g(8)).half()}
+    src = tmp_path / "src"
+    save(d, src / "rows_0-1" / "data_0.ckpt")
+    save({**d, "input_ids": torch.zeros(t, dtype=torch.long)}, src / "rows_0-1" / "data_1.ckpt")
+    for how, file, why in [("mask", "data_0", "its loss mask is all zero"), ("ids", "data_1", "every token id is 0")]:
+        p = hspack("convert", src, tmp_path / f"ds_{how}", "--layout", "specforge", "--layers", "1,2,3,4",
+                   "--num-layers", "4", "--trim-padding", how, "--delete-source", "--delete-lossy-source", ok=False)
+        assert p.returncode == 2, p.stderr
+        assert f"{file}.ckpt" in p.stderr and f"sample `rows_0-1/{file}` no token ({why})" in p.stderr, p.stderr
+        assert sorted(f.name for f in (src / "rows_0-1").iterdir()) == ["data_0.ckpt", "data_1.ckpt"]
+
+
 def test_eagle(tmp_path):
     src = tmp_path / "src"
     files = {}
