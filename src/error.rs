@@ -76,10 +76,13 @@ pub enum Error {
         path: PathBuf,
     },
     /// A shard file does not match what the manifest records.
-    #[error("{}: the manifest records {what} {expected}, the file has {found}: the shard was replaced or the manifest is stale; copy the dataset again from its source", shard.display())]
+    #[error("{}: the manifest records {what} {expected}, the file has {found}: {held} is damaged, or was replaced since the manifest was written; restore it from an intact copy with `hspack repair DATASET --from COPY`", shard.display())]
     ShardMismatch {
         /// Shard file.
         shard: PathBuf,
+        /// The shard and the samples it holds, in words: `shard 3 holding the samples of
+        /// ordinals 24 to 31`.
+        held: String,
         /// What differs.
         what: &'static str,
         /// Value in the manifest.

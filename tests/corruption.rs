@@ -126,6 +126,17 @@ fn bit_flip_in_an_index_fails_the_shard() {
     let p = problems(dir.path());
     assert_eq!(p.len(), 1);
     assert!(p[0].to_string().contains("shard-000000.hsp"), "{}", p[0]);
+    // With the samples it holds and what mends it (it said "the shard was replaced or the
+    // manifest is stale; copy the dataset again from its source").
+    assert!(
+        p[0].to_string()
+            .contains("shard 0 holding the samples of ordinals 0 to 3 is damaged")
+            && p[0]
+                .to_string()
+                .contains("hspack repair DATASET --from COPY"),
+        "{}",
+        p[0]
+    );
 }
 
 #[test]

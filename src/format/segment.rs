@@ -140,8 +140,9 @@ impl Segment {
         }
         if hex(blake3::hash(bytes).as_bytes()) != at.blake3.to_ascii_lowercase() {
             return Err(json(
-                "its BLAKE3 differs from the manifest's: the segment is damaged; restore it \
-                 from an intact copy with `hspack repair DATASET --from COPY`"
+                "its BLAKE3 differs from the manifest's: the segment, or the manifest's record \
+                 of it, is damaged; restore it from an intact copy with `hspack repair DATASET \
+                 --from COPY`"
                     .into(),
             ));
         }

@@ -82,12 +82,14 @@ impl std::fmt::Debug for Shard {
 
 fn mismatch(
     path: &Path,
+    record: &ShardRecord,
     what: &'static str,
     expected: impl ToString,
     found: impl ToString,
 ) -> Error {
     Error::ShardMismatch {
         shard: path.to_path_buf(),
+        held: held_by(record),
         what,
         expected: expected.to_string(),
         found: found.to_string(),
@@ -111,7 +113,7 @@ impl Shard {
         let footer = Footer::decode(&tail, len).map_err(|e| match len == record.bytes {
             true => format(path)(e),
             // A short or long file explains a bad footer best.
-            false => mismatch(path, "size", record.bytes, len),
+            false => mismatch(path, record, "size", record.bytes, len),
         })?;
         if footer.dataset_id != dataset_id {
             return Err(Error::ForeignShard {
@@ -121,11 +123,12 @@ impl Shard {
             });
         }
         if len != record.bytes {
-            return Err(mismatch(path, "size", record.bytes, len));
+            return Err(mismatch(path, record, "size", record.bytes, len));
         }
         if footer.shard_seq != record.seq {
             return Err(mismatch(
                 path,
+                record,
                 "shard sequence number",
                 record.seq,
                 footer.shard_seq,
@@ -138,6 +141,7 @@ impl Shard {
         if unhex(&record.index_blake3).as_deref() != Some(&index_hash[..]) {
             return Err(mismatch(
                 path,
+                record,
                 "index blake3",
                 &record.index_blake3,
                 hex(&index_hash),
@@ -146,6 +150,7 @@ impl Shard {
         if index_hash != footer.index_hash {
             return Err(mismatch(
                 path,
+                record,
                 "footer's index blake3",
                 hex(&footer.index_hash),
                 hex(&index_hash),
@@ -163,6 +168,7 @@ impl Shard {
         if header.shard_seq != record.seq {
             return Err(mismatch(
                 path,
+                record,
                 "header's shard sequence number",
                 record.seq,
                 header.shard_seq,
@@ -171,6 +177,7 @@ impl Shard {
         if header.schema_hash != schema.hash() {
             return Err(mismatch(
                 path,
+                record,
                 "schema blake3",
                 hex(&schema.hash()),
                 hex(&header.schema_hash),
@@ -192,6 +199,7 @@ impl Shard {
         {
             return Err(mismatch(
                 path,
+                record,
                 "(samples, chunks, first ordinal)",
                 format!(
                     "{:?}",
@@ -209,6 +217,7 @@ impl Shard {
         if raw_bytes != Some(record.raw_bytes) {
             return Err(mismatch(
                 path,
+                record,
                 "raw_bytes (the sum of its samples' raw_bytes)",
                 record.raw_bytes,
                 raw_bytes.map_or_else(|| "2^64 or more".into(), |n| n.to_string()),

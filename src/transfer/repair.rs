@@ -107,7 +107,9 @@ fn not_a_copy(damaged: &Path, good: &Dataset) -> Error {
         path: damaged.to_path_buf(),
         detail: format!(
             "{} is not a copy of the same dataset (their manifests differ); repair takes \
-             its parts only from a copy with the same digest",
+             its parts only from a copy with the same digest (where this copy's own \
+             manifest.json is what was damaged, it cannot be mended in place: copy the dataset \
+             again from the intact copy, `hspack cp COPY NEW`)",
             good.dir().display()
         ),
     }

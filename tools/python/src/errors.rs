@@ -93,6 +93,7 @@ impl Context {
                 what,
                 expected,
                 found,
+                ..
             } => (
                 "ShardMismatch",
                 Context {
