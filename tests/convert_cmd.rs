@@ -199,6 +199,28 @@ fn a_first_run_stopped_before_its_first_commit_does_not_pin_the_flags() {
     assert_eq!(check_dataset(&ds).len(), 4);
 }
 
+/// A dataset given as the source was read as dumps: its key run was "not a recognised
+/// hidden-state dump", with advice to pass --skip-bad, which made a dataset of nothing.
+#[test]
+fn a_dataset_given_as_the_source_is_said_to_be_one() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, ds) = (t.path().join("src"), t.path().join("ds"));
+    write_dumps(&src, 0..3);
+    assert!(hspack(&convert_args(&src, &ds, &[])).status.success());
+    let again = t.path().join("again");
+    for extra in [&[][..], &["--skip-bad"]] {
+        let o = hspack(&convert_args(&ds, &again, extra));
+        assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+        assert!(
+            text(&o).contains("is an hspack dataset, not hidden-state dumps to convert")
+                && text(&o).contains("hspack cp"),
+            "{}",
+            text(&o)
+        );
+        assert!(!again.exists());
+    }
+}
+
 #[test]
 fn sigkill_with_delete_source_loses_nothing() {
     const N: usize = 50;

@@ -186,6 +186,12 @@ pub enum RunError {
         /// Files ignored.
         ignored: u64,
     },
+    /// The source is an hspack dataset, not dumps to convert.
+    #[error("{}: is an hspack dataset, not hidden-state dumps to convert; copy it with `hspack cp {} DST`, or join it with others with `hspack merge` (which also takes --codec)", src.display(), src.display())]
+    SourceIsADataset {
+        /// Source path.
+        src: PathBuf,
+    },
     /// A committed shard did not verify, so no source was deleted.
     #[error("{0}; no source file was deleted: run `hspack verify` on the dataset")]
     Verify(crate::Error),
@@ -341,6 +347,9 @@ fn remove_empty_dataset(dst: &Path, report: &Path, folder_existed: bool) {
 
 fn convert(o: &ConvertOptions, progress: &mut dyn FnMut(Progress)) -> Result<Report, RunError> {
     let started = Instant::now();
+    if o.src.join(MANIFEST_FILE).is_file() {
+        return Err(RunError::SourceIsADataset { src: o.src.clone() });
+    }
     let plan = plan(
         &o.src,
         &o.dst,
