@@ -213,10 +213,13 @@ pub enum RunError {
     KeyFrom(KeyError),
     /// `--split-by` names a tensor the first unit does not hold (a mistake in the flag, not
     /// a bad file).
-    #[error("{}: --split-by names tensor `{tensor}`, which the file does not hold (it has: {have}); check the flag", file.display())]
+    #[error("{}: --split-by names tensor `{tensor}`, which the file does not hold (it has: {have}){instead}; check the flag", file.display())]
     SplitTensor {
         /// The first unit's file.
         file: PathBuf,
+        /// What the file holds under that name instead, where it is a list, in words
+        /// (`; \`seq_lens\` is a list of 2 ints there, ...`), or nothing.
+        instead: String,
         /// The tensor named.
         tensor: String,
         /// The tensors the unit has.
@@ -231,6 +234,34 @@ pub enum RunError {
         /// The panic message.
         detail: String,
     },
+}
+
+/// `e`, where it is a tensor missing that the files hold as a list of values (token ids
+/// saved as a Python list), saying so: the tensors it lists leave the name out.
+fn not_a_tensor(e: LayoutError, inputs: &Inputs) -> LayoutError {
+    match e {
+        LayoutError::MissingTensor {
+            layout,
+            tensor,
+            have,
+            next,
+        } => {
+            let next = match inputs.not_a_tensor(&tensor) {
+                Some(is) => format!(
+                    "`{tensor}` is {is} in this file, not a tensor: save it as one \
+                     (`torch.tensor(...)`)"
+                ),
+                None => next,
+            };
+            LayoutError::MissingTensor {
+                layout,
+                tensor,
+                have,
+                next,
+            }
+        }
+        e => e,
+    }
 }
 
 /// Whether the first unit's error says the flags are wrong, not the file: a flag, or what
@@ -664,7 +695,8 @@ impl<'o> Run<'o> {
             let tensors = &held.tensors;
             let derived = specs_for(o.preset, tensors, &o.layout)
                 .and_then(|s| derive_schema(o.preset, &s, tensors, &o.layout).map(|d| (s, d)))
-                .and_then(|d| refuse_left_out(o.preset, &d.0, &held, &o.layout).map(|()| d));
+                .and_then(|d| refuse_left_out(o.preset, &d.0, &held, &o.layout).map(|()| d))
+                .map_err(|e| not_a_tensor(e, &inputs));
             match derived {
                 Ok((specs, mut schema)) => {
                     if let Some(q) = &o.quantize {
@@ -702,6 +734,10 @@ impl<'o> Run<'o> {
                         {
                             return Err(RunError::SplitTensor {
                                 file: first.clone(),
+                                instead: inputs
+                                    .not_a_tensor(name)
+                                    .map(|is| format!("; `{name}` is {is} there, not a tensor: save it as one (`torch.tensor(...)`)"))
+                                    .unwrap_or_default(),
                                 tensor: name.clone(),
                                 have: tensors
                                     .iter()

@@ -537,6 +537,30 @@ impl Inputs {
         out
     }
 
+    /// What the files hold under `name` where that is a list or tuple of values, not a tensor
+    /// (token ids saved as a Python list), in words: `a list of 8 ints`.
+    pub fn not_a_tensor(&self, name: &str) -> Option<String> {
+        for (part, f) in &self.files {
+            let items: Vec<&'static str> = f
+                .values()
+                .into_iter()
+                .filter_map(|v| {
+                    let path = Self::qualify(part, &v.name);
+                    let rest = path.strip_prefix(name)?.strip_prefix('.')?;
+                    rest.bytes().all(|b| b.is_ascii_digit()).then_some(v.kind)
+                })
+                .collect();
+            if !items.is_empty() {
+                let what = match items.iter().all(|k| *k == "an int") {
+                    true => "ints",
+                    false => "values",
+                };
+                return Some(format!("a list of {} {what}", items.len()));
+            }
+        }
+        None
+    }
+
     /// The error for reading `name` when it is a tensor of a dtype hspack does not store.
     pub fn unsupported(&self, name: &str) -> Option<ConvertError> {
         for (part, f) in &self.files {

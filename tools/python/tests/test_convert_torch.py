@@ -534,3 +534,24 @@ def test_split_by_a_file_beside_each_batch(tmp_path):
                "--split-by-file", "{stem}.lens.pt", *fields, ok=False)
     assert p.returncode == 2 and "batch_1.pt" in p.stderr and "batch_1.lens.pt" in p.stderr, p.stderr
     assert "does not split the 4 tokens: its 2 lengths add up to 8" in p.stderr, p.stderr
+
+
+def test_a_list_where_a_tensor_is_needed_is_said_to_be_a_list(tmp_path):
+    """Token ids (or --split-by's lengths) saved as a Python list: the error listed the file's
+    tensors, leaving the name out, as if the file lacked it."""
+    src = tmp_path / "src"
+    t = 8
+    save({"input_ids": list(range(t)), "loss_mask": torch.ones(t, dtype=torch.long),
+          "hidden_state": torch.randn(1, t, H, generator=g(90)).bfloat16(),
+          "aux_hidden_state": torch.randn(1, t, 3 * H, generator=g(91)).bfloat16()}, src / "r" / "data_0.ckpt")
+    p = hspack("convert", src, tmp_path / "a", "--layout", "specforge", "--layers", "1,2,3,4", "--num-layers", "4",
+               ok=False)
+    assert p.returncode == 2, p.stderr
+    assert "`input_ids` is a list of 8 ints in this file, not a tensor" in p.stderr, p.stderr
+    split = tmp_path / "split"
+    save({"input_ids": torch.arange(6), "hidden": torch.randn(6, H, generator=g(92)), "seq_lens": [2, 4]},
+         split / "p.pt")
+    p = hspack("convert", split, tmp_path / "b", "--layout", "generic", "--split-by", "lengths:seq_lens",
+               "--field", "input_ids=input_ids", "--field", "hidden.1=hidden", "--num-layers", "4", ok=False)
+    assert p.returncode == 2, p.stderr
+    assert "`seq_lens` is a list of 2 ints there, not a tensor" in p.stderr, p.stderr
