@@ -44,6 +44,10 @@ def test_the_readme_example_runs_as_written(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     ds = hspack.open(tmp_path / "ds")
     assert len(ds) == 8 and ds.get("req-0")["input_ids"].dtype == torch.int32
+    # Run again, as its comment says it resumes (a second run failed on the first key).
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert len(hspack.open(tmp_path / "ds")) == 8
 
 
 def test_the_readme_example_runs_in_a_fresh_venv_after_the_documented_install(tmp_path):
