@@ -221,6 +221,23 @@ fn a_dataset_given_as_the_source_is_said_to_be_one() {
     }
 }
 
+/// A notebook's `.ipynb_checkpoints/` copy of a dump was converted as a sample of its own,
+/// and any hidden file was taken for a dump; both are passed over now, and counted.
+#[test]
+fn hidden_files_and_folders_are_passed_over_and_counted() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, ds) = (t.path().join("src"), t.path().join("ds"));
+    write_dumps(&src, 0..2);
+    std::fs::create_dir(src.join(".ipynb_checkpoints")).unwrap();
+    let one = src.join("req_000.safetensors");
+    std::fs::copy(&one, src.join(".ipynb_checkpoints/req_900.safetensors")).unwrap();
+    std::fs::copy(&one, src.join(".req_901.safetensors")).unwrap();
+    let o = hspack(&loud_args(&src, &ds, &[]));
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(check_dataset(&ds).len(), 2);
+    assert!(text(&o).contains("2 other files ignored"), "{}", text(&o));
+}
+
 #[test]
 fn sigkill_with_delete_source_loses_nothing() {
     const N: usize = 50;

@@ -130,9 +130,10 @@ pub fn key_of(rel: &str) -> String {
 struct Walk {
     /// Every file, with its length.
     files: Vec<(PathBuf, u64)>,
-    /// Links to nothing, folders and files reached a second time (through a link, or a
-    /// file's hard link), and what is not a file nor a folder (a FIFO, a socket, a device):
-    /// not converted, and reported with the files the layout does not take.
+    /// Hidden files and folders (named `.…`), links to nothing, folders and files reached a
+    /// second time (through a link, or a file's hard link), and what is not a file nor a
+    /// folder (a FIFO, a socket, a device): not converted, and reported with the files the
+    /// layout does not take.
     passed_over: Vec<PathBuf>,
     /// The device and inode of every folder walked.
     seen: std::collections::HashSet<(u64, u64)>,
@@ -183,6 +184,16 @@ fn walk(dir: &Path, above: &mut Vec<(u64, u64)>, found: &mut Walk) -> Result<(),
     // The same folder reached twice is walked under its first name in order.
     entries.sort();
     for path in entries {
+        // A hidden file or folder (`.ipynb_checkpoints/`, `.git/`, an editor's swap file) is
+        // no dump of the run's: converted, it would be a sample twice (a notebook's copy of a
+        // dump) or a bad file. Passed over and reported.
+        if path
+            .file_name()
+            .is_some_and(|n| n.as_encoded_bytes().starts_with(b"."))
+        {
+            found.passed_over.push(path);
+            continue;
+        }
         // Through a link: what it names.
         let meta = match std::fs::metadata(&path) {
             Ok(m) => m,
