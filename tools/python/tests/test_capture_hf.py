@@ -396,8 +396,8 @@ def test_extract_without_a_tokenizer_and_its_refusals_without_a_traceback(tmp_pa
     data = tmp_path / "prompts.jsonl"
     data.write_text(json.dumps({"id": "a", "input_ids": [5, 6, 7, 8]}) + "\n")
 
-    def extract(*extra, data=data, layers=LAYERS):
-        cmd = [sys.executable, "-m", "hspack.capture.hf", "extract", "--model", str(tmp_path / "model"),
+    def extract(*extra, data=data, layers=LAYERS, model=tmp_path / "model"):
+        cmd = [sys.executable, "-m", "hspack.capture.hf", "extract", "--model", str(model),
                "--data", str(data), "--layers", ",".join(map(str, layers)), "--out", str(tmp_path / "ds"), *extra]
         return subprocess.run(cmd, capture_output=True, text=True)
 
@@ -414,6 +414,9 @@ def test_extract_without_a_tokenizer_and_its_refusals_without_a_traceback(tmp_pa
         (extract(data=foreign), f"prompt `f` has token id {vocab} at position 2, outside the model's vocabulary"),
         (extract(layers=[2, 99]), "outside"),
         (extract(data=tmp_path / "nosuch.jsonl"), "nosuch.jsonl"),
+        # A mistyped model folder was taken for a hub id ("Repo id must be in the form ...").
+        (extract(model=tmp_path / "modle"), f"model {tmp_path / 'modle'}: no such folder"),
+        (extract(model=data), "is a file; give the folder of a saved model"),
     ]:
         assert run.returncode == 2, run.stderr
         assert "Traceback" not in run.stderr and said in run.stderr, run.stderr

@@ -349,6 +349,7 @@ def extract(
     if sink is not None and quantize is not None:
         raise ValueError("quantize applies to the dataset extract writes: with a sink, give the sink's writer the quantize option")
     _check_device(device)
+    _check_model(model)
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     torch_dtype = _DTYPES[dtype]
@@ -460,6 +461,19 @@ class _Tokenizer:
                 return int(pad) if isinstance(pad, int) else 0
         pad = self._loaded.pad_token_id
         return pad if pad is not None else 0
+
+
+def _check_model(model) -> None:
+    """Refuse a model named as a path (absolute, or ``./``, ``../``, ``~``) that is no folder,
+    before transformers takes it for a hub id and says the id is malformed."""
+    text = os.fspath(model)
+    if not (os.path.isabs(text) or text.startswith(("./", "../", "~"))):
+        return
+    path = os.path.expanduser(text)
+    if not os.path.exists(path):
+        raise ValueError(f"model {text}: no such folder; give the folder of a saved model (config.json and its weights), or a hub id (org/name)")
+    if not os.path.isdir(path):
+        raise ValueError(f"model {text}: is a file; give the folder of a saved model (config.json and its weights), or a hub id (org/name)")
 
 
 def _check_device(device: str) -> None:
