@@ -99,9 +99,14 @@ fn merged_samples_are_the_sources_in_order_bit_for_bit() {
             ordinal += 1;
         }
     }
-    // A rerun finds every sample there: nothing copied, the same dataset.
+    // A rerun (with the codec the merge began with) finds every sample there: nothing
+    // copied, the same dataset.
     let dst = hspack::io::open_location(t.path().join("ab")).unwrap();
-    let again = merge(&sources, dst, WriteOptions::default(), &|_| {}).unwrap();
+    let options = WriteOptions {
+        codec: Codec::Zstd,
+        ..WriteOptions::default()
+    };
+    let again = merge(&sources, dst, options, &|_| {}).unwrap();
     assert_eq!((again.samples, again.samples_copied), (17, 0));
     assert_eq!(again.digest, report.digest);
 }
@@ -183,6 +188,23 @@ fn the_command_line_merges_and_says_what_it_did() {
     assert!(text(&o).contains("verified: OK"), "{}", text(&o));
     let o = hspack_in(&["verify", "all"], t.path());
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    // Run again with another codec: it said "0 samples copied ... verified: OK", the
+    // dataset still zstd. The same codec resumes (nothing left to copy).
+    let o = hspack_in(
+        &["merge", "r0", "r1", "r2", "all", "--codec", "none"],
+        t.path(),
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("written with codec zstd") && text(&o).contains("give --codec zstd"),
+        "{}",
+        text(&o)
+    );
+    let o = hspack_in(
+        &["merge", "r0", "r1", "r2", "all", "--codec", "zstd"],
+        t.path(),
+    );
+    assert!(o.status.success(), "{}", text(&o));
     let o = hspack_in(&["merge", "r0", "all"], t.path());
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     // `all` is not a merge of r1 then r0: refused, with nothing to resume.

@@ -96,7 +96,7 @@ pub fn merge(
             }
         }
     }
-    let done = merged_so_far(sources, &dst, options.dataset_id, &refused)?;
+    let done = merged_so_far(sources, &dst, &options, &refused)?;
     let mut w = DatasetWriter::open_in(dst, first.schema().clone(), options)?;
     let mut report = MergeReport::default();
     let mut skip = done;
@@ -155,9 +155,10 @@ fn read_all(ds: &Dataset, sample: &Sample<'_>) -> Result<Vec<Tensor>> {
 fn merged_so_far(
     sources: &[Dataset],
     dst: &Arc<dyn Storage>,
-    given_id: Option<[u8; 16]>,
+    options: &WriteOptions,
     refused: &dyn Fn(String) -> Error,
 ) -> Result<u64> {
+    let given_id = options.dataset_id;
     let held = match Dataset::open_in(Arc::clone(dst), Default::default()) {
         Ok(d) => d,
         Err(Error::NotADataset { .. }) => return Ok(0),
@@ -215,6 +216,29 @@ fn merged_so_far(
                     "differs in field {:?} from the sample of that key in {}",
                     f.name,
                     ds.dir().display()
+                )));
+            }
+        }
+    }
+    // Resumed, the merge writes with the codec it began with: a rerun's other --codec would
+    // apply to the samples left only, and the report would say nothing of it.
+    if !held.manifest().shards.is_empty() {
+        let shard = held.shard_apart(0)?;
+        let index = shard.index();
+        for e in (0..index.chunk_count()).map_while(|c| index.chunk(c)) {
+            let Some(field) = held.schema().fields.get(usize::from(e.field)) else {
+                continue;
+            };
+            let want = options.codec_of(field);
+            if e.codec != want.code() {
+                let began =
+                    crate::format::Codec::from_code(e.codec).map_or("another", |c| c.name());
+                return Err(refused(format!(
+                    "it holds an interrupted merge written with codec {began} (field `{}`), not \
+                     {}; nothing was written: give --codec {began} to resume it, or merge into \
+                     a new folder",
+                    field.name,
+                    want.name()
                 )));
             }
         }
