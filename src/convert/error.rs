@@ -259,8 +259,9 @@ pub enum ConvertError {
 
     /// A zip entry's bytes do not match the CRC-32 its central directory records.
     #[error(
-        "{}: zip entry {entry:?} has CRC-32 {got:08x} but the archive records {expected:08x}; \
-         the file was damaged after torch wrote it: copy it again from its origin, or re-save it",
+        "{}: zip entry {entry:?}{of} has CRC-32 {got:08x} but the archive records \
+         {expected:08x}; the file was damaged after torch wrote it: copy it again from its \
+         origin, or re-save it",
         file.display()
     )]
     ChecksumMismatch {
@@ -268,6 +269,9 @@ pub enum ConvertError {
         file: PathBuf,
         /// The entry.
         entry: String,
+        /// What the entry holds, where it is a tensor's bytes (` (the bytes of tensor
+        /// \`hidden\`)`), or nothing.
+        of: String,
         /// The CRC-32 in the central directory.
         expected: u32,
         /// The CRC-32 of the bytes.

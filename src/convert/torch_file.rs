@@ -368,7 +368,7 @@ impl TorchFile {
             })?;
         let entry = self.backing.get(range.clone()).unwrap_or(&[]);
         if let Some(crc) = *crc {
-            self.check_storage_crc(&s.key, entry, crc)?;
+            self.check_storage_crc(name, &s.key, entry, crc)?;
         }
         let nbytes = storage_len(&self.path, s, entry.len())?;
         let storage = entry.get(..nbytes).unwrap_or_default();
@@ -413,7 +413,13 @@ impl TorchFile {
 
     /// Checks a storage's entry against its CRC-32 once per file: one pass over bytes that
     /// are read anyway, which also maps them in before the writer copies them.
-    fn check_storage_crc(&self, key: &str, entry: &[u8], want: u32) -> Result<(), ConvertError> {
+    fn check_storage_crc(
+        &self,
+        tensor: &str,
+        key: &str,
+        entry: &[u8],
+        want: u32,
+    ) -> Result<(), ConvertError> {
         if self.crc_checked.lock().is_ok_and(|c| c.contains(key)) {
             return Ok(());
         }
@@ -426,6 +432,7 @@ impl TorchFile {
             return Err(ConvertError::ChecksumMismatch {
                 file: self.path.clone(),
                 entry: format!("{prefix}/data/{key}"),
+                of: format!(" (the bytes of tensor `{tensor}`)"),
                 expected: want,
                 got,
             });

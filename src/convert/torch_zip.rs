@@ -176,6 +176,7 @@ impl Archive {
             return Err(ConvertError::ChecksumMismatch {
                 file: file.to_path_buf(),
                 entry: entry.name.clone(),
+                of: String::new(),
                 expected: entry.crc32,
                 got,
             });
