@@ -1490,6 +1490,12 @@ fn no_dataset_is_written_among_other_files() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("such as notes.txt"), "{e}");
+    // Hidden files hold no one's data: a folder kept in git by its `.gitkeep` takes a copy.
+    let kept = t.path().join("kept");
+    std::fs::create_dir(&kept).unwrap();
+    std::fs::write(kept.join(".gitkeep"), "").unwrap();
+    let o = hspack_in(&["cp", "a", "kept"], t.path());
+    assert!(o.status.success(), "{}", text(&o));
     // An interrupted copy's shards, without the manifest: the copy goes on.
     let c = t.path().join("c");
     std::fs::create_dir(&c).unwrap();

@@ -173,30 +173,110 @@ fn rerun_resumes_without_duplicates() {
     assert!(hspack(&["verify", s(&ds)]).status.success());
 }
 
+/// An empty dataset of `schema`'s fields whose capture says `tool` made it, in `dir`.
+fn empty_dataset(dir: &Path, tool: &str) {
+    let mut schema = common::capture_schema(8);
+    schema.capture = Some(hspack::format::CaptureInfo {
+        model: "my/model".into(),
+        revision: None,
+        config_hash: None,
+        num_layers: 32,
+        hidden_size: 8,
+        dtype: hspack::format::DType::BF16,
+        tp_size: 1,
+        tool: tool.into(),
+        tool_version: "1".into(),
+    });
+    hspack::DatasetWriter::create(dir, schema, common::small_options())
+        .unwrap()
+        .finish()
+        .unwrap();
+}
+
+/// The flags of [`convert_args`] with layer 6 for layer 7: fields not the dataset's.
+fn other_flags<'a>(src: &'a Path, ds: &'a Path) -> Vec<&'a str> {
+    let mut other = convert_args(src, ds, &[]);
+    let at = other.iter().position(|a| *a == "hidden.7=h").unwrap();
+    other[at] = "hidden.6=h";
+    other
+}
+
 /// A first run stopped before its first commit (Ctrl-C) leaves a dataset of no samples, as a
 /// writer makes its manifest first. The rerun with corrected flags was refused as "not the
-/// dataset's" fields, although nothing was ever stored there; it now starts afresh. A
-/// dataset holding samples still refuses other flags.
+/// dataset's" fields, although nothing was ever stored there; it now starts afresh. Only
+/// that is removed: not an empty dataset a user made (capture metadata of their own), nor one
+/// in a folder holding other files, nor any when the source is not there; and a dataset
+/// holding samples still refuses other flags.
 #[test]
 fn a_first_run_stopped_before_its_first_commit_does_not_pin_the_flags() {
     let t = tempfile::tempdir().unwrap();
     let (src, ds) = (t.path().join("src"), t.path().join("ds"));
     write_dumps(&src, 0..4);
-    let opts = common::small_options();
-    hspack::DatasetWriter::create(&ds, common::capture_schema(8), opts)
-        .unwrap()
-        .finish()
-        .unwrap();
+    empty_dataset(&ds, "hspack convert --layout generic");
+    // A mistyped source fails, and leaves the dataset.
+    let o = hspack(&convert_args(&t.path().join("nosuch"), &ds, &[]));
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(Dataset::open(&ds).is_ok());
     let o = hspack(&convert_args(&src, &ds, &[]));
     assert!(o.status.success(), "{}", text(&o));
     assert_eq!(check_dataset(&ds).len(), 4);
-    let mut other = convert_args(&src, &ds, &[]);
-    let at = other.iter().position(|a| *a == "hidden.7=h").unwrap();
-    other[at] = "hidden.6=h";
-    let o = hspack(&other);
+    let o = hspack(&other_flags(&src, &ds));
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(text(&o).contains("are not the dataset's"), "{}", text(&o));
     assert_eq!(check_dataset(&ds).len(), 4);
+    // Kept: an empty dataset of the user's, and one beside other files.
+    for (name, tool, beside) in [
+        ("mine", "my capture tool", None),
+        (
+            "beside",
+            "hspack convert --layout generic",
+            Some("README.md"),
+        ),
+    ] {
+        let kept = t.path().join(name);
+        empty_dataset(&kept, tool);
+        if let Some(file) = beside {
+            std::fs::write(kept.join(file), "notes\n").unwrap();
+        }
+        let before = std::fs::read(kept.join("manifest.json")).unwrap();
+        let o = hspack(&convert_args(&src, &kept, &[]));
+        assert_eq!(o.status.code(), Some(2), "{name}: {}", text(&o));
+        assert!(
+            text(&o).contains("are not the dataset's"),
+            "{name}: {}",
+            text(&o)
+        );
+        assert_eq!(
+            std::fs::read(kept.join("manifest.json")).unwrap(),
+            before,
+            "{name}"
+        );
+    }
+}
+
+/// The report of `--skip-bad` named inside a new dataset's folder: the writer took it for
+/// someone else's file and refused the folder. And a dump folder holding a `manifest.json` of
+/// its own (not an hspack manifest) is no dataset.
+#[test]
+fn convert_s_own_report_and_a_dump_tool_s_manifest_are_not_in_the_way() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, ds) = (t.path().join("src"), t.path().join("ds"));
+    write_dumps(&src, 0..3);
+    let report = ds.join("bad.jsonl");
+    let o = hspack(&convert_args(
+        &src,
+        &ds,
+        &["--skip-bad", "--report", s(&report)],
+    ));
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(check_dataset(&ds).len(), 3);
+    std::fs::write(
+        src.join("manifest.json"),
+        r#"{"files": ["req_000.safetensors"]}"#,
+    )
+    .unwrap();
+    let o = hspack(&convert_args(&src, &t.path().join("ds2"), &[]));
+    assert!(o.status.success(), "{}", text(&o));
 }
 
 /// A dataset given as the source was read as dumps: its key run was "not a recognised

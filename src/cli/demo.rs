@@ -89,12 +89,7 @@ fn clear_previous(dir: &Path) -> anyhow::Result<()> {
         );
     }
     if !dir.join("manifest.json").exists() {
-        if std::fs::read_dir(dir)?.next().is_some() {
-            bail!(
-                "{} exists and is not an hspack dataset: choose another --out",
-                dir.display()
-            );
-        }
+        hspack::write::destination::refuse_foreign_folder(&hspack::io::LocalStorage::new(dir))?;
         return Ok(());
     }
     refuse_other_than_a_demo(dir)?;
@@ -199,7 +194,8 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         codec,
         ..WriteOptions::default()
     };
-    let mut w = DatasetWriter::create(&a.out, schema, options)?;
+    // The folder was checked above (an earlier demo's files removed, the user's kept).
+    let mut w = DatasetWriter::open_checked_by_caller(&a.out, schema, options)?;
     let bar = bytes_bar(total, "write ", false);
     let mut hashes = Vec::new();
     let mut write_secs = 0.0;

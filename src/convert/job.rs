@@ -294,7 +294,7 @@ fn is_layout_flag_error(e: &LayoutError) -> bool {
 pub fn run(spec: &ConvertSpec, progress: &mut dyn FnMut(Progress)) -> Result<Report, RunError> {
     let o = &spec.resolve()?;
     let report = (o.report_path.clone()).unwrap_or_else(|| o.dst.join(REPORT_FILE));
-    if has_dataset(&o.dst)? && holds_no_shard(&o.dst) {
+    if first_run_stopped(o)? {
         remove_empty_dataset(&o.dst, &report, true);
     }
     let fresh = !has_dataset(&o.dst)?;
@@ -306,11 +306,34 @@ pub fn run(spec: &ConvertSpec, progress: &mut dyn FnMut(Progress)) -> Result<Rep
     result
 }
 
-/// True when the dataset at `dst` opens and its manifest lists no shard.
-fn holds_no_shard(dst: &Path) -> bool {
-    crate::store::open_location(dst)
-        .and_then(|s| Dataset::open_in(s, Default::default()))
-        .is_ok_and(|ds| ds.manifest().shards.is_empty())
+/// True when `o.dst` holds what a first run of convert stopped before its first commit leaves,
+/// and nothing else: a dataset convert made (its capture says so) that lists no shard, in a
+/// local folder holding only hspack's files. A dataset a user made empty on purpose (with
+/// capture metadata of their own), one in object storage (where writers sharing it hold no
+/// lease between commits), or a folder holding other files is left as it is; so is every
+/// dataset when the source is not there to convert.
+fn first_run_stopped(o: &ConvertOptions) -> Result<bool, RunError> {
+    if !o.src.exists() || is_a_dataset(&o.src) || !has_dataset(&o.dst)? {
+        return Ok(false);
+    }
+    let storage = crate::store::open_location(&o.dst)?;
+    if !crate::write::destination::holds_only_ours(&*storage)? {
+        return Ok(false);
+    }
+    let Ok(ds) = Dataset::open_in(storage, Default::default()) else {
+        return Ok(false);
+    };
+    let by_convert = (ds.schema().capture.as_ref())
+        .is_some_and(|c| c.tool.starts_with(crate::convert::layout::CONVERT_TOOL));
+    Ok(by_convert && ds.manifest().shards.is_empty())
+}
+
+/// True when `path` is a folder holding an hspack manifest (one that loads, not any
+/// `manifest.json`: dump tools write their own).
+fn is_a_dataset(path: &Path) -> bool {
+    path.join(MANIFEST_FILE).is_file()
+        && crate::read::load_manifest(&crate::io::LocalStorage::new(path))
+            .is_ok_and(|m| m.is_some())
 }
 
 /// Refuses a destination that is a file, a store's own folder, or a folder holding files and
@@ -378,9 +401,6 @@ fn remove_empty_dataset(dst: &Path, report: &Path, folder_existed: bool) {
 
 fn convert(o: &ConvertOptions, progress: &mut dyn FnMut(Progress)) -> Result<Report, RunError> {
     let started = Instant::now();
-    if o.src.join(MANIFEST_FILE).is_file() {
-        return Err(RunError::SourceIsADataset { src: o.src.clone() });
-    }
     let plan = plan(
         &o.src,
         &o.dst,
@@ -390,11 +410,14 @@ fn convert(o: &ConvertOptions, progress: &mut dyn FnMut(Progress)) -> Result<Rep
     )?;
     check_duplicates(&plan.units)?;
     refuse_foreign_folder(&o.dst)?;
+    if is_a_dataset(&o.src) {
+        return Err(RunError::SourceIsADataset { src: o.src.clone() });
+    }
     let mut run = Run::new(o, plan.ignored.len() as u64)?;
     run.report.aliases = plan.aliases.clone();
     if plan.units.is_empty() {
         if has_dataset(&o.dst)? {
-            run.report.stats = DatasetWriter::open(
+            run.report.stats = DatasetWriter::open_checked_by_caller(
                 &o.dst,
                 Dataset::open(&o.dst)?.schema().clone(),
                 o.write.clone(),
@@ -424,7 +447,9 @@ fn convert(o: &ConvertOptions, progress: &mut dyn FnMut(Progress)) -> Result<Rep
         run.report.elapsed = started.elapsed();
         return Ok(run.report);
     };
-    let mut writer = DatasetWriter::open(&o.dst, decoder.schema.clone(), o.write.clone())?;
+    // The folder was checked before this run's report went into it.
+    let mut writer =
+        DatasetWriter::open_checked_by_caller(&o.dst, decoder.schema.clone(), o.write.clone())?;
     if let Some(log) = run.keys.as_mut() {
         log.bind(writer.dataset_id());
     }

@@ -107,13 +107,43 @@ impl DatasetWriter {
         Self::open_or_create(storage, schema, options, false)
     }
 
+    /// [`DatasetWriter::open`] for a caller that applied
+    /// [`refuse_foreign_folder`](super::destination::refuse_foreign_folder) itself, before
+    /// putting a file of its own there (convert's `--report`), or that replaces a dataset of its
+    /// own keeping the user's files beside it (the demo): those would now be refused as someone
+    /// else's.
+    pub fn open_checked_by_caller(
+        dir: &Path,
+        schema: Schema,
+        options: WriteOptions,
+    ) -> Result<Self> {
+        Self::open_or_create_in(
+            crate::store::open_location(dir)?,
+            schema,
+            options,
+            false,
+            false,
+        )
+    }
+
     /// Opens the dataset in `storage`; with `new`, only where there is none once the lock is
     /// held.
     fn open_or_create(
         storage: Arc<dyn Storage>,
         schema: Schema,
+        options: WriteOptions,
+        new: bool,
+    ) -> Result<Self> {
+        Self::open_or_create_in(storage, schema, options, new, true)
+    }
+
+    /// [`DatasetWriter::open_or_create`]; `check_destination`: refuse a folder of other files.
+    fn open_or_create_in(
+        storage: Arc<dyn Storage>,
+        schema: Schema,
         mut options: WriteOptions,
         new: bool,
+        check_destination: bool,
     ) -> Result<Self> {
         crate::store::refuse_root(&*storage)?;
         let defaults = storage.write_defaults();
@@ -124,7 +154,9 @@ impl DatasetWriter {
             option: "schema",
             detail,
         })?;
-        super::destination::refuse_foreign_folder(&*storage)?;
+        if check_destination {
+            super::destination::refuse_foreign_folder(&*storage)?;
+        }
         storage.create_root()?;
         let lock = match options.shared {
             false => storage.lock()?,

@@ -7,16 +7,30 @@ use crate::format::manifest::{is_data_file_name, is_temp_file_name, MANIFEST_FIL
 use crate::io::Storage;
 
 /// True for a file an hspack writer, copy or convert run leaves in a dataset's folder before
-/// (or without) its manifest: a lock or lease, a temp file, a shard or other data file (a copy
-/// publishes its shards before the manifest), convert's key log and report, a name beginning
-/// `.hspack` (the locks and lease); or a volume's `lost+found`.
+/// (or without) its manifest: a lock or lease (named `.hspack…`), a temp file, a shard or other
+/// data file (a copy publishes its shards before the manifest), convert's key log and report;
+/// or what holds no one's data: a hidden file (`.gitkeep`, `.DS_Store`), a volume's
+/// `lost+found`.
 fn is_ours(name: &str) -> bool {
     name == crate::convert::keys::KEYS_FILE
         || name == crate::convert::report::REPORT_FILE
         || name == "lost+found"
-        || name.starts_with(".hspack")
+        || name.starts_with('.')
         || is_temp_file_name(name)
         || is_data_file_name(name)
+}
+
+/// True when `storage` is a local folder holding nothing but hspack's files ([`is_ours`])
+/// besides its manifest: what a writer stopped before its first commit leaves.
+pub fn holds_only_ours(storage: &dyn Storage) -> Result<bool> {
+    let root = storage.root();
+    if crate::io::is_remote(root) || !root.is_dir() {
+        return Ok(false);
+    }
+    Ok(storage
+        .list()?
+        .iter()
+        .all(|n| n == MANIFEST_FILE || is_ours(n)))
 }
 
 /// Refuses a local folder that holds files, none of them a manifest, of which one at least is
@@ -40,8 +54,8 @@ pub fn refuse_foreign_folder(storage: &dyn Storage) -> Result<()> {
         path: root.to_path_buf(),
         why: format!(
             "it holds other files (such as {}) and no dataset, so the dataset's files would be \
-             mixed in with them; give a new or empty folder (for `hspack cp DATASET .`, name \
-             the copy: `hspack cp DATASET ./NAME`)",
+             mixed in with them; give a new or empty folder (a dataset is a folder of its own: \
+             name one, e.g. `./NAME`)",
             foreign[0]
         ),
     })
@@ -64,6 +78,7 @@ mod tests {
             "manifest.json.tmp",
             "convert-keys.jsonl",
             ".hspack-x",
+            ".gitkeep",
         ] {
             std::fs::write(t.path().join("d").join(ours), b"").unwrap();
         }

@@ -29,6 +29,9 @@ use crate::format::{CaptureInfo, CapturePoint, DType, Field, Role, Schema};
 use super::layouts;
 use super::{TensorInfo, UnsupportedInfo, ValueInfo};
 
+/// The start of the capture `tool` of a dataset convert made: `hspack convert --layout NAME`.
+pub const CONVERT_TOOL: &str = "hspack convert";
+
 pub(crate) use error::missing_tensor;
 pub use error::{list_tensors, point_name, LayoutError};
 pub(crate) use refusals::unread;
@@ -376,7 +379,7 @@ pub fn derive_schema(
                 hidden_size: size,
                 dtype: h.dtype,
                 tp_size: 1,
-                tool: format!("hspack convert --layout {}", preset.name()),
+                tool: format!("{CONVERT_TOOL} --layout {}", preset.name()),
                 tool_version: env!("CARGO_PKG_VERSION").into(),
             })
         }
