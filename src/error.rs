@@ -102,6 +102,13 @@ pub enum Error {
         /// The dataset id its manifest names now.
         now: String,
     },
+    /// A shard did not open because the dataset was removed since the reader opened it (no
+    /// manifest is there now: a folder deleted, or `store rm` then `store gc`).
+    #[error("{}: the dataset was removed since this reader opened it (no manifest is there now; in a store, `store rm`, and `store gc` collected its blobs): the samples its ordinals named are gone; nothing is damaged", path.display())]
+    DatasetRemoved {
+        /// The dataset.
+        path: PathBuf,
+    },
     /// A shard belongs to another dataset.
     #[error("{}: the shard belongs to dataset {found}, this dataset is {expected}: a file from another dataset was copied in; copy the right shard from the source", shard.display())]
     ForeignShard {

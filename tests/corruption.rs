@@ -888,3 +888,23 @@ fn a_dataset_written_anew_under_a_reader_is_said_so() {
         "{e}"
     );
 }
+
+/// A dataset removed under a reader (a folder deleted; a store's `rm` then `gc`): its next
+/// shard was "missing, but the manifest lists it; restore it ... with `hspack repair`".
+#[test]
+fn a_dataset_removed_under_a_reader_is_said_so() {
+    let (dir, _) = dataset(Codec::None);
+    let ds = Dataset::open(dir.path()).unwrap();
+    ds.sample(0).unwrap();
+    for entry in std::fs::read_dir(dir.path()).unwrap() {
+        std::fs::remove_file(entry.unwrap().path()).unwrap();
+    }
+    let e = ds.sample(ds.len() - 1).unwrap_err();
+    assert!(matches!(e, Error::DatasetRemoved { .. }), "{e:?}");
+    assert!(
+        e.to_string()
+            .contains("the dataset was removed since this reader opened it")
+            && !e.to_string().contains("repair"),
+        "{e}"
+    );
+}

@@ -667,9 +667,9 @@ fn listed(storage: &Arc<dyn Storage>) -> Vec<String> {
 
 /// A folder holding no dataset but the user's own files, one named as hspack names a
 /// dataset's (a shard 0: a dataset whose manifest was lost?): creating a dataset there
-/// deletes nothing and is refused, naming that file and what to do. Moved out, the dataset is
+/// deletes nothing and is refused, naming a file and what to do. Moved out, the dataset is
 /// created: hspack's temp files, what a writer killed while creating the dataset leaves, are
-/// removed, and this writer and the next leave the user's other files alone, those whose
+/// removed, and the next writer leaves the user's files put beside it alone, those whose
 /// names only resemble hspack's too (`notes.tmp`, `samples_train.parquet`); verify calls them
 /// unknown.
 #[test]
@@ -709,14 +709,23 @@ fn a_writer_never_deletes_files_of_a_folder_that_holds_no_dataset() {
             };
             let create = DatasetWriter::create_in(storage.clone(), schema(), options.clone());
             let open = DatasetWriter::open_in(storage.clone(), schema(), options);
-            for err in [create.unwrap_err(), open.unwrap_err()] {
-                assert!(matches!(err, Error::NotADataset { .. }), "{name}: {err}");
-                let said = err.to_string();
-                for part in [
+            // A folder of the user's is refused whole (write/destination.rs); a storage that
+            // is no local folder, for the files named as a dataset's.
+            let parts: &[&str] = match backend {
+                Backend::Local(_) => &[
+                    "it holds other files (such as keys-of-my-house.bin) and no dataset",
+                    "give a new or empty folder",
+                ],
+                Backend::Memory(_) => &[
                     "no manifest.json",
                     "(shard-000000.hsp)",
                     "move them out of the folder",
-                ] {
+                ],
+            };
+            for err in [create.unwrap_err(), open.unwrap_err()] {
+                assert!(matches!(err, Error::NotADataset { .. }), "{name}: {err}");
+                let said = err.to_string();
+                for part in parts {
                     assert!(said.contains(part), "{name}: {part:?} is not in: {said}");
                 }
             }
@@ -728,16 +737,24 @@ fn a_writer_never_deletes_files_of_a_folder_that_holds_no_dataset() {
                 "{name}: nothing deleted or added (lock files aside)"
             );
         }
-        storage.delete("shard-000000.hsp").unwrap();
-        write(&storage, 0..3, small_options());
-        write(&storage, 3..5, small_options());
-        check_all(name, &open(&storage), 5);
         let kept = [
             "keys-of-my-house.bin",
             "notes.tmp",
             "readme.txt",
             "samples_train.parquet",
         ];
+        // Moved out, the dataset is created (the temp files of a first commit removed); the
+        // user's files put beside it once it is there, the next writer, which removes what an
+        // interrupted one left, leaves them alone.
+        for file in theirs {
+            storage.delete(file).unwrap();
+        }
+        write(&storage, 0..3, small_options());
+        for file in kept {
+            backend.overwrite(file, file.as_bytes());
+        }
+        write(&storage, 3..5, small_options());
+        check_all(name, &open(&storage), 5);
         for file in kept {
             assert_eq!(
                 storage.read(file).unwrap().as_deref(),

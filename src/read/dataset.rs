@@ -357,7 +357,9 @@ impl Dataset {
 
     /// `e`, a shard's failure to open, or [`Error::DatasetRewritten`] where the manifest there
     /// now names another dataset: a shard of the new one read as a foreign shard copied in,
-    /// and the advice (copy the right shard in) could fix nothing.
+    /// and the advice (copy the right shard in) could fix nothing; or
+    /// [`Error::DatasetRemoved`] where a shard is gone and so is the manifest (advice to
+    /// repair could fix nothing either).
     fn rewritten_or(&self, e: Error) -> Error {
         let shard_gone =
             matches!(&e, Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound);
@@ -372,6 +374,9 @@ impl Dataset {
                     now: now.dataset_id,
                 }
             }
+            Ok(None) if shard_gone => Error::DatasetRemoved {
+                path: self.storage.root().to_path_buf(),
+            },
             _ => e,
         }
     }

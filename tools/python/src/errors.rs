@@ -227,6 +227,13 @@ impl Context {
                     ..c
                 },
             ),
+            Error::DatasetRemoved { path } => (
+                "DatasetRemoved",
+                Context {
+                    path: text(path),
+                    ..c
+                },
+            ),
             Error::DuplicateKey { key } => (
                 "DuplicateKey",
                 Context {
