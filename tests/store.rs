@@ -1866,3 +1866,26 @@ fn a_dataset_beside_a_store_never_stands_for_the_stores_dataset() {
     }
     assert!(!t.path().join("out").exists());
 }
+
+/// A second writer of a store's dataset was refused with "another process writing, adding or
+/// removing this dataset", naming no one: where the holder had been killed and a child it
+/// forked held the lock still, nothing said so. The lock now records its holder, as a
+/// folder's does (whose words, the exited holder and `fuser -v` among them, it shares).
+#[test]
+fn a_stores_dataset_lock_names_its_holder() {
+    let t = tempfile::tempdir().unwrap();
+    let store_dir = t.path().join("store");
+    Store::init(&store_dir).unwrap();
+    let first =
+        DatasetWriter::create(store_dir.join("w"), capture_schema(8), small_options()).unwrap();
+    let err =
+        DatasetWriter::open(store_dir.join("w"), capture_schema(8), small_options()).unwrap_err();
+    let said = err.to_string();
+    assert!(matches!(err, hspack::Error::Locked { .. }), "{said}");
+    assert!(
+        said.contains(&format!("pid {} on ", std::process::id()))
+            && said.contains("another writer of this process"),
+        "{said}"
+    );
+    drop(first);
+}

@@ -53,12 +53,8 @@ impl WriterLock {
             if !still_named(&file, &path)? {
                 continue;
             }
+            write_holder(&mut file, &path)?;
             let pid = std::process::id();
-            let text = format!("pid {pid} on {}\n", host_name());
-            file.set_len(0)
-                .and_then(|()| file.rewind())
-                .and_then(|()| file.write_all(text.as_bytes()))
-                .map_err(io(&path, "write lock holder"))?;
             return Ok(WriterLock { file, path, pid });
         }
         Err(Error::Locked {
@@ -350,7 +346,19 @@ fn still_named(file: &File, path: &Path) -> Result<bool> {
 /// and host.
 const SHARED_HOLDER: &str = "writers sharing the dataset, the first of them pid ";
 
-fn holder_text(file: &mut File, path: &Path) -> String {
+/// Writes who holds the lock of `file` (at `path`), which this process just took: `pid N on
+/// HOST`, what [`holder_text`] reads back to another process refused it.
+pub(crate) fn write_holder(file: &mut File, path: &Path) -> Result<()> {
+    let text = format!("pid {} on {}\n", std::process::id(), host_name());
+    file.set_len(0)
+        .and_then(|()| file.rewind())
+        .and_then(|()| file.write_all(text.as_bytes()))
+        .map_err(io(path, "write lock holder"))
+}
+
+/// Who holds the lock of `file` (at `path`), as its holder wrote it, and where that process
+/// has exited, what holds it still (a child it forked) and how to find it.
+pub(crate) fn holder_text(file: &mut File, path: &Path) -> String {
     let mut text = String::new();
     let _ = file.take(256).read_to_string(&mut text);
     match text.trim() {

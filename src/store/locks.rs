@@ -264,13 +264,19 @@ impl Locks {
                 )?)));
             }
         };
-        let file = Locks::file(dir, &format!("dataset-{name}.lock"))?;
+        let path = dir.join(format!("dataset-{name}.lock"));
+        let mut file = Locks::file(dir, &format!("dataset-{name}.lock"))?;
         match file.try_lock() {
-            Ok(()) => Ok(StoreLock::new(Held::File(file))),
+            Ok(()) => {
+                crate::io::lock::write_holder(&mut file, &path)?;
+                Ok(StoreLock::new(Held::File(file)))
+            }
             Err(TryLockError::WouldBlock) => Err(Error::Locked {
                 path: store.join(name),
-                holder: "another process writing, adding or removing this dataset of the store"
-                    .into(),
+                holder: format!(
+                    "another process writing, adding or removing this dataset of the store: {}",
+                    crate::io::lock::holder_text(&mut file, &path)
+                ),
             }),
             Err(TryLockError::Error(e)) => {
                 Err(io(dir.join(format!("dataset-{name}.lock")), "lock")(e))
