@@ -65,11 +65,10 @@ pub fn restore_listed(dst: &Arc<dyn Storage>, good: &Dataset) -> Result<Vec<Stri
     refuse_same_copy(dst.root(), good.dir())?;
     let mut restored = Vec::new();
     // No writer or copy may be at work there meanwhile.
-    let lock;
+    let lock = dst.lock()?;
     match dst.read(MANIFEST_FILE) {
-        Ok(Some(there)) if there == good.manifest_bytes() => lock = dst.lock()?,
+        Ok(Some(there)) if there == good.manifest_bytes() => {}
         Err(e) if e.is_damage() && dst.check_copies_found() => {
-            lock = dst.lock()?;
             let bytes = good.manifest_bytes();
             still_held(&*lock, dst)?;
             dst.replace(MANIFEST_FILE, bytes, Some(blake3::hash(bytes)), true)

@@ -20,43 +20,42 @@ fn is_ours(name: &str) -> bool {
         || is_data_file_name(name)
 }
 
+/// The first (by name) of the files of `storage` that are neither hspack's ([`is_ours`]) nor
+/// a manifest; `None` where there is none, or `storage` is no local folder (a prefix is listed
+/// at a cost, and no shell spreads a dataset into one).
+fn first_foreign(storage: &dyn Storage) -> Result<Option<String>> {
+    let root = storage.root();
+    if crate::io::is_remote(root) || !root.is_dir() {
+        return Ok(None);
+    }
+    Ok((storage.list()?.into_iter())
+        .filter(|n| n != MANIFEST_FILE && !is_ours(n))
+        .min())
+}
+
 /// True when `storage` is a local folder holding nothing but hspack's files ([`is_ours`])
 /// besides its manifest: what a writer stopped before its first commit leaves.
 pub fn holds_only_ours(storage: &dyn Storage) -> Result<bool> {
     let root = storage.root();
-    if crate::io::is_remote(root) || !root.is_dir() {
-        return Ok(false);
-    }
-    Ok(storage
-        .list()?
-        .iter()
-        .all(|n| n == MANIFEST_FILE || is_ours(n)))
+    Ok(!crate::io::is_remote(root) && root.is_dir() && first_foreign(storage)?.is_none())
 }
 
 /// Refuses a local folder that holds files, none of them a manifest, of which one at least is
 /// not hspack's ([`is_ours`]). A folder that is not there, is empty or holds a dataset passes;
-/// so does object storage (a prefix is listed at a cost, and no shell spreads one).
+/// so does object storage.
 pub fn refuse_foreign_folder(storage: &dyn Storage) -> Result<()> {
-    let root = storage.root();
-    if crate::io::is_remote(root) || !root.is_dir() || storage.read(MANIFEST_FILE)?.is_some() {
+    let Some(foreign) = first_foreign(storage)? else {
+        return Ok(());
+    };
+    if storage.read(MANIFEST_FILE)?.is_some() {
         return Ok(());
     }
-    let mut foreign: Vec<String> = storage
-        .list()?
-        .into_iter()
-        .filter(|n| !is_ours(n))
-        .collect();
-    if foreign.is_empty() {
-        return Ok(());
-    }
-    foreign.sort();
     Err(Error::NotADataset {
-        path: root.to_path_buf(),
+        path: storage.root().to_path_buf(),
         why: format!(
-            "it holds other files (such as {}) and no dataset, so the dataset's files would be \
-             mixed in with them; give a new or empty folder (a dataset is a folder of its own: \
-             name one, e.g. `./NAME`)",
-            foreign[0]
+            "it holds other files (such as {foreign}) and no dataset, so the dataset's files \
+             would be mixed in with them; give a new or empty folder (a dataset is a folder of \
+             its own: name one, e.g. `./NAME`)"
         ),
     })
 }
