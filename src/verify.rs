@@ -234,6 +234,7 @@ pub fn verify_dataset(
     }
     problems.extend(check_samples_tables(&ds, &mut missing));
     problems.extend(check_key_runs(&ds, &mut missing, &unopened));
+    let any_missing = !missing.is_empty();
     if !missing.is_empty()
         && ds.storage().read(MANIFEST_FILE)?.as_deref() != Some(ds.manifest_bytes())
     {
@@ -253,6 +254,21 @@ pub fn verify_dataset(
                 .leftovers
                 .retain(|p| name(p).is_none_or(|n| listed.is_leftover(&n)));
             report.replaced_meanwhile = replaced;
+        }
+    }
+    // The dataset removed, or another written under its name, while this ran: what it found
+    // missing or other since is no damage, and no repair could mend it. One error says so.
+    let moved = |e: &Error| {
+        matches!(
+            e,
+            Error::DatasetRemoved { .. } | Error::DatasetRewritten { .. }
+        )
+    };
+    let said_moved = problems.iter().any(moved);
+    if said_moved || problems.iter().any(Error::is_damage) {
+        if let Some(now) = ds.moved_on(said_moved || any_missing) {
+            problems.retain(|e| !e.is_damage() && !moved(e));
+            problems.push(now);
         }
     }
     report.problems = problems;

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use common::*;
 use hspack::format::Footer;
-use hspack::verify::{verify, VerifyOptions};
+use hspack::verify::{verify, verify_dataset, VerifyOptions};
 use hspack::{Codec, Dataset, DatasetWriter, Error, WriteOptions};
 
 const HIDDEN: usize = 64;
@@ -907,4 +907,60 @@ fn a_dataset_removed_under_a_reader_is_said_so() {
             && !e.to_string().contains("repair"),
         "{e}"
     );
+}
+
+/// A verification of a dataset removed, or written anew under its name, after it was opened:
+/// every file it lists was reported missing or other as damage, with advice to repair. It is
+/// one error saying what happened, and no damage.
+#[test]
+fn a_dataset_removed_or_rewritten_under_verify_is_said_so_and_is_no_damage() {
+    let (dir, _) = dataset(Codec::None);
+    let ds = Dataset::open(dir.path()).unwrap();
+    // Removed once the verification has begun hashing.
+    let removed = std::sync::Once::new();
+    let remove = |_| {
+        removed.call_once(|| {
+            for entry in std::fs::read_dir(dir.path()).unwrap() {
+                std::fs::remove_file(entry.unwrap().path()).unwrap();
+            }
+        })
+    };
+    let said = |report: &hspack::verify::Report| -> Vec<String> {
+        report.problems.iter().map(|e| format!("{e:?}")).collect()
+    };
+    let report = verify_dataset(&ds, VerifyOptions::default(), &remove).unwrap();
+    assert_eq!(report.problems.len(), 1, "{:?}", said(&report));
+    assert!(
+        matches!(report.problems[0], Error::DatasetRemoved { .. }),
+        "{:?}",
+        said(&report)
+    );
+    // Another dataset written there since.
+    let (dir, _) = dataset(Codec::None);
+    let ds = Dataset::open(dir.path()).unwrap();
+    let rewritten = std::sync::Once::new();
+    let rewrite = |_| {
+        rewritten.call_once(|| {
+            for entry in std::fs::read_dir(dir.path()).unwrap() {
+                std::fs::remove_file(entry.unwrap().path()).unwrap();
+            }
+            let mut w = DatasetWriter::create(
+                dir.path(),
+                capture_schema(HIDDEN as u64),
+                WriteOptions::default(),
+            )
+            .unwrap();
+            w.append("other", &as_fields(&capture_sample(3, 5, HIDDEN)))
+                .unwrap();
+            w.finish().unwrap();
+        })
+    };
+    let report = verify_dataset(&ds, VerifyOptions::default(), &rewrite).unwrap();
+    assert_eq!(report.problems.len(), 1, "{:?}", said(&report));
+    assert!(
+        matches!(report.problems[0], Error::DatasetRewritten { .. }),
+        "{:?}",
+        said(&report)
+    );
+    assert!(!report.problems[0].is_damage());
 }

@@ -75,6 +75,103 @@ fn a_dataset_added_twice_is_stored_once_and_exports_bit_exact() {
     );
 }
 
+/// A dataset of many small shards shares packs with them: an add indexes and proves the
+/// shards it sends a group at a time. It used to publish a pack, an index run and
+/// `index.json` per shard (and fsync each): 120 shards made more than 120 packs.
+#[test]
+fn a_dataset_of_many_small_shards_is_stored_in_few_packs() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, store_dir) = (t.path().join("src"), t.path().join("store"));
+    write_small_shards(&src, 120);
+    let ds = Dataset::open(&src).unwrap();
+    assert_eq!(ds.manifest().shards.len(), 120);
+    let store = Arc::new(Store::init(&store_dir).unwrap());
+    let (report, added) = add(&store, &ds, "a", &|_| {}).unwrap();
+    assert_eq!((report.shards_sent, report.digest), (120, digest(&src)));
+    assert_eq!(
+        report.bytes_sent, report.bytes_reread,
+        "every shard read back"
+    );
+    assert!(added.blobs_new > 120, "{added:?}");
+    let packs = std::fs::read_dir(store_dir.join("packs")).unwrap().count();
+    assert!(packs <= 8, "{packs} packs for 120 small shards");
+    same_samples(&ds, &Dataset::open(store_dir.join("a")).unwrap(), |_| {});
+    // Added again under another name: every blob found, nothing stored.
+    let (_, again) = add(&store, &ds, "b", &|_| {}).unwrap();
+    assert_eq!(again.blobs_new, 0, "{again:?}");
+    let v = hspack(&["store", "verify", s(&store_dir)]);
+    assert!(v.status.success(), "{}", text(&v));
+    // A sync of more shards onto those there: proving the shards there published the pack
+    // being filled, so a sync left dozens of small packs.
+    let half = t.path().join("half");
+    write_small_shards(&half, 60);
+    let packs = || std::fs::read_dir(store_dir.join("packs")).unwrap().count();
+    let o = hspack(&["cp", s(&half), s(&store_dir.join("c"))]);
+    assert!(o.status.success(), "{}", text(&o));
+    let before = packs();
+    let o = hspack(&["sync", s(&src), s(&store_dir.join("c"))]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(packs() <= before + 3, "{before} packs, then {}", packs());
+    assert_eq!(digest(&store_dir.join("c")), digest(&src));
+}
+
+/// A dataset of `n` samples, a shard each.
+fn write_small_shards(dir: &Path, n: u64) {
+    let options = WriteOptions {
+        shard_samples: 1,
+        ..small_options()
+    };
+    let mut w = DatasetWriter::create(dir, capture_schema(64), options).unwrap();
+    for i in 0..n {
+        let smp = capture_sample(i * 10, 3 + (i as usize * 7) % 40, 64);
+        w.append(&format!("s{i}"), &as_fields(&smp)).unwrap();
+    }
+    w.finish().unwrap();
+}
+
+/// A pack cut short and the dataset repaired from a copy: the blobs the cut lost are stored
+/// anew, the others still read where they are. `store verify` named the dataset as damaged
+/// and advised removing it, until a collection ran; it names only the pack, and the
+/// collection that rewrites it.
+#[test]
+fn a_pack_cut_short_and_repaired_is_left_to_gc_and_no_dataset_is_named() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, store_dir) = (t.path().join("src"), t.path().join("store"));
+    write_small_shards(&src, 120);
+    let store = Arc::new(Store::init(&store_dir).unwrap());
+    add(&store, &Dataset::open(&src).unwrap(), "a", &|_| {}).unwrap();
+    drop(store);
+    let biggest = std::fs::read_dir(store_dir.join("packs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .max_by_key(|p| std::fs::metadata(p).unwrap().len())
+        .unwrap();
+    let len = std::fs::metadata(&biggest).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&biggest)
+        .unwrap()
+        .set_len(len / 2)
+        .unwrap();
+    let o = hspack(&["repair", s(&store_dir.join("a")), "--from", s(&src)]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(digest(&store_dir.join("a")), digest(&src));
+    let v = hspack(&["store", "verify", s(&store_dir)]);
+    let said = text(&v);
+    assert!(
+        !v.status.success()
+            && said.contains("hspack store gc")
+            && !said.contains("dataset `a`")
+            && said.contains("1 dataset whole"),
+        "{said}"
+    );
+    let o = hspack(&["store", "gc", s(&store_dir)]);
+    assert!(o.status.success(), "{}", text(&o));
+    let v = hspack(&["store", "verify", s(&store_dir)]);
+    assert!(v.status.success(), "{}", text(&v));
+    assert_eq!(digest(&store_dir.join("a")), digest(&src));
+}
+
 /// Two adds of the same dataset at once write the same index runs (runs are named by what
 /// they hold): one merging a run away must never leave `index.json` naming it for the other.
 /// Before, 8 of 40 such pairs left a store no command could open.
@@ -496,7 +593,7 @@ fn repair_from_a_copy_restores_any_pack_a_store_lost() {
             .collect();
         packs.sort();
         if k == packs.len() {
-            assert!(k > 3, "{packs:?}");
+            assert!(k >= 3, "{packs:?}");
             break;
         }
         std::fs::remove_file(&packs[k]).unwrap();
@@ -1159,7 +1256,7 @@ fn killing_gc_while_a_writer_adds_loses_no_committed_chunk() {
     assert!(done.status.success(), "{}", text(&done));
     let v = hspack(&["store", "verify", s(&store_dir)]);
     assert!(
-        v.status.success() && stdout(&v).contains("2 datasets, 0 capture files: OK"),
+        v.status.success() && stdout(&v).contains("2 datasets whole, 0 capture files: OK"),
         "{}",
         text(&v)
     );

@@ -8,7 +8,7 @@ use hspack::convert::{self, ConvertSpec, Mapping, Preset, Progress};
 use hspack::verify::count;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use super::{gbps, human_bytes, EXIT_SKIPPED};
+use super::{human_bytes, rate_text, EXIT_SKIPPED};
 
 const LAYOUTS: &str = "\
 Layouts (none of these formats records layer ids: give --layers, in the order listed):
@@ -288,11 +288,11 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         ),
         format!(
             "appended  {} ({} already in the dataset and skipped), {} of sources in \
-             {secs:.2} s: {:.2} GB/s",
+             {secs:.2} s: {}",
             count(r.samples, "sample"),
             r.samples_present,
             human_bytes(r.source_bytes),
-            gbps(r.source_bytes, secs)
+            rate_text(r.source_bytes, secs)
         ),
         format!(
             "dataset   {}: {} in {}, {}",

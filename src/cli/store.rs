@@ -261,7 +261,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                     println!("DAMAGED {p}");
                 }
                 println!(
-                    "{}: {}, {} ({}) hashed, {}, {}: {}",
+                    "{}: {}, {} ({}) hashed, {} whole, {}: {}",
                     store.display(),
                     count(c.packs, "pack"),
                     count(c.blobs, "blob"),

@@ -7,7 +7,7 @@ use std::time::Instant;
 use hspack::verify::{count, verify, VerifyOptions};
 
 use super::progress::bytes_bar;
-use super::{gbps, EXIT_DAMAGED, EXIT_ERROR};
+use super::{rate_text, EXIT_DAMAGED, EXIT_ERROR};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -70,10 +70,10 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             )
         } else {
             format!(
-                "full check of {counts}, {}, {:.2} GB hashed in {secs:.2} s ({:.2} GB/s)",
+                "full check of {counts}, {}, {:.2} GB hashed in {secs:.2} s ({})",
                 count(report.chunks, "chunk"),
                 report.bytes_hashed as f64 / 1e9,
-                gbps(report.bytes_hashed, secs),
+                rate_text(report.bytes_hashed, secs),
             )
         };
         let not_read = report.problems.iter().filter(|p| !p.is_damage()).count();

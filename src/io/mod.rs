@@ -235,6 +235,14 @@ pub trait Storage: Send + Sync + Debug {
         false
     }
 
+    /// True where new files are published into a batch that a read of one of them closes (a
+    /// deduplicating store packs the blobs of many files and indexes them together): a copy
+    /// then proves what it sent a group of files at a time, not each file as it lands, so
+    /// that a dataset of many small shards is not stored a pack per shard.
+    fn batches_new_files(&self) -> bool {
+        false
+    }
+
     /// Takes the dataset's one-writer lock, or says who holds it ([`crate::Error::Locked`]).
     fn lock(&self) -> Result<Box<dyn WriterLease>>;
 

@@ -366,18 +366,25 @@ impl Dataset {
         if !(shard_gone || matches!(e, Error::ForeignShard { .. } | Error::ShardMismatch { .. })) {
             return e;
         }
+        self.moved_on(shard_gone).unwrap_or(e)
+    }
+
+    /// [`Error::DatasetRewritten`] where the manifest there now names another dataset, or,
+    /// where `gone` (a file it lists was found missing), [`Error::DatasetRemoved`] where the
+    /// manifest is gone too; `None` while the dataset there is still this one.
+    pub(crate) fn moved_on(&self, gone: bool) -> Option<Error> {
         match super::load_manifest(&*self.storage) {
             Ok(Some((now, _))) if now.dataset_id_bytes() != self.dataset_id => {
-                Error::DatasetRewritten {
+                Some(Error::DatasetRewritten {
                     path: self.storage.root().to_path_buf(),
                     opened: self.manifest.dataset_id.clone(),
                     now: now.dataset_id,
-                }
+                })
             }
-            Ok(None) if shard_gone => Error::DatasetRemoved {
+            Ok(None) if gone => Some(Error::DatasetRemoved {
                 path: self.storage.root().to_path_buf(),
-            },
-            _ => e,
+            }),
+            _ => None,
         }
     }
 

@@ -299,6 +299,20 @@ impl Ingest {
     /// hold of `gc.lock`: publish what references the blobs, then drop it.
     pub fn commit(mut self) -> Result<(IngestStats, StoreLock)> {
         self.close_pack()?;
+        self.index_published()?;
+        Ok((self.stats, self.lock))
+    }
+
+    /// True when packs this ingest filled are published and their blobs not indexed yet:
+    /// an add killed now would leave them for a collection, and its rerun would store them
+    /// again. [`Ingest::index_published`] indexes them and keeps the open pack open.
+    pub fn has_unindexed_packs(&self) -> bool {
+        !self.new.is_empty()
+    }
+
+    /// Writes an index run for the blobs of the packs published so far, and adds it to
+    /// `index.json` (merging runs where 8 share a level). The open pack stays open.
+    pub fn index_published(&mut self) -> Result<()> {
         if !self.new.is_empty() {
             let mut packs: Vec<[u8; 16]> = self.new.values().map(|l| l.pack).collect();
             packs.sort();
@@ -330,7 +344,7 @@ impl Ingest {
                 lock.check()
             })?;
         }
-        Ok((self.stats, self.lock))
+        Ok(())
     }
 }
 

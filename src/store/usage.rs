@@ -320,13 +320,30 @@ pub fn check(store: &Arc<Store>) -> Result<StoreCheck> {
                 // Collected since this index was read: not this store's to judge any more.
                 continue;
             }
-            problems.push(e.to_string());
-            lost.extend(
-                index
-                    .entries()
-                    .filter(|e| e.pack == *pack)
-                    .map(|e| e.blob.id),
-            );
+            // What reads find in it: the copies the index finds nowhere newer.
+            let held: Vec<super::Location> = index.entries().filter(|e| e.pack == *pack).collect();
+            // Every blob of it stored again elsewhere (a repair sent what it held): as for a
+            // damaged copy above, no read finds this pack, and a collection drops it.
+            if held.is_empty() {
+                continue;
+            }
+            // A pack whose table is damaged may still hold sound blobs where the index says:
+            // only the datasets referencing those that do not read lost anything.
+            let unread: Vec<[u8; 32]> = held
+                .iter()
+                .filter(|at| store.blob(at).is_err())
+                .map(|at| at.blob.id)
+                .collect();
+            let rewritten = unread.is_empty() && index.superseded().any(|e| e.pack == *pack);
+            problems.push(match rewritten {
+                true => format!(
+                    "{e}; every blob reads find in it reads, and the others are stored again \
+                     elsewhere: `hspack store gc {}` rewrites it without them",
+                    store.root().display()
+                ),
+                false => e.to_string(),
+            });
+            lost.extend(unread);
         }
         c.packs += 1;
         c.problems.extend(problems);

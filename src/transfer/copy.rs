@@ -4,21 +4,23 @@
 //! index against the source manifest, every chunk header against the index, every payload
 //! against its BLAKE3, every padding byte zero. Then what landed is proven: the shard is
 //! opened again at the destination (size, footer, header, index hash against the manifest)
-//! and, unless `reread` is off, every chunk read back and hashed. The samples table is copied
-//! and checked against its hash. The manifest goes last: until it is published the destination
+//! and, unless `reread` is off, every chunk read back and hashed (as it lands; into a store,
+//! which packs the blobs of many files together, once a group of shards is sent). The samples
+//! table is copied and checked against its hash. The manifest goes last: until it is published the destination
 //! is not a dataset, so an interrupted copy is never taken for one, and a rerun sends only
 //! the shards that are not already there, whole and right (each one found read back, whatever
 //! `reread` says). A copy holds the destination's
 //! writer lock throughout, so a writer or another copy there is refused, not raced.
 
 use std::collections::HashSet;
+use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use rayon::prelude::*;
 
 use crate::error::{format, Error, Result};
-use crate::format::manifest::{hex, MANIFEST_FILE};
+use crate::format::manifest::{hex, ListedFile, MANIFEST_FILE};
 use crate::format::{ChunkHeader, Manifest, ShardHeader, ShardRecord};
 use crate::io::{temp_name, Storage, WriterLease};
 use crate::read::{Dataset, Shard};
@@ -138,74 +140,64 @@ pub fn copy(
             return Err(source_changed(src, dst, f.file));
         }
     }
-    pool.install(|| {
-        manifest
-            .shards
-            .par_iter()
-            .enumerate()
-            .try_for_each(|(seq, record)| {
-                let at_dst = present.contains(&record.file);
-                if at_dst {
-                    // Read back whatever `reread` says: no run checked its bytes on the way
-                    // (a copy killed between a put and its proof leaves one, and so does
-                    // damage at rest), so its index alone proves nothing of its chunks.
-                    match prove(src, dst, record, true, &stats) {
-                        Ok(()) => {
-                            stats.shards_present.fetch_add(1, Ordering::Relaxed);
-                            stats
-                                .bytes_present
-                                .fetch_add(record.bytes, Ordering::Relaxed);
-                            progress(record.bytes);
-                            return Ok(());
-                        }
-                        // A shard the destination's own manifest lists is its committed data:
-                        // damage there is for `hspack repair`, never silently overwritten.
-                        Err(e) if listed.contains(record.file.as_str()) => {
-                            // Unless the lease was lost: the shard may be another's since.
-                            still_held(&*lock, dst)?;
-                            return Err(listed_shard_failed(e, src, dst, record, same_state));
-                        }
-                        Err(_) => {
-                            // Not this copy's to delete once another holds the destination:
-                            // the lease is read again right before.
-                            still_held(&*lock, dst)?;
-                            dst.delete(&record.file)?;
-                            replaced
-                                .lock()
-                                .unwrap_or_else(|e| e.into_inner())
-                                .push(record.file.clone());
-                        }
-                    }
+    // A shard found at the destination is proven before it counts; one sent, right after it
+    // lands, or, where the destination batches new files, once its group is sent.
+    let batched = dst.batches_new_files();
+    let place = |seq: usize| -> Result<Option<usize>> {
+        let record = &manifest.shards[seq];
+        if present.contains(&record.file) {
+            // Read back whatever `reread` says: no run checked its bytes on the way (a copy
+            // killed between a put and its proof leaves one, and so does damage at rest), so
+            // its index alone proves nothing of its chunks.
+            match prove(src, dst, record, true, &stats) {
+                Ok(()) => {
+                    stats.shards_present.fetch_add(1, Ordering::Relaxed);
+                    stats
+                        .bytes_present
+                        .fetch_add(record.bytes, Ordering::Relaxed);
+                    progress(record.bytes);
+                    return Ok(None);
                 }
-                // A copy that stalled past its lease sends nothing more: the destination may
-                // be another copy's or writer's now.
-                still_held(&*lock, dst)?;
-                send_shard(src, seq, dst, &stats, progress)?;
-                let mut proven = prove(src, dst, record, options.reread, &stats);
-                // A store refers what it finds to its copy unread: a copy damaged at rest is
-                // what landed. Sent once more, with what the store finds checked first.
-                if matches!(&proven, Err(e) if e.is_damage()) && dst.check_copies_found() {
+                // A shard the destination's own manifest lists is its committed data: damage
+                // there is for `hspack repair`, never silently overwritten.
+                Err(e) if listed.contains(record.file.as_str()) => {
+                    // Unless the lease was lost: the shard may be another's since.
+                    still_held(&*lock, dst)?;
+                    return Err(listed_shard_failed(e, src, dst, record, same_state));
+                }
+                Err(_) => {
+                    // Not this copy's to delete once another holds the destination: the
+                    // lease is read again right before.
                     still_held(&*lock, dst)?;
                     dst.delete(&record.file)?;
-                    send_shard(src, seq, dst, &stats, &|_| {})?;
-                    proven = prove(src, dst, record, options.reread, &stats);
+                    replaced
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push(record.file.clone());
                 }
-                if let Err(e) = proven {
-                    // What landed is not what was sent: never to be taken for the shard (a
-                    // rerun without --reread would check only its index). Deleted only
-                    // while the destination is still this copy's: else the object there
-                    // may be the copy's that took it over.
-                    // Where the lease was lost, that is what happened: the object there may
-                    // be the other's, which is no damage and no reason to run again.
-                    still_held(&*lock, dst)?;
-                    let _ = dst.delete(&record.file);
-                    return Err(e);
-                }
-                stats.shards_sent.fetch_add(1, Ordering::Relaxed);
-                stats.bytes_sent.fetch_add(record.bytes, Ordering::Relaxed);
-                Ok(())
-            })
-    })?;
+            }
+        }
+        // A copy that stalled past its lease sends nothing more: the destination may be
+        // another copy's or writer's now.
+        still_held(&*lock, dst)?;
+        send_shard(src, seq, dst, &stats, progress)?;
+        match batched {
+            true => Ok(Some(seq)),
+            false => prove_sent(src, seq, dst, &*lock, options.reread, &stats).map(|()| None),
+        }
+    };
+    for group in shard_groups(manifest, batched, options.jobs) {
+        let sent = pool.install(|| {
+            group
+                .into_par_iter()
+                .filter_map(|seq| place(seq).transpose())
+                .collect::<Result<Vec<usize>>>()
+        })?;
+        pool.install(|| {
+            sent.into_par_iter()
+                .try_for_each(|seq| prove_sent(src, seq, dst, &*lock, options.reread, &stats))
+        })?;
+    }
     // The files besides shards: each put where none is, or over the one read there, and
     // only while the destination is still this copy's.
     copy_listed_files(src, dst, &*lock, &|_| true)?;
@@ -410,6 +402,66 @@ pub(crate) fn send_shard(
     }
 }
 
+/// The shards of `manifest` in the groups a copy sends before it proves them: all in one,
+/// proven each as it lands, unless the destination batches new files; then groups of up to
+/// 1024 shards or 1 GiB, each of at least `jobs` shards, so that shards are still sent
+/// `jobs` at a time.
+fn shard_groups(manifest: &Manifest, batched: bool, jobs: usize) -> Vec<Range<usize>> {
+    const GROUP_SHARDS: usize = 1024;
+    const GROUP_BYTES: u64 = 1 << 30;
+    let n = manifest.shards.len();
+    if !batched {
+        return std::iter::once(0..n).collect();
+    }
+    let mut groups = Vec::new();
+    let (mut start, mut bytes) = (0, 0u64);
+    for (seq, record) in manifest.shards.iter().enumerate() {
+        let len = seq - start;
+        if len >= GROUP_SHARDS || (bytes >= GROUP_BYTES && len >= jobs) {
+            groups.push(start..seq);
+            (start, bytes) = (seq, 0);
+        }
+        bytes += record.bytes;
+    }
+    groups.push(start..n);
+    groups
+}
+
+/// Proves shard `seq`, just sent; a store that referred what it found to a damaged copy is
+/// sent it once more. What fails to prove is deleted.
+fn prove_sent(
+    src: &Dataset,
+    seq: usize,
+    dst: &Arc<dyn Storage>,
+    lock: &dyn WriterLease,
+    reread: bool,
+    stats: &Stats,
+) -> Result<()> {
+    let record = &src.manifest().shards[seq];
+    let mut proven = prove(src, dst, record, reread, stats);
+    // A store refers what it finds to its copy unread: a copy damaged at rest is what
+    // landed. Sent once more, with what the store finds checked first.
+    if matches!(&proven, Err(e) if e.is_damage()) && dst.check_copies_found() {
+        still_held(lock, dst)?;
+        dst.delete(&record.file)?;
+        send_shard(src, seq, dst, stats, &|_| {})?;
+        proven = prove(src, dst, record, reread, stats);
+    }
+    if let Err(e) = proven {
+        // What landed is not what was sent: never to be taken for the shard (a rerun
+        // without --reread would check only its index). Deleted only while the destination
+        // is still this copy's: else the object there may be the copy's that took it over.
+        // Where the lease was lost, that is what happened: the object there may be the
+        // other's, which is no damage and no reason to run again.
+        still_held(lock, dst)?;
+        let _ = dst.delete(&record.file);
+        return Err(e);
+    }
+    stats.shards_sent.fetch_add(1, Ordering::Relaxed);
+    stats.bytes_sent.fetch_add(record.bytes, Ordering::Relaxed);
+    Ok(())
+}
+
 /// Proves what landed: the shard opens at the destination against the manifest; with
 /// `reread`, it is checked as verify checks it (every chunk header and payload hash, every
 /// padding byte zero): the bytes the hash tree does not cover are zero and the others are
@@ -446,6 +498,7 @@ pub(crate) fn copy_listed_files(
 ) -> Result<Vec<String>> {
     let hash = |b: &[u8]| hex(blake3::hash(b).as_bytes());
     let mut copied = Vec::new();
+    let mut sent = Vec::new();
     for f in src.manifest().listed_files() {
         let want = f.blake3.to_ascii_lowercase();
         if !wanted(f.file) {
@@ -465,17 +518,7 @@ pub(crate) fn copy_listed_files(
         if there.as_ref().is_some_and(|b| hash(b) == want) {
             continue;
         }
-        let Some(bytes) = src.storage().read(f.file)? else {
-            return Err(source_changed(src, dst, f.file));
-        };
-        if hash(&bytes) != want || bytes.len() as u64 != f.bytes {
-            return Err(Error::SamplesTable {
-                path: src.storage().path(f.file),
-                detail: "it does not match its hash in the manifest; run `hspack reindex` on the \
-                         source, then copy again"
-                    .into(),
-            });
-        }
+        let bytes = read_listed(src, dst, f)?;
         // Put only where nothing is, or over the bytes just read there: a copy that stalled
         // past its lease never overwrites what the copy that took over wrote since.
         still_held(lock, dst)?;
@@ -484,29 +527,15 @@ pub(crate) fn copy_listed_files(
             Some(found) => dst.replace(f.file, &bytes, Some(blake3::hash(found)), true),
         }
         .map_err(|e| changed_meanwhile(e, dst))?;
-        let sound = |landed: Result<Option<Vec<u8>>>| match landed {
-            Ok(Some(b)) => Ok(hash(&b) == want),
-            Ok(None) => Ok(false),
-            Err(e) if e.is_damage() => Ok(false),
-            Err(e) => Err(e),
-        };
-        let mut landed = sound(dst.read(f.file))?;
-        // A store refers the bytes to a copy it holds, unread: one damaged or lost at rest is
-        // what landed. Put once more, with what the store finds checked first.
-        if !landed && dst.check_copies_found() {
-            still_held(lock, dst)?;
-            dst.delete(f.file)?;
-            dst.put_new(f.file, &bytes, true)
-                .map_err(|e| changed_meanwhile(e, dst))?;
-            landed = sound(dst.read(f.file))?;
-        }
-        if !landed {
-            return Err(Error::SamplesTable {
-                path: dst.path(f.file),
-                detail: "what landed does not match its hash; copy again".into(),
-            });
+        match dst.batches_new_files() {
+            // Read back once all are put, as shards are.
+            true => sent.push(f),
+            false => prove_put(src, dst, lock, f)?,
         }
         copied.push(f.file.to_string());
+    }
+    for f in sent {
+        prove_put(src, dst, lock, f)?;
     }
     Ok(copied)
 }
@@ -514,6 +543,57 @@ pub(crate) fn copy_listed_files(
 /// File `file` the source's manifest lists is gone. When the manifest there is another now, a
 /// writer committing to the source merged its segments since it was opened and removed those
 /// this copy was to send: the source changed, it is not damaged. Else the source lost it.
+/// Listed file `f` read from the source, checked against what the manifest records of it.
+fn read_listed(src: &Dataset, dst: &Arc<dyn Storage>, f: ListedFile<'_>) -> Result<Vec<u8>> {
+    let Some(bytes) = src.storage().read(f.file)? else {
+        return Err(source_changed(src, dst, f.file));
+    };
+    let hash = hex(blake3::hash(&bytes).as_bytes());
+    if hash != f.blake3.to_ascii_lowercase() || bytes.len() as u64 != f.bytes {
+        return Err(Error::SamplesTable {
+            path: src.storage().path(f.file),
+            detail: "it does not match its hash in the manifest; run `hspack reindex` on the \
+                     source, then copy again"
+                .into(),
+        });
+    }
+    Ok(bytes)
+}
+
+/// Proves listed file `f`, just put: it reads back as the manifest records it. A store refers
+/// the bytes to a copy it holds, unread: one damaged or lost at rest is what landed, so it is
+/// put once more (read from the source again), with what the store finds checked first.
+fn prove_put(
+    src: &Dataset,
+    dst: &Arc<dyn Storage>,
+    lock: &dyn WriterLease,
+    f: ListedFile<'_>,
+) -> Result<()> {
+    let want = f.blake3.to_ascii_lowercase();
+    let sound = |landed: Result<Option<Vec<u8>>>| match landed {
+        Ok(Some(b)) => Ok(hex(blake3::hash(&b).as_bytes()) == want),
+        Ok(None) => Ok(false),
+        Err(e) if e.is_damage() => Ok(false),
+        Err(e) => Err(e),
+    };
+    let mut landed = sound(dst.read(f.file))?;
+    if !landed && dst.check_copies_found() {
+        let bytes = read_listed(src, dst, f)?;
+        still_held(lock, dst)?;
+        dst.delete(f.file)?;
+        dst.put_new(f.file, &bytes, true)
+            .map_err(|e| changed_meanwhile(e, dst))?;
+        landed = sound(dst.read(f.file))?;
+    }
+    match landed {
+        true => Ok(()),
+        false => Err(Error::SamplesTable {
+            path: dst.path(f.file),
+            detail: "what landed does not match its hash; copy again".into(),
+        }),
+    }
+}
+
 fn source_changed(src: &Dataset, dst: &Arc<dyn Storage>, file: &str) -> Error {
     let path = src.storage().path(file);
     match src.storage().read(MANIFEST_FILE) {
