@@ -115,6 +115,56 @@ fn a_dataset_of_many_small_shards_is_stored_in_few_packs() {
     assert_eq!(digest(&store_dir.join("c")), digest(&src));
 }
 
+/// A sample met again after the pack holding its blobs filled and was indexed (an add of more
+/// than a pack's 64 MiB): its blobs are referenced, not stored twice.
+#[test]
+fn a_sample_repeated_after_a_pack_filled_is_stored_once() {
+    let t = tempfile::tempdir().unwrap();
+    let (src, store_dir) = (t.path().join("src"), t.path().join("store"));
+    let options = WriteOptions {
+        shard_samples: 1,
+        chunk_bytes: Some(1 << 20),
+        shard_bytes: 1 << 30,
+        ..small_options()
+    };
+    let mut w = DatasetWriter::create(&src, capture_schema(4096), options).unwrap();
+    let (a, b) = (
+        capture_sample(1, 2500, 4096),
+        capture_sample(100, 2500, 4096),
+    );
+    for (key, smp) in [("a", &a), ("b", &b), ("a-again", &a)] {
+        w.append(key, &as_fields(smp)).unwrap();
+    }
+    w.finish().unwrap();
+    let one: u64 = a.iter().map(|(_, v)| v.len() as u64).sum();
+    let store = Arc::new(Store::init(&store_dir).unwrap());
+    // One shard at a time, in order: `a` again comes once the pack `b` filled is indexed.
+    let dst = Arc::new(store.dataset("d").unwrap());
+    let options = hspack::transfer::CopyOptions {
+        jobs: 1,
+        ..Default::default()
+    };
+    let dst_storage: Arc<dyn hspack::io::Storage> = dst.clone();
+    hspack::transfer::copy(
+        &Dataset::open(&src).unwrap(),
+        &dst_storage,
+        &options,
+        &|_| {},
+    )
+    .unwrap();
+    let added = dst.added();
+    assert!(added.bytes_found >= one, "{added:?}, {one} bytes a sample");
+    assert!(
+        added.bytes_new < 2 * one + (1 << 20),
+        "{added:?}, {one} bytes a sample"
+    );
+    same_samples(
+        &Dataset::open(&src).unwrap(),
+        &Dataset::open(store_dir.join("d")).unwrap(),
+        |_| {},
+    );
+}
+
 /// A dataset of `n` samples, a shard each.
 fn write_small_shards(dir: &Path, n: u64) {
     let options = WriteOptions {

@@ -343,6 +343,9 @@ impl Ingest {
                 _index.check()?;
                 lock.check()
             })?;
+            // The blobs indexed are no longer among `new`: the index read again finds them, so
+            // a blob this ingest meets again is referenced, not stored twice.
+            self.index = self.store.index()?;
         }
         Ok(())
     }
