@@ -50,7 +50,7 @@ pub struct StoreDataset {
     /// finds a file's record here, not in the dataset's file decoded anew at each open (a
     /// dataset of 3000 shards took 34 s to verify). Read again for the manifest, which
     /// commits replace, for a name not here, and where a file does not open from its record.
-    committed_files: Arc<Mutex<Option<Arc<FileRecords>>>>,
+    committed_files: Arc<Mutex<KeptRecords>>,
     /// The process that opened the handle: only it writes through it (see
     /// [`StoreDataset::state`]).
     pid: u32,
@@ -58,6 +58,14 @@ pub struct StoreDataset {
 
 /// A dataset's files by name.
 type FileRecords = HashMap<String, FileRecord>;
+
+/// [`StoreDataset::committed_files`]: the records, and how many times they were kept, so that
+/// a read that began before another was kept does not replace that one with older records.
+#[derive(Debug, Default)]
+struct KeptRecords {
+    files: Option<Arc<FileRecords>>,
+    kept: u64,
+}
 
 #[derive(Debug, Default)]
 struct WriteState {
@@ -69,6 +77,9 @@ struct WriteState {
     /// Files added through the handle whose blobs `ingest` holds, not yet all published and
     /// indexed: a read of one publishes them first ([`StoreDataset::open_record`]).
     unflushed: std::collections::HashSet<String>,
+    /// Why a step of the ingest failed (a pack, an index run or `index.json` not published):
+    /// blobs of files added may then be in no index, so the handle commits nothing more.
+    broken: Option<String>,
     /// The shared hold of `gc.lock` from the first blob added or found until the dataset's
     /// file that references them is published.
     gc_hold: Option<StoreLock>,
@@ -131,7 +142,7 @@ impl StoreDataset {
             store,
             state: Arc::new(Mutex::new(WriteState::default())),
             index: Arc::new(Mutex::new(None)),
-            committed_files: Arc::new(Mutex::new(None)),
+            committed_files: Arc::new(Mutex::new(KeptRecords::default())),
             pid: std::process::id(),
         })
     }
@@ -204,8 +215,10 @@ impl StoreDataset {
         if let Some(record) = self.pending(|files| files.get(name).cloned()) {
             return Ok(record.map(|r| (r, false)));
         }
+        let (kept, count) = lock_for_an_instant(&self.committed_files)
+            .map(|k| (k.files.clone(), k.kept))
+            .unwrap_or((None, u64::MAX));
         if name != MANIFEST_FILE {
-            let kept = lock_for_an_instant(&self.committed_files).and_then(|f| f.clone());
             if let Some(record) = kept.and_then(|files| files.get(name).cloned()) {
                 return Ok(Some((record, true)));
             }
@@ -216,7 +229,10 @@ impl StoreDataset {
                 .unwrap_or_default(),
         );
         if let Some(mut kept) = lock_for_an_instant(&self.committed_files) {
-            *kept = Some(Arc::clone(&files));
+            if kept.kept == count {
+                kept.files = Some(Arc::clone(&files));
+                kept.kept += 1;
+            }
         }
         Ok(files.get(name).cloned().map(|r| (r, false)))
     }
@@ -235,7 +251,8 @@ impl StoreDataset {
                 Ok(t) => Ok(Some(t)),
                 Err(_) => {
                     if let Some(mut kept) = lock_for_an_instant(&self.committed_files) {
-                        *kept = None;
+                        kept.files = None;
+                        kept.kept += 1;
                     }
                     self.record(name)?.map(|r| f(&r)).transpose()
                 }
@@ -626,15 +643,25 @@ impl StoreDataset {
         }
         let shard = is_shard_file_name(name);
         let ingest = self.ingest(&mut st)?;
-        let record = ingest.put_file(name, file, &self.path(name), shard, handed)?;
         // Many files' blobs share a pack, and are indexed once per pack filled (a rerun of an
         // add killed later finds them); the open pack is published when the commit, or a
         // read of this handle, needs it (`open_record`). The dataset's file, which others
         // read, waits for the commit.
-        if ingest.has_unindexed_packs() {
-            ingest.index_published()?;
-            self.forget_index();
-        }
+        let put = ingest
+            .put_file(name, file, &self.path(name), shard, handed)
+            .and_then(|record| match ingest.has_unindexed_packs() {
+                true => ingest.index_published().map(|()| (record, true)),
+                false => Ok((record, false)),
+            });
+        let record = match put {
+            Ok((record, indexed)) => {
+                if indexed {
+                    self.forget_index();
+                }
+                record
+            }
+            Err(e) => return Err(failed_ingest(&mut st, e)),
+        };
         st.unflushed.insert(name.into());
         let restored = st.deleted.remove(name);
         let files = st.files.as_mut().expect("loaded");
@@ -659,20 +686,14 @@ impl StoreDataset {
     }
 
     /// Publishes the blobs added so far (packs and an index run), keeping the hold of
-    /// `gc.lock` until the commit. Where that fails, the files added whose blobs it held are
-    /// dropped (as a file deleted before its commit is): no commit may list them.
+    /// `gc.lock` until the commit.
     fn flush_blobs(&self, st: &mut WriteState) -> Result<()> {
         if let Some(ingest) = st.ingest.take() {
-            let added = std::mem::take(&mut st.unflushed);
             let (stats, held) = match ingest.commit() {
                 Ok(done) => done,
-                Err(e) => {
-                    if let Some(files) = st.files.as_mut() {
-                        files.retain(|name, _| !added.contains(name));
-                    }
-                    return Err(e);
-                }
+                Err(e) => return Err(failed_ingest(st, e)),
             };
+            st.unflushed.clear();
             st.added.add(&stats);
             st.gc_hold.get_or_insert(held);
             self.forget_index();
@@ -689,6 +710,16 @@ impl StoreDataset {
 
     /// Publishes the pending blobs, then the dataset's file.
     fn commit(&self, st: &mut WriteState, durable: bool) -> Result<()> {
+        if let Some(why) = &st.broken {
+            return Err(Error::Store {
+                path: self.path.clone(),
+                detail: format!(
+                    "an earlier write through this handle failed ({why}), so what it added \
+                     may not all be stored: it publishes nothing more. Run again (what was \
+                     committed before stays)"
+                ),
+            });
+        }
         self.flush_blobs(st)?;
         let mut snap = Snapshot::new(&self.name);
         snap.files = st
@@ -731,6 +762,20 @@ impl StoreDataset {
     }
 }
 
+/// `e`, the failure of a step of the handle's ingest: a pack it filled may be unpublished, or
+/// its blobs in no index, and the blobs of files added before may be among them. The ingest
+/// is let go with those files, and the handle commits nothing more
+/// ([`WriteState::broken`]): no dataset's file may list a blob the index lacks.
+fn failed_ingest(st: &mut WriteState, e: Error) -> Error {
+    st.ingest = None;
+    let added = std::mem::take(&mut st.unflushed);
+    if let Some(files) = st.files.as_mut() {
+        files.retain(|name, _| !added.contains(name));
+    }
+    st.broken.get_or_insert_with(|| e.to_string());
+    e
+}
+
 /// A file being written for a stored dataset, in the store's staging folder.
 #[derive(Debug)]
 struct StagedFile {
@@ -765,7 +810,9 @@ impl NewFile for StagedFile {
     /// it); the staged file keeps a hole there.
     fn write_payload(&mut self, offset: u64, bytes: &[u8], hash: &[u8; 32]) -> Result<()> {
         let mut st = self.owner.state()?;
-        self.owner.ingest(&mut st)?.put(*hash, bytes, false)?;
+        if let Err(e) = self.owner.ingest(&mut st)?.put(*hash, bytes, false) {
+            return Err(failed_ingest(&mut st, e));
+        }
         if self.handed.is_empty() {
             st.handing += 1;
         }
@@ -1060,5 +1107,50 @@ mod tests {
         assert!(err.contains("d.json"), "{err}");
         std::fs::write(&file, sound).unwrap();
         assert!(ds.read(MANIFEST_FILE).unwrap().is_some());
+    }
+
+    /// A pack or index run that fails to publish may leave the blobs of files added before it
+    /// in no index: the handle commits nothing more, so no dataset's file lists such a blob.
+    #[test]
+    fn a_handle_whose_blobs_failed_to_publish_commits_nothing_more() {
+        use crate::io::{Faults, MemoryStorage};
+        let t = tempfile::tempdir().unwrap();
+        let meta = MemoryStorage::new("meta");
+        let [packs, datasets, captures] =
+            ["packs", "datasets", "captures"].map(|f| meta.sibling(f));
+        std::fs::create_dir_all(t.path().join("locks")).unwrap();
+        let parts = super::super::StoreParts {
+            meta: Arc::new(meta.clone()),
+            packs: Arc::new(packs),
+            datasets: Arc::new(datasets),
+            captures: Arc::new(captures),
+            staging: Arc::new(LocalStorage::new(t.path().join("staging"))),
+            locks: super::super::locks::Locks::Folder(t.path().join("locks")),
+        };
+        let store = Arc::new(Store::init_parts(Path::new("memory://s"), parts, [3; 16]).unwrap());
+        let ds = StoreDataset::new(Arc::clone(&store), "d").unwrap();
+        ds.put_new("samples-000000.parquet", b"added, not indexed", true)
+            .unwrap();
+        meta.set_faults(Faults {
+            failing_publishes_of: Some("index".into()),
+            ..Faults::default()
+        });
+        // Reading it back publishes its pack, then fails to index it.
+        assert!(ds.read("samples-000000.parquet").is_err());
+        meta.set_faults(Faults::default());
+        let refused = ds
+            .put_new(MANIFEST_FILE, b"{}", true)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            refused.contains("an earlier write through this handle failed"),
+            "{refused}"
+        );
+        assert!(store.snapshot("d").unwrap().is_none());
+        // A handle opened anew writes.
+        drop(ds);
+        let again = StoreDataset::new(Arc::clone(&store), "d").unwrap();
+        again.put_new(MANIFEST_FILE, b"{}", true).unwrap();
+        assert_eq!(store.names().unwrap(), ["d"]);
     }
 }

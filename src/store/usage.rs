@@ -325,6 +325,7 @@ pub fn check(store: &Arc<Store>) -> Result<StoreCheck> {
             // Every blob of it stored again elsewhere (a repair sent what it held): as for a
             // damaged copy above, no read finds this pack, and a collection drops it.
             if held.is_empty() {
+                c.packs += 1;
                 continue;
             }
             // A pack whose table is damaged may still hold sound blobs where the index says:

@@ -540,9 +540,6 @@ pub(crate) fn copy_listed_files(
     Ok(copied)
 }
 
-/// File `file` the source's manifest lists is gone. When the manifest there is another now, a
-/// writer committing to the source merged its segments since it was opened and removed those
-/// this copy was to send: the source changed, it is not damaged. Else the source lost it.
 /// Listed file `f` read from the source, checked against what the manifest records of it.
 fn read_listed(src: &Dataset, dst: &Arc<dyn Storage>, f: ListedFile<'_>) -> Result<Vec<u8>> {
     let Some(bytes) = src.storage().read(f.file)? else {
@@ -594,6 +591,9 @@ fn prove_put(
     }
 }
 
+/// File `file` the source's manifest lists is gone. When the manifest there is another now, a
+/// writer committing to the source merged its segments since it was opened and removed those
+/// this copy was to send: the source changed, it is not damaged. Else the source lost it.
 fn source_changed(src: &Dataset, dst: &Arc<dyn Storage>, file: &str) -> Error {
     let path = src.storage().path(file);
     match src.storage().read(MANIFEST_FILE) {
