@@ -896,9 +896,7 @@ fn a_dataset_removed_under_a_reader_is_said_so() {
     let (dir, _) = dataset(Codec::None);
     let ds = Dataset::open(dir.path()).unwrap();
     ds.sample(0).unwrap();
-    for entry in std::fs::read_dir(dir.path()).unwrap() {
-        std::fs::remove_file(entry.unwrap().path()).unwrap();
-    }
+    remove_every_file(dir.path());
     let e = ds.sample(ds.len() - 1).unwrap_err();
     assert!(matches!(e, Error::DatasetRemoved { .. }), "{e:?}");
     assert!(
@@ -920,9 +918,7 @@ fn a_dataset_removed_or_rewritten_under_verify_is_said_so_and_is_no_damage() {
     let removed = std::sync::Once::new();
     let remove = |_| {
         removed.call_once(|| {
-            for entry in std::fs::read_dir(dir.path()).unwrap() {
-                std::fs::remove_file(entry.unwrap().path()).unwrap();
-            }
+            remove_every_file(dir.path());
         })
     };
     let said = |report: &hspack::verify::Report| -> Vec<String> {
@@ -941,9 +937,7 @@ fn a_dataset_removed_or_rewritten_under_verify_is_said_so_and_is_no_damage() {
     let rewritten = std::sync::Once::new();
     let rewrite = |_| {
         rewritten.call_once(|| {
-            for entry in std::fs::read_dir(dir.path()).unwrap() {
-                std::fs::remove_file(entry.unwrap().path()).unwrap();
-            }
+            remove_every_file(dir.path());
             let mut w = DatasetWriter::create(
                 dir.path(),
                 capture_schema(HIDDEN as u64),
@@ -963,4 +957,11 @@ fn a_dataset_removed_or_rewritten_under_verify_is_said_so_and_is_no_damage() {
         said(&report)
     );
     assert!(!report.problems[0].is_damage());
+}
+
+/// Removes the files of folder `dir`, as a user removing a dataset does.
+fn remove_every_file(dir: &Path) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        std::fs::remove_file(entry.unwrap().path()).unwrap();
+    }
 }
