@@ -1,6 +1,7 @@
 //! Adding blobs to a store: what is there is found by id and referenced, what is new goes
-//! into a pack; the commit publishes the packs, then one index run for them, then (the
-//! caller) the dataset that references them, all under the shared hold of `gc.lock`.
+//! into a pack; each pack, once full or at the commit, is published, then an index run for
+//! its blobs; then (the caller) the dataset that references them, all under the shared hold
+//! of `gc.lock`.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
@@ -182,6 +183,8 @@ impl Ingest {
                 self.new.insert(blob.id, Location { pack, blob });
             }
             self.open.clear();
+            // Indexed at once: a rerun of an add killed later finds them.
+            self.index_new()?;
         }
         Ok(())
     }
@@ -299,20 +302,12 @@ impl Ingest {
     /// hold of `gc.lock`: publish what references the blobs, then drop it.
     pub fn commit(mut self) -> Result<(IngestStats, StoreLock)> {
         self.close_pack()?;
-        self.index_published()?;
         Ok((self.stats, self.lock))
     }
 
-    /// True when packs this ingest filled are published and their blobs not indexed yet:
-    /// an add killed now would leave them for a collection, and its rerun would store them
-    /// again. [`Ingest::index_published`] indexes them and keeps the open pack open.
-    pub fn has_unindexed_packs(&self) -> bool {
-        !self.new.is_empty()
-    }
-
-    /// Writes an index run for the blobs of the packs published so far, and adds it to
-    /// `index.json` (merging runs where 8 share a level). The open pack stays open.
-    pub fn index_published(&mut self) -> Result<()> {
+    /// Writes an index run for the blobs of the pack just published, and adds it to
+    /// `index.json` (merging runs where 8 share a level).
+    fn index_new(&mut self) -> Result<()> {
         if !self.new.is_empty() {
             let mut packs: Vec<[u8; 16]> = self.new.values().map(|l| l.pack).collect();
             packs.sort();

@@ -643,23 +643,11 @@ impl StoreDataset {
         }
         let shard = is_shard_file_name(name);
         let ingest = self.ingest(&mut st)?;
-        // Many files' blobs share a pack, and are indexed once per pack filled (a rerun of an
-        // add killed later finds them); the open pack is published when the commit, or a
-        // read of this handle, needs it (`open_record`). The dataset's file, which others
-        // read, waits for the commit.
-        let put = ingest
-            .put_file(name, file, &self.path(name), shard, handed)
-            .and_then(|record| match ingest.has_unindexed_packs() {
-                true => ingest.index_published().map(|()| (record, true)),
-                false => Ok((record, false)),
-            });
-        let record = match put {
-            Ok((record, indexed)) => {
-                if indexed {
-                    self.forget_index();
-                }
-                record
-            }
+        // Many files' blobs share a pack, indexed as it fills (`Ingest::put`); the open pack
+        // is published when the commit, or a read of this handle, needs it (`open_record`).
+        // The dataset's file, which others read, waits for the commit.
+        let record = match ingest.put_file(name, file, &self.path(name), shard, handed) {
+            Ok(record) => record,
             Err(e) => return Err(failed_ingest(&mut st, e)),
         };
         st.unflushed.insert(name.into());

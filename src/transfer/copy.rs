@@ -6,11 +6,11 @@
 //! opened again at the destination (size, footer, header, index hash against the manifest)
 //! and, unless `reread` is off, every chunk read back and hashed (as it lands; into a store,
 //! which packs the blobs of many files together, once a group of shards is sent). The samples
-//! table is copied and checked against its hash. The manifest goes last: until it is published the destination
-//! is not a dataset, so an interrupted copy is never taken for one, and a rerun sends only
-//! the shards that are not already there, whole and right (each one found read back, whatever
-//! `reread` says). A copy holds the destination's
-//! writer lock throughout, so a writer or another copy there is refused, not raced.
+//! table is copied and checked against its hash. The manifest goes last: until it is
+//! published the destination is not a dataset, so an interrupted copy is never taken for one,
+//! and a rerun sends only the shards that are not already there, whole and right (each one
+//! found read back, whatever `reread` says). A copy holds the destination's writer lock
+//! throughout, so a writer or another copy there is refused, not raced.
 
 use std::collections::HashSet;
 use std::ops::Range;
@@ -499,6 +499,7 @@ pub(crate) fn copy_listed_files(
     let hash = |b: &[u8]| hex(blake3::hash(b).as_bytes());
     let mut copied = Vec::new();
     let mut sent = Vec::new();
+    let batched = dst.batches_new_files();
     for f in src.manifest().listed_files() {
         let want = f.blake3.to_ascii_lowercase();
         if !wanted(f.file) {
@@ -527,7 +528,7 @@ pub(crate) fn copy_listed_files(
             Some(found) => dst.replace(f.file, &bytes, Some(blake3::hash(found)), true),
         }
         .map_err(|e| changed_meanwhile(e, dst))?;
-        match dst.batches_new_files() {
+        match batched {
             // Read back once all are put, as shards are.
             true => sent.push(f),
             false => prove_put(src, dst, lock, f)?,
