@@ -1413,6 +1413,8 @@ fn stores_in_s3(local: &str, tmp: &Path) {
         );
         same_samples(&src, &Dataset::open(format!("{url}/b")).unwrap(), |_| {});
     }
+    a_revoked_store_hold_is_a_lost_lease(&store, url);
+
     // Run again, the add completes; its dataset exports with the source's digest.
     let add = hspack_cli(&["store", "add", url, big, "--name", "hung"]);
     assert!(add.status.success(), "{}", said(&add));
@@ -1506,6 +1508,44 @@ fn stores_in_s3(local: &str, tmp: &Path) {
     let r = gc::collect(&store, true).unwrap();
     assert!(r.packs_rewritten > 0, "{r:?}");
     same_samples(&src, &reader, |_| {});
+}
+
+/// A copy into a store reads its lease again before each change and when what it sent does
+/// not read back. Where a collection revoked the add's hold of `gc.lock` (the add hung past
+/// its life) and removed its blobs, that lease is lost, though the dataset's own lock is not:
+/// the add says its lease expired, not that the store lost blobs (as the woken add above
+/// sometimes did).
+fn a_revoked_store_hold_is_a_lost_lease(store: &Arc<hspack::store::Store>, url: &str) {
+    let ds: Arc<dyn Storage> = Arc::new(store.dataset("revoked").unwrap());
+    let lease = ds.lock().unwrap();
+    lease.confirm().unwrap();
+    let before = leases(url, "add-");
+    ds.put_new("notes.txt", b"held until the commit", true)
+        .unwrap();
+    let held: Vec<String> = leases(url, "add-")
+        .into_iter()
+        .filter(|n| !before.contains(n))
+        .collect();
+    assert_eq!(held.len(), 1, "{held:?}");
+    lease.confirm().unwrap();
+    // Revoked, as a collection revokes a lease that expired.
+    let locks = open_location(format!("{url}/locks")).unwrap();
+    let text = locks.read(&held[0]).unwrap().unwrap();
+    let mut revoked: serde_json::Value = serde_json::from_slice(&text).unwrap();
+    revoked["revoked_unix_ms"] = serde_json::json!(1);
+    let revoked = serde_json::to_vec(&revoked).unwrap();
+    locks
+        .replace(&held[0], &revoked, Some(blake3::hash(&text)), true)
+        .unwrap();
+    let err = lease.confirm().unwrap_err().to_string();
+    assert!(
+        err.contains("lease on the store expired") && !err.contains("lost"),
+        "{err}"
+    );
+    let commit = ds.put_new(hspack::format::manifest::MANIFEST_FILE, b"{}", true);
+    let err = commit.unwrap_err().to_string();
+    assert!(err.contains("lease on the store expired"), "{err}");
+    assert!(store.snapshot("revoked").unwrap().is_none());
 }
 
 /// A server that sends no ETag (a static file host), and an object written again in place

@@ -58,7 +58,7 @@ pub struct Ingest {
     new: BTreeMap<[u8; 32], Location>,
     /// What was stored and found so far.
     pub stats: IngestStats,
-    lock: StoreLock,
+    lock: Arc<StoreLock>,
     /// Whether a blob found in the index is read and checked before it is referenced
     /// ([`Ingest::check_found`]).
     check_found: bool,
@@ -105,7 +105,7 @@ impl Ingest {
             open: HashSet::new(),
             new: BTreeMap::new(),
             stats: IngestStats::default(),
-            lock,
+            lock: Arc::new(lock),
             check_found: false,
             found_sound: HashSet::new(),
         })
@@ -297,10 +297,16 @@ impl Ingest {
         })
     }
 
+    /// The shared hold of `gc.lock` this ingest took: a writer reads it again to learn
+    /// whether a collection revoked it.
+    pub fn hold(&self) -> Arc<StoreLock> {
+        Arc::clone(&self.lock)
+    }
+
     /// Publishes the last pack and an index run for the new blobs, and adds the run to
     /// `index.json` (merging runs where 8 share a level). Returns the stats and the shared
     /// hold of `gc.lock`: publish what references the blobs, then drop it.
-    pub fn commit(mut self) -> Result<(IngestStats, StoreLock)> {
+    pub fn commit(mut self) -> Result<(IngestStats, Arc<StoreLock>)> {
         self.close_pack()?;
         Ok((self.stats, self.lock))
     }

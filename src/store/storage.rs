@@ -80,10 +80,8 @@ struct WriteState {
     /// Why a step of the ingest failed (a pack, an index run or `index.json` not published):
     /// blobs of files added may then be in no index, so the handle commits nothing more.
     broken: Option<String>,
-    /// The shared hold of `gc.lock` from the first blob added or found until the dataset's
-    /// file that references them is published.
-    gc_hold: Option<StoreLock>,
-    lock: Option<StoreLock>,
+    /// The dataset's lock, and the hold of `gc.lock`.
+    holds: Holds,
     /// What the commits through this handle stored and found.
     added: super::IngestStats,
     /// Staged files that handed payloads to the store and are not published or abandoned:
@@ -97,6 +95,34 @@ struct WriteState {
     /// its name is committed at once (`hspack repair` sends a damaged file again and
     /// publishes no manifest, whose publish commits the other files).
     deleted: std::collections::HashSet<String>,
+}
+
+/// The locks a writing handle holds. Shared with the handle's [`DatasetLease`], which reads
+/// them again without the handle's state lock.
+#[derive(Debug, Default, Clone)]
+struct Holds {
+    /// The dataset's lock, taken at the first write.
+    dataset: Option<Arc<StoreLock>>,
+    /// The shared hold of `gc.lock` from the first blob added or found until the dataset's
+    /// file that references them is published.
+    gc: Option<Arc<StoreLock>>,
+    /// The hold the open ingest took (beside `gc` where that is kept across commits).
+    ingest: Option<Arc<StoreLock>>,
+}
+
+impl Holds {
+    /// Fails when either lock is lost (read now): a lease that expired and was revoked or
+    /// taken over. A writer whose hold of `gc.lock` was revoked learns it so, not from the
+    /// blobs the collection removed meanwhile.
+    fn check(&self) -> Result<()> {
+        for lock in [&self.dataset, &self.gc, &self.ingest]
+            .into_iter()
+            .flatten()
+        {
+            lock.check()?;
+        }
+        Ok(())
+    }
 }
 
 impl StoreDataset {
@@ -320,9 +346,7 @@ impl StoreDataset {
             // A writer reading back what it added, whose hold a collection revoked (it hung
             // past its lease) and whose blobs it removed: that is the error to report.
             if let Ok(st) = self.state() {
-                if let Some(hold) = &st.gc_hold {
-                    hold.check()?;
-                }
+                st.holds.check()?;
             }
         }
         opened
@@ -567,23 +591,39 @@ impl FileReader for StoreFile {
     }
 }
 
-/// The lease of a stored dataset's writer: the dataset's lock, held by the handle.
+/// The lease of a stored dataset's writer: the dataset's lock and the hold of `gc.lock`,
+/// held by the handle.
 #[derive(Debug)]
 struct DatasetLease {
     pid: u32,
+    state: Arc<Mutex<WriteState>>,
 }
 
 impl WriterLease for DatasetLease {
     fn is_owner(&self) -> bool {
         self.pid == std::process::id()
     }
+
+    /// Reads the locks again (a lease can lapse unnoticed while its holder is stopped): a
+    /// copy asks before each step that changes the destination, and when what it sent does
+    /// not read back.
+    fn confirm(&self) -> Result<()> {
+        let holds = self
+            .state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .holds
+            .clone();
+        holds.check()
+    }
 }
 
 impl StoreDataset {
     /// Loads the files to write over, taking the dataset's lock.
     fn begin<'a>(&self, st: &'a mut WriteState) -> Result<&'a mut BTreeMap<String, FileRecord>> {
-        if st.lock.is_none() {
-            st.lock = Some(self.store.locks().dataset(self.store.root(), &self.name)?);
+        if st.holds.dataset.is_none() {
+            let lock = self.store.locks().dataset(self.store.root(), &self.name)?;
+            st.holds.dataset = Some(Arc::new(lock));
         }
         if st.files.is_none() {
             let found = self.store.snapshot(&self.name)?;
@@ -599,7 +639,7 @@ impl StoreDataset {
 
     fn ingest<'a>(&self, st: &'a mut WriteState) -> Result<&'a mut Ingest> {
         if st.ingest.is_none() {
-            let mut ingest = match st.gc_hold {
+            let mut ingest = match st.holds.gc {
                 // A collection waits for this writer's commit: it must not wait for one.
                 Some(_) => Ingest::beside_held(&self.store)?,
                 None => Ingest::new(&self.store)?,
@@ -607,6 +647,7 @@ impl StoreDataset {
             if st.check_found {
                 ingest.check_found();
             }
+            st.holds.ingest = Some(ingest.hold());
             st.ingest = Some(ingest);
         }
         Ok(st.ingest.as_mut().expect("started"))
@@ -683,7 +724,8 @@ impl StoreDataset {
             };
             st.unflushed.clear();
             st.added.add(&stats);
-            st.gc_hold.get_or_insert(held);
+            st.holds.ingest = None;
+            st.holds.gc.get_or_insert(held);
             self.forget_index();
         }
         Ok(())
@@ -723,12 +765,7 @@ impl StoreDataset {
         // An add that hung until a collection revoked its hold must not publish: the blobs
         // it found may be gone. That hold is read last, just before the put: the dataset's
         // lease guards against another writer, whom the compare-and-swap catches too.
-        if let Some(lock) = &st.lock {
-            lock.check()?;
-        }
-        if let Some(hold) = &st.gc_hold {
-            hold.check()?;
-        }
+        st.holds.check()?;
         let put = match st.snapshot_hash {
             Some(h) => datasets.replace(&file, &bytes, Some(h), durable),
             None => datasets.put_new(&file, &bytes, durable),
@@ -744,7 +781,7 @@ impl StoreDataset {
         }
         st.snapshot_hash = Some(hash);
         if st.handing == 0 {
-            st.gc_hold = None;
+            st.holds.gc = None;
         }
         Ok(())
     }
@@ -756,6 +793,7 @@ impl StoreDataset {
 /// ([`WriteState::broken`]): no dataset's file may list a blob the index lacks.
 fn failed_ingest(st: &mut WriteState, e: Error) -> Error {
     st.ingest = None;
+    st.holds.ingest = None;
     let added = std::mem::take(&mut st.unflushed);
     if let Some(files) = st.files.as_mut() {
         files.retain(|name, _| !added.contains(name));
@@ -943,12 +981,7 @@ impl Storage for StoreDataset {
                 true => {
                     // As a commit replaces it: while this handle holds the dataset, and only
                     // the file it last read or wrote.
-                    if let Some(lock) = &st.lock {
-                        lock.check()?;
-                    }
-                    if let Some(hold) = &st.gc_hold {
-                        hold.check()?;
-                    }
+                    st.holds.check()?;
                     let now = self.store.snapshot(&self.name)?.map(|(_, hash)| hash);
                     if now != st.snapshot_hash {
                         return Err(Error::CommitConflict {
@@ -1001,6 +1034,7 @@ impl Storage for StoreDataset {
         self.begin(&mut st)?;
         Ok(Box::new(DatasetLease {
             pid: std::process::id(),
+            state: Arc::clone(&self.state),
         }))
     }
 }
