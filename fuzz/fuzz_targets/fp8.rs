@@ -1,7 +1,8 @@
 #![no_main]
 //! FP8 payloads (FORMAT.md §4.1): any bytes as a chunk's stored form are decoded or refused,
-//! never a panic; any bytes as values are quantized (or refused when not finite), and what
-//! is quantized decodes, to values within FP8's error of the input.
+//! never a panic, and any range of the rows of one that decodes decodes to those rows of the
+//! whole (a range not within them is refused); any bytes as values are quantized (or refused
+//! when not finite), and what is quantized decodes, to values within FP8's error of the input.
 
 use hspack::format::codec::EncodeFailure;
 use hspack::format::{fp8, Codec, DType, Elements};
@@ -29,6 +30,7 @@ fuzz_target!(|data: &[u8]| {
                 fp8::stored_len(rows, row_elems as u64, group as u64),
                 Some(rest.len() as u64)
             );
+            row_ranges(rest, &out, rows as usize, elements);
         }
     }
     // As values: whole rows of them.
@@ -71,3 +73,34 @@ fuzz_target!(|data: &[u8]| {
         }
     }
 });
+
+/// Ranges of the rows of `stored`, which decodes whole to `whole` (`rows` rows): each within
+/// them decodes to its part of `whole`, with its scales and codes; one not within is refused.
+fn row_ranges(stored: &[u8], whole: &[u8], rows: usize, el: Elements) {
+    let row_bytes = el.row_elems * el.dtype.size();
+    let chunk = fp8::Fp8Chunk::split(stored, rows * el.row_elems, el.row_elems, el.group)
+        .expect("it decoded whole");
+    let (all_scales, all_codes) = chunk.rows(0..rows).expect("it decoded whole");
+    let per_row = el.row_elems / el.group;
+    for (a, b) in [(0, rows), (1, rows), (rows / 2, rows), (0, rows / 2), (1, rows + 1), (rows, 0)] {
+        let within = a <= b && b <= rows;
+        let mut part = vec![0u8; b.saturating_sub(a) * row_bytes];
+        match chunk.dequantize_rows_into(a..b, &mut part, el.dtype) {
+            Ok(()) => assert_eq!(part, whole[a * row_bytes..b * row_bytes], "rows {a}..{b}"),
+            Err(_) => assert!(!within, "rows {a}..{b} of {rows} refused"),
+        }
+        match chunk.rows(a..b) {
+            Ok((scales, codes)) => {
+                assert!(within);
+                assert_eq!(scales, all_scales[a * per_row..b * per_row]);
+                assert_eq!(codes, &all_codes[a * el.row_elems..b * el.row_elems]);
+            }
+            Err(_) => assert!(!within, "rows {a}..{b} of {rows} refused"),
+        }
+    }
+    // Room for other rows than those asked is refused, not filled in part.
+    if rows > 0 {
+        let mut short = vec![0u8; rows * row_bytes - 1];
+        assert!(chunk.dequantize_rows_into(0..rows, &mut short, el.dtype).is_err());
+    }
+}

@@ -272,14 +272,22 @@ impl<'a> Fp8Chunk<'a> {
     /// checked: every scale finite and positive, no NaN code.
     pub fn rows(&self, rows: std::ops::Range<usize>) -> Result<(Vec<f32>, &'a [u8]), FormatError> {
         let per_row = self.row_elems / self.group;
-        let scales = &self.scales[rows.start * per_row * 4..rows.end * per_row * 4];
-        let codes = &self.codes[rows.start * self.row_elems..rows.end * self.row_elems];
         let invalid = |what, value: u64, rule: String| FormatError::Invalid {
             structure: "fp8 chunk payload",
             what,
             value,
             rule,
         };
+        let held = self.codes.len() / self.row_elems;
+        if rows.start > rows.end || rows.end > held {
+            return Err(invalid(
+                "last row asked",
+                rows.end as u64,
+                format!("a range of the chunk's {held} rows, not {rows:?}"),
+            ));
+        }
+        let scales = &self.scales[rows.start * per_row * 4..rows.end * per_row * 4];
+        let codes = &self.codes[rows.start * self.row_elems..rows.end * self.row_elems];
         let scales: Vec<f32> = scales
             .chunks_exact(4)
             .map(|s| f32::from_le_bytes(s.try_into().expect("4 bytes")))
@@ -372,9 +380,22 @@ impl<'a> Fp8Chunk<'a> {
         out: &mut [u8],
         dtype: DType,
     ) -> Result<(), FormatError> {
+        let size = dtype.size();
+        let want = rows.len() * self.row_elems * size;
+        if out.len() != want {
+            return Err(FormatError::Invalid {
+                structure: "fp8 chunk payload",
+                what: "bytes to decode into",
+                value: out.len() as u64,
+                rule: format!(
+                    "{want}: rows {rows:?} of {} {}",
+                    self.row_elems,
+                    dtype.name()
+                ),
+            });
+        }
         let (scales, codes) = self.rows(rows)?;
         let table = table();
-        let size = dtype.size();
         if self.group < LOOKUP_GROUP {
             let mut values = vec![0f32; self.group];
             for (g, (&scale, codes)) in scales
@@ -619,5 +640,38 @@ mod tests {
         assert!(dequantize_into(&bad_scale, &mut out, DType::F32, 2, 2).is_err());
         bad_scale[..4].copy_from_slice(&f32::NAN.to_le_bytes());
         assert!(dequantize_into(&bad_scale, &mut out, DType::F32, 2, 2).is_err());
+    }
+
+    /// A range of a chunk's rows decodes to those rows of the whole chunk; a range past its
+    /// rows, backwards, or into room of another size is refused (an index declaring more rows
+    /// than a chunk holds reached a slice out of bounds, a panic).
+    #[test]
+    fn a_range_of_rows_decodes_as_its_part_of_the_chunk_or_is_refused() {
+        let values: Vec<f32> = (0..3 * 4).map(|i| i as f32 - 5.5).collect();
+        let raw: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let stored = quantize(&raw, DType::F32, 4, 2).unwrap();
+        let mut whole = vec![0u8; raw.len()];
+        dequantize_into(&stored, &mut whole, DType::F32, 4, 2).unwrap();
+        let chunk = Fp8Chunk::split(&stored, 12, 4, 2).unwrap();
+        for (a, b) in [(0, 3), (1, 2), (2, 3), (1, 1)] {
+            let mut part = vec![0u8; (b - a) * 16];
+            chunk
+                .dequantize_rows_into(a..b, &mut part, DType::F32)
+                .unwrap();
+            assert_eq!(part, whole[a * 16..b * 16]);
+        }
+        for (a, b) in [(2, 4), (0, 9), (4, 5)] {
+            let mut part = vec![0u8; (b - a) * 16];
+            let err = chunk.dequantize_rows_into(a..b, &mut part, DType::F32);
+            assert!(err.unwrap_err().to_string().contains("3 rows"));
+            assert!(chunk.rows(a..b).is_err());
+        }
+        #[allow(clippy::reversed_empty_ranges)]
+        let backwards = 2..1;
+        assert!(chunk.rows(backwards).is_err());
+        let mut short = vec![0u8; 31];
+        assert!(chunk
+            .dequantize_rows_into(0..2, &mut short, DType::F32)
+            .is_err());
     }
 }
