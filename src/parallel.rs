@@ -16,6 +16,32 @@ use crate::per_process::PerProcess;
 
 static POOL: PerProcess<ThreadPool> = PerProcess::new();
 
+/// The most threads a `jobs` option starts (`--jobs` of convert, cp, sync): one is started
+/// for each, so a number past what a machine runs is refused, not tried.
+pub const MAX_JOBS: usize = 4096;
+
+/// What is wrong with `jobs` as a number of threads to start, if anything: it takes 1 to
+/// [`MAX_JOBS`].
+pub fn jobs_problem(jobs: usize) -> Option<String> {
+    (!(1..=MAX_JOBS).contains(&jobs)).then(|| {
+        format!(
+            "give 1 to {MAX_JOBS} (one thread is started for each; the cores here: {})",
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        )
+    })
+}
+
+/// `jobs` of option `option`, checked ([`jobs_problem`]).
+pub fn checked_jobs(option: &'static str, jobs: usize) -> crate::Result<usize> {
+    match jobs_problem(jobs) {
+        None => Ok(jobs),
+        Some(problem) => Err(crate::Error::BadOption {
+            option,
+            detail: format!("{jobs} threads: {problem}"),
+        }),
+    }
+}
+
 /// Bytes of work below which a section runs on the calling thread: waking the pool's threads
 /// (and their spinning while idle) costs more than they save on a sample of a few tokens.
 pub const WORTH_THE_POOL: u64 = 1 << 20;

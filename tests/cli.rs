@@ -163,6 +163,31 @@ fn cp_and_sync_onto_the_source_itself_are_refused() {
     assert!(hspack_in(&["verify", "a"], t.path()).status.success());
 }
 
+/// `--jobs` past what a machine runs is refused at once, before anything is made: one thread
+/// is started for each (`cp --jobs 10000` started thousands and ran for minutes), and 0 is
+/// refused, not taken for 1. (Convert's, the same rule: `convert_cmd.rs`.)
+#[test]
+fn a_number_of_jobs_a_machine_cannot_run_is_refused_before_anything_is_made() {
+    let (t, _b) = demo_copied();
+    for (verb, jobs) in [("cp", "0"), ("cp", "10000"), ("sync", "99999999999")] {
+        let o = hspack_in(&[verb, "a", "c", "--jobs", jobs], t.path());
+        assert_eq!(
+            o.status.code(),
+            Some(2),
+            "{verb} --jobs {jobs}: {}",
+            text(&o)
+        );
+        assert!(
+            stderr(&o).contains("give 1 to 4096"),
+            "{verb} --jobs {jobs}: {}",
+            text(&o)
+        );
+        assert!(!t.path().join("c").exists(), "{verb} --jobs {jobs}");
+    }
+    let o = hspack_in(&["cp", "a", "c", "--jobs", "3"], t.path());
+    assert!(o.status.success(), "{}", text(&o));
+}
+
 /// A dataset a newer hspack wrote (its manifest of a higher version, holding what this one
 /// cannot decode) is no damage: every command says to upgrade, exit 2, and none says to
 /// restore the manifest or calls the dataset damaged.

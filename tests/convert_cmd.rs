@@ -1797,9 +1797,10 @@ fn numbered_files_convert_in_natural_order_and_resume_in_it() {
     assert_eq!(keys_in_order(&ds), want);
 }
 
-/// Thread counts and shard sizes no machine has are refused before anything is read or made,
-/// naming the option and its limit (a count that overflowed divided by zero, one beyond what
-/// the system starts failed a thread spawn; a shard size that overflowed made 0-byte shards).
+/// Thread counts and shard sizes no machine has (and no thread) are refused before anything is
+/// read or made, naming the option and its limit (a count that overflowed divided by zero, one
+/// beyond what the system starts failed a thread spawn; a shard size that overflowed made
+/// 0-byte shards).
 #[test]
 fn jobs_and_shard_sizes_beyond_any_machine_are_refused_by_name() {
     let t = tempfile::tempdir().unwrap();
@@ -1807,8 +1808,9 @@ fn jobs_and_shard_sizes_beyond_any_machine_are_refused_by_name() {
     write_dumps(&src, 0..3);
     let ds = t.path().join("ds");
     for (flag, value, said) in [
-        ("--jobs", "4611686018427387904", "at most 4096"),
-        ("--jobs", "1000000", "at most 4096"),
+        ("--jobs", "4611686018427387904", "give 1 to 4096"),
+        ("--jobs", "1000000", "give 1 to 4096"),
+        ("--jobs", "0", "give 1 to 4096"),
         ("--shard-mib", "17592186044416", "at most 1048576"),
     ] {
         let o = hspack(&convert_args(&src, &ds, &[flag, value]));

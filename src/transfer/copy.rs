@@ -96,6 +96,7 @@ pub fn copy(
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<CopyReport> {
     let manifest = src.manifest();
+    let jobs = crate::parallel::checked_jobs("jobs", options.jobs)?;
     crate::store::refuse_root(&**dst)?;
     if super::same_place(src.dir(), dst.root()) {
         // Nothing would be sent, and the report would read as a copy made.
@@ -126,7 +127,7 @@ pub fn copy(
     let stats = Stats::default();
     let replaced = std::sync::Mutex::new(Vec::new());
     let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(options.jobs.max(1))
+        .num_threads(jobs)
         .build()
         .map_err(|e| Error::BadOption {
             option: "jobs",
@@ -186,7 +187,7 @@ pub fn copy(
             false => prove_sent(src, seq, dst, &*lock, options.reread, &stats).map(|()| None),
         }
     };
-    for group in shard_groups(manifest, batched, options.jobs) {
+    for group in shard_groups(manifest, batched, jobs) {
         let sent = pool.install(|| {
             group
                 .into_par_iter()

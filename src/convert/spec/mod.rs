@@ -13,6 +13,7 @@ use std::path::PathBuf;
 use std::str::FromStr;
 
 use crate::format::{CapturePoint, Codec, QuantizeSpec};
+use crate::parallel::jobs_problem;
 use crate::write::WriteOptions;
 
 use super::layout::{LayoutOptions, Preset};
@@ -130,8 +131,6 @@ fn default_fsync() -> bool {
     true
 }
 
-/// The most threads `--jobs` starts.
-pub const MAX_JOBS: u64 = 4096;
 /// The largest `--shard-mib` (1 TiB).
 pub const MAX_SHARD_MIB: u64 = 1 << 20;
 
@@ -231,6 +230,14 @@ pub enum SpecError {
         /// What the dataset lacks.
         why: &'static str,
     },
+    /// A `--jobs` of no thread, or of more than a machine runs.
+    #[error("--jobs {value} (`jobs` in a mapping file): {problem}")]
+    Jobs {
+        /// What was given.
+        value: usize,
+        /// What to give.
+        problem: String,
+    },
     /// A number option beyond what the job can use.
     #[error("{flag} {value} (`{key}` in a mapping file): must be at most {max} ({why})")]
     TooLarge {
@@ -298,6 +305,7 @@ impl SpecError {
             SpecError::LossyWithoutDelete => "delete_lossy_source",
             SpecError::NeedsLocalFile { option, .. } => option,
             SpecError::TooLarge { key, .. } => key,
+            SpecError::Jobs { .. } => "jobs",
             SpecError::SplitFileAlone | SpecError::SplitFileName { .. } => "split_by_file",
             SpecError::GroupBy { .. } => "group_by",
         }
@@ -411,14 +419,8 @@ impl ConvertSpec {
                 why: "a dataset's schema holds at most as many fields",
             });
         }
-        if let Some(jobs) = self.jobs.filter(|&j| j as u64 > MAX_JOBS) {
-            return Err(SpecError::TooLarge {
-                flag: "--jobs",
-                key: "jobs",
-                value: jobs as u64,
-                max: MAX_JOBS,
-                why: "one thread is started for each",
-            });
+        if let Some((value, problem)) = self.jobs.and_then(|j| Some((j, jobs_problem(j)?))) {
+            return Err(SpecError::Jobs { value, problem });
         }
         if self.shard_mib > MAX_SHARD_MIB {
             return Err(SpecError::TooLarge {

@@ -4,7 +4,7 @@ use crate::detach::detached;
 use hspack::transfer::{copy as copy_dataset, CopyMode, CopyOptions};
 use pyo3::prelude::*;
 
-use crate::errors::{bad_option, IntoPy};
+use crate::errors::IntoPy;
 
 /// Copies the dataset at `src` to `dst` (folders or URLs) and returns the report as JSON.
 #[pyfunction]
@@ -17,9 +17,6 @@ pub fn copy(
     reread: bool,
     jobs: usize,
 ) -> PyResult<String> {
-    if jobs == 0 {
-        return Err(bad_option("jobs", "must be at least 1"));
-    }
     let options = CopyOptions {
         mode: if sync { CopyMode::Sync } else { CopyMode::Copy },
         reread,
