@@ -163,6 +163,56 @@ fn cp_and_sync_onto_the_source_itself_are_refused() {
     assert!(hspack_in(&["verify", "a"], t.path()).status.success());
 }
 
+/// A copy into a folder inside its source, or around it, is refused before anything is
+/// made: it was made, and `verify` of the source then named the copy as a file not of the
+/// dataset (and `rm -r` of the source removed the copy).
+#[test]
+fn a_copy_inside_its_source_or_around_it_is_refused() {
+    let (t, _b) = demo_copied();
+    for (verb, src, dst, said) in [
+        ("cp", "a", "a/sub", "lies inside the source dataset"),
+        ("sync", "a", "./a/x/y", "lies inside the source dataset"),
+        (
+            "cp",
+            "a",
+            "a/../b/../a/sub",
+            "lies inside the source dataset",
+        ),
+    ] {
+        let o = hspack_in(&[verb, src, dst], t.path());
+        assert_eq!(o.status.code(), Some(2), "{verb} {src} {dst}: {}", text(&o));
+        assert!(
+            stderr(&o).contains(said),
+            "{verb} {src} {dst}: {}",
+            text(&o)
+        );
+    }
+    std::fs::create_dir(t.path().join("outer")).unwrap();
+    let o = hspack_in(&["cp", "a", "outer/in"], t.path());
+    assert!(o.status.success(), "{}", text(&o));
+    let o = hspack_in(&["cp", "outer/in", "outer"], t.path());
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        stderr(&o).contains("the source dataset lies inside it"),
+        "{}",
+        text(&o)
+    );
+    assert!(!t.path().join("outer/manifest.json").exists());
+    let v = hspack_in(&["verify", "a"], t.path());
+    assert!(
+        v.status.success() && !text(&v).contains("NOTE"),
+        "{}",
+        text(&v)
+    );
+    assert_eq!(
+        std::fs::read_dir(t.path().join("a"))
+            .unwrap()
+            .filter(|e| e.as_ref().unwrap().file_type().unwrap().is_dir())
+            .count(),
+        0
+    );
+}
+
 /// `--jobs` past what a machine runs is refused at once, before anything is made: one thread
 /// is started for each (`cp --jobs 10000` started thousands and ran for minutes), and 0 is
 /// refused, not taken for 1. (Convert's, the same rule: `convert_cmd.rs`.)

@@ -154,6 +154,21 @@ fn a_source_given_as_the_destination_is_refused() {
     write(&t.path().join("b"), "b", 3, HIDDEN);
     assert_refused(t.path(), &["a", "b"], "a/.", "one of the datasets to merge");
     assert_eq!(Dataset::open(t.path().join("a")).unwrap().len(), 4);
+    // Nor inside one of them, or around one: their files would lie among each other's.
+    assert_refused(
+        t.path(),
+        &["a", "b"],
+        "b/sub",
+        "lies inside the source dataset",
+    );
+    assert_refused(
+        t.path(),
+        &["a", "b"],
+        ".",
+        "the source dataset lies inside it",
+    );
+    assert!(!t.path().join("b/sub").exists());
+    assert!(!t.path().join("manifest.json").exists());
     // A store's dataset is no folder: the same one spelled otherwise is refused too (it was
     // taken for an interrupted merge into it, and the other source appended to it).
     let o = hspack_in(&["store", "init", "ST"], t.path());

@@ -107,6 +107,7 @@ pub fn copy(
                 .into(),
         });
     }
+    super::refuse_nested(src.dir(), dst.root())?;
     crate::write::destination::refuse_foreign_folder(&**dst)?;
     dst.create_root()?;
     // The destination's writer lock, held until the manifest is published: a writer there
@@ -127,7 +128,8 @@ pub fn copy(
     let stats = Stats::default();
     let replaced = std::sync::Mutex::new(Vec::new());
     let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(jobs)
+        // No more threads than shards to send.
+        .num_threads(jobs.min(manifest.shards.len()).max(1))
         .build()
         .map_err(|e| Error::BadOption {
             option: "jobs",

@@ -65,6 +65,9 @@ pub fn merge(
             ds.dir().display()
         )));
     }
+    for ds in sources {
+        super::refuse_nested(ds.dir(), dst.root())?;
+    }
     for ds in &sources[1..] {
         if ds.schema() != first.schema() {
             // "here" is this dataset's schema, "given" the first one's.

@@ -14,15 +14,41 @@ use std::path::{Path, PathBuf};
 /// the same URL up to repeated and trailing slashes. A job that reads one copy and writes
 /// another (repair, merge) refuses to be given one place twice.
 pub(crate) fn same_place(a: &Path, b: &Path) -> bool {
-    let resolved = |p: &Path| -> PathBuf {
-        let local = p.to_string_lossy();
-        let local = Path::new(local.strip_prefix("file://").unwrap_or(&local));
-        match crate::io::is_remote(p) {
-            true => p.components().collect(),
-            false => resolved_local(local),
-        }
-    };
     resolved(a) == resolved(b)
+}
+
+/// Refuses destination `dst` where it lies inside dataset `src`, or holds it in a folder of
+/// its own (places compared as [`same_place`] compares them): the one's files would lie among
+/// the other's, which `verify` then names as files not of the dataset, and removing the outer
+/// one would remove both.
+pub(crate) fn refuse_nested(src: &Path, dst: &Path) -> crate::Result<()> {
+    let (s, d) = (resolved(src), resolved(dst));
+    let detail = if d != s && d.starts_with(&s) {
+        "it lies inside the source dataset"
+    } else if d != s && s.starts_with(&d) {
+        "the source dataset lies inside it"
+    } else {
+        return Ok(());
+    };
+    Err(crate::Error::CopyRefused {
+        path: dst.to_path_buf(),
+        detail: format!(
+            "{detail} ({}): each one's files would lie among the other's, and removing the \
+             outer one would remove both; nothing was written: name a place apart from it",
+            src.display()
+        ),
+    })
+}
+
+/// `p` resolved: a folder through links, `.` and `..`; a URL up to repeated and trailing
+/// slashes.
+fn resolved(p: &Path) -> PathBuf {
+    let local = p.to_string_lossy();
+    let local = Path::new(local.strip_prefix("file://").unwrap_or(&local));
+    match crate::io::is_remote(p) {
+        true => p.components().collect(),
+        false => resolved_local(local),
+    }
 }
 
 /// `path` with the deepest part of it that exists resolved (links, `.` and `..`) and the rest
