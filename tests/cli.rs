@@ -733,6 +733,33 @@ fn files_under(dir: &Path) -> Vec<std::path::PathBuf> {
     out
 }
 
+/// An `--out` in a folder that is not there names that folder, not the temporary file that
+/// export writes first.
+#[test]
+fn export_into_a_folder_that_is_not_there_names_the_folder() {
+    let t = tempfile::tempdir().unwrap();
+    assert!(demo(t.path()).status.success());
+    let o = hspack_in(
+        &[
+            "export",
+            "ds",
+            "#0",
+            "--to",
+            "safetensors",
+            "--out",
+            "nofolder/x.safetensors",
+        ],
+        t.path(),
+    );
+    assert!(!o.status.success(), "{}", text(&o));
+    let e = stderr(&o);
+    assert!(
+        e.contains("there is no folder nofolder") && e.contains("mkdir -p") && !e.contains(".tmp"),
+        "{e}"
+    );
+    assert!(!t.path().join("nofolder").exists());
+}
+
 #[test]
 fn export_refuses_a_field_name_that_leaves_the_output_folder() {
     use hspack::format::manifest::{hex, MANIFEST_FILE};

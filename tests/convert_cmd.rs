@@ -1811,6 +1811,7 @@ fn jobs_and_shard_sizes_beyond_any_machine_are_refused_by_name() {
         ("--jobs", "4611686018427387904", "give 1 to 4096"),
         ("--jobs", "1000000", "give 1 to 4096"),
         ("--jobs", "0", "give 1 to 4096"),
+        ("--shard-mib", "0", "give 1 or more"),
         ("--shard-mib", "17592186044416", "at most 1048576"),
     ] {
         let o = hspack(&convert_args(&src, &ds, &[flag, value]));

@@ -134,7 +134,7 @@ fn a_shared_key_or_another_schema_is_refused_before_anything_is_written() {
         said.contains(&format!("[{HIDDEN}] (hidden state, layer"))
             && said.contains(&format!("[{}] (hidden state, layer", 2 * HIDDEN))
             && said.contains("only datasets of one schema")
-            // `wide` is the dataset the message names first: its schema is said first, "here".
+            // `wide` is the dataset the message names first: its schema is said first, "in it".
             && said.find(&format!("[{}] (hidden state", 2 * HIDDEN))
                 < said.find(&format!("[{HIDDEN}] (hidden state"))
             && !said.contains("new folder")

@@ -1100,16 +1100,31 @@ fn killed_copies_never_publish_a_partial_dataset(local: &str) {
     };
     forget_half(0);
     let mut killed = 0;
+    let mut said_gone = false;
     for round in 1..=20u64 {
         // Somewhere in the first 90% of a copy of half the shards.
         let at = 0.05 + 0.85 * ((round * 7919) % 101) as f64 / 100.0;
         let mut child = run();
         std::thread::sleep(whole.mul_f64(at / 2.0));
-        if child.try_wait().unwrap().is_none() {
+        let was_killed = child.try_wait().unwrap().is_none();
+        if was_killed {
             child.kill().unwrap();
             killed += 1;
         }
         child.wait().unwrap();
+        if was_killed && !said_gone && dst.read("manifest.json").unwrap().is_none() {
+            // Run again at once, the lease of the copy killed is live still: the refusal
+            // says that copy no longer runs, and when to run again (not "stop it").
+            let again = hspack_cli(&["cp", local, "s3://hspack-test/killed"]);
+            let why = said(&again);
+            if !again.status.success() {
+                assert!(
+                    why.contains("no longer runs") && why.contains("run again then"),
+                    "{why}"
+                );
+                said_gone = true;
+            }
+        }
         // A killed copy's lease on the destination stays until it expires (a minute): the
         // next copy is refused until then. Expired here, as a minute later.
         common::moto::expire_lease(&*dst, hspack::io::object_lease::LEASE_FILE, false);
@@ -1123,6 +1138,7 @@ fn killed_copies_never_publish_a_partial_dataset(local: &str) {
         killed >= 10,
         "only {killed} of 20 copies were killed mid-way"
     );
+    assert!(said_gone, "no copy run again after a kill was refused");
     let report = cp(local, "s3://hspack-test/killed", CopyMode::Copy).unwrap();
     assert_eq!(digest("s3://hspack-test/killed"), want);
     assert_eq!(report.shards_sent + report.shards_present, shards as u64);

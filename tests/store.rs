@@ -420,8 +420,40 @@ fn damage_in_a_pack_is_named_by_store_verify_and_by_verify() {
         "{}",
         text(&v)
     );
+    // It names the dataset and what mends it, and does not send the reader to itself.
+    assert!(
+        !text(&v).contains("run `hspack store verify`") && text(&v).contains("store/d"),
+        "{}",
+        text(&v)
+    );
     let d = hspack(&["verify", s(&store_dir.join("d"))]);
     assert_eq!(d.status.code(), Some(1), "{}", text(&d));
+}
+
+/// `store add` of another dataset under a name taken is refused saying so, with what to do
+/// (it said "choose an empty destination"); the dataset there stays.
+#[test]
+fn an_add_under_a_name_another_dataset_has_says_the_name_is_taken() {
+    let t = tempfile::tempdir().unwrap();
+    let store_dir = t.path().join("store");
+    let (a, b) = (t.path().join("a"), t.path().join("b"));
+    write_plain(&a, 3, 1);
+    // Another dataset (its own id, as every demo gets one).
+    let o = hspack(&["demo", "--out", s(&b), "--samples", "2", "--hidden", "64"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(hspack(&["store", "init", s(&store_dir)]).status.success());
+    let o = hspack(&["store", "add", s(&store_dir), s(&a), "--name", "x"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = hspack(&["store", "add", s(&store_dir), s(&b), "--name", "x"]);
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("another dataset named `x`")
+            && text(&o).contains("--name")
+            && text(&o).contains("hspack store rm"),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(Dataset::open(store_dir.join("x")).unwrap().len(), 3);
 }
 
 #[test]

@@ -170,6 +170,19 @@ fn publish(
     write: impl FnOnce(&Path) -> anyhow::Result<()>,
 ) -> anyhow::Result<()> {
     let name = path.file_name().context("the output path names no file")?;
+    let folder = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    if !folder.is_dir() {
+        anyhow::bail!(
+            "cannot write {}: there is no folder {}; make it first (`mkdir -p {}`), or choose \
+             another --out",
+            path.display(),
+            folder.display(),
+            folder.display()
+        );
+    }
     let mut tmp_name = name.to_os_string();
     tmp_name.push(format!(".hspack-export-{}.tmp", std::process::id()));
     let tmp = path.with_file_name(tmp_name);

@@ -207,7 +207,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                     u.logical_bytes as f64 / physical.max(1) as f64
                 );
                 println!(
-                    "saved: whole samples {}, shared row blocks {}, across datasets {}, compression {}",
+                    "saved: whole samples {}, shared row blocks {}, across datasets {}, compressing shard skeletons and small files {}",
                     human_bytes(u.saved_whole_samples),
                     human_bytes(u.saved_shared_rows),
                     human_bytes(u.saved_across_datasets),

@@ -733,8 +733,11 @@ impl<'o> Run<'o> {
                         })?;
                     }
                     if let Some(have) = existing.as_ref().filter(|&have| *have != schema) {
-                        let difference =
-                            crate::write::dataset_writer::describe_difference(have, &schema);
+                        let difference = crate::write::dataset_writer::describe_difference(
+                            have,
+                            &schema,
+                            ["in the dataset", "from this file"],
+                        );
                         others.push((first.clone(), u.key.clone(), difference));
                         continue;
                     }

@@ -539,7 +539,11 @@ fn bounds(
     let falls = bounds.windows(2).position(|w| w[1] < w[0]);
     let got = match (by, bounds.first(), bounds.last()) {
         (SplitBy::Lengths(_), ..) if falls.is_some() => {
-            Some(format!("length {} is negative", falls.unwrap_or_default()))
+            let at = falls.unwrap_or_default();
+            Some(format!(
+                "its length at position {at} is negative ({})",
+                bounds[at + 1].saturating_sub(bounds[at])
+            ))
         }
         (SplitBy::Lengths(_), _, Some(&sum)) if sum != rows as i64 => {
             Some(format!("its {} lengths add up to {sum}", bounds.len() - 1))
@@ -589,4 +593,23 @@ pub fn sample_rows<'a>(
             )
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A negative length is named by its position and its value (it said "length 1 is
+    /// negative", where 1 was the position).
+    #[test]
+    fn a_negative_length_is_named_by_its_position_and_value() {
+        let lens: Vec<u8> = [2i64, -1, 4].iter().flat_map(|v| v.to_le_bytes()).collect();
+        let by = SplitBy::Lengths("lens".into());
+        let err = bounds(&by, "lens", &lens, DType::I64, 5).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("its length at position 1 is negative (-1)"),
+            "{err}"
+        );
+    }
 }

@@ -393,11 +393,14 @@ fn holder_exited(t: &str) -> bool {
     let Some((pid, host)) = named.and_then(|r| r.split_once(" on ")) else {
         return false;
     };
+    pid.parse::<u32>().is_ok_and(|pid| exited_here(pid, host))
+}
+
+/// True when process `pid` of host `host` is of this host and no longer runs; false where
+/// this cannot be told (no `/proc`).
+pub(crate) fn exited_here(pid: u32, host: &str) -> bool {
     let proc = Path::new("/proc");
-    pid.parse::<u32>().is_ok()
-        && host == host_name()
-        && proc.join("self").exists()
-        && !proc.join(pid).exists()
+    host == host_name() && proc.join("self").exists() && !proc.join(pid.to_string()).exists()
 }
 
 pub(crate) fn host_name() -> String {

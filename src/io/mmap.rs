@@ -104,6 +104,13 @@ pub fn explain_write_faults() {
     written::install();
 }
 
+/// [`explain_write_faults`] again, where another handler replaced it since (a PyTorch
+/// DataLoader worker's): a worker reading a shard cut short then says which file, not that
+/// shared memory ran out. Does nothing where it was never installed.
+pub fn explain_faults_again() {
+    written::reinstall();
+}
+
 /// The mappings a write fault is checked against, and the handler that checks.
 mod written {
     use std::path::Path;
@@ -163,15 +170,47 @@ mod written {
         ENDS[slot].store(0, Ordering::Release);
     }
 
+    /// The disposition that runs [`on_fault`].
+    fn ours() -> libc::sigaction {
+        // SAFETY: a zeroed `sigaction` is a valid value, filled in before use.
+        let mut ours: libc::sigaction = unsafe { std::mem::zeroed() };
+        ours.sa_sigaction = on_fault as *const () as usize;
+        ours.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
+        // SAFETY: `sigemptyset` of a live structure.
+        unsafe { libc::sigemptyset(&mut ours.sa_mask) };
+        ours
+    }
+
+    /// Installs the handler again where another replaced it since [`install`] (PyTorch's
+    /// DataLoader workers install their own for `SIGBUS` and `SIGSEGV`, which blames shared
+    /// memory and names no file): the disposition found becomes the one put back.
+    pub(super) fn reinstall() {
+        if !ON.load(Ordering::Acquire) {
+            return;
+        }
+        let ours = ours();
+        for (signal, slot) in [(libc::SIGSEGV, &PREVIOUS), (libc::SIGBUS, &PREVIOUS_BUS)] {
+            // SAFETY: plain `sigaction` calls with a zeroed, then filled, structure; the
+            // disposition found is kept (leaked: the handler may be reading the one before).
+            unsafe {
+                let mut now: libc::sigaction = std::mem::zeroed();
+                if libc::sigaction(signal, std::ptr::null(), &mut now) != 0
+                    || now.sa_sigaction == ours.sa_sigaction
+                {
+                    continue;
+                }
+                slot.store(Box::into_raw(Box::new(now)), Ordering::Release);
+                libc::sigaction(signal, &ours, std::ptr::null_mut());
+            }
+        }
+    }
+
     pub(super) fn install() {
         INSTALL.call_once(|| {
+            let ours = ours();
             // SAFETY: plain `sigaction` calls with zeroed, then filled, structures; the old
             // dispositions are kept (leaked) for the handler to put back.
             unsafe {
-                let mut ours: libc::sigaction = std::mem::zeroed();
-                ours.sa_sigaction = on_fault as *const () as usize;
-                ours.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
-                libc::sigemptyset(&mut ours.sa_mask);
                 let mut on = false;
                 for (signal, slot) in [(libc::SIGSEGV, &PREVIOUS), (libc::SIGBUS, &PREVIOUS_BUS)] {
                     let previous = Box::into_raw(Box::new(std::mem::zeroed::<libc::sigaction>()));

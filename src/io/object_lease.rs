@@ -77,19 +77,28 @@ impl LeaseText {
 
     /// Who holds it, for [`Error::Locked`].
     fn holder(&self, storage: &ObjectStorage, file: &str) -> Error {
-        Error::Locked {
-            path: storage.root().to_path_buf(),
-            holder: format!(
-                "pid {} on {}, by its lease {file}, which expires in {:.0} s unless that \
+        let expires = self.expires_unix_ms.saturating_sub(now_ms()) as f64 / 1000.0;
+        let holder = match crate::io::lock::exited_here(self.pid, &self.host) {
+            // Interrupted or killed: its lease stays until it expires (nothing released it).
+            true => format!(
+                "pid {} on {}, which no longer runs (it was interrupted or killed before it \
+                 let go): its lease {file} expires in {expires:.0} s; run again then",
+                self.pid, self.host,
+            ),
+            false => format!(
+                "pid {} on {}, by its lease {file}, which expires in {expires:.0} s unless that \
                  writer renews it{}",
                 self.pid,
                 self.host,
-                self.expires_unix_ms.saturating_sub(now_ms()) as f64 / 1000.0,
                 match self.shared {
                     true => " (a writer sharing the dataset, committing)",
                     false => "",
                 }
             ),
+        };
+        Error::Locked {
+            path: storage.root().to_path_buf(),
+            holder,
         }
     }
 }

@@ -104,8 +104,8 @@ fn not_a_dataset(root: &Path) -> Error {
                  else give the dataset's folder (the one holding manifest.json)"
             ),
             false => format!(
-                "it is a file; give the dataset's folder (the one holding manifest.json: \
-                 {folder}?)"
+                "it is a file; give the dataset's folder, the one holding manifest.json \
+                 (`{folder}`, this file's folder, if it is one)"
             ),
         }
     } else if local && holds_shards(root) {

@@ -362,6 +362,10 @@ pub fn open_location(location: impl AsRef<Path>) -> Result<Arc<dyn Storage>> {
     }
 }
 
+/// What a reader of a stored file that does not read is told to do (`store verify` names the
+/// datasets that lost blobs, and what mends them).
+pub(crate) const RUN_STORE_VERIFY: &str = "run `hspack store verify`";
+
 impl Store {
     /// Makes a new store in `dir`, a folder (created if missing) or an object-store URL
     /// (`s3://bucket/prefix`); refused where a store or a dataset is.
@@ -763,7 +767,7 @@ impl Store {
         Error::StoreDamage {
             path: self.packs.path(&pack::pack_name(&at.pack)),
             detail: format!(
-                "blob {} at byte {} {what}: the pack is damaged; run `hspack store verify`",
+                "blob {} at byte {} {what}: the pack is damaged; {RUN_STORE_VERIFY}",
                 hex(&at.blob.id),
                 at.blob.offset
             ),

@@ -23,7 +23,7 @@ use super::locks::StoreLock;
 use super::pack::BlobCodec;
 use super::skeleton::{map_skeleton, Piece, ShardMap};
 use super::snapshot::{blob_id, snapshot_file, FileRecord, Snapshot};
-use super::Store;
+use super::{Store, RUN_STORE_VERIFY};
 
 /// Between the dataset's name and the rest of a staged file's name (no dataset name holds it).
 pub const STAGED_SEPARATOR: char = '+';
@@ -306,7 +306,7 @@ impl StoreDataset {
                 path: self.path(name),
                 detail: format!(
                     "the store records {} bytes for it, more than the {max} it may hold: the \
-                     store's record of the dataset is damaged; run `hspack store verify`",
+                     store's record of the dataset is damaged; {RUN_STORE_VERIFY}",
                     record.bytes
                 ),
             });
@@ -331,9 +331,13 @@ impl StoreDataset {
         // without it.
         let cached = lock_for_an_instant(&self.index).and_then(|i| i.clone());
         if let Some(index) = cached {
-            if let Ok(file) =
-                open_file(&self.store, &index, record, self.path(&record.name), VERIFY)
-            {
+            if let Ok(file) = open_file(
+                &self.store,
+                &index,
+                record,
+                self.path(&record.name),
+                RUN_STORE_VERIFY,
+            ) {
                 return Ok(file);
             }
         }
@@ -341,7 +345,13 @@ impl StoreDataset {
         if let Some(mut cached) = lock_for_an_instant(&self.index) {
             *cached = Some(Arc::clone(&index));
         }
-        let opened = open_file(&self.store, &index, record, self.path(&record.name), VERIFY);
+        let opened = open_file(
+            &self.store,
+            &index,
+            record,
+            self.path(&record.name),
+            RUN_STORE_VERIFY,
+        );
         if opened.is_err() {
             // A writer reading back what it added, whose hold a collection revoked (it hung
             // past its lease) and whose blobs it removed: that is the error to report.
@@ -352,9 +362,6 @@ impl StoreDataset {
         opened
     }
 }
-
-/// What a reader of a stored file that does not read is told to do.
-const VERIFY: &str = "run `hspack store verify`";
 
 /// Opens a stored file, checking what the dataset records of it against the blobs the index
 /// lists: every blob there, of the lengths recorded. `advice`: what a message says to do.

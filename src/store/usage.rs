@@ -307,7 +307,10 @@ pub fn check(store: &Arc<Store>) -> Result<StoreCheck> {
                     Err(_) if index.find(&e.id).is_some_and(|at| at.pack != *pack) => {}
                     Err(err) => {
                         lost.insert(e.id);
-                        problems.push(err.to_string());
+                        // Not "run store verify": this is it. It names the datasets below.
+                        let said = err.to_string();
+                        let advice = format!("; {}", super::RUN_STORE_VERIFY);
+                        problems.push(said.strip_suffix(&advice).unwrap_or(&said).to_string());
                     }
                 }
                 t.insert(e.id, e);

@@ -70,7 +70,6 @@ pub fn merge(
     }
     for ds in &sources[1..] {
         if ds.schema() != first.schema() {
-            // "here" is this dataset's schema, "given" the first one's.
             return Err(Error::SchemaMismatch {
                 path: ds.dir().to_path_buf(),
                 detail: format!(
@@ -78,7 +77,11 @@ pub fn merge(
                      how they are stored, and capture metadata) merge: convert the odd one \
                      out to the others' schema first",
                     first.dir().display(),
-                    describe_difference(ds.schema(), first.schema())
+                    describe_difference(
+                        ds.schema(),
+                        first.schema(),
+                        ["in it", &format!("in {}", first.dir().display())]
+                    )
                 ),
             });
         }

@@ -85,6 +85,26 @@ pub fn add_to_store(
 ) -> crate::Result<(CopyReport, crate::store::IngestStats)> {
     let dst = std::sync::Arc::new(store.dataset(name)?);
     let storage: std::sync::Arc<dyn crate::io::Storage> = dst.clone();
+    // A name taken by another dataset: said as such (the copy would say "choose an empty
+    // destination"). One whose manifest does not decode is left to the copy to judge.
+    let taken = storage
+        .read(crate::format::manifest::MANIFEST_FILE)?
+        .and_then(|bytes| crate::format::Manifest::decode(&bytes).ok())
+        .filter(|there| there.dataset_id != src.manifest().dataset_id);
+    if let Some(there) = taken {
+        return Err(crate::Error::CopyRefused {
+            path: storage.root().to_path_buf(),
+            detail: format!(
+                "the store has another dataset named `{name}` (its id {}, {} samples; the \
+                 source's id is {}); nothing was sent: give another name (`--name`), or remove \
+                 that one first (`hspack store rm {} {name}`)",
+                there.dataset_id,
+                there.samples,
+                src.manifest().dataset_id,
+                store.root().display()
+            ),
+        });
+    }
     let report = copy(src, &storage, &CopyOptions::default(), progress)?;
     Ok((report, dst.added()))
 }

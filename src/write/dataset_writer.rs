@@ -186,7 +186,7 @@ impl DatasetWriter {
                     detail: format!(
                         "the dataset's schema differs from the one given ({}); write to a new \
                          folder",
-                        describe_difference(ds.schema(), &schema)
+                        describe_difference(ds.schema(), &schema, ["here", "given"])
                     ),
                 });
             }
@@ -873,8 +873,9 @@ pub fn reindex_in(storage: Arc<dyn Storage>) -> Result<Vec<String>> {
 }
 
 /// What differs between two schemas, in words: the first field that differs (dtype, shape,
-/// what it holds), the field names, or the capture metadata's first differing entry.
-pub(crate) fn describe_difference(have: &Schema, given: &Schema) -> String {
+/// what it holds), the field names, or the capture metadata's first differing entry. `have`'s
+/// side is said as `h` (`here`), `given`'s as `g` (`given`).
+pub(crate) fn describe_difference(have: &Schema, given: &Schema, [h, g]: [&str; 2]) -> String {
     let differing = have.fields.iter().zip(&given.fields).find(|(a, b)| a != b);
     let field = |f: &crate::format::Field| {
         let quantized = if f.quantized.is_some() {
@@ -887,12 +888,12 @@ pub(crate) fn describe_difference(have: &Schema, given: &Schema) -> String {
     if let (true, Some((a, b))) = (have.fields.len() == given.fields.len(), differing) {
         let named = match a.name == b.name {
             true => format!("field `{}`", a.name),
-            false => format!("field `{}` (given: `{}`)", a.name, b.name),
+            false => format!("field `{}` ({g}: `{}`)", a.name, b.name),
         };
-        format!("{named}: {} here, {} given", field(a), field(b))
+        format!("{named}: {} {h}, {} {g}", field(a), field(b))
     } else if have.fields != given.fields {
         format!(
-            "fields {} here, {} given",
+            "fields {} {h}, {} {g}",
             field_names(have),
             field_names(given)
         )
@@ -901,11 +902,12 @@ pub(crate) fn describe_difference(have: &Schema, given: &Schema) -> String {
         // compared with nothing read as `null here, null given`).
         let (a, b) = match (&have.capture, &given.capture) {
             (Some(_), None) => {
-                return "capture metadata here, none given: give the dataset's own to append \
-                        to it (in Python, capture=hspack.open(PATH).capture)"
-                    .into()
+                return format!(
+                    "capture metadata {h}, none {g}: give the dataset's own to append to it (in \
+                     Python, capture=hspack.open(PATH).capture)"
+                )
             }
-            (None, Some(_)) => return "no capture metadata here, some given".into(),
+            (None, Some(_)) => return format!("no capture metadata {h}, some {g}"),
             (a, b) => (
                 serde_json::to_value(a).unwrap_or_default(),
                 serde_json::to_value(b).unwrap_or_default(),
@@ -917,8 +919,8 @@ pub(crate) fn describe_difference(have: &Schema, given: &Schema) -> String {
             .flatten()
             .find(|(k, v)| b.get(k.as_str()) != Some(v))
             .map(|(k, v)| match b.get(k.as_str()) {
-                Some(w) => format!("capture `{k}`: {v} here, {w} given"),
-                None => format!("capture `{k}`: {v} here, none given"),
+                Some(w) => format!("capture `{k}`: {v} {h}, {w} {g}"),
+                None => format!("capture `{k}`: {v} {h}, none {g}"),
             });
         entry.unwrap_or_else(|| "the capture metadata differs".into())
     }

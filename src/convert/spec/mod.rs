@@ -238,6 +238,14 @@ pub enum SpecError {
         /// What to give.
         problem: String,
     },
+    /// A number option given as 0, where it takes 1 or more.
+    #[error("{flag} 0 (`{key}` in a mapping file): give 1 or more")]
+    Zero {
+        /// The option on the command line.
+        flag: &'static str,
+        /// Its key in a mapping file.
+        key: &'static str,
+    },
     /// A number option beyond what the job can use.
     #[error("{flag} {value} (`{key}` in a mapping file): must be at most {max} ({why})")]
     TooLarge {
@@ -306,6 +314,7 @@ impl SpecError {
             SpecError::NeedsLocalFile { option, .. } => option,
             SpecError::TooLarge { key, .. } => key,
             SpecError::Jobs { .. } => "jobs",
+            SpecError::Zero { key, .. } => key,
             SpecError::SplitFileAlone | SpecError::SplitFileName { .. } => "split_by_file",
             SpecError::GroupBy { .. } => "group_by",
         }
@@ -421,6 +430,12 @@ impl ConvertSpec {
         }
         if let Some((value, problem)) = self.jobs.and_then(|j| Some((j, jobs_problem(j)?))) {
             return Err(SpecError::Jobs { value, problem });
+        }
+        if self.shard_mib == 0 {
+            return Err(SpecError::Zero {
+                flag: "--shard-mib",
+                key: "shard_mib",
+            });
         }
         if self.shard_mib > MAX_SHARD_MIB {
             return Err(SpecError::TooLarge {

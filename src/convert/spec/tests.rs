@@ -97,7 +97,23 @@ fn a_bad_spec_is_refused_naming_the_option() {
                 ..base()
             },
             "jobs",
-            "(`jobs` in a mapping file): must be at most 4096",
+            "(`jobs` in a mapping file): give 1 to 4096",
+        ),
+        (
+            ConvertSpec {
+                jobs: Some(0),
+                ..base()
+            },
+            "jobs",
+            "--jobs 0 (`jobs` in a mapping file): give 1 to 4096",
+        ),
+        (
+            ConvertSpec {
+                shard_mib: 0,
+                ..base()
+            },
+            "shard_mib",
+            "--shard-mib 0 (`shard_mib` in a mapping file): give 1 or more",
         ),
         (
             ConvertSpec {

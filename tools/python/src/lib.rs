@@ -48,7 +48,15 @@ fn _hspack(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(origin::map_received, m)?)?;
     m.add_function(wrap_pyfunction!(origin::release_received, m)?)?;
     m.add_function(wrap_pyfunction!(gather::gather_into, m)?)?;
+    m.add_function(wrap_pyfunction!(explain_faults_again, m)?)?;
     #[cfg(feature = "cuda")]
     m.add_class::<cuda_writer::CudaWriter>()?;
     Ok(())
+}
+
+/// Puts hspack's explanation of a fault on a mapped shard back in front of a handler
+/// installed since (a DataLoader worker's, which blames shared memory).
+#[pyfunction]
+fn explain_faults_again() {
+    hspack::io::mmap::explain_faults_again();
 }

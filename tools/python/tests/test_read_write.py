@@ -519,6 +519,41 @@ def test_a_read_of_a_shard_cut_short_in_place_is_explained_before_the_process_di
     assert "past the file's end" in said and "hspack cp" in said, said
 
 
+READS_IN_WORKERS_A_SHARD_CUT_SHORT = """
+import os, sys, torch
+from hspack.torch import HspackDataset
+ds = HspackDataset(sys.argv[1], view="eagle3")
+last = len(ds) - 1
+ds[last]  # the trainer maps the last shard before its workers fork
+shard = os.path.join(sys.argv[1], ds.hspack.shards[-1]["file"])
+with open(shard, "r+b") as f:  # what cp or rsync --inplace over the dataset does
+    f.truncate(4096)
+loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2, sampler=[last] * 4)
+try:
+    for b in loader:
+        print(float(b["hidden_state"].float().sum()))
+except RuntimeError as e:
+    print("stopped:", e)
+"""
+
+
+def test_a_worker_reading_a_shard_cut_short_names_the_file_not_shared_memory(tmp_path, eagle_path):
+    """A DataLoader worker installs its own SIGBUS handler, which blamed shared memory and
+    named no file for a shard cut short after the trainer mapped it: hspack's explanation is
+    put back in front of it in each worker, and standard error names the file."""
+    import shutil
+    import subprocess
+    import sys
+
+    path = str(tmp_path / "ds")
+    shutil.copytree(eagle_path, path)
+    run = subprocess.run([sys.executable, "-c", READS_IN_WORKERS_A_SHARD_CUT_SHORT, path], capture_output=True, text=True, timeout=120)
+    said = run.stderr + run.stdout
+    assert "stopped:" in run.stdout or run.returncode != 0, said
+    assert "hspack: this process read memory that maps a dataset's file (" in said and path in said, said
+    assert "past the file's end" in said, said
+
+
 def test_context_manager_does_not_commit_on_error(tmp_path):
     from conftest import eagle_schema
 

@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 import torch.utils.data as tud
 
+from .. import _hspack
 from .._dataset import Dataset, count_option, grown_from, shards_of
 from .._errors import make_error
 from . import order as _order
@@ -50,6 +51,19 @@ def make_view(view: Any, fields: Sequence[str] | None, max_len: int | None) -> C
     known = ", ".join(f'"{name}"' for name in VIEWS)
     raise make_error("BadOption", f"option view: {view!r} is not a view; use None (the fields), {known}, or a callable view(dataset, ordinal)", option="view")
 
+
+
+_FAULTS_EXPLAINED_IN: int | None = None
+
+
+def _explain_faults_here() -> None:
+    """A DataLoader worker installs its own handlers for SIGBUS and SIGSEGV, which blame
+    shared memory for a shard cut short since it was mapped: hspack's, which names the file,
+    is put back in front of them, once in each worker process."""
+    global _FAULTS_EXPLAINED_IN
+    if _FAULTS_EXPLAINED_IN != os.getpid():
+        _hspack.explain_faults_again()
+        _FAULTS_EXPLAINED_IN = os.getpid()
 
 class _Epoch(_progress.Progress):
     """The position (`progress.Progress`, counting samples) of the sampler and the iterable
@@ -238,6 +252,8 @@ class _Reopening:
             # where another dataset of the worker sends its own as file ranges.
             ds.native.set_sends_ranges(self.transfer == "map")
             self._ds = ds
+        if tud.get_worker_info() is not None:
+            _explain_faults_here()
         if self.transfer == "map" and tud.get_worker_info() is not None:  # a worker, forked or spawned
             if not _transfer.installed():
                 _transfer.install()
