@@ -199,6 +199,15 @@ def test_writer_rejects_wrong_dtype_and_shape(tmp_path):
             w.append("a", x=ArrayLike())
         with pytest.raises(hspack.HspackError, match=r"sample key 5: an int, not a str; keys are strings"):
             w.append(5, x=torch.zeros(2, 4, dtype=torch.bfloat16))
+        # A key that is no UTF-8 (a file name decoded with surrogateescape), and sparse and
+        # nested tensors: named, with what to do (they failed inside torch or the codec).
+        with pytest.raises(hspack.HspackError, match=r"not UTF-8 text") as e:
+            w.append("a\udcff", x=torch.zeros(2, 4, dtype=torch.bfloat16))
+        assert e.value.kind == "BadSample", e.value
+        with pytest.raises(hspack.HspackError, match=r"sample `s`, field `x`: a sparse_coo tensor; give a dense one \(.to_dense\(\)"):
+            w.append("s", x=torch.zeros(2, 4, dtype=torch.bfloat16).to_sparse())
+        with pytest.raises(hspack.HspackError, match=r"sample `n`, field `x`: a nested tensor"):
+            w.append("n", x=torch.nested.nested_tensor([torch.zeros(2, 4, dtype=torch.bfloat16)]))
         with pytest.raises(hspack.HspackError):
             w.append("a", x=torch.zeros(2, 5, dtype=torch.bfloat16))
         w.append("a", x=torch.zeros(2, 8, dtype=torch.bfloat16)[:, ::2])  # strided input

@@ -142,6 +142,16 @@ def input_bytes(key: str, name: str, field: dict, value: Any) -> np.ndarray:
     row_shape = tuple(field["shape"])
     if isinstance(value, np.generic):
         value = np.asarray(value)  # a numpy scalar: a 0-d array, which has no rows
+    # Before anything asks its shape: a nested tensor has none.
+    layout = str(getattr(value, "layout", "torch.strided"))
+    if getattr(value, "is_nested", False) or layout != "torch.strided":
+        what = "nested" if getattr(value, "is_nested", False) else layout.removeprefix("torch.")
+        raise make_error(
+            "BadSample",
+            f"sample `{key}`, field `{name}`: a {what} tensor; give a dense one (.to_dense(); each tensor of a nested one is a sample of its own)",
+            key=key,
+            field=name,
+        )
     if not isinstance(value, np.ndarray) and not (hasattr(value, "dtype") and hasattr(value, "shape")):
         raise make_error(
             "BadSample",

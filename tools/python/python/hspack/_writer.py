@@ -73,6 +73,15 @@ class Writer:
 
         if not isinstance(key, str):
             raise make_error("BadSample", f"sample key {key!r}: {kind_of(key)}, not a str; keys are strings (str({key!r}) makes one)", key=str(key))
+        try:
+            key.encode("utf-8")
+        except UnicodeEncodeError as e:
+            shown = key.encode("utf-8", "replace").decode("utf-8")
+            raise make_error(
+                "BadSample",
+                f"sample key {key!r}: not UTF-8 text ({e.reason} at {e.start}; a file name decoded with surrogateescape holds such characters); keys are UTF-8: give one that is (key.encode('utf-8', 'replace').decode() makes one)",
+                key=shown,
+            ) from None
         parts = []
         for name, value in tensors.items():
             f = self._by_name.get(name)
