@@ -1114,12 +1114,13 @@ fn killed_copies_never_publish_a_partial_dataset(local: &str) {
         child.wait().unwrap();
         if was_killed && !said_gone && dst.read("manifest.json").unwrap().is_none() {
             // Run again at once, the lease of the copy killed is live still: the refusal
-            // says that copy no longer runs, and when to run again (not "stop it").
+            // says no such process runs here, and when to run again.
             let again = hspack_cli(&["cp", local, "s3://hspack-test/killed"]);
             let why = said(&again);
             if !again.status.success() {
                 assert!(
-                    why.contains("no longer runs") && why.contains("run again then"),
+                    why.contains("no process of that id runs here")
+                        && why.contains("run again once its lease expires"),
                     "{why}"
                 );
                 said_gone = true;

@@ -428,6 +428,22 @@ fn damage_in_a_pack_is_named_by_store_verify_and_by_verify() {
     );
     let d = hspack(&["verify", s(&store_dir.join("d"))]);
     assert_eq!(d.status.code(), Some(1), "{}", text(&d));
+    // Every pack damaged near its end, where the small files and skeletons lie: the dataset
+    // is said to reference what does not read, again without that advice.
+    for pack in &packs {
+        let len = std::fs::metadata(pack).unwrap().len();
+        for at in [len * 3 / 4, len - 200] {
+            common::flip(pack, at);
+        }
+    }
+    let v = hspack(&["store", "verify", s(&store_dir)]);
+    assert_eq!(v.status.code(), Some(1), "{}", text(&v));
+    assert!(
+        text(&v).contains("references what does not read")
+            && !text(&v).contains("run `hspack store verify`"),
+        "{}",
+        text(&v)
+    );
 }
 
 /// `store add` of another dataset under a name taken is refused saying so, with what to do

@@ -78,24 +78,25 @@ impl LeaseText {
     /// Who holds it, for [`Error::Locked`].
     fn holder(&self, storage: &ObjectStorage, file: &str) -> Error {
         let expires = self.expires_unix_ms.saturating_sub(now_ms()) as f64 / 1000.0;
-        let holder = match crate::io::lock::exited_here(self.pid, &self.host) {
-            // Interrupted or killed: its lease stays until it expires (nothing released it).
-            true => format!(
-                "pid {} on {}, which no longer runs (it was interrupted or killed before it \
-                 let go): its lease {file} expires in {expires:.0} s; run again then",
-                self.pid, self.host,
-            ),
-            false => format!(
-                "pid {} on {}, by its lease {file}, which expires in {expires:.0} s unless that \
-                 writer renews it{}",
-                self.pid,
-                self.host,
-                match self.shared {
-                    true => " (a writer sharing the dataset, committing)",
-                    false => "",
-                }
-            ),
+        // No such process here: interrupted or killed (its lease stays until it expires),
+        // unless it runs in another container of the same host name, which cannot be told.
+        let gone = match crate::io::lock::exited_here(self.pid, &self.host) {
+            true => {
+                "; no process of that id runs here: if it was interrupted or killed, run \
+                 again once its lease expires"
+            }
+            false => "",
         };
+        let holder = format!(
+            "pid {} on {}, by its lease {file}, which expires in {expires:.0} s unless that \
+             writer renews it{}{gone}",
+            self.pid,
+            self.host,
+            match self.shared {
+                true => " (a writer sharing the dataset, committing)",
+                false => "",
+            }
+        );
         Error::Locked {
             path: storage.root().to_path_buf(),
             holder,

@@ -307,10 +307,7 @@ pub fn check(store: &Arc<Store>) -> Result<StoreCheck> {
                     Err(_) if index.find(&e.id).is_some_and(|at| at.pack != *pack) => {}
                     Err(err) => {
                         lost.insert(e.id);
-                        // Not "run store verify": this is it. It names the datasets below.
-                        let said = err.to_string();
-                        let advice = format!("; {}", super::RUN_STORE_VERIFY);
-                        problems.push(said.strip_suffix(&advice).unwrap_or(&said).to_string());
+                        problems.push(said_here(&err));
                     }
                 }
                 t.insert(e.id, e);
@@ -411,6 +408,14 @@ pub fn check(store: &Arc<Store>) -> Result<StoreCheck> {
     Ok(c)
 }
 
+/// Error `e` of a read of the store, as `store verify` says it: without the advice to run
+/// `store verify`, which readers are given (this is it: it names the datasets to mend).
+fn said_here(e: &Error) -> String {
+    let said = e.to_string();
+    let advice = format!("; {}", super::RUN_STORE_VERIFY);
+    said.strip_suffix(&advice).unwrap_or(&said).to_string()
+}
+
 /// Fails unless every file of dataset `name` opens as a read opens it (its blobs listed, of
 /// the lengths recorded) and none of its blobs is one of `lost`, found damaged or missing.
 fn referenced_present(
@@ -435,7 +440,10 @@ fn referenced_present(
         let named = |e: Error| match e {
             Error::StoreDamage { path: ref p, .. } if *p != path => Error::StoreDamage {
                 path: path.clone(),
-                detail: format!("dataset `{name}` references what does not read ({e}): {advice}"),
+                detail: format!(
+                    "dataset `{name}` references what does not read ({}): {advice}",
+                    said_here(&e)
+                ),
             },
             e => e,
         };

@@ -181,11 +181,18 @@ impl DatasetWriter {
             }
             let ds = Dataset::open_in(Arc::clone(&storage), ReadOptions::default())?;
             if ds.schema() != &schema {
+                let advice = match (&ds.schema().capture, &schema.capture) {
+                    (Some(_), None) => {
+                        ": give the dataset's own to append to it (in Python, \
+                         capture=hspack.open(PATH).capture)"
+                    }
+                    _ => "",
+                };
                 return Err(Error::SchemaMismatch {
                     path: storage.root().to_path_buf(),
                     detail: format!(
-                        "the dataset's schema differs from the one given ({}); write to a new \
-                         folder",
+                        "the dataset's schema differs from the one given ({}{advice}); write to \
+                         a new folder",
                         describe_difference(ds.schema(), &schema, ["here", "given"])
                     ),
                 });
@@ -901,12 +908,7 @@ pub(crate) fn describe_difference(have: &Schema, given: &Schema, [h, g]: [&str; 
         // Capture metadata given for one and not the other is said as such (every entry
         // compared with nothing read as `null here, null given`).
         let (a, b) = match (&have.capture, &given.capture) {
-            (Some(_), None) => {
-                return format!(
-                    "capture metadata {h}, none {g}: give the dataset's own to append to it (in \
-                     Python, capture=hspack.open(PATH).capture)"
-                )
-            }
+            (Some(_), None) => return format!("capture metadata {h}, none {g}"),
             (None, Some(_)) => return format!("no capture metadata {h}, some {g}"),
             (a, b) => (
                 serde_json::to_value(a).unwrap_or_default(),
