@@ -1559,6 +1559,22 @@ fn a_revoked_store_hold_is_a_lost_lease(store: &Arc<hspack::store::Store>, url: 
         err.contains("lease on the store expired") && !err.contains("lost"),
         "{err}"
     );
+    // A file being staged, which the collection removed from the staging folder: its publish
+    // says the lease expired (it said "cannot rename into place", and called it damage).
+    let mut staged = ds.create("shard-000009.hsp.tmp").unwrap();
+    staged.write_at(0, b"a shard being written").unwrap();
+    let staging = store.staging().root().to_path_buf();
+    for f in std::fs::read_dir(&staging).unwrap() {
+        let f = f.unwrap().path();
+        if f.file_name().unwrap().to_string_lossy().starts_with("revoked+") {
+            std::fs::remove_file(f).unwrap();
+        }
+    }
+    let err = staged
+        .publish_new("shard-000009.hsp", true)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("lease on the store expired"), "{err}");
     let commit = ds.put_new(hspack::format::manifest::MANIFEST_FILE, b"{}", true);
     let err = commit.unwrap_err().to_string();
     assert!(err.contains("lease on the store expired"), "{err}");

@@ -352,14 +352,9 @@ impl StoreDataset {
             self.path(&record.name),
             RUN_STORE_VERIFY,
         );
-        if opened.is_err() {
-            // A writer reading back what it added, whose hold a collection revoked (it hung
-            // past its lease) and whose blobs it removed: that is the error to report.
-            if let Ok(st) = self.state() {
-                st.holds.check()?;
-            }
-        }
-        opened
+        // A writer reading back what it added, whose hold a collection revoked (it hung past
+        // its lease) and whose blobs it removed: that is the error to report.
+        opened.map_err(|e| self.explained(e))
     }
 }
 
@@ -738,6 +733,19 @@ impl StoreDataset {
         Ok(())
     }
 
+    /// `e`, a failed write through this handle, or, where a collection revoked the handle's
+    /// hold of the store meanwhile (it hung past its lease) and removed what it had staged,
+    /// the lost lease: that is what happened. Called without the state lock held.
+    fn explained(&self, e: Error) -> Error {
+        let Ok(holds) = self.state().map(|st| st.holds.clone()) else {
+            return e;
+        };
+        match holds.check() {
+            Err(lost) => lost,
+            Ok(()) => e,
+        }
+    }
+
     /// Drops the index this dataset's reads use: read again, it finds the blobs just indexed.
     fn forget_index(&self) {
         if let Some(mut cached) = lock_for_an_instant(&self.index) {
@@ -880,7 +888,7 @@ impl NewFile for StagedFile {
                 st.handing -= 1;
             }
         }
-        added
+        added.map_err(|e| owner.explained(e))
     }
 
     fn abandon(self: Box<Self>) {
