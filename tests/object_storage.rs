@@ -1566,7 +1566,11 @@ fn a_revoked_store_hold_is_a_lost_lease(store: &Arc<hspack::store::Store>, url: 
     let staging = store.staging().root().to_path_buf();
     for f in std::fs::read_dir(&staging).unwrap() {
         let f = f.unwrap().path();
-        if f.file_name().unwrap().to_string_lossy().starts_with("revoked+") {
+        if f.file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with("revoked+")
+        {
             std::fs::remove_file(f).unwrap();
         }
     }
