@@ -82,7 +82,14 @@ fn row_ranges(stored: &[u8], whole: &[u8], rows: usize, el: Elements) {
         .expect("it decoded whole");
     let (all_scales, all_codes) = chunk.rows(0..rows).expect("it decoded whole");
     let per_row = el.row_elems / el.group;
-    for (a, b) in [(0, rows), (1, rows), (rows / 2, rows), (0, rows / 2), (1, rows + 1), (rows, 0)] {
+    for (a, b) in [
+        (0, rows),
+        (1, rows),
+        (rows / 2, rows),
+        (0, rows / 2),
+        (1, rows + 1),
+        (rows, 0),
+    ] {
         let within = a <= b && b <= rows;
         let mut part = vec![0u8; b.saturating_sub(a) * row_bytes];
         match chunk.dequantize_rows_into(a..b, &mut part, el.dtype) {
@@ -101,6 +108,8 @@ fn row_ranges(stored: &[u8], whole: &[u8], rows: usize, el: Elements) {
     // Room for other rows than those asked is refused, not filled in part.
     if rows > 0 {
         let mut short = vec![0u8; rows * row_bytes - 1];
-        assert!(chunk.dequantize_rows_into(0..rows, &mut short, el.dtype).is_err());
+        assert!(chunk
+            .dequantize_rows_into(0..rows, &mut short, el.dtype)
+            .is_err());
     }
 }
