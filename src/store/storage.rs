@@ -97,32 +97,37 @@ struct WriteState {
     deleted: std::collections::HashSet<String>,
 }
 
-/// The locks a writing handle holds. Shared with the handle's [`DatasetLease`], which reads
-/// them again without the handle's state lock.
-#[derive(Debug, Default, Clone)]
+/// The locks a writing handle holds besides its open ingest's.
+#[derive(Debug, Default)]
 struct Holds {
     /// The dataset's lock, taken at the first write.
     dataset: Option<Arc<StoreLock>>,
     /// The shared hold of `gc.lock` from the first blob added or found until the dataset's
     /// file that references them is published.
     gc: Option<Arc<StoreLock>>,
-    /// The hold the open ingest took (beside `gc` where that is kept across commits).
-    ingest: Option<Arc<StoreLock>>,
 }
 
-impl Holds {
-    /// Fails when either lock is lost (read now): a lease that expired and was revoked or
-    /// taken over. A writer whose hold of `gc.lock` was revoked learns it so, not from the
-    /// blobs the collection removed meanwhile.
-    fn check(&self) -> Result<()> {
-        for lock in [&self.dataset, &self.gc, &self.ingest]
-            .into_iter()
-            .flatten()
-        {
-            lock.check()?;
-        }
-        Ok(())
+impl WriteState {
+    /// Every lock the handle holds now: the dataset's, the hold of `gc.lock` kept across
+    /// commits, and the open ingest's. Shared, so that they are read again without the state
+    /// lock (the handle's [`DatasetLease`] does).
+    fn locks(&self) -> Vec<Arc<StoreLock>> {
+        [
+            self.holds.dataset.clone(),
+            self.holds.gc.clone(),
+            self.ingest.as_ref().map(Ingest::hold),
+        ]
+        .into_iter()
+        .flatten()
+        .collect()
     }
+}
+
+/// Fails when one of `locks` is lost (read now): a lease that expired and was revoked or
+/// taken over. A writer whose hold of `gc.lock` was revoked learns it so, not from the blobs
+/// the collection removed meanwhile.
+fn check_held(locks: &[Arc<StoreLock>]) -> Result<()> {
+    locks.iter().try_for_each(|lock| lock.check())
 }
 
 impl StoreDataset {
@@ -610,13 +615,13 @@ impl WriterLease for DatasetLease {
     /// copy asks before each step that changes the destination, and when what it sent does
     /// not read back.
     fn confirm(&self) -> Result<()> {
-        let holds = self
-            .state
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .holds
-            .clone();
-        holds.check()
+        // A forked child writes nothing through the handle (its state refuses it), and the
+        // state's lock it inherited may be held for good.
+        if !self.is_owner() {
+            return Ok(());
+        }
+        let locks = self.state.lock().unwrap_or_else(|p| p.into_inner()).locks();
+        check_held(&locks)
     }
 }
 
@@ -649,7 +654,6 @@ impl StoreDataset {
             if st.check_found {
                 ingest.check_found();
             }
-            st.holds.ingest = Some(ingest.hold());
             st.ingest = Some(ingest);
         }
         Ok(st.ingest.as_mut().expect("started"))
@@ -726,7 +730,6 @@ impl StoreDataset {
             };
             st.unflushed.clear();
             st.added.add(&stats);
-            st.holds.ingest = None;
             st.holds.gc.get_or_insert(held);
             self.forget_index();
         }
@@ -737,10 +740,10 @@ impl StoreDataset {
     /// hold of the store meanwhile (it hung past its lease) and removed what it had staged,
     /// the lost lease: that is what happened. Called without the state lock held.
     fn explained(&self, e: Error) -> Error {
-        let Ok(holds) = self.state().map(|st| st.holds.clone()) else {
+        let Ok(locks) = self.state().map(|st| st.locks()) else {
             return e;
         };
-        match holds.check() {
+        match check_held(&locks) {
             Err(lost) => lost,
             Ok(()) => e,
         }
@@ -780,7 +783,7 @@ impl StoreDataset {
         // An add that hung until a collection revoked its hold must not publish: the blobs
         // it found may be gone. That hold is read last, just before the put: the dataset's
         // lease guards against another writer, whom the compare-and-swap catches too.
-        st.holds.check()?;
+        check_held(&st.locks())?;
         let put = match st.snapshot_hash {
             Some(h) => datasets.replace(&file, &bytes, Some(h), durable),
             None => datasets.put_new(&file, &bytes, durable),
@@ -808,7 +811,6 @@ impl StoreDataset {
 /// ([`WriteState::broken`]): no dataset's file may list a blob the index lacks.
 fn failed_ingest(st: &mut WriteState, e: Error) -> Error {
     st.ingest = None;
-    st.holds.ingest = None;
     let added = std::mem::take(&mut st.unflushed);
     if let Some(files) = st.files.as_mut() {
         files.retain(|name, _| !added.contains(name));
@@ -996,7 +998,7 @@ impl Storage for StoreDataset {
                 true => {
                     // As a commit replaces it: while this handle holds the dataset, and only
                     // the file it last read or wrote.
-                    st.holds.check()?;
+                    check_held(&st.locks())?;
                     let now = self.store.snapshot(&self.name)?.map(|(_, hash)| hash);
                     if now != st.snapshot_hash {
                         return Err(Error::CommitConflict {
